@@ -1,0 +1,430 @@
+//! A blocking rtnetlink client: one socket, bound to the namespace it was opened in.
+//!
+//! A netlink socket keeps the namespace it was created in for its whole life, so a caller that
+//! needs both the host and a container namespace opens one [`Rtnl`] in each and never has to
+//! switch namespaces while talking to the kernel.
+
+use std::io;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use netlink_packet_core::{
+    NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    NLM_F_MULTIPART, NLM_F_REQUEST,
+};
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use netlink_packet_route::rule::RuleMessage;
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+use crate::NetNs;
+
+/// A failed netlink request: the kernel's errno and what we asked for.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {source}")]
+pub struct NlError {
+    pub context: String,
+    #[source]
+    pub source: io::Error,
+}
+
+impl NlError {
+    fn new(context: impl Into<String>, source: io::Error) -> Self {
+        Self { context: context.into(), source }
+    }
+    pub fn errno(&self) -> Option<i32> {
+        self.source.raw_os_error()
+    }
+    /// The object already exists (EEXIST).
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(libc::EEXIST)
+    }
+    /// The object, or the device it refers to, is gone (ENOENT, ENODEV, ESRCH, EADDRNOTAVAIL).
+    pub fn is_not_found(&self) -> bool {
+        matches!(
+            self.errno(),
+            Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::ESRCH) | Some(libc::EADDRNOTAVAIL)
+        )
+    }
+}
+
+pub type Result<T> = std::result::Result<T, NlError>;
+
+/// The facts about a link that weir reads back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub mac: Vec<u8>,
+    pub mtu: u32,
+    pub up: bool,
+    /// Index of the bridge (or other controller) this link is a port of.
+    pub controller: Option<u32>,
+    /// `veth`, `bridge`, `vxlan`, … (None for physical or unknown links).
+    pub kind: Option<String>,
+    /// For a veth: the peer's index, valid in the peer's namespace.
+    pub peer_index: Option<u32>,
+}
+
+impl Link {
+    fn from_message(msg: &LinkMessage) -> Self {
+        let mut link = Link {
+            index: msg.header.index,
+            name: String::new(),
+            mac: Vec::new(),
+            mtu: 0,
+            up: msg.header.flags.contains(LinkFlags::Up),
+            controller: None,
+            kind: None,
+            peer_index: None,
+        };
+        for attr in &msg.attributes {
+            match attr {
+                LinkAttribute::IfName(n) => link.name = n.clone(),
+                LinkAttribute::Address(a) => link.mac = a.clone(),
+                LinkAttribute::Mtu(m) => link.mtu = *m,
+                LinkAttribute::Controller(c) => link.controller = Some(*c),
+                LinkAttribute::Link(l) => link.peer_index = Some(*l),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let LinkInfo::Kind(kind) = info {
+                            link.kind = Some(kind_name(kind));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        link
+    }
+
+    /// The MAC address as `aa:bb:cc:dd:ee:ff`.
+    pub fn mac_string(&self) -> String {
+        self.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    }
+}
+
+fn kind_name(kind: &InfoKind) -> String {
+    match kind {
+        InfoKind::Veth => "veth".into(),
+        InfoKind::Bridge => "bridge".into(),
+        InfoKind::Vxlan => "vxlan".into(),
+        InfoKind::Dummy => "dummy".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+/// An address as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    pub index: u32,
+    pub net: IpNet,
+}
+
+pub struct Rtnl {
+    socket: Socket,
+    sequence: u32,
+}
+
+impl Rtnl {
+    /// A client in the calling thread's current namespace.
+    pub fn new() -> io::Result<Self> {
+        let mut socket = Socket::new(NETLINK_ROUTE)?;
+        socket.bind_auto()?;
+        socket.connect(&SocketAddr::new(0, 0))?;
+        socket.set_ext_ack(true).ok();
+        Ok(Self { socket, sequence: 0 })
+    }
+
+    /// A client bound to `ns`; the calling thread's namespace is unchanged afterwards.
+    pub fn in_netns(ns: &NetNs) -> io::Result<Self> {
+        let _guard = ns.enter()?;
+        Self::new()
+    }
+
+    /// Sends one request and collects every reply until the ACK or the end of a dump.
+    pub fn request(
+        &mut self,
+        message: RouteNetlinkMessage,
+        flags: u16,
+        context: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        let mut msg = NetlinkMessage::from(message);
+        self.sequence = self.sequence.wrapping_add(1);
+        msg.header.flags = flags;
+        msg.header.sequence_number = self.sequence;
+        msg.finalize();
+        let mut buf = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        self.socket.send(&buf, 0).map_err(|e| NlError::new(context, e))?;
+
+        let mut replies = Vec::new();
+        loop {
+            let (data, _) = self.socket.recv_from_full().map_err(|e| NlError::new(context, e))?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
+                    .map_err(|e| NlError::new(context, io::Error::other(e.to_string())))?;
+                let len = reply.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                offset += (len + 3) & !3;
+                if reply.header.sequence_number != self.sequence {
+                    continue; // a late answer to an earlier request
+                }
+                let multipart = reply.header.flags & NLM_F_MULTIPART != 0;
+                match reply.payload {
+                    NetlinkPayload::Done(_) => return Ok(replies),
+                    NetlinkPayload::Error(e) if e.code.is_none() => return Ok(replies),
+                    NetlinkPayload::Error(e) => return Err(NlError::new(context, e.to_io())),
+                    NetlinkPayload::InnerMessage(inner) => {
+                        replies.push(inner);
+                        if !multipart && flags & NLM_F_ACK == 0 {
+                            return Ok(replies);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn create(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL;
+        self.request(message, flags, context).map(|_| ())
+    }
+
+    fn change(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {
+        self.request(message, NLM_F_REQUEST | NLM_F_ACK, context).map(|_| ())
+    }
+
+    // ---- links ----
+
+    pub fn links(&mut self) -> Result<Vec<Link>> {
+        let replies = self.request(
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            "list links",
+        )?;
+        Ok(replies
+            .iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The link called `name`, or None when there is none.
+    pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        match self.request(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, &format!("get link {name}")) {
+            Ok(replies) => Ok(replies.iter().find_map(|r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+                _ => None,
+            })),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Like [`Rtnl::link_by_name`] but absence is an error.
+    pub fn require_link(&mut self, name: &str) -> Result<Link> {
+        self.link_by_name(name)?.ok_or_else(|| {
+            NlError::new(format!("link {name}"), io::Error::from_raw_os_error(libc::ENODEV))
+        })
+    }
+
+    /// Creates a link from an rtnetlink builder message (`LinkVeth::new(..).build()`, …).
+    pub fn link_add(&mut self, msg: LinkMessage, what: &str) -> Result<()> {
+        self.create(RouteNetlinkMessage::NewLink(msg), &format!("create {what}"))
+    }
+
+    /// Changes a link (`ip link set`), from a builder message that carries the index.
+    pub fn link_set(&mut self, msg: LinkMessage, what: &str) -> Result<()> {
+        self.change(RouteNetlinkMessage::SetLink(msg), &format!("set {what}"))
+    }
+
+    pub fn link_up(&mut self, index: u32, what: &str) -> Result<()> {
+        let msg = rtnetlink::LinkUnspec::new_with_index(index).up().build();
+        self.link_set(msg, &format!("{what} up"))
+    }
+
+    pub fn link_del(&mut self, index: u32, what: &str) -> Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.change(RouteNetlinkMessage::DelLink(msg), &format!("delete {what}"))
+    }
+
+    /// Deletes the link called `name`; absence is success.
+    pub fn link_del_by_name(&mut self, name: &str) -> Result<bool> {
+        match self.link_by_name(name)? {
+            Some(link) => match self.link_del(link.index, name) {
+                Ok(()) => Ok(true),
+                Err(e) if e.is_not_found() => Ok(false),
+                Err(e) => Err(e),
+            },
+            None => Ok(false),
+        }
+    }
+
+    // ---- addresses ----
+
+    pub fn addr_add(&mut self, index: u32, net: IpNet) -> Result<()> {
+        let msg = match net {
+            IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(n.addr(), n.prefix_len())
+                .build(),
+            IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(n.addr(), n.prefix_len())
+                .build(),
+        };
+        self.create(RouteNetlinkMessage::NewAddress(msg), &format!("add address {net}"))
+    }
+
+    /// Adds an address unless the link already has it.
+    pub fn addr_ensure(&mut self, index: u32, net: IpNet) -> Result<()> {
+        match self.addr_add(index, net) {
+            Err(e) if e.is_exists() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// All addresses, or those of one link.
+    pub fn addrs(&mut self, index: Option<u32>) -> Result<Vec<Address>> {
+        let replies = self.request(
+            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            "list addresses",
+        )?;
+        let mut out = Vec::new();
+        for reply in replies {
+            let RouteNetlinkMessage::NewAddress(m) = reply else { continue };
+            if index.is_some_and(|i| i != m.header.index) {
+                continue;
+            }
+            // IFA_LOCAL is the interface's own address on point-to-point links; IFA_ADDRESS otherwise.
+            let mut addr = None;
+            for attr in &m.attributes {
+                match attr {
+                    AddressAttribute::Local(a) => addr = Some(*a),
+                    AddressAttribute::Address(a) if addr.is_none() => addr = Some(*a),
+                    _ => {}
+                }
+            }
+            if let Some(a) = addr {
+                if let Ok(net) = IpNet::new(a, m.header.prefix_len) {
+                    out.push(Address { index: m.header.index, net });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- routes ----
+
+    pub fn route_add(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
+        self.create(RouteNetlinkMessage::NewRoute(msg), &format!("add route {what}"))
+    }
+
+    /// Adds a route unless an identical one exists.
+    pub fn route_ensure(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
+        match self.route_add(msg, what) {
+            Err(e) if e.is_exists() => Ok(()),
+            other => other,
+        }
+    }
+
+    pub fn route_del(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
+        self.change(RouteNetlinkMessage::DelRoute(msg), &format!("delete route {what}"))
+    }
+
+    /// Every route of a family in every table.
+    pub fn routes(&mut self, family: AddressFamily) -> Result<Vec<Route>> {
+        let mut req = RouteMessage::default();
+        req.header.address_family = family;
+        let replies = self.request(
+            RouteNetlinkMessage::GetRoute(req),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            "list routes",
+        )?;
+        Ok(replies
+            .iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewRoute(m) => Some(Route::from_message(m)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    // ---- policy rules ----
+
+    pub fn rule_add(&mut self, msg: RuleMessage, what: &str) -> Result<()> {
+        self.create(RouteNetlinkMessage::NewRule(msg), &format!("add rule {what}"))
+    }
+
+    pub fn rule_del(&mut self, msg: RuleMessage, what: &str) -> Result<()> {
+        self.change(RouteNetlinkMessage::DelRule(msg), &format!("delete rule {what}"))
+    }
+
+    pub fn rules(&mut self, family: AddressFamily) -> Result<Vec<RuleMessage>> {
+        let mut req = RuleMessage::default();
+        req.header.family = family;
+        let replies = self.request(
+            RouteNetlinkMessage::GetRule(req),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            "list rules",
+        )?;
+        Ok(replies
+            .into_iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewRule(m) => Some(m),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+/// A route as the kernel reports it, reduced to what weir compares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// None means the default route.
+    pub destination: Option<IpNet>,
+    pub gateway: Option<IpAddr>,
+    pub oif: Option<u32>,
+    pub table: u32,
+}
+
+impl Route {
+    fn from_message(m: &RouteMessage) -> Self {
+        let mut route =
+            Route { destination: None, gateway: None, oif: None, table: m.header.table as u32 };
+        for attr in &m.attributes {
+            match attr {
+                RouteAttribute::Destination(a) => {
+                    route.destination =
+                        route_addr(a).and_then(|ip| IpNet::new(ip, m.header.destination_prefix_length).ok())
+                }
+                RouteAttribute::Gateway(a) => route.gateway = route_addr(a),
+                RouteAttribute::Oif(i) => route.oif = Some(*i),
+                RouteAttribute::Table(t) => route.table = *t,
+                _ => {}
+            }
+        }
+        route
+    }
+}
+
+fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(v4) => Some(IpAddr::V4(*v4)),
+        RouteAddress::Inet6(v6) => Some(IpAddr::V6(*v6)),
+        _ => None,
+    }
+}
