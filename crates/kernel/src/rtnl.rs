@@ -249,6 +249,11 @@ impl Rtnl {
         self.change(RouteNetlinkMessage::SetLink(msg), &format!("set {what}"))
     }
 
+    /// Changes bridge-port (or bond-port) settings: these need RTM_NEWLINK without NLM_F_CREATE.
+    pub fn link_set_port(&mut self, msg: LinkMessage, what: &str) -> Result<()> {
+        self.change(RouteNetlinkMessage::NewLink(msg), &format!("set {what}"))
+    }
+
     pub fn link_up(&mut self, index: u32, what: &str) -> Result<()> {
         let msg = rtnetlink::LinkUnspec::new_with_index(index).up().build();
         self.link_set(msg, &format!("{what} up"))
