@@ -1,1 +1,21 @@
-//! weir-model
+//! weir-model: cluster objects as weir sees them ([`Object`], [`Snapshot`]) and the pure
+//! service [`Plan`] computed from them ([`plan()`]), with a deterministic [`PlanDiff`].
+//!
+//! Everything here is pure: no I/O, no clock, no randomness. Ordering is BTreeMap-based
+//! so the same input always yields the same plan.
+
+mod diff;
+mod objects;
+mod plan;
+mod planner;
+
+pub use diff::{Changed, PlanDiff};
+pub use objects::{Kind, Object, ObjectKey, Snapshot};
+pub use plan::{
+    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
+    Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+};
+pub use planner::{plan, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
+
+/// Re-export of the Kubernetes API types this crate is built on.
+pub use k8s_openapi;

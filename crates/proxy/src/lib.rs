@@ -1,0 +1,1 @@
+//! weir-proxy: renderers from the service plan to dataplane rules.

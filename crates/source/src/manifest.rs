@@ -1,0 +1,478 @@
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_yaml::Value;
+use weir_model::{Kind, Object, ObjectKey};
+
+/// A problem in a manifest: which file, which object, which field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    pub file: PathBuf,
+    /// `Service default/web (document 2)`, or `document 3` when the object cannot be named.
+    pub object: String,
+    /// Path of the offending field (`spec.ports[0].port`), when known.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.file.display(), self.object)?;
+        if let Some(field) = &self.field {
+            write!(f, ": field `{field}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+/// Result of parsing one file.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    pub objects: Vec<Object>,
+    /// Per-object errors (the object was skipped) and file-level errors.
+    pub errors: Vec<ManifestError>,
+    /// Keys of objects that were named but invalid (a caller may keep their previous version).
+    pub invalid_keys: Vec<ObjectKey>,
+    /// The file as a whole could not be read or is not valid YAML: nothing in `objects`
+    /// can be trusted to be complete; callers keep what the file produced before.
+    pub file_failed: bool,
+}
+
+/// Parses the text of one manifest file (`file` only labels errors).
+pub fn parse_manifest(file: &Path, text: &str) -> Parsed {
+    let mut p = Parsed::default();
+    let mut docs = Vec::new();
+    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        match Value::deserialize(de) {
+            Ok(v) => docs.push(v),
+            Err(e) => {
+                p.errors.push(ManifestError {
+                    file: file.to_path_buf(),
+                    object: format!("document {}", i + 1),
+                    field: None,
+                    message: format!("invalid YAML: {e}"),
+                });
+                p.file_failed = true;
+                p.objects.clear();
+                return p;
+            }
+        }
+    }
+    for (i, doc) in docs.into_iter().enumerate() {
+        let loc = format!("document {}", i + 1);
+        handle_value(file, doc, &loc, true, &mut p);
+    }
+    p
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    let mut cur = v;
+    for k in path {
+        cur = cur.get(*k)?;
+    }
+    cur.as_str()
+}
+
+fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Parsed) {
+    let err = |object: String, field: Option<&str>, message: String| ManifestError {
+        file: file.to_path_buf(),
+        object,
+        field: field.map(str::to_string),
+        message,
+    };
+    if v.is_null() {
+        return; // empty document (e.g. a trailing `---`)
+    }
+    if !v.is_mapping() {
+        p.errors
+            .push(err(loc.to_string(), None, "not a mapping".into()));
+        return;
+    }
+    let api_version = str_at(&v, &["apiVersion"]).unwrap_or("").to_string();
+    let Some(kind) = str_at(&v, &["kind"]).map(str::to_string) else {
+        p.errors.push(err(
+            loc.to_string(),
+            Some("kind"),
+            "missing or not a string".into(),
+        ));
+        return;
+    };
+    if allow_list && kind.ends_with("List") && v.get("items").is_some() {
+        match v.get("items").and_then(Value::as_sequence) {
+            Some(items) => {
+                for (j, item) in items.iter().enumerate() {
+                    handle_value(file, item.clone(), &format!("{loc}, item {j}"), false, p);
+                }
+            }
+            None => p
+                .errors
+                .push(err(loc.to_string(), Some("items"), "not a sequence".into())),
+        }
+        return;
+    }
+    let k = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Service") => Kind::Service,
+        ("discovery.k8s.io/v1", "EndpointSlice") => Kind::EndpointSlice,
+        ("v1", "Node") => Kind::Node,
+        _ => {
+            tracing::debug!(file = %file.display(), object = loc, %api_version, %kind, "ignoring kind");
+            return;
+        }
+    };
+    let name = str_at(&v, &["metadata", "name"]).unwrap_or("").to_string();
+    if name.is_empty() {
+        p.errors.push(err(
+            format!("{kind} ({loc})"),
+            Some("metadata.name"),
+            "missing".into(),
+        ));
+        return;
+    }
+    let namespace = if k == Kind::Node {
+        String::new()
+    } else {
+        str_at(&v, &["metadata", "namespace"])
+            .unwrap_or("default")
+            .to_string()
+    };
+    let key = ObjectKey::new(k, namespace, name);
+    let label = format!("{key} ({loc})");
+    let typed: Result<Object, (Option<String>, String)> = match k {
+        Kind::Service => typed::<Service>(v).and_then(|s| validate_service(&s).map(|()| s.into())),
+        Kind::EndpointSlice => {
+            typed::<EndpointSlice>(v).and_then(|s| validate_slice(&s).map(|()| s.into()))
+        }
+        Kind::Node => typed::<Node>(v).map(Object::from),
+    };
+    match typed {
+        Ok(mut o) => {
+            if let Object::Service(s) = &mut o {
+                set_ns(&mut std::sync::Arc::make_mut(s).metadata, &key);
+            }
+            if let Object::EndpointSlice(s) = &mut o {
+                set_ns(&mut std::sync::Arc::make_mut(s).metadata, &key);
+            }
+            p.objects.push(o)
+        }
+        Err((field, message)) => {
+            p.errors.push(err(label, field.as_deref(), message));
+            p.invalid_keys.push(key);
+        }
+    }
+}
+
+fn set_ns(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &ObjectKey) {
+    if meta.namespace.is_none() {
+        meta.namespace = Some(key.namespace.clone());
+    }
+}
+
+fn typed<T: DeserializeOwned>(v: Value) -> Result<T, (Option<String>, String)> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != "." && !path.is_empty()).then_some(path);
+        (field, e.into_inner().to_string())
+    })
+}
+
+type Invalid = (Option<String>, String);
+
+fn bad(field: String, message: impl Into<String>) -> Result<(), Invalid> {
+    Err((Some(field), message.into()))
+}
+
+fn ip_ok(s: &str) -> bool {
+    s.parse::<std::net::IpAddr>().is_ok()
+}
+
+fn validate_service(s: &Service) -> Result<(), Invalid> {
+    let Some(spec) = &s.spec else { return Ok(()) };
+    if let Some(ip) = &spec.cluster_ip {
+        if !(ip.is_empty() || ip == "None" || ip_ok(ip)) {
+            return bad(
+                "spec.clusterIP".into(),
+                format!("not an IP address: {ip:?}"),
+            );
+        }
+    }
+    for (i, ip) in spec.cluster_ips.iter().flatten().enumerate() {
+        if !(ip == "None" || ip_ok(ip)) {
+            return bad(
+                format!("spec.clusterIPs[{i}]"),
+                format!("not an IP address: {ip:?}"),
+            );
+        }
+    }
+    for (i, ip) in spec.external_ips.iter().flatten().enumerate() {
+        if !ip_ok(ip) {
+            return bad(
+                format!("spec.externalIPs[{i}]"),
+                format!("not an IP address: {ip:?}"),
+            );
+        }
+    }
+    for (i, port) in spec.ports.iter().flatten().enumerate() {
+        if !(1..=65535).contains(&port.port) {
+            return bad(
+                format!("spec.ports[{i}].port"),
+                format!("out of range: {}", port.port),
+            );
+        }
+        if let Some(np) = port.node_port {
+            if !(0..=65535).contains(&np) {
+                return bad(
+                    format!("spec.ports[{i}].nodePort"),
+                    format!("out of range: {np}"),
+                );
+            }
+        }
+        if let Some(proto) = &port.protocol {
+            if !matches!(proto.as_str(), "TCP" | "UDP" | "SCTP") {
+                return bad(
+                    format!("spec.ports[{i}].protocol"),
+                    format!("unsupported: {proto:?}"),
+                );
+            }
+        }
+    }
+    for (i, r) in spec
+        .load_balancer_source_ranges
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        if r.trim().parse::<ipnet::IpNet>().is_err() {
+            return bad(
+                format!("spec.loadBalancerSourceRanges[{i}]"),
+                format!("not a CIDR: {r:?}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn validate_slice(s: &EndpointSlice) -> Result<(), Invalid> {
+    let want_v6 = match s.address_type.as_str() {
+        "IPv4" => false,
+        "IPv6" => true,
+        "FQDN" => return Ok(()),
+        other => return bad("addressType".into(), format!("unsupported: {other:?}")),
+    };
+    for (i, e) in s.endpoints.iter().flatten().enumerate() {
+        for (j, a) in e.addresses.iter().enumerate() {
+            match a.parse::<std::net::IpAddr>() {
+                Ok(ip) if ip.is_ipv6() == want_v6 => {}
+                Ok(_) => {
+                    return bad(
+                        format!("endpoints[{i}].addresses[{j}]"),
+                        format!("{a} does not match addressType"),
+                    )
+                }
+                Err(_) => {
+                    return bad(
+                        format!("endpoints[{i}].addresses[{j}]"),
+                        format!("not an IP address: {a:?}"),
+                    )
+                }
+            }
+        }
+    }
+    for (i, p) in s.ports.iter().flatten().enumerate() {
+        if let Some(n) = p.port {
+            if !(0..=65535).contains(&n) {
+                return bad(format!("ports[{i}].port"), format!("out of range: {n}"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    ino: u64,
+}
+
+fn stamp(path: &Path) -> std::io::Result<Stamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = fs::metadata(path)?;
+    Ok(Stamp {
+        len: m.len(),
+        mtime: (m.mtime(), m.mtime_nsec()),
+        ctime: (m.ctime(), m.ctime_nsec()),
+        ino: m.ino(),
+    })
+}
+
+#[derive(Debug)]
+struct FileEntry {
+    stamp: Stamp,
+    /// What the file last produced successfully (per object).
+    objects: BTreeMap<ObjectKey, Object>,
+    errors: Vec<ManifestError>,
+}
+
+/// What a [`ManifestDir::scan`] found.
+#[derive(Debug, Default)]
+pub struct ScanReport {
+    /// The union of objects differs from before the scan.
+    pub changed: bool,
+    /// Errors of the files (re)parsed in this scan.
+    pub errors: Vec<ManifestError>,
+}
+
+/// A directory of manifests (`*.yaml`, `*.yml`, `*.json`, recursively; dot-files and
+/// dot-directories skipped), re-parsing only files whose stamp changed.
+#[derive(Debug)]
+pub struct ManifestDir {
+    root: PathBuf,
+    files: BTreeMap<PathBuf, FileEntry>,
+}
+
+impl ManifestDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        ManifestDir {
+            root: root.into(),
+            files: BTreeMap::new(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn list(&self) -> (Vec<PathBuf>, Vec<ManifestError>) {
+        let mut out = Vec::new();
+        let mut errors = Vec::new();
+        let mut stack = vec![self.root.clone()];
+        while let Some(dir) = stack.pop() {
+            let rd = match fs::read_dir(&dir) {
+                Ok(rd) => rd,
+                Err(e) => {
+                    errors.push(ManifestError {
+                        file: dir.clone(),
+                        object: "directory".into(),
+                        field: None,
+                        message: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            for ent in rd.flatten() {
+                let path = ent.path();
+                let name = ent.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    continue;
+                }
+                if path.is_dir() {
+                    stack.push(path);
+                } else if [".yaml", ".yml", ".json"].iter().any(|s| name.ends_with(s)) {
+                    out.push(path);
+                }
+            }
+        }
+        out.sort();
+        (out, errors)
+    }
+
+    /// Re-reads what changed. A file that vanished drops its objects; a file that became
+    /// unreadable or invalid YAML keeps the objects it last produced; an invalid object keeps
+    /// its previous version from the same file (if any) and is otherwise skipped.
+    pub fn scan(&mut self) -> ScanReport {
+        let before = self.objects();
+        let mut report = ScanReport::default();
+        let (paths, dir_errors) = self.list();
+        if !dir_errors.is_empty() && paths.is_empty() {
+            // The directory itself is unreadable: keep everything.
+            report.errors = dir_errors;
+            return report;
+        }
+        report.errors.extend(dir_errors);
+        self.files.retain(|p, _| paths.contains(p));
+        for path in paths {
+            let st = match stamp(&path) {
+                Ok(s) => s,
+                Err(_) => continue, // raced with a delete/rename: next scan decides
+            };
+            if self.files.get(&path).is_some_and(|e| e.stamp == st) {
+                continue;
+            }
+            let prev = self
+                .files
+                .remove(&path)
+                .map(|e| e.objects)
+                .unwrap_or_default();
+            let (objects, errors) = match fs::read_to_string(&path) {
+                Err(e) => (
+                    prev,
+                    vec![ManifestError {
+                        file: path.clone(),
+                        object: "file".into(),
+                        field: None,
+                        message: format!("cannot read: {e}"),
+                    }],
+                ),
+                Ok(text) => {
+                    let parsed = parse_manifest(&path, &text);
+                    if parsed.file_failed {
+                        (prev, parsed.errors)
+                    } else {
+                        let mut objs: BTreeMap<ObjectKey, Object> = BTreeMap::new();
+                        for o in parsed.objects {
+                            objs.insert(o.key(), o);
+                        }
+                        for k in parsed.invalid_keys {
+                            if let (false, Some(old)) = (objs.contains_key(&k), prev.get(&k)) {
+                                objs.insert(k, old.clone());
+                            }
+                        }
+                        (objs, parsed.errors)
+                    }
+                }
+            };
+            for e in &errors {
+                tracing::warn!("{e}");
+            }
+            report.errors.extend(errors.iter().cloned());
+            self.files.insert(
+                path,
+                FileEntry {
+                    stamp: st,
+                    objects,
+                    errors,
+                },
+            );
+        }
+        report.changed = self.objects() != before;
+        report
+    }
+
+    /// The union of all files' objects; if two files define the same object, the later path wins.
+    pub fn objects(&self) -> Vec<Object> {
+        let mut all: BTreeMap<ObjectKey, Object> = BTreeMap::new();
+        for e in self.files.values() {
+            for (k, o) in &e.objects {
+                all.insert(k.clone(), o.clone());
+            }
+        }
+        all.into_values().collect()
+    }
+
+    /// Errors currently standing (from each file's latest parse).
+    pub fn errors(&self) -> Vec<ManifestError> {
+        self.files
+            .values()
+            .flat_map(|e| e.errors.iter().cloned())
+            .collect()
+    }
+}

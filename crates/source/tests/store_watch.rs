@@ -1,0 +1,89 @@
+use std::sync::mpsc;
+use std::time::Duration;
+
+use weir_source::{watch_dir, Event, Kind, ManifestDir, Object, ObjectKey, SharedStore, Store};
+
+fn svc(name: &str, ip: &str) -> Object {
+    let yaml = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n");
+    weir_source::parse_manifest(std::path::Path::new("t.yaml"), &yaml)
+        .objects
+        .remove(0)
+}
+
+#[test]
+fn store_applies_events_and_bumps_generation_only_on_change() {
+    let mut s = Store::new();
+    assert!(s.apply(Event::Applied(svc("a", "10.96.0.1"))));
+    assert!(
+        !s.apply(Event::Applied(svc("a", "10.96.0.1"))),
+        "same object again is no change"
+    );
+    assert_eq!(s.generation(), 1);
+    assert!(s.apply(Event::Applied(svc("b", "10.96.0.2"))));
+    assert_eq!(s.snapshot().services.len(), 2);
+    assert!(s.apply(Event::Deleted(ObjectKey::new(Kind::Service, "ns", "a"))));
+    assert!(!s.apply(Event::Deleted(ObjectKey::new(Kind::Service, "ns", "a"))));
+    assert!(s.apply(Event::Resync(vec![svc("c", "10.96.0.3")])));
+    assert!(!s.apply(Event::Resync(vec![svc("c", "10.96.0.3")])));
+    let snap = s.snapshot();
+    assert_eq!(
+        snap.services.keys().cloned().collect::<Vec<_>>(),
+        [("ns".to_string(), "c".to_string())]
+    );
+    assert_eq!(s.generation(), 4);
+}
+
+#[test]
+fn watcher_sends_a_resync_only_when_something_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n").unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (etx, erx) = mpsc::channel();
+    let w = watch_dir(
+        ManifestDir::new(tmp.path()),
+        Duration::from_millis(20),
+        tx,
+        move |e| {
+            let _ = etx.send(e.to_string());
+        },
+    );
+    let t = Duration::from_secs(5);
+    let Event::Resync(objs) = rx.recv_timeout(t).unwrap() else {
+        panic!()
+    };
+    assert_eq!(objs.len(), 1);
+    // Quiet directory: no event.
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+
+    std::fs::write(tmp.path().join("b.yaml"), "apiVersion: v1\nkind: Service\nmetadata: {name: b}\nspec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n").unwrap();
+    let Event::Resync(objs) = rx.recv_timeout(t).unwrap() else {
+        panic!()
+    };
+    assert_eq!(objs.len(), 2);
+
+    // A broken edit: error reported, no event (objects kept).
+    std::fs::write(tmp.path().join("b.yaml"), "kind: [\n").unwrap();
+    assert!(erx.recv_timeout(t).unwrap().contains("b.yaml"));
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+
+    std::fs::remove_file(tmp.path().join("b.yaml")).unwrap();
+    let Event::Resync(objs) = rx.recv_timeout(t).unwrap() else {
+        panic!()
+    };
+    assert_eq!(objs.len(), 1);
+    w.stop();
+}
+
+#[test]
+fn shared_store_wakes_waiters() {
+    let store = SharedStore::new();
+    let (g0, _) = store.snapshot();
+    let s2 = store.clone();
+    let h = std::thread::spawn(move || s2.wait_newer(g0, Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(50));
+    store.apply(Event::Applied(svc("a", "10.96.0.1")));
+    let (g1, snap) = h.join().unwrap().expect("woken");
+    assert!(g1 > g0);
+    assert_eq!(snap.services.len(), 1);
+    assert!(store.wait_newer(g1, Duration::from_millis(30)).is_none());
+}
