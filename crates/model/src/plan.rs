@@ -135,6 +135,7 @@ pub struct Frontend {
     /// externalTrafficPolicy Local only: traffic from the cluster CIDR (pods) and from this
     /// node itself is sent to the *cluster* endpoints instead (node-originated traffic then
     /// masqueraded), as kube-proxy does, so that pods reaching an external VIP work.
+    /// False when internalTrafficPolicy is Local as well (no cluster endpoint list exists).
     pub short_circuit: bool,
     /// LoadBalancer only: allowed source ranges (`None` = any). Already includes the LB
     /// ingress IPs themselves when a range covers a node address (VIP loopback).

@@ -444,7 +444,8 @@ fn plan_service(
                 } else {
                     Masquerade::Always
                 },
-                short_circuit: etp_local,
+                // Only meaningful when the cluster endpoints are computed (ITP is not Local too).
+                short_circuit: etp_local && !itp_local,
                 source_ranges: ranges,
             };
 
