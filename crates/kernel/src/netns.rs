@@ -71,7 +71,10 @@ impl Drop for NetNsGuard {
         // Failing to return would leave the thread working in the wrong namespace: that must not
         // go unnoticed.
         if let Err(e) = setns(self.previous.file.as_fd(), CloneFlags::CLONE_NEWNET) {
-            panic!("cannot return to network namespace {:?}: {e}", self.previous.path);
+            panic!(
+                "cannot return to network namespace {:?}: {e}",
+                self.previous.path
+            );
         }
     }
 }

@@ -32,7 +32,10 @@ pub struct NlError {
 
 impl NlError {
     fn new(context: impl Into<String>, source: io::Error) -> Self {
-        Self { context: context.into(), source }
+        Self {
+            context: context.into(),
+            source,
+        }
     }
     pub fn errno(&self) -> Option<i32> {
         self.source.raw_os_error()
@@ -102,7 +105,11 @@ impl Link {
 
     /// The MAC address as `aa:bb:cc:dd:ee:ff`.
     pub fn mac_string(&self) -> String {
-        self.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+        self.mac
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":")
     }
 }
 
@@ -135,7 +142,10 @@ impl Rtnl {
         socket.bind_auto()?;
         socket.connect(&SocketAddr::new(0, 0))?;
         socket.set_ext_ack(true).ok();
-        Ok(Self { socket, sequence: 0 })
+        Ok(Self {
+            socket,
+            sequence: 0,
+        })
     }
 
     /// A client bound to `ns`; the calling thread's namespace is unchanged afterwards.
@@ -158,11 +168,16 @@ impl Rtnl {
         msg.finalize();
         let mut buf = vec![0u8; msg.buffer_len()];
         msg.serialize(&mut buf);
-        self.socket.send(&buf, 0).map_err(|e| NlError::new(context, e))?;
+        self.socket
+            .send(&buf, 0)
+            .map_err(|e| NlError::new(context, e))?;
 
         let mut replies = Vec::new();
         loop {
-            let (data, _) = self.socket.recv_from_full().map_err(|e| NlError::new(context, e))?;
+            let (data, _) = self
+                .socket
+                .recv_from_full()
+                .map_err(|e| NlError::new(context, e))?;
             let mut offset = 0;
             while offset < data.len() {
                 let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
@@ -198,7 +213,8 @@ impl Rtnl {
     }
 
     fn change(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {
-        self.request(message, NLM_F_REQUEST | NLM_F_ACK, context).map(|_| ())
+        self.request(message, NLM_F_REQUEST | NLM_F_ACK, context)
+            .map(|_| ())
     }
 
     // ---- links ----
@@ -222,7 +238,11 @@ impl Rtnl {
     pub fn link_by_name(&mut self, name: &str) -> Result<Option<Link>> {
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
-        match self.request(RouteNetlinkMessage::GetLink(msg), NLM_F_REQUEST, &format!("get link {name}")) {
+        match self.request(
+            RouteNetlinkMessage::GetLink(msg),
+            NLM_F_REQUEST,
+            &format!("get link {name}"),
+        ) {
             Ok(replies) => Ok(replies.iter().find_map(|r| match r {
                 RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
                 _ => None,
@@ -235,7 +255,10 @@ impl Rtnl {
     /// Like [`Rtnl::link_by_name`] but absence is an error.
     pub fn require_link(&mut self, name: &str) -> Result<Link> {
         self.link_by_name(name)?.ok_or_else(|| {
-            NlError::new(format!("link {name}"), io::Error::from_raw_os_error(libc::ENODEV))
+            NlError::new(
+                format!("link {name}"),
+                io::Error::from_raw_os_error(libc::ENODEV),
+            )
         })
     }
 
@@ -290,7 +313,10 @@ impl Rtnl {
                 .address(n.addr(), n.prefix_len())
                 .build(),
         };
-        self.create(RouteNetlinkMessage::NewAddress(msg), &format!("add address {net}"))
+        self.create(
+            RouteNetlinkMessage::NewAddress(msg),
+            &format!("add address {net}"),
+        )
     }
 
     /// Adds an address unless the link already has it.
@@ -310,7 +336,9 @@ impl Rtnl {
         )?;
         let mut out = Vec::new();
         for reply in replies {
-            let RouteNetlinkMessage::NewAddress(m) = reply else { continue };
+            let RouteNetlinkMessage::NewAddress(m) = reply else {
+                continue;
+            };
             if index.is_some_and(|i| i != m.header.index) {
                 continue;
             }
@@ -325,7 +353,10 @@ impl Rtnl {
             }
             if let Some(a) = addr {
                 if let Ok(net) = IpNet::new(a, m.header.prefix_len) {
-                    out.push(Address { index: m.header.index, net });
+                    out.push(Address {
+                        index: m.header.index,
+                        net,
+                    });
                 }
             }
         }
@@ -335,7 +366,10 @@ impl Rtnl {
     // ---- routes ----
 
     pub fn route_add(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
-        self.create(RouteNetlinkMessage::NewRoute(msg), &format!("add route {what}"))
+        self.create(
+            RouteNetlinkMessage::NewRoute(msg),
+            &format!("add route {what}"),
+        )
     }
 
     /// Adds a route unless an identical one exists.
@@ -347,7 +381,10 @@ impl Rtnl {
     }
 
     pub fn route_del(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
-        self.change(RouteNetlinkMessage::DelRoute(msg), &format!("delete route {what}"))
+        self.change(
+            RouteNetlinkMessage::DelRoute(msg),
+            &format!("delete route {what}"),
+        )
     }
 
     /// Every route of a family in every table.
@@ -371,11 +408,17 @@ impl Rtnl {
     // ---- policy rules ----
 
     pub fn rule_add(&mut self, msg: RuleMessage, what: &str) -> Result<()> {
-        self.create(RouteNetlinkMessage::NewRule(msg), &format!("add rule {what}"))
+        self.create(
+            RouteNetlinkMessage::NewRule(msg),
+            &format!("add rule {what}"),
+        )
     }
 
     pub fn rule_del(&mut self, msg: RuleMessage, what: &str) -> Result<()> {
-        self.change(RouteNetlinkMessage::DelRule(msg), &format!("delete rule {what}"))
+        self.change(
+            RouteNetlinkMessage::DelRule(msg),
+            &format!("delete rule {what}"),
+        )
     }
 
     pub fn rules(&mut self, family: AddressFamily) -> Result<Vec<RuleMessage>> {
@@ -408,13 +451,17 @@ pub struct Route {
 
 impl Route {
     fn from_message(m: &RouteMessage) -> Self {
-        let mut route =
-            Route { destination: None, gateway: None, oif: None, table: m.header.table as u32 };
+        let mut route = Route {
+            destination: None,
+            gateway: None,
+            oif: None,
+            table: m.header.table as u32,
+        };
         for attr in &m.attributes {
             match attr {
                 RouteAttribute::Destination(a) => {
-                    route.destination =
-                        route_addr(a).and_then(|ip| IpNet::new(ip, m.header.destination_prefix_length).ok())
+                    route.destination = route_addr(a)
+                        .and_then(|ip| IpNet::new(ip, m.header.destination_prefix_length).ok())
                 }
                 RouteAttribute::Gateway(a) => route.gateway = route_addr(a),
                 RouteAttribute::Oif(i) => route.oif = Some(*i),

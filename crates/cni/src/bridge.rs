@@ -1,0 +1,466 @@
+//! bridge mode: a Linux bridge on the node, one veth pair per pod, the gateway on the bridge.
+//!
+//! ADD allocates first and builds second, undoing both on any failure. Everything ADD creates can be
+//! found again from (container ID, ifname) alone — the host veth name is derived from them and the
+//! IPAM files record them — so DEL and GC reclaim what a killed ADD left behind.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth};
+use netlink_packet_route::route::RouteMessage;
+use netlink_packet_route::AddressFamily;
+use rtnetlink::{LinkBridge, LinkBridgePort, LinkUnspec, RouteMessageBuilder};
+use sha2::{Digest, Sha256};
+use weir_kernel::rtnl::Route as KernelRoute;
+use weir_kernel::{sysctl, Link, NetNs, NlError, Rtnl};
+
+use crate::config::NetConf;
+use crate::ipam::{Allocation, Store};
+use crate::masq;
+use crate::spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, Outcome, Route};
+
+/// The host end of a pod's veth: `weir` + 11 hex digits of SHA-256(container ID, ifname).
+/// Deterministic, so DEL finds it without any saved state; 15 bytes, the kernel's limit.
+pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    let digest = Sha256::digest(format!("{container_id}/{ifname}").as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("weir{}", &hex[..11])
+}
+
+fn netlink_err(e: NlError) -> CniError {
+    CniError::new(ErrorCode::Netlink, e.to_string())
+}
+
+fn io_err(what: &str, e: std::io::Error) -> CniError {
+    CniError::new(ErrorCode::Io, format!("{what}: {e}"))
+}
+
+/// Opens the pod's namespace; a missing one is "container unknown" (code 3).
+pub fn open_netns(path: &std::path::Path) -> CniResult<NetNs> {
+    NetNs::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => CniError::new(
+            ErrorCode::UnknownContainer,
+            format!("network namespace {} does not exist", path.display()),
+        ),
+        _ => io_err(&format!("open network namespace {}", path.display()), e),
+    })
+}
+
+pub struct Attachment<'a> {
+    pub conf: &'a NetConf,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+}
+
+impl Attachment<'_> {
+    fn host_veth(&self) -> String {
+        host_veth_name(self.container_id, self.ifname)
+    }
+
+    fn mtu(&self) -> u32 {
+        self.conf.mtu.unwrap_or(1500)
+    }
+
+    pub fn add(&self, netns_path: &std::path::Path, store: &Store) -> CniResult<Outcome> {
+        let netns = open_netns(netns_path)?;
+        let allocations = store
+            .allocate(&self.conf.ipam, self.container_id, self.ifname)
+            .map_err(ipam_err)?;
+        match self.build(&netns, netns_path, &allocations) {
+            Ok(outcome) => Ok(outcome),
+            Err(e) => {
+                // Undo in reverse order; the original error is what the runtime needs to see.
+                let ips: Vec<IpAddr> = allocations.iter().map(|a| a.address.addr()).collect();
+                let _ = self.teardown(&ips);
+                let _ = store.release(self.container_id, self.ifname);
+                Err(e)
+            }
+        }
+    }
+
+    fn build(
+        &self,
+        netns: &NetNs,
+        netns_path: &std::path::Path,
+        allocations: &[Allocation],
+    ) -> CniResult<Outcome> {
+        let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
+        let mut pod =
+            Rtnl::in_netns(netns).map_err(|e| io_err("netlink socket in pod namespace", e))?;
+
+        let bridge = self.ensure_bridge(&mut host, allocations)?;
+        let veth = self.create_veth(&mut host, &mut pod, netns, &bridge)?;
+        let pod_if = pod.require_link(self.ifname).map_err(netlink_err)?;
+        if allocations.iter().any(|a| a.address.addr().is_ipv6()) {
+            // Without this the address stays "tentative" for a second or two and the pod cannot send.
+            netns
+                .run(|| sysctl::ensure(&format!("net.ipv6.conf.{}.accept_dad", self.ifname), "0"))
+                .and_then(|r| r)
+                .map_err(|e| io_err("disable DAD in pod", e))?;
+        }
+        for a in allocations {
+            pod.addr_ensure(pod_if.index, a.address)
+                .map_err(netlink_err)?;
+        }
+        pod.link_up(pod_if.index, self.ifname)
+            .map_err(netlink_err)?;
+        let routes = self.routes(allocations);
+        for r in &routes {
+            pod.route_ensure(route_message(r, pod_if.index), &r.dst.to_string())
+                .map_err(netlink_err)?;
+        }
+
+        self.host_sysctls(allocations)?;
+        if self.conf.ip_masq {
+            let ips: Vec<IpAddr> = allocations.iter().map(|a| a.address.addr()).collect();
+            masq::apply(&masq::add_script(&ips, &self.conf.masquerade_exempt()))?;
+        }
+
+        let mut outcome = match &self.conf.prev_result {
+            Some(prev) => Outcome::from_value(prev)?,
+            None => Outcome::default(),
+        };
+        let first = outcome.interfaces.len();
+        outcome.interfaces.push(Interface {
+            name: bridge.name.clone(),
+            mac: bridge.mac_string(),
+            ..Default::default()
+        });
+        outcome.interfaces.push(Interface {
+            name: veth.name.clone(),
+            mac: veth.mac_string(),
+            ..Default::default()
+        });
+        outcome.interfaces.push(Interface {
+            name: self.ifname.to_string(),
+            mac: pod_if.mac_string(),
+            mtu: Some(pod_if.mtu),
+            sandbox: netns_path.display().to_string(),
+        });
+        outcome.ips.extend(allocations.iter().map(|a| IpConfig {
+            address: a.address,
+            gateway: a.gateway,
+            interface: Some(first + 2),
+        }));
+        outcome.routes.extend(routes);
+        if !self.conf.dns.is_null() {
+            outcome.dns = self.conf.dns.clone();
+        }
+        Ok(outcome)
+    }
+
+    /// Creates the bridge if needed, puts each range set's gateway on it, brings it up.
+    fn ensure_bridge(&self, host: &mut Rtnl, allocations: &[Allocation]) -> CniResult<Link> {
+        let name = &self.conf.bridge;
+        let bridge = match host.link_by_name(name).map_err(netlink_err)? {
+            Some(link) => link,
+            None => {
+                let msg = LinkBridge::new(name).mtu(self.mtu()).up().build();
+                match host.link_add(msg, &format!("bridge {name}")) {
+                    Ok(()) => {}
+                    Err(e) if e.is_exists() => {} // a concurrent ADD made it first
+                    Err(e) => return Err(netlink_err(e)),
+                }
+                host.require_link(name).map_err(netlink_err)?
+            }
+        };
+        if bridge.kind.as_deref() != Some("bridge") {
+            return Err(CniError::new(
+                ErrorCode::InvalidConfig,
+                format!(
+                    "bridge: {name} exists but is a {} device, not a bridge",
+                    bridge.kind.as_deref().unwrap_or("non-virtual")
+                ),
+            ));
+        }
+        if self.conf.is_gateway {
+            for a in allocations {
+                if let Some(gw) = a.gateway {
+                    let net =
+                        IpNet::new(gw, a.address.prefix_len()).expect("prefix from a valid net");
+                    host.addr_ensure(bridge.index, net).map_err(netlink_err)?;
+                }
+            }
+        }
+        if !bridge.up {
+            host.link_up(bridge.index, name).map_err(netlink_err)?;
+        }
+        Ok(bridge)
+    }
+
+    /// One message creates the pair: host end already a bridge port and up, pod end named
+    /// `ifname` directly inside the pod namespace, both with the MTU.
+    fn create_veth(
+        &self,
+        host: &mut Rtnl,
+        pod: &mut Rtnl,
+        netns: &NetNs,
+        bridge: &Link,
+    ) -> CniResult<Link> {
+        use std::os::fd::AsRawFd;
+        let name = self.host_veth();
+        // A leftover from an ADD that was killed half-way: start clean.
+        host.link_del_by_name(&name).map_err(netlink_err)?;
+        if let Some(stale) = pod.link_by_name(self.ifname).map_err(netlink_err)? {
+            return Err(CniError::new(
+                ErrorCode::InvalidConfig,
+                format!(
+                    "interface {} already exists in the pod namespace ({})",
+                    self.ifname,
+                    stale.kind.unwrap_or_default()
+                ),
+            ));
+        }
+        let peer = LinkUnspec::new_with_name(self.ifname)
+            .mtu(self.mtu())
+            .setns_by_fd(netns.file().as_raw_fd())
+            .build();
+        let msg = rtnetlink::LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
+            .name(name.clone())
+            .mtu(self.mtu())
+            .controller(bridge.index)
+            .up()
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        host.link_add(msg, &format!("veth {name}"))
+            .map_err(netlink_err)?;
+        let veth = host.require_link(&name).map_err(netlink_err)?;
+        if self.conf.hairpin_mode {
+            // A pod reaching itself through a Service comes back out of its own bridge port.
+            let msg = LinkBridgePort::new(veth.index).hairpin(true).build();
+            host.link_set_port(msg, &format!("{name} hairpin"))
+                .map_err(netlink_err)?;
+        }
+        Ok(veth)
+    }
+
+    fn routes(&self, allocations: &[Allocation]) -> Vec<Route> {
+        let gateway_for = |dst: &IpNet| {
+            allocations
+                .iter()
+                .find(|a| a.address.addr().is_ipv4() == dst.addr().is_ipv4())
+                .and_then(|a| a.gateway)
+        };
+        let mut routes: Vec<Route> = self
+            .conf
+            .ipam
+            .routes
+            .iter()
+            .map(|r| Route {
+                dst: r.dst,
+                gw: r.gw.or_else(|| gateway_for(&r.dst)),
+            })
+            .collect();
+        if self.conf.is_default_gateway {
+            for a in allocations {
+                let dst: IpNet = if a.address.addr().is_ipv4() {
+                    "0.0.0.0/0"
+                } else {
+                    "::/0"
+                }
+                .parse()
+                .expect("literal");
+                if a.gateway.is_some() && !routes.iter().any(|r| r.dst == dst) {
+                    routes.push(Route { dst, gw: a.gateway });
+                }
+            }
+        }
+        routes
+    }
+
+    fn host_sysctls(&self, allocations: &[Allocation]) -> CniResult<()> {
+        let set = |k: &str| sysctl::ensure(k, "1").map_err(|e| io_err(&format!("set {k}"), e));
+        if allocations.iter().any(|a| a.address.addr().is_ipv4()) {
+            set("net.ipv4.ip_forward")?;
+        }
+        if allocations.iter().any(|a| a.address.addr().is_ipv6()) {
+            set("net.ipv6.conf.all.forwarding")?;
+        }
+        // Needed so that Service traffic between two pods on this bridge is seen by netfilter.
+        for key in [
+            "net.bridge.bridge-nf-call-iptables",
+            "net.bridge.bridge-nf-call-ip6tables",
+        ] {
+            if let Err(e) = sysctl::ensure(key, "1") {
+                eprintln!("weir-cni: warning: cannot set {key} (is br_netfilter loaded?): {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the host veth (its peer goes with it) and the masquerade elements. Idempotent.
+    pub fn teardown(&self, ips: &[IpAddr]) -> CniResult<()> {
+        let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
+        host.link_del_by_name(&self.host_veth())
+            .map_err(netlink_err)?;
+        if self.conf.ip_masq && !ips.is_empty() {
+            masq::apply(&masq::del_script(ips))?;
+        }
+        Ok(())
+    }
+
+    pub fn del(&self, store: &Store) -> CniResult<()> {
+        let ips = store
+            .lookup(self.container_id, self.ifname)
+            .map_err(ipam_err)?;
+        self.teardown(&ips)?;
+        store
+            .release(self.container_id, self.ifname)
+            .map_err(ipam_err)?;
+        Ok(())
+    }
+
+    /// Verifies that what ADD made (as described by `prev`) is still in place.
+    pub fn check(
+        &self,
+        netns_path: &std::path::Path,
+        store: &Store,
+        prev: &Outcome,
+    ) -> CniResult<()> {
+        let fail = |m: String| Err(CniError::new(ErrorCode::CheckFailed, m));
+        let netns = open_netns(netns_path)?;
+        let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
+        let mut pod =
+            Rtnl::in_netns(&netns).map_err(|e| io_err("netlink socket in pod namespace", e))?;
+
+        let Some(bridge) = host.link_by_name(&self.conf.bridge).map_err(netlink_err)? else {
+            return fail(format!("bridge {} is missing", self.conf.bridge));
+        };
+        let veth_name = self.host_veth();
+        let Some(veth) = host.link_by_name(&veth_name).map_err(netlink_err)? else {
+            return fail(format!("host interface {veth_name} is missing"));
+        };
+        if veth.controller != Some(bridge.index) {
+            return fail(format!(
+                "{veth_name} is not a port of bridge {}",
+                self.conf.bridge
+            ));
+        }
+        if !veth.up {
+            return fail(format!("{veth_name} is down"));
+        }
+        let Some(pod_if) = pod.link_by_name(self.ifname).map_err(netlink_err)? else {
+            return fail(format!(
+                "interface {} is missing in {}",
+                self.ifname,
+                netns_path.display()
+            ));
+        };
+        if let Some(expected) = prev
+            .interfaces
+            .iter()
+            .find(|i| i.name == self.ifname && !i.sandbox.is_empty())
+        {
+            if !expected.mac.is_empty() && !expected.mac.eq_ignore_ascii_case(&pod_if.mac_string())
+            {
+                return fail(format!(
+                    "{} has MAC {}, prevResult says {}",
+                    self.ifname,
+                    pod_if.mac_string(),
+                    expected.mac
+                ));
+            }
+        }
+        let present = pod.addrs(Some(pod_if.index)).map_err(netlink_err)?;
+        let allocated = store
+            .lookup(self.container_id, self.ifname)
+            .map_err(ipam_err)?;
+        let pod_if_index = prev
+            .interfaces
+            .iter()
+            .position(|i| i.name == self.ifname && !i.sandbox.is_empty());
+        for ip in prev
+            .ips
+            .iter()
+            .filter(|ip| ip.interface.is_none() || ip.interface == pod_if_index)
+        {
+            if !present.iter().any(|a| a.net == ip.address) {
+                return fail(format!("{} lacks address {}", self.ifname, ip.address));
+            }
+            if !allocated.contains(&ip.address.addr()) {
+                return fail(format!(
+                    "address {} is not allocated to this container",
+                    ip.address.addr()
+                ));
+            }
+            if self.conf.ip_masq && !masq::is_masqueraded(&ip.address.addr()) {
+                return fail(format!(
+                    "address {} is not in the masquerade set",
+                    ip.address.addr()
+                ));
+            }
+        }
+        let mut kernel_routes = pod.routes(AddressFamily::Inet).map_err(netlink_err)?;
+        kernel_routes.extend(pod.routes(AddressFamily::Inet6).map_err(netlink_err)?);
+        for r in &prev.routes {
+            if !route_present(&kernel_routes, r) {
+                return fail(format!("route to {} is missing in the pod", r.dst));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn route_present(kernel: &[KernelRoute], r: &Route) -> bool {
+    let is_default = r.dst.prefix_len() == 0;
+    kernel.iter().any(|k| {
+        let dst_ok = match k.destination {
+            None => {
+                is_default
+                    && k.gateway
+                        .is_some_and(|g| g.is_ipv4() == r.dst.addr().is_ipv4())
+            }
+            Some(d) => d == r.dst,
+        };
+        dst_ok && (r.gw.is_none() || k.gateway == r.gw)
+    })
+}
+
+fn route_message(r: &Route, oif: u32) -> RouteMessage {
+    match (r.dst, r.gw) {
+        (IpNet::V4(dst), gw) => {
+            let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(dst.addr(), dst.prefix_len())
+                .output_interface(oif);
+            if let Some(IpAddr::V4(g)) = gw {
+                b = b.gateway(g);
+            }
+            b.build()
+        }
+        (IpNet::V6(dst), gw) => {
+            let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(dst.addr(), dst.prefix_len())
+                .output_interface(oif);
+            if let Some(IpAddr::V6(g)) = gw {
+                b = b.gateway(g);
+            }
+            b.build()
+        }
+    }
+}
+
+pub fn ipam_err(e: crate::ipam::IpamError) -> CniError {
+    use crate::ipam::IpamError;
+    let code = match &e {
+        IpamError::Exhausted { .. } => ErrorCode::RangeExhausted,
+        IpamError::Io { .. } => ErrorCode::Io,
+        IpamError::Config(_) => ErrorCode::InvalidConfig,
+    };
+    CniError::new(code, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_veth_names_are_stable_short_and_distinct() {
+        let a = host_veth_name("abc", "eth0");
+        assert_eq!(a, host_veth_name("abc", "eth0"));
+        assert_eq!(a.len(), 15);
+        assert!(a.starts_with("weir"));
+        assert_ne!(a, host_veth_name("abc", "eth1"));
+        assert_ne!(a, host_veth_name("abd", "eth0"));
+    }
+}

@@ -1,0 +1,179 @@
+//! Test support: throw-away network namespaces standing for a node and its pods, and a way to run
+//! a CNI plugin inside the node's namespace exactly as a container runtime would (env + stdin).
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use weir_kernel::NetNs;
+
+/// A named namespace that is deleted on drop (even when the test panics).
+pub struct TestNs {
+    pub name: String,
+}
+
+impl TestNs {
+    pub fn new(name: &str) -> Self {
+        let _ = Command::new("ip")
+            .args(["netns", "del", name])
+            .stderr(Stdio::null())
+            .status();
+        let ok = Command::new("ip")
+            .args(["netns", "add", name])
+            .status()
+            .expect("ip netns add")
+            .success();
+        assert!(ok, "cannot create netns {name}");
+        Self {
+            name: name.to_string(),
+        }
+    }
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+    pub fn open(&self) -> NetNs {
+        NetNs::named(&self.name).expect("open netns")
+    }
+    /// Runs a shell command inside the namespace and returns its stdout.
+    pub fn sh(&self, cmd: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.name, "sh", "-c", cmd])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// A unique, short prefix for this test's namespaces.
+pub fn unique(tag: &str) -> String {
+    format!("wc{}-{tag}", std::process::id() % 100000)
+}
+
+pub struct PluginRun {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl PluginRun {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.stdout))
+    }
+    pub fn error_code(&self) -> u64 {
+        assert_ne!(
+            self.code,
+            Some(0),
+            "expected failure, got success: {}",
+            self.stdout
+        );
+        self.json()["code"].as_u64().expect("error JSON has a code")
+    }
+    pub fn ok(&self) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(0),
+            "plugin failed: {} {}",
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// Runs `plugin` in `node`'s namespace with the given CNI environment and config.
+pub fn run_plugin(
+    plugin: &Path,
+    node: &TestNs,
+    command: &str,
+    container_id: &str,
+    netns: Option<&Path>,
+    ifname: &str,
+    config: &str,
+) -> PluginRun {
+    let ns = node.open();
+    let mut cmd = Command::new(plugin);
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container_id)
+        .env("CNI_IFNAME", ifname)
+        .env("CNI_PATH", plugin.parent().unwrap())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(n) = netns {
+        cmd.env("CNI_NETNS", n);
+    }
+    let fd = {
+        use std::os::fd::AsRawFd;
+        ns.file().as_raw_fd()
+    };
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn plugin");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(config.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    PluginRun {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Inside `ns`, accepts one TCP connection on `port` and answers `reply` (in a background thread).
+pub fn serve_once(ns: &TestNs, port: u16, reply: &'static str) -> std::thread::JoinHandle<()> {
+    let handle = ns.open();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let _g = handle.enter().unwrap();
+        let l = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+        tx.send(()).unwrap();
+        if let Ok((mut s, _)) = l.accept() {
+            let _ = s.write_all(reply.as_bytes());
+        }
+    });
+    rx.recv().unwrap();
+    t
+}
+
+/// From inside `ns`, connects to addr:port and returns what the server said.
+pub fn fetch(ns: &TestNs, addr: std::net::IpAddr, port: u16) -> std::io::Result<String> {
+    use std::io::Read;
+    let handle = ns.open();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _g = handle.enter()?;
+            let mut c = std::net::TcpStream::connect_timeout(
+                &(addr, port).into(),
+                std::time::Duration::from_secs(3),
+            )?;
+            let mut out = String::new();
+            c.read_to_string(&mut out)?;
+            Ok(out)
+        })
+        .join()
+        .unwrap()
+    })
+}
