@@ -1,1 +1,19 @@
-//! weir-lab
+//! weir-lab: a cluster simulated with network namespaces on one machine.
+//!
+//! A lab is an underlay switch (`wl-<lab>-sw`, a bridge), an outside world (`wl-<lab>-out`, the
+//! nodes' default router with an "internet" address on its `lo`), nodes (`wl-<lab>-<node>`) and
+//! pods (`wl-<lab>-<node>-<pod>`, whose interfaces a real CNI plugin creates). Every pod, node and
+//! the outside run an echo server that answers with its name and the peer address it saw; the
+//! connectivity [`matrix`] probes them all.
+
+pub mod cni;
+pub mod echo;
+pub mod lab;
+pub mod matrix;
+pub mod ns;
+pub mod state;
+pub mod topology;
+
+pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
+pub use state::{state_root, LabState};
+pub use topology::{CniKind, Topology, TopologyError, DEFAULT_TOPOLOGY};

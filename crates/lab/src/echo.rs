@@ -1,0 +1,158 @@
+//! The echo server every pod (and node, and the outside world) runs: it answers each TCP
+//! connection and each UDP datagram with one line, `<name> <peer ip>\n`. The peer IP shows whether
+//! the client's source address was rewritten (masqueraded) on the way.
+
+use std::fs::File;
+use std::io::{self, IoSlice, IoSliceMut, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::socket::{
+    recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
+    SockaddrIn,
+};
+use weir_kernel::NetNs;
+
+/// The port every echo server listens on.
+pub const ECHO_PORT: u16 = 8080;
+
+/// The line logged once both sockets are bound; [`spawn`] waits for it.
+const READY: &str = "echo-server ready";
+
+/// Runs the echo server in the calling process: enters `netns` (if given), binds, serves forever.
+/// Call it before any other thread exists so that every thread lives in the namespace.
+pub fn serve(netns: Option<&Path>, name: &str, port: u16) -> anyhow::Result<()> {
+    if let Some(path) = netns {
+        let ns = NetNs::open(path).with_context(|| format!("open netns {}", path.display()))?;
+        nix::sched::setns(ns.file(), nix::sched::CloneFlags::CLONE_NEWNET)
+            .with_context(|| format!("enter netns {}", path.display()))?;
+    }
+    let addr = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port);
+    let tcp = TcpListener::bind(addr).with_context(|| format!("bind tcp {addr}"))?;
+    let udp = UdpSocket::bind(addr).with_context(|| format!("bind udp {addr}"))?;
+    setsockopt(&udp, sockopt::Ipv4PacketInfo, &true).context("IP_PKTINFO")?;
+    println!("{READY}: {name} tcp+udp {addr}");
+    io::stdout().flush().ok();
+
+    let udp_name = name.to_string();
+    std::thread::spawn(move || loop {
+        if let Err(e) = serve_udp_once(&udp, &udp_name) {
+            eprintln!("udp: {e}");
+        }
+    });
+    for conn in tcp.incoming() {
+        match conn {
+            Ok(mut stream) => {
+                let peer = stream
+                    .peer_addr()
+                    .map(|a| a.ip().to_string())
+                    .unwrap_or_default();
+                let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+                let _ = stream.write_all(format!("{name} {peer}\n").as_bytes());
+            }
+            Err(e) => eprintln!("tcp accept: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// Answers one datagram, from the address it was sent to (IP_PKTINFO), so that replies to
+/// an address on `lo` or on another interface match the client's (and conntrack's) view.
+fn serve_udp_once(udp: &UdpSocket, name: &str) -> anyhow::Result<()> {
+    let mut buf = [0u8; 2048];
+    let mut cmsg = nix::cmsg_space!(libc::in_pktinfo);
+    let (peer, local) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<SockaddrIn>(
+            udp.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::empty(),
+        )?;
+        let mut local = None;
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
+                local = Some(info.ipi_addr);
+            }
+        }
+        (msg.address, local)
+    };
+    let Some(peer) = peer else { return Ok(()) };
+    let line = format!("{name} {}\n", peer.ip());
+    let iov = [IoSlice::new(line.as_bytes())];
+    match local {
+        Some(dst) => {
+            let info = libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: dst,
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            };
+            sendmsg(
+                udp.as_raw_fd(),
+                &iov,
+                &[ControlMessage::Ipv4PacketInfo(&info)],
+                MsgFlags::empty(),
+                Some(&peer),
+            )?;
+        }
+        None => {
+            sendmsg(udp.as_raw_fd(), &iov, &[], MsgFlags::empty(), Some(&peer))?;
+        }
+    }
+    Ok(())
+}
+
+/// Starts `weir lab echo-server` detached (own session, stdio to `log`) and waits until it has
+/// bound its sockets. Returns its pid.
+pub fn spawn(weir: &Path, netns: &Path, name: &str, log: &Path) -> anyhow::Result<u32> {
+    let out = File::create(log).with_context(|| format!("create {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut cmd = Command::new(weir);
+    cmd.args(["lab", "echo-server", "--netns"])
+        .arg(netns)
+        .args(["--name", name, "--port", &ECHO_PORT.to_string()])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    // SAFETY: setsid(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("spawn {}", weir.display()))?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(READY) {
+            // The child stays ours until we exit; a reaper thread avoids zombies meanwhile.
+            std::thread::spawn(move || {
+                let _ = child.wait();
+            });
+            return Ok(pid);
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("echo server {name} exited ({status}): {}", text.trim());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "echo server {name} did not start within 5 s: {}",
+                text.trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,544 @@
+//! Bringing a lab up and down, and reporting on it.
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context};
+use ipnet::{IpNet, Ipv4Net};
+use rtnetlink::packet_route::link::{InfoData, InfoVeth};
+use rtnetlink::{LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use weir_kernel::{sysctl, NetNs, Rtnl};
+
+use crate::cni::{self, Invocation, Plugin};
+use crate::echo;
+use crate::ns;
+use crate::state::{EchoState, LabDir, LabState, NodeState, PodState};
+use crate::topology::names::{self, NsRole};
+use crate::topology::Topology;
+
+/// The programs a lab runs: `weir` (for echo servers) and `weir-cni`.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub weir: PathBuf,
+    pub weir_cni: PathBuf,
+}
+
+/// Where progress lines go (`[3/9] node b: pod b1 10.244.2.2 (ADD 4 ms)`).
+pub type Progress<'a> = &'a mut dyn FnMut(&str);
+
+const UNDERLAY_BRIDGE: &str = "br0";
+
+struct Steps<'a> {
+    done: usize,
+    total: usize,
+    out: Progress<'a>,
+}
+
+impl Steps<'_> {
+    fn step(&mut self, msg: &str) {
+        self.done += 1;
+        (self.out)(&format!("[{}/{}] {msg}", self.done, self.total));
+    }
+}
+
+fn ms(since: Instant) -> u128 {
+    since.elapsed().as_millis()
+}
+
+/// Creates a veth pair: `local_name` in the namespace of `local`, `peer_name` in `peer_ns`.
+fn veth_between(
+    local: &mut Rtnl,
+    local_name: &str,
+    peer_ns: &NetNs,
+    peer_name: &str,
+) -> anyhow::Result<()> {
+    let peer = LinkUnspec::new_with_name(peer_name)
+        .setns_by_fd(peer_ns.file().as_raw_fd())
+        .build();
+    let msg = LinkVeth::new(local_name, peer_name)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+        .build();
+    local.link_add(msg, &format!("veth {local_name}/{peer_name}"))?;
+    Ok(())
+}
+
+/// Brings `lo` up and configures `eth0` (already moved in) with `addr`, up.
+fn setup_eth0(ns: &NetNs, addr: Ipv4Net, default_via: Option<Ipv4Addr>) -> anyhow::Result<()> {
+    let mut rt = Rtnl::in_netns(ns)?;
+    let lo = rt.require_link("lo")?;
+    rt.link_up(lo.index, "lo")?;
+    let eth0 = rt.require_link("eth0")?;
+    rt.addr_ensure(eth0.index, IpNet::V4(addr))?;
+    rt.link_up(eth0.index, "eth0")?;
+    if let Some(gw) = default_via {
+        let route = RouteMessageBuilder::<Ipv4Addr>::new().gateway(gw).build();
+        rt.route_ensure(route, &format!("default via {gw}"))?;
+    }
+    Ok(())
+}
+
+fn open(name: &str) -> anyhow::Result<NetNs> {
+    NetNs::named(name).with_context(|| format!("open netns {name}"))
+}
+
+/// Brings up the lab described by `topo`. On failure, what was made stays (run [`down`]).
+pub fn up(
+    topo: &Topology,
+    bins: &Binaries,
+    root: &Path,
+    progress: Progress,
+) -> anyhow::Result<LabState> {
+    topo.validate()?;
+    let lab = topo.name.as_str();
+    let existing = ns::list(&names::prefix(lab));
+    if !existing.is_empty() {
+        bail!(
+            "lab {lab} already exists ({} namespaces); run `weir lab down {lab}` first",
+            existing.len()
+        );
+    }
+    let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
+    if !plugin.binary.exists() {
+        bail!("CNI plugin {} not found", plugin.binary.display());
+    }
+    build(topo, bins, root, &plugin, progress)
+        .with_context(|| format!("lab {lab} is partly up; `weir lab down {lab}` removes it"))
+}
+
+fn build(
+    topo: &Topology,
+    bins: &Binaries,
+    root: &Path,
+    plugin: &Plugin,
+    progress: Progress,
+) -> anyhow::Result<LabState> {
+    let lab = topo.name.as_str();
+    let dir = LabDir::new(root, lab);
+    if dir.dir.exists() {
+        std::fs::remove_dir_all(&dir.dir)
+            .with_context(|| format!("remove stale {}", dir.dir.display()))?;
+    }
+    std::fs::create_dir_all(dir.dir.join("logs"))?;
+    std::fs::write(dir.topology(), topo.to_yaml())?;
+
+    let pod_count = topo.pods().count();
+    let mut steps = Steps {
+        done: 0,
+        total: 2 + topo.nodes.len() + 1 + pod_count + 1,
+        out: progress,
+    };
+    let mut state = LabState {
+        lab: lab.to_string(),
+        cni: topo.cni,
+        outside: topo.outside,
+        nodes: Vec::new(),
+        pods: Vec::new(),
+        echo: Vec::new(),
+    };
+    let underlay_net =
+        |ip: Ipv4Addr| Ipv4Net::new(ip, topo.underlay.prefix_len()).expect("valid prefix");
+
+    // The underlay switch.
+    let t = Instant::now();
+    let sw_name = names::switch(lab);
+    ns::add(&sw_name)?;
+    let sw = open(&sw_name)?;
+    let mut sw_rt = Rtnl::in_netns(&sw)?;
+    sw_rt.link_add(LinkBridge::new(UNDERLAY_BRIDGE).up().build(), "bridge br0")?;
+    let br = sw_rt.require_link(UNDERLAY_BRIDGE)?;
+    let lo = sw_rt.require_link("lo")?;
+    sw_rt.link_up(lo.index, "lo")?;
+    let plug = |sw_rt: &mut Rtnl, port: &str, peer: &NetNs| -> anyhow::Result<()> {
+        veth_between(sw_rt, port, peer, "eth0")?;
+        let link = sw_rt.require_link(port)?;
+        sw_rt.link_set(
+            LinkUnspec::new_with_index(link.index)
+                .controller(br.index)
+                .up()
+                .build(),
+            port,
+        )?;
+        Ok(())
+    };
+    steps.step(&format!(
+        "switch {sw_name}: bridge {UNDERLAY_BRIDGE} ({} ms)",
+        ms(t)
+    ));
+
+    // The outside world.
+    let t = Instant::now();
+    let out_name = names::outside(lab);
+    ns::add(&out_name)?;
+    let out = open(&out_name)?;
+    plug(&mut sw_rt, "out", &out)?;
+    setup_eth0(&out, underlay_net(topo.router_ip()), None)?;
+    {
+        let mut rt = Rtnl::in_netns(&out)?;
+        let lo = rt.require_link("lo")?;
+        rt.addr_ensure(lo.index, IpNet::V4(Ipv4Net::new(topo.outside, 32)?))?;
+    }
+    out.run(|| sysctl::ensure("net.ipv4.ip_forward", "1"))??;
+    steps.step(&format!(
+        "outside {out_name}: {} on eth0, {} on lo ({} ms)",
+        topo.router_ip(),
+        topo.outside,
+        ms(t)
+    ));
+
+    // Nodes.
+    for (i, node) in topo.nodes.iter().enumerate() {
+        let t = Instant::now();
+        let name = names::node(lab, &node.name);
+        let ip = topo.underlay_ip(i).expect("validated");
+        ns::add(&name)?;
+        let node_ns = open(&name)?;
+        plug(&mut sw_rt, &format!("n-{}", node.name), &node_ns)?;
+        setup_eth0(&node_ns, underlay_net(ip), Some(topo.router_ip()))?;
+        std::fs::create_dir_all(dir.ipam(&node.name))?;
+        state.nodes.push(NodeState {
+            name: node.name.clone(),
+            netns: name.clone(),
+            underlay_ip: ip,
+        });
+        steps.step(&format!(
+            "node {}: {name} eth0 {ip}, podCIDR {} ({} ms)",
+            node.name,
+            node.pod_cidr,
+            ms(t)
+        ));
+    }
+    state.save(&dir.state())?;
+
+    // host-gw routes: every node reaches every other node's pod CIDR via that node.
+    let t = Instant::now();
+    let mut count = 0;
+    for (i, node) in topo.nodes.iter().enumerate() {
+        let mut rt = Rtnl::in_netns(&open(&names::node(lab, &node.name))?)?;
+        for (j, other) in topo.nodes.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let gw = topo.underlay_ip(j).expect("validated");
+            let cidr = other.pod_cidr;
+            let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(cidr.network(), cidr.prefix_len())
+                .gateway(gw)
+                .build();
+            rt.route_ensure(route, &format!("{cidr} via {gw}"))?;
+            count += 1;
+        }
+    }
+    steps.step(&format!(
+        "routes: {count} host-gw routes between pod CIDRs ({} ms)",
+        ms(t)
+    ));
+
+    // Pods, through the CNI plugin.
+    for node in &topo.nodes {
+        let node_ns = open(&names::node(lab, &node.name))?;
+        let conf = cni::net_conf(topo, node, &dir.ipam(&node.name));
+        for pod in &node.pods {
+            let pod_ns_name = names::pod(lab, &node.name, pod);
+            ns::add(&pod_ns_name)?;
+            {
+                let mut rt = Rtnl::in_netns(&open(&pod_ns_name)?)?;
+                let lo = rt.require_link("lo")?;
+                rt.link_up(lo.index, "lo")?;
+            }
+            let netns_path = ns::path(&pod_ns_name);
+            let outcome = cni::invoke(
+                plugin,
+                &Invocation {
+                    command: "ADD",
+                    container_id: &pod_ns_name,
+                    netns: &netns_path,
+                    ifname: "eth0",
+                    config: &conf,
+                    node_ns: &node_ns,
+                },
+            )
+            .with_context(|| format!("node {}: pod {pod}", node.name))?;
+            let ip = cni::result_ipv4(&outcome.stdout)?;
+            state.pods.push(PodState {
+                node: node.name.clone(),
+                name: pod.clone(),
+                netns: pod_ns_name.clone(),
+                ip: ip.addr(),
+                prefix_len: ip.prefix_len(),
+            });
+            state.save(&dir.state())?;
+            steps.step(&format!(
+                "node {}: pod {pod} {} (ADD {} ms)",
+                node.name,
+                ip.addr(),
+                outcome.elapsed.as_millis()
+            ));
+        }
+    }
+
+    // Echo servers everywhere.
+    let t = Instant::now();
+    let mut servers: Vec<(String, String)> = vec![(out_name.clone(), "outside".into())];
+    servers.extend(
+        state
+            .nodes
+            .iter()
+            .map(|n| (n.netns.clone(), n.name.clone())),
+    );
+    servers.extend(state.pods.iter().map(|p| (p.netns.clone(), p.name.clone())));
+    for (netns, name) in servers {
+        let pid = echo::spawn(&bins.weir, &ns::path(&netns), &name, &dir.log(&netns))?;
+        state.echo.push(EchoState { netns, name, pid });
+        state.save(&dir.state())?;
+    }
+    steps.step(&format!(
+        "echo servers: {} on port {} ({} ms)",
+        state.echo.len(),
+        echo::ECHO_PORT,
+        ms(t)
+    ));
+    Ok(state)
+}
+
+/// What [`down`] did.
+#[derive(Debug, Default)]
+pub struct DownReport {
+    pub namespaces: Vec<String>,
+    pub killed: Vec<u32>,
+    pub cni_deleted: usize,
+    /// Best-effort steps that failed (CNI DEL errors, …).
+    pub warnings: Vec<String>,
+    pub state_removed: bool,
+}
+
+/// Removes everything of lab `lab`: processes in its namespaces, pods (CNI DEL first), namespaces
+/// and the state directory. Works from the namespace names and the state dir alone, so it also
+/// cleans up after a crash or a lost state.json.
+pub fn down(
+    lab: &str,
+    bins: &Binaries,
+    root: &Path,
+    progress: Progress,
+) -> anyhow::Result<DownReport> {
+    if !crate::topology::valid_name(lab) {
+        bail!("invalid lab name {lab:?}");
+    }
+    let dir = LabDir::new(root, lab);
+    let mut report = DownReport::default();
+    let namespaces = ns::list(&names::prefix(lab));
+    let topo = std::fs::read_to_string(dir.topology())
+        .ok()
+        .and_then(|t| Topology::parse(&t).ok());
+    let state = LabState::load(&dir.state()).ok();
+
+    // 1. Processes: everything living in the lab's namespaces, plus recorded echo servers that
+    //    still name one of them (in case a namespace file vanished under them).
+    let mut pids: Vec<u32> = namespaces.iter().flat_map(|n| ns::pids(n)).collect();
+    let me = std::process::id();
+    pids.retain(|&p| p != me);
+    if let Some(state) = &state {
+        for e in &state.echo {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", e.pid)).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            if cmdline.contains("echo-server")
+                && cmdline.contains(&e.netns)
+                && !pids.contains(&e.pid)
+            {
+                pids.push(e.pid);
+            }
+        }
+    }
+    ns::kill_all(&pids);
+    report.killed = pids;
+
+    // 2. Pods: CNI DEL, run in the node's namespace (best effort).
+    let pods: Vec<(String, String, String)> = namespaces
+        .iter()
+        .filter_map(|n| match names::parse(lab, n) {
+            Some(NsRole::Pod { node, pod }) => Some((n.clone(), node, pod)),
+            _ => None,
+        })
+        .collect();
+    for (pod_ns, node, pod) in &pods {
+        let Some(topo) = &topo else {
+            report
+                .warnings
+                .push(format!("pod {pod}: no topology.yaml, skipping CNI DEL"));
+            continue;
+        };
+        let Some((_, node_conf)) = topo.node(node) else {
+            report.warnings.push(format!(
+                "pod {pod}: node {node} not in topology, skipping CNI DEL"
+            ));
+            continue;
+        };
+        let Ok(node_ns) = NetNs::named(&names::node(lab, node)) else {
+            report
+                .warnings
+                .push(format!("pod {pod}: node namespace gone, skipping CNI DEL"));
+            continue;
+        };
+        let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
+        let conf = cni::net_conf(topo, node_conf, &dir.ipam(node));
+        let netns = ns::path(pod_ns);
+        match cni::invoke(
+            &plugin,
+            &Invocation {
+                command: "DEL",
+                container_id: pod_ns,
+                netns: &netns,
+                ifname: "eth0",
+                config: &conf,
+                node_ns: &node_ns,
+            },
+        ) {
+            Ok(o) => {
+                report.cni_deleted += 1;
+                progress(&format!(
+                    "node {node}: pod {pod} (DEL {} ms)",
+                    o.elapsed.as_millis()
+                ));
+            }
+            Err(e) => report.warnings.push(format!("pod {pod}: {e:#}")),
+        }
+    }
+
+    // 3. Namespaces: pods, then nodes, outside, switch.
+    let mut ordered = namespaces.clone();
+    ordered.sort_by_key(|n| match names::parse(lab, n) {
+        Some(NsRole::Pod { .. }) => 0,
+        Some(NsRole::Node(_)) => 1,
+        Some(NsRole::Outside) => 2,
+        Some(NsRole::Switch) => 3,
+        None => 4,
+    });
+    let mut errors = Vec::new();
+    for n in &ordered {
+        if let Err(e) = ns::del(n) {
+            errors.push(format!("{e:#}"));
+        }
+    }
+    report.namespaces = ordered;
+
+    // 4. State.
+    if dir.dir.exists() {
+        std::fs::remove_dir_all(&dir.dir)
+            .with_context(|| format!("remove {}", dir.dir.display()))?;
+        report.state_removed = true;
+    }
+    if !errors.is_empty() {
+        bail!("could not delete every namespace: {}", errors.join("; "));
+    }
+    Ok(report)
+}
+
+/// One row of `weir lab status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StatusRow {
+    pub namespace: String,
+    pub role: String,
+    pub address: String,
+    pub echo_pid: Option<u32>,
+    pub echo_alive: Option<bool>,
+}
+
+/// The lab's namespaces with their addresses and echo servers.
+pub fn status(lab: &str, root: &Path) -> anyhow::Result<Vec<StatusRow>> {
+    let dir = LabDir::new(root, lab);
+    let namespaces = ns::list(&names::prefix(lab));
+    if namespaces.is_empty() && !dir.dir.exists() {
+        bail!(
+            "no lab named {lab} (no wl-{lab}-* namespace, no {})",
+            dir.dir.display()
+        );
+    }
+    let state = LabState::load(&dir.state()).ok();
+    let mut rows = Vec::new();
+    for n in namespaces {
+        let role = names::parse(lab, &n);
+        let (role_s, address) = match (&role, &state) {
+            (Some(NsRole::Switch), _) => ("switch".to_string(), "-".to_string()),
+            (Some(NsRole::Outside), Some(s)) => ("outside".into(), s.outside.to_string()),
+            (Some(NsRole::Outside), None) => ("outside".into(), "?".into()),
+            (Some(NsRole::Node(node)), s) => (
+                format!("node {node}"),
+                s.as_ref()
+                    .and_then(|s| s.nodes.iter().find(|x| &x.name == node))
+                    .map(|x| x.underlay_ip.to_string())
+                    .unwrap_or_else(|| "?".into()),
+            ),
+            (Some(NsRole::Pod { node, pod }), s) => (
+                format!("pod {node}/{pod}"),
+                s.as_ref()
+                    .and_then(|s| s.pods.iter().find(|x| &x.name == pod))
+                    .map(|x| format!("{}/{}", x.ip, x.prefix_len))
+                    .unwrap_or_else(|| "?".into()),
+            ),
+            (None, _) => ("?".into(), "?".into()),
+        };
+        let echo_pid = state
+            .as_ref()
+            .and_then(|s| s.echo.iter().find(|e| e.netns == n))
+            .map(|e| e.pid);
+        rows.push(StatusRow {
+            namespace: n,
+            role: role_s,
+            address,
+            echo_pid,
+            echo_alive: echo_pid.map(ns::alive),
+        });
+    }
+    Ok(rows)
+}
+
+pub fn render_status(rows: &[StatusRow]) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.namespace.clone(),
+                r.role.clone(),
+                r.address.clone(),
+                r.echo_pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                match r.echo_alive {
+                    Some(true) => "alive".into(),
+                    Some(false) => "DEAD".into(),
+                    None => "-".into(),
+                },
+            ]
+        })
+        .collect();
+    crate::matrix::render_table(
+        &["NAMESPACE", "ROLE", "ADDRESS", "ECHO-PID", "ECHO"],
+        &cells,
+    )
+}
+
+/// The namespace `target` names: `<node>`, `<node>/<pod>`, `out` or `sw`.
+pub fn target_netns(lab: &str, target: &str) -> anyhow::Result<String> {
+    let name = match target.split_once('/') {
+        Some((node, pod)) => names::pod(lab, node, pod),
+        None => match target {
+            "out" | "outside" => names::outside(lab),
+            "sw" | "switch" => names::switch(lab),
+            node => names::node(lab, node),
+        },
+    };
+    if !ns::path(&name).exists() {
+        return Err(anyhow!(
+            "no namespace {name} (target {target:?} of lab {lab})"
+        ));
+    }
+    Ok(name)
+}
+
+/// Loads a running lab's state.
+pub fn load_state(lab: &str, root: &Path) -> anyhow::Result<LabState> {
+    let dir = LabDir::new(root, lab);
+    LabState::load(&dir.state())
+        .with_context(|| format!("lab {lab} is not up (or its state is lost)"))
+}

@@ -1,0 +1,448 @@
+//! The connectivity matrix: which probes to run (pure), running them from inside pod namespaces,
+//! and rendering the results (pure).
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use weir_kernel::NetNs;
+
+use crate::echo::ECHO_PORT;
+use crate::state::LabState;
+use crate::topology::CniKind;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    SameNode,
+    OtherNode,
+    OwnNode,
+    Outside,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::SameNode => "same-node",
+            Kind::OtherNode => "other-node",
+            Kind::OwnNode => "own-node",
+            Kind::Outside => "outside",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
+impl Proto {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        }
+    }
+}
+
+/// One cell of the matrix: what to send, from where, and what must come back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    /// The source pod.
+    pub from: String,
+    /// The source pod's namespace name.
+    pub from_ns: String,
+    pub from_ip: Ipv4Addr,
+    /// What is probed: a pod name, a node name, or "outside".
+    pub to: String,
+    pub to_ip: Ipv4Addr,
+    pub kind: Kind,
+    pub proto: Proto,
+    /// The name that must answer.
+    pub expect_answer: String,
+    /// The source address the answerer must see (None: not checked).
+    pub expect_source: Option<Ipv4Addr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeResult {
+    #[serde(flatten)]
+    pub probe: Probe,
+    pub ok: bool,
+    pub answered_by: Option<String>,
+    pub seen_source: Option<Ipv4Addr>,
+    /// Why the probe failed (timeout, refused, wrong answerer, wrong source).
+    pub error: Option<String>,
+    pub ms: u64,
+}
+
+/// Every probe for a lab: each pod to every other pod (TCP and UDP), to its own node, and to the
+/// outside address (whose answer must show the node's underlay address: masqueraded).
+pub fn plan(state: &LabState) -> Vec<Probe> {
+    let mut probes = Vec::new();
+    let node_ip = |name: &str| {
+        state
+            .nodes
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.underlay_ip)
+    };
+    for src in &state.pods {
+        let Some(src_node_ip) = node_ip(&src.node) else {
+            continue;
+        };
+        let mut push = |to: &str, to_ip, kind, expect_source| {
+            for proto in [Proto::Tcp, Proto::Udp] {
+                probes.push(Probe {
+                    from: src.name.clone(),
+                    from_ns: src.netns.clone(),
+                    from_ip: src.ip,
+                    to: to.to_string(),
+                    to_ip,
+                    kind,
+                    proto,
+                    expect_answer: to.to_string(),
+                    expect_source,
+                });
+            }
+        };
+        for dst in state.pods.iter().filter(|p| p.name != src.name) {
+            let (kind, expect) = if dst.node == src.node {
+                (Kind::SameNode, Some(src.ip))
+            } else {
+                // The reference bridge plugin masquerades everything that leaves the pod subnet;
+                // weir exempts the cluster CIDR, so the other pod sees the real source.
+                (
+                    Kind::OtherNode,
+                    (state.cni == CniKind::Weir).then_some(src.ip),
+                )
+            };
+            push(&dst.name, dst.ip, kind, expect);
+        }
+        push(&src.node, src_node_ip, Kind::OwnNode, Some(src.ip));
+        push("outside", state.outside, Kind::Outside, Some(src_node_ip));
+    }
+    probes
+}
+
+pub const TCP_TIMEOUT: Duration = Duration::from_secs(2);
+pub const UDP_TIMEOUT: Duration = Duration::from_secs(2);
+pub const UDP_TRIES: u32 = 3;
+
+/// Runs every probe, each on its own thread inside the source pod's namespace.
+pub fn run(probes: &[Probe]) -> Vec<ProbeResult> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = probes.iter().map(|p| s.spawn(move || run_one(p))).collect();
+        handles
+            .into_iter()
+            .zip(probes)
+            .map(|(h, p)| {
+                h.join()
+                    .unwrap_or_else(|_| failed(p, "probe thread panicked".into(), Duration::ZERO))
+            })
+            .collect()
+    })
+}
+
+fn failed(p: &Probe, error: String, elapsed: Duration) -> ProbeResult {
+    ProbeResult {
+        probe: p.clone(),
+        ok: false,
+        answered_by: None,
+        seen_source: None,
+        error: Some(error),
+        ms: elapsed.as_millis() as u64,
+    }
+}
+
+/// Runs one probe on the calling thread (which enters the source namespace for the duration).
+pub fn run_one(p: &Probe) -> ProbeResult {
+    let started = Instant::now();
+    let answer = NetNs::named(&p.from_ns)
+        .map_err(|e| format!("open netns {}: {e}", p.from_ns))
+        .and_then(|ns| {
+            let _guard = ns
+                .enter()
+                .map_err(|e| format!("enter netns {}: {e}", p.from_ns))?;
+            let target = SocketAddrV4::new(p.to_ip, ECHO_PORT);
+            match p.proto {
+                Proto::Tcp => tcp_ask(target),
+                Proto::Udp => udp_ask(target),
+            }
+        });
+    let elapsed = started.elapsed();
+    let line = match answer {
+        Ok(line) => line,
+        Err(e) => return failed(p, e, elapsed),
+    };
+    let mut words = line.split_whitespace();
+    let answered_by = words.next().map(str::to_string);
+    let seen_source = words.next().and_then(|w| w.parse::<Ipv4Addr>().ok());
+    let mut error = None;
+    if answered_by.as_deref() != Some(p.expect_answer.as_str()) {
+        error = Some(format!(
+            "answered by {:?}, expected {}",
+            answered_by, p.expect_answer
+        ));
+    } else if let Some(want) = p.expect_source {
+        if seen_source != Some(want) {
+            error = Some(format!(
+                "source seen as {}, expected {want}",
+                seen_source
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "?".into())
+            ));
+        }
+    }
+    ProbeResult {
+        probe: p.clone(),
+        ok: error.is_none(),
+        answered_by,
+        seen_source,
+        error,
+        ms: elapsed.as_millis() as u64,
+    }
+}
+
+fn tcp_ask(target: SocketAddrV4) -> Result<String, String> {
+    let stream = TcpStream::connect_timeout(&SocketAddr::V4(target), TCP_TIMEOUT)
+        .map_err(|e| format!("tcp connect {target}: {e}"))?;
+    stream
+        .set_read_timeout(Some(TCP_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .map_err(|e| format!("tcp read {target}: {e}"))?;
+    if line.is_empty() {
+        return Err(format!("tcp {target}: closed without an answer"));
+    }
+    Ok(line.trim().to_string())
+}
+
+fn udp_ask(target: SocketAddrV4) -> Result<String, String> {
+    let socket = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("udp bind: {e}"))?;
+    socket
+        .set_read_timeout(Some(UDP_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    let mut last = String::from("no answer");
+    for _ in 0..UDP_TRIES {
+        if let Err(e) = socket.send_to(b"ping\n", target) {
+            last = format!("udp send {target}: {e}");
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let deadline = Instant::now() + UDP_TIMEOUT;
+        let mut buf = [0u8; 512];
+        while Instant::now() < deadline {
+            match socket.recv_from(&mut buf) {
+                Ok((n, from)) if from == SocketAddr::V4(target) => {
+                    return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string());
+                }
+                Ok((_, from)) => last = format!("udp answer from unexpected {from}"),
+                Err(e) => {
+                    last = format!("udp {target}: no answer ({e})");
+                    break;
+                }
+            }
+        }
+    }
+    Err(last)
+}
+
+// ---- rendering (pure) ----
+
+/// Renders rows as an aligned text table with a header line.
+pub fn render_table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                l.push_str(&format!("{cell:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+pub const MATRIX_HEADERS: [&str; 7] = [
+    "FROM",
+    "TO",
+    "KIND",
+    "PROTO",
+    "RESULT",
+    "ANSWERED-BY",
+    "SEEN-SOURCE",
+];
+
+/// The matrix as a table, one row per probe.
+pub fn render_matrix(results: &[ProbeResult]) -> String {
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let p = &r.probe;
+            let source = match r.seen_source {
+                None => "-".to_string(),
+                Some(s) if s == p.from_ip => format!("{s} (pod)"),
+                Some(s) => format!("{s} (masqueraded)"),
+            };
+            vec![
+                p.from.clone(),
+                format!("{} {}", p.to, p.to_ip),
+                p.kind.as_str().to_string(),
+                p.proto.as_str().to_string(),
+                if r.ok {
+                    "ok".into()
+                } else {
+                    format!("FAIL: {}", r.error.as_deref().unwrap_or("?"))
+                },
+                r.answered_by.clone().unwrap_or_else(|| "-".into()),
+                source,
+            ]
+        })
+        .collect();
+    render_table(&MATRIX_HEADERS, &rows)
+}
+
+pub fn summary(results: &[ProbeResult]) -> String {
+    let failed = results.iter().filter(|r| !r.ok).count();
+    format!(
+        "{} probes: {} ok, {} failed",
+        results.len(),
+        results.len() - failed,
+        failed
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{NodeState, PodState};
+
+    fn state(cni: CniKind) -> LabState {
+        let pod = |node: &str, name: &str, ip: [u8; 4]| PodState {
+            node: node.into(),
+            name: name.into(),
+            netns: format!("wl-t-{node}-{name}"),
+            ip: ip.into(),
+            prefix_len: 24,
+        };
+        let node = |name: &str, ip: [u8; 4]| NodeState {
+            name: name.into(),
+            netns: format!("wl-t-{name}"),
+            underlay_ip: ip.into(),
+        };
+        LabState {
+            lab: "t".into(),
+            cni,
+            outside: Ipv4Addr::new(198, 51, 100, 1),
+            nodes: vec![node("a", [172, 30, 0, 11]), node("b", [172, 30, 0, 12])],
+            pods: vec![
+                pod("a", "a1", [10, 244, 1, 2]),
+                pod("a", "a2", [10, 244, 1, 3]),
+                pod("b", "b1", [10, 244, 2, 2]),
+            ],
+            echo: vec![],
+        }
+    }
+
+    #[test]
+    fn plans_every_cell() {
+        let probes = plan(&state(CniKind::Weir));
+        // 3 pods × (2 other pods + own node + outside) × 2 protocols.
+        assert_eq!(probes.len(), 24);
+        let find = |from: &str, to: &str, proto| {
+            probes
+                .iter()
+                .find(|p| p.from == from && p.to == to && p.proto == proto)
+                .unwrap()
+        };
+        let p = find("a1", "a2", Proto::Udp);
+        assert_eq!(
+            (p.kind, p.expect_source),
+            (Kind::SameNode, Some(Ipv4Addr::new(10, 244, 1, 2)))
+        );
+        let p = find("a1", "b1", Proto::Tcp);
+        assert_eq!(
+            (p.kind, p.expect_source),
+            (Kind::OtherNode, Some(Ipv4Addr::new(10, 244, 1, 2)))
+        );
+        let p = find("b1", "b", Proto::Tcp);
+        assert_eq!(
+            (p.kind, p.to_ip),
+            (Kind::OwnNode, Ipv4Addr::new(172, 30, 0, 12))
+        );
+        let p = find("b1", "outside", Proto::Udp);
+        assert_eq!(p.expect_source, Some(Ipv4Addr::new(172, 30, 0, 12)));
+        assert_eq!(p.from_ns, "wl-t-b-b1");
+
+        let probes = plan(&state(CniKind::Reference));
+        let p = probes.iter().find(|p| p.kind == Kind::OtherNode).unwrap();
+        assert_eq!(
+            p.expect_source, None,
+            "the reference bridge masquerades off-subnet traffic"
+        );
+    }
+
+    #[test]
+    fn renders_table_and_summary() {
+        let probes = plan(&state(CniKind::Weir));
+        let ok = ProbeResult {
+            probe: probes[0].clone(),
+            ok: true,
+            answered_by: Some("a2".into()),
+            seen_source: Some(Ipv4Addr::new(10, 244, 1, 2)),
+            error: None,
+            ms: 1,
+        };
+        let out = probes.iter().find(|p| p.kind == Kind::Outside).unwrap();
+        let masq = ProbeResult {
+            probe: out.clone(),
+            ok: true,
+            answered_by: Some("outside".into()),
+            seen_source: Some(Ipv4Addr::new(172, 30, 0, 11)),
+            error: None,
+            ms: 3,
+        };
+        let bad = failed(
+            &probes[2],
+            "tcp connect 10.244.2.2:8080: timed out".into(),
+            Duration::ZERO,
+        );
+        let text = render_matrix(&[ok, masq, bad.clone()]);
+        let expected = "\
+FROM  TO                    KIND        PROTO  RESULT                                        ANSWERED-BY  SEEN-SOURCE
+a1    a2 10.244.1.3         same-node   tcp    ok                                            a2           10.244.1.2 (pod)
+a1    outside 198.51.100.1  outside     tcp    ok                                            outside      172.30.0.11 (masqueraded)
+a1    b1 10.244.2.2         other-node  tcp    FAIL: tcp connect 10.244.2.2:8080: timed out  -            -
+";
+        assert_eq!(text, expected, "\n{text}");
+        assert_eq!(summary(&[bad]), "1 probes: 0 ok, 1 failed");
+    }
+
+    #[test]
+    fn table_alignment() {
+        let t = render_table(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()]]);
+        assert_eq!(t, "A    LONGER\nxyz  1\n");
+    }
+}

@@ -1,0 +1,376 @@
+//! End-to-end tests of `weir lab` on the real kernel: the real `weir` binary, real namespaces, the
+//! real CNI plugins (weir-cni and Debian's reference bridge + host-local). Needs root.
+//!
+//! Each test uses its own lab name (test + pid) and state directory, so the tests run in parallel
+//! with each other and with other tests; a guard runs `weir lab down` even when a test panics.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+fn weir_cni() -> PathBuf {
+    let path = Path::new(WEIR).with_file_name("weir-cni");
+    assert!(
+        path.exists(),
+        "{} is missing: build it with `cargo build -p weir-cni` (or `cargo test --workspace`)",
+        path.display()
+    );
+    path
+}
+
+/// A unique lab name: a short tag and this process's pid ([a-z0-9]{1,10}).
+fn lab_name(tag: &str) -> String {
+    let name = format!("{tag}{}", std::process::id());
+    assert!(name.len() <= 10, "{name}");
+    name
+}
+
+/// A lab under test: its state dir, and `weir lab down` on drop (also after a panic).
+struct Lab {
+    name: String,
+    state: tempfile::TempDir,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Self {
+        Self {
+            name: lab_name(tag),
+            state: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    fn weir(&self, args: &[&str]) -> Output {
+        Command::new(WEIR)
+            .args(args)
+            .env("WEIR_LAB_STATE", self.state.path())
+            .env("WEIR_CNI", weir_cni_if_present())
+            .output()
+            .expect("run weir")
+    }
+
+    /// Runs weir and requires success.
+    fn ok(&self, args: &[&str]) -> Output {
+        let out = self.weir(args);
+        assert!(
+            out.status.success(),
+            "weir {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn topology(&self, cni: &str) -> PathBuf {
+        let path = self.state.path().join("topology-input.yaml");
+        let yaml = format!(
+            "name: {}\nunderlay: 172.30.0.0/24\nclusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\ncni: {cni}\n\
+             nodes:\n  - name: a\n    podCIDR: 10.244.1.0/24\n    pods: [a1, a2]\n\
+             \x20 - name: b\n    podCIDR: 10.244.2.0/24\n    pods: [b1]\n",
+            self.name
+        );
+        std::fs::write(&path, yaml).unwrap();
+        path
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        namespaces_of(&self.name)
+    }
+
+    fn lab_dir(&self) -> PathBuf {
+        self.state.path().join(&self.name)
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.weir(&["lab", "down", &self.name]);
+    }
+}
+
+fn weir_cni_if_present() -> PathBuf {
+    Path::new(WEIR).with_file_name("weir-cni")
+}
+
+fn namespaces_of(lab: &str) -> Vec<String> {
+    let prefix = format!("wl-{lab}-");
+    let mut names: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn expected_namespaces(lab: &str) -> Vec<String> {
+    let mut v: Vec<String> = ["sw", "out", "a", "b", "a-a1", "a-a2", "b-b1"]
+        .iter()
+        .map(|s| format!("wl-{lab}-{s}"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Asserts every cell of the matrix of the two-node topology.
+fn assert_matrix(results: &[Value], cni: &str) {
+    let node_of = |pod: &str| if pod.starts_with('a') { "a" } else { "b" };
+    let underlay = |node: &str| {
+        if node == "a" {
+            "172.30.0.11"
+        } else {
+            "172.30.0.12"
+        }
+    };
+    let pods = ["a1", "a2", "b1"];
+
+    let mut expected = BTreeSet::new();
+    for from in pods {
+        for proto in ["tcp", "udp"] {
+            for to in pods.iter().filter(|&&t| t != from) {
+                let kind = if node_of(to) == node_of(from) {
+                    "same-node"
+                } else {
+                    "other-node"
+                };
+                expected.insert((
+                    from.to_string(),
+                    to.to_string(),
+                    kind.to_string(),
+                    proto.to_string(),
+                ));
+            }
+            expected.insert((
+                from.into(),
+                node_of(from).into(),
+                "own-node".into(),
+                proto.into(),
+            ));
+            expected.insert((
+                from.into(),
+                "outside".into(),
+                "outside".into(),
+                proto.into(),
+            ));
+        }
+    }
+    let got: BTreeSet<_> = results
+        .iter()
+        .map(|r| {
+            let s = |k: &str| {
+                r[k].as_str()
+                    .unwrap_or_else(|| panic!("{k} in {r}"))
+                    .to_string()
+            };
+            (s("from"), s("to"), s("kind"), s("proto"))
+        })
+        .collect();
+    assert_eq!(got, expected, "matrix cells");
+    assert_eq!(results.len(), expected.len(), "no duplicate cells");
+
+    for r in results {
+        let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+        let (from, to, kind) = (s("from"), s("to"), s("kind"));
+        let from_ip = s("from_ip");
+        let from_node = node_of(&from);
+        assert_eq!(r["ok"], true, "probe failed: {r}");
+        assert_eq!(s("answered_by"), to, "answered by the probed target: {r}");
+        let prefix = if from_node == "a" {
+            "10.244.1."
+        } else {
+            "10.244.2."
+        };
+        assert!(
+            from_ip.starts_with(prefix),
+            "pod IP in its node's pod CIDR: {r}"
+        );
+        let seen = s("seen_source");
+        match kind.as_str() {
+            "same-node" | "own-node" => assert_eq!(seen, from_ip, "{r}"),
+            "other-node" => {
+                // weir-cni exempts the cluster CIDR from masquerade; the reference bridge
+                // masquerades everything leaving the pod subnet.
+                let want = if cni == "weir" {
+                    from_ip.clone()
+                } else {
+                    underlay(from_node).to_string()
+                };
+                assert_eq!(seen, want, "{r}")
+            }
+            "outside" => {
+                assert_eq!(s("to_ip"), "198.51.100.1", "{r}");
+                assert_eq!(
+                    seen,
+                    underlay(from_node),
+                    "masqueraded to the node's underlay IP: {r}"
+                )
+            }
+            other => panic!("unexpected kind {other}"),
+        }
+        if kind == "own-node" {
+            assert_eq!(s("to_ip"), underlay(from_node), "{r}");
+        }
+    }
+}
+
+fn lifecycle(tag: &str, cni: &str) {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    if cni == "weir" {
+        weir_cni();
+    } else {
+        assert!(
+            Path::new("/usr/lib/cni/bridge").exists(),
+            "apt-get install containernetworking-plugins"
+        );
+    }
+    let lab = Lab::new(tag);
+    let topo = lab.topology(cni);
+    let up = lab.ok(&["lab", "up", topo.to_str().unwrap()]);
+    let progress = String::from_utf8_lossy(&up.stderr);
+    assert!(progress.contains("[9/9]"), "progress lines: {progress}");
+    assert!(progress.contains("node b: pod b1 10.244.2."), "{progress}");
+    assert_eq!(lab.namespaces(), expected_namespaces(&lab.name));
+    assert!(lab.lab_dir().join("state.json").exists());
+    assert!(lab.lab_dir().join("nodes/a/cni/ipam").is_dir());
+
+    let check = lab.weir(&["lab", "check", &lab.name, "--json"]);
+    let results: Vec<Value> = serde_json::from_slice(&check.stdout).unwrap_or_else(|e| {
+        panic!(
+            "check --json output: {e}\n{}",
+            String::from_utf8_lossy(&check.stdout)
+        )
+    });
+    assert_matrix(&results, cni);
+    assert!(check.status.success(), "check exit code {}", check.status);
+
+    let table = lab.ok(&["lab", "check", &lab.name]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("24 probes: 24 ok, 0 failed"), "{table}");
+
+    let status = lab.ok(&["lab", "status", &lab.name, "--json"]);
+    let rows: Vec<Value> = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(rows.len(), 7, "{rows:?}");
+    for row in &rows {
+        if row["role"] != "switch" {
+            assert_eq!(row["echo_alive"], true, "{row}");
+        }
+    }
+    let status = lab.ok(&["lab", "status", &lab.name]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("pod b/b1"));
+
+    let exec = lab.ok(&[
+        "lab", "exec", &lab.name, "a/a1", "--", "ip", "-4", "-o", "addr", "show", "eth0",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&exec.stdout).contains("10.244.1."),
+        "exec runs in the pod"
+    );
+
+    lab.ok(&["lab", "down", &lab.name]);
+    assert_eq!(lab.namespaces(), Vec::<String>::new(), "no namespace left");
+    assert!(!lab.lab_dir().exists(), "no state left");
+}
+
+#[test]
+fn lab_reference_cni_end_to_end() {
+    lifecycle("rf", "reference");
+}
+
+#[test]
+fn lab_weir_cni_end_to_end() {
+    lifecycle("wc", "weir");
+}
+
+#[test]
+fn down_after_crash_removes_everything() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let lab = Lab::new("cr");
+    let topo = lab.topology("reference");
+    lab.ok(&["lab", "up", topo.to_str().unwrap()]);
+    let state: Value =
+        serde_json::from_slice(&std::fs::read(lab.lab_dir().join("state.json")).unwrap()).unwrap();
+    let pids: Vec<i32> = state["echo"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["pid"].as_i64().unwrap() as i32)
+        .collect();
+    assert_eq!(pids.len(), 6);
+    // Crash: the first echo servers die hard, state.json is lost; the others keep running
+    // (down must find them through their namespaces).
+    for &pid in &pids[..3] {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+    std::fs::remove_file(lab.lab_dir().join("state.json")).unwrap();
+
+    lab.ok(&["lab", "down", &lab.name]);
+    assert_eq!(lab.namespaces(), Vec::<String>::new(), "no namespace left");
+    assert!(!lab.lab_dir().exists(), "no state left");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let alive = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| !r.trim_start().starts_with('Z'));
+        assert!(!alive, "echo server {pid} still running");
+    }
+    // A second down is a no-op.
+    lab.ok(&["lab", "down", &lab.name]);
+}
+
+#[test]
+fn demo_runs_end_to_end() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("dm");
+    let out = lab.ok(&["lab", "demo", "--name", &lab.name, "--json"]);
+    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_matrix(&results, "weir");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("torn down"), "{stderr}");
+    assert_eq!(lab.namespaces(), Vec::<String>::new());
+    assert!(!lab.lab_dir().exists());
+}
+
+#[test]
+fn up_rejects_a_bad_topology_naming_the_field() {
+    let lab = Lab::new("bad");
+    let path = lab.state.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "name: {}\nunderlay: 172.30.0.0/24\nclusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\n\
+             nodes:\n  - name: a\n    podCIDR: 10.99.1.0/24\n",
+            lab.name
+        ),
+    )
+    .unwrap();
+    let out = lab.weir(&["lab", "up", path.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nodes[0].podCIDR") && stderr.contains("not inside clusterCIDR"),
+        "{stderr}"
+    );
+    assert!(lab.namespaces().is_empty());
+}
