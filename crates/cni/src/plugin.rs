@@ -142,6 +142,22 @@ fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
         }
     }
     store.gc(valid).map_err(ipam_err)?;
+    let live: Vec<(String, String)> = store
+        .allocations()
+        .map_err(ipam_err)?
+        .into_iter()
+        .map(|(_, id, ifname)| (id, ifname))
+        .collect();
+    let mut host = weir_kernel::Rtnl::new()
+        .map_err(|e| CniError::new(ErrorCode::Io, format!("netlink socket: {e}")))?;
+    for orphan in crate::bridge::orphan_veths(&mut host, &live)? {
+        match host.link_del(orphan.index, &orphan.name) {
+            Err(e) if !e.is_not_found() => {
+                return Err(CniError::new(ErrorCode::Netlink, e.to_string()))
+            }
+            _ => {}
+        }
+    }
     Ok(())
 }
 

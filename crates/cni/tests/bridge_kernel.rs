@@ -6,7 +6,7 @@ mod common;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use common::{fetch, run_plugin, serve_once, unique, TestNs};
+use common::{eventually, fetch, run_plugin, serve_once, unique, TestNs};
 use weir_cni::bridge::host_veth_name;
 
 fn plugin() -> PathBuf {
@@ -149,7 +149,10 @@ fn add_check_del_roundtrip_with_traffic() {
         &conf,
     )
     .ok();
-    assert!(!node.sh("ip -o link show").contains(&veth));
+    // The pod is cut off at once (host end down, address free); the veth is deleted right after.
+    eventually("the veth is deleted", || {
+        !node.sh("ip -o link show").contains(&veth)
+    });
     assert!(!node
         .sh("nft list set inet weir-cni pods4")
         .contains(&ip1.to_string()));
@@ -532,9 +535,13 @@ fn what_a_killed_add_leaves_is_reclaimed() {
     let gc_conf = conf_text.replacen('{', "{\"cni.dev/valid-attachments\":[],", 1);
     run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
     assert!(allocation_files(data.path()).is_empty());
-    assert!(
-        !node.sh("ip -o link show").contains("weir"),
-        "{}",
-        node.sh("ip -o link show")
-    );
+    eventually("no weir veth is left", || {
+        !node.sh("ip -o link show").contains("weir")
+    });
+
+    // A veth named like ours that no allocation accounts for is swept by GC.
+    node.sh("ip link add weir0123456789a type veth peer name orphanpeer");
+    assert!(node.sh("ip -o link show").contains("weir0123456789a"));
+    run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
+    assert!(!node.sh("ip -o link show").contains("weir0123456789a"));
 }

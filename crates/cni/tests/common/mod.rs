@@ -177,3 +177,15 @@ pub fn fetch(ns: &TestNs, addr: std::net::IpAddr, port: u16) -> std::io::Result<
         .unwrap()
     })
 }
+
+/// Polls `cond` for up to three seconds (DEL removes the pod's veth in the background).
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
