@@ -1,1 +1,5 @@
-//! weir-proxy: renderers from the service plan to dataplane rules.
+//! weir-proxy: renderers from the service [`weir_model::Plan`] to dataplane rules.
+//!
+//! So far: [`nft`], the nftables renderer (pure: plan → `nft -f` script text).
+
+pub mod nft;
