@@ -183,7 +183,6 @@ fn contrib(key: &ServicePortKey, sp: &ServicePortPlan, o: &NftOptions) -> Contri
                     &mut c,
                     key,
                     sp,
-                    fe,
                     &fkey,
                     eps,
                     fe.endpoints,
