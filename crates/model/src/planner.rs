@@ -215,7 +215,7 @@ impl EndpointIndex {
                             zone: e.zone.clone(),
                             is_local,
                             ready,
-                            serving: cond.serving.unwrap_or(ready),
+                            serving: cond.serving.unwrap_or(true),
                             terminating: cond.terminating.unwrap_or(false),
                         },
                         zone_hints: hints

@@ -23,6 +23,7 @@ fn diff_reports_added_removed_changed_service_ports() {
         [
             "default/dead/tcp/v4",
             "default/draining/tcp/v4",
+            "default/draining-nil/tcp/v4",
             "default/empty/tcp/v4",
             "default/mixed/tcp/v4"
         ]

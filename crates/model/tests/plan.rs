@@ -77,6 +77,12 @@ fn conditions_ready_then_serving_terminating_then_reject() {
         dead.frontends.iter().all(|f| f.verdict == Verdict::Reject),
         "cluster IP and nodeport rejected"
     );
+    let nil = &p.services[&tcp4("default", "draining-nil", "")];
+    assert_eq!(
+        ips(&nil.cluster_endpoints),
+        ["10.244.0.8:8080"],
+        "nil serving counts as serving"
+    );
     let empty = &p.services[&tcp4("default", "empty", "")];
     assert_eq!(empty.frontends[0].verdict, Verdict::Reject);
 }
