@@ -32,7 +32,8 @@ pub struct ProxyConfig {
     pub cluster_cidrs: Vec<IpNet>,
     pub masquerade_all: bool,
     /// `--nodeport-addresses`. Empty: the node's primary addresses. A zero-length prefix
-    /// (`0.0.0.0/0`, `::/0`) means every local address. Loopback is never included.
+    /// (`0.0.0.0/0`, `::/0`), or no CIDR of a family while the list has CIDRs of the other
+    /// (kube-proxy's rule), means every local address of that family. Never loopback.
     pub nodeport_addresses: Vec<IpNet>,
     /// This node's zone. `None`: the Node object's `topology.kubernetes.io/zone` label.
     pub zone: Option<String>,
@@ -113,7 +114,8 @@ fn nodeport_addresses(cfg: &ProxyConfig, node_ips: &[IpAddr], fam: IpFamily) -> 
         .iter()
         .filter(|n| IpFamily::of_net(n) == fam)
         .collect();
-    if cidrs.iter().any(|n| n.prefix_len() == 0) {
+    // kube-proxy: a family without any CIDR in the list matches everything of that family.
+    if cidrs.is_empty() || cidrs.iter().any(|n| n.prefix_len() == 0) {
         return NodePortAddresses::AllLocal;
     }
     let set: BTreeSet<IpAddr> = cfg

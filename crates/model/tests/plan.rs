@@ -369,10 +369,22 @@ fn nodeport_addresses() {
         p.node_port_addresses_v4,
         NodePortAddresses::List([ip("10.0.0.5")].into())
     );
-    // No v6 CIDR given: no v6 NodePorts at all, so no v6 NodePort frontend.
-    assert_eq!(p.node_port_addresses_v6, NodePortAddresses::None);
+    // No v6 CIDR given: every v6 local address (kube-proxy's rule).
+    assert_eq!(p.node_port_addresses_v6, NodePortAddresses::AllLocal);
     let v6 = &p.services[&key("default", "ds", "", Protocol::Tcp, IpFamily::V6)];
-    assert!(fe(v6, FrontendKind::NodePort).is_empty());
+    assert_eq!(fe(v6, FrontendKind::NodePort).len(), 1);
+    // CIDRs that match no local address: no NodePorts for that family.
+    let cfg = ProxyConfig {
+        nodeport_addresses: vec!["172.16.0.0/12".parse().unwrap()],
+        ..config()
+    };
+    let p = plan(&snap, &cfg);
+    assert_eq!(p.node_port_addresses_v4, NodePortAddresses::None);
+    assert!(fe(
+        &p.services[&tcp4("default", "ds", "")],
+        FrontendKind::NodePort
+    )
+    .is_empty());
     // 0.0.0.0/0: every local address.
     let cfg = ProxyConfig {
         nodeport_addresses: vec!["0.0.0.0/0".parse().unwrap()],
