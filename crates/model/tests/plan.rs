@@ -421,3 +421,19 @@ fn plan_is_deterministic_regardless_of_insertion_order() {
     let b = plan(&snapshot(&rev), &config());
     assert_eq!(a, b);
 }
+
+#[test]
+fn invalid_input_is_skipped_with_warnings() {
+    let p = plan_of(&["warnings.yaml"]);
+    let a = &p.services[&tcp4("default", "odd", "a")];
+    assert_eq!(ips(&a.cluster_endpoints), ["10.244.0.98:8080"]);
+    assert_eq!(
+        fe(a, FrontendKind::ExternalIp)[0].addr,
+        Some(ip("198.51.100.9"))
+    );
+    assert_eq!(p.services.len(), 1, "port b (ICMP) skipped");
+    let w = p.warnings.join("\n");
+    for needle in ["not-an-ip", "ICMP", "orphan", "fd00::1"] {
+        assert!(w.contains(needle), "{needle} missing in:\n{w}");
+    }
+}

@@ -128,3 +128,29 @@ fn full_scripts_pass_nft_check_and_updates_apply() {
     let _ = std::fs::remove_dir_all(&tmp);
     assert!(ok, "{log}");
 }
+
+#[test]
+fn conflicting_frontends_keep_the_first_and_say_so() {
+    let mut p = load("v1");
+    // Give a second service port the same externalIP frontend as `one`.
+    let one = p.services.keys().find(|k| k.name == "one").unwrap().clone();
+    let mut dup = p.services[&one].clone();
+    let mut key = one.clone();
+    key.name = "one-copy".into();
+    dup.cluster_endpoints[0].ip = "10.244.7.7".parse().unwrap();
+    dup.frontends
+        .retain(|f| f.kind == weir_model::FrontendKind::ExternalIp);
+    p.services.insert(key, dup);
+    let s = render_full(&p, &NftOptions::default());
+    assert!(
+        s.contains("# conflict: ep4: duplicate key 198.51.100.6 . tcp . 443 . 0"),
+        "{s}"
+    );
+    assert!(
+        s.contains("# conflict: svc4: duplicate key 198.51.100.6 . tcp . 443"),
+        "{s}"
+    );
+    assert!(!s
+        .lines()
+        .any(|l| !l.starts_with('#') && l.contains("198.51.100.6 . tcp . 443 . 0 : 10.244.7.7")));
+}

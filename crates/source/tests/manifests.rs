@@ -185,3 +185,21 @@ fn unreadable_directory_keeps_everything() {
     assert_eq!(r.errors.len(), 1);
     assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
 }
+
+#[test]
+fn same_object_in_two_files_later_path_wins() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("a.yaml"), SVC_A).unwrap();
+    std::fs::create_dir(tmp.path().join("sub")).unwrap();
+    std::fs::write(
+        tmp.path().join("sub/b.yml"),
+        SVC_A.replace("port: 80", "port: 82"),
+    )
+    .unwrap();
+    std::fs::write(tmp.path().join(".hidden.yaml"), SVC_B).unwrap();
+    std::fs::write(tmp.path().join("notes.txt"), SVC_B).unwrap();
+    let mut dir = ManifestDir::new(tmp.path());
+    dir.scan();
+    assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
+    assert_eq!(port_of(&dir, "a"), 82);
+}
