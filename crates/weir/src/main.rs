@@ -5,7 +5,11 @@ use clap::{Parser, Subcommand};
 mod lab_cmd;
 
 #[derive(Parser)]
-#[command(name = "weir", version, about = "Kubernetes node networking: CNI, service proxy, DNS, diagnostics, lab")]
+#[command(
+    name = "weir",
+    version,
+    about = "Kubernetes node networking: CNI, service proxy, DNS, diagnostics, lab"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
