@@ -545,3 +545,45 @@ fn what_a_killed_add_leaves_is_reclaimed() {
     run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
     assert!(!node.sh("ip -o link show").contains("weir0123456789a"));
 }
+
+#[test]
+fn add_in_a_conflist_extends_the_previous_result() {
+    // In a conflist the runtime hands each plugin the result so far as prevResult; weir appends its
+    // interfaces and addresses, pointing its ips at its own interface's index in the merged list.
+    let p = unique("cl");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod = TestNs::new(&format!("{p}-p"));
+    let data = tempfile::tempdir().unwrap();
+    let prev = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"lo","sandbox":"/x"}],
+                  "ips":[{"address":"127.0.0.1/8","interface":0}],"dns":{"nameservers":["10.96.0.10"]}}"#;
+    let conf = config("1.0.0", "10.99.9.0/24", data.path(), "").replacen(
+        '{',
+        &format!("{{\"prevResult\":{prev},"),
+        1,
+    );
+    let res = run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "chained",
+        Some(&pod.path()),
+        "eth0",
+        &conf,
+    )
+    .ok()
+    .json();
+    let names: Vec<&str> = res["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["lo", "cni0", &host_veth_name("chained", "eth0"), "eth0"]
+    );
+    assert_eq!(res["ips"][0]["address"], "127.0.0.1/8");
+    assert_eq!(res["ips"][1]["address"], "10.99.9.2/24");
+    assert_eq!(res["ips"][1]["interface"], 3);
+    assert_eq!(res["dns"]["nameservers"][0], "10.96.0.10");
+}
