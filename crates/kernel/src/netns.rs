@@ -53,6 +53,23 @@ impl NetNs {
         Ok(f())
     }
 
+    /// Makes `cmd` start inside this namespace (setns between fork and exec), the way a container
+    /// runtime runs a CNI plugin in the host namespace. The handle must outlive the spawn.
+    pub fn spawn_inside(&self, cmd: &mut std::process::Command) {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = self.file.as_raw_fd();
+        // SAFETY: setns(2) is async-signal-safe and touches nothing but the child's own state.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
     /// True when both handles name the same namespace (same inode).
     pub fn same_as(&self, other: &NetNs) -> io::Result<bool> {
         use std::os::unix::fs::MetadataExt;

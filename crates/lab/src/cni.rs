@@ -3,8 +3,6 @@
 
 use std::io::Write;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -103,7 +101,6 @@ pub struct Outcome {
 /// Execs the plugin; a non-zero exit becomes an error carrying the CNI error's code and message.
 pub fn invoke(plugin: &Plugin, inv: &Invocation) -> anyhow::Result<Outcome> {
     let started = Instant::now();
-    let ns_fd = inv.node_ns.file().as_raw_fd();
     let mut cmd = Command::new(&plugin.binary);
     cmd.env_clear()
         .env(
@@ -118,15 +115,7 @@ pub fn invoke(plugin: &Plugin, inv: &Invocation) -> anyhow::Result<Outcome> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: setns(2) is async-signal-safe; the fd stays open in the parent until after spawn.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(ns_fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    inv.node_ns.spawn_inside(&mut cmd);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("cannot run CNI plugin {}", plugin.binary.display()))?;

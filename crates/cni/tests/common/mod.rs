@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -115,18 +114,7 @@ pub fn run_plugin(
     if let Some(n) = netns {
         cmd.env("CNI_NETNS", n);
     }
-    let fd = {
-        use std::os::fd::AsRawFd;
-        ns.file().as_raw_fd()
-    };
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    ns.spawn_inside(&mut cmd);
     let mut child = cmd.spawn().expect("spawn plugin");
     child
         .stdin
