@@ -1,5 +1,17 @@
-//! weir-proxy: renderers from the service [`weir_model::Plan`] to dataplane rules.
+//! weir-proxy: the service proxy's dataplane side.
 //!
-//! So far: [`nft`], the nftables renderer (pure: plan → `nft -f` script text).
+//! * [`nft`]: nftables renderer (pure: plan → `nft -f` script text) — the default mode.
+//! * [`iptables`]: kube-proxy-compatible iptables layout, applied with `iptables-restore --noflush`.
+//! * [`conntrack`]: stale UDP conntrack cleanup over netlink.
+//! * [`health`], [`metrics`]: `/healthz`, `/livez`, `/metrics` and healthCheckNodePort servers.
+//!
+//! Every mode implements [`Backend`]; the agent loop (in the `weir` binary) only talks to that.
 
+pub mod backend;
+pub mod conntrack;
+pub mod health;
+pub mod iptables;
+pub mod metrics;
 pub mod nft;
+
+pub use backend::{Backend, Error, Result, SyncKind, SyncReport};

@@ -1,0 +1,50 @@
+//! The interface between the agent loop and a proxy mode.
+
+use std::time::Duration;
+
+use weir_model::Plan;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An external tool (`nft`, `iptables-restore`, …) failed; `detail` is its stderr.
+    #[error("{tool} failed: {detail}")]
+    Tool { tool: String, detail: String },
+    #[error("netlink: {0}")]
+    Netlink(String),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Whether a sync rewrote the whole ruleset or only what changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    Full,
+    Partial,
+    /// Nothing differed from what the kernel already holds.
+    Noop,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncReport {
+    pub kind: SyncKind,
+    pub elapsed: Duration,
+    /// Service ports whose rules were (re)written.
+    pub service_ports_touched: usize,
+}
+
+/// One proxy mode. Implementations act on the network namespace of the calling thread.
+///
+/// A backend remembers the plan it last applied. The first `sync` of a process must not
+/// flush working rules before the new ones are in place (a restart keeps established
+/// connections): it replaces weir's rules atomically or updates them in place.
+pub trait Backend: Send {
+    /// `"nftables"`, `"iptables"`, …
+    fn mode(&self) -> &'static str;
+    /// Brings the kernel to `plan`. On error the previous rules stay as they were, and the
+    /// next call retries with a full sync.
+    fn sync(&mut self, plan: &Plan) -> Result<SyncReport>;
+    /// Removes everything this mode ever installed (tables, chains, sets), ignoring absence.
+    fn cleanup(&mut self) -> Result<()>;
+}
