@@ -1,0 +1,8 @@
+//! nftables mode (the default): [`render`] turns a plan into ruleset text (pure),
+//! [`NftBackend`] applies it.
+
+mod apply;
+mod render;
+
+pub use apply::NftBackend;
+pub use render::{render_full, render_update, NftOptions};
