@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod lab_cmd;
+mod proxy_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -19,12 +20,26 @@ struct Cli {
 enum Command {
     /// A whole cluster simulated with network namespaces on this machine.
     Lab(lab_cmd::LabArgs),
+    /// The service proxy (kube-proxy's job): nftables or iptables mode.
+    Proxy(proxy_cmd::ProxyArgs),
+}
+
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Lab(args) => lab_cmd::run(args),
+        Command::Proxy(args) => proxy_cmd::run(args),
     };
     match result {
         Ok(code) => code,

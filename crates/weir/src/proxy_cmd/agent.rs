@@ -1,0 +1,122 @@
+//! The proxy's control loop: objects → plan → backend, rate-limited, with periodic resyncs.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tracing::{info, warn};
+use weir_model::{plan, Plan, ProxyConfig};
+use weir_proxy::{Backend, SyncKind};
+use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
+
+use super::config::Settings;
+
+/// Every address configured in this network namespace (NodePort address matching).
+fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
+    let mut rtnl = weir_kernel::Rtnl::new().context("open rtnetlink")?;
+    Ok(rtnl
+        .addrs(None)
+        .context("list addresses")?
+        .into_iter()
+        .map(|a| a.net.addr())
+        .collect())
+}
+
+fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
+    Ok(ProxyConfig {
+        node_name: s.node_name.clone(),
+        node_ips: Vec::new(),
+        local_addresses: local_addresses()?,
+        cluster_cidrs: s.cluster_cidrs.clone(),
+        masquerade_all: s.masquerade_all,
+        nodeport_addresses: s.nodeport_addresses.clone(),
+        zone: None,
+    })
+}
+
+/// Hooks the loop calls around each sync (health and metrics servers, conntrack cleanup).
+pub trait SyncObserver {
+    /// A change was seen and a sync is queued.
+    fn queued(&mut self) {}
+    /// `plan` is now in the kernel; `previous` was before.
+    fn synced(&mut self, _previous: Option<&Plan>, _plan: &Plan, _report: &weir_proxy::SyncReport) {
+    }
+    fn failed(&mut self, _error: &weir_proxy::Error) {}
+}
+
+/// Runs forever (until the process is killed).
+pub fn run(
+    settings: &Settings,
+    backend: &mut dyn Backend,
+    observer: &mut dyn SyncObserver,
+) -> anyhow::Result<()> {
+    let store = SharedStore::new();
+    // The first scan happens here, before any sync: a restart must never apply an empty
+    // object set (that would delete every service's rules) just because the watcher has not
+    // reported yet.
+    let mut dir = ManifestDir::new(&settings.manifests);
+    let report = dir.scan();
+    for e in &report.errors {
+        warn!("{e}");
+    }
+    store.apply(Event::Resync(dir.objects()));
+    let _watcher = watch_dir(dir, settings.manifest_poll_interval, store.clone(), |e| {
+        warn!("{e}")
+    });
+
+    let mut applied: Option<Plan> = None;
+    let mut seen = 0;
+    let mut last_sync: Option<Instant> = None;
+    let mut failing = false;
+    loop {
+        if let Some(last) = last_sync {
+            // Wait for a change, or for the periodic resync (sooner after a failure).
+            let period = if failing {
+                settings.min_sync_period.max(Duration::from_secs(1))
+            } else {
+                settings.sync_period
+            };
+            let wait = (last + period).saturating_duration_since(Instant::now());
+            let _ = store.wait_newer(seen, wait);
+            observer.queued();
+            // Batch changes arriving faster than min-sync-period.
+            let earliest = last + settings.min_sync_period;
+            std::thread::sleep(earliest.saturating_duration_since(Instant::now()));
+        } else {
+            observer.queued();
+        }
+        let (generation, snapshot) = store.snapshot();
+        seen = generation;
+        last_sync = Some(Instant::now());
+        let config = proxy_config(settings)?;
+        let plan = plan(&snapshot, &config);
+        for w in &plan.warnings {
+            warn!("plan: {w}");
+        }
+        match backend.sync(&plan) {
+            Ok(report) => {
+                failing = false;
+                if report.kind != SyncKind::Noop {
+                    info!(
+                        mode = backend.mode(),
+                        kind = ?report.kind,
+                        service_ports = plan.services.len(),
+                        touched = report.service_ports_touched,
+                        elapsed_ms = report.elapsed.as_secs_f64() * 1e3,
+                        "synced"
+                    );
+                }
+                observer.synced(applied.as_ref(), &plan, &report);
+                applied = Some(plan);
+            }
+            Err(e) => {
+                failing = true;
+                warn!(
+                    mode = backend.mode(),
+                    "sync failed (rules left as they were): {e}"
+                );
+                observer.failed(&e);
+            }
+        }
+    }
+}

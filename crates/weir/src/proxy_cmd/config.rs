@@ -1,0 +1,386 @@
+//! `weir proxy` settings: command-line flags over a KubeProxyConfiguration file over defaults.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use ipnet::IpNet;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyMode {
+    Nftables,
+    Iptables,
+}
+
+impl ProxyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+        }
+    }
+}
+
+/// Flags of `weir proxy` (kube-proxy's names). Unset flags fall back to `--config`, then to
+/// kube-proxy's defaults.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ProxyFlags {
+    /// Directory of Kubernetes YAML manifests (Services, EndpointSlices, Nodes), watched.
+    #[arg(long, value_name = "DIR")]
+    pub manifests: Option<PathBuf>,
+    /// How often the manifest directory is checked for changes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub manifest_poll_interval: Option<Duration>,
+    #[arg(long, value_enum)]
+    pub proxy_mode: Option<ProxyMode>,
+    /// Pod CIDRs of the cluster, comma-separated.
+    #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]
+    pub cluster_cidr: Vec<IpNet>,
+    /// This node's name (default: the host name).
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+    /// CIDRs whose local addresses serve NodePorts, or `primary` (the node's own IPs).
+    #[arg(long, value_name = "CIDR[,CIDR]|primary", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<String>,
+    /// Masquerade all traffic sent to service IPs.
+    #[arg(long)]
+    pub masquerade_all: bool,
+    /// Periodic resync interval (Go duration, e.g. 30s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub sync_period: Option<Duration>,
+    /// Minimum interval between syncs; changes arriving faster are batched.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_sync_period: Option<Duration>,
+    /// KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address of /healthz and /livez.
+    #[arg(long, value_name = "ADDR")]
+    pub healthz_bind_address: Option<SocketAddr>,
+    /// Address of /metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_bind_address: Option<SocketAddr>,
+}
+
+/// The settings the agent runs with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub manifests: PathBuf,
+    pub manifest_poll_interval: Duration,
+    pub mode: ProxyMode,
+    pub cluster_cidrs: Vec<IpNet>,
+    pub node_name: String,
+    /// Empty: the node's primary addresses.
+    pub nodeport_addresses: Vec<IpNet>,
+    pub masquerade_all: bool,
+    pub sync_period: Duration,
+    pub min_sync_period: Duration,
+    pub healthz_bind_address: SocketAddr,
+    pub metrics_bind_address: SocketAddr,
+}
+
+/// The KubeProxyConfiguration fields weir applies. Other fields of the kind are accepted and
+/// reported as ignored (real configuration files carry many that do not apply here).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KubeProxyConfiguration {
+    api_version: Option<String>,
+    kind: Option<String>,
+    mode: Option<String>,
+    cluster_c_i_d_r: Option<String>,
+    hostname_override: Option<String>,
+    #[serde(default)]
+    node_port_addresses: Vec<String>,
+    healthz_bind_address: Option<String>,
+    metrics_bind_address: Option<String>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+    iptables: Option<ModeSection>,
+    nftables: Option<ModeSection>,
+    #[serde(flatten)]
+    other: std::collections::BTreeMap<String, serde_yaml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ModeSection {
+    masquerade_all: Option<bool>,
+    sync_period: Option<String>,
+    min_sync_period: Option<String>,
+}
+
+/// Parses a Go duration (`300ms`, `30s`, `1m30s`, `1h`).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {s:?} (expected e.g. 250ms, 30s, 1m30s)");
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total += Duration::from_secs_f64(value * scale);
+    }
+    Ok(total)
+}
+
+fn parse_cidrs(items: &[String], what: &str) -> anyhow::Result<Vec<IpNet>> {
+    items
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty() && *s != "primary")
+        .map(|s| {
+            s.parse::<IpNet>()
+                .with_context(|| format!("{what}: {s:?} is not a CIDR"))
+        })
+        .collect()
+}
+
+impl ProxyFlags {
+    /// Merges flags over the configuration file (if any) over defaults. `warn` receives one
+    /// line per configuration field that is valid but not applied by weir.
+    pub fn settings(&self, warn: &mut dyn FnMut(String)) -> anyhow::Result<Settings> {
+        let file = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("read {}", path.display()))?;
+                let de = serde_yaml::Deserializer::from_str(&text);
+                let cfg: KubeProxyConfiguration = serde_path_to_error::deserialize(de)
+                    .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e))?;
+                if cfg
+                    .kind
+                    .as_deref()
+                    .is_some_and(|k| k != "KubeProxyConfiguration")
+                {
+                    bail!(
+                        "{}: kind {:?} is not KubeProxyConfiguration",
+                        path.display(),
+                        cfg.kind.as_deref().unwrap_or_default()
+                    );
+                }
+                if let Some(v) = &cfg.api_version {
+                    if !v.starts_with("kubeproxy.config.k8s.io/") {
+                        bail!(
+                            "{}: apiVersion {v:?} is not kubeproxy.config.k8s.io/*",
+                            path.display()
+                        );
+                    }
+                }
+                for k in cfg.other.keys() {
+                    warn(format!(
+                        "{}: field {k:?} is not applied by weir",
+                        path.display()
+                    ));
+                }
+                cfg
+            }
+            None => KubeProxyConfiguration::default(),
+        };
+        let mode = match (self.proxy_mode, file.mode.as_deref()) {
+            (Some(m), _) => m,
+            (None, None | Some("")) => ProxyMode::Nftables,
+            (None, Some("nftables")) => ProxyMode::Nftables,
+            (None, Some("iptables")) => ProxyMode::Iptables,
+            (None, Some(other)) => {
+                bail!("config mode {other:?}: weir supports nftables and iptables")
+            }
+        };
+        let section = match mode {
+            ProxyMode::Nftables => file.nftables.as_ref(),
+            ProxyMode::Iptables => file.iptables.as_ref(),
+        };
+        let file_duration = |top: &Option<String>, sect: Option<&Option<String>>, name: &str| {
+            top.as_ref()
+                .or(sect.and_then(|s| s.as_ref()))
+                .map(|s| parse_duration(s).map_err(|e| anyhow::anyhow!("config {name}: {e}")))
+                .transpose()
+        };
+        let sync_period = match self.sync_period {
+            Some(d) => d,
+            None => file_duration(
+                &file.sync_period,
+                section.map(|s| &s.sync_period),
+                "syncPeriod",
+            )?
+            .unwrap_or(Duration::from_secs(30)),
+        };
+        let min_sync_period = match self.min_sync_period {
+            Some(d) => d,
+            None => file_duration(
+                &file.min_sync_period,
+                section.map(|s| &s.min_sync_period),
+                "minSyncPeriod",
+            )?
+            .unwrap_or(Duration::from_secs(1)),
+        };
+        let cluster_cidrs = if !self.cluster_cidr.is_empty() {
+            self.cluster_cidr.clone()
+        } else {
+            let items: Vec<String> = file
+                .cluster_c_i_d_r
+                .as_deref()
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_string)
+                .collect();
+            parse_cidrs(&items, "config clusterCIDR")?
+        };
+        let nodeport_addresses = if !self.nodeport_addresses.is_empty() {
+            parse_cidrs(&self.nodeport_addresses, "--nodeport-addresses")?
+        } else {
+            parse_cidrs(&file.node_port_addresses, "config nodePortAddresses")?
+        };
+        let node_name = match self.hostname_override.clone().or(file.hostname_override) {
+            Some(n) if !n.trim().is_empty() => n.trim().to_lowercase(),
+            _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .context("read the host name")?
+                .trim()
+                .to_lowercase(),
+        };
+        let addr =
+            |flag: Option<SocketAddr>, file: &Option<String>, default: &str, name: &str| match (
+                flag,
+                file.as_deref(),
+            ) {
+                (Some(a), _) => Ok(a),
+                (None, Some(s)) if !s.is_empty() => s
+                    .parse::<SocketAddr>()
+                    .with_context(|| format!("config {name}: {s:?} is not ip:port")),
+                _ => Ok(default.parse().expect("valid default")),
+            };
+        Ok(Settings {
+            manifests: self
+                .manifests
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/etc/weir/manifests")),
+            manifest_poll_interval: self
+                .manifest_poll_interval
+                .unwrap_or(Duration::from_millis(500)),
+            mode,
+            cluster_cidrs,
+            node_name,
+            nodeport_addresses,
+            masquerade_all: self.masquerade_all
+                || section.and_then(|s| s.masquerade_all).unwrap_or(false),
+            sync_period,
+            min_sync_period,
+            healthz_bind_address: addr(
+                self.healthz_bind_address,
+                &file.healthz_bind_address,
+                "0.0.0.0:10256",
+                "healthzBindAddress",
+            )?,
+            metrics_bind_address: addr(
+                self.metrics_bind_address,
+                &file.metrics_bind_address,
+                "127.0.0.1:10249",
+                "metricsBindAddress",
+            )?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert!(parse_duration("30").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("3x").is_err());
+    }
+
+    fn settings_from(flags: ProxyFlags, yaml: &str) -> anyhow::Result<(Settings, Vec<String>)> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kp.yaml");
+        std::fs::write(&path, yaml).unwrap();
+        let flags = ProxyFlags {
+            config: Some(path),
+            hostname_override: flags.hostname_override.or(Some("n1".into())),
+            ..flags
+        };
+        let mut warnings = Vec::new();
+        let s = flags.settings(&mut |w| warnings.push(w))?;
+        Ok((s, warnings))
+    }
+
+    #[test]
+    fn config_file_applies_and_flags_win() {
+        let yaml = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n\
+            mode: iptables\nclusterCIDR: 10.244.0.0/16,fd00::/48\nnodePortAddresses: [primary]\n\
+            iptables:\n  masqueradeAll: true\n  syncPeriod: 1m\n  minSyncPeriod: 2s\n\
+            conntrack:\n  maxPerCore: 0\n";
+        let (s, warnings) = settings_from(ProxyFlags::default(), yaml).unwrap();
+        assert_eq!(s.mode, ProxyMode::Iptables);
+        assert_eq!(s.cluster_cidrs.len(), 2);
+        assert!(s.nodeport_addresses.is_empty());
+        assert!(s.masquerade_all);
+        assert_eq!(s.sync_period, Duration::from_secs(60));
+        assert_eq!(s.min_sync_period, Duration::from_secs(2));
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("conntrack"));
+
+        let flags = ProxyFlags {
+            proxy_mode: Some(ProxyMode::Nftables),
+            sync_period: Some(Duration::from_secs(5)),
+            ..Default::default()
+        };
+        let (s, _) = settings_from(flags, yaml).unwrap();
+        assert_eq!(s.mode, ProxyMode::Nftables);
+        assert_eq!(s.sync_period, Duration::from_secs(5));
+        // The iptables section does not apply to nftables mode.
+        assert!(!s.masquerade_all);
+        assert_eq!(s.healthz_bind_address.port(), 10256);
+    }
+
+    #[test]
+    fn config_errors_name_the_field() {
+        let e = settings_from(
+            ProxyFlags::default(),
+            "kind: KubeProxyConfiguration\nmode: ipvs\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("ipvs"), "{e}");
+        let e = settings_from(ProxyFlags::default(), "clusterCIDR: banana\n").unwrap_err();
+        assert!(e.to_string().contains("clusterCIDR"), "{e}");
+        let e = settings_from(
+            ProxyFlags::default(),
+            "mode: iptables\niptables:\n  syncPeriod: soon\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("syncPeriod"), "{e}");
+        let e = settings_from(ProxyFlags::default(), "kind: Pod\n").unwrap_err();
+        assert!(e.to_string().contains("Pod"), "{e}");
+    }
+}

@@ -1,0 +1,65 @@
+//! `weir proxy`: the service proxy agent (kube-proxy's job) and `weir proxy cleanup`.
+
+mod agent;
+mod config;
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use tracing::warn;
+use weir_proxy::nft::{NftBackend, NftOptions};
+use weir_proxy::Backend;
+
+pub use config::{ProxyFlags, ProxyMode};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct ProxyArgs {
+    #[command(subcommand)]
+    command: Option<ProxyCommand>,
+    #[command(flatten)]
+    flags: ProxyFlags,
+}
+
+#[derive(Debug, Subcommand)]
+enum ProxyCommand {
+    /// Remove every table, chain and set weir's proxy modes installed.
+    Cleanup {
+        /// Only this mode's rules (default: every mode).
+        #[arg(long, value_enum)]
+        proxy_mode: Option<ProxyMode>,
+    },
+}
+
+fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
+    match mode {
+        ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions::default()))),
+        ProxyMode::Iptables => anyhow::bail!("iptables mode is not built yet"),
+    }
+}
+
+struct LogOnly;
+impl agent::SyncObserver for LogOnly {}
+
+pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    crate::init_logging();
+    match args.command {
+        Some(ProxyCommand::Cleanup { proxy_mode }) => {
+            let modes = match proxy_mode {
+                Some(m) => vec![m],
+                None => vec![ProxyMode::Nftables, ProxyMode::Iptables],
+            };
+            for m in modes {
+                backend(m)?.cleanup()?;
+                eprintln!("weir proxy cleanup: {} rules removed", m.as_str());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        None => {
+            let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
+            let mut backend = backend(settings.mode)?;
+            agent::run(&settings, backend.as_mut(), &mut LogOnly)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
