@@ -2,6 +2,7 @@
 //! [`NftBackend`] applies it.
 
 mod apply;
+pub mod element;
 mod render;
 
 pub use apply::NftBackend;

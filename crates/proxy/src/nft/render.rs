@@ -33,6 +33,8 @@ use weir_model::{
     ServicePortKey, ServicePortPlan, Verdict,
 };
 
+use super::element::{Data, Element, KeyText, Val};
+
 /// Renderer options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftOptions {
@@ -140,8 +142,8 @@ fn masq_rule(f: IpFamily, m: Masquerade, o: &NftOptions) -> Option<String> {
 /// Everything one service port puts into the ruleset.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Contrib {
-    /// (map or set name, element text).
-    elements: BTreeSet<(String, String)>,
+    /// (map or set name, element).
+    elements: BTreeSet<(String, Element)>,
     /// Chains of this service port only (affinity), name → rules.
     chains: BTreeMap<String, Vec<String>>,
     /// Sets of this service port only (affinity), name → definition body.
@@ -153,29 +155,35 @@ fn contrib(key: &ServicePortKey, sp: &ServicePortPlan, o: &NftOptions) -> Contri
     let mut c = Contrib::default();
     let f = key.family;
     let s = sfx(f);
-    let proto = key.protocol.as_str();
+    let proto = key.protocol;
     for fe in &sp.frontends {
         let np = fe.kind == FrontendKind::NodePort;
         let p = if np { "np" } else { "" };
         let fkey = match fe.addr {
-            Some(a) if !np => format!("{a} . {proto} . {}", fe.port),
-            _ => format!("{proto} . {}", fe.port),
+            Some(a) if !np => vec![Val::Addr(a), Val::Proto(proto), Val::Port(fe.port)],
+            _ => vec![Val::Proto(proto), Val::Port(fe.port)],
         };
         if let (FrontendKind::LoadBalancer, Some(ranges)) = (fe.kind, &fe.source_ranges) {
-            c.elements.insert((format!("fw{s}"), fkey.clone()));
+            c.elements
+                .insert((format!("fw{s}"), Element::set(fkey.clone())));
             for r in ranges {
-                c.elements
-                    .insert((format!("fwallow{s}"), format!("{fkey} . {r}")));
+                let mut k = fkey.clone();
+                k.push(Val::Net(*r));
+                c.elements.insert((format!("fwallow{s}"), Element::set(k)));
             }
         }
         match fe.verdict {
             Verdict::Reject => {
-                c.elements
-                    .insert((format!("{p}noep{s}"), format!("{fkey} : goto reject-chain")));
+                c.elements.insert((
+                    format!("{p}noep{s}"),
+                    Element::map(fkey.clone(), Data::Goto("reject-chain".into())),
+                ));
             }
             Verdict::Drop => {
-                c.elements
-                    .insert((format!("{p}noep{s}"), format!("{fkey} : drop")));
+                c.elements.insert((
+                    format!("{p}noep{s}"),
+                    Element::map(fkey.clone(), Data::Drop),
+                ));
             }
             Verdict::Forward => {
                 let eps = sp.endpoints(fe.endpoints);
@@ -191,8 +199,10 @@ fn contrib(key: &ServicePortKey, sp: &ServicePortPlan, o: &NftOptions) -> Contri
                     o,
                 );
                 let dispatch = if np { "np" } else { "svc" };
-                c.elements
-                    .insert((format!("{dispatch}{s}"), format!("{fkey} : goto {target}")));
+                c.elements.insert((
+                    format!("{dispatch}{s}"),
+                    Element::map(fkey.clone(), Data::Goto(target)),
+                ));
             }
         }
         if fe.short_circuit && !sp.cluster_endpoints.is_empty() {
@@ -207,8 +217,10 @@ fn contrib(key: &ServicePortKey, sp: &ServicePortPlan, o: &NftOptions) -> Contri
                 &format!("{p}scep"),
                 o,
             );
-            c.elements
-                .insert((format!("{p}sc{s}"), format!("{fkey} : goto {target}")));
+            c.elements.insert((
+                format!("{p}sc{s}"),
+                Element::map(fkey.clone(), Data::Goto(target)),
+            ));
         }
     }
     c
@@ -220,7 +232,7 @@ fn balance(
     c: &mut Contrib,
     key: &ServicePortKey,
     sp: &ServicePortPlan,
-    fkey: &str,
+    fkey: &[Val],
     eps: &[Endpoint],
     set: EndpointSet,
     masq: Masquerade,
@@ -271,9 +283,11 @@ fn balance(
         return chain;
     }
     for (i, ep) in eps.iter().enumerate() {
+        let mut k = fkey.to_vec();
+        k.push(Val::Slot(i as u32));
         c.elements.insert((
             format!("{map}{s}"),
-            format!("{fkey} . {i} : {} . {}", ep.ip, ep.port),
+            Element::map(k, Data::Values(vec![Val::Addr(ep.ip), Val::Port(ep.port)])),
         ));
     }
     let map: &'static str = match map {
@@ -304,7 +318,10 @@ fn declarations(f: IpFamily) -> Vec<(String, String)> {
     };
     let vip = format!("{kw} daddr . meta l4proto . th dport");
     let np = "meta l4proto . th dport".to_string();
-    let epv = format!("{kw} daddr . th dport");
+    // `tcp dport`, not `th dport`: the same register layout, but nft 1.0.6 rejects a later
+    // rule DNATing through a map whose data is typeof `… th dport` ("conflicting protocols"),
+    // which would forbid adding balancing chains incrementally.
+    let epv = format!("{kw} daddr . tcp dport");
     vec![
         (
             format!("cidrs{s}"),
@@ -467,18 +484,21 @@ fn base_chains(plan: &Plan, o: &NftOptions) -> Vec<(String, String, Vec<String>)
 
 /// Elements that do not belong to one service port: cluster CIDRs, node-port addresses,
 /// hairpin pairs (every endpoint address).
-fn global_elements(plan: &Plan) -> BTreeSet<(String, String)> {
+fn global_elements(plan: &Plan) -> BTreeSet<(String, Element)> {
     let mut e = BTreeSet::new();
     for n in &plan.cluster_cidrs {
         e.insert((
             format!("cidrs{}", sfx(IpFamily::of_net(n))),
-            n.trunc().to_string(),
+            Element::set(vec![Val::Net(n.trunc())]),
         ));
     }
     for f in FAMILIES {
         if let NodePortAddresses::List(l) = plan.node_port_addresses(f) {
             for a in l {
-                e.insert((format!("npaddrs{}", sfx(f)), a.to_string()));
+                e.insert((
+                    format!("npaddrs{}", sfx(f)),
+                    Element::set(vec![Val::Addr(*a)]),
+                ));
             }
         }
     }
@@ -486,7 +506,7 @@ fn global_elements(plan: &Plan) -> BTreeSet<(String, String)> {
         for ep in sp.cluster_endpoints.iter().chain(&sp.local_endpoints) {
             e.insert((
                 format!("hairpin{}", sfx(IpFamily::of(&ep.ip))),
-                format!("{0} . {0}", ep.ip),
+                Element::set(vec![Val::Addr(ep.ip), Val::Addr(ep.ip)]),
             ));
         }
     }
@@ -496,15 +516,17 @@ fn global_elements(plan: &Plan) -> BTreeSet<(String, String)> {
 /// Drops elements whose key (text before ` : `) repeats in the same map (conflicting
 /// frontends of different services); the first in plan order wins.
 fn dedup(
-    elements: Vec<(String, String)>,
+    elements: Vec<(String, Element)>,
     conflicts: &mut Vec<String>,
-) -> BTreeMap<String, Vec<String>> {
+) -> BTreeMap<String, Vec<Element>> {
     let mut seen = BTreeSet::new();
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut out: BTreeMap<String, Vec<Element>> = BTreeMap::new();
     for (m, e) in elements {
-        let k = e.split(" : ").next().unwrap_or(&e).to_string();
-        if !seen.insert((m.clone(), k.clone())) {
-            conflicts.push(format!("{m}: duplicate key {k}, dropped {e:?}"));
+        if !seen.insert((m.clone(), e.key.clone())) {
+            conflicts.push(format!(
+                "{m}: duplicate key {}, dropped \"{e}\"",
+                KeyText(&e)
+            ));
             continue;
         }
         out.entry(m).or_default().push(e);
@@ -515,7 +537,7 @@ fn dedup(
 /// The complete ruleset. The script replaces the table atomically (`nft -f`).
 pub fn render_full(plan: &Plan, o: &NftOptions) -> String {
     let t = &o.table;
-    let mut elements: Vec<(String, String)> = global_elements(plan).into_iter().collect();
+    let mut elements: Vec<(String, Element)> = global_elements(plan).into_iter().collect();
     let mut chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut sets: BTreeMap<String, String> = BTreeMap::new();
     let mut classes = BTreeSet::new();
@@ -584,12 +606,16 @@ pub fn render_full(plan: &Plan, o: &NftOptions) -> String {
     out
 }
 
-fn group(els: &BTreeSet<(String, String)>) -> BTreeMap<&str, Vec<&str>> {
-    let mut m: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+fn group(els: &BTreeSet<(String, Element)>) -> BTreeMap<&str, Vec<&Element>> {
+    let mut m: BTreeMap<&str, Vec<&Element>> = BTreeMap::new();
     for (c, e) in els {
-        m.entry(c.as_str()).or_default().push(e.as_str());
+        m.entry(c.as_str()).or_default().push(e);
     }
     m
+}
+
+fn join_elements<T: std::fmt::Display>(els: impl Iterator<Item = T>) -> String {
+    els.map(|e| e.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 /// An incremental update from `old` to `new` (`diff == old.diff(new)`), touching only the
@@ -600,8 +626,8 @@ pub fn render_update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) ->
         return render_full(new, o);
     }
     let t = &o.table;
-    let mut del_el: BTreeSet<(String, String)> = BTreeSet::new();
-    let mut add_el: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut del_el: BTreeSet<(String, Element)> = BTreeSet::new();
+    let mut add_el: BTreeSet<(String, Element)> = BTreeSet::new();
     let mut flush_chains = BTreeSet::new();
     let mut delete_chains = BTreeSet::new();
     let mut delete_sets = BTreeSet::new();
@@ -644,15 +670,14 @@ pub fn render_update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) ->
         classes.extend(nc.classes);
         old_classes.extend(oc.classes);
     }
-    // nft 1.0.6 cannot add a rule that DNATs through a `typeof … : ip daddr . th dport` map
-    // in a later transaction than the map's own ("conflicting protocols"), so class chains
-    // are only created by full renders: if a new one is needed, render everything.
+    // A balancing chain the old plan lacked is created (or, if an unused one lingers from
+    // earlier, flushed and refilled) before the elements that jump to it.
     if !classes.is_subset(&old_classes) {
         for (k, sp) in &old.services {
             old_classes.extend(contrib(k, sp, o).classes);
         }
-        if !classes.is_subset(&old_classes) {
-            return render_full(new, o);
+        for c in classes.difference(&old_classes) {
+            add_chains.insert(c.name(), c.rules(o));
         }
     }
     let (og, ng) = (global_elements(old), global_elements(new));
@@ -667,11 +692,8 @@ pub fn render_update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) ->
     );
     for (c, els) in group(&del_el) {
         // A changed verdict/endpoint for the same key is delete + add of that key.
-        let keys: Vec<&str> = els
-            .iter()
-            .map(|e| e.split(" : ").next().unwrap_or(e))
-            .collect();
-        let _ = writeln!(out, "delete element inet {t} {c} {{ {} }}", keys.join(", "));
+        let keys = join_elements(els.iter().map(|e| KeyText(e)));
+        let _ = writeln!(out, "delete element inet {t} {c} {{ {keys} }}");
     }
     for c in &flush_chains {
         let _ = writeln!(out, "flush chain inet {t} {c}");
@@ -687,12 +709,17 @@ pub fn render_update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) ->
     }
     for (name, rules) in &add_chains {
         let _ = writeln!(out, "add chain inet {t} {name}");
+        let _ = writeln!(out, "flush chain inet {t} {name}");
         for r in rules {
             let _ = writeln!(out, "add rule inet {t} {name} {r}");
         }
     }
     for (c, els) in group(&add_el) {
-        let _ = writeln!(out, "add element inet {t} {c} {{ {} }}", els.join(", "));
+        let _ = writeln!(
+            out,
+            "add element inet {t} {c} {{ {} }}",
+            join_elements(els.iter())
+        );
     }
     out
 }
