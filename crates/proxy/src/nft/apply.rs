@@ -1,20 +1,36 @@
-//! Applies rendered rulesets to the kernel of the calling thread's network namespace.
+//! Applies plans to the kernel of the calling thread's network namespace.
+//!
+//! * Full sync (first sync of a process, node-wide changes, after a failure): the structure
+//!   (chains, rules, declarations, small node-wide sets) in one `nft -f` transaction written
+//!   in place, then the service and endpoint maps reconciled element by element over netlink
+//!   against what the kernel holds — so a restart changes nothing that is already right, and
+//!   a cold start is split into transactions of [`COLD_START_CHUNK`] elements instead of one
+//!   that would stall the datapath.
+//! * Partial sync: the elements of the changed service ports, one netlink transaction; an
+//!   update that needs new chains or sets (affinity, a new endpoint count) goes through
+//!   `nft -f` as one transaction instead.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use weir_model::Plan;
 
-use super::render::{render_full, render_update, NftOptions};
+use super::netlink::{NftNetlink, Op, RawData, RawElement};
+use super::render::{
+    render_full, render_structure, render_update_parts, ruleset, update, NftOptions, Ruleset,
+};
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 
-/// The nftables mode. The first sync of a process replaces weir's table in one transaction
-/// (never an empty moment: established connections keep their conntrack NAT state); later
-/// syncs change only the service ports that differ from the plan applied last.
+/// Element operations per transaction when a full sync has many to make.
+pub const COLD_START_CHUNK: usize = 20_000;
+
+/// The nftables mode.
 pub struct NftBackend {
     opts: NftOptions,
     applied: Option<Plan>,
+    netlink: Option<NftNetlink>,
 }
 
 impl NftBackend {
@@ -22,6 +38,104 @@ impl NftBackend {
         NftBackend {
             opts,
             applied: None,
+            netlink: None,
+        }
+    }
+
+    fn netlink(&mut self) -> Result<&mut NftNetlink> {
+        if self.netlink.is_none() {
+            self.netlink = Some(NftNetlink::new()?);
+        }
+        Ok(self.netlink.as_mut().expect("just set"))
+    }
+
+    fn full_sync(&mut self, plan: &Plan) -> Result<()> {
+        let rs = ruleset(plan, &self.opts);
+        if let Err(e) = nft_script(&render_structure(&rs, &self.opts)) {
+            // A declaration that differs from the kernel's (an older weir's table) cannot
+            // be changed in place: replace the whole table in one transaction.
+            tracing::warn!("in-place structure update failed ({e}); replacing the table");
+            return nft_script(&render_full(plan, &self.opts));
+        }
+        let ops = self.reconcile_elements(&rs)?;
+        let table = self.opts.table.clone();
+        for chunk in ops.chunks(COLD_START_CHUNK) {
+            let chunk: Vec<(Op, &str, RawElement)> = chunk
+                .iter()
+                .map(|(op, set, e)| (*op, set.as_str(), e.clone()))
+                .collect();
+            self.netlink()?.apply(&table, &chunk)?;
+        }
+        self.remove_stale_chains(&rs)
+    }
+
+    /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
+    /// maps before the endpoint maps they lead to), then adds (endpoint maps first).
+    fn reconcile_elements(&mut self, rs: &Ruleset) -> Result<Vec<(Op, String, RawElement)>> {
+        let table = self.opts.table.clone();
+        let mut deletes = Vec::new();
+        let mut adds = Vec::new();
+        for (name, _) in rs.decls.iter().filter(|(n, _)| rs.via_netlink(n)) {
+            let current: HashMap<Vec<u8>, Option<RawData>> = self
+                .netlink()?
+                .dump(&table, name)?
+                .into_iter()
+                .map(|e| (e.key, e.data))
+                .collect();
+            let desired: Vec<RawElement> = rs
+                .elements
+                .get(name)
+                .map(|els| els.iter().map(RawElement::of).collect())
+                .unwrap_or_default();
+            let wanted: HashMap<&[u8], &Option<RawData>> = desired
+                .iter()
+                .map(|e| (e.key.as_slice(), &e.data))
+                .collect();
+            let mut set_deletes = Vec::new();
+            for (key, data) in &current {
+                if wanted.get(key.as_slice()) != Some(&data) {
+                    set_deletes.push((
+                        Op::Delete,
+                        name.clone(),
+                        RawElement {
+                            key: key.clone(),
+                            data: data.clone(),
+                        },
+                    ));
+                }
+            }
+            deletes.push(set_deletes);
+            adds.extend(
+                desired
+                    .into_iter()
+                    .filter(|e| current.get(&e.key) != Some(&e.data))
+                    .map(|e| (Op::Add, name.clone(), e)),
+            );
+        }
+        Ok(deletes.into_iter().rev().flatten().chain(adds).collect())
+    }
+
+    /// Deletes chains of weir's table that the ruleset no longer has (balancing chains of
+    /// endpoint counts no service uses, affinity chains of removed services).
+    fn remove_stale_chains(&mut self, rs: &Ruleset) -> Result<()> {
+        let t = &self.opts.table;
+        let listing = nft_output(&["list", "chains", "inet", t])?;
+        let mut script = String::new();
+        for line in listing.lines() {
+            let Some(name) = line.trim().strip_prefix("chain ") else {
+                continue;
+            };
+            let name = name.trim_end_matches('{').trim();
+            if !rs.chains.iter().any(|(n, _, _)| n == name) {
+                script.push_str(&format!(
+                    "flush chain inet {t} {name}\ndelete chain inet {t} {name}\n"
+                ));
+            }
+        }
+        if script.is_empty() {
+            Ok(())
+        } else {
+            nft_script(&script)
         }
     }
 }
@@ -50,6 +164,18 @@ pub(crate) fn nft_script(script: &str) -> Result<()> {
     }
 }
 
+fn nft_output(args: &[&str]) -> Result<String> {
+    let out = Command::new("nft").args(args).output()?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(Error::Tool {
+            tool: format!("nft {}", args.join(" ")),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
 impl Backend for NftBackend {
     fn mode(&self) -> &'static str {
         "nftables"
@@ -57,33 +183,36 @@ impl Backend for NftBackend {
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
         let start = Instant::now();
-        let (kind, touched, script) = match self.applied.take() {
-            None => (
-                SyncKind::Full,
-                plan.services.len(),
-                render_full(plan, &self.opts),
-            ),
-            Some(old) => {
-                let diff = old.diff(plan);
-                if diff.is_empty() {
-                    self.applied = Some(old);
-                    return Ok(SyncReport {
-                        kind: SyncKind::Noop,
-                        elapsed: start.elapsed(),
-                        service_ports_touched: 0,
-                    });
-                }
-                let script = render_update(&old, plan, &diff, &self.opts);
-                let kind = if script.starts_with("# generated by weir") {
-                    SyncKind::Full
+        // Taken out: on any failure `applied` stays None and the next sync is a full one.
+        let old = self.applied.take();
+        let diff = old.as_ref().map(|old| old.diff(plan));
+        let (kind, touched) = match (&old, &diff) {
+            (Some(_), Some(d)) if d.is_empty() => (SyncKind::Noop, 0),
+            (Some(old), Some(d)) if !d.globals_changed => {
+                let u = update(old, plan, d, &self.opts);
+                if u.elements_only() {
+                    let ops: Vec<(Op, &str, RawElement)> = u
+                        .del_el
+                        .iter()
+                        .map(|(s, e)| (Op::Delete, s.as_str(), RawElement::of(e)))
+                        .chain(
+                            u.add_el
+                                .iter()
+                                .map(|(s, e)| (Op::Add, s.as_str(), RawElement::of(e))),
+                        )
+                        .collect();
+                    let table = self.opts.table.clone();
+                    self.netlink()?.apply(&table, &ops)?;
                 } else {
-                    SyncKind::Partial
-                };
-                (kind, diff.touched().len(), script)
+                    nft_script(&render_update_parts(&u, &self.opts))?;
+                }
+                (SyncKind::Partial, u.touched)
+            }
+            _ => {
+                self.full_sync(plan)?;
+                (SyncKind::Full, plan.services.len())
             }
         };
-        // On failure `applied` stays None: the next sync is a full one.
-        nft_script(&script)?;
         self.applied = Some(plan.clone());
         Ok(SyncReport {
             kind,

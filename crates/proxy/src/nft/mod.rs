@@ -3,7 +3,11 @@
 
 mod apply;
 pub mod element;
+pub mod netlink;
 mod render;
 
 pub use apply::NftBackend;
-pub use render::{render_full, render_update, NftOptions};
+pub use render::{
+    render_full, render_structure, render_update, render_update_parts, ruleset, update, NftOptions,
+    Ruleset, Update,
+};

@@ -1,0 +1,173 @@
+//! The nftables backend against the kernel (root only; skipped otherwise): whatever path a
+//! sync takes (in-place structure + netlink elements, netlink-only partial, `nft` partial),
+//! the kernel must end up holding exactly what `nft -f` of the full rendering gives in a
+//! second, fresh namespace.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use weir_kernel::NetNs;
+use weir_model::{plan, Endpoint, Plan, ProxyConfig, Snapshot};
+use weir_proxy::nft::{render_full, NftBackend, NftOptions};
+use weir_proxy::{Backend, SyncKind};
+use weir_source::ManifestDir;
+
+/// A named network namespace deleted on drop (also when the test panics).
+struct TestNs(String);
+
+impl TestNs {
+    fn new(tag: &str) -> TestNs {
+        let name = format!("wnb-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        assert!(Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success());
+        TestNs(name)
+    }
+    fn ns(&self) -> NetNs {
+        NetNs::named(&self.0).unwrap()
+    }
+    fn nft(&self, args: &[&str]) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "nft"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for TestNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: getuid cannot fail.
+    let root = unsafe { libc::getuid() } == 0;
+    if !root {
+        eprintln!("skipping: needs root");
+    }
+    root
+}
+
+fn load(fixture: &str) -> Plan {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
+    let mut d = ManifestDir::new(dir);
+    assert!(d.scan().errors.is_empty());
+    let cfg = ProxyConfig {
+        node_name: "node-a".into(),
+        cluster_cidrs: vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:244::/48".parse().unwrap(),
+        ],
+        ..Default::default()
+    };
+    plan(&Snapshot::from_objects(&d.objects()), &cfg)
+}
+
+/// The table as comparable data: chain → rules, set → sorted elements (handles dropped).
+fn table_state(ns: &TestNs) -> BTreeMap<String, Vec<String>> {
+    let json: Value =
+        serde_json::from_str(&ns.nft(&["-j", "list", "table", "inet", "weir"])).unwrap();
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for item in json["nftables"].as_array().unwrap() {
+        if let Some(rule) = item.get("rule") {
+            let chain = rule["chain"].as_str().unwrap().to_string();
+            out.entry(format!("chain {chain}"))
+                .or_default()
+                .push(rule["expr"].to_string());
+        } else if let Some(chain) = item.get("chain") {
+            out.entry(format!("chain {}", chain["name"].as_str().unwrap()))
+                .or_default();
+        } else if let Some(set) = item.get("set").or_else(|| item.get("map")) {
+            let name = set["name"].as_str().unwrap();
+            let mut els: Vec<String> = set
+                .get("elem")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(Value::to_string).collect())
+                .unwrap_or_default();
+            els.sort();
+            out.insert(format!("set {name}"), els);
+        }
+    }
+    out
+}
+
+/// What `nft -f` of the full rendering of `p` leaves in a fresh namespace.
+fn reference_state(p: &Plan) -> BTreeMap<String, Vec<String>> {
+    let reference = TestNs::new("ref");
+    let file = std::env::temp_dir().join(format!("{}.nft", reference.0));
+    std::fs::write(&file, render_full(p, &NftOptions::default())).unwrap();
+    reference.nft(&["-f", file.to_str().unwrap()]);
+    let _ = std::fs::remove_file(&file);
+    table_state(&reference)
+}
+
+fn assert_same(ns: &TestNs, p: &Plan, what: &str) {
+    let (got, want) = (table_state(ns), reference_state(p));
+    for (k, v) in &want {
+        assert_eq!(got.get(k), Some(v), "{what}: {k} differs");
+    }
+    for k in got.keys() {
+        assert!(want.contains_key(k), "{what}: stale {k}");
+    }
+}
+
+#[test]
+fn every_sync_path_leaves_what_a_full_load_leaves() {
+    if !is_root() {
+        return;
+    }
+    let node = TestNs::new("node");
+    let ns = node.ns();
+    let v1 = load("v1");
+    let v2 = load("v2");
+    let mut backend = NftBackend::new(NftOptions::default());
+    let sync = |b: &mut NftBackend, p: &Plan| ns.run(|| b.sync(p)).unwrap().unwrap();
+
+    assert_eq!(sync(&mut backend, &v1).kind, SyncKind::Full);
+    assert_same(&node, &v1, "cold start");
+
+    assert_eq!(sync(&mut backend, &v2).kind, SyncKind::Partial);
+    assert_same(&node, &v2, "v1 -> v2");
+
+    // Replace one endpoint of a multi-endpoint service: elements only (netlink path).
+    let mut v3 = v2.clone();
+    let sp = v3
+        .services
+        .values_mut()
+        .find(|sp| sp.cluster_endpoints.len() >= 2 && sp.affinity_timeout.is_none())
+        .expect("fixture has a balanced service");
+    sp.cluster_endpoints[0] = Endpoint {
+        ip: "10.244.3.33".parse().unwrap(),
+        ..sp.cluster_endpoints[0].clone()
+    };
+    sp.cluster_endpoints.sort_by_key(|e| (e.ip, e.port));
+    let r = sync(&mut backend, &v3);
+    assert_eq!((r.kind, r.service_ports_touched), (SyncKind::Partial, 1));
+    assert_same(&node, &v3, "one endpoint replaced");
+    assert_eq!(sync(&mut backend, &v3).kind, SyncKind::Noop);
+
+    // A restart (new backend) back to v1: in place, stale chains removed, same result.
+    let mut restarted = NftBackend::new(NftOptions::default());
+    assert_eq!(sync(&mut restarted, &v1).kind, SyncKind::Full);
+    assert_same(&node, &v1, "restart to v1");
+
+    // Cleanup removes the table; a second cleanup is fine.
+    ns.run(|| restarted.cleanup()).unwrap().unwrap();
+    ns.run(|| restarted.cleanup()).unwrap().unwrap();
+    assert!(!node.nft(&["list", "tables"]).contains("weir"));
+}
