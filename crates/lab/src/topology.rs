@@ -3,7 +3,7 @@
 //! Parsing is strict (unknown keys are errors) and every error names the field it is about, e.g.
 //! `nodes[1].podCIDR: 10.245.1.0/24 is not inside clusterCIDR 10.244.0.0/16`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -16,13 +16,38 @@ underlay: 172.30.0.0/24
 clusterCIDR: 10.244.0.0/16
 outside: 198.51.100.1
 cni: weir
+proxy: nftables
+serviceCIDR: 10.96.0.0/16
+loadBalancerCIDR: 203.0.113.0/24
 nodes:
   - name: a
     podCIDR: 10.244.1.0/24
     pods: [a1, a2]
   - name: b
     podCIDR: 10.244.2.0/24
-    pods: [b1]
+    pods: [b1, b2]
+services:
+  - name: web           # ClusterIP over pods on both nodes
+    port: 80
+    backends: [a1, b1]
+  - name: dns           # UDP
+    port: 53
+    protocol: UDP
+    backends: [a2, b2]
+  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
+    type: NodePort
+    port: 80
+    nodePort: 30080
+    externalTrafficPolicy: Local
+    backends: [a1]
+  - name: api           # LoadBalancer (IP from loadBalancerCIDR, routed by the outside via a node)
+    type: LoadBalancer
+    port: 443
+    backends: [a2, b1]
+  - name: gone          # no endpoints: rejected at once
+    type: NodePort
+    port: 80
+    backends: []
 ";
 
 /// Which CNI plugin creates the pods' interfaces.
@@ -45,6 +70,54 @@ impl CniKind {
     }
 }
 
+/// Which service proxy the lab runs on every node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyKind {
+    /// `weir proxy --proxy-mode nftables`.
+    #[default]
+    Nftables,
+    /// `weir proxy --proxy-mode iptables`.
+    Iptables,
+    /// No proxy: services are written as manifests but nothing serves them.
+    None,
+}
+
+impl ProxyKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyKind::Nftables => "nftables",
+            ProxyKind::Iptables => "iptables",
+            ProxyKind::None => "none",
+        }
+    }
+
+    /// The `--proxy-mode` of `weir proxy`, if a proxy runs.
+    pub fn mode(self) -> Option<&'static str> {
+        (self != ProxyKind::None).then(|| self.as_str())
+    }
+}
+
+impl std::str::FromStr for ProxyKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "nftables" => Ok(ProxyKind::Nftables),
+            "iptables" => Ok(ProxyKind::Iptables),
+            "none" => Ok(ProxyKind::None),
+            _ => Err(format!("unknown proxy {s:?} (nftables, iptables or none)")),
+        }
+    }
+}
+
+fn default_service_cidr() -> Ipv4Net {
+    "10.96.0.0/16".parse().expect("valid")
+}
+
+fn default_lb_cidr() -> Ipv4Net {
+    "203.0.113.0/24".parse().expect("valid")
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Topology {
@@ -55,8 +128,131 @@ pub struct Topology {
     pub outside: Ipv4Addr,
     #[serde(default)]
     pub cni: CniKind,
+    /// The proxy every node runs (default nftables).
+    #[serde(default)]
+    pub proxy: ProxyKind,
+    /// Where ClusterIPs come from.
+    #[serde(rename = "serviceCIDR", default = "default_service_cidr")]
+    pub service_cidr: Ipv4Net,
+    /// Where LoadBalancer ingress IPs come from (the outside routes each via a node).
+    #[serde(rename = "loadBalancerCIDR", default = "default_lb_cidr")]
+    pub lb_cidr: Ipv4Net,
     pub nodes: Vec<Node>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<Service>,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+    /// NodePort and LoadBalancer services have node ports.
+    pub fn has_node_port(self) -> bool {
+        self != ServiceType::ClusterIP
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// Kubernetes' spelling.
+    pub fn as_k8s(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum SessionAffinity {
+    #[default]
+    None,
+    ClientIP,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// A service of the lab: one port, served by the echo servers (port 8080) of `backends`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Service {
+    pub name: String,
+    #[serde(rename = "type", default, skip_serializing_if = "is_default")]
+    pub kind: ServiceType,
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub protocol: Protocol,
+    /// Pod names; empty: a service without endpoints.
+    #[serde(default)]
+    pub backends: Vec<String>,
+    /// Default: the next free address of serviceCIDR.
+    #[serde(rename = "clusterIP", default, skip_serializing_if = "Option::is_none")]
+    pub cluster_ip: Option<Ipv4Addr>,
+    /// NodePort and LoadBalancer only; default: the next free port from 30000.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub external_traffic_policy: TrafficPolicy,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub session_affinity: SessionAffinity,
+    /// LoadBalancer only; default: the next free address of loadBalancerCIDR.
+    #[serde(
+        rename = "loadBalancerIP",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub load_balancer_ip: Option<Ipv4Addr>,
+}
+
+/// What the lab assigns to a service (what an API server and a cloud LB would).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub cluster_ip: Ipv4Addr,
+    pub node_port: Option<u16>,
+    /// LoadBalancer with externalTrafficPolicy Local only.
+    pub health_check_node_port: Option<u16>,
+    pub load_balancer_ip: Option<Ipv4Addr>,
+    /// The node the outside routes the LoadBalancer IP through (MetalLB L2 style): the first
+    /// node hosting a backend, else the first node.
+    pub load_balancer_node: Option<String>,
+}
+
+/// The NodePort range (kube-apiserver's default).
+pub const NODE_PORT_RANGE: std::ops::RangeInclusive<u16> = 30000..=32767;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -104,6 +300,20 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 const NAME_RULE: &str = "must be 1 to 10 characters from [a-z0-9]";
+
+/// Service names: a DNS-1035 label of at most 30 characters.
+pub fn valid_service_name(name: &str) -> bool {
+    (1..=30).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+fn overlaps(a: &Ipv4Net, b: &Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
 
 /// Node names that would collide with the lab's own namespaces.
 const RESERVED_NODE_NAMES: [&str; 2] = ["sw", "out"];
@@ -256,7 +466,239 @@ impl Topology {
                 }
             }
         }
+        self.validate_services(&pod_names)?;
+        self.allocate()?;
         Ok(())
+    }
+
+    fn validate_services(&self, pods: &BTreeSet<String>) -> Result<(), TopologyError> {
+        let nets = [
+            ("clusterCIDR", self.cluster_cidr),
+            ("underlay", self.underlay),
+            ("serviceCIDR", self.service_cidr),
+            ("loadBalancerCIDR", self.lb_cidr),
+        ];
+        for (i, (field, net)) in nets.iter().enumerate().skip(2) {
+            if net.addr() != net.network() {
+                return Err(err(*field, format!("{net} has host bits set")));
+            }
+            if net.prefix_len() > 30 {
+                return Err(err(*field, format!("{net} is too small (at most /30)")));
+            }
+            for (other_field, other) in &nets[..i] {
+                if overlaps(net, other) {
+                    return Err(err(*field, format!("{net} overlaps {other_field} {other}")));
+                }
+            }
+            if net.contains(&self.outside) {
+                return Err(err(
+                    "outside",
+                    format!("{} must be outside {field} {net}", self.outside),
+                ));
+            }
+        }
+        let mut names = BTreeSet::new();
+        let mut cluster_ips = BTreeMap::new();
+        let mut node_ports = BTreeMap::new();
+        let mut lb_ips = BTreeMap::new();
+        for (i, svc) in self.services.iter().enumerate() {
+            let field = |f: &str| format!("services[{i}].{f}");
+            if !valid_service_name(&svc.name) {
+                return Err(err(
+                    field("name"),
+                    format!(
+                        "{:?} must be 1 to 30 characters from [a-z0-9-], starting with a letter, \
+                         not ending with -",
+                        svc.name
+                    ),
+                ));
+            }
+            if !names.insert(svc.name.clone()) {
+                return Err(err(
+                    field("name"),
+                    format!("duplicate service name {:?}", svc.name),
+                ));
+            }
+            if svc.port == 0 {
+                return Err(err(field("port"), "must be 1 to 65535"));
+            }
+            let mut seen = BTreeSet::new();
+            for (k, b) in svc.backends.iter().enumerate() {
+                if !pods.contains(b) {
+                    return Err(err(
+                        format!("services[{i}].backends[{k}]"),
+                        format!("no pod named {b:?}"),
+                    ));
+                }
+                if !seen.insert(b) {
+                    return Err(err(
+                        format!("services[{i}].backends[{k}]"),
+                        format!("duplicate backend {b:?}"),
+                    ));
+                }
+            }
+            if let Some(ip) = svc.cluster_ip {
+                let net = self.service_cidr;
+                if !net.contains(&ip) || ip == net.network() || ip == net.broadcast() {
+                    return Err(err(
+                        field("clusterIP"),
+                        format!("{ip} is not a host address of serviceCIDR {net}"),
+                    ));
+                }
+                if let Some(j) = cluster_ips.insert(ip, i) {
+                    return Err(err(
+                        field("clusterIP"),
+                        format!("{ip} is already services[{j}].clusterIP"),
+                    ));
+                }
+            }
+            if let Some(np) = svc.node_port {
+                if !svc.kind.has_node_port() {
+                    return Err(err(
+                        field("nodePort"),
+                        format!(
+                            "only NodePort and LoadBalancer services have one, not {}",
+                            svc.kind.as_str()
+                        ),
+                    ));
+                }
+                if !NODE_PORT_RANGE.contains(&np) {
+                    return Err(err(
+                        field("nodePort"),
+                        format!(
+                            "{np} is outside the node port range {}-{}",
+                            NODE_PORT_RANGE.start(),
+                            NODE_PORT_RANGE.end()
+                        ),
+                    ));
+                }
+                if let Some(j) = node_ports.insert(np, i) {
+                    return Err(err(
+                        field("nodePort"),
+                        format!("{np} is already services[{j}].nodePort"),
+                    ));
+                }
+            }
+            if svc.external_traffic_policy == TrafficPolicy::Local && !svc.kind.has_node_port() {
+                return Err(err(
+                    field("externalTrafficPolicy"),
+                    "Local applies to NodePort and LoadBalancer services only",
+                ));
+            }
+            if let Some(ip) = svc.load_balancer_ip {
+                if svc.kind != ServiceType::LoadBalancer {
+                    return Err(err(
+                        field("loadBalancerIP"),
+                        format!(
+                            "only LoadBalancer services have one, not {}",
+                            svc.kind.as_str()
+                        ),
+                    ));
+                }
+                let net = self.lb_cidr;
+                if !net.contains(&ip) || ip == net.network() || ip == net.broadcast() {
+                    return Err(err(
+                        field("loadBalancerIP"),
+                        format!("{ip} is not a host address of loadBalancerCIDR {net}"),
+                    ));
+                }
+                if let Some(j) = lb_ips.insert(ip, i) {
+                    return Err(err(
+                        field("loadBalancerIP"),
+                        format!("{ip} is already services[{j}].loadBalancerIP"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// ClusterIPs, node ports and LoadBalancer IPs of every service (in `services` order):
+    /// explicit values first, the rest allocated in order from serviceCIDR (host 1 up), the
+    /// node port range (30000 up) and loadBalancerCIDR (host 1 up). Deterministic.
+    pub fn allocate(&self) -> Result<Vec<Allocation>, TopologyError> {
+        let mut used_ips: BTreeSet<Ipv4Addr> =
+            self.services.iter().filter_map(|s| s.cluster_ip).collect();
+        let mut used_ports: BTreeSet<u16> =
+            self.services.iter().filter_map(|s| s.node_port).collect();
+        let mut used_lb: BTreeSet<Ipv4Addr> = self
+            .services
+            .iter()
+            .filter_map(|s| s.load_balancer_ip)
+            .collect();
+        let mut next_ip = 1u32;
+        let mut next_port = *NODE_PORT_RANGE.start();
+        let mut next_lb = 1u32;
+        let mut out = Vec::new();
+        for (i, svc) in self.services.iter().enumerate() {
+            let field = |f: &str| format!("services[{i}].{f}");
+            let cluster_ip = match svc.cluster_ip {
+                Some(ip) => ip,
+                None => {
+                    take_ip(self.service_cidr, &mut next_ip, &mut used_ips).ok_or_else(|| {
+                        err(
+                            field("clusterIP"),
+                            format!("serviceCIDR {} is exhausted", self.service_cidr),
+                        )
+                    })?
+                }
+            };
+            let mut take_port = || -> Result<u16, TopologyError> {
+                while NODE_PORT_RANGE.contains(&next_port) {
+                    let p = next_port;
+                    next_port += 1;
+                    if used_ports.insert(p) {
+                        return Ok(p);
+                    }
+                }
+                Err(err(field("nodePort"), "the node port range is exhausted"))
+            };
+            let node_port = match (svc.kind.has_node_port(), svc.node_port) {
+                (false, _) => None,
+                (true, Some(p)) => Some(p),
+                (true, None) => Some(take_port()?),
+            };
+            let lb = svc.kind == ServiceType::LoadBalancer;
+            let health_check_node_port =
+                if lb && svc.external_traffic_policy == TrafficPolicy::Local {
+                    Some(take_port()?)
+                } else {
+                    None
+                };
+            let load_balancer_ip = match (lb, svc.load_balancer_ip) {
+                (false, _) => None,
+                (true, Some(ip)) => Some(ip),
+                (true, None) => Some(
+                    take_ip(self.lb_cidr, &mut next_lb, &mut used_lb).ok_or_else(|| {
+                        err(
+                            field("loadBalancerIP"),
+                            format!("loadBalancerCIDR {} is exhausted", self.lb_cidr),
+                        )
+                    })?,
+                ),
+            };
+            let load_balancer_node = lb.then(|| {
+                self.nodes
+                    .iter()
+                    .find(|n| n.pods.iter().any(|p| svc.backends.contains(p)))
+                    .unwrap_or(&self.nodes[0])
+                    .name
+                    .clone()
+            });
+            out.push(Allocation {
+                cluster_ip,
+                node_port,
+                health_check_node_port,
+                load_balancer_ip,
+                load_balancer_node,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The node a pod runs on.
+    pub fn node_of_pod(&self, pod: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.pods.iter().any(|p| p == pod))
     }
 
     /// The outside router's underlay address: the first host of the underlay (`.1`).
@@ -278,6 +720,18 @@ impl Topology {
         self.nodes
             .iter()
             .flat_map(|n| n.pods.iter().map(move |p| (n, p.as_str())))
+    }
+}
+
+/// The next host address of `net` from host number `*next` on that is not in `used` (and
+/// marks it used).
+fn take_ip(net: Ipv4Net, next: &mut u32, used: &mut BTreeSet<Ipv4Addr>) -> Option<Ipv4Addr> {
+    loop {
+        let ip = nth_host(net, *next)?;
+        *next += 1;
+        if used.insert(ip) {
+            return Some(ip);
+        }
     }
 }
 
@@ -350,10 +804,240 @@ mod tests {
             t.pods()
                 .map(|(n, p)| format!("{}/{p}", n.name))
                 .collect::<Vec<_>>(),
-            ["a/a1", "a/a2", "b/b1"]
+            ["a/a1", "a/a2", "b/b1", "b/b2"]
         );
+        assert_eq!(t.proxy, ProxyKind::Nftables);
+        assert_eq!(t.services.len(), 5);
         // Round trip.
         assert_eq!(Topology::parse(&t.to_yaml()).unwrap(), t);
+    }
+
+    #[test]
+    fn defaults_for_an_old_topology() {
+        let t = Topology::parse(
+            "name: x\nunderlay: 172.30.0.0/24\nclusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\n\
+             nodes:\n  - name: a\n    podCIDR: 10.244.1.0/24\n",
+        )
+        .unwrap();
+        assert_eq!(t.proxy, ProxyKind::Nftables);
+        assert_eq!(t.service_cidr.to_string(), "10.96.0.0/16");
+        assert_eq!(t.lb_cidr.to_string(), "203.0.113.0/24");
+        assert!(t.services.is_empty());
+        assert!(!t.to_yaml().contains("services"), "{}", t.to_yaml());
+        assert_eq!(Topology::parse(&t.to_yaml()).unwrap(), t);
+    }
+
+    #[test]
+    fn service_fields_parse() {
+        let t = Topology::default_demo();
+        let s = |name: &str| t.services.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(s("web").kind, ServiceType::ClusterIP);
+        assert_eq!(s("web").protocol, Protocol::Tcp);
+        assert_eq!(s("dns").protocol, Protocol::Udp);
+        assert_eq!(s("shop").external_traffic_policy, TrafficPolicy::Local);
+        assert_eq!(s("shop").node_port, Some(30080));
+        assert_eq!(s("api").kind, ServiceType::LoadBalancer);
+        assert!(s("gone").backends.is_empty());
+        let t = with(
+            "    backends: [a1, b1]\n",
+            "    backends: [a1, b1]\n    sessionAffinity: ClientIP\n    clusterIP: 10.96.7.7\n",
+        )
+        .unwrap();
+        assert_eq!(t.services[0].session_affinity, SessionAffinity::ClientIP);
+        assert_eq!(t.services[0].cluster_ip, Some(Ipv4Addr::new(10, 96, 7, 7)));
+        assert_eq!(Topology::parse(&t.to_yaml()).unwrap(), t);
+    }
+
+    #[test]
+    fn allocation_is_deterministic_and_skips_explicit_values() {
+        let t = Topology::default_demo();
+        let a = t.allocate().unwrap();
+        let ips: Vec<String> = a.iter().map(|a| a.cluster_ip.to_string()).collect();
+        assert_eq!(
+            ips,
+            [
+                "10.96.0.1",
+                "10.96.0.2",
+                "10.96.0.3",
+                "10.96.0.4",
+                "10.96.0.5"
+            ]
+        );
+        let ports: Vec<Option<u16>> = a.iter().map(|a| a.node_port).collect();
+        // shop has 30080; api and gone get the first free ones.
+        assert_eq!(ports, [None, None, Some(30080), Some(30000), Some(30001)]);
+        assert_eq!(a[3].load_balancer_ip, Some(Ipv4Addr::new(203, 0, 113, 1)));
+        assert_eq!(a[3].load_balancer_node.as_deref(), Some("a"), "a2 is on a");
+        assert_eq!(a[3].health_check_node_port, None, "policy Cluster");
+        assert_eq!(a[0].load_balancer_ip, None);
+
+        let t = with(
+            "    backends: [a1, b1]\n",
+            "    backends: [a1, b1]\n    clusterIP: 10.96.0.2\n",
+        )
+        .unwrap();
+        let ips: Vec<String> = t
+            .allocate()
+            .unwrap()
+            .iter()
+            .map(|a| a.cluster_ip.to_string())
+            .collect();
+        assert_eq!(
+            ips,
+            [
+                "10.96.0.2",
+                "10.96.0.1",
+                "10.96.0.3",
+                "10.96.0.4",
+                "10.96.0.5"
+            ]
+        );
+
+        // LoadBalancer + Local: a health check node port; the LB routed via a backend's node.
+        let t = with(
+            "    port: 443\n    backends: [a2, b1]\n",
+            "    port: 443\n    externalTrafficPolicy: Local\n    backends: [b1]\n    loadBalancerIP: 203.0.113.9\n",
+        )
+        .unwrap();
+        let a = t.allocate().unwrap();
+        assert_eq!(a[3].health_check_node_port, Some(30001));
+        assert_eq!(a[4].node_port, Some(30002));
+        assert_eq!(a[3].load_balancer_ip, Some(Ipv4Addr::new(203, 0, 113, 9)));
+        assert_eq!(a[3].load_balancer_node.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn service_errors_name_the_field() {
+        let cases: &[(&str, &str, &str, &str)] = &[
+            ("name: web ", "name: Web ", "services[0].name", "[a-z0-9-]"),
+            (
+                "name: dns ",
+                "name: web ",
+                "services[1].name",
+                "duplicate service name",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 0\n",
+                "services[1].port",
+                "1 to 65535",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 70000\n",
+                "services[1].port",
+                "",
+            ),
+            (
+                "protocol: UDP",
+                "protocol: ICMP",
+                "services[1].protocol",
+                "unknown variant",
+            ),
+            (
+                "type: NodePort\n    port: 80\n    nodePort",
+                "type: Nodeport\n    port: 80\n    nodePort",
+                "services[2].type",
+                "unknown variant",
+            ),
+            (
+                "backends: [a1, b1]",
+                "backends: [a1, c9]",
+                "services[0].backends[1]",
+                "no pod named \"c9\"",
+            ),
+            (
+                "backends: [a1, b1]",
+                "backends: [a1, a1]",
+                "services[0].backends[1]",
+                "duplicate backend",
+            ),
+            (
+                "nodePort: 30080",
+                "nodePort: 8080",
+                "services[2].nodePort",
+                "node port range",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 53\n    nodePort: 30001\n",
+                "services[1].nodePort",
+                "only NodePort and LoadBalancer",
+            ),
+            (
+                "    port: 443\n",
+                "    port: 443\n    nodePort: 30080\n",
+                "services[3].nodePort",
+                "already services[2].nodePort",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 53\n    externalTrafficPolicy: Local\n",
+                "services[1].externalTrafficPolicy",
+                "NodePort and LoadBalancer",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 53\n    loadBalancerIP: 203.0.113.5\n",
+                "services[1].loadBalancerIP",
+                "only LoadBalancer",
+            ),
+            (
+                "    port: 443\n",
+                "    port: 443\n    loadBalancerIP: 198.51.100.7\n",
+                "services[3].loadBalancerIP",
+                "loadBalancerCIDR",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 53\n    clusterIP: 10.97.0.1\n",
+                "services[1].clusterIP",
+                "serviceCIDR 10.96.0.0/16",
+            ),
+            (
+                "    port: 53\n",
+                "    port: 53\n    color: red\n",
+                "services[1].color",
+                "unknown field `color`",
+            ),
+            (
+                "serviceCIDR: 10.96.0.0/16",
+                "serviceCIDR: 10.244.128.0/20",
+                "serviceCIDR",
+                "overlaps clusterCIDR",
+            ),
+            (
+                "serviceCIDR: 10.96.0.0/16",
+                "serviceCIDR: 10.96.0.1/16",
+                "serviceCIDR",
+                "host bits",
+            ),
+            (
+                "loadBalancerCIDR: 203.0.113.0/24",
+                "loadBalancerCIDR: 10.96.1.0/24",
+                "loadBalancerCIDR",
+                "overlaps serviceCIDR",
+            ),
+            (
+                "loadBalancerCIDR: 203.0.113.0/24",
+                "loadBalancerCIDR: 198.51.100.0/24",
+                "outside",
+                "loadBalancerCIDR",
+            ),
+            ("proxy: nftables", "proxy: ipvs", "proxy", "unknown variant"),
+        ];
+        for (from, to, field, msg) in cases {
+            let e = match with(from, to) {
+                Err(e) => e,
+                Ok(_) => panic!("{from:?} -> {to:?} should fail"),
+            };
+            assert_eq!(&e.field, field, "{from:?} -> {to:?}: {e}");
+            assert!(e.message.contains(msg), "{from:?} -> {to:?}: {e}");
+        }
+        // Exhaustion names the service whose allocation failed.
+        let e = with("serviceCIDR: 10.96.0.0/16", "serviceCIDR: 10.96.0.0/30").unwrap_err();
+        assert_eq!(e.field, "services[2].clusterIP", "{e}");
+        assert!(e.message.contains("exhausted"), "{e}");
     }
 
     #[test]
@@ -396,8 +1080,8 @@ mod tests {
         let e = with("name: b", "name: a").unwrap_err();
         assert_eq!(e.field, "nodes[1].name");
         assert!(e.message.contains("duplicate node name"), "{e}");
-        let e = with("pods: [b1]", "pods: [a2]").unwrap_err();
-        assert_eq!(e.field, "nodes[1].pods[0]");
+        let e = with("pods: [b1, b2]", "pods: [b1, a2]").unwrap_err();
+        assert_eq!(e.field, "nodes[1].pods[1]");
         assert!(e.message.contains("duplicate pod name"), "{e}");
     }
 
@@ -416,7 +1100,7 @@ mod tests {
     fn unknown_and_missing_fields() {
         let e = with("outside: 198.51.100.1", "outside: 198.51.100.1\nextra: 1").unwrap_err();
         assert!(e.message.contains("unknown field `extra`"), "{e}");
-        let e = with("    pods: [b1]", "    pods: [b1]\n    color: red").unwrap_err();
+        let e = with("    pods: [b1, b2]", "    pods: [b1, b2]\n    color: red").unwrap_err();
         assert_eq!(e.field, "nodes[1].color", "{e}");
         assert!(!e.message.contains("nodes[1]"), "{e}");
         assert!(e.message.contains("unknown field `color`"), "{e}");
