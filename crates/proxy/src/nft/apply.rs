@@ -66,7 +66,7 @@ impl NftBackend {
                 .collect();
             self.netlink()?.apply(&table, &chunk)?;
         }
-        self.remove_stale_chains(&rs)
+        self.remove_stale(&rs)
     }
 
     /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
@@ -115,21 +115,23 @@ impl NftBackend {
         Ok(deletes.into_iter().rev().flatten().chain(adds).collect())
     }
 
-    /// Deletes chains of weir's table that the ruleset no longer has (balancing chains of
-    /// endpoint counts no service uses, affinity chains of removed services).
-    fn remove_stale_chains(&mut self, rs: &Ruleset) -> Result<()> {
+    /// Deletes chains and sets of weir's table that the ruleset no longer has (balancing
+    /// chains of endpoint counts no service uses, affinity chains and sets of removed
+    /// services). Chains go first: their rules reference the sets.
+    fn remove_stale(&mut self, rs: &Ruleset) -> Result<()> {
         let t = &self.opts.table;
-        let listing = nft_output(&["list", "chains", "inet", t])?;
         let mut script = String::new();
-        for line in listing.lines() {
-            let Some(name) = line.trim().strip_prefix("chain ") else {
-                continue;
-            };
-            let name = name.trim_end_matches('{').trim();
-            if !rs.chains.iter().any(|(n, _, _)| n == name) {
+        for name in names_in_table(&nft_output(&["list", "chains", "inet"])?, t, &["chain"]) {
+            if !rs.chains.iter().any(|(n, _, _)| *n == name) {
                 script.push_str(&format!(
                     "flush chain inet {t} {name}\ndelete chain inet {t} {name}\n"
                 ));
+            }
+        }
+        // `list sets` prints declarations without elements: cheap at any scale.
+        for name in names_in_table(&nft_output(&["list", "sets", "inet"])?, t, &["set", "map"]) {
+            if !rs.decls.iter().any(|(n, _)| *n == name) {
+                script.push_str(&format!("delete set inet {t} {name}\n"));
             }
         }
         if script.is_empty() {
@@ -138,6 +140,27 @@ impl NftBackend {
             nft_script(&script)
         }
     }
+}
+
+/// Names of the objects of `kinds` that a `nft list chains|sets inet` listing shows under
+/// table `table` (nft 1.0.6 cannot list them for one table only).
+fn names_in_table(listing: &str, table: &str, kinds: &[&str]) -> Vec<String> {
+    let header = format!("table inet {table} {{");
+    let mut ours = false;
+    let mut names = Vec::new();
+    for line in listing.lines() {
+        if line.starts_with("table ") {
+            ours = line.trim() == header;
+            continue;
+        }
+        let mut words = line.split_whitespace();
+        if let (true, Some(kind), Some(name)) = (ours, words.next(), words.next()) {
+            if kinds.contains(&kind) && line.trim_end().ends_with('{') {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
 }
 
 /// Runs `nft -f -` with `script` on stdin.
