@@ -1,10 +1,11 @@
 //! The echo server every pod (and node, and the outside world) runs: it answers each TCP
 //! connection and each UDP datagram with one line, `<name> <peer ip>\n`. The peer IP shows whether
-//! the client's source address was rewritten (masqueraded) on the way.
+//! the client's source address was rewritten (masqueraded) on the way. A TCP connection stays
+//! open after the greeting and echoes each line it receives (`<name> <peer ip> <line>`).
 
 use std::fs::File;
-use std::io::{self, IoSlice, IoSliceMut, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, UdpSocket};
+use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -47,18 +48,43 @@ pub fn serve(netns: Option<&Path>, name: &str, port: u16) -> anyhow::Result<()> 
     });
     for conn in tcp.incoming() {
         match conn {
-            Ok(mut stream) => {
-                let peer = stream
-                    .peer_addr()
-                    .map(|a| a.ip().to_string())
-                    .unwrap_or_default();
-                let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
-                let _ = stream.write_all(format!("{name} {peer}\n").as_bytes());
+            Ok(stream) => {
+                let name = name.to_string();
+                std::thread::spawn(move || serve_tcp(stream, &name));
             }
             Err(e) => eprintln!("tcp accept: {e}"),
         }
     }
     Ok(())
+}
+
+/// One TCP connection: the greeting `<name> <peer>`, then every line the client sends comes
+/// back as `<name> <peer> <line>` until the client closes (a long-lived connection shows that
+/// it still reaches the same backend, e.g. across a proxy restart).
+fn serve_tcp(mut stream: TcpStream, name: &str) {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_default();
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(format!("{name} {peer}\n").as_bytes())
+        .is_err()
+    {
+        return;
+    }
+    let Ok(reader) = stream.try_clone() else {
+        return;
+    };
+    for line in BufReader::new(reader).lines() {
+        let Ok(line) = line else { return };
+        if stream
+            .write_all(format!("{name} {peer} {line}\n").as_bytes())
+            .is_err()
+        {
+            return;
+        }
+    }
 }
 
 /// Answers one datagram, from the address it was sent to (IP_PKTINFO), so that replies to

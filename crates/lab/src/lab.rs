@@ -13,8 +13,10 @@ use weir_kernel::{sysctl, NetNs, Rtnl};
 
 use crate::cni::{self, Invocation, Plugin};
 use crate::echo;
+use crate::manifests;
 use crate::ns;
-use crate::state::{EchoState, LabDir, LabState, NodeState, PodState};
+use crate::proxy::{self, Launch};
+use crate::state::{EchoState, LabDir, LabState, NodeState, PodState, ProxyState, ServiceState};
 use crate::topology::names::{self, NsRole};
 use crate::topology::Topology;
 
@@ -124,11 +126,13 @@ fn build(
     std::fs::write(dir.topology(), topo.to_yaml())?;
 
     let pod_count = topo.pods().count();
+    let proxy_mode = topo.proxy.mode();
     let mut steps = Steps {
         done: 0,
-        total: 2 + topo.nodes.len() + 1 + pod_count + 1,
+        total: 2 + topo.nodes.len() + 1 + pod_count + 1 + 1 + usize::from(proxy_mode.is_some()),
         out: progress,
     };
+    let allocations = topo.allocate()?;
     let mut state = LabState {
         lab: lab.to_string(),
         cni: topo.cni,
@@ -136,6 +140,14 @@ fn build(
         nodes: Vec::new(),
         pods: Vec::new(),
         echo: Vec::new(),
+        proxy: topo.proxy,
+        services: topo
+            .services
+            .iter()
+            .zip(&allocations)
+            .map(|(s, a)| ServiceState::new(s, a))
+            .collect(),
+        proxies: Vec::new(),
     };
     let underlay_net =
         |ip: Ipv4Addr| Ipv4Net::new(ip, topo.underlay.prefix_len()).expect("valid prefix");
@@ -201,6 +213,7 @@ fn build(
             name: node.name.clone(),
             netns: name.clone(),
             underlay_ip: ip,
+            pod_gateway: cni::gateway(node),
         });
         steps.step(&format!(
             "node {}: {name} eth0 {ip}, podCIDR {} ({} ms)",
@@ -299,7 +312,150 @@ fn build(
         echo::ECHO_PORT,
         ms(t)
     ));
+
+    // Services: the objects every proxy watches, and the outside's routes to LB IPs.
+    let t = Instant::now();
+    manifests::write(&dir.manifests(), &manifests::render(topo, &state))?;
+    let mut lb_routes = Vec::new();
+    {
+        let mut rt = Rtnl::in_netns(&out)?;
+        for svc in &state.services {
+            let (Some(lb), Some(node)) = (svc.load_balancer_ip, &svc.load_balancer_node) else {
+                continue;
+            };
+            let via = state
+                .nodes
+                .iter()
+                .find(|n| &n.name == node)
+                .map(|n| n.underlay_ip)
+                .ok_or_else(|| anyhow!("service {}: no node {node}", svc.name))?;
+            let route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(lb, 32)
+                .gateway(via)
+                .build();
+            rt.route_ensure(route, &format!("{lb} via {via}"))?;
+            lb_routes.push(format!("{lb} via node {node}"));
+        }
+    }
+    steps.step(&format!(
+        "services: {} in {}{} ({} ms)",
+        state.services.len(),
+        dir.manifests().display(),
+        if lb_routes.is_empty() {
+            String::new()
+        } else {
+            format!("; outside routes {}", lb_routes.join(", "))
+        },
+        ms(t)
+    ));
+
+    // `weir proxy` on every node, all started before waiting for any.
+    if let Some(mode) = proxy_mode {
+        let t = Instant::now();
+        let mut started = Vec::new();
+        for node in &state.nodes {
+            let launch = proxy_launch(topo, bins, &dir, node, mode);
+            let pid = launch.spawn()?;
+            state.proxies.push(ProxyState {
+                node: node.name.clone(),
+                netns: node.netns.clone(),
+                pid,
+            });
+            state.save(&dir.state())?;
+            started.push((launch, pid));
+        }
+        let mut ready = Vec::new();
+        for (launch, pid) in &started {
+            let took = proxy::wait_ready(launch, *pid, proxy::READY_TIMEOUT)?;
+            ready.push(format!("{} {} ms", launch.node, took.as_millis()));
+        }
+        steps.step(&format!(
+            "proxies: weir proxy --proxy-mode {mode} healthy on {} ({}; {} ms)",
+            started.len(),
+            ready.join(", "),
+            ms(t)
+        ));
+    }
     Ok(state)
+}
+
+/// How the lab runs `weir proxy` on `node`.
+pub fn proxy_launch(
+    topo: &Topology,
+    bins: &Binaries,
+    dir: &LabDir,
+    node: &NodeState,
+    mode: &str,
+) -> Launch {
+    Launch {
+        weir: bins.weir.clone(),
+        mode: mode.to_string(),
+        manifests: dir.manifests(),
+        cluster_cidr: topo.cluster_cidr,
+        node: node.name.clone(),
+        node_ip: node.underlay_ip,
+        netns: node.netns.clone(),
+        log: dir.proxy_log(&node.name),
+    }
+}
+
+/// What [`restart_proxy`] did.
+#[derive(Debug)]
+pub struct Restart {
+    pub node: String,
+    pub old_pid: Option<u32>,
+    pub new_pid: u32,
+    /// From the new process's start to its `/healthz` answering 200.
+    pub ready_after: std::time::Duration,
+}
+
+/// Stops the proxy of `node` (SIGTERM, or SIGKILL when `hard`: a crash), starts a new one and
+/// waits until it is healthy. The rules the old one installed stay in the kernel meanwhile.
+pub fn restart_proxy(
+    lab: &str,
+    node: &str,
+    hard: bool,
+    bins: &Binaries,
+    root: &Path,
+) -> anyhow::Result<Restart> {
+    let dir = LabDir::new(root, lab);
+    let mut state = load_state(lab, root)?;
+    let topo = Topology::parse(&std::fs::read_to_string(dir.topology())?)
+        .map_err(|e| anyhow!("{}: {e}", dir.topology().display()))?;
+    let Some(mode) = state.proxy.mode() else {
+        bail!("lab {lab} runs no proxy (proxy: none)");
+    };
+    let node_state = state
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .cloned()
+        .ok_or_else(|| anyhow!("lab {lab} has no node {node}"))?;
+    let old_pid = state
+        .proxies
+        .iter()
+        .find(|p| p.node == node)
+        .map(|p| p.pid)
+        .filter(|&pid| ns::alive(pid) && proxy::is_weir_proxy(pid, &dir.manifests()));
+    if let Some(pid) = old_pid {
+        proxy::stop(pid, hard);
+    }
+    let launch = proxy_launch(&topo, bins, &dir, &node_state, mode);
+    let new_pid = launch.spawn()?;
+    state.proxies.retain(|p| p.node != node);
+    state.proxies.push(ProxyState {
+        node: node.to_string(),
+        netns: node_state.netns.clone(),
+        pid: new_pid,
+    });
+    state.save(&dir.state())?;
+    let ready_after = proxy::wait_ready(&launch, new_pid, proxy::READY_TIMEOUT)?;
+    Ok(Restart {
+        node: node.to_string(),
+        old_pid,
+        new_pid,
+        ready_after,
+    })
 }
 
 /// What [`down`] did.
@@ -347,6 +503,11 @@ pub fn down(
                 && !pids.contains(&e.pid)
             {
                 pids.push(e.pid);
+            }
+        }
+        for p in &state.proxies {
+            if proxy::is_weir_proxy(p.pid, &dir.manifests()) && !pids.contains(&p.pid) {
+                pids.push(p.pid);
             }
         }
     }
@@ -442,6 +603,9 @@ pub struct StatusRow {
     pub address: String,
     pub echo_pid: Option<u32>,
     pub echo_alive: Option<bool>,
+    /// Nodes only.
+    pub proxy_pid: Option<u32>,
+    pub proxy_alive: Option<bool>,
 }
 
 /// The lab's namespaces with their addresses and echo servers.
@@ -482,12 +646,18 @@ pub fn status(lab: &str, root: &Path) -> anyhow::Result<Vec<StatusRow>> {
             .as_ref()
             .and_then(|s| s.echo.iter().find(|e| e.netns == n))
             .map(|e| e.pid);
+        let proxy_pid = state
+            .as_ref()
+            .and_then(|s| s.proxies.iter().find(|p| p.netns == n))
+            .map(|p| p.pid);
         rows.push(StatusRow {
             namespace: n,
             role: role_s,
             address,
             echo_pid,
             echo_alive: echo_pid.map(ns::alive),
+            proxy_pid,
+            proxy_alive: proxy_pid.map(ns::alive),
         });
     }
     Ok(rows)
@@ -504,17 +674,77 @@ pub fn render_status(rows: &[StatusRow]) -> String {
                 r.echo_pid
                     .map(|p| p.to_string())
                     .unwrap_or_else(|| "-".into()),
-                match r.echo_alive {
-                    Some(true) => "alive".into(),
-                    Some(false) => "DEAD".into(),
-                    None => "-".into(),
+                alive(r.echo_alive),
+                r.proxy_pid
+                    .map(|p| p.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                alive(r.proxy_alive),
+            ]
+        })
+        .collect();
+    crate::matrix::render_table(
+        &[
+            "NAMESPACE",
+            "ROLE",
+            "ADDRESS",
+            "ECHO-PID",
+            "ECHO",
+            "PROXY-PID",
+            "PROXY",
+        ],
+        &cells,
+    )
+}
+
+fn alive(a: Option<bool>) -> String {
+    match a {
+        Some(true) => "alive".into(),
+        Some(false) => "DEAD".into(),
+        None => "-".into(),
+    }
+}
+
+/// The lab's services as a table (`weir lab status`).
+pub fn render_services(state: &LabState) -> String {
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let rows: Vec<Vec<String>> = state
+        .services
+        .iter()
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                s.kind.as_str().to_string(),
+                s.cluster_ip.to_string(),
+                format!("{}/{}", s.port, s.protocol.as_str()),
+                opt(s.node_port.map(|p| p.to_string())),
+                opt(s
+                    .load_balancer_ip
+                    .map(|ip| format!("{ip} via {}", opt(s.load_balancer_node.clone())))),
+                format!(
+                    "{}{}",
+                    if s.local_policy() { "Local" } else { "Cluster" },
+                    if s.sticky() { ", ClientIP" } else { "" }
+                ),
+                if s.backends.is_empty() {
+                    "(none)".into()
+                } else {
+                    s.backends.join(",")
                 },
             ]
         })
         .collect();
     crate::matrix::render_table(
-        &["NAMESPACE", "ROLE", "ADDRESS", "ECHO-PID", "ECHO"],
-        &cells,
+        &[
+            "SERVICE",
+            "TYPE",
+            "CLUSTER-IP",
+            "PORT",
+            "NODE-PORT",
+            "LOAD-BALANCER",
+            "POLICY",
+            "BACKENDS",
+        ],
+        &rows,
     )
 }
 

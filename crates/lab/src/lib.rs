@@ -4,16 +4,20 @@
 //! nodes' default router with an "internet" address on its `lo`), nodes (`wl-<lab>-<node>`) and
 //! pods (`wl-<lab>-<node>-<pod>`, whose interfaces a real CNI plugin creates). Every pod, node and
 //! the outside run an echo server that answers with its name and the peer address it saw; the
-//! connectivity [`matrix`] probes them all.
+//! connectivity [`matrix`] probes them all. Every node runs `weir proxy` ([`proxy`]) over the
+//! lab's Kubernetes objects ([`manifests`]), and the [`services`] probes check what it serves.
 
 pub mod cni;
 pub mod echo;
 pub mod lab;
+pub mod manifests;
 pub mod matrix;
 pub mod ns;
+pub mod proxy;
+pub mod services;
 pub mod state;
 pub mod topology;
 
 pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
 pub use state::{state_root, LabState};
-pub use topology::{CniKind, Topology, TopologyError, DEFAULT_TOPOLOGY};
+pub use topology::{CniKind, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY};

@@ -351,6 +351,7 @@ mod tests {
             name: name.into(),
             netns: format!("wl-t-{name}"),
             underlay_ip: ip.into(),
+            pod_gateway: Ipv4Addr::UNSPECIFIED,
         };
         LabState {
             lab: "t".into(),
@@ -363,6 +364,9 @@ mod tests {
                 pod("b", "b1", [10, 244, 2, 2]),
             ],
             echo: vec![],
+            proxy: Default::default(),
+            services: vec![],
+            proxies: vec![],
         }
     }
 

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use crate::topology::CniKind;
+use crate::topology::{
+    Allocation, CniKind, Protocol, ProxyKind, Service, ServiceType, SessionAffinity, TrafficPolicy,
+};
 
 /// The root of all labs' state: `${WEIR_LAB_STATE:-/run/weir-lab}`.
 pub fn state_root() -> PathBuf {
@@ -43,6 +45,14 @@ impl LabDir {
     pub fn log(&self, netns: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{netns}.log"))
     }
+    /// `weir proxy`'s log on a node (appended to across restarts).
+    pub fn proxy_log(&self, node: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("proxy-{node}.log"))
+    }
+    /// The Kubernetes objects every node's proxy watches (the lab's "API server").
+    pub fn manifests(&self) -> PathBuf {
+        self.dir.join("manifests")
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +60,13 @@ pub struct NodeState {
     pub name: String,
     pub netns: String,
     pub underlay_ip: Ipv4Addr,
+    /// The pods' gateway (cni0's address): the source of traffic masqueraded towards local pods.
+    #[serde(default = "unspecified")]
+    pub pod_gateway: Ipv4Addr,
+}
+
+fn unspecified() -> Ipv4Addr {
+    Ipv4Addr::UNSPECIFIED
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +85,60 @@ pub struct EchoState {
     pub pid: u32,
 }
 
+/// A running `weir proxy`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProxyState {
+    pub node: String,
+    pub netns: String,
+    pub pid: u32,
+}
+
+/// A service as the lab declared and allocated it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceState {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: ServiceType,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub cluster_ip: Ipv4Addr,
+    pub node_port: Option<u16>,
+    pub health_check_node_port: Option<u16>,
+    pub load_balancer_ip: Option<Ipv4Addr>,
+    pub load_balancer_node: Option<String>,
+    pub external_traffic_policy: TrafficPolicy,
+    pub session_affinity: SessionAffinity,
+    /// Pod names.
+    pub backends: Vec<String>,
+}
+
+impl ServiceState {
+    pub fn new(svc: &Service, alloc: &Allocation) -> Self {
+        Self {
+            name: svc.name.clone(),
+            kind: svc.kind,
+            protocol: svc.protocol,
+            port: svc.port,
+            cluster_ip: alloc.cluster_ip,
+            node_port: alloc.node_port,
+            health_check_node_port: alloc.health_check_node_port,
+            load_balancer_ip: alloc.load_balancer_ip,
+            load_balancer_node: alloc.load_balancer_node.clone(),
+            external_traffic_policy: svc.external_traffic_policy,
+            session_affinity: svc.session_affinity,
+            backends: svc.backends.clone(),
+        }
+    }
+
+    pub fn local_policy(&self) -> bool {
+        self.external_traffic_policy == TrafficPolicy::Local
+    }
+
+    pub fn sticky(&self) -> bool {
+        self.session_affinity == SessionAffinity::ClientIP
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabState {
     pub lab: String,
@@ -76,6 +147,12 @@ pub struct LabState {
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
     pub echo: Vec<EchoState>,
+    #[serde(default)]
+    pub proxy: ProxyKind,
+    #[serde(default)]
+    pub services: Vec<ServiceState>,
+    #[serde(default)]
+    pub proxies: Vec<ProxyState>,
 }
 
 impl LabState {

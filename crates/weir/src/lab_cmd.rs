@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use weir_lab::lab::{self, Binaries};
-use weir_lab::{matrix, state_root, CniKind, Topology};
+use weir_lab::{matrix, services, state_root, CniKind, ProxyKind, Topology};
 
 #[derive(clap::Args)]
 pub struct LabArgs {
@@ -21,12 +21,32 @@ enum CniArg {
     Reference,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum ProxyArg {
+    Nftables,
+    Iptables,
+    None,
+}
+
+impl From<ProxyArg> for ProxyKind {
+    fn from(p: ProxyArg) -> Self {
+        match p {
+            ProxyArg::Nftables => ProxyKind::Nftables,
+            ProxyArg::Iptables => ProxyKind::Iptables,
+            ProxyArg::None => ProxyKind::None,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum LabCommand {
     /// Create the namespaces, links, routes, pods (via the CNI plugin) and echo servers of a topology.
     Up {
         /// The topology file (YAML).
         topology: PathBuf,
+        /// The proxy every node runs (overrides the topology's `proxy`).
+        #[arg(long, value_enum)]
+        proxy_mode: Option<ProxyArg>,
     },
     /// Remove everything a lab is made of (also after a crash).
     Down {
@@ -47,7 +67,16 @@ enum LabCommand {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Probe the connectivity matrix (exit code 1 if any probe fails).
+    /// Stop a node's `weir proxy` and start it again (its rules stay in the kernel meanwhile).
+    RestartProxy {
+        lab: String,
+        /// The node (default: every node).
+        node: Option<String>,
+        /// SIGKILL instead of SIGTERM (a crash).
+        #[arg(long)]
+        hard: bool,
+    },
+    /// Probe the connectivity matrix and the services (exit code 1 if any probe fails).
     Check {
         lab: String,
         /// Print the results as JSON.
@@ -65,6 +94,9 @@ enum LabCommand {
         /// Which CNI plugin creates the pods.
         #[arg(long, value_enum)]
         cni: Option<CniArg>,
+        /// The proxy every node runs (default: nftables).
+        #[arg(long, value_enum)]
+        proxy_mode: Option<ProxyArg>,
         /// Print the matrix as JSON.
         #[arg(long)]
         json: bool,
@@ -98,19 +130,52 @@ fn progress(line: &str) {
 pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
     let root = state_root();
     match args.command {
-        LabCommand::Up { topology } => {
+        LabCommand::Up {
+            topology,
+            proxy_mode,
+        } => {
             let text = std::fs::read_to_string(&topology)
                 .with_context(|| format!("read {}", topology.display()))?;
-            let topo = Topology::parse(&text)
+            let mut topo = Topology::parse(&text)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", topology.display()))?;
+            if let Some(p) = proxy_mode {
+                topo.proxy = p.into();
+            }
             let state = lab::up(&topo, &binaries()?, &root, &mut progress)?;
             eprintln!(
-                "lab {} is up: {} nodes, {} pods (state in {})",
+                "lab {} is up: {} nodes, {} pods, {} services, proxy {} (state in {})",
                 state.lab,
                 state.nodes.len(),
                 state.pods.len(),
+                state.services.len(),
+                state.proxy.as_str(),
                 root.join(&state.lab).display()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::RestartProxy {
+            lab: name,
+            node,
+            hard,
+        } => {
+            let state = lab::load_state(&name, &root)?;
+            let nodes: Vec<String> = match node {
+                Some(n) => vec![n],
+                None => state.nodes.iter().map(|n| n.name.clone()).collect(),
+            };
+            let bins = binaries()?;
+            for n in nodes {
+                let r = lab::restart_proxy(&name, &n, hard, &bins, &root)?;
+                eprintln!(
+                    "node {}: weir proxy {} → pid {}, healthy after {} ms",
+                    r.node,
+                    r.old_pid
+                        .map(|p| format!("pid {p} {}", if hard { "killed" } else { "stopped" }))
+                        .unwrap_or_else(|| "was not running".into()),
+                    r.new_pid,
+                    r.ready_after.as_millis()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Down { lab: name } => {
@@ -136,6 +201,12 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&rows)?);
             } else {
                 print!("{}", lab::render_status(&rows));
+                if let Ok(state) = lab::load_state(&name, &root) {
+                    if !state.services.is_empty() {
+                        println!();
+                        print!("{}", lab::render_services(&state));
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -161,8 +232,9 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             keep,
             name,
             cni,
+            proxy_mode,
             json,
-        } => demo(keep, name, cni, json, &root),
+        } => demo(keep, name, cni, proxy_mode, json, &root),
         LabCommand::EchoServer { netns, name, port } => {
             weir_lab::echo::serve(netns.as_deref(), &name, port)?;
             Ok(ExitCode::SUCCESS)
@@ -175,19 +247,70 @@ fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {
     std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))
 }
 
+/// The matrix and the service probes, run at the same time; table or JSON
+/// (`{"matrix": [...], "services": [...], "proxies": [...]}`).
 fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
     let probes = matrix::plan(state);
-    let results = matrix::run(&probes);
+    let svc_probes = services::plan(state);
+    let (results, svc_results) = std::thread::scope(|s| {
+        let m = s.spawn(|| matrix::run(&probes));
+        let svc = services::run(&svc_probes);
+        (m.join().expect("matrix thread"), svc)
+    });
+    let proxies: Vec<serde_json::Value> = state
+        .proxies
+        .iter()
+        .map(|p| {
+            serde_json::json!({
+                "node": p.node,
+                "pid": p.pid,
+                "alive": weir_lab::ns::alive(p.pid),
+            })
+        })
+        .collect();
+    let proxies_ok = proxies.iter().all(|p| p["alive"] == true);
     if json {
+        let out = serde_json::json!({
+            "matrix": results,
+            "services": svc_results,
+            "proxies": proxies,
+        });
         println!(
             "{}",
-            serde_json::to_string_pretty(&results).expect("results serialize")
+            serde_json::to_string_pretty(&out).expect("results serialize")
         );
     } else {
         print!("{}", matrix::render_matrix(&results));
         println!("{}", matrix::summary(&results));
+        println!();
+        match state.proxy.mode() {
+            None if !state.services.is_empty() => {
+                println!(
+                    "{} services not probed: the lab runs no proxy (proxy: none)",
+                    state.services.len()
+                )
+            }
+            None => {}
+            Some(mode) => {
+                if !svc_results.is_empty() {
+                    print!("{}", services::render(state, &svc_results));
+                }
+                println!(
+                    "{} (weir proxy, {mode} mode)",
+                    services::summary(&svc_results)
+                );
+            }
+        }
+        for p in &proxies {
+            if p["alive"] != true {
+                println!(
+                    "FAIL: weir proxy on node {} (pid {}) is not running",
+                    p["node"], p["pid"]
+                );
+            }
+        }
     }
-    if results.iter().all(|r| r.ok) {
+    if results.iter().all(|r| r.ok) && svc_results.iter().all(|r| r.ok) && proxies_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -198,6 +321,7 @@ fn demo(
     keep: bool,
     name: Option<String>,
     cni: Option<CniArg>,
+    proxy_mode: Option<ProxyArg>,
     json: bool,
     root: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
@@ -210,6 +334,9 @@ fn demo(
             CniArg::Weir => CniKind::Weir,
             CniArg::Reference => CniKind::Reference,
         };
+    }
+    if let Some(p) = proxy_mode {
+        topo.proxy = p.into();
     }
     topo.validate()?;
     let bins = binaries()?;

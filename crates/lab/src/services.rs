@@ -1,0 +1,1094 @@
+//! Service probes: which connections to try through ClusterIPs, NodePorts and LoadBalancer IPs
+//! and what must happen (pure), running them from inside the clients' namespaces, and
+//! rendering the results (pure).
+//!
+//! A probe may take several tries (each a new connection, or a new UDP socket and so a new
+//! conntrack entry): the echo servers answer with their name and the source they saw, so the
+//! tries show which backends serve a frontend (spreading, or stickiness with ClientIP
+//! affinity) and whether the source was kept or masqueraded.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use weir_kernel::NetNs;
+
+use crate::state::{LabState, NodeState, PodState};
+use crate::topology::{names, Protocol};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SvcKind {
+    /// A pod that is not a backend → ClusterIP.
+    ClusterIp,
+    /// A backend pod → its own service's ClusterIP (answered by itself: masqueraded).
+    Hairpin,
+    /// A process in a node's namespace (hostNetwork) → ClusterIP: masqueraded.
+    HostNetwork,
+    /// Outside → NodePort, externalTrafficPolicy Cluster: any backend, masqueraded to the node.
+    NodePort,
+    /// Outside → NodePort, externalTrafficPolicy Local: local backends only, source kept.
+    NodePortLocal,
+    LoadBalancer,
+    LoadBalancerLocal,
+    /// Outside → healthCheckNodePort: 200 where the node has local endpoints, else 503.
+    HealthCheck,
+    /// A service without endpoints: rejected at once.
+    NoEndpoints,
+}
+
+impl SvcKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SvcKind::ClusterIp => "cluster-ip",
+            SvcKind::Hairpin => "hairpin",
+            SvcKind::HostNetwork => "host-network",
+            SvcKind::NodePort => "node-port",
+            SvcKind::NodePortLocal => "node-port-local",
+            SvcKind::LoadBalancer => "load-balancer",
+            SvcKind::LoadBalancerLocal => "load-balancer-local",
+            SvcKind::HealthCheck => "health-check",
+            SvcKind::NoEndpoints => "no-endpoints",
+        }
+    }
+}
+
+/// What must happen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "outcome")]
+pub enum Expect {
+    /// Every try is answered by one of `backends`; the source each backend saw is in `sources`
+    /// (in `self_sources` when the backend is the client itself: hairpin).
+    Answer {
+        backends: Vec<String>,
+        /// At least this many distinct backends answer (spreading).
+        min_distinct: usize,
+        /// At most this many (1 with ClientIP affinity).
+        max_distinct: Option<usize>,
+        /// This backend must answer at least once (hairpin: the client itself).
+        must_include: Option<String>,
+        sources: Vec<Ipv4Addr>,
+        self_sources: Vec<Ipv4Addr>,
+    },
+    /// Refused (TCP reset / ICMP unreachable) within [`REJECT_WITHIN`], not timed out.
+    Rejected,
+    /// No answer (dropped) within [`NO_ANSWER_WAIT`].
+    NoAnswer,
+    /// An HTTP GET answered with this status.
+    Http { status: u16 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SvcProbe {
+    pub service: String,
+    pub kind: SvcKind,
+    /// The client: a pod name, a node name (host network) or "outside".
+    pub from: String,
+    pub from_ns: String,
+    /// The client's address (bound when `bind` is set).
+    pub from_ip: Ipv4Addr,
+    pub bind: bool,
+    /// What is dialled: "cluster-ip", "node a", "lb".
+    pub via: String,
+    pub to_ip: Ipv4Addr,
+    pub port: u16,
+    pub proto: Protocol,
+    pub min_tries: u32,
+    pub max_tries: u32,
+    pub expect: Expect,
+}
+
+/// One distinct (backend, seen source) pair and how often it occurred.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    pub by: String,
+    pub source: Option<Ipv4Addr>,
+    pub count: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SvcResult {
+    #[serde(flatten)]
+    pub probe: SvcProbe,
+    pub ok: bool,
+    pub tries: u32,
+    pub answers: Vec<Answer>,
+    /// What happened when no answer was expected (or the failure): "refused in 2 ms", …
+    pub outcome: Option<String>,
+    pub error: Option<String>,
+    pub ms: u64,
+}
+
+/// Tries of a probe that must show spreading (or stickiness): at least, and at most (a probe
+/// stops once every requirement is met and `MIN_TRIES` are done).
+pub const MIN_TRIES: u32 = 6;
+pub const MAX_TRIES: u32 = 40;
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+pub const UDP_TRIES: u32 = 3;
+/// A service without endpoints must refuse within this.
+pub const REJECT_WITHIN: Duration = Duration::from_secs(1);
+/// How long a dropped connection is waited for.
+pub const NO_ANSWER_WAIT: Duration = Duration::from_millis(1500);
+
+struct Clients<'a> {
+    state: &'a LabState,
+}
+
+impl<'a> Clients<'a> {
+    fn pod(&self, name: &str) -> Option<&'a PodState> {
+        self.state.pods.iter().find(|p| p.name == name)
+    }
+    fn node(&self, name: &str) -> Option<&'a NodeState> {
+        self.state.nodes.iter().find(|n| n.name == name)
+    }
+    /// The addresses a node masquerades to: its underlay address (towards other nodes) and its
+    /// pods' gateway (towards its own pods).
+    fn node_sources(&self, node: &NodeState) -> Vec<Ipv4Addr> {
+        let mut v = vec![node.underlay_ip];
+        if !node.pod_gateway.is_unspecified() {
+            v.push(node.pod_gateway);
+        }
+        v
+    }
+}
+
+fn spread(n: usize, sticky: bool) -> (usize, Option<usize>) {
+    if sticky {
+        (1, Some(1))
+    } else {
+        (n.min(2), None)
+    }
+}
+
+/// Every service probe of a running lab (none when the lab runs no proxy).
+pub fn plan(state: &LabState) -> Vec<SvcProbe> {
+    let mut probes = Vec::new();
+    if state.proxy.mode().is_none() {
+        return probes;
+    }
+    let c = Clients { state };
+    let outside_ns = names::outside(&state.lab);
+    for svc in &state.services {
+        let backends: Vec<&PodState> = svc.backends.iter().filter_map(|b| c.pod(b)).collect();
+        let names: Vec<String> = backends.iter().map(|p| p.name.clone()).collect();
+        let base = |kind, from: &str, from_ns: &str, from_ip, via: String, to_ip, port| SvcProbe {
+            service: svc.name.clone(),
+            kind,
+            from: from.to_string(),
+            from_ns: from_ns.to_string(),
+            from_ip,
+            bind: false,
+            via,
+            to_ip,
+            port,
+            proto: svc.protocol,
+            min_tries: 1,
+            max_tries: 1,
+            expect: Expect::Rejected,
+        };
+        let outside = |kind, via: String, to_ip, port| SvcProbe {
+            bind: true,
+            ..base(
+                kind,
+                "outside",
+                &outside_ns,
+                state.outside,
+                via,
+                to_ip,
+                port,
+            )
+        };
+        let answer = |mut p: SvcProbe,
+                      backends: Vec<String>,
+                      must_include: Option<String>,
+                      sources: Vec<Ipv4Addr>,
+                      self_sources: Vec<Ipv4Addr>| {
+            let (min_distinct, max_distinct) = spread(backends.len(), svc.sticky());
+            p.min_tries = MIN_TRIES;
+            p.max_tries = MAX_TRIES;
+            p.expect = Expect::Answer {
+                backends,
+                min_distinct,
+                max_distinct,
+                must_include,
+                sources,
+                self_sources,
+            };
+            p
+        };
+
+        if backends.is_empty() {
+            // Rejected at once wherever it is reached.
+            if let Some(client) = state.pods.first() {
+                probes.push(base(
+                    SvcKind::NoEndpoints,
+                    &client.name,
+                    &client.netns,
+                    client.ip,
+                    "cluster-ip".into(),
+                    svc.cluster_ip,
+                    svc.port,
+                ));
+            }
+            if let (Some(np), Some(node)) = (svc.node_port, state.nodes.first()) {
+                probes.push(outside(
+                    SvcKind::NoEndpoints,
+                    format!("node {}", node.name),
+                    node.underlay_ip,
+                    np,
+                ));
+            }
+            if let Some(lb) = svc.load_balancer_ip {
+                probes.push(outside(SvcKind::NoEndpoints, "lb".into(), lb, svc.port));
+            }
+            continue;
+        }
+
+        // Pods (not backends) on every node → ClusterIP: the client's own address is seen.
+        for node in &state.nodes {
+            let client = state
+                .pods
+                .iter()
+                .find(|p| p.node == node.name && !svc.backends.contains(&p.name));
+            if let Some(client) = client {
+                probes.push(answer(
+                    base(
+                        SvcKind::ClusterIp,
+                        &client.name,
+                        &client.netns,
+                        client.ip,
+                        "cluster-ip".into(),
+                        svc.cluster_ip,
+                        svc.port,
+                    ),
+                    names.clone(),
+                    None,
+                    vec![client.ip],
+                    vec![],
+                ));
+            }
+        }
+        // A backend → its own service: when it answers itself it sees its node (masqueraded).
+        let first = backends[0];
+        if let Some(node) = c.node(&first.node) {
+            probes.push(answer(
+                base(
+                    SvcKind::Hairpin,
+                    &first.name,
+                    &first.netns,
+                    first.ip,
+                    "cluster-ip".into(),
+                    svc.cluster_ip,
+                    svc.port,
+                ),
+                names.clone(),
+                (!svc.sticky()).then(|| first.name.clone()),
+                vec![first.ip],
+                c.node_sources(node),
+            ));
+        }
+        // The first node's host network → ClusterIP: off-cluster source, masqueraded.
+        if let Some(node) = state.nodes.first() {
+            let srcs = c.node_sources(node);
+            probes.push(answer(
+                base(
+                    SvcKind::HostNetwork,
+                    &node.name,
+                    &node.netns,
+                    node.underlay_ip,
+                    "cluster-ip".into(),
+                    svc.cluster_ip,
+                    svc.port,
+                ),
+                names.clone(),
+                None,
+                srcs.clone(),
+                srcs,
+            ));
+        }
+        // Outside → a node (NodePort on every node, or the node the LB IP is routed to).
+        let via_node = |node: &NodeState, kind_cluster, kind_local, via: String, to_ip, port| {
+            if svc.local_policy() {
+                let local: Vec<String> = backends
+                    .iter()
+                    .filter(|p| p.node == node.name)
+                    .map(|p| p.name.clone())
+                    .collect();
+                if local.is_empty() {
+                    SvcProbe {
+                        expect: Expect::NoAnswer,
+                        ..outside(kind_local, via, to_ip, port)
+                    }
+                } else {
+                    answer(
+                        outside(kind_local, via, to_ip, port),
+                        local,
+                        None,
+                        vec![state.outside],
+                        vec![],
+                    )
+                }
+            } else {
+                let srcs = c.node_sources(node);
+                answer(
+                    outside(kind_cluster, via, to_ip, port),
+                    names.clone(),
+                    None,
+                    srcs.clone(),
+                    srcs,
+                )
+            }
+        };
+        if let Some(np) = svc.node_port {
+            for node in &state.nodes {
+                probes.push(via_node(
+                    node,
+                    SvcKind::NodePort,
+                    SvcKind::NodePortLocal,
+                    format!("node {}", node.name),
+                    node.underlay_ip,
+                    np,
+                ));
+            }
+        }
+        if let (Some(lb), Some(node)) = (
+            svc.load_balancer_ip,
+            svc.load_balancer_node.as_deref().and_then(|n| c.node(n)),
+        ) {
+            probes.push(via_node(
+                node,
+                SvcKind::LoadBalancer,
+                SvcKind::LoadBalancerLocal,
+                format!("lb via {}", node.name),
+                lb,
+                svc.port,
+            ));
+        }
+        if let Some(hc) = svc.health_check_node_port {
+            for node in &state.nodes {
+                let local = backends.iter().any(|p| p.node == node.name);
+                let mut p = outside(
+                    SvcKind::HealthCheck,
+                    format!("node {}", node.name),
+                    node.underlay_ip,
+                    hc,
+                );
+                p.proto = Protocol::Tcp;
+                p.expect = Expect::Http {
+                    status: if local { 200 } else { 503 },
+                };
+                probes.push(p);
+            }
+        }
+    }
+    probes
+}
+
+// ---- running ----
+
+/// Runs every probe, each on its own thread inside its client's namespace.
+pub fn run(probes: &[SvcProbe]) -> Vec<SvcResult> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = probes.iter().map(|p| s.spawn(move || run_one(p))).collect();
+        handles
+            .into_iter()
+            .zip(probes)
+            .map(|(h, p)| {
+                h.join().unwrap_or_else(|_| SvcResult {
+                    probe: p.clone(),
+                    ok: false,
+                    tries: 0,
+                    answers: vec![],
+                    outcome: None,
+                    error: Some("probe thread panicked".into()),
+                    ms: 0,
+                })
+            })
+            .collect()
+    })
+}
+
+/// How a single try went.
+#[derive(Debug)]
+enum Try {
+    Answered(String, Option<Ipv4Addr>),
+    Failed(io::Error),
+}
+
+/// Runs one probe on the calling thread (which enters the client's namespace meanwhile).
+pub fn run_one(p: &SvcProbe) -> SvcResult {
+    let started = Instant::now();
+    let mut result = SvcResult {
+        probe: p.clone(),
+        ok: false,
+        tries: 0,
+        answers: vec![],
+        outcome: None,
+        error: None,
+        ms: 0,
+    };
+    let ns = match NetNs::named(&p.from_ns) {
+        Ok(ns) => ns,
+        Err(e) => {
+            result.error = Some(format!("open netns {}: {e}", p.from_ns));
+            return result;
+        }
+    };
+    let _guard = match ns.enter() {
+        Ok(g) => g,
+        Err(e) => {
+            result.error = Some(format!("enter netns {}: {e}", p.from_ns));
+            return result;
+        }
+    };
+    let target = SocketAddrV4::new(p.to_ip, p.port);
+    let bind = p.bind.then_some(p.from_ip);
+    let error = match &p.expect {
+        Expect::Answer { .. } => run_answer(p, target, bind, &mut result),
+        Expect::Rejected => {
+            result.tries = 1;
+            let t = Instant::now();
+            match ask(
+                p.proto,
+                target,
+                bind,
+                REJECT_WITHIN + Duration::from_millis(500),
+            ) {
+                Try::Answered(by, _) => Some(format!("answered by {by}, expected a rejection")),
+                Try::Failed(e) if is_timeout(&e) => Some(format!(
+                    "no answer within {} ms ({e}): dropped or black-holed, not rejected",
+                    t.elapsed().as_millis()
+                )),
+                Try::Failed(e) => {
+                    let ms = t.elapsed();
+                    result.outcome = Some(format!("rejected in {} ms ({e})", ms.as_millis()));
+                    (ms > REJECT_WITHIN).then(|| {
+                        format!(
+                            "rejected only after {} ms (more than {} ms)",
+                            ms.as_millis(),
+                            REJECT_WITHIN.as_millis()
+                        )
+                    })
+                }
+            }
+        }
+        Expect::NoAnswer => {
+            result.tries = 1;
+            let t = Instant::now();
+            match ask(p.proto, target, bind, NO_ANSWER_WAIT) {
+                Try::Answered(by, src) => {
+                    result.answers.push(Answer {
+                        by: by.clone(),
+                        source: src,
+                        count: 1,
+                    });
+                    Some(format!("answered by {by}, expected no answer"))
+                }
+                Try::Failed(e) => {
+                    result.outcome = Some(if is_timeout(&e) {
+                        format!("no answer ({} ms)", t.elapsed().as_millis())
+                    } else {
+                        format!("failed in {} ms ({e})", t.elapsed().as_millis())
+                    });
+                    None
+                }
+            }
+        }
+        Expect::Http { status } => {
+            result.tries = 1;
+            match http_get(target, bind) {
+                Ok(code) => {
+                    result.outcome = Some(format!("HTTP {code}"));
+                    (code != *status).then(|| format!("HTTP {code}, expected {status}"))
+                }
+                Err(e) => Some(format!("GET http://{target}/: {e}")),
+            }
+        }
+    };
+    result.ok = error.is_none();
+    result.error = error;
+    result.ms = started.elapsed().as_millis() as u64;
+    result
+}
+
+fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    ) || e.raw_os_error() == Some(libc::EINPROGRESS)
+}
+
+fn run_answer(
+    p: &SvcProbe,
+    target: SocketAddrV4,
+    bind: Option<Ipv4Addr>,
+    result: &mut SvcResult,
+) -> Option<String> {
+    let Expect::Answer {
+        backends,
+        min_distinct,
+        max_distinct,
+        must_include,
+        sources,
+        self_sources,
+    } = &p.expect
+    else {
+        unreachable!("run_answer needs Expect::Answer")
+    };
+    let mut counts: BTreeMap<(String, Option<Ipv4Addr>), u32> = BTreeMap::new();
+    let mut error = None;
+    for i in 0..p.max_tries {
+        result.tries = i + 1;
+        match ask(p.proto, target, bind, ANSWER_TIMEOUT) {
+            Try::Answered(by, src) => *counts.entry((by, src)).or_default() += 1,
+            Try::Failed(e) => {
+                error = Some(format!("try {}: {} {target}: {e}", i + 1, p.proto.as_str()));
+                break;
+            }
+        }
+        let distinct: BTreeSet<&String> = counts.keys().map(|(b, _)| b).collect();
+        let included = must_include.as_ref().is_none_or(|m| distinct.contains(m));
+        if i + 1 >= p.min_tries && distinct.len() >= *min_distinct && included {
+            break;
+        }
+    }
+    result.answers = counts
+        .iter()
+        .map(|((by, source), count)| Answer {
+            by: by.clone(),
+            source: *source,
+            count: *count,
+        })
+        .collect();
+    if error.is_some() {
+        return error;
+    }
+    let distinct: BTreeSet<&String> = counts.keys().map(|(b, _)| b).collect();
+    for (by, source) in counts.keys() {
+        if !backends.contains(by) {
+            return Some(format!(
+                "answered by {by}, not one of the expected backends {}",
+                backends.join(",")
+            ));
+        }
+        let allowed = if by == &p.from { self_sources } else { sources };
+        if !source.is_some_and(|s| allowed.contains(&s)) {
+            return Some(format!(
+                "{by} saw source {}, expected {}",
+                source.map(|s| s.to_string()).unwrap_or_else(|| "?".into()),
+                allowed
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ));
+        }
+    }
+    if distinct.len() < *min_distinct {
+        return Some(format!(
+            "only {} distinct backend(s) in {} tries, expected at least {min_distinct}",
+            distinct.len(),
+            result.tries
+        ));
+    }
+    if let Some(max) = max_distinct {
+        if distinct.len() > *max {
+            return Some(format!(
+                "{} distinct backends in {} tries, expected at most {max} (session affinity)",
+                distinct.len(),
+                result.tries
+            ));
+        }
+    }
+    if let Some(m) = must_include {
+        if !distinct.contains(m) {
+            return Some(format!(
+                "{m} never answered in {} tries (hairpin not exercised)",
+                result.tries
+            ));
+        }
+    }
+    None
+}
+
+/// One try: a new TCP connection (reads the greeting line) or a new connected UDP socket
+/// (sends one datagram, retried on timeout).
+fn ask(proto: Protocol, target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: Duration) -> Try {
+    let line = match proto {
+        Protocol::Tcp => tcp_connect(target, bind, timeout).and_then(|s| {
+            s.set_read_timeout(Some(timeout))?;
+            let mut line = String::new();
+            BufReader::new(s).read_line(&mut line)?;
+            if line.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "closed without an answer",
+                ));
+            }
+            Ok(line)
+        }),
+        Protocol::Udp => udp_ask(target, bind, timeout),
+    };
+    match line {
+        Ok(line) => {
+            let mut words = line.split_whitespace();
+            let by = words.next().unwrap_or_default().to_string();
+            let src = words.next().and_then(|w| w.parse().ok());
+            Try::Answered(by, src)
+        }
+        Err(e) => Try::Failed(e),
+    }
+}
+
+/// Connects a TCP socket, optionally bound to `bind` first, within `timeout`.
+pub fn tcp_connect(
+    target: SocketAddrV4,
+    bind: Option<Ipv4Addr>,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let Some(local) = bind else {
+        return TcpStream::connect_timeout(&SocketAddr::V4(target), timeout);
+    };
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrIn};
+    let fd = socket::socket(
+        AddressFamily::Inet,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    socket::bind(
+        fd.as_raw_fd(),
+        &SockaddrIn::from(SocketAddrV4::new(local, 0)),
+    )?;
+    match socket::connect(fd.as_raw_fd(), &SockaddrIn::from(target)) {
+        Ok(()) => {}
+        Err(nix::errno::Errno::EINPROGRESS) => {
+            let mut pfd = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection timed out",
+                ));
+            }
+            let err = socket::getsockopt(&fd, socket::sockopt::SocketError)?;
+            if err != 0 {
+                return Err(io::Error::from_raw_os_error(err));
+            }
+        }
+        Err(e) => return Err(e.into()),
+    }
+    // SAFETY: the descriptor is a connected TCP socket we own.
+    let stream = unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) };
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
+
+fn udp_ask(target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: Duration) -> io::Result<String> {
+    let socket = UdpSocket::bind(SocketAddrV4::new(bind.unwrap_or(Ipv4Addr::UNSPECIFIED), 0))?;
+    // Connected: only the frontend's (de-NATed) answers count, and an ICMP error is reported.
+    socket.connect(target)?;
+    let per_try = timeout / UDP_TRIES;
+    socket.set_read_timeout(Some(per_try))?;
+    let mut last = io::Error::new(io::ErrorKind::TimedOut, "no answer");
+    for _ in 0..UDP_TRIES {
+        socket.send(b"ping\n")?;
+        let mut buf = [0u8; 512];
+        match socket.recv(&mut buf) {
+            Ok(n) => return Ok(String::from_utf8_lossy(&buf[..n]).into_owned()),
+            Err(e) if is_timeout(&e) => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
+}
+
+/// `GET /` over TCP: the HTTP status.
+fn http_get(target: SocketAddrV4, bind: Option<Ipv4Addr>) -> io::Result<u16> {
+    let mut s = tcp_connect(target, bind, ANSWER_TIMEOUT)?;
+    s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+    s.write_all(
+        format!("GET / HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
+    let mut buf = [0u8; 1024];
+    let mut got = Vec::new();
+    while !got.contains(&b'\n') && got.len() < 4096 {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    crate::proxy::parse_status(&String::from_utf8_lossy(&got))
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+// ---- rendering (pure) ----
+
+pub const HEADERS: [&str; 8] = [
+    "SERVICE",
+    "FROM",
+    "TO",
+    "KIND",
+    "PROTO",
+    "RESULT",
+    "ANSWERED-BY",
+    "SEEN-SOURCE",
+];
+
+/// What an address is, for the SEEN-SOURCE column.
+fn label(state: &LabState, p: &SvcProbe, ip: Ipv4Addr) -> String {
+    if ip == p.from_ip {
+        return "client".into();
+    }
+    if let Some(n) = state
+        .nodes
+        .iter()
+        .find(|n| n.underlay_ip == ip || n.pod_gateway == ip)
+    {
+        return format!("node {}", n.name);
+    }
+    if let Some(pod) = state.pods.iter().find(|x| x.ip == ip) {
+        return format!("pod {}", pod.name);
+    }
+    "?".into()
+}
+
+/// The service probes as a table, one row per probe.
+pub fn render(state: &LabState, results: &[SvcResult]) -> String {
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let p = &r.probe;
+            let mut by: BTreeMap<&str, u32> = BTreeMap::new();
+            let mut sources: BTreeSet<Ipv4Addr> = BTreeSet::new();
+            for a in &r.answers {
+                *by.entry(&a.by).or_default() += a.count;
+                sources.extend(a.source);
+            }
+            let answered = if by.is_empty() {
+                r.outcome.clone().unwrap_or_else(|| "-".into())
+            } else {
+                by.iter()
+                    .map(|(b, n)| format!("{b}×{n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            let seen = if sources.is_empty() {
+                "-".into()
+            } else {
+                sources
+                    .iter()
+                    .map(|s| format!("{s} ({})", label(state, p, *s)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                p.service.clone(),
+                p.from.clone(),
+                format!("{} {}:{}", p.via, p.to_ip, p.port),
+                p.kind.as_str().to_string(),
+                p.proto.as_str().to_string(),
+                if r.ok {
+                    "ok".into()
+                } else {
+                    format!("FAIL: {}", r.error.as_deref().unwrap_or("?"))
+                },
+                answered,
+                seen,
+            ]
+        })
+        .collect();
+    crate::matrix::render_table(&HEADERS, &rows)
+}
+
+pub fn summary(results: &[SvcResult]) -> String {
+    let failed = results.iter().filter(|r| !r.ok).count();
+    format!(
+        "{} service probes: {} ok, {} failed",
+        results.len(),
+        results.len() - failed,
+        failed
+    )
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::state::ServiceState;
+    use crate::topology::{ProxyKind, Topology};
+
+    /// The demo lab as `up` would record it (pods get .2, .3, … of their node's CIDR).
+    pub(crate) fn demo_state(topo: &Topology) -> LabState {
+        let alloc = topo.allocate().unwrap();
+        let nodes = topo
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeState {
+                name: n.name.clone(),
+                netns: names::node(&topo.name, &n.name),
+                underlay_ip: topo.underlay_ip(i).unwrap(),
+                pod_gateway: crate::cni::gateway(n),
+            })
+            .collect();
+        let mut pods = Vec::new();
+        for n in &topo.nodes {
+            for (k, p) in n.pods.iter().enumerate() {
+                pods.push(PodState {
+                    node: n.name.clone(),
+                    name: p.clone(),
+                    netns: names::pod(&topo.name, &n.name, p),
+                    ip: (u32::from(n.pod_cidr.network()) + 2 + k as u32).into(),
+                    prefix_len: 24,
+                });
+            }
+        }
+        LabState {
+            lab: topo.name.clone(),
+            cni: topo.cni,
+            outside: topo.outside,
+            nodes,
+            pods,
+            echo: vec![],
+            proxy: topo.proxy,
+            services: topo
+                .services
+                .iter()
+                .zip(&alloc)
+                .map(|(s, a)| ServiceState::new(s, a))
+                .collect(),
+            proxies: vec![],
+        }
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn find<'a>(
+        probes: &'a [SvcProbe],
+        svc: &str,
+        kind: SvcKind,
+        from: &str,
+        via: &str,
+    ) -> &'a SvcProbe {
+        probes
+            .iter()
+            .find(|p| p.service == svc && p.kind == kind && p.from == from && p.via == via)
+            .unwrap_or_else(|| panic!("no probe {svc} {kind:?} from {from} via {via}"))
+    }
+
+    #[test]
+    fn plans_the_demo() {
+        let state = demo_state(&Topology::default_demo());
+        let probes = plan(&state);
+        let count = |svc: &str| probes.iter().filter(|p| p.service == svc).count();
+        // web: cluster-ip from a2 and b2, hairpin a1, host network a.
+        assert_eq!(count("web"), 4);
+        assert_eq!(count("dns"), 4);
+        // shop: cluster-ip ×2, hairpin, host, node-port-local on a and b.
+        assert_eq!(count("shop"), 6);
+        // api: cluster-ip ×2, hairpin, host, node-port on a and b, lb.
+        assert_eq!(count("api"), 7);
+        // gone: cluster-ip and node port, both rejected.
+        assert_eq!(count("gone"), 2);
+
+        let p = find(&probes, "web", SvcKind::ClusterIp, "a2", "cluster-ip");
+        assert_eq!(
+            (p.to_ip, p.port, p.proto),
+            (ip("10.96.0.1"), 80, Protocol::Tcp)
+        );
+        assert_eq!(p.from_ns, "wl-demo-a-a2");
+        assert!(!p.bind);
+        assert_eq!(
+            p.expect,
+            Expect::Answer {
+                backends: vec!["a1".into(), "b1".into()],
+                min_distinct: 2,
+                max_distinct: None,
+                must_include: None,
+                sources: vec![ip("10.244.1.3")],
+                self_sources: vec![],
+            }
+        );
+        let p = find(&probes, "web", SvcKind::Hairpin, "a1", "cluster-ip");
+        let Expect::Answer {
+            must_include,
+            sources,
+            self_sources,
+            ..
+        } = &p.expect
+        else {
+            panic!()
+        };
+        assert_eq!(must_include.as_deref(), Some("a1"));
+        assert_eq!(sources, &[ip("10.244.1.2")]);
+        assert_eq!(self_sources, &[ip("172.30.0.11"), ip("10.244.1.1")]);
+
+        let p = find(&probes, "dns", SvcKind::ClusterIp, "b1", "cluster-ip");
+        assert_eq!((p.proto, p.port), (Protocol::Udp, 53));
+
+        // eTP Local: node a has a1, node b nothing (dropped).
+        let p = find(&probes, "shop", SvcKind::NodePortLocal, "outside", "node a");
+        assert!(p.bind);
+        assert_eq!((p.to_ip, p.port), (ip("172.30.0.11"), 30080));
+        let Expect::Answer {
+            backends, sources, ..
+        } = &p.expect
+        else {
+            panic!()
+        };
+        assert_eq!(backends, &["a1"]);
+        assert_eq!(sources, &[ip("198.51.100.1")]);
+        let p = find(&probes, "shop", SvcKind::NodePortLocal, "outside", "node b");
+        assert_eq!(p.expect, Expect::NoAnswer);
+
+        // eTP Cluster: either backend, masqueraded to the node dialled.
+        let p = find(&probes, "api", SvcKind::NodePort, "outside", "node b");
+        let Expect::Answer {
+            backends,
+            sources,
+            min_distinct,
+            ..
+        } = &p.expect
+        else {
+            panic!()
+        };
+        assert_eq!(backends, &["a2", "b1"]);
+        assert_eq!(*min_distinct, 2);
+        assert_eq!(sources, &[ip("172.30.0.12"), ip("10.244.2.1")]);
+        let p = find(&probes, "api", SvcKind::LoadBalancer, "outside", "lb via a");
+        assert_eq!((p.to_ip, p.port), (ip("203.0.113.1"), 443));
+
+        let p = find(&probes, "gone", SvcKind::NoEndpoints, "a1", "cluster-ip");
+        assert_eq!(p.expect, Expect::Rejected);
+        let p = find(&probes, "gone", SvcKind::NoEndpoints, "outside", "node a");
+        assert_eq!(p.port, 30001);
+    }
+
+    #[test]
+    fn affinity_and_health_checks() {
+        let yaml = crate::topology::DEFAULT_TOPOLOGY.replace(
+            "    port: 443\n    backends: [a2, b1]\n",
+            "    port: 443\n    backends: [a2, b1]\n    sessionAffinity: ClientIP\n    externalTrafficPolicy: Local\n",
+        );
+        let state = demo_state(&Topology::parse(&yaml).unwrap());
+        let probes = plan(&state);
+        let p = find(&probes, "api", SvcKind::ClusterIp, "a1", "cluster-ip");
+        let Expect::Answer {
+            min_distinct,
+            max_distinct,
+            ..
+        } = &p.expect
+        else {
+            panic!()
+        };
+        assert_eq!((*min_distinct, *max_distinct), (1, Some(1)));
+        let p = find(&probes, "api", SvcKind::Hairpin, "a2", "cluster-ip");
+        let Expect::Answer { must_include, .. } = &p.expect else {
+            panic!()
+        };
+        assert_eq!(
+            must_include, &None,
+            "a sticky service cannot be made to hairpin"
+        );
+        let p = find(&probes, "api", SvcKind::HealthCheck, "outside", "node a");
+        assert_eq!(p.expect, Expect::Http { status: 200 });
+        assert_eq!(p.proto, Protocol::Tcp);
+        let p = find(
+            &probes,
+            "api",
+            SvcKind::LoadBalancerLocal,
+            "outside",
+            "lb via a",
+        );
+        let Expect::Answer { backends, .. } = &p.expect else {
+            panic!()
+        };
+        assert_eq!(backends, &["a2"]);
+    }
+
+    #[test]
+    fn no_proxy_no_probes() {
+        let mut topo = Topology::default_demo();
+        topo.proxy = ProxyKind::None;
+        assert!(plan(&demo_state(&topo)).is_empty());
+    }
+
+    #[test]
+    fn renders_answers_and_sources() {
+        let state = demo_state(&Topology::default_demo());
+        let probes = plan(&state);
+        let p = find(&probes, "web", SvcKind::Hairpin, "a1", "cluster-ip").clone();
+        let ok = SvcResult {
+            probe: p,
+            ok: true,
+            tries: 6,
+            answers: vec![
+                Answer {
+                    by: "a1".into(),
+                    source: Some(ip("10.244.1.1")),
+                    count: 2,
+                },
+                Answer {
+                    by: "b1".into(),
+                    source: Some(ip("10.244.1.2")),
+                    count: 4,
+                },
+            ],
+            outcome: None,
+            error: None,
+            ms: 5,
+        };
+        let p = find(&probes, "gone", SvcKind::NoEndpoints, "a1", "cluster-ip").clone();
+        let rejected = SvcResult {
+            probe: p,
+            ok: true,
+            tries: 1,
+            answers: vec![],
+            outcome: Some("rejected in 0 ms (Connection refused (os error 111))".into()),
+            error: None,
+            ms: 0,
+        };
+        let text = render(&state, &[ok, rejected.clone()]);
+        let expected = "\
+SERVICE  FROM  TO                       KIND          PROTO  RESULT  ANSWERED-BY                                           SEEN-SOURCE
+web      a1    cluster-ip 10.96.0.1:80  hairpin       tcp    ok      a1×2 b1×4                                             10.244.1.1 (node a), 10.244.1.2 (client)
+gone     a1    cluster-ip 10.96.0.5:80  no-endpoints  tcp    ok      rejected in 0 ms (Connection refused (os error 111))  -
+";
+        assert_eq!(text, expected, "\n{text}");
+        assert_eq!(summary(&[rejected]), "1 service probes: 1 ok, 0 failed");
+        let json = serde_json::to_value(results_json_example(&state)).unwrap();
+        assert_eq!(json[0]["kind"], "cluster-ip");
+        assert_eq!(json[0]["expect"]["outcome"], "answer");
+    }
+
+    fn results_json_example(state: &LabState) -> Vec<SvcResult> {
+        plan(state)
+            .into_iter()
+            .take(1)
+            .map(|p| SvcResult {
+                probe: p,
+                ok: true,
+                tries: 1,
+                answers: vec![],
+                outcome: None,
+                error: None,
+                ms: 0,
+            })
+            .collect()
+    }
+}
