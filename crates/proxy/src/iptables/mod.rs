@@ -1,0 +1,24 @@
+//! iptables mode: kube-proxy's iptables layout (same chain names and hashes, so an
+//! `iptables-save` of a weir node reads like a kube-proxy node's), applied with
+//! `iptables-restore --noflush` / `ip6tables-restore --noflush`.
+//!
+//! * [`names`]: kube-proxy's chain-name hashes.
+//! * [`render_full`] / [`render_update`]: pure, plan → restore input for one family.
+//! * [`IptablesBackend`]: the [`Backend`](crate::Backend) that applies them, ensures the
+//!   jump rules in the built-in chains, and cleans up.
+
+mod apply;
+mod jumps;
+pub mod names;
+mod render;
+mod restore;
+mod tools;
+
+pub use apply::IptablesBackend;
+pub use jumps::{jumps, Jump};
+pub use render::{
+    family_view, is_weir_chain, probability, render_full, render_full_replacing, render_update,
+    service_chain_names, IptablesOptions, STATIC_CHAINS,
+};
+pub use restore::Table;
+pub use tools::chains_in_save;

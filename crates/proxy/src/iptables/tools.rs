@@ -1,0 +1,157 @@
+//! Running `iptables`, `iptables-restore`, `iptables-save` (or their `ip6tables` twins). The
+//! children inherit the calling thread's network namespace, which is how the backend acts
+//! on "the namespace of the calling thread".
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{self, Write};
+use std::process::{Command, Output, Stdio};
+
+use weir_model::IpFamily;
+
+use super::restore::Table;
+use crate::backend::{Error, Result};
+
+/// `iptables…` for IPv4, `ip6tables…` for IPv6.
+pub fn binary(family: IpFamily, base: &str) -> String {
+    match family {
+        IpFamily::V4 => base.to_string(),
+        IpFamily::V6 => base.replacen("iptables", "ip6tables", 1),
+    }
+}
+
+fn run(bin: &str, args: &[&str], stdin: Option<&str>) -> io::Result<Output> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    if let Some(input) = stdin {
+        // Dropped at the end of the statement: the tool sees EOF.
+        child
+            .stdin
+            .take()
+            .expect("stdin is piped")
+            .write_all(input.as_bytes())?;
+    }
+    child.wait_with_output()
+}
+
+fn tool_error(bin: &str, out: &Output) -> Error {
+    Error::Tool {
+        tool: bin.to_string(),
+        detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+    }
+}
+
+/// Feeds `script` to `iptables-restore --noflush` (counters are not restored: the
+/// `[0:0]` on chain lines is only syntax). `-w` waits for the xtables lock that the legacy
+/// backend uses; iptables-nft ignores it.
+pub fn restore(family: IpFamily, script: &str) -> Result<()> {
+    let bin = binary(family, "iptables-restore");
+    let out = run(&bin, &["-w", "--noflush"], Some(script))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let mut e = tool_error(&bin, &out);
+    // "iptables-restore: line 12 failed": quote that line, the message alone is cryptic.
+    if let Error::Tool { detail, .. } = &mut e {
+        if let Some(n) = failed_line(detail) {
+            if let Some(line) = script.lines().nth(n.saturating_sub(1)) {
+                detail.push_str(&format!(" (line {n}: {line})"));
+            }
+        }
+    }
+    Err(e)
+}
+
+fn failed_line(stderr: &str) -> Option<usize> {
+    let rest = &stderr[stderr.find("line ")? + 5..];
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+/// `iptables-save [-t table]`.
+pub fn save(family: IpFamily, table: Option<Table>) -> Result<String> {
+    let bin = binary(family, "iptables-save");
+    let mut args = Vec::new();
+    if let Some(t) = table {
+        args.extend(["-t", t.name()]);
+    }
+    let out = run(&bin, &args, None)?;
+    if !out.status.success() {
+        return Err(tool_error(&bin, &out));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The chains of each table in `iptables-save` output (the `:NAME POLICY [p:b]` lines).
+pub fn chains_in_save(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut table = None;
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = Some(t.trim().to_string());
+        } else if let (Some(t), Some(rest)) = (&table, line.strip_prefix(':')) {
+            if let Some(name) = rest.split_whitespace().next() {
+                out.entry(t.clone()).or_default().insert(name.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// `iptables -t table <op> chain args…`; `Ok(true)` on success, `Ok(false)` when iptables
+/// answered with exit status 1 (no such rule / chain), `Err` otherwise.
+fn rule_op(family: IpFamily, table: Table, op: &str, chain: &str, args: &[&str]) -> Result<bool> {
+    let bin = binary(family, "iptables");
+    let mut all = vec!["-w", "-t", table.name(), op, chain];
+    if op == "-I" {
+        all.push("1");
+    }
+    all.extend_from_slice(args);
+    let out = run(&bin, &all, None)?;
+    match out.status.code() {
+        Some(0) => Ok(true),
+        Some(1) => Ok(false),
+        _ => Err(tool_error(&bin, &out)),
+    }
+}
+
+/// Whether the rule exists (`iptables -C`: compares the rule's meaning, not its spelling).
+pub fn has_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -> Result<bool> {
+    rule_op(family, table, "-C", chain, args)
+}
+
+/// Inserts the rule at the head of `chain`.
+pub fn insert_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -> Result<()> {
+    if rule_op(family, table, "-I", chain, args)? {
+        Ok(())
+    } else {
+        Err(Error::Tool {
+            tool: binary(family, "iptables"),
+            detail: format!("cannot insert into {chain}: {}", args.join(" ")),
+        })
+    }
+}
+
+/// Deletes one copy of the rule; `false` when there was none (or its target is gone).
+pub fn delete_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -> bool {
+    // Exit status 2 ("Couldn't load target") also means: nothing to delete.
+    matches!(rule_op(family, table, "-D", chain, args), Ok(true))
+}
+
+/// Whether `chain` exists in `table` (`iptables -S chain` fails for a missing one).
+pub fn chain_exists(family: IpFamily, table: Table, chain: &str) -> Result<bool> {
+    let bin = binary(family, "iptables");
+    let out = run(&bin, &["-w", "-t", table.name(), "-S", chain], None)?;
+    Ok(out.status.success())
+}
+
+/// Whether `bin` can be started at all (cleanup on a host without it has nothing to do).
+pub fn available(family: IpFamily) -> bool {
+    run(&binary(family, "iptables-save"), &["--version"], None).is_ok()
+}

@@ -1,0 +1,362 @@
+//! iptables mode, pure parts: kube-proxy's chain names, golden restore scripts, what an
+//! incremental update names; and `iptables-restore --test` of the scripts in a throwaway
+//! network namespace (root only; skipped otherwise).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use weir_model::{plan, Endpoint, IpFamily, Plan, Protocol, ProxyConfig, ServicePortKey, Snapshot};
+use weir_proxy::iptables::names::{
+    endpoint_chain, port_proto_hash, service_port_name, ServiceChains,
+};
+use weir_proxy::iptables::{
+    chains_in_save, probability, render_full, render_full_replacing, render_update,
+    service_chain_names, IptablesOptions,
+};
+use weir_source::ManifestDir;
+
+fn dir(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
+}
+
+fn load(fixture: &str) -> Plan {
+    let mut d = ManifestDir::new(dir(&format!("fixtures/{fixture}")));
+    let r = d.scan();
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    let cfg = ProxyConfig {
+        node_name: "node-a".into(),
+        cluster_cidrs: vec![
+            "10.244.0.0/16".parse().unwrap(),
+            "fd00:244::/48".parse().unwrap(),
+        ],
+        ..Default::default()
+    };
+    plan(&Snapshot::from_objects(&d.objects()), &cfg)
+}
+
+/// Compares with tests/golden/<name>; `WEIR_UPDATE_GOLDEN=1` rewrites it.
+fn golden(name: &str, actual: &str) {
+    let path = dir("golden").join(name);
+    if std::env::var_os("WEIR_UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        expected == actual,
+        "golden {name} differs; rerun with WEIR_UPDATE_GOLDEN=1 and review:\n{actual}"
+    );
+}
+
+fn key(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortKey {
+    ServicePortKey {
+        namespace: ns.into(),
+        name: name.into(),
+        port_name: port.into(),
+        protocol,
+        family: IpFamily::V4,
+    }
+}
+
+fn endpoint(ip: &str, port: u16) -> Endpoint {
+    Endpoint {
+        ip: ip.parse().unwrap(),
+        port,
+        node_name: None,
+        zone: None,
+        is_local: false,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
+/// Chain names as kube-proxy computes them (values from kube-proxy's own tests and from
+/// `iptables-save` of real clusters).
+#[test]
+fn chain_names_match_kube_proxy() {
+    let kubernetes = key("default", "kubernetes", "https", Protocol::Tcp);
+    assert_eq!(service_port_name(&kubernetes), "default/kubernetes:https");
+    assert_eq!(
+        ServiceChains::of(&kubernetes).svc,
+        "KUBE-SVC-NPX46M4PTMTKRN6Y"
+    );
+    let dns = key("kube-system", "kube-dns", "dns", Protocol::Udp);
+    assert_eq!(ServiceChains::of(&dns).svc, "KUBE-SVC-TCOU7JCQXEZGVUNU");
+    let dns_tcp = key("kube-system", "kube-dns", "dns-tcp", Protocol::Tcp);
+    assert_eq!(port_proto_hash(&dns_tcp), "ERIFXISQEP7F7OF4");
+    let metrics = key("kube-system", "kube-dns", "metrics", Protocol::Tcp);
+    assert_eq!(port_proto_hash(&metrics), "JD5MR3NA4I4DYORP");
+
+    let svc1 = key("ns1", "svc1", "p80", Protocol::Tcp);
+    let ch = ServiceChains::of(&svc1);
+    assert_eq!(ch.svc, "KUBE-SVC-XPGD46QRK7WJZT7O");
+    assert_eq!(ch.svl, "KUBE-SVL-XPGD46QRK7WJZT7O");
+    assert_eq!(ch.ext, "KUBE-EXT-XPGD46QRK7WJZT7O");
+    assert_eq!(ch.fw, "KUBE-FW-XPGD46QRK7WJZT7O");
+    assert_eq!(
+        endpoint_chain(&svc1, &endpoint("10.180.0.1", 80)),
+        "KUBE-SEP-SXIVWICOYRO3J4NJ"
+    );
+    let svc3 = key("ns3", "svc3", "p80", Protocol::Tcp);
+    assert_eq!(ServiceChains::of(&svc3).svc, "KUBE-SVC-X27LE4BHSL4DOUIK");
+    assert_eq!(
+        endpoint_chain(&svc3, &endpoint("10.180.0.3", 80)),
+        "KUBE-SEP-OYPFS5VJICHGATKP"
+    );
+    // The family is not part of the name (v4 and v6 rules live in different tables).
+    let mut v6 = svc1.clone();
+    v6.family = IpFamily::V6;
+    assert_eq!(ServiceChains::of(&v6), ch);
+    // Every name fits iptables' 28-character limit.
+    assert!(ch.svc.len() <= 28 && ch.fw.len() <= 28);
+}
+
+#[test]
+fn probabilities_use_kube_proxys_formatting() {
+    assert_eq!(probability(2), "0.5000000000");
+    assert_eq!(probability(3), "0.3333333333");
+    assert_eq!(probability(6), "0.1666666667");
+    // Exact ties round half to even, like Go's %0.10f.
+    assert_eq!(probability(2048), "0.0004882812");
+}
+
+#[test]
+fn golden_full_and_update() {
+    let o = IptablesOptions::default();
+    let v1 = load("v1");
+    let v2 = load("v2");
+    golden("iptables-v1.txt", &render_full(&v1, IpFamily::V4, &o));
+    golden("iptables-v1-ipv6.txt", &render_full(&v1, IpFamily::V6, &o));
+    golden("iptables-v2.txt", &render_full(&v2, IpFamily::V4, &o));
+    golden(
+        "iptables-v1-to-v2.txt",
+        &render_update(&v1, &v2, IpFamily::V4, &o),
+    );
+    // Nothing changed: only the header.
+    assert_eq!(render_update(&v2, &v2, IpFamily::V4, &o).lines().count(), 1);
+    // v1 → v2 changes nothing of the IPv6 web service's v6 family... except its endpoints?
+    // (the fixture only touches IPv4 endpoints): the IPv6 update is empty.
+    assert_eq!(render_update(&v1, &v2, IpFamily::V6, &o).lines().count(), 1);
+}
+
+/// Chains declared (`:NAME`) and deleted (`-X NAME`) by a script, per table.
+fn declared_and_deleted(script: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut declared = BTreeSet::new();
+    let mut deleted = BTreeSet::new();
+    let mut table = String::new();
+    for l in script.lines() {
+        if let Some(t) = l.strip_prefix('*') {
+            table = t.to_string();
+        } else if let Some(c) = l.strip_prefix(':') {
+            declared.insert(format!("{table}/{}", c.split_whitespace().next().unwrap()));
+        } else if let Some(c) = l.strip_prefix("-X ") {
+            deleted.insert(format!("{table}/{c}"));
+        }
+    }
+    (declared, deleted)
+}
+
+#[test]
+fn update_names_only_listing_and_touched_chains() {
+    let o = IptablesOptions::default();
+    let v1 = load("v1");
+    let v2 = load("v2");
+    let u = render_update(&v1, &v2, IpFamily::V4, &o);
+    assert!(u.starts_with("# weir iptables update"), "{u}");
+    let (declared, deleted) = declared_and_deleted(&u);
+
+    let diff = v1.diff(&v2);
+    let touched: Vec<&ServicePortKey> = diff
+        .touched()
+        .into_iter()
+        .filter(|k| k.family == IpFamily::V4)
+        .collect();
+    let chains_of = |p: &Plan, keys: &[&ServicePortKey]| -> BTreeSet<String> {
+        let sub = Plan {
+            services: p
+                .services
+                .iter()
+                .filter(|(k, _)| keys.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            ..p.clone()
+        };
+        service_chain_names(&sub, IpFamily::V4, &o)
+    };
+    let new_touched = chains_of(&v2, &touched);
+    let old_touched = chains_of(&v1, &touched);
+    let mut expected: BTreeSet<String> = [
+        "filter/KUBE-SERVICES",
+        "filter/KUBE-EXTERNAL-SERVICES",
+        "filter/KUBE-NODEPORTS",
+        "nat/KUBE-SERVICES",
+        "nat/KUBE-NODEPORTS",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    expected.extend(new_touched.iter().map(|c| format!("nat/{c}")));
+    let gone: BTreeSet<String> = old_touched
+        .difference(&new_touched)
+        .map(|c| format!("nat/{c}"))
+        .collect();
+    expected.extend(gone.iter().cloned());
+    assert_eq!(declared, expected, "{u}");
+    assert_eq!(deleted, gone, "{u}");
+    // The removed service `empty` had no chains (no endpoints); the web service's old
+    // endpoint 10.244.1.5 had one, which is deleted.
+    let web = key("default", "web", "http", Protocol::Tcp);
+    assert!(deleted.contains(&format!(
+        "nat/{}",
+        endpoint_chain(&web, &endpoint("10.244.1.5", 8080))
+    )));
+    // Unchanged services (`lb`) keep their chains: KUBE-SERVICES jumps to them, but they
+    // are not redeclared.
+    let lb = ServiceChains::of(&key("default", "lb", "", Protocol::Tcp));
+    assert!(u.contains(&format!("-j {}", lb.svc)), "{u}");
+    assert!(!declared.contains(&format!("nat/{}", lb.svc)), "{u}");
+}
+
+#[test]
+fn full_render_deletes_stale_service_chains_only() {
+    let o = IptablesOptions::default();
+    let v2 = load("v2");
+    let existing: BTreeSet<String> = [
+        "KUBE-SVC-AAAAAAAAAAAAAAAA",
+        "KUBE-SEP-BBBBBBBBBBBBBBBB",
+        "KUBE-SERVICES",
+        "DOCKER",
+        "KUBE-KUBELET-CANARY",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    let s = render_full_replacing(&v2, IpFamily::V4, &o, &existing);
+    let (_, deleted) = declared_and_deleted(&s);
+    assert_eq!(
+        deleted,
+        [
+            "nat/KUBE-SEP-BBBBBBBBBBBBBBBB",
+            "nat/KUBE-SVC-AAAAAAAAAAAAAAAA"
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect()
+    );
+}
+
+#[test]
+fn several_cluster_cidrs_use_the_offcluster_chain() {
+    let o = IptablesOptions::default();
+    let mut p = load("v1");
+    p.cluster_cidrs.push("10.245.0.0/16".parse().unwrap());
+    let s = render_full(&p, IpFamily::V4, &o);
+    assert!(
+        s.contains("-A KUBE-MARK-MASQ-OFFCLUSTER -s 10.244.0.0/16 -j RETURN"),
+        "{s}"
+    );
+    assert!(
+        s.contains("-A KUBE-MARK-MASQ-OFFCLUSTER -s 10.245.0.0/16 -j RETURN"),
+        "{s}"
+    );
+    assert!(s.contains("--dport 80 -j KUBE-MARK-MASQ-OFFCLUSTER"), "{s}");
+    // Going back to one CIDR is a globals change: a full render that deletes the chain.
+    let back = load("v1");
+    let u = render_update(&p, &back, IpFamily::V4, &o);
+    assert!(u.starts_with("# weir iptables full"), "{u}");
+    assert!(u.contains("-X KUBE-MARK-MASQ-OFFCLUSTER"), "{u}");
+}
+
+#[test]
+fn save_output_parses_into_chains() {
+    let save = "# Generated by iptables-save\n*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n*filter\n:INPUT ACCEPT [1:2]\nCOMMIT\n";
+    let c = chains_in_save(save);
+    assert_eq!(c["nat"].len(), 2);
+    assert!(c["nat"].contains("KUBE-SERVICES"));
+    assert!(c["filter"].contains("INPUT"));
+}
+
+fn can_run_iptables() -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout == b"0\n")
+        .unwrap_or(false);
+    let tools = ["iptables-restore", "ip6tables-restore", "unshare"]
+        .iter()
+        .all(|t| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {t}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+    if !(root && tools) {
+        eprintln!("skipping: needs root, iptables-restore, ip6tables-restore and unshare");
+    }
+    root && tools
+}
+
+/// Runs a shell script in a fresh network namespace (nothing outside it changes).
+fn in_netns(script: &str) -> (bool, String) {
+    let out = Command::new("unshare")
+        .args(["--net", "sh", "-ec", script])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn scripts_pass_restore_test_and_apply_in_a_netns() {
+    if !can_run_iptables() {
+        return;
+    }
+    let o = IptablesOptions::default();
+    let v1 = load("v1");
+    let v2 = load("v2");
+    let tmp = std::env::temp_dir().join(format!("weir-iptables-test-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let write = |name: &str, text: String| {
+        let p = tmp.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let f1 = write("v1", render_full(&v1, IpFamily::V4, &o));
+    let f2 = write("v2", render_full(&v2, IpFamily::V4, &o));
+    let u12 = write("u12", render_update(&v1, &v2, IpFamily::V4, &o));
+    let u21 = write("u21", render_update(&v2, &v1, IpFamily::V4, &o));
+    let f1v6 = write("v1v6", render_full(&v1, IpFamily::V6, &o));
+    let f2v6 = write("v2v6", render_full(&v2, IpFamily::V6, &o));
+    // Stale chains of v1 deleted by a full v2 render (what a restart does).
+    let stale = service_chain_names(&v1, IpFamily::V4, &o);
+    let f2r = write("v2r", render_full_replacing(&v2, IpFamily::V4, &o, &stale));
+    // --test on the full scripts; then load v1, --test and apply the update to v2 and
+    // back, reload full v2 over it (replace), and check nothing of v1 is left.
+    let r = "iptables-restore -w --noflush";
+    let r6 = "ip6tables-restore -w --noflush";
+    let (ok, log) = in_netns(&format!(
+        "{r} --test < {f1}; {r} --test < {f2}; {r6} --test < {f1v6}; {r6} --test < {f2v6}
+         {r} < {f1}; {r} --test < {u12}; {r} < {u12}; {r} --test < {u21}; {r} < {u21}
+         {r} < {u12}; {r} < {f2r}; {r} < {f1}; {r} < {f2r}
+         {r6} < {f1v6}; {r6} < {f2v6}
+         iptables-save > {dir}/saved",
+        dir = tmp.display()
+    ));
+    let saved = std::fs::read_to_string(tmp.join("saved")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(ok, "{log}");
+    // The kernel now holds exactly v2's service chains.
+    let nat = chains_in_save(&saved).remove("nat").unwrap_or_default();
+    let held: BTreeSet<String> = nat
+        .into_iter()
+        .filter(|c| weir_proxy::iptables::names::is_service_chain(c))
+        .collect();
+    assert_eq!(held, service_chain_names(&v2, IpFamily::V4, &o), "{saved}");
+}
