@@ -20,7 +20,10 @@ struct TestNs(String);
 impl TestNs {
     fn new(tag: &str) -> TestNs {
         let name = format!("wnb-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
         assert!(Command::new("ip")
             .args(["netns", "add", &name])
             .status()

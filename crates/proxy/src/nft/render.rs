@@ -503,14 +503,62 @@ fn global_elements(plan: &Plan) -> BTreeSet<(String, Element)> {
         }
     }
     for sp in plan.services.values() {
-        for ep in sp.cluster_endpoints.iter().chain(&sp.local_endpoints) {
-            e.insert((
-                format!("hairpin{}", sfx(IpFamily::of(&ep.ip))),
-                Element::set(vec![Val::Addr(ep.ip), Val::Addr(ep.ip)]),
-            ));
-        }
+        e.extend(endpoint_ips(sp).map(hairpin_element));
     }
     e
+}
+
+fn hairpin_element(ip: IpAddr) -> (String, Element) {
+    (
+        format!("hairpin{}", sfx(IpFamily::of(&ip))),
+        Element::set(vec![Val::Addr(ip), Val::Addr(ip)]),
+    )
+}
+
+fn endpoint_ips(sp: &ServicePortPlan) -> impl Iterator<Item = IpAddr> + '_ {
+    sp.cluster_endpoints
+        .iter()
+        .chain(&sp.local_endpoints)
+        .map(|e| e.ip)
+}
+
+/// Hairpin pairs to remove and to add when the `touched` service ports change. Only their
+/// endpoints can appear or vanish; one scan over the other plan's endpoints (no allocation
+/// per endpoint) tells whether another service still (or already) uses an address, so the
+/// cost stays small at any number of services.
+fn hairpin_changes(
+    old: &Plan,
+    new: &Plan,
+    touched: &BTreeSet<&ServicePortKey>,
+) -> (Vec<(String, Element)>, Vec<(String, Element)>) {
+    let ips = |p: &Plan| -> BTreeSet<IpAddr> {
+        touched
+            .iter()
+            .filter_map(|k| p.services.get(*k))
+            .flat_map(endpoint_ips)
+            .collect()
+    };
+    let (before, after) = (ips(old), ips(new));
+    let mut gone: BTreeSet<IpAddr> = before.difference(&after).copied().collect();
+    let mut came: BTreeSet<IpAddr> = after.difference(&before).copied().collect();
+    for (k, sp) in &new.services {
+        if !gone.is_empty() && !touched.contains(k) {
+            endpoint_ips(sp).for_each(|ip| {
+                gone.remove(&ip);
+            });
+        }
+    }
+    for (k, sp) in &old.services {
+        if !came.is_empty() && !touched.contains(k) {
+            endpoint_ips(sp).for_each(|ip| {
+                came.remove(&ip);
+            });
+        }
+    }
+    (
+        gone.into_iter().map(hairpin_element).collect(),
+        came.into_iter().map(hairpin_element).collect(),
+    )
 }
 
 /// Drops elements whose key (text before ` : `) repeats in the same map (conflicting
@@ -789,9 +837,9 @@ pub fn update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) -> Update
             add_chains.insert(c.name(), c.rules(o));
         }
     }
-    let (og, ng) = (global_elements(old), global_elements(new));
-    del_el.extend(og.difference(&ng).cloned());
-    add_el.extend(ng.difference(&og).cloned());
+    let (gone, came) = hairpin_changes(old, new, &diff.touched());
+    del_el.extend(gone);
+    add_el.extend(came);
     Update {
         del_el,
         add_el,
