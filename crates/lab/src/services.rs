@@ -827,51 +827,10 @@ pub fn summary(results: &[SvcResult]) -> String {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::state::ServiceState;
     use crate::topology::{ProxyKind, Topology};
 
-    /// The demo lab as `up` would record it (pods get .2, .3, … of their node's CIDR).
     pub(crate) fn demo_state(topo: &Topology) -> LabState {
-        let alloc = topo.allocate().unwrap();
-        let nodes = topo
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| NodeState {
-                name: n.name.clone(),
-                netns: names::node(&topo.name, &n.name),
-                underlay_ip: topo.underlay_ip(i).unwrap(),
-                pod_gateway: crate::cni::gateway(n),
-            })
-            .collect();
-        let mut pods = Vec::new();
-        for n in &topo.nodes {
-            for (k, p) in n.pods.iter().enumerate() {
-                pods.push(PodState {
-                    node: n.name.clone(),
-                    name: p.clone(),
-                    netns: names::pod(&topo.name, &n.name, p),
-                    ip: (u32::from(n.pod_cidr.network()) + 2 + k as u32).into(),
-                    prefix_len: 24,
-                });
-            }
-        }
-        LabState {
-            lab: topo.name.clone(),
-            cni: topo.cni,
-            outside: topo.outside,
-            nodes,
-            pods,
-            echo: vec![],
-            proxy: topo.proxy,
-            services: topo
-                .services
-                .iter()
-                .zip(&alloc)
-                .map(|(s, a)| ServiceState::new(s, a))
-                .collect(),
-            proxies: vec![],
-        }
+        LabState::simulated(topo)
     }
 
     fn ip(s: &str) -> Ipv4Addr {

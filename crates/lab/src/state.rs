@@ -7,7 +7,8 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::topology::{
-    Allocation, CniKind, Protocol, ProxyKind, Service, ServiceType, SessionAffinity, TrafficPolicy,
+    names, Allocation, CniKind, Protocol, ProxyKind, Service, ServiceType, SessionAffinity,
+    Topology, TrafficPolicy,
 };
 
 /// The root of all labs' state: `${WEIR_LAB_STATE:-/run/weir-lab}`.
@@ -156,6 +157,52 @@ pub struct LabState {
 }
 
 impl LabState {
+    /// The state `up` would record for `topo`, without making anything: pod addresses are
+    /// predicted (hosts 2, 3, … of the node's pod CIDR, in order, as both IPAMs hand them
+    /// out on a fresh node). For tests and dry runs.
+    pub fn simulated(topo: &Topology) -> Self {
+        let alloc = topo.allocate().unwrap_or_default();
+        let nodes = topo
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| NodeState {
+                name: n.name.clone(),
+                netns: names::node(&topo.name, &n.name),
+                underlay_ip: topo.underlay_ip(i).unwrap_or(Ipv4Addr::UNSPECIFIED),
+                pod_gateway: crate::cni::gateway(n),
+            })
+            .collect();
+        let mut pods = Vec::new();
+        for n in &topo.nodes {
+            for (k, p) in n.pods.iter().enumerate() {
+                pods.push(PodState {
+                    node: n.name.clone(),
+                    name: p.clone(),
+                    netns: names::pod(&topo.name, &n.name, p),
+                    ip: (u32::from(n.pod_cidr.network()) + 2 + k as u32).into(),
+                    prefix_len: n.pod_cidr.prefix_len(),
+                });
+            }
+        }
+        LabState {
+            lab: topo.name.clone(),
+            cni: topo.cni,
+            outside: topo.outside,
+            nodes,
+            pods,
+            echo: vec![],
+            proxy: topo.proxy,
+            services: topo
+                .services
+                .iter()
+                .zip(&alloc)
+                .map(|(s, a)| ServiceState::new(s, a))
+                .collect(),
+            proxies: vec![],
+        }
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;

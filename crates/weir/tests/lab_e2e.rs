@@ -71,8 +71,10 @@ impl Lab {
 
     fn topology(&self, cni: &str) -> PathBuf {
         let path = self.state.path().join("topology-input.yaml");
+        // No proxy: these tests are about the CNI plugins (tests/lab_services.rs covers the
+        // proxy).
         let yaml = format!(
-            "name: {}\nunderlay: 172.30.0.0/24\nclusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\ncni: {cni}\n\
+            "name: {}\nunderlay: 172.30.0.0/24\nclusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\ncni: {cni}\nproxy: none\n\
              nodes:\n  - name: a\n    podCIDR: 10.244.1.0/24\n    pods: [a1, a2]\n\
              \x20 - name: b\n    podCIDR: 10.244.2.0/24\n    pods: [b1]\n",
             self.name
@@ -123,8 +125,8 @@ fn expected_namespaces(lab: &str) -> Vec<String> {
     v
 }
 
-/// Asserts every cell of the matrix of the two-node topology.
-fn assert_matrix(results: &[Value], cni: &str) {
+/// Asserts every cell of the matrix of a two-node topology (pods named after their node).
+fn assert_matrix(results: &[Value], cni: &str, pods: &[&str]) {
     let node_of = |pod: &str| if pod.starts_with('a') { "a" } else { "b" };
     let underlay = |node: &str| {
         if node == "a" {
@@ -133,10 +135,8 @@ fn assert_matrix(results: &[Value], cni: &str) {
             "172.30.0.12"
         }
     };
-    let pods = ["a1", "a2", "b1"];
-
     let mut expected = BTreeSet::new();
-    for from in pods {
+    for &from in pods {
         for proto in ["tcp", "udp"] {
             for to in pods.iter().filter(|&&t| t != from) {
                 let kind = if node_of(to) == node_of(from) {
@@ -241,20 +241,25 @@ fn lifecycle(tag: &str, cni: &str) {
     let topo = lab.topology(cni);
     let up = lab.ok(&["lab", "up", topo.to_str().unwrap()]);
     let progress = String::from_utf8_lossy(&up.stderr);
-    assert!(progress.contains("[9/9]"), "progress lines: {progress}");
+    assert!(progress.contains("[10/10]"), "progress lines: {progress}");
     assert!(progress.contains("node b: pod b1 10.244.2."), "{progress}");
     assert_eq!(lab.namespaces(), expected_namespaces(&lab.name));
     assert!(lab.lab_dir().join("state.json").exists());
     assert!(lab.lab_dir().join("nodes/a/cni/ipam").is_dir());
 
     let check = lab.weir(&["lab", "check", &lab.name, "--json"]);
-    let results: Vec<Value> = serde_json::from_slice(&check.stdout).unwrap_or_else(|e| {
+    let out: Value = serde_json::from_slice(&check.stdout).unwrap_or_else(|e| {
         panic!(
             "check --json output: {e}\n{}",
             String::from_utf8_lossy(&check.stdout)
         )
     });
-    assert_matrix(&results, cni);
+    assert_matrix(out["matrix"].as_array().unwrap(), cni, &["a1", "a2", "b1"]);
+    assert_eq!(
+        out["services"],
+        Value::Array(vec![]),
+        "no proxy, no service probes"
+    );
     assert!(check.status.success(), "check exit code {}", check.status);
 
     let table = lab.ok(&["lab", "check", &lab.name]);
@@ -344,8 +349,21 @@ fn demo_runs_end_to_end() {
     weir_cni();
     let lab = Lab::new("dm");
     let out = lab.ok(&["lab", "demo", "--name", &lab.name, "--json"]);
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_matrix(&results, "weir");
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_matrix(
+        json["matrix"].as_array().unwrap(),
+        "weir",
+        &["a1", "a2", "b1", "b2"],
+    );
+    // The demo's services (tests/lab_services.rs checks them in detail).
+    let services = json["services"].as_array().unwrap();
+    assert!(services.len() >= 20, "{services:?}");
+    for r in services {
+        assert_eq!(r["ok"], true, "service probe failed: {r}");
+    }
+    for p in json["proxies"].as_array().unwrap() {
+        assert_eq!(p["alive"], true, "{p}");
+    }
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("torn down"), "{stderr}");
     assert_eq!(lab.namespaces(), Vec::<String>::new());
