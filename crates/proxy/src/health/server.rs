@@ -1,0 +1,120 @@
+//! `/healthz`, `/livez` (the healthz address) and `/metrics` (the metrics address).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::http::{bind, respond, serve, Body, Handler, HttpRuntime, Served};
+use super::state::{go_time, ProxyHealth};
+use crate::metrics::{self, ProxyMetrics};
+
+/// The proxy's own HTTP endpoints. Dropping it closes them.
+pub struct ProxyServers {
+    healthz: Option<Served>,
+    metrics: Option<Served>,
+}
+
+impl ProxyServers {
+    /// Binds `healthz` (serving `/healthz`, `/livez`) and `metrics` (serving `/metrics`) in the
+    /// calling thread's network namespace; `None` disables one. The same address for both
+    /// serves all three paths on one listener. Port 0 picks a free port each (see the `*_addr`
+    /// methods).
+    pub fn start(
+        rt: &HttpRuntime,
+        healthz: Option<SocketAddr>,
+        metrics: Option<SocketAddr>,
+        health: Arc<ProxyHealth>,
+        proxy_metrics: Arc<ProxyMetrics>,
+    ) -> io::Result<Self> {
+        let handler = |health_paths: bool, metrics_path: bool| -> Handler {
+            let (h, m) = (health.clone(), proxy_metrics.clone());
+            Arc::new(move |req| route(req.uri().path(), health_paths, metrics_path, &h, &m))
+        };
+        // Port 0 twice means two free ports, not one.
+        let shared = healthz.is_some_and(|a| a.port() != 0) && healthz == metrics;
+        let healthz = match healthz {
+            Some(a) => Some(serve(rt, bind(a)?, handler(true, shared))?),
+            None => None,
+        };
+        let metrics = match metrics {
+            Some(a) if !shared => Some(serve(rt, bind(a)?, handler(false, true))?),
+            _ => None,
+        };
+        Ok(Self { healthz, metrics })
+    }
+
+    /// Where `/healthz` is served (the bound address, with the real port).
+    pub fn healthz_addr(&self) -> Option<SocketAddr> {
+        self.healthz.as_ref().map(Served::addr)
+    }
+
+    /// Where `/metrics` is served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics
+            .as_ref()
+            .or(self.healthz.as_ref())
+            .map(Served::addr)
+    }
+}
+
+fn json_headers() -> Vec<(&'static str, String)> {
+    vec![
+        ("Content-Type", "application/json".into()),
+        ("X-Content-Type-Options", "nosniff".into()),
+    ]
+}
+
+fn route(
+    path: &str,
+    health_paths: bool,
+    metrics_path: bool,
+    health: &ProxyHealth,
+    m: &ProxyMetrics,
+) -> hyper::Response<Body> {
+    match path {
+        "/healthz" if health_paths => healthz(health, m),
+        "/livez" if health_paths => livez(health, m),
+        "/metrics" if metrics_path => respond(
+            200,
+            &[("Content-Type", metrics::CONTENT_TYPE.into())],
+            m.encode(),
+        ),
+        _ => respond(404, &[], "404 page not found\n".into()),
+    }
+}
+
+/// Fails also while the node is being deleted, so load balancers drain it. The body is
+/// kube-proxy's, byte for byte in shape; when healthy, `lastUpdated` is the current time (a
+/// kube-proxy compatibility quirk: it used to be the last loop run).
+fn healthz(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
+    let s = health.status();
+    let ok = s.healthy && s.node_eligible;
+    let code = if ok { 200 } else { 503 };
+    m.healthz_response(code);
+    let last = if ok { Some(s.now) } else { s.last_updated };
+    let body = format!(
+        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}}}"#,
+        go_time(last),
+        go_time(Some(s.now)),
+        s.node_eligible
+    );
+    respond(code, &json_headers(), body)
+}
+
+/// Liveness of the sync loop only: a node being drained is still alive.
+fn livez(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
+    let s = health.status();
+    let code = if s.healthy { 200 } else { 503 };
+    m.livez_response(code);
+    let last = if s.healthy {
+        Some(s.now)
+    } else {
+        s.last_updated
+    };
+    let body = format!(
+        r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
+        go_time(last),
+        go_time(Some(s.now))
+    );
+    respond(code, &json_headers(), body)
+}
