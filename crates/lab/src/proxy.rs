@@ -82,11 +82,14 @@ impl Launch {
             .append(true)
             .open(&self.log)
             .with_context(|| format!("open {}", self.log.display()))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
         writeln!(
             out,
-            "--- weir lab: starting {} (at {:?})",
-            self.command_line(),
-            std::time::SystemTime::now()
+            "--- weir lab: starting {} (unix time {now})",
+            self.command_line()
         )?;
         let err = out.try_clone()?;
         let netns =
