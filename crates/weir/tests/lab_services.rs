@@ -225,6 +225,29 @@ fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
+/// How many probes of each kind `check` plans for [`SERVICES`] on [`TWO_NODES`].
+fn expected_kinds() -> BTreeMap<String, usize> {
+    [
+        // 7 services with backends × 2 nodes with a non-backend pod, except edge (both of
+        // b's pods are backends) and sticky (both of a's).
+        ("cluster-ip", 12),
+        ("hairpin", 7),
+        ("host-network", 7),
+        // api, udpnp on a and b (gone's are no-endpoints).
+        ("node-port", 4),
+        // shop and edge (its node port) on a and b.
+        ("node-port-local", 4),
+        ("load-balancer", 1),
+        ("load-balancer-local", 1),
+        ("health-check", 2),
+        // gone: cluster-ip + node port; gone-udp: cluster-ip.
+        ("no-endpoints", 3),
+    ]
+    .iter()
+    .map(|(k, n)| (k.to_string(), *n))
+    .collect()
+}
+
 /// Checks the results of the service probes against what Kubernetes semantics require, on
 /// top of the lab's own verdicts (`ok`), from the raw answers.
 fn assert_services(results: &[Value]) {
@@ -253,25 +276,7 @@ fn assert_services(results: &[Value]) {
     for r in results {
         *kinds.entry(s(r, "kind")).or_default() += 1;
     }
-    let expected: BTreeMap<String, usize> = [
-        // 7 services with backends × 2 nodes with a non-backend pod, except sticky (a1, a2,
-        // b1 are backends: only b2 on b is a client).
-        ("cluster-ip", 13),
-        ("hairpin", 7),
-        ("host-network", 7),
-        // api, udpnp on a and b (gone's are no-endpoints).
-        ("node-port", 4),
-        // shop on a and b.
-        ("node-port-local", 2),
-        ("load-balancer", 1),
-        ("load-balancer-local", 1),
-        ("health-check", 2),
-        // gone: cluster-ip + node port; gone-udp: cluster-ip.
-        ("no-endpoints", 3),
-    ]
-    .iter()
-    .map(|(k, n)| (k.to_string(), *n))
-    .collect();
+    let expected = expected_kinds();
     assert_eq!(kinds, expected, "probe kinds");
 
     let failed: Vec<String> = results
@@ -334,7 +339,11 @@ fn assert_services(results: &[Value]) {
             "node-port-local" | "load-balancer-local" => {
                 let node = s(r, "via").rsplit(' ').next().unwrap().to_string();
                 if by.is_empty() {
-                    assert_eq!(node, "b", "only shop on b has no local endpoint: {r}");
+                    let cell = (s(r, "service"), node.clone());
+                    assert!(
+                        cell == ("shop".into(), "b".into()) || cell == ("edge".into(), "a".into()),
+                        "only shop on b and edge on a have no local endpoint: {r}"
+                    );
                     assert!(s(r, "outcome").starts_with("no answer"), "{r}");
                 } else {
                     assert!(by.iter().all(|b| node_of(b) == node), "local only: {r}");
@@ -560,6 +569,18 @@ fn proxy_none_runs_no_proxy() {
         table.contains("1 services not probed: the lab runs no proxy"),
         "{table}"
     );
+}
+
+/// The probes `check` plans for the services (no root needed).
+#[test]
+fn service_probe_plan_covers_every_kind() {
+    let topo = weir_lab::Topology::parse(&format!("name: m\n{TWO_NODES}{SERVICES}")).unwrap();
+    let probes = weir_lab::services::plan(&weir_lab::LabState::simulated(&topo));
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &probes {
+        *kinds.entry(p.kind.as_str().to_string()).or_default() += 1;
+    }
+    assert_eq!(kinds, expected_kinds());
 }
 
 /// The manifests the lab writes are what `weir proxy` reads and plans (no root needed).
