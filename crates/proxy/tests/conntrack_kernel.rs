@@ -6,9 +6,8 @@
 //! entries live in the node namespace; `conntrack -L` is the independent witness.
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use weir_kernel::NetNs;
 use weir_model::{
@@ -27,6 +26,31 @@ table ip wct {
     ip daddr 10.244.0.1 udp dport 30053 dnat to 10.244.0.5:5353
   }
 }
+table ip6 wct {
+  chain out {
+    type nat hook output priority -100;
+    ip6 daddr fd00:96::10 udp dport 53 udp sport 43001 dnat to [fd00::5]:5353
+    ip6 daddr fd00:96::10 udp dport 53 udp sport 43002 dnat to [fd00::6]:5353
+  }
+}
+"#;
+
+/// Node and pod namespaces ($N, $P) joined by a veth, IPv4 and IPv6 (no DAD, so addresses
+/// are usable at once).
+const SETUP: &str = r#"
+ip -n $N link add veth0 type veth peer name veth1 netns $P
+ip -n $N link set lo up
+ip -n $N addr add 10.244.0.1/24 dev veth0
+ip -n $N addr add fd00::1/64 dev veth0 nodad
+ip -n $N link set veth0 up
+ip -n $N route add 10.96.0.0/16 dev veth0
+ip -n $N route add fd00:96::/64 dev veth0
+ip -n $P addr add 10.244.0.5/24 dev veth1
+ip -n $P addr add 10.244.0.6/24 dev veth1
+ip -n $P addr add fd00::5/64 dev veth1 nodad
+ip -n $P addr add fd00::6/64 dev veth1 nodad
+ip -n $P link set veth1 up
+printf '%s' "$RULES" | ip netns exec $N nft -f -
 "#;
 
 fn runnable() -> bool {
@@ -46,18 +70,8 @@ fn runnable() -> bool {
     root && tools
 }
 
-fn sh(args: &[&str], stdin: Option<&str>) -> String {
-    let mut child = Command::new(args[0])
-        .args(&args[1..])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(s) = stdin {
-        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
-    }
-    let out = child.wait_with_output().unwrap();
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
     assert!(
         out.status.success(),
         "{args:?}: {}",
@@ -83,116 +97,78 @@ impl Lab {
             _sinks: vec![],
         };
         for ns in [&lab.node, &lab.pod] {
-            sh(&["ip", "netns", "add", ns], None);
+            sh(&["ip", "netns", "add", ns]);
         }
-        let (n, p) = (lab.node.as_str(), lab.pod.as_str());
-        sh(
-            &[
-                "ip", "-n", n, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1",
-                "netns", p,
-            ],
-            None,
+        let out = Command::new("sh")
+            .args(["-ec", SETUP])
+            .env("N", &lab.node)
+            .env("P", &lab.pod)
+            .env("RULES", RULES)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        sh(
-            &[
-                "ip",
-                "-n",
-                n,
-                "addr",
-                "add",
-                "10.244.0.1/24",
-                "dev",
-                "veth0",
-            ],
-            None,
-        );
-        sh(&["ip", "-n", n, "link", "set", "veth0", "up"], None);
-        sh(&["ip", "-n", n, "link", "set", "lo", "up"], None);
-        sh(
-            &[
-                "ip",
-                "-n",
-                n,
-                "route",
-                "add",
-                "10.96.0.0/16",
-                "dev",
-                "veth0",
-            ],
-            None,
-        );
-        sh(
-            &[
-                "ip",
-                "-n",
-                p,
-                "addr",
-                "add",
-                "10.244.0.5/24",
-                "dev",
-                "veth1",
-            ],
-            None,
-        );
-        sh(
-            &[
-                "ip",
-                "-n",
-                p,
-                "addr",
-                "add",
-                "10.244.0.6/24",
-                "dev",
-                "veth1",
-            ],
-            None,
-        );
-        sh(&["ip", "-n", p, "link", "set", "veth1", "up"], None);
-        sh(&["ip", "netns", "exec", n, "nft", "-f", "-"], Some(RULES));
-        let pod = NetNs::named(p).unwrap();
+        let pod = NetNs::named(&lab.pod).unwrap();
         lab._sinks = pod
             .run(|| {
-                ["10.244.0.5:5353", "10.244.0.6:5353"]
-                    .map(|a| UdpSocket::bind(a).unwrap())
-                    .into()
+                [
+                    "10.244.0.5:5353",
+                    "10.244.0.6:5353",
+                    "[fd00::5]:5353",
+                    "[fd00::6]:5353",
+                ]
+                .map(|a| UdpSocket::bind(a).unwrap())
+                .into()
             })
             .unwrap();
         lab
     }
 
-    /// Sends one datagram from node-address port `sport` to `dst`, inside the node namespace.
+    /// Sends one datagram from the node's address, port `sport`, to `dst`, inside the node
+    /// namespace.
     fn send(&self, sport: u16, dst: &str) {
+        let dst: SocketAddr = dst.parse().unwrap();
+        let src = if dst.is_ipv4() {
+            "10.244.0.1"
+        } else {
+            "fd00::1"
+        };
         let node = NetNs::named(&self.node).unwrap();
         node.run(|| {
-            let s = UdpSocket::bind(("10.244.0.1", sport)).unwrap();
-            s.send_to(b"q", dst.parse::<SocketAddr>().unwrap()).unwrap();
+            let s = UdpSocket::bind((src, sport)).unwrap();
+            s.send_to(b"q", dst).unwrap();
         })
         .unwrap();
     }
 
     /// Client source ports of the UDP entries `conntrack -L` lists in the node namespace.
     fn listed_sports(&self) -> BTreeSet<u16> {
-        let out = sh(
-            &[
+        let mut ports = BTreeSet::new();
+        for family in ["ipv4", "ipv6"] {
+            let node = &self.node;
+            let args = [
                 "ip",
                 "netns",
                 "exec",
-                &self.node,
+                node,
                 "conntrack",
                 "-L",
+                "-f",
+                family,
                 "-p",
                 "udp",
-            ],
-            None,
-        );
-        out.lines()
-            .filter_map(|l| {
+            ];
+            ports.extend(sh(&args).lines().filter_map(|l| {
                 let v = l
                     .split_whitespace()
                     .find_map(|w| w.strip_prefix("sport="))?;
-                v.parse().ok()
-            })
-            .collect()
+                v.parse::<u16>().ok()
+            }));
+        }
+        ports
     }
 
     fn delete(&self, filters: &[conntrack::ConntrackFilter]) -> usize {
@@ -209,13 +185,13 @@ impl Drop for Lab {
     }
 }
 
-fn key(name: &str) -> ServicePortKey {
+fn key(name: &str, family: IpFamily) -> ServicePortKey {
     ServicePortKey {
         namespace: "default".into(),
         name: name.into(),
         port_name: String::new(),
         protocol: Protocol::Udp,
-        family: IpFamily::V4,
+        family,
     }
 }
 
@@ -270,7 +246,10 @@ fn service(vip: &str, node_port: Option<u16>, endpoints: &[&str]) -> ServicePort
 
 fn plan(services: Vec<(&str, ServicePortPlan)>) -> Plan {
     Plan {
-        services: services.into_iter().map(|(n, s)| (key(n), s)).collect(),
+        services: services
+            .into_iter()
+            .map(|(n, s)| (key(n, IpFamily::of(&s.frontends[0].addr.unwrap())), s))
+            .collect(),
         ..Default::default()
     }
 }
@@ -375,4 +354,35 @@ fn no_filters_means_no_netlink_and_no_change() {
     assert_eq!(f.orig.dst, "10.96.0.20".parse::<IpAddr>().unwrap());
     assert_eq!(f.reply.src, "10.244.0.5".parse::<IpAddr>().unwrap());
     assert_eq!(f.reply.src_port, 5353);
+}
+
+#[test]
+fn ipv6_entries_are_matched_and_deleted() {
+    if !runnable() {
+        return;
+    }
+    let lab = Lab::new("v6");
+    lab.send(43001, "[fd00:96::10]:53"); // → fd00::5 (goes away)
+    lab.send(43002, "[fd00:96::10]:53"); // → fd00::6 (stays)
+    lab.send(40001, "10.96.0.10:53"); // IPv4 → 10.244.0.5: another family, untouched
+    let before = lab.listed_sports();
+    assert!(
+        [43001, 43002, 40001].iter().all(|p| before.contains(p)),
+        "{before:?}"
+    );
+
+    let old = plan(vec![(
+        "dns",
+        service("fd00:96::10", None, &["fd00::5", "fd00::6"]),
+    )]);
+    let new = plan(vec![("dns", service("fd00:96::10", None, &["fd00::6"]))]);
+    let filters = conntrack::stale_udp_flows(&old, &new);
+    assert_eq!(filters.len(), 1, "{filters:?}");
+    assert_eq!(filters[0].family, IpFamily::V6);
+    assert_eq!(lab.delete(&filters), 1);
+    let after = lab.listed_sports();
+    assert_eq!(
+        before.difference(&after).copied().collect::<Vec<_>>(),
+        vec![43001]
+    );
 }
