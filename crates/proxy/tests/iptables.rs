@@ -21,6 +21,10 @@ fn dir(p: &str) -> PathBuf {
 }
 
 fn load(fixture: &str) -> Plan {
+    load_with(fixture, vec![])
+}
+
+fn load_with(fixture: &str, nodeport_addresses: Vec<ipnet::IpNet>) -> Plan {
     let mut d = ManifestDir::new(dir(&format!("fixtures/{fixture}")));
     let r = d.scan();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
@@ -30,9 +34,18 @@ fn load(fixture: &str) -> Plan {
             "10.244.0.0/16".parse().unwrap(),
             "fd00:244::/48".parse().unwrap(),
         ],
+        nodeport_addresses,
         ..Default::default()
     };
     plan(&Snapshot::from_objects(&d.objects()), &cfg)
+}
+
+/// The policies fixture, node ports on every local address.
+fn policies() -> Plan {
+    load_with(
+        "iptables-policies",
+        vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()],
+    )
 }
 
 /// Compares with tests/golden/<name>; `WEIR_UPDATE_GOLDEN=1` rewrites it.
@@ -132,6 +145,12 @@ fn golden_full_and_update() {
     golden(
         "iptables-v1-to-v2.txt",
         &render_update(&v1, &v2, IpFamily::V4, &o),
+    );
+    let p = policies();
+    golden("iptables-policies.txt", &render_full(&p, IpFamily::V4, &o));
+    golden(
+        "iptables-policies-ipv6.txt",
+        &render_full(&p, IpFamily::V6, &o),
     );
     // Nothing changed: only the header.
     assert_eq!(render_update(&v2, &v2, IpFamily::V4, &o).lines().count(), 1);
@@ -337,12 +356,15 @@ fn scripts_pass_restore_test_and_apply_in_a_netns() {
     // Stale chains of v1 deleted by a full v2 render (what a restart does).
     let stale = service_chain_names(&v1, IpFamily::V4, &o);
     let f2r = write("v2r", render_full_replacing(&v2, IpFamily::V4, &o, &stale));
+    let pol = write("pol", render_full(&policies(), IpFamily::V4, &o));
+    let pol6 = write("pol6", render_full(&policies(), IpFamily::V6, &o));
     // --test on the full scripts; then load v1, --test and apply the update to v2 and
     // back, reload full v2 over it (replace), and check nothing of v1 is left.
     let r = "iptables-restore -w --noflush";
     let r6 = "ip6tables-restore -w --noflush";
     let (ok, log) = in_netns(&format!(
         "{r} --test < {f1}; {r} --test < {f2}; {r6} --test < {f1v6}; {r6} --test < {f2v6}
+         {r} --test < {pol}; {r6} --test < {pol6}
          {r} < {f1}; {r} --test < {u12}; {r} < {u12}; {r} --test < {u21}; {r} < {u21}
          {r} < {u12}; {r} < {f2r}; {r} < {f1}; {r} < {f2r}
          {r6} < {f1v6}; {r6} < {f2v6}
