@@ -508,7 +508,10 @@ fn global_elements(plan: &Plan) -> BTreeSet<(String, Element)> {
     e
 }
 
-fn hairpin_element(ip: IpAddr) -> (String, Element) {
+/// An element and the set or map it belongs to.
+type SetElement = (String, Element);
+
+fn hairpin_element(ip: IpAddr) -> SetElement {
     (
         format!("hairpin{}", sfx(IpFamily::of(&ip))),
         Element::set(vec![Val::Addr(ip), Val::Addr(ip)]),
@@ -530,7 +533,7 @@ fn hairpin_changes(
     old: &Plan,
     new: &Plan,
     touched: &BTreeSet<&ServicePortKey>,
-) -> (Vec<(String, Element)>, Vec<(String, Element)>) {
+) -> (Vec<SetElement>, Vec<SetElement>) {
     let ips = |p: &Plan| -> BTreeSet<IpAddr> {
         touched
             .iter()
