@@ -55,7 +55,7 @@ pub const KUBE_MARK_MASQ_OFFCLUSTER: &str = "KUBE-MARK-MASQ-OFFCLUSTER";
 
 /// Every fixed chain weir may create, per table (what cleanup removes besides the
 /// per-service chains).
-pub const STATIC_CHAINS: [(Table, &str); 15] = [
+pub const STATIC_CHAINS: [(Table, &str); 14] = [
     (Table::Mangle, KUBE_PROXY_CANARY),
     (Table::Filter, KUBE_SERVICES),
     (Table::Filter, KUBE_EXTERNAL_SERVICES),
@@ -70,8 +70,6 @@ pub const STATIC_CHAINS: [(Table, &str); 15] = [
     (Table::Nat, KUBE_MARK_DROP),
     (Table::Nat, KUBE_PROXY_CANARY),
     (Table::Nat, KUBE_MARK_MASQ_OFFCLUSTER),
-    // Listed so a chain left from a removed feature is still cleaned; never created.
-    (Table::Filter, "KUBE-PROXY-FIREWALL"),
 ];
 
 /// True for every chain weir's iptables mode owns in `table`.
