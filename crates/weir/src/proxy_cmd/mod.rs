@@ -2,11 +2,13 @@
 
 mod agent;
 mod config;
+mod operations;
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use tracing::warn;
+use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::Backend;
 
@@ -34,12 +36,9 @@ enum ProxyCommand {
 fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
     match mode {
         ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions::default()))),
-        ProxyMode::Iptables => anyhow::bail!("iptables mode is not built yet"),
+        ProxyMode::Iptables => Ok(Box::new(IptablesBackend::new(IptablesOptions::default()))),
     }
 }
-
-struct LogOnly;
-impl agent::SyncObserver for LogOnly {}
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
@@ -58,7 +57,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         None => {
             let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
             let mut backend = backend(settings.mode)?;
-            agent::run(&settings, backend.as_mut(), &mut LogOnly)?;
+            let mut operations = operations::Operations::start(&settings, backend.mode())?;
+            agent::run(&settings, backend.as_mut(), &mut operations)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -1,0 +1,122 @@
+//! What happens around each sync: health state and servers, metrics, UDP conntrack cleanup.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{debug, warn};
+use weir_model::Plan;
+use weir_proxy::conntrack::{stale_udp_flows, Conntrack};
+use weir_proxy::health::{
+    health_check_services, HttpRuntime, ProxyHealth, ProxyServers, ServiceHealthServers,
+};
+use weir_proxy::metrics::ProxyMetrics;
+use weir_proxy::{SyncKind, SyncReport};
+
+use super::agent::SyncObserver;
+use super::config::Settings;
+
+pub struct Operations {
+    health: Arc<ProxyHealth>,
+    metrics: Arc<ProxyMetrics>,
+    service_health: ServiceHealthServers,
+    conntrack: Option<Conntrack>,
+    /// When the oldest change not yet programmed was seen.
+    queued_at: Option<Instant>,
+    // Kept alive for the life of the agent; dropped last.
+    _servers: ProxyServers,
+    _runtime: HttpRuntime,
+}
+
+impl Operations {
+    /// Starts the health and metrics servers in the current network namespace.
+    pub fn start(settings: &Settings, mode: &str) -> anyhow::Result<Self> {
+        // kube-proxy's health timeout: twice the sync period.
+        let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
+        let metrics = Arc::new(ProxyMetrics::new(mode));
+        let runtime = HttpRuntime::new()?;
+        let servers = ProxyServers::start(
+            &runtime,
+            Some(settings.healthz_bind_address),
+            Some(settings.metrics_bind_address),
+            health.clone(),
+            metrics.clone(),
+        )?;
+        let service_health = ServiceHealthServers::new(&runtime, Vec::new(), health.clone());
+        Ok(Operations {
+            health,
+            metrics,
+            service_health,
+            conntrack: None,
+            queued_at: None,
+            _servers: servers,
+            _runtime: runtime,
+        })
+    }
+
+    fn clean_conntrack(&mut self, previous: &Plan, plan: &Plan) {
+        let filters = stale_udp_flows(previous, plan);
+        if filters.is_empty() {
+            return;
+        }
+        if self.conntrack.is_none() {
+            match Conntrack::new() {
+                Ok(c) => self.conntrack = Some(c),
+                Err(e) => return warn!("conntrack: {e}"),
+            }
+        }
+        let ct = self.conntrack.as_mut().expect("just opened");
+        match ct.delete_matching(&filters) {
+            Ok(n) => {
+                debug!(
+                    entries = n,
+                    filters = filters.len(),
+                    "stale UDP conntrack entries deleted"
+                );
+                self.metrics.conntrack_deleted(n);
+            }
+            Err(e) => {
+                // A fresh socket next time (e.g. after ENOBUFS on a huge table).
+                self.conntrack = None;
+                warn!("conntrack cleanup failed: {e}");
+            }
+        }
+    }
+}
+
+impl SyncObserver for Operations {
+    fn queued(&mut self) {
+        self.health.queued_update();
+        self.metrics.sync_queued();
+        self.queued_at.get_or_insert_with(Instant::now);
+    }
+
+    fn synced(&mut self, previous: Option<&Plan>, plan: &Plan, report: &SyncReport) {
+        self.metrics.observe_sync(report.kind, report.elapsed);
+        self.health.updated();
+        if let (Some(at), true) = (self.queued_at.take(), report.kind != SyncKind::Noop) {
+            // Measured from when weir saw the change (manifests carry no trigger time).
+            self.metrics.observe_network_programming(at.elapsed());
+        }
+        if let Some(previous) = previous {
+            let diff = previous.diff(plan);
+            let endpoints = diff
+                .touched()
+                .into_iter()
+                .filter(|k| {
+                    previous.services.get(*k).map(|s| &s.cluster_endpoints)
+                        != plan.services.get(*k).map(|s| &s.cluster_endpoints)
+                })
+                .count();
+            self.metrics.record_changes(diff.touched().len(), endpoints);
+            self.clean_conntrack(previous, plan);
+        }
+        self.metrics.record_plan(plan);
+        for e in self.service_health.sync(&health_check_services(plan)) {
+            warn!(service = ?e.service, port = e.port, "healthCheckNodePort not opened: {}", e.error);
+        }
+    }
+
+    fn failed(&mut self, _error: &weir_proxy::Error) {
+        self.metrics.sync_failed();
+    }
+}
