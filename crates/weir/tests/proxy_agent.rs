@@ -1,0 +1,247 @@
+//! `weir proxy` as a process (root only): the real binary in a throwaway network namespace,
+//! fed by a manifest directory, observed through the kernel (`nft`, `iptables-save`) and its
+//! HTTP endpoints (`curl`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// A namespace, a manifest directory and the running agent; all removed on drop.
+struct Agent {
+    ns: String,
+    dir: tempfile::TempDir,
+    log: PathBuf,
+    mode: &'static str,
+    child: Option<Child>,
+}
+
+impl Agent {
+    fn new(tag: &str, mode: &'static str) -> Agent {
+        let ns = format!("wpa-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        assert!(Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status()
+            .unwrap()
+            .success());
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("proxy.log");
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir(&manifests).unwrap();
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/tests/fixtures/v1/services.yaml");
+        std::fs::copy(fixture, manifests.join("services.yaml")).unwrap();
+        let agent = Agent {
+            ns,
+            dir,
+            log,
+            mode,
+            child: None,
+        };
+        agent.sh("ip link set lo up");
+        agent
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns,
+                WEIR,
+                "proxy",
+                "--proxy-mode",
+                self.mode,
+            ])
+            .arg("--manifests")
+            .arg(self.manifests())
+            .args([
+                "--cluster-cidr=10.244.0.0/16,fd00:244::/48",
+                "--hostname-override=node-a",
+                "--manifest-poll-interval=100ms",
+                "--min-sync-period=0s",
+                "--healthz-bind-address=127.0.0.1:10256",
+                "--metrics-bind-address=127.0.0.1:10249",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_for("healthz 200", || self.http("10256/healthz").0 == 200);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "sh", "-c", script])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// (status, body) of `http://127.0.0.1:<port/path>` inside the namespace.
+    fn http(&self, port_path: &str) -> (u16, String) {
+        let out = self.sh(&format!(
+            "curl -s -m 2 -w '\\n%{{http_code}}' http://127.0.0.1:{port_path}"
+        ));
+        let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+
+    fn rules(&self) -> String {
+        match self.mode {
+            "nftables" => self.sh("nft list table inet weir 2>/dev/null"),
+            _ => self.sh("iptables-save; ip6tables-save"),
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for(&self, what: &str, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !cond() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; proxy log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
+
+const EXTRA: &str = "apiVersion: v1
+kind: Service
+metadata: {name: extra, namespace: default}
+spec:
+  clusterIP: 10.96.7.7
+  ports: [{name: http, port: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: extra-1, namespace: default, labels: {kubernetes.io/service-name: extra}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+  - {addresses: [10.244.7.7], nodeName: node-b}
+";
+
+fn agent_lifecycle(mode: &'static str) {
+    let mut a = Agent::new(&mode[..3], mode);
+    a.start();
+    // Programmed: web's ClusterIP (nftables: in the dispatch map; iptables: KUBE-SERVICES).
+    a.wait_for("web's ClusterIP", || a.rules().contains("10.96.0.10"));
+    // The healthCheckNodePort of the eTP Local service with a local endpoint answers 200.
+    let (code, body) = a.http("32000/");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        body.contains("\"localEndpoints\": 1") || body.contains("\"localEndpoints\":1"),
+        "{body}"
+    );
+    let (_, metrics) = a.http("10249/metrics");
+    assert!(
+        metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_count"),
+        "{metrics}"
+    );
+
+    // A new file is picked up; a broken one is reported with its name and changes nothing.
+    std::fs::write(a.manifests().join("extra.yaml"), EXTRA).unwrap();
+    a.wait_for("the new service", || a.rules().contains("10.96.7.7"));
+    std::fs::write(
+        a.manifests().join("broken.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: default}\nspec:\n  ports: [{port: banana}]\n",
+    )
+    .unwrap();
+    a.wait_for("the error report", || a.log().contains("broken.yaml"));
+    let report = a.log();
+    let line = report.lines().find(|l| l.contains("broken.yaml")).unwrap();
+    assert!(line.contains("Service/default/x") && line.contains("spec.ports"), "{line}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(a.rules().contains("10.96.7.7") && a.rules().contains("10.96.0.10"));
+    assert_eq!(a.http("10256/healthz").0, 200);
+
+    // Editing the good file back out removes the service's rules.
+    std::fs::remove_file(a.manifests().join("extra.yaml")).unwrap();
+    a.wait_for("the service removed", || !a.rules().contains("10.96.7.7"));
+
+    // A killed agent leaves its rules; a new one takes over without losing them.
+    a.kill();
+    let kept = a.rules();
+    assert!(kept.contains("10.96.0.10"));
+    a.start();
+    assert!(a.rules().contains("10.96.0.10"));
+    if mode == "iptables" {
+        // Jump rules are not duplicated by a restart.
+        let save = a.sh("iptables-save -t nat");
+        let jumps = save
+            .lines()
+            .filter(|l| l.starts_with("-A PREROUTING") && l.contains("KUBE-SERVICES"))
+            .count();
+        assert_eq!(jumps, 1, "{save}");
+    }
+
+    // `weir proxy cleanup` removes everything.
+    a.kill();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &a.ns, WEIR, "proxy", "cleanup"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rules = a.rules();
+    assert!(
+        !rules.contains("10.96.0.10") && !rules.contains("KUBE-SVC"),
+        "{rules}"
+    );
+}
+
+#[test]
+fn nftables_agent_follows_manifests_survives_bad_input_and_restarts() {
+    if is_root() {
+        agent_lifecycle("nftables");
+    }
+}
+
+#[test]
+fn iptables_agent_follows_manifests_survives_bad_input_and_restarts() {
+    if is_root() {
+        agent_lifecycle("iptables");
+    }
+}
