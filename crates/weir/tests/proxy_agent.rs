@@ -189,10 +189,28 @@ fn agent_lifecycle(mode: &'static str) {
     a.wait_for("the error report", || a.log().contains("broken.yaml"));
     let report = a.log();
     let line = report.lines().find(|l| l.contains("broken.yaml")).unwrap();
-    assert!(line.contains("Service/default/x") && line.contains("spec.ports"), "{line}");
+    assert!(
+        line.contains("Service/default/x") && line.contains("spec.ports"),
+        "{line}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     assert!(a.rules().contains("10.96.7.7") && a.rules().contains("10.96.0.10"));
     assert_eq!(a.http("10256/healthz").0, 200);
+
+    // A Node drained by the cluster autoscaler fails /healthz (LBs stop sending) but not /livez.
+    let services = a.manifests().join("services.yaml");
+    let original = std::fs::read_to_string(&services).unwrap();
+    let tainted = original.replacen(
+        "status:\n  addresses:",
+        "spec:\n  taints: [{key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}]\nstatus:\n  addresses:",
+        1,
+    );
+    assert_ne!(tainted, original);
+    std::fs::write(&services, tainted).unwrap();
+    a.wait_for("healthz 503", || a.http("10256/healthz").0 == 503);
+    assert_eq!(a.http("10256/livez").0, 200);
+    std::fs::write(&services, original).unwrap();
+    a.wait_for("healthz 200 again", || a.http("10256/healthz").0 == 200);
 
     // Editing the good file back out removes the service's rules.
     std::fs::remove_file(a.manifests().join("extra.yaml")).unwrap();

@@ -42,6 +42,24 @@ pub trait SyncObserver {
     fn synced(&mut self, _previous: Option<&Plan>, _plan: &Plan, _report: &weir_proxy::SyncReport) {
     }
     fn failed(&mut self, _error: &weir_proxy::Error) {}
+    /// Whether this node should receive load-balancer traffic (kube-proxy's /healthz
+    /// fails while the Node is being deleted or drained by the cluster autoscaler).
+    fn node_eligible(&mut self, _eligible: bool) {}
+}
+
+/// False while this node's Node object is being deleted or carries the cluster
+/// autoscaler's `ToBeDeletedByClusterAutoscaler` taint; true when there is no Node object.
+fn node_eligible(snapshot: &weir_model::Snapshot, node_name: &str) -> bool {
+    let Some(node) = snapshot.nodes.get(node_name) else {
+        return true;
+    };
+    let deleting = node.metadata.deletion_timestamp.is_some();
+    let draining = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
+    !(deleting || draining)
 }
 
 /// Runs forever (until the process is killed).
@@ -88,6 +106,7 @@ pub fn run(
         let (generation, snapshot) = store.snapshot();
         seen = generation;
         last_sync = Some(Instant::now());
+        observer.node_eligible(node_eligible(&snapshot, &settings.node_name));
         let config = proxy_config(settings)?;
         let plan = plan(&snapshot, &config);
         for w in &plan.warnings {

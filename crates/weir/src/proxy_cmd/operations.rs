@@ -119,4 +119,8 @@ impl SyncObserver for Operations {
     fn failed(&mut self, _error: &weir_proxy::Error) {
         self.metrics.sync_failed();
     }
+
+    fn node_eligible(&mut self, eligible: bool) {
+        self.health.set_node_eligible(eligible);
+    }
 }
