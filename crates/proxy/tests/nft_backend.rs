@@ -164,6 +164,11 @@ fn every_sync_path_leaves_what_a_full_load_leaves() {
     assert_same(&node, &v3, "one endpoint replaced");
     assert_eq!(sync(&mut backend, &v3).kind, SyncKind::Noop);
 
+    // Someone flushes the whole ruleset: the next sync notices and rebuilds everything.
+    node.nft(&["flush", "ruleset"]);
+    assert_eq!(sync(&mut backend, &v3).kind, SyncKind::Full);
+    assert_same(&node, &v3, "after an external flush");
+
     // A restart (new backend) back to v1: in place, stale chains removed, same result.
     let mut restarted = NftBackend::new(NftOptions::default());
     assert_eq!(sync(&mut restarted, &v1).kind, SyncKind::Full);

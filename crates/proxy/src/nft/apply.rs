@@ -69,6 +69,13 @@ impl NftBackend {
         self.remove_stale(&rs)
     }
 
+    /// The canary: the table and its dispatch chain still exist (someone running
+    /// `nft flush ruleset` or deleting the table makes the next sync a full one).
+    fn intact(&mut self) -> Result<bool> {
+        let table = self.opts.table.clone();
+        self.netlink()?.chain_exists(&table, "services")
+    }
+
     /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
     /// maps before the endpoint maps they lead to), then adds (endpoint maps first).
     fn reconcile_elements(&mut self, rs: &Ruleset) -> Result<Vec<(Op, String, RawElement)>> {
@@ -207,7 +214,11 @@ impl Backend for NftBackend {
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
         let start = Instant::now();
         // Taken out: on any failure `applied` stays None and the next sync is a full one.
-        let old = self.applied.take();
+        let mut old = self.applied.take();
+        if old.is_some() && !self.intact()? {
+            tracing::warn!("weir's nftables table was changed behind its back: full resync");
+            old = None;
+        }
         let diff = old.as_ref().map(|old| old.diff(plan));
         let (kind, touched) = match (&old, &diff) {
             (Some(_), Some(d)) if d.is_empty() => (SyncKind::Noop, 0),

@@ -18,6 +18,7 @@ use crate::backend::{Error, Result};
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
+const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_GETSETELEM: u16 = 13;
 const NFT_MSG_DELSETELEM: u16 = 14;
@@ -29,6 +30,8 @@ const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_CREATE: u16 = 0x400;
 const NFPROTO_INET: u8 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -290,6 +293,42 @@ impl NftNetlink {
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+
+    /// Whether chain `chain` exists in table `table` (family inet): the canary that tells a
+    /// proxy its table was deleted or replaced behind its back.
+    pub fn chain_exists(&mut self, table: &str, chain: &str) -> Result<bool> {
+        let mut body = Vec::new();
+        attr_str(&mut body, NFTA_CHAIN_TABLE, table);
+        attr_str(&mut body, NFTA_CHAIN_NAME, chain);
+        let seq = self.next_seq();
+        let mut buf = Vec::new();
+        message(
+            &mut buf,
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN,
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+            0,
+            &body,
+        );
+        self.socket.send(&buf, 0)?;
+        loop {
+            for (kind, s, payload) in self.recv()? {
+                if s != seq {
+                    continue;
+                }
+                if kind != NLMSG_ERROR {
+                    // The chain itself; the ack follows.
+                    continue;
+                }
+                let errno = i32::from_ne_bytes(payload[..4].try_into().unwrap_or_default());
+                return match -errno {
+                    0 => Ok(true),
+                    libc::ENOENT => Ok(false),
+                    _ => Err(netlink_error(&format!("get chain {table} {chain}"), errno)),
+                };
+            }
         }
     }
 
