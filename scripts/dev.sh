@@ -3,6 +3,7 @@
 #   bash scripts/dev.sh demo   install what is missing, build, run `weir lab demo`
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
+#   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,8 +48,15 @@ case "${1:-}" in
     step "CNI ADD/DEL latency: weir-cni vs reference bridge+host-local"
     cargo bench -p weir-cni --bench add_del
     ;;
+  proxy-bench)
+    install_packages
+    step "building weir (release): the bench starts the real agent"
+    cargo build --release -p weir
+    step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
+    cargo bench -p weir-proxy --bench scale -- "${@:2}"
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench" >&2
     exit 2
     ;;
 esac

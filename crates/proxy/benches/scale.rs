@@ -1,0 +1,1084 @@
+//! The service proxy at scale: how long the backends take to program N services, to apply a
+//! one-endpoint change, how fast new connections to a ClusterIP are compared with connections
+//! straight to the pod, and what the real agent (`weir proxy`) costs end to end and in memory.
+//! Everything runs in fresh network namespaces created for this run (root only):
+//!
+//! ```sh
+//! cargo build --release -p weir && cargo bench -p weir-proxy --bench scale [-- --json]
+//! ```
+//!
+//! Environment: `WEIR_BENCH_SIZES` (default `1000,5000,10000`), `WEIR_BENCH_MODES` (default
+//! `nftables,iptables`), `WEIR_BENCH_BIG` (default `1`: also 5,000 services × 50 endpoints, nftables,
+//! backend level only), `WEIR_BENCH_JSON=path` (write the results as JSON), `WEIR_BIN` (the
+//! agent binary, default `target/release/weir`), `WEIR_BENCH_CHURN` (one-endpoint syncs, default 20),
+//! `WEIR_BENCH_ROUNDS` (connection-rate rounds per target, default 3), `WEIR_BENCH_AGENT_TIMEOUT`
+//! (seconds to wait for the agent's first sync, default 900).
+//!
+//! Figures are medians; the connection-rate rounds to the VIP and to the pod alternate so that
+//! noise on a shared machine hits both alike.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use weir_kernel::NetNs;
+use weir_model::{
+    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
+    Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+};
+use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
+use weir_proxy::nft::{NftBackend, NftOptions};
+use weir_proxy::{Backend, SyncKind};
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+struct Config {
+    sizes: Vec<usize>,
+    modes: Vec<String>,
+    big: bool,
+    churn: usize,
+    rounds: usize,
+    round_time: Duration,
+    clients: usize,
+    json_stdout: bool,
+    json_path: Option<PathBuf>,
+    weir_bin: PathBuf,
+    agent_timeout: Duration,
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_string())
+}
+
+fn env_num(name: &str, default: usize) -> usize {
+    env_or(name, &default.to_string())
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} must be a number"))
+}
+
+impl Config {
+    fn from_env() -> Config {
+        let sizes = env_or("WEIR_BENCH_SIZES", "1000,5000,10000")
+            .split(',')
+            .map(|s| s.trim().parse().expect("WEIR_BENCH_SIZES: numbers"))
+            .collect();
+        let modes = env_or("WEIR_BENCH_MODES", "nftables,iptables")
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .collect();
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let weir_bin = std::env::var_os("WEIR_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target/release/weir"));
+        let weir_bin = weir_bin.canonicalize().unwrap_or(weir_bin);
+        Config {
+            sizes,
+            modes,
+            big: env_or("WEIR_BENCH_BIG", "1") != "0",
+            churn: env_num("WEIR_BENCH_CHURN", 20).max(15),
+            rounds: env_num("WEIR_BENCH_ROUNDS", 3).max(3),
+            round_time: Duration::from_secs(2),
+            clients: 2,
+            // `cargo bench` passes `--bench` to harness-less benches: ignore what we do not know.
+            json_stdout: std::env::args().any(|a| a == "--json"),
+            json_path: std::env::var_os("WEIR_BENCH_JSON").map(PathBuf::from),
+            weir_bin,
+            agent_timeout: Duration::from_secs(env_num("WEIR_BENCH_AGENT_TIMEOUT", 900) as u64),
+        }
+    }
+}
+
+fn progress(msg: impl AsRef<str>) {
+    eprintln!("[scale] {}", msg.as_ref());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Generated clusters: the same objects as a Plan (for the backends) and as manifests (for the
+// agent). `check_plan_matches_planner` verifies at start-up that both describe the same thing.
+
+const NAMESPACE: &str = "bench";
+const SVC_PORT: u16 = 80;
+const EP_PORT: u16 = 8080;
+/// The node's own address (NodePorts are served on it).
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 10);
+const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// Endpoints live on another node, so none is local (the common case for a big cluster).
+const EP_NODE: &str = "node-1";
+
+#[derive(Clone, Copy)]
+struct Shape {
+    services: usize,
+    endpoints: usize,
+}
+
+impl Shape {
+    fn label(self) -> String {
+        if self.endpoints == 10 {
+            self.services.to_string()
+        } else {
+            format!("{}x{}", self.services, self.endpoints)
+        }
+    }
+}
+
+fn add(base: Ipv4Addr, offset: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base) + offset as u32)
+}
+
+fn svc_name(i: usize) -> String {
+    format!("svc-{i:05}")
+}
+
+/// ClusterIPs from 10.96.0.0/12.
+fn vip(i: usize) -> Ipv4Addr {
+    add(Ipv4Addr::new(10, 96, 0, 1), i)
+}
+
+/// Endpoints from 10.128.0.0/10 (disjoint from the pod addresses of the datapath test).
+fn endpoint_ip(shape: Shape, svc: usize, ep: usize) -> Ipv4Addr {
+    add(Ipv4Addr::new(10, 128, 0, 1), svc * shape.endpoints + ep)
+}
+
+/// Replacement endpoints of the one-endpoint changes, from a range nothing else uses.
+fn fresh_ip(k: usize) -> Ipv4Addr {
+    add(Ipv4Addr::new(10, 200, 0, 1), k)
+}
+
+/// Every 10th service is also a NodePort (30000–32767 holds 2,768 of them).
+fn node_port(i: usize) -> Option<u16> {
+    i.is_multiple_of(10)
+        .then(|| 30000 + u16::try_from(i / 10).expect("too many NodePorts"))
+}
+
+fn key(i: usize) -> ServicePortKey {
+    ServicePortKey {
+        namespace: NAMESPACE.into(),
+        name: svc_name(i),
+        port_name: String::new(),
+        protocol: Protocol::Tcp,
+        family: IpFamily::V4,
+    }
+}
+
+fn endpoint(ip: Ipv4Addr) -> Endpoint {
+    Endpoint {
+        ip: IpAddr::V4(ip),
+        port: EP_PORT,
+        node_name: Some(EP_NODE.into()),
+        zone: None,
+        is_local: false,
+        ready: true,
+        serving: true,
+        terminating: false,
+    }
+}
+
+fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend {
+    Frontend {
+        kind,
+        addr,
+        port,
+        endpoints: EndpointSet::Cluster,
+        verdict: Verdict::Forward,
+        // What the planner gives with a cluster CIDR: ClusterIP traffic from outside the
+        // cluster is masqueraded, external traffic (policy Cluster) always.
+        masquerade: if kind == FrontendKind::ClusterIp {
+            Masquerade::OffCluster
+        } else {
+            Masquerade::Always
+        },
+        short_circuit: false,
+        source_ranges: None,
+    }
+}
+
+fn service_plan(i: usize, endpoints: &[Ipv4Addr]) -> ServicePortPlan {
+    let mut frontends = vec![frontend(
+        FrontendKind::ClusterIp,
+        Some(IpAddr::V4(vip(i))),
+        SVC_PORT,
+    )];
+    if let Some(np) = node_port(i) {
+        frontends.push(frontend(FrontendKind::NodePort, None, np));
+    }
+    let mut cluster_endpoints: Vec<Endpoint> = endpoints.iter().map(|ip| endpoint(*ip)).collect();
+    cluster_endpoints.sort_by_key(|e| (e.ip, e.port));
+    ServicePortPlan {
+        port: SVC_PORT,
+        frontends,
+        cluster_endpoints,
+        local_endpoints: Vec::new(),
+        affinity_timeout: None,
+        internal_policy_local: false,
+        external_policy_local: false,
+        health_check_node_port: None,
+        topology: TopologyMode::None,
+        has_any_endpoints: true,
+    }
+}
+
+fn generated_endpoints(shape: Shape, i: usize) -> Vec<Ipv4Addr> {
+    (0..shape.endpoints)
+        .map(|j| endpoint_ip(shape, i, j))
+        .collect()
+}
+
+/// The plan of `shape`; the last service (last in the plan's order, so last in iptables'
+/// KUBE-SERVICES walk) gets `last_endpoints` when given.
+fn generate_plan(shape: Shape, last_endpoints: Option<&[Ipv4Addr]>) -> Plan {
+    let services = (0..shape.services)
+        .map(|i| {
+            let eps = match last_endpoints {
+                Some(eps) if i + 1 == shape.services => eps.to_vec(),
+                _ => generated_endpoints(shape, i),
+            };
+            (key(i), service_plan(i, &eps))
+        })
+        .collect();
+    Plan {
+        services,
+        node_port_addresses_v4: NodePortAddresses::List(BTreeSet::from([IpAddr::V4(NODE_IP)])),
+        node_port_addresses_v6: NodePortAddresses::None,
+        cluster_cidrs: vec![CLUSTER_CIDR.parse().unwrap()],
+        masquerade_all: false,
+        warnings: Vec::new(),
+    }
+}
+
+/// Replaces endpoint `ep` of service `svc` with `ip`, keeping the list sorted as the planner does.
+fn replace_endpoint(plan: &mut Plan, svc: usize, ep: usize, ip: Ipv4Addr) {
+    let sp = plan.services.get_mut(&key(svc)).expect("service exists");
+    sp.cluster_endpoints[ep] = endpoint(ip);
+    sp.cluster_endpoints.sort_by_key(|e| (e.ip, e.port));
+}
+
+fn service_yaml(out: &mut String, i: usize, endpoints: &[Ipv4Addr]) {
+    let name = svc_name(i);
+    let (ty, np) = match node_port(i) {
+        Some(p) => ("NodePort", format!(", nodePort: {p}")),
+        None => ("ClusterIP", String::new()),
+    };
+    let _ = write!(
+        out,
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {NAMESPACE}}}\n\
+         spec: {{type: {ty}, clusterIP: {}, ports: [{{port: {SVC_PORT}, targetPort: {EP_PORT}, \
+         protocol: TCP{np}}}]}}\n",
+        vip(i)
+    );
+    let _ = write!(
+        out,
+        "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, \
+         namespace: {NAMESPACE}, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+         addressType: IPv4\nports: [{{name: \"\", port: {EP_PORT}, protocol: TCP}}]\nendpoints:\n"
+    );
+    for ip in endpoints {
+        let _ = writeln!(
+            out,
+            "  - {{addresses: [{ip}], conditions: {{ready: true}}, nodeName: {EP_NODE}}}"
+        );
+    }
+}
+
+const NODE_YAML: &str = "apiVersion: v1\nkind: Node\nmetadata: {name: bench}\n\
+                         status: {addresses: [{type: InternalIP, address: 10.0.0.10}]}\n";
+
+/// Services per manifest file: big enough to keep the directory small, small enough that a
+/// rewrite of one file is cheap.
+const SERVICES_PER_FILE: usize = 500;
+
+fn chunk_path(dir: &Path, chunk: usize) -> PathBuf {
+    dir.join(format!("services-{chunk:03}.yaml"))
+}
+
+/// Writes one manifest file of services; `changed` overrides one service's endpoints. Written
+/// to a temporary name and renamed, so the agent's poller never reads half a file.
+fn write_chunk(dir: &Path, shape: Shape, chunk: usize, changed: Option<(usize, &[Ipv4Addr])>) {
+    let mut text = String::new();
+    let first = chunk * SERVICES_PER_FILE;
+    for i in first..(first + SERVICES_PER_FILE).min(shape.services) {
+        let eps = match changed {
+            Some((svc, eps)) if svc == i => eps.to_vec(),
+            _ => generated_endpoints(shape, i),
+        };
+        service_yaml(&mut text, i, &eps);
+    }
+    let tmp = dir.join(".tmp");
+    std::fs::write(&tmp, text).expect("write manifest");
+    std::fs::rename(&tmp, chunk_path(dir, chunk)).expect("rename manifest");
+}
+
+fn write_manifests(dir: &Path, shape: Shape) {
+    std::fs::write(dir.join("node.yaml"), NODE_YAML).expect("write node manifest");
+    for chunk in 0..shape.services.div_ceil(SERVICES_PER_FILE) {
+        write_chunk(dir, shape, chunk, None);
+    }
+}
+
+/// The backends and the agent must be measured on the same rules: plan a small generated
+/// manifest directory with the real planner and compare with [`generate_plan`].
+fn check_plan_matches_planner() -> Result<(), String> {
+    let shape = Shape {
+        services: 25,
+        endpoints: 10,
+    };
+    let dir = TempDir::new("check")?;
+    write_manifests(&dir.0, shape);
+    let mut md = weir_source::ManifestDir::new(&dir.0);
+    let report = md.scan();
+    if !report.errors.is_empty() {
+        return Err(format!("manifests rejected: {:?}", report.errors));
+    }
+    let config = weir_model::ProxyConfig {
+        node_name: "bench".into(),
+        local_addresses: vec![IpAddr::V4(NODE_IP)],
+        cluster_cidrs: vec![CLUSTER_CIDR.parse().unwrap()],
+        ..Default::default()
+    };
+    let planned = weir_model::plan(&weir_model::Snapshot::from_objects(&md.objects()), &config);
+    let generated = generate_plan(shape, None);
+    if planned == generated {
+        Ok(())
+    } else {
+        Err(format!(
+            "generated plan differs from the planner's: {:?}",
+            generated.diff(&planned)
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Namespaces, directories and processes that clean up after themselves (also on panic).
+
+struct Ns {
+    name: String,
+}
+
+impl Ns {
+    fn create(name: String) -> Result<Ns, String> {
+        sh("ip", &["netns", "add", &name])?;
+        let ns = Ns { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+    fn handle(&self) -> Result<NetNs, String> {
+        NetNs::named(&self.name).map_err(|e| format!("open netns {}: {e}", self.name))
+    }
+    /// Runs `f` on the calling thread inside this namespace.
+    fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, String> {
+        self.handle()?
+            .run(f)
+            .map_err(|e| format!("enter netns {}: {e}", self.name))
+    }
+    fn ip(&self, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        sh("ip", &all)
+    }
+    fn exec(&self, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["netns", "exec", &self.name];
+        all.extend_from_slice(args);
+        sh("ip", &all)
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = sh("ip", &["netns", "del", &self.name]);
+    }
+}
+
+fn ns_name(mode: &str, label: &str, role: &str) -> String {
+    format!("wbench-{mode}-{label}-{}{role}", std::process::id())
+}
+
+fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Result<TempDir, String> {
+        let p = std::env::temp_dir().join(format!("wbench-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Nearest-rank percentile (`q` in 0..=1) of unsorted samples.
+fn percentile(samples: &[f64], q: f64) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let mut v = samples.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backend level: full sync and one-endpoint changes
+
+fn new_backend(mode: &str) -> Result<Box<dyn Backend>, String> {
+    match mode {
+        "nftables" => Ok(Box::new(NftBackend::new(NftOptions::default()))),
+        "iptables" => Ok(Box::new(IptablesBackend::new(IptablesOptions::default()))),
+        other => Err(format!("unknown mode {other}")),
+    }
+}
+
+/// Runs one `sync` inside `ns`, timed from outside the backend (its own report is not trusted
+/// to include everything).
+fn timed_sync(ns: &Ns, backend: &mut dyn Backend, plan: &Plan) -> Result<(f64, SyncKind), String> {
+    ns.run(|| {
+        let start = Instant::now();
+        let report = backend.sync(plan).map_err(|e| e.to_string())?;
+        Ok((ms(start.elapsed()), report.kind))
+    })?
+}
+
+struct Churn {
+    median_ms: f64,
+    p90_ms: f64,
+    /// The plan diff alone (the part of a sync that is pure computation over the whole plan).
+    diff_median_ms: f64,
+    /// Kinds other than Partial (a one-endpoint change should never need a full sync).
+    unexpected: Vec<String>,
+}
+
+/// `count` successive syncs, each replacing one endpoint of a different service (never the
+/// last one, whose endpoints are the datapath test's pod).
+fn churn(
+    ns: &Ns,
+    backend: &mut dyn Backend,
+    plan: &mut Plan,
+    shape: Shape,
+    count: usize,
+) -> Result<Churn, String> {
+    let (mut times, mut diffs, mut unexpected) = (Vec::new(), Vec::new(), Vec::new());
+    let candidates = shape.services - 1;
+    for k in 0..count {
+        let svc = k * candidates / count;
+        let before = plan.clone();
+        replace_endpoint(plan, svc, k % shape.endpoints, fresh_ip(k));
+        let start = Instant::now();
+        let diff = before.diff(plan);
+        diffs.push(ms(start.elapsed()));
+        drop((diff, before));
+        let (t, kind) = timed_sync(ns, backend, plan)?;
+        if kind != SyncKind::Partial {
+            unexpected.push(format!("sync {k}: {kind:?}"));
+        }
+        times.push(t);
+    }
+    Ok(Churn {
+        median_ms: median(&times),
+        p90_ms: percentile(&times, 0.9),
+        diff_median_ms: median(&diffs),
+        unexpected,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Datapath: new TCP connections per second to the VIP versus straight to the pod
+
+const NODE_VETH: &str = "wb0";
+const POD_VETH: &str = "wb1";
+const NODE_VETH_IP: &str = "10.244.0.1/24";
+
+fn pod_ips() -> Vec<Ipv4Addr> {
+    (0..10).map(|k| Ipv4Addr::new(10, 244, 0, 10 + k)).collect()
+}
+
+/// A pod namespace behind a veth with the 10 pod addresses; the node routes the service range
+/// to it (the route lookup happens before the DNAT, so the VIP needs one).
+fn wire_pod(node: &Ns, pod: &Ns) -> Result<(), String> {
+    node.ip(&[
+        "link", "add", NODE_VETH, "type", "veth", "peer", "name", POD_VETH, "netns", &pod.name,
+    ])?;
+    node.ip(&["addr", "add", NODE_VETH_IP, "dev", NODE_VETH])?;
+    node.ip(&["link", "set", NODE_VETH, "up"])?;
+    node.ip(&["route", "add", "10.96.0.0/12", "dev", NODE_VETH])?;
+    for ip in pod_ips() {
+        pod.ip(&["addr", "add", &format!("{ip}/24"), "dev", POD_VETH])?;
+    }
+    pod.ip(&["link", "set", POD_VETH, "up"])?;
+    // Clients reset their connections (no TIME_WAIT), but leave room anyway: a round makes
+    // tens of thousands of connections to one VIP:port.
+    node.exec(&["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535"])
+}
+
+/// One TCP server in the pod namespace: two threads accepting on one listener and closing.
+struct Server {
+    listener: TcpListener,
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(pod: &Ns) -> Result<Server, String> {
+        // Bound from inside the namespace, the socket stays there whatever thread uses it.
+        let listener = pod
+            .run(|| TcpListener::bind(("0.0.0.0", EP_PORT)))?
+            .map_err(|e| format!("bind :{EP_PORT} in the pod: {e}"))?;
+        // std's backlog (128) drops SYNs under a connect storm; the retransmit would cost 1 s.
+        // SAFETY: listen(2) on a socket we own.
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for _ in 0..2 {
+            let l = listener.try_clone().map_err(|e| e.to_string())?;
+            let stop = stop.clone();
+            threads.push(thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((c, _)) = l.accept() {
+                        drop(c);
+                    }
+                }
+            }));
+        }
+        Ok(Server {
+            listener,
+            stop,
+            threads,
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // shutdown(2) on a listening socket wakes every thread blocked in accept(2).
+        // SAFETY: plain syscall on a socket we own.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Closes with a reset (SO_LINGER 0): no TIME_WAIT, so ports never run out and every round
+/// starts from the same state.
+fn reset_close(s: TcpStream) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt(2) with a correctly sized struct on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            &linger as *const libc::linger as *const libc::c_void,
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Connections per second from `clients` threads in the node namespace for `time`.
+fn connect_round(
+    node: &Ns,
+    targets: &[SocketAddr],
+    clients: usize,
+    time: Duration,
+) -> Result<(f64, u64), String> {
+    let start = Instant::now();
+    let until = start + time;
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let targets = targets.to_vec();
+            let ns = node.handle();
+            thread::spawn(move || -> Result<(u64, u64), String> {
+                let ns = ns?;
+                ns.run(|| {
+                    let (mut ok, mut failed) = (0u64, 0u64);
+                    let mut i = c;
+                    while Instant::now() < until {
+                        match TcpStream::connect(targets[i % targets.len()]) {
+                            Ok(s) => {
+                                reset_close(s);
+                                ok += 1;
+                            }
+                            Err(_) => failed += 1,
+                        }
+                        i += 1;
+                    }
+                    (ok, failed)
+                })
+                .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, 0);
+    for h in handles {
+        let (o, f) = h.join().map_err(|_| "client thread panicked")??;
+        ok += o;
+        failed += f;
+    }
+    Ok((ok as f64 / start.elapsed().as_secs_f64(), failed))
+}
+
+struct ConnRates {
+    vip: f64,
+    direct: f64,
+    failed: u64,
+}
+
+/// Alternates VIP and direct rounds (the order flips each round), conntrack flushed before
+/// each so that no round inherits the previous one's table.
+fn conn_rates(node: &Ns, pod: &Ns, vip_addr: Ipv4Addr, cfg: &Config) -> Result<ConnRates, String> {
+    wire_pod(node, pod)?;
+    let _server = Server::start(pod)?;
+    let vip_target = [SocketAddr::from((vip_addr, SVC_PORT))];
+    let direct: Vec<SocketAddr> = pod_ips()
+        .into_iter()
+        .map(|ip| SocketAddr::from((ip, EP_PORT)))
+        .collect();
+    // A first connection through each path proves it works before timing anything.
+    for t in [vip_target[0], direct[0]] {
+        node.run(|| TcpStream::connect_timeout(&t, Duration::from_secs(3)))?
+            .map_err(|e| format!("connect {t}: {e}"))?;
+    }
+    let (mut vips, mut directs, mut failed) = (Vec::new(), Vec::new(), 0);
+    for r in 0..cfg.rounds {
+        for vip_first in [r % 2 == 0, r % 2 == 1] {
+            let _ = node.exec(&["conntrack", "-F"]);
+            let targets: &[SocketAddr] = if vip_first { &vip_target } else { &direct };
+            let (rate, f) = connect_round(node, targets, cfg.clients, cfg.round_time)?;
+            failed += f;
+            if vip_first { &mut vips } else { &mut directs }.push(rate);
+        }
+    }
+    Ok(ConnRates {
+        vip: median(&vips),
+        direct: median(&directs),
+        failed,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real agent: end-to-end first sync, memory, and one EndpointSlice change
+
+struct AgentResult {
+    full_e2e_ms: f64,
+    /// `elapsed_ms` of the first "synced" line: the backend's share of the end-to-end time.
+    full_logged_ms: f64,
+    rss_mib: f64,
+    hwm_mib: f64,
+    change_e2e_ms: f64,
+}
+
+/// Lines of the agent's stderr as they arrive, stamped.
+fn stderr_lines(child: &mut Child) -> mpsc::Receiver<(Instant, String)> {
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr piped");
+    thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send((Instant::now(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for the next "synced" line; returns when it arrived and the line. A failed sync or an
+/// exit is an error quoting the agent.
+fn wait_synced(
+    rx: &mpsc::Receiver<(Instant, String)>,
+    timeout: Duration,
+) -> Result<(Instant, String), String> {
+    let deadline = Instant::now() + timeout;
+    let mut tail = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((at, line)) if line.contains(" synced") => return Ok((at, line)),
+            Ok((_, line)) if line.contains("sync failed") => return Err(line),
+            Ok((_, line)) => tail.push(line),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                return Err(format!("no sync within {timeout:?}"))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(format!("agent exited: {}", tail.join(" | ")))
+            }
+        }
+    }
+}
+
+fn log_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{field}="))? + field.len() + 1;
+    line[start..].split_whitespace().next()
+}
+
+/// (VmRSS, VmHWM) in MiB.
+fn memory_mib(pid: u32) -> Result<(f64, f64), String> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|e| e.to_string())?;
+    let field = |name: &str| -> Result<f64, String> {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .ok_or(format!("{name} missing"))?;
+        let kib: f64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .map_err(|e| format!("{name}: {e}"))?;
+        Ok(kib / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+fn agent(mode: &str, shape: Shape, cfg: &Config) -> Result<AgentResult, String> {
+    if !cfg.weir_bin.exists() {
+        return Err(format!(
+            "{} missing (cargo build --release -p weir, or set WEIR_BIN)",
+            cfg.weir_bin.display()
+        ));
+    }
+    let ns = Ns::create(ns_name(mode, &shape.label(), "-agent"))?;
+    // The node's InternalIP, so NodePorts are planned as in the backend runs (on a veth:
+    // this kernel has no dummy driver).
+    ns.ip(&[
+        "link", "add", "node0", "type", "veth", "peer", "name", "node0p",
+    ])?;
+    ns.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"])?;
+    ns.ip(&["link", "set", "node0", "up"])?;
+    let dir = TempDir::new(&format!("{mode}-{}", shape.label()))?;
+    write_manifests(&dir.0, shape);
+
+    let mut cmd = Command::new(&cfg.weir_bin);
+    cmd.args(["proxy", "--manifests"])
+        .arg(&dir.0)
+        .args(["--proxy-mode", mode, "--cluster-cidr", CLUSTER_CIDR])
+        .args(["--hostname-override", "bench"])
+        .args([
+            "--manifest-poll-interval",
+            "100ms",
+            "--min-sync-period",
+            "0s",
+        ])
+        // A periodic resync in the middle of a measurement would only add noise.
+        .args(["--sync-period", "1h"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let handle = ns.handle()?;
+    handle.spawn_inside(&mut cmd);
+    let start = Instant::now();
+    let mut child = KillOnDrop(cmd.spawn().map_err(|e| format!("spawn weir: {e}"))?);
+    let rx = stderr_lines(&mut child.0);
+
+    let (at, line) = wait_synced(&rx, cfg.agent_timeout)?;
+    let full_e2e_ms = ms(at - start);
+    let full_logged_ms = log_field(&line, "elapsed_ms")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN);
+    let (rss_mib, _) = memory_mib(child.0.id())?;
+
+    // One address of one EndpointSlice, in the middle of the plan.
+    let svc = shape.services / 2;
+    let mut eps = generated_endpoints(shape, svc);
+    eps[0] = fresh_ip(0);
+    let changed_at = Instant::now();
+    write_chunk(&dir.0, shape, svc / SERVICES_PER_FILE, Some((svc, &eps)));
+    let (at, _) = wait_synced(&rx, Duration::from_secs(120))?;
+    let change_e2e_ms = ms(at - changed_at);
+    let (_, hwm_mib) = memory_mib(child.0.id())?;
+    Ok(AgentResult {
+        full_e2e_ms,
+        full_logged_ms,
+        rss_mib,
+        hwm_mib,
+        change_e2e_ms,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// One row: (mode, shape)
+
+#[derive(Default)]
+struct Row {
+    mode: String,
+    label: String,
+    services: usize,
+    endpoints: usize,
+    full_ms: Option<f64>,
+    churn: Option<Churn>,
+    conn: Option<ConnRates>,
+    agent: Option<AgentResult>,
+    errors: Vec<String>,
+}
+
+impl Row {
+    fn record<T>(&mut self, what: &str, r: Result<T, String>) -> Option<T> {
+        r.map_err(|e| {
+            progress(format!("  {what} FAILED: {e}"));
+            self.errors.push(format!("{what}: {e}"));
+        })
+        .ok()
+    }
+}
+
+/// Backend-level steps (full sync, churn, datapath) in one node namespace.
+fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &Config) {
+    let node = match Ns::create(ns_name(mode, &shape.label(), "")) {
+        Ok(ns) => ns,
+        Err(e) => return row.errors.push(e),
+    };
+    let pods = pod_ips();
+    let mut plan = generate_plan(shape, Some(&pods));
+    let mut backend = match row.record("backend", new_backend(mode)) {
+        Some(b) => b,
+        None => return,
+    };
+    progress(format!("{mode} {}: full sync", shape.label()));
+    let full = timed_sync(&node, backend.as_mut(), &plan);
+    let Some((full_ms, _)) = row.record("full sync", full) else {
+        return;
+    };
+    progress(format!("  full sync {full_ms:.1} ms"));
+    row.full_ms = Some(full_ms);
+
+    progress(format!(
+        "{mode} {}: {} one-endpoint changes",
+        shape.label(),
+        cfg.churn
+    ));
+    let c = churn(&node, backend.as_mut(), &mut plan, shape, cfg.churn);
+    if let Some(c) = row.record("one-endpoint change", c) {
+        progress(format!(
+            "  one-endpoint sync median {:.2} ms, p90 {:.2} ms (plan diff alone {:.2} ms){}",
+            c.median_ms,
+            c.p90_ms,
+            c.diff_median_ms,
+            if c.unexpected.is_empty() {
+                String::new()
+            } else {
+                format!("; not partial: {:?}", c.unexpected)
+            }
+        ));
+        row.churn = Some(c);
+    }
+
+    if !datapath {
+        return;
+    }
+    progress(format!(
+        "{mode} {}: connection rate, VIP vs direct",
+        shape.label()
+    ));
+    let pod = match Ns::create(ns_name(mode, &shape.label(), "-pod")) {
+        Ok(ns) => ns,
+        Err(e) => return row.errors.push(e),
+    };
+    let vip_addr = vip(shape.services - 1);
+    if let Some(r) = row.record("connection rate", conn_rates(&node, &pod, vip_addr, cfg)) {
+        progress(format!(
+            "  conn/s VIP {:.0}, direct {:.0}, ratio {:.2} ({} failed connects)",
+            r.vip,
+            r.direct,
+            r.vip / r.direct,
+            r.failed
+        ));
+        row.conn = Some(r);
+    }
+}
+
+fn measure(mode: &str, shape: Shape, full_suite: bool, cfg: &Config) -> Row {
+    let mut row = Row {
+        mode: mode.into(),
+        label: shape.label(),
+        services: shape.services,
+        endpoints: shape.endpoints,
+        ..Default::default()
+    };
+    backend_steps(&mut row, mode, shape, full_suite, cfg);
+    if full_suite {
+        progress(format!("{mode} {}: agent end to end", shape.label()));
+        if let Some(a) = row.record("agent", agent(mode, shape, cfg)) {
+            progress(format!(
+                "  agent first sync {:.0} ms end to end ({:.0} ms in the backend), RSS {:.1} MiB, \
+                 HWM {:.1} MiB, one-endpoint change {:.0} ms end to end",
+                a.full_e2e_ms, a.full_logged_ms, a.rss_mib, a.hwm_mib, a.change_e2e_ms
+            ));
+            row.agent = Some(a);
+        }
+    }
+    row
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+fn cell(v: Option<f64>, decimals: usize) -> String {
+    v.filter(|v| v.is_finite())
+        .map(|v| format!("{v:.decimals$}"))
+        .unwrap_or_else(|| "failed".into())
+}
+
+fn table(rows: &[Row], mode: &str) -> String {
+    let mut out = format!(
+        "\n### {mode}\n\n| services × endpoints | full sync ms | one-endpoint median ms | p90 ms \
+         | agent e2e full sync ms | agent 1-ep change e2e ms | agent RSS MiB (HWM) \
+         | conn/s VIP | conn/s direct | VIP / direct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    );
+    for r in rows.iter().filter(|r| r.mode == mode) {
+        let c = r.churn.as_ref();
+        let a = r.agent.as_ref();
+        let k = r.conn.as_ref();
+        let rss = a.map(|a| format!("{:.1} ({:.1})", a.rss_mib, a.hwm_mib));
+        let _ = writeln!(
+            out,
+            "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.services,
+            r.endpoints,
+            cell(r.full_ms, 0),
+            cell(c.map(|c| c.median_ms), 2),
+            cell(c.map(|c| c.p90_ms), 2),
+            cell(a.map(|a| a.full_e2e_ms), 0),
+            cell(a.map(|a| a.change_e2e_ms), 0),
+            rss.unwrap_or_else(|| "failed".into()),
+            cell(k.map(|k| k.vip), 0),
+            cell(k.map(|k| k.direct), 0),
+            cell(k.map(|k| k.vip / k.direct), 2),
+        );
+    }
+    for r in rows.iter().filter(|r| r.mode == mode) {
+        for e in &r.errors {
+            let _ = writeln!(out, "\n* {}: {e}", r.label);
+        }
+    }
+    out
+}
+
+fn row_json(r: &Row) -> Value {
+    json!({
+        "mode": r.mode,
+        "services": r.services,
+        "endpoints_per_service": r.endpoints,
+        "full_sync_ms": r.full_ms,
+        "one_endpoint": r.churn.as_ref().map(|c| json!({
+            "median_ms": c.median_ms, "p90_ms": c.p90_ms,
+            "plan_diff_median_ms": c.diff_median_ms, "not_partial": c.unexpected,
+        })),
+        "connections_per_s": r.conn.as_ref().map(|k| json!({
+            "vip": k.vip, "direct": k.direct, "ratio": k.vip / k.direct, "failed_connects": k.failed,
+        })),
+        "agent": r.agent.as_ref().map(|a| json!({
+            "full_sync_e2e_ms": a.full_e2e_ms, "full_sync_logged_ms": a.full_logged_ms,
+            "rss_mib": a.rss_mib, "hwm_mib": a.hwm_mib,
+            "one_endpoint_change_e2e_ms": a.change_e2e_ms,
+        })),
+        "errors": r.errors,
+    })
+}
+
+fn main() {
+    let cfg = Config::from_env();
+    if !nix_is_root() {
+        eprintln!("scale bench: needs root (network namespaces); skipping");
+        return;
+    }
+    if let Err(e) = check_plan_matches_planner() {
+        panic!("the bench would measure different rules in the agent and the backends: {e}");
+    }
+    progress(format!(
+        "sizes {:?}, modes {:?}, big case {}, agent {}",
+        cfg.sizes,
+        cfg.modes,
+        cfg.big,
+        cfg.weir_bin.display()
+    ));
+    let mut rows = Vec::new();
+    for mode in &cfg.modes {
+        for &n in &cfg.sizes {
+            let shape = Shape {
+                services: n,
+                endpoints: 10,
+            };
+            rows.push(measure(mode, shape, true, &cfg));
+        }
+        if cfg.big && mode == "nftables" {
+            let shape = Shape {
+                services: 5000,
+                endpoints: 50,
+            };
+            rows.push(measure(mode, shape, false, &cfg));
+        }
+    }
+    let doc = json!({ "rows": rows.iter().map(row_json).collect::<Vec<_>>() });
+    if let Some(p) = &cfg.json_path {
+        std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap())
+            .expect("write WEIR_BENCH_JSON");
+    }
+    if cfg.json_stdout {
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap());
+    } else {
+        for mode in &cfg.modes {
+            print!("{}", table(&rows, mode));
+        }
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid(2) cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
