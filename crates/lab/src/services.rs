@@ -131,7 +131,7 @@ pub const UDP_TRIES: u32 = 3;
 /// A service without endpoints must refuse within this.
 pub const REJECT_WITHIN: Duration = Duration::from_secs(1);
 /// How long a dropped connection is waited for.
-pub const NO_ANSWER_WAIT: Duration = Duration::from_millis(1500);
+pub const NO_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
 struct Clients<'a> {
     state: &'a LabState,
