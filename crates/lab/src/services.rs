@@ -34,6 +34,9 @@ pub enum SvcKind {
     NodePortLocal,
     LoadBalancer,
     LoadBalancerLocal,
+    /// A pod → a LoadBalancer IP (handled on its own node): masqueraded with policy Cluster;
+    /// with policy Local, short-circuited to any endpoint with the pod's source kept.
+    PodLoadBalancer,
     /// Outside → healthCheckNodePort: 200 where the node has local endpoints, else 503.
     HealthCheck,
     /// A service without endpoints: rejected at once.
@@ -50,6 +53,7 @@ impl SvcKind {
             SvcKind::NodePortLocal => "node-port-local",
             SvcKind::LoadBalancer => "load-balancer",
             SvcKind::LoadBalancerLocal => "load-balancer-local",
+            SvcKind::PodLoadBalancer => "pod-load-balancer",
             SvcKind::HealthCheck => "health-check",
             SvcKind::NoEndpoints => "no-endpoints",
         }
@@ -366,6 +370,37 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                 lb,
                 svc.port,
             ));
+        }
+        // A pod (not a backend, else the first) → the LB IP.
+        if let Some(lb) = svc.load_balancer_ip {
+            let client = state
+                .pods
+                .iter()
+                .find(|p| !svc.backends.contains(&p.name))
+                .or(state.pods.first());
+            if let Some((client, node)) = client.and_then(|p| Some((p, c.node(&p.node)?))) {
+                let masq = c.node_sources(node);
+                let sources = if svc.local_policy() {
+                    vec![client.ip]
+                } else {
+                    masq.clone()
+                };
+                probes.push(answer(
+                    base(
+                        SvcKind::PodLoadBalancer,
+                        &client.name,
+                        &client.netns,
+                        client.ip,
+                        "lb".into(),
+                        lb,
+                        svc.port,
+                    ),
+                    names.clone(),
+                    None,
+                    sources,
+                    masq,
+                ));
+            }
         }
         if let Some(hc) = svc.health_check_node_port {
             for node in &state.nodes {
@@ -860,8 +895,8 @@ pub(crate) mod tests {
         assert_eq!(count("dns"), 4);
         // shop: cluster-ip ×2, hairpin, host, node-port-local on a and b.
         assert_eq!(count("shop"), 6);
-        // api: cluster-ip ×2, hairpin, host, node-port on a and b, lb.
-        assert_eq!(count("api"), 7);
+        // api: cluster-ip ×2, hairpin, host, node-port on a and b, lb from outside and a pod.
+        assert_eq!(count("api"), 8);
         // gone: cluster-ip and node port, both rejected.
         assert_eq!(count("gone"), 2);
 
@@ -931,6 +966,15 @@ pub(crate) mod tests {
         assert_eq!(sources, &[ip("172.30.0.12"), ip("10.244.2.1")]);
         let p = find(&probes, "api", SvcKind::LoadBalancer, "outside", "lb via a");
         assert_eq!((p.to_ip, p.port), (ip("203.0.113.1"), 443));
+        let p = find(&probes, "api", SvcKind::PodLoadBalancer, "a1", "lb");
+        let Expect::Answer { sources, .. } = &p.expect else {
+            panic!()
+        };
+        assert_eq!(
+            sources,
+            &[ip("172.30.0.11"), ip("10.244.1.1")],
+            "masqueraded"
+        );
 
         let p = find(&probes, "gone", SvcKind::NoEndpoints, "a1", "cluster-ip");
         assert_eq!(p.expect, Expect::Rejected);

@@ -239,6 +239,8 @@ fn expected_kinds() -> BTreeMap<String, usize> {
         ("node-port-local", 4),
         ("load-balancer", 1),
         ("load-balancer-local", 1),
+        // api and edge, from a1 (the first pod that is not a backend).
+        ("pod-load-balancer", 2),
         ("health-check", 2),
         // gone: cluster-ip + node port; gone-udp: cluster-ip.
         ("no-endpoints", 3),
