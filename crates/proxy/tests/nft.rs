@@ -55,7 +55,7 @@ fn golden_full_and_update() {
     let v3 = with_more_web_endpoints(&v2);
     let u = render_update(&v2, &v3, &v2.diff(&v3), &o);
     assert!(u.starts_with("# weir update"), "{u}");
-    assert!(u.contains("add chain inet weir ep4-n4-o"), "{u}");
+    assert!(u.contains("add chain inet weir ep4tcp-n4-o"), "{u}");
 }
 
 /// `v2` with two more endpoints for `web` (a balancing chain class v2 does not have).
@@ -136,7 +136,7 @@ fn full_scripts_pass_nft_check_and_updates_apply() {
     // Check mode on the full scripts, then load v1, update to v2 and back, reload full
     // (replace), then an update that needs a new balancing chain.
     let (ok, log) = in_netns(&format!(
-        "nft -c -f {f1}; nft -c -f {f2}; nft -f {f1}; nft -f {u12}; nft -f {u21}; nft -f {u12}; nft -f {f2}; nft -f {f1}; nft -f {f2}; nft -f {u23}; nft list chain inet weir ep4-n4-o"
+        "nft -c -f {f1}; nft -c -f {f2}; nft -f {f1}; nft -f {u12}; nft -f {u21}; nft -f {u12}; nft -f {f2}; nft -f {f1}; nft -f {f2}; nft -f {u23}; nft list chain inet weir ep4tcp-n4-o"
     ));
     let _ = std::fs::remove_dir_all(&tmp);
     assert!(ok, "{log}");
@@ -156,7 +156,7 @@ fn conflicting_frontends_keep_the_first_and_say_so() {
     p.services.insert(key, dup);
     let s = render_full(&p, &NftOptions::default());
     assert!(
-        s.contains("# conflict: ep4: duplicate key 198.51.100.6 . tcp . 443 . 0"),
+        s.contains("# conflict: ep4tcp: duplicate key 198.51.100.6 . tcp . 443 . 0"),
         "{s}"
     );
     assert!(

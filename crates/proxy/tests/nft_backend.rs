@@ -164,10 +164,45 @@ fn every_sync_path_leaves_what_a_full_load_leaves() {
     assert_same(&node, &v3, "one endpoint replaced");
     assert_eq!(sync(&mut backend, &v3).kind, SyncKind::Noop);
 
+    // A UDP service whose balancing chain is created by a later transaction than the maps:
+    // nft derives the DNAT's protocol dependency from the endpoint map, so it must be UDP's
+    // (a regression: one shared map once made nft add `meta l4proto tcp` to UDP's chain).
+    let mut v4 = v3.clone();
+    let (k, sp) = v3
+        .services
+        .iter()
+        .find(|(_, sp)| sp.cluster_endpoints.len() >= 2 && sp.affinity_timeout.is_none())
+        .unwrap();
+    let mut udp = k.clone();
+    udp.name = "udp-twin".into();
+    udp.protocol = weir_model::Protocol::Udp;
+    let mut udp_sp = sp.clone();
+    for (i, fe) in udp_sp.frontends.iter_mut().enumerate() {
+        fe.addr = fe
+            .addr
+            .map(|_| format!("10.96.99.{}", 10 + i).parse().unwrap());
+        fe.port = 5300 + i as u16;
+    }
+    udp_sp.frontends.retain(|f| f.addr.is_some());
+    let n = udp_sp.cluster_endpoints.len();
+    v4.services.insert(udp, udp_sp);
+    assert_eq!(sync(&mut backend, &v4).kind, SyncKind::Partial);
+    assert_same(&node, &v4, "a UDP service added");
+    let chain = node.nft(&["--debug=netlink", "list", "table", "inet", "weir"]);
+    let udp_chain: String = chain
+        .split("\n\n")
+        .filter(|block| block.contains(&format!("udp-n{n}")) && block.contains("nat dnat"))
+        .collect();
+    assert!(udp_chain.contains("cmp eq reg 1 0x00000011"), "{udp_chain}");
+    assert!(
+        !udp_chain.contains("cmp eq reg 1 0x00000006"),
+        "{udp_chain}"
+    );
+
     // Someone flushes the whole ruleset: the next sync notices and rebuilds everything.
     node.nft(&["flush", "ruleset"]);
-    assert_eq!(sync(&mut backend, &v3).kind, SyncKind::Full);
-    assert_same(&node, &v3, "after an external flush");
+    assert_eq!(sync(&mut backend, &v4).kind, SyncKind::Full);
+    assert_same(&node, &v4, "after an external flush");
 
     // A restart (new backend) back to v1: in place, stale chains removed, same result.
     let mut restarted = NftBackend::new(NftOptions::default());

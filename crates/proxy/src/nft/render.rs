@@ -7,11 +7,12 @@
 //!   externalIPs, LB ingress IPs) and `np4`/`np6` keyed by `l4proto . dport` (NodePorts, only
 //!   for node-port addresses: `@npaddrs4` or `fib daddr type local` minus loopback).
 //! * balancing: the map entry `goto`s a *class* chain shared by every frontend with the same
-//!   endpoint count and masquerade policy (`ep4-n3-o`), which DNATs through one flat map
-//!   `ep4` keyed by `daddr . l4proto . dport . slot` with `numgen random mod N`.
+//!   endpoint count, protocol and masquerade policy (`ep4tcp-n3-o`), which DNATs through one
+//!   flat map per protocol (`ep4tcp`) keyed by `daddr . l4proto . dport . slot` with
+//!   `numgen random mod N`.
 //! * externalTrafficPolicy Local: `svc4` holds the local endpoints; pods (`@cidrs4`) and
 //!   node-originated traffic (masqueraded) first hit `sc4`/`npsc4` → the cluster endpoints
-//!   (maps `scep4`/`npscep4`), as kube-proxy short-circuits them.
+//!   (maps `scep4tcp`/`npscep4tcp`, …), as kube-proxy short-circuits them.
 //! * ClientIP affinity: a chain per service port (and endpoint list/masquerade variant) with
 //!   one timed set of client addresses per endpoint, kube-proxy style (the flat map cannot
 //!   remember a choice; affinity services are expected to be few).
@@ -30,7 +31,7 @@ use data_encoding::BASE32_NOPAD;
 use sha2::{Digest, Sha256};
 use weir_model::{
     Endpoint, EndpointSet, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan, PlanDiff,
-    ServicePortKey, ServicePortPlan, Verdict,
+    Protocol, ServicePortKey, ServicePortPlan, Verdict,
 };
 
 use super::element::{Data, Element, KeyText, Val};
@@ -96,16 +97,26 @@ struct Class {
     family: IpFamily,
     /// `ep`, `scep`, `npep`, `npscep`.
     map: &'static str,
+    /// Endpoint maps are per protocol: see [`endpoint_map`].
+    proto: Protocol,
     n: usize,
     masq: Masquerade,
+}
+
+/// The endpoint map of `map` kind, family and protocol (`ep4tcp`). One map per protocol
+/// because nft 1.0.6 derives the DNAT's transport-protocol dependency from the map's data
+/// type: declared as `ip daddr . tcp dport` it adds `meta l4proto tcp` to rules written in a
+/// later transaction, and as `… th dport` it refuses them ("conflicting protocols"). With a
+/// map per protocol the dependency it adds is always the right one.
+fn endpoint_map(map: &str, f: IpFamily, proto: Protocol) -> String {
+    format!("{map}{}{}", sfx(f), proto.as_str())
 }
 
 impl Class {
     fn name(&self) -> String {
         format!(
-            "{}{}-n{}{}",
-            self.map,
-            sfx(self.family),
+            "{}-n{}{}",
+            endpoint_map(self.map, self.family, self.proto),
             self.n,
             masq_sfx(self.masq)
         )
@@ -125,7 +136,8 @@ impl Class {
                 self.n
             )
         };
-        r.push(format!("dnat {kw} to {key} map @{}{}", self.map, sfx(f)));
+        let map = endpoint_map(self.map, f, self.proto);
+        r.push(format!("dnat {kw} to {key} map @{map}"));
         r
     }
 }
@@ -286,7 +298,7 @@ fn balance(
         let mut k = fkey.to_vec();
         k.push(Val::Slot(i as u32));
         c.elements.insert((
-            format!("{map}{s}"),
+            endpoint_map(map, f, key.protocol),
             Element::map(k, Data::Values(vec![Val::Addr(ep.ip), Val::Port(ep.port)])),
         ));
     }
@@ -299,6 +311,7 @@ fn balance(
     let class = Class {
         family: f,
         map,
+        proto: key.protocol,
         n: eps.len(),
         masq,
     };
@@ -307,7 +320,7 @@ fn balance(
     name
 }
 
-/// Set/map declarations: name → (declaration body, is verdict map referencing chains).
+/// Set and map declarations: (name, declaration body).
 fn declarations(f: IpFamily) -> Vec<(String, String)> {
     let s = sfx(f);
     let kw = ipkw(f);
@@ -318,11 +331,7 @@ fn declarations(f: IpFamily) -> Vec<(String, String)> {
     };
     let vip = format!("{kw} daddr . meta l4proto . th dport");
     let np = "meta l4proto . th dport".to_string();
-    // `tcp dport`, not `th dport`: the same register layout, but nft 1.0.6 rejects a later
-    // rule DNATing through a map whose data is typeof `… th dport` ("conflicting protocols"),
-    // which would forbid adding balancing chains incrementally.
-    let epv = format!("{kw} daddr . tcp dport");
-    vec![
+    let mut decls = vec![
         (
             format!("cidrs{s}"),
             format!("type {addr}; flags interval; auto-merge;"),
@@ -337,29 +346,25 @@ fn declarations(f: IpFamily) -> Vec<(String, String)> {
             format!("fwallow{s}"),
             format!("typeof {vip} . {kw} saddr; flags interval;"),
         ),
-        (
-            format!("ep{s}"),
-            format!("typeof {vip} . numgen random mod 1 : {epv};"),
-        ),
-        (
-            format!("scep{s}"),
-            format!("typeof {vip} . numgen random mod 1 : {epv};"),
-        ),
-        (
-            format!("npep{s}"),
-            format!("typeof {np} . numgen random mod 1 : {epv};"),
-        ),
-        (
-            format!("npscep{s}"),
-            format!("typeof {np} . numgen random mod 1 : {epv};"),
-        ),
+    ];
+    for proto in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+        let data = format!("{kw} daddr . {} dport", proto.as_str());
+        for (map, key) in [("ep", &vip), ("scep", &vip), ("npep", &np), ("npscep", &np)] {
+            decls.push((
+                endpoint_map(map, f, proto),
+                format!("typeof {key} . numgen random mod 1 : {data};"),
+            ));
+        }
+    }
+    decls.extend([
         (format!("svc{s}"), format!("typeof {vip} : verdict;")),
         (format!("sc{s}"), format!("typeof {vip} : verdict;")),
         (format!("np{s}"), format!("typeof {np} : verdict;")),
         (format!("npsc{s}"), format!("typeof {np} : verdict;")),
         (format!("noep{s}"), format!("typeof {vip} : verdict;")),
         (format!("npnoep{s}"), format!("typeof {np} : verdict;")),
-    ]
+    ]);
+    decls
 }
 
 fn is_map(body: &str) -> bool {
