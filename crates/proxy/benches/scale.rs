@@ -493,8 +493,11 @@ fn timed_sync(ns: &Ns, backend: &mut dyn Backend, plan: &Plan) -> Result<(f64, S
 struct Churn {
     median_ms: f64,
     p90_ms: f64,
-    /// The plan diff alone (the part of a sync that is pure computation over the whole plan).
+    /// The plan diff alone and a clone of the plan: the parts of a sync that are pure
+    /// computation over the whole plan, whatever the change (a backend diffs against, and keeps
+    /// a copy of, the plan it applied).
     diff_median_ms: f64,
+    clone_median_ms: f64,
     /// Kinds other than Partial (a one-endpoint change should never need a full sync).
     unexpected: Vec<String>,
 }
@@ -508,11 +511,14 @@ fn churn(
     shape: Shape,
     count: usize,
 ) -> Result<Churn, String> {
-    let (mut times, mut diffs, mut unexpected) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut times, mut diffs, mut clones) = (Vec::new(), Vec::new(), Vec::new());
+    let mut unexpected = Vec::new();
     let candidates = shape.services - 1;
     for k in 0..count {
         let svc = k * candidates / count;
+        let start = Instant::now();
         let before = plan.clone();
+        clones.push(ms(start.elapsed()));
         replace_endpoint(plan, svc, k % shape.endpoints, fresh_ip(k));
         let start = Instant::now();
         let diff = before.diff(plan);
@@ -528,6 +534,7 @@ fn churn(
         median_ms: median(&times),
         p90_ms: percentile(&times, 0.9),
         diff_median_ms: median(&diffs),
+        clone_median_ms: median(&clones),
         unexpected,
     })
 }
@@ -905,10 +912,12 @@ fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &
     let c = churn(&node, backend.as_mut(), &mut plan, shape, cfg.churn);
     if let Some(c) = row.record("one-endpoint change", c) {
         progress(format!(
-            "  one-endpoint sync median {:.2} ms, p90 {:.2} ms (plan diff alone {:.2} ms){}",
+            "  one-endpoint sync median {:.2} ms, p90 {:.2} ms (plan diff alone {:.2} ms, \
+             plan clone {:.2} ms){}",
             c.median_ms,
             c.p90_ms,
             c.diff_median_ms,
+            c.clone_median_ms,
             if c.unexpected.is_empty() {
                 String::new()
             } else {
@@ -1017,7 +1026,8 @@ fn row_json(r: &Row) -> Value {
         "full_sync_ms": r.full_ms,
         "one_endpoint": r.churn.as_ref().map(|c| json!({
             "median_ms": c.median_ms, "p90_ms": c.p90_ms,
-            "plan_diff_median_ms": c.diff_median_ms, "not_partial": c.unexpected,
+            "plan_diff_median_ms": c.diff_median_ms, "plan_clone_median_ms": c.clone_median_ms,
+            "not_partial": c.unexpected,
         })),
         "connections_per_s": r.conn.as_ref().map(|k| json!({
             "vip": k.vip, "direct": k.direct, "ratio": k.vip / k.direct, "failed_connects": k.failed,
