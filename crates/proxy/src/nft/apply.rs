@@ -60,11 +60,7 @@ impl NftBackend {
         let ops = self.reconcile_elements(&rs)?;
         let table = self.opts.table.clone();
         for chunk in ops.chunks(COLD_START_CHUNK) {
-            let chunk: Vec<(Op, &str, RawElement)> = chunk
-                .iter()
-                .map(|(op, set, e)| (*op, set.as_str(), e.clone()))
-                .collect();
-            self.netlink()?.apply(&table, &chunk)?;
+            self.netlink()?.apply(&table, chunk)?;
         }
         self.remove_stale(&rs)
     }
@@ -78,7 +74,7 @@ impl NftBackend {
 
     /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
     /// maps before the endpoint maps they lead to), then adds (endpoint maps first).
-    fn reconcile_elements(&mut self, rs: &Ruleset) -> Result<Vec<(Op, String, RawElement)>> {
+    fn reconcile_elements<'r>(&mut self, rs: &'r Ruleset) -> Result<Vec<(Op, &'r str, RawElement)>> {
         let table = self.opts.table.clone();
         let mut deletes = Vec::new();
         let mut adds = Vec::new();
@@ -103,7 +99,7 @@ impl NftBackend {
                 if wanted.get(key.as_slice()) != Some(&data) {
                     set_deletes.push((
                         Op::Delete,
-                        name.clone(),
+                        name.as_str(),
                         RawElement {
                             key: key.clone(),
                             data: data.clone(),
@@ -116,7 +112,7 @@ impl NftBackend {
                 desired
                     .into_iter()
                     .filter(|e| current.get(&e.key) != Some(&e.data))
-                    .map(|e| (Op::Add, name.clone(), e)),
+                    .map(|e| (Op::Add, name.as_str(), e)),
             );
         }
         Ok(deletes.into_iter().rev().flatten().chain(adds).collect())
@@ -126,17 +122,17 @@ impl NftBackend {
     /// chains of endpoint counts no service uses, affinity chains and sets of removed
     /// services). Chains go first: their rules reference the sets.
     fn remove_stale(&mut self, rs: &Ruleset) -> Result<()> {
-        let t = &self.opts.table;
+        let t = &self.opts.table.clone();
         let mut script = String::new();
-        for name in names_in_table(&nft_output(&["list", "chains", "inet"])?, t, &["chain"]) {
+        for name in names_in_table(&nft_output(&["list", "chains", "inet"])?, t) {
             if !rs.chains.iter().any(|(n, _, _)| *n == name) {
                 script.push_str(&format!(
                     "flush chain inet {t} {name}\ndelete chain inet {t} {name}\n"
                 ));
             }
         }
-        // `list sets` prints declarations without elements: cheap at any scale.
-        for name in names_in_table(&nft_output(&["list", "sets", "inet"])?, t, &["set", "map"]) {
+        let table = t.clone();
+        for name in self.netlink()?.set_names(&table)? {
             if !rs.decls.iter().any(|(n, _)| *n == name) {
                 script.push_str(&format!("delete set inet {t} {name}\n"));
             }
@@ -149,9 +145,9 @@ impl NftBackend {
     }
 }
 
-/// Names of the objects of `kinds` that a `nft list chains|sets inet` listing shows under
-/// table `table` (nft 1.0.6 cannot list them for one table only).
-fn names_in_table(listing: &str, table: &str, kinds: &[&str]) -> Vec<String> {
+/// Names of the chains that a `nft list chains inet` listing shows under table `table`
+/// (nft 1.0.6 cannot list them for one table only).
+fn names_in_table(listing: &str, table: &str) -> Vec<String> {
     let header = format!("table inet {table} {{");
     let mut ours = false;
     let mut names = Vec::new();
@@ -162,7 +158,7 @@ fn names_in_table(listing: &str, table: &str, kinds: &[&str]) -> Vec<String> {
         }
         let mut words = line.split_whitespace();
         if let (true, Some(kind), Some(name)) = (ours, words.next(), words.next()) {
-            if kinds.contains(&kind) && line.trim_end().ends_with('{') {
+            if kind == "chain" && line.trim_end().ends_with('{') {
                 names.push(name.to_string());
             }
         }
