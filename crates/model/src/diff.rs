@@ -1,19 +1,20 @@
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use crate::plan::{Plan, ServicePortKey, ServicePortPlan};
 
 /// The old and new plan of a service port that changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Changed {
-    pub old: ServicePortPlan,
-    pub new: ServicePortPlan,
+    pub old: Arc<ServicePortPlan>,
+    pub new: Arc<ServicePortPlan>,
 }
 
 /// What changed between two plans, per service port. Renderers rewrite only these.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PlanDiff {
-    pub added: BTreeMap<ServicePortKey, ServicePortPlan>,
-    pub removed: BTreeMap<ServicePortKey, ServicePortPlan>,
+    pub added: BTreeMap<ServicePortKey, Arc<ServicePortPlan>>,
+    pub removed: BTreeMap<ServicePortKey, Arc<ServicePortPlan>>,
     pub changed: BTreeMap<ServicePortKey, Changed>,
     /// Node-wide settings (nodeport addresses, cluster CIDRs, masquerade-all) differ:
     /// renderers should re-render the global parts (or everything).
@@ -56,7 +57,8 @@ impl Plan {
                 None => {
                     d.removed.insert(k.clone(), v.clone());
                 }
-                Some(n) if n != v => {
+                // Pointer first: the planner reuses unchanged service ports' Arcs.
+                Some(n) if !Arc::ptr_eq(n, v) && n != v => {
                     d.changed.insert(
                         k.clone(),
                         Changed {

@@ -1,6 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -214,7 +215,9 @@ pub enum NodePortAddresses {
 /// The whole desired service state of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Plan {
-    pub services: BTreeMap<ServicePortKey, ServicePortPlan>,
+    /// Shared so that copies of a plan are cheap and an unchanged service port is recognised
+    /// by pointer (see [`crate::plan_incremental`]).
+    pub services: BTreeMap<ServicePortKey, Arc<ServicePortPlan>>,
     pub node_port_addresses_v4: NodePortAddresses,
     pub node_port_addresses_v6: NodePortAddresses,
     pub cluster_cidrs: Vec<IpNet>,

@@ -41,6 +41,30 @@ pub struct ProxyConfig {
 
 /// Computes the plan. Pure and deterministic.
 pub fn plan(snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
+    plan_incremental(snapshot, config, None)
+}
+
+/// [`plan`], sharing each service port's `Arc` with `previous` where the result is equal, so
+/// that `previous.diff(&new)` and consumers keyed by pointer see unchanged ports at once.
+pub fn plan_incremental(
+    snapshot: &Snapshot,
+    config: &ProxyConfig,
+    previous: Option<&Plan>,
+) -> Plan {
+    let mut p = plan_fresh(snapshot, config);
+    if let Some(prev) = previous {
+        for (k, v) in p.services.iter_mut() {
+            if let Some(old) = prev.services.get(k) {
+                if old == v {
+                    *v = old.clone();
+                }
+            }
+        }
+    }
+    p
+}
+
+fn plan_fresh(snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
     let mut warnings = BTreeSet::new();
     let this_node = snapshot.nodes.get(&config.node_name).map(|n| n.as_ref());
     let node_ips = if config.node_ips.is_empty() {
@@ -65,7 +89,10 @@ pub fn plan(snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
     }
 
     Plan {
-        services,
+        services: services
+            .into_iter()
+            .map(|(k, v)| (k, std::sync::Arc::new(v)))
+            .collect(),
         node_port_addresses_v4: nodeport_addresses(config, &node_ips, IpFamily::V4),
         node_port_addresses_v6: nodeport_addresses(config, &node_ips, IpFamily::V6),
         cluster_cidrs: config.cluster_cidrs.clone(),

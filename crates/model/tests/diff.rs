@@ -130,7 +130,10 @@ fn arb_plan() -> impl Strategy<Value = Plan> {
         prop::bool::ANY,
     )
         .prop_map(|(services, masq, np)| Plan {
-            services,
+            services: services
+                .into_iter()
+                .map(|(k, v)| (k, std::sync::Arc::new(v)))
+                .collect(),
             masquerade_all: masq,
             node_port_addresses_v4: if np {
                 NodePortAddresses::AllLocal

@@ -437,3 +437,45 @@ fn invalid_input_is_skipped_with_warnings() {
         assert!(w.contains(needle), "{needle} missing in:\n{w}");
     }
 }
+
+#[test]
+fn incremental_planning_shares_unchanged_service_ports() {
+    let mut snap = snapshot(&["nodes.yaml", "basic.yaml"]);
+    let first = plan(&snap, &config());
+    let again = plan_incremental(&snap, &config(), Some(&first));
+    assert_eq!(again, first);
+    assert!(again
+        .services
+        .iter()
+        .all(|(k, v)| std::sync::Arc::ptr_eq(v, &first.services[k])));
+    assert!(first.diff(&again).is_empty());
+
+    // One slice loses an endpoint: only its service's ports get new values.
+    let (slice_key, slice) = snap
+        .endpoint_slices
+        .iter()
+        .find(|(_, s)| s.endpoints.as_ref().is_some_and(|e| e.len() >= 2))
+        .map(|(k, s)| (k.clone(), s.clone()))
+        .unwrap();
+    let mut smaller = (*slice).clone();
+    smaller.endpoints.as_mut().unwrap().pop();
+    snap.endpoint_slices.insert(slice_key, smaller.into());
+    let next = plan_incremental(&snap, &config(), Some(&first));
+    let changed: Vec<_> = next
+        .services
+        .iter()
+        .filter(|(k, v)| !std::sync::Arc::ptr_eq(v, &first.services[*k]))
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(!changed.is_empty());
+    assert_eq!(
+        first
+            .diff(&next)
+            .touched()
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>(),
+        changed
+    );
+    assert_eq!(next, plan(&snap, &config()));
+}

@@ -242,7 +242,7 @@ fn generate_plan(shape: Shape, last_endpoints: Option<&[Ipv4Addr]>) -> Plan {
                 Some(eps) if i + 1 == shape.services => eps.to_vec(),
                 _ => generated_endpoints(shape, i),
             };
-            (key(i), service_plan(i, &eps))
+            (key(i), service_plan(i, &eps).into())
         })
         .collect();
     Plan {
@@ -257,7 +257,7 @@ fn generate_plan(shape: Shape, last_endpoints: Option<&[Ipv4Addr]>) -> Plan {
 
 /// Replaces endpoint `ep` of service `svc` with `ip`, keeping the list sorted as the planner does.
 fn replace_endpoint(plan: &mut Plan, svc: usize, ep: usize, ip: Ipv4Addr) {
-    let sp = plan.services.get_mut(&key(svc)).expect("service exists");
+    let sp = std::sync::Arc::make_mut(plan.services.get_mut(&key(svc)).expect("service exists"));
     sp.cluster_endpoints[ep] = endpoint(ip);
     sp.cluster_endpoints.sort_by_key(|e| (e.ip, e.port));
 }

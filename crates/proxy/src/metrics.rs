@@ -392,6 +392,7 @@ mod tests {
                 (key("d"), sp(true, true, false)),
             ]
             .into_iter()
+            .map(|(k, v)| (k, v.into()))
             .collect(),
             ..Default::default()
         };

@@ -248,7 +248,12 @@ fn plan(services: Vec<(&str, ServicePortPlan)>) -> Plan {
     Plan {
         services: services
             .into_iter()
-            .map(|(n, s)| (key(n, IpFamily::of(&s.frontends[0].addr.unwrap())), s))
+            .map(|(n, s)| {
+                (
+                    key(n, IpFamily::of(&s.frontends[0].addr.unwrap())),
+                    s.into(),
+                )
+            })
             .collect(),
         ..Default::default()
     }

@@ -253,7 +253,7 @@ fn load() -> Plan {
 fn replace_web_endpoint(p: &Plan, from: &str, to: &str) -> Plan {
     let mut p = p.clone();
     let web = p.services.keys().find(|k| k.name == "web").unwrap().clone();
-    let eps = &mut p.services.get_mut(&web).unwrap().cluster_endpoints;
+    let eps = &mut std::sync::Arc::make_mut(p.services.get_mut(&web).unwrap()).cluster_endpoints;
     let ep = eps.iter_mut().find(|e| e.ip.to_string() == from).unwrap();
     ep.ip = to.parse().unwrap();
     eps.sort();

@@ -67,7 +67,7 @@ fn with_more_web_endpoints(v2: &Plan) -> Plan {
         .find(|k| k.name == "web")
         .unwrap()
         .clone();
-    let sp = v3.services.get_mut(&web).unwrap();
+    let sp = std::sync::Arc::make_mut(v3.services.get_mut(&web).unwrap());
     let extra = weir_model::Endpoint {
         ip: "10.244.9.9".parse().unwrap(),
         ..sp.cluster_endpoints[0].clone()
@@ -147,13 +147,13 @@ fn conflicting_frontends_keep_the_first_and_say_so() {
     let mut p = load("v1");
     // Give a second service port the same externalIP frontend as `one`.
     let one = p.services.keys().find(|k| k.name == "one").unwrap().clone();
-    let mut dup = p.services[&one].clone();
+    let mut dup = (*p.services[&one]).clone();
     let mut key = one.clone();
     key.name = "one-copy".into();
     dup.cluster_endpoints[0].ip = "10.244.7.7".parse().unwrap();
     dup.frontends
         .retain(|f| f.kind == weir_model::FrontendKind::ExternalIp);
-    p.services.insert(key, dup);
+    p.services.insert(key, dup.into());
     let s = render_full(&p, &NftOptions::default());
     assert!(
         s.contains("# conflict: ep4tcp: duplicate key 198.51.100.6 . tcp . 443 . 0"),

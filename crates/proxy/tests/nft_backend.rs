@@ -153,6 +153,7 @@ fn every_sync_path_leaves_what_a_full_load_leaves() {
         .services
         .values_mut()
         .find(|sp| sp.cluster_endpoints.len() >= 2 && sp.affinity_timeout.is_none())
+        .map(std::sync::Arc::make_mut)
         .expect("fixture has a balanced service");
     sp.cluster_endpoints[0] = Endpoint {
         ip: "10.244.3.33".parse().unwrap(),
@@ -176,7 +177,7 @@ fn every_sync_path_leaves_what_a_full_load_leaves() {
     let mut udp = k.clone();
     udp.name = "udp-twin".into();
     udp.protocol = weir_model::Protocol::Udp;
-    let mut udp_sp = sp.clone();
+    let mut udp_sp = (**sp).clone();
     for (i, fe) in udp_sp.frontends.iter_mut().enumerate() {
         fe.addr = fe
             .addr
@@ -185,7 +186,7 @@ fn every_sync_path_leaves_what_a_full_load_leaves() {
     }
     udp_sp.frontends.retain(|f| f.addr.is_some());
     let n = udp_sp.cluster_endpoints.len();
-    v4.services.insert(udp, udp_sp);
+    v4.services.insert(udp, udp_sp.into());
     assert_eq!(sync(&mut backend, &v4).kind, SyncKind::Partial);
     assert_same(&node, &v4, "a UDP service added");
     let chain = node.nft(&["--debug=netlink", "list", "table", "inet", "weir"]);

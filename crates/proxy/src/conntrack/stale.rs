@@ -54,7 +54,7 @@ pub fn stale_udp_flows(old: &Plan, new: &Plan) -> Vec<ConntrackFilter> {
         let alive = new
             .services
             .get(key)
-            .map(endpoint_addrs)
+            .map(|sp| endpoint_addrs(sp))
             .unwrap_or_default();
         for ep in endpoint_addrs(before).difference(&alive) {
             for fe in &before.frontends {
@@ -174,7 +174,7 @@ mod tests {
 
     fn plan(services: Vec<(ServicePortKey, ServicePortPlan)>) -> Plan {
         Plan {
-            services: services.into_iter().collect(),
+            services: services.into_iter().map(|(k, v)| (k, v.into())).collect(),
             ..Default::default()
         }
     }

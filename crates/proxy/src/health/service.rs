@@ -237,6 +237,7 @@ mod tests {
                 port("plain", "", None, vec![ep("10.244.0.9", true)]),
             ]
             .into_iter()
+            .map(|(k, v)| (k, v.into()))
             .collect(),
             ..Default::default()
         };

@@ -74,7 +74,10 @@ impl NftBackend {
 
     /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
     /// maps before the endpoint maps they lead to), then adds (endpoint maps first).
-    fn reconcile_elements<'r>(&mut self, rs: &'r Ruleset) -> Result<Vec<(Op, &'r str, RawElement)>> {
+    fn reconcile_elements<'r>(
+        &mut self,
+        rs: &'r Ruleset,
+    ) -> Result<Vec<(Op, &'r str, RawElement)>> {
         let table = self.opts.table.clone();
         let mut deletes = Vec::new();
         let mut adds = Vec::new();

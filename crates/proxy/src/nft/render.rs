@@ -543,7 +543,7 @@ fn hairpin_changes(
         touched
             .iter()
             .filter_map(|k| p.services.get(*k))
-            .flat_map(endpoint_ips)
+            .flat_map(|sp| endpoint_ips(sp))
             .collect()
     };
     let (before, after) = (ips(old), ips(new));

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tracing::{info, warn};
-use weir_model::{plan, Plan, ProxyConfig};
+use weir_model::{plan_incremental, Plan, ProxyConfig};
 use weir_proxy::{Backend, SyncKind};
 use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
 
@@ -108,7 +108,11 @@ pub fn run(
         last_sync = Some(Instant::now());
         observer.node_eligible(node_eligible(&snapshot, &settings.node_name));
         let config = proxy_config(settings)?;
-        let plan = plan(&snapshot, &config);
+        let planning = Instant::now();
+        // Unchanged service ports keep the applied plan's Arcs: the backend's diff then
+        // recognises them by pointer.
+        let plan = plan_incremental(&snapshot, &config, applied.as_ref());
+        let plan_ms = planning.elapsed().as_secs_f64() * 1e3;
         for w in &plan.warnings {
             warn!("plan: {w}");
         }
@@ -122,6 +126,7 @@ pub fn run(
                         service_ports = plan.services.len(),
                         touched = report.service_ports_touched,
                         elapsed_ms = report.elapsed.as_secs_f64() * 1e3,
+                        plan_ms,
                         "synced"
                     );
                 }
