@@ -41,10 +41,16 @@ impl PlanDiff {
     }
 }
 
+/// The plan without its services (cloned field by field: cloning the plan would copy the
+/// whole service map).
 fn globals(p: &Plan) -> Plan {
     Plan {
         services: BTreeMap::new(),
-        ..p.clone()
+        node_port_addresses_v4: p.node_port_addresses_v4.clone(),
+        node_port_addresses_v6: p.node_port_addresses_v6.clone(),
+        cluster_cidrs: p.cluster_cidrs.clone(),
+        masquerade_all: p.masquerade_all,
+        warnings: p.warnings.clone(),
     }
 }
 
@@ -52,38 +58,52 @@ impl Plan {
     /// `old.diff(new)`: what to do to go from `old` to `new`.
     pub fn diff(&self, new: &Plan) -> PlanDiff {
         let mut d = PlanDiff::default();
-        for (k, v) in &self.services {
-            match new.services.get(k) {
-                None => {
-                    d.removed.insert(k.clone(), v.clone());
+        // Both maps are sorted by key: walk them side by side (no lookups).
+        let mut old_it = self.services.iter().peekable();
+        let mut new_it = new.services.iter().peekable();
+        loop {
+            match (old_it.peek(), new_it.peek()) {
+                (None, None) => break,
+                (Some((k, v)), None) => {
+                    d.removed.insert((*k).clone(), (*v).clone());
+                    old_it.next();
                 }
-                // Pointer first: the planner reuses unchanged service ports' Arcs.
-                Some(n) if !Arc::ptr_eq(n, v) && n != v => {
-                    d.changed.insert(
-                        k.clone(),
-                        Changed {
-                            old: v.clone(),
-                            new: n.clone(),
-                        },
-                    );
+                (None, Some((k, v))) => {
+                    d.added.insert((*k).clone(), (*v).clone());
+                    new_it.next();
                 }
-                Some(_) => {}
-            }
-        }
-        for (k, v) in &new.services {
-            if !self.services.contains_key(k) {
-                d.added.insert(k.clone(), v.clone());
+                (Some((ok, ov)), Some((nk, nv))) => match ok.cmp(nk) {
+                    std::cmp::Ordering::Less => {
+                        d.removed.insert((*ok).clone(), (*ov).clone());
+                        old_it.next();
+                    }
+                    std::cmp::Ordering::Greater => {
+                        d.added.insert((*nk).clone(), (*nv).clone());
+                        new_it.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        // Pointer first: the planner reuses unchanged service ports' Arcs.
+                        if !Arc::ptr_eq(ov, nv) && ov != nv {
+                            d.changed.insert(
+                                (*ok).clone(),
+                                Changed {
+                                    old: (*ov).clone(),
+                                    new: (*nv).clone(),
+                                },
+                            );
+                        }
+                        old_it.next();
+                        new_it.next();
+                    }
+                },
             }
         }
         let (og, ng) = (globals(self), globals(new));
         // Warnings are informational; they do not make the dataplane differ.
-        d.globals_changed = Plan {
-            warnings: vec![],
-            ..og.clone()
-        } != Plan {
-            warnings: vec![],
-            ..ng.clone()
-        };
+        d.globals_changed = og.node_port_addresses_v4 != ng.node_port_addresses_v4
+            || og.node_port_addresses_v6 != ng.node_port_addresses_v6
+            || og.cluster_cidrs != ng.cluster_cidrs
+            || og.masquerade_all != ng.masquerade_all;
         if og != ng {
             d.new_globals = Some(ng);
         }
