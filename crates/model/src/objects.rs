@@ -52,11 +52,28 @@ impl fmt::Display for ObjectKey {
 }
 
 /// One cluster object of a kind weir cares about.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub enum Object {
     Service(Arc<Service>),
     EndpointSlice(Arc<EndpointSlice>),
     Node(Arc<Node>),
+}
+
+/// Equal by pointer first: an object nobody changed is the same `Arc` in every snapshot, and
+/// comparing tens of thousands of them by value on every change would dominate a sync.
+/// (`Arc`'s own fast path needs `Eq`, which the Kubernetes types do not implement.)
+impl PartialEq for Object {
+    fn eq(&self, other: &Self) -> bool {
+        fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
+            Arc::ptr_eq(a, b) || a == b
+        }
+        match (self, other) {
+            (Object::Service(a), Object::Service(b)) => same(a, b),
+            (Object::EndpointSlice(a), Object::EndpointSlice(b)) => same(a, b),
+            (Object::Node(a), Object::Node(b)) => same(a, b),
+            _ => false,
+        }
+    }
 }
 
 impl Object {

@@ -216,7 +216,7 @@ pub enum NodePortAddresses {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Plan {
     /// Shared so that copies of a plan are cheap and an unchanged service port is recognised
-    /// by pointer (see [`crate::plan_incremental`]).
+    /// by pointer (see [`crate::Planner`]).
     pub services: BTreeMap<ServicePortKey, Arc<ServicePortPlan>>,
     pub node_port_addresses_v4: NodePortAddresses,
     pub node_port_addresses_v6: NodePortAddresses,

@@ -1,8 +1,9 @@
 //! Snapshot + config → [`Plan`], following kube-proxy's semantics (servicechangetracker,
 //! endpointslicecache, topology.go, the nftables proxier).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -41,63 +42,148 @@ pub struct ProxyConfig {
 
 /// Computes the plan. Pure and deterministic.
 pub fn plan(snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
-    plan_incremental(snapshot, config, None)
+    Planner::default().plan(snapshot, config)
 }
 
-/// [`plan`], sharing each service port's `Arc` with `previous` where the result is equal, so
-/// that `previous.diff(&new)` and consumers keyed by pointer see unchanged ports at once.
-pub fn plan_incremental(
-    snapshot: &Snapshot,
-    config: &ProxyConfig,
-    previous: Option<&Plan>,
-) -> Plan {
-    let mut p = plan_fresh(snapshot, config);
-    if let Some(prev) = previous {
-        for (k, v) in p.services.iter_mut() {
-            if let Some(old) = prev.services.get(k) {
-                if old == v {
-                    *v = old.clone();
-                }
+/// An EndpointSlice with its snapshot key.
+type SliceRef<'a> = (&'a (String, String), &'a Arc<EndpointSlice>);
+
+/// Slices by the (namespace, name) of the service they belong to; unlabelled ones are
+/// reported and skipped.
+fn group_slices<'a>(
+    snapshot: &'a Snapshot,
+    warnings: &mut BTreeSet<String>,
+) -> HashMap<(&'a str, &'a str), Vec<SliceRef<'a>>> {
+    let mut groups: HashMap<(&str, &str), Vec<SliceRef<'a>>> = HashMap::new();
+    for (key, slice) in &snapshot.endpoint_slices {
+        match slice_service(slice) {
+            Some(svc) => groups.entry((&key.0, svc)).or_default().push((key, slice)),
+            None => {
+                warnings.insert(format!(
+                    "EndpointSlice {}/{}: no {LABEL_SERVICE_NAME} label, ignored",
+                    key.0, key.1
+                ));
             }
         }
     }
-    p
+    groups
 }
 
-fn plan_fresh(snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
-    let mut warnings = BTreeSet::new();
-    let this_node = snapshot.nodes.get(&config.node_name).map(|n| n.as_ref());
-    let node_ips = if config.node_ips.is_empty() {
-        this_node.map(primary_node_ips).unwrap_or_default()
-    } else {
-        config.node_ips.clone()
-    };
-    let zone = config
-        .zone
-        .clone()
-        .or_else(|| this_node.and_then(|n| n.metadata.labels.as_ref()?.get(LABEL_ZONE).cloned()));
-    let ctx = Ctx {
-        config,
-        node_ips: &node_ips,
-        zone: zone.as_deref().unwrap_or(""),
-    };
-    let index = EndpointIndex::build(snapshot, &config.node_name, &mut warnings);
+/// The plan of one service, remembered with the exact objects it came from.
+struct CachedService {
+    service: Arc<Service>,
+    slices: Vec<Arc<EndpointSlice>>,
+    ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)>,
+    warnings: Vec<String>,
+}
 
-    let mut services = BTreeMap::new();
-    for ((ns, name), svc) in &snapshot.services {
-        plan_service(&ctx, ns, name, svc, &index, &mut services, &mut warnings);
+impl CachedService {
+    fn made_from(&self, service: &Arc<Service>, slices: &[SliceRef<'_>]) -> bool {
+        Arc::ptr_eq(&self.service, service)
+            && self.slices.len() == slices.len()
+            && self
+                .slices
+                .iter()
+                .zip(slices)
+                .all(|(a, (_, b))| Arc::ptr_eq(a, b))
     }
+}
 
-    Plan {
-        services: services
-            .into_iter()
-            .map(|(k, v)| (k, std::sync::Arc::new(v)))
-            .collect(),
-        node_port_addresses_v4: nodeport_addresses(config, &node_ips, IpFamily::V4),
-        node_port_addresses_v6: nodeport_addresses(config, &node_ips, IpFamily::V6),
-        cluster_cidrs: config.cluster_cidrs.clone(),
-        masquerade_all: config.masquerade_all,
-        warnings: warnings.into_iter().collect(),
+/// The planner with a memory: a service whose Service and EndpointSlice objects are the same
+/// `Arc`s as last time (the store keeps unchanged objects' `Arc`s) keeps its previous
+/// [`ServicePortPlan`]s, by pointer. So a change costs the planning of the services it
+/// touches, not of the cluster, and [`Plan::diff`] recognises unchanged ports by pointer.
+/// The result always equals [`plan`] of the same input.
+#[derive(Default)]
+pub struct Planner {
+    /// What node-wide input the cache was computed with.
+    context: Option<(ProxyConfig, Option<Arc<Node>>)>,
+    cache: HashMap<(String, String), CachedService>,
+}
+
+impl Planner {
+    pub fn plan(&mut self, snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
+        let node = snapshot.nodes.get(&config.node_name).cloned();
+        let same_context = self.context.as_ref().is_some_and(|(c, n)| {
+            c == config
+                && match (n, &node) {
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (None, None) => true,
+                    _ => false,
+                }
+        });
+        if !same_context {
+            self.cache.clear();
+            self.context = Some((config.clone(), node.clone()));
+        }
+        let this_node = node.as_deref();
+        let node_ips = if config.node_ips.is_empty() {
+            this_node.map(primary_node_ips).unwrap_or_default()
+        } else {
+            config.node_ips.clone()
+        };
+        let zone = config.zone.clone().or_else(|| {
+            this_node.and_then(|n| n.metadata.labels.as_ref()?.get(LABEL_ZONE).cloned())
+        });
+        let ctx = Ctx {
+            config,
+            node_ips: &node_ips,
+            zone: zone.as_deref().unwrap_or(""),
+        };
+
+        let mut warnings = BTreeSet::new();
+        let mut groups = group_slices(snapshot, &mut warnings);
+        let mut services = BTreeMap::new();
+        let mut cache = HashMap::with_capacity(snapshot.services.len());
+        for (key, svc) in &snapshot.services {
+            let slices = groups
+                .remove(&(key.0.as_str(), key.1.as_str()))
+                .unwrap_or_default();
+            let entry = match self.cache.remove(key) {
+                Some(c) if c.made_from(svc, &slices) => c,
+                _ => {
+                    let mut own_warnings = BTreeSet::new();
+                    let index = EndpointIndex::build(
+                        slices.iter().copied(),
+                        &config.node_name,
+                        &mut own_warnings,
+                    );
+                    let mut ports = BTreeMap::new();
+                    plan_service(
+                        &ctx,
+                        &key.0,
+                        &key.1,
+                        svc,
+                        &index,
+                        &mut ports,
+                        &mut own_warnings,
+                    );
+                    CachedService {
+                        service: svc.clone(),
+                        slices: slices.iter().map(|(_, s)| Arc::clone(s)).collect(),
+                        ports: ports.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
+                        warnings: own_warnings.into_iter().collect(),
+                    }
+                }
+            };
+            services.extend(entry.ports.iter().cloned());
+            warnings.extend(entry.warnings.iter().cloned());
+            cache.insert(key.clone(), entry);
+        }
+        // Slices of services that do not exist: no rules, but their problems are reported.
+        for slices in groups.into_values() {
+            EndpointIndex::build(slices, &config.node_name, &mut warnings);
+        }
+        self.cache = cache;
+
+        Plan {
+            services,
+            node_port_addresses_v4: nodeport_addresses(config, &node_ips, IpFamily::V4),
+            node_port_addresses_v6: nodeport_addresses(config, &node_ips, IpFamily::V6),
+            cluster_cidrs: config.cluster_cidrs.clone(),
+            masquerade_all: config.masquerade_all,
+            warnings: warnings.into_iter().collect(),
+        }
     }
 }
 
@@ -177,13 +263,15 @@ struct EpInfo {
 }
 
 impl EndpointIndex {
-    fn build(snapshot: &Snapshot, node_name: &str, warnings: &mut BTreeSet<String>) -> Self {
+    /// Indexes `slices` (all labelled with their service; see [`group_slices`]).
+    fn build<'a>(
+        slices: impl IntoIterator<Item = SliceRef<'a>>,
+        node_name: &str,
+        warnings: &mut BTreeSet<String>,
+    ) -> Self {
         let mut by_port: BTreeMap<_, BTreeMap<(IpAddr, u16), EpInfo>> = BTreeMap::new();
-        for ((ns, slice_name), slice) in &snapshot.endpoint_slices {
+        for ((ns, slice_name), slice) in slices {
             let Some(svc) = slice_service(slice) else {
-                warnings.insert(format!(
-                    "EndpointSlice {ns}/{slice_name}: no {LABEL_SERVICE_NAME} label, ignored"
-                ));
                 continue;
             };
             let family = match slice.address_type.as_str() {

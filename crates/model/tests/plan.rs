@@ -439,10 +439,12 @@ fn invalid_input_is_skipped_with_warnings() {
 }
 
 #[test]
-fn incremental_planning_shares_unchanged_service_ports() {
-    let mut snap = snapshot(&["nodes.yaml", "basic.yaml"]);
-    let first = plan(&snap, &config());
-    let again = plan_incremental(&snap, &config(), Some(&first));
+fn the_planner_replans_only_changed_services_and_shares_the_rest() {
+    let mut snap = snapshot(&["nodes.yaml", "basic.yaml", "policies.yaml", "lb.yaml"]);
+    let mut planner = Planner::default();
+    let first = planner.plan(&snap, &config());
+    assert_eq!(first, plan(&snap, &config()));
+    let again = planner.plan(&snap, &config());
     assert_eq!(again, first);
     assert!(again
         .services
@@ -450,7 +452,8 @@ fn incremental_planning_shares_unchanged_service_ports() {
         .all(|(k, v)| std::sync::Arc::ptr_eq(v, &first.services[k])));
     assert!(first.diff(&again).is_empty());
 
-    // One slice loses an endpoint: only its service's ports get new values.
+    // One slice loses an endpoint: only its service's ports get new values, and the result
+    // is what planning from scratch gives.
     let (slice_key, slice) = snap
         .endpoint_slices
         .iter()
@@ -460,7 +463,8 @@ fn incremental_planning_shares_unchanged_service_ports() {
     let mut smaller = (*slice).clone();
     smaller.endpoints.as_mut().unwrap().pop();
     snap.endpoint_slices.insert(slice_key, smaller.into());
-    let next = plan_incremental(&snap, &config(), Some(&first));
+    let next = planner.plan(&snap, &config());
+    assert_eq!(next, plan(&snap, &config()));
     let changed: Vec<_> = next
         .services
         .iter()
@@ -468,14 +472,11 @@ fn incremental_planning_shares_unchanged_service_ports() {
         .map(|(k, _)| k.clone())
         .collect();
     assert!(!changed.is_empty());
-    assert_eq!(
-        first
-            .diff(&next)
-            .touched()
-            .into_iter()
-            .cloned()
-            .collect::<Vec<_>>(),
-        changed
-    );
-    assert_eq!(next, plan(&snap, &config()));
+    let touched: Vec<_> = first.diff(&next).touched().into_iter().cloned().collect();
+    assert_eq!(touched, changed);
+
+    // A node-wide change (configuration) replans everything, still equal to a fresh plan.
+    let mut cfg = config();
+    cfg.masquerade_all = true;
+    assert_eq!(planner.plan(&snap, &cfg), plan(&snap, &cfg));
 }

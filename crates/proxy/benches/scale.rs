@@ -846,8 +846,9 @@ fn agent(mode: &str, shape: Shape, cfg: &Config) -> Result<AgentResult, String> 
     eps[0] = fresh_ip(0);
     let changed_at = Instant::now();
     write_chunk(&dir.0, shape, svc / SERVICES_PER_FILE, Some((svc, &eps)));
-    let (at, _) = wait_synced(&rx, Duration::from_secs(120))?;
+    let (at, line) = wait_synced(&rx, Duration::from_secs(120))?;
     let change_e2e_ms = ms(at - changed_at);
+    progress(format!("  the agent's log of that change: {}", line.trim()));
     let (_, hwm_mib) = memory_mib(child.0.id())?;
     Ok(AgentResult {
         full_e2e_ms,

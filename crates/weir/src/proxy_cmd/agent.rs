@@ -5,11 +5,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tracing::{info, warn};
-use weir_model::{plan_incremental, Plan, ProxyConfig};
+use weir_model::{Plan, Planner, ProxyConfig};
 use weir_proxy::{Backend, SyncKind};
 use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
 
 use super::config::Settings;
+
+/// Hands memory freed after a full sync (rendered ruleset, element batches) back to the
+/// kernel: glibc keeps freed heap in its arenas otherwise, and the agent's resident size
+/// would stay at the peak of its largest sync.
+fn release_freed_memory() {
+    // SAFETY: malloc_trim only releases free memory of glibc's allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 /// Every address configured in this network namespace (NodePort address matching).
 fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
@@ -83,6 +93,7 @@ pub fn run(
     });
 
     let mut applied: Option<Plan> = None;
+    let mut planner = Planner::default();
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
     let mut failing = false;
@@ -109,9 +120,9 @@ pub fn run(
         observer.node_eligible(node_eligible(&snapshot, &settings.node_name));
         let config = proxy_config(settings)?;
         let planning = Instant::now();
-        // Unchanged service ports keep the applied plan's Arcs: the backend's diff then
-        // recognises them by pointer.
-        let plan = plan_incremental(&snapshot, &config, applied.as_ref());
+        // Replans only services whose objects changed; the others keep their Arcs, which
+        // the backend's diff recognises by pointer.
+        let plan = planner.plan(&snapshot, &config);
         let plan_ms = planning.elapsed().as_secs_f64() * 1e3;
         for w in &plan.warnings {
             warn!("plan: {w}");
@@ -132,6 +143,9 @@ pub fn run(
                 }
                 observer.synced(applied.as_ref(), &plan, &report);
                 applied = Some(plan);
+                if report.kind == SyncKind::Full {
+                    release_freed_memory();
+                }
             }
             Err(e) => {
                 failing = true;
