@@ -978,10 +978,12 @@ fn measure(mode: &str, shape: Shape, full_suite: bool, cfg: &Config) -> Row {
 // ---------------------------------------------------------------------------------------------
 // Output
 
-fn cell(v: Option<f64>, decimals: usize) -> String {
+/// A figure, or why there is none: "failed" when the row recorded errors, "—" when the part
+/// was not measured for this row (the big case is backend-only).
+fn cell(v: Option<f64>, decimals: usize, missing: &str) -> String {
     v.filter(|v| v.is_finite())
         .map(|v| format!("{v:.decimals$}"))
-        .unwrap_or_else(|| "failed".into())
+        .unwrap_or_else(|| missing.into())
 }
 
 fn table(rows: &[Row], mode: &str) -> String {
@@ -994,21 +996,22 @@ fn table(rows: &[Row], mode: &str) -> String {
         let c = r.churn.as_ref();
         let a = r.agent.as_ref();
         let k = r.conn.as_ref();
+        let m = if r.errors.is_empty() { "—" } else { "failed" };
         let rss = a.map(|a| format!("{:.1} ({:.1})", a.rss_mib, a.hwm_mib));
         let _ = writeln!(
             out,
             "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.services,
             r.endpoints,
-            cell(r.full_ms, 0),
-            cell(c.map(|c| c.median_ms), 2),
-            cell(c.map(|c| c.p90_ms), 2),
-            cell(a.map(|a| a.full_e2e_ms), 0),
-            cell(a.map(|a| a.change_e2e_ms), 0),
-            rss.unwrap_or_else(|| "failed".into()),
-            cell(k.map(|k| k.vip), 0),
-            cell(k.map(|k| k.direct), 0),
-            cell(k.map(|k| k.vip / k.direct), 2),
+            cell(r.full_ms, 0, m),
+            cell(c.map(|c| c.median_ms), 2, m),
+            cell(c.map(|c| c.p90_ms), 2, m),
+            cell(a.map(|a| a.full_e2e_ms), 0, m),
+            cell(a.map(|a| a.change_e2e_ms), 0, m),
+            rss.unwrap_or_else(|| m.into()),
+            cell(k.map(|k| k.vip), 0, m),
+            cell(k.map(|k| k.direct), 0, m),
+            cell(k.map(|k| k.vip / k.direct), 2, m),
         );
     }
     for r in rows.iter().filter(|r| r.mode == mode) {

@@ -167,3 +167,15 @@ fn conflicting_frontends_keep_the_first_and_say_so() {
         .lines()
         .any(|l| !l.starts_with('#') && l.contains("198.51.100.6 . tcp . 443 . 0 : 10.244.7.7")));
 }
+
+#[test]
+fn endpoint_refs_follow_updates() {
+    use weir_proxy::nft::EndpointRefs;
+    let (v1, v2) = (load("v1"), load("v2"));
+    let v3 = with_more_web_endpoints(&v2);
+    for (old, new) in [(&v1, &v2), (&v2, &v1), (&v2, &v3), (&v3, &v1)] {
+        let mut refs = EndpointRefs::of(old);
+        refs.update(old, new, &old.diff(new).touched());
+        assert_eq!(refs, EndpointRefs::of(new));
+    }
+}

@@ -19,7 +19,8 @@ use weir_model::Plan;
 
 use super::netlink::{NftNetlink, Op, RawData, RawElement};
 use super::render::{
-    render_full, render_structure, render_update_parts, ruleset, update, NftOptions, Ruleset,
+    render_full, render_structure, render_update_parts, ruleset, update, EndpointRefs, NftOptions,
+    Ruleset,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 
@@ -30,6 +31,8 @@ pub const COLD_START_CHUNK: usize = 20_000;
 pub struct NftBackend {
     opts: NftOptions,
     applied: Option<Plan>,
+    /// Endpoint address counts of `applied` (hairpin pairs), kept up to date incrementally.
+    refs: EndpointRefs,
     netlink: Option<NftNetlink>,
 }
 
@@ -38,6 +41,7 @@ impl NftBackend {
         NftBackend {
             opts,
             applied: None,
+            refs: EndpointRefs::default(),
             netlink: None,
         }
     }
@@ -222,7 +226,7 @@ impl Backend for NftBackend {
         let (kind, touched) = match (&old, &diff) {
             (Some(_), Some(d)) if d.is_empty() => (SyncKind::Noop, 0),
             (Some(old), Some(d)) if !d.globals_changed => {
-                let u = update(old, plan, d, &self.opts);
+                let u = update(old, plan, d, &self.opts, &self.refs);
                 if u.elements_only() {
                     let ops: Vec<(Op, &str, RawElement)> = u
                         .del_el
@@ -239,10 +243,12 @@ impl Backend for NftBackend {
                 } else {
                     nft_script(&render_update_parts(&u, &self.opts))?;
                 }
+                self.refs.update(old, plan, &d.touched());
                 (SyncKind::Partial, u.touched)
             }
             _ => {
                 self.full_sync(plan)?;
+                self.refs = EndpointRefs::of(plan);
                 (SyncKind::Full, plan.services.len())
             }
         };

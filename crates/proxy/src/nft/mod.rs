@@ -8,6 +8,6 @@ mod render;
 
 pub use apply::NftBackend;
 pub use render::{
-    render_full, render_structure, render_update, render_update_parts, ruleset, update, NftOptions,
-    Ruleset, Update,
+    render_full, render_structure, render_update, render_update_parts, ruleset, update,
+    EndpointRefs, NftOptions, Ruleset, Update,
 };

@@ -23,7 +23,7 @@
 //! * loadBalancerSourceRanges: `fw4` (guarded frontends) + `fwallow4` (frontend . source
 //!   interval) checked before DNAT.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -530,38 +530,76 @@ fn endpoint_ips(sp: &ServicePortPlan) -> impl Iterator<Item = IpAddr> + '_ {
         .map(|e| e.ip)
 }
 
-/// Hairpin pairs to remove and to add when the `touched` service ports change. Only their
-/// endpoints can appear or vanish; one scan over the other plan's endpoints (no allocation
-/// per endpoint) tells whether another service still (or already) uses an address, so the
-/// cost stays small at any number of services.
+/// How many endpoint entries of a plan use each address: a hairpin pair exists while its
+/// address is used. Kept by the backend across syncs so that an update finds out whether an
+/// address appeared or vanished from the touched services alone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointRefs(HashMap<IpAddr, u32>);
+
+impl EndpointRefs {
+    pub fn of(plan: &Plan) -> Self {
+        let mut refs = EndpointRefs::default();
+        for sp in plan.services.values() {
+            for ip in endpoint_ips(sp) {
+                *refs.0.entry(ip).or_default() += 1;
+            }
+        }
+        refs
+    }
+
+    /// Per address, the change in use count when `touched` go from `old` to `new`.
+    fn deltas(old: &Plan, new: &Plan, touched: &BTreeSet<&ServicePortKey>) -> HashMap<IpAddr, i64> {
+        let mut delta: HashMap<IpAddr, i64> = HashMap::new();
+        for k in touched {
+            for ip in old
+                .services
+                .get(*k)
+                .into_iter()
+                .flat_map(|sp| endpoint_ips(sp))
+            {
+                *delta.entry(ip).or_default() -= 1;
+            }
+            for ip in new
+                .services
+                .get(*k)
+                .into_iter()
+                .flat_map(|sp| endpoint_ips(sp))
+            {
+                *delta.entry(ip).or_default() += 1;
+            }
+        }
+        delta
+    }
+
+    /// Moves the counts from `old` to `new` (`self` must be the counts of `old`).
+    pub fn update(&mut self, old: &Plan, new: &Plan, touched: &BTreeSet<&ServicePortKey>) {
+        for (ip, d) in Self::deltas(old, new, touched) {
+            let n = i64::from(self.0.get(&ip).copied().unwrap_or(0)) + d;
+            if n > 0 {
+                self.0.insert(ip, n as u32);
+            } else {
+                self.0.remove(&ip);
+            }
+        }
+    }
+}
+
+/// Hairpin pairs to remove and to add when the `touched` service ports change; `refs` are the
+/// counts of `old`. Costs the touched services' endpoints, whatever the size of the plan.
 fn hairpin_changes(
     old: &Plan,
     new: &Plan,
     touched: &BTreeSet<&ServicePortKey>,
+    refs: &EndpointRefs,
 ) -> (Vec<SetElement>, Vec<SetElement>) {
-    let ips = |p: &Plan| -> BTreeSet<IpAddr> {
-        touched
-            .iter()
-            .filter_map(|k| p.services.get(*k))
-            .flat_map(|sp| endpoint_ips(sp))
-            .collect()
-    };
-    let (before, after) = (ips(old), ips(new));
-    let mut gone: BTreeSet<IpAddr> = before.difference(&after).copied().collect();
-    let mut came: BTreeSet<IpAddr> = after.difference(&before).copied().collect();
-    for (k, sp) in &new.services {
-        if !gone.is_empty() && !touched.contains(k) {
-            endpoint_ips(sp).for_each(|ip| {
-                gone.remove(&ip);
-            });
-        }
-    }
-    for (k, sp) in &old.services {
-        if !came.is_empty() && !touched.contains(k) {
-            endpoint_ips(sp).for_each(|ip| {
-                came.remove(&ip);
-            });
-        }
+    let (mut gone, mut came) = (BTreeSet::new(), BTreeSet::new());
+    for (ip, d) in EndpointRefs::deltas(old, new, touched) {
+        let before = i64::from(refs.0.get(&ip).copied().unwrap_or(0));
+        match (before > 0, before + d > 0) {
+            (true, false) => gone.insert(ip),
+            (false, true) => came.insert(ip),
+            _ => false,
+        };
     }
     (
         gone.into_iter().map(hairpin_element).collect(),
@@ -786,11 +824,18 @@ pub fn render_update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) ->
     if diff.globals_changed {
         return render_full(new, o);
     }
-    render_update_parts(&update(old, new, diff, o), o)
+    render_update_parts(&update(old, new, diff, o, &EndpointRefs::of(old)), o)
 }
 
 /// The parts of an incremental update (`diff.globals_changed` must be false).
-pub fn update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) -> Update {
+/// `refs` are the [`EndpointRefs`] of `old`.
+pub fn update(
+    old: &Plan,
+    new: &Plan,
+    diff: &PlanDiff,
+    o: &NftOptions,
+    refs: &EndpointRefs,
+) -> Update {
     let mut del_el: BTreeSet<(String, Element)> = BTreeSet::new();
     let mut add_el: BTreeSet<(String, Element)> = BTreeSet::new();
     let mut flush_chains = BTreeSet::new();
@@ -845,7 +890,7 @@ pub fn update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) -> Update
             add_chains.insert(c.name(), c.rules(o));
         }
     }
-    let (gone, came) = hairpin_changes(old, new, &diff.touched());
+    let (gone, came) = hairpin_changes(old, new, &diff.touched(), refs);
     del_el.extend(gone);
     add_el.extend(came);
     Update {
