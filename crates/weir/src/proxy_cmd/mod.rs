@@ -36,7 +36,14 @@ enum ProxyCommand {
 fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
     match mode {
         ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions::default()))),
-        ProxyMode::Iptables => Ok(Box::new(IptablesBackend::new(IptablesOptions::default()))),
+        ProxyMode::Iptables => {
+            let mut opts = IptablesOptions::default();
+            // ip6tables cannot work on a kernel booted with IPv6 disabled.
+            if !std::path::Path::new("/proc/sys/net/ipv6").exists() {
+                opts.families.retain(|f| *f == weir_model::IpFamily::V4);
+            }
+            Ok(Box::new(IptablesBackend::new(opts)))
+        }
     }
 }
 
