@@ -153,7 +153,11 @@ spec:
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata: {name: extra-1, namespace: default, labels: {kubernetes.io/service-name: extra}}
+metadata:
+  name: extra-1
+  namespace: default
+  labels: {kubernetes.io/service-name: extra}
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: \"TRIGGER\"}
 addressType: IPv4
 ports: [{name: http, port: 8080}]
 endpoints:
@@ -179,8 +183,26 @@ fn agent_lifecycle(mode: &'static str) {
     );
 
     // A new file is picked up; a broken one is reported with its name and changes nothing.
-    std::fs::write(a.manifests().join("extra.yaml"), EXTRA).unwrap();
+    // Its slice says the change happened an hour ago: the network-programming latency
+    // (kube-proxy's meaning) counts from there.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let hour_ago = weir_model::k8s_openapi::jiff::Timestamp::from_second(now - 3600).unwrap();
+    std::fs::write(
+        a.manifests().join("extra.yaml"),
+        EXTRA.replace("TRIGGER", &hour_ago.to_string()),
+    )
+    .unwrap();
     a.wait_for("the new service", || a.rules().contains("10.96.7.7"));
+    let (_, metrics) = a.http("10249/metrics");
+    let sum: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("kubeproxy_network_programming_duration_seconds_sum"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(sum >= 3600.0, "{metrics}");
     std::fs::write(
         a.manifests().join("broken.yaml"),
         "apiVersion: v1\nkind: Service\nmetadata: {name: x, namespace: default}\nspec:\n  ports: [{port: banana}]\n",

@@ -1,7 +1,8 @@
 //! The proxy's control loop: objects → plan → backend, rate-limited, with periodic resyncs.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use tracing::{info, warn};
@@ -49,12 +50,47 @@ pub trait SyncObserver {
     /// A change was seen and a sync is queued.
     fn queued(&mut self) {}
     /// `plan` is now in the kernel; `previous` was before.
-    fn synced(&mut self, _previous: Option<&Plan>, _plan: &Plan, _report: &weir_proxy::SyncReport) {
+    /// `change_triggers`: the `last-change-trigger-time`s of the EndpointSlices this sync
+    /// programmed (empty on the first sync, and when the objects carry none).
+    fn synced(
+        &mut self,
+        _previous: Option<&Plan>,
+        _plan: &Plan,
+        _report: &weir_proxy::SyncReport,
+        _change_triggers: &[SystemTime],
+    ) {
     }
     fn failed(&mut self, _error: &weir_proxy::Error) {}
     /// Whether this node should receive load-balancer traffic (kube-proxy's /healthz
     /// fails while the Node is being deleted or drained by the cluster autoscaler).
     fn node_eligible(&mut self, _eligible: bool) {}
+}
+
+/// The EndpointSlice annotation the EndpointSlice controller sets to when the change that
+/// produced the slice happened (kube-proxy's network-programming latency starts there).
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// Trigger times of the slices that are new or changed (not the same `Arc`) since `before`.
+fn change_triggers(before: &weir_model::Snapshot, now: &weir_model::Snapshot) -> Vec<SystemTime> {
+    now.endpoint_slices
+        .iter()
+        .filter(|(k, s)| {
+            !before
+                .endpoint_slices
+                .get(*k)
+                .is_some_and(|b| Arc::ptr_eq(b, s))
+        })
+        .filter_map(|(_, s)| s.metadata.annotations.as_ref()?.get(TRIGGER_TIME))
+        .filter_map(|t| parse_time(t))
+        .collect()
+}
+
+/// An RFC 3339 time (as Kubernetes writes them) as a `SystemTime`; `None` if invalid or
+/// before 1970.
+fn parse_time(s: &str) -> Option<SystemTime> {
+    let ts = s.parse::<weir_model::k8s_openapi::jiff::Timestamp>().ok()?;
+    let nanos = u64::try_from(ts.as_nanosecond()).ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos))
 }
 
 /// False while this node's Node object is being deleted or carries the cluster
@@ -94,6 +130,8 @@ pub fn run(
 
     let mut applied: Option<Plan> = None;
     let mut planner = Planner::default();
+    // The objects of the last successful sync (to tell which EndpointSlices it programmed).
+    let mut programmed: Option<weir_model::Snapshot> = None;
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
     let mut failing = false;
@@ -141,8 +179,13 @@ pub fn run(
                         "synced"
                     );
                 }
-                observer.synced(applied.as_ref(), &plan, &report);
+                let triggers = programmed
+                    .as_ref()
+                    .map(|before| change_triggers(before, &snapshot))
+                    .unwrap_or_default();
+                observer.synced(applied.as_ref(), &plan, &report, &triggers);
                 applied = Some(plan);
+                programmed = Some(snapshot);
                 if report.kind == SyncKind::Full {
                     release_freed_memory();
                 }
@@ -156,5 +199,38 @@ pub fn run(
                 observer.failed(&e);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
+    use weir_model::Object;
+
+    fn slice(name: &str, trigger: Option<&str>) -> Object {
+        let mut s = EndpointSlice::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.namespace = Some("ns".into());
+        if let Some(t) = trigger {
+            s.metadata.annotations = Some([(TRIGGER_TIME.to_string(), t.to_string())].into());
+        }
+        s.into()
+    }
+
+    #[test]
+    fn trigger_times_of_new_and_changed_slices_only() {
+        let (a, b) = (slice("a", Some("2026-11-21T10:00:00Z")), slice("b", None));
+        let before = weir_model::Snapshot::from_objects(&[a.clone(), b.clone()]);
+        assert!(change_triggers(&before, &before).is_empty());
+        let changed = slice("a", Some("2026-11-21T10:00:05Z"));
+        let new = slice("c", Some("2026-11-21T10:00:07Z"));
+        let now = weir_model::Snapshot::from_objects(&[changed, b, new]);
+        let mut got = change_triggers(&before, &now);
+        got.sort();
+        // Seconds since the epoch, from `date -u -d 2026-11-21T10:00:05Z +%s`.
+        let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        assert_eq!(got, vec![at(1795255205), at(1795255207)]);
+        assert_eq!(parse_time("yesterday"), None);
     }
 }

@@ -1,7 +1,7 @@
 //! What happens around each sync: health state and servers, metrics, UDP conntrack cleanup.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use tracing::{debug, warn};
 use weir_model::Plan;
@@ -90,11 +90,26 @@ impl SyncObserver for Operations {
         self.queued_at.get_or_insert_with(Instant::now);
     }
 
-    fn synced(&mut self, previous: Option<&Plan>, plan: &Plan, report: &SyncReport) {
+    fn synced(
+        &mut self,
+        previous: Option<&Plan>,
+        plan: &Plan,
+        report: &SyncReport,
+        change_triggers: &[SystemTime],
+    ) {
         self.metrics.observe_sync(report.kind, report.elapsed);
         self.health.updated();
-        if let (Some(at), true) = (self.queued_at.take(), report.kind != SyncKind::Noop) {
-            // Measured from when weir saw the change (manifests carry no trigger time).
+        let seen_at = self.queued_at.take();
+        if !change_triggers.is_empty() {
+            // kube-proxy's meaning: from the EndpointSlice's last-change-trigger-time.
+            let now = SystemTime::now();
+            for t in change_triggers {
+                if let Ok(latency) = now.duration_since(*t) {
+                    self.metrics.observe_network_programming(latency);
+                }
+            }
+        } else if let (Some(at), true) = (seen_at, report.kind != SyncKind::Noop) {
+            // Objects without trigger times (hand-written manifests): from when weir saw it.
             self.metrics.observe_network_programming(at.elapsed());
         }
         if let Some(previous) = previous {
