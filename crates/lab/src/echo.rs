@@ -7,7 +7,6 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -145,15 +144,7 @@ pub fn spawn(weir: &Path, netns: &Path, name: &str, log: &Path) -> anyhow::Resul
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    // SAFETY: setsid(2) is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    crate::ns::detach(&mut cmd);
     let mut child = cmd
         .spawn()
         .with_context(|| format!("spawn {}", weir.display()))?;

@@ -106,3 +106,18 @@ pub fn kill_all(pids: &[u32]) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Makes `cmd` start in a session of its own, so that it outlives the `weir lab` command that
+/// started it and no terminal signal reaches it; `weir lab down` finds it by namespace.
+pub fn detach(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setsid(2) is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

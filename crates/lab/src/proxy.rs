@@ -2,9 +2,8 @@
 //! namespace as a detached process, waiting until `/healthz` answers 200, stopping it.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -99,15 +98,7 @@ impl Launch {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        // SAFETY: setsid(2) is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::ns::detach(&mut cmd);
         netns.spawn_inside(&mut cmd);
         let mut child = cmd
             .spawn()

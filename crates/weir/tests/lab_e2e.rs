@@ -6,69 +6,13 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-fn weir_cni() -> PathBuf {
-    let path = Path::new(WEIR).with_file_name("weir-cni");
-    assert!(
-        path.exists(),
-        "{} is missing: build it with `cargo build -p weir-cni` (or `cargo test --workspace`)",
-        path.display()
-    );
-    path
-}
-
-/// A unique lab name: a short tag and this process's pid ([a-z0-9]{1,10}).
-fn lab_name(tag: &str) -> String {
-    let name = format!("{tag}{}", std::process::id());
-    assert!(name.len() <= 10, "{name}");
-    name
-}
-
-/// A lab under test: its state dir, and `weir lab down` on drop (also after a panic).
-struct Lab {
-    name: String,
-    state: tempfile::TempDir,
-}
+mod common;
+use common::*;
 
 impl Lab {
-    fn new(tag: &str) -> Self {
-        Self {
-            name: lab_name(tag),
-            state: tempfile::tempdir().expect("tempdir"),
-        }
-    }
-
-    fn weir(&self, args: &[&str]) -> Output {
-        Command::new(WEIR)
-            .args(args)
-            .env("WEIR_LAB_STATE", self.state.path())
-            .env("WEIR_CNI", weir_cni_if_present())
-            .output()
-            .expect("run weir")
-    }
-
-    /// Runs weir and requires success.
-    fn ok(&self, args: &[&str]) -> Output {
-        let out = self.weir(args);
-        assert!(
-            out.status.success(),
-            "weir {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    }
-
     fn topology(&self, cni: &str) -> PathBuf {
         let path = self.state.path().join("topology-input.yaml");
         // No proxy: these tests are about the CNI plugins (tests/lab_services.rs covers the
@@ -86,20 +30,6 @@ impl Lab {
     fn namespaces(&self) -> Vec<String> {
         namespaces_of(&self.name)
     }
-
-    fn lab_dir(&self) -> PathBuf {
-        self.state.path().join(&self.name)
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.weir(&["lab", "down", &self.name]);
-    }
-}
-
-fn weir_cni_if_present() -> PathBuf {
-    Path::new(WEIR).with_file_name("weir-cni")
 }
 
 fn namespaces_of(lab: &str) -> Vec<String> {

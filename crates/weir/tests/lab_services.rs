@@ -8,65 +8,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
 
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-fn weir_cni() -> PathBuf {
-    let path = Path::new(WEIR).with_file_name("weir-cni");
-    assert!(
-        path.exists(),
-        "{} is missing: build it with `cargo build -p weir-cni` (or `cargo test --workspace`)",
-        path.display()
-    );
-    path
-}
-
-/// A lab under test: its state dir, and `weir lab down` on drop (also after a panic).
-struct Lab {
-    name: String,
-    state: tempfile::TempDir,
-}
+mod common;
+use common::*;
 
 impl Lab {
-    fn new(tag: &str) -> Self {
-        let name = format!("{tag}{}", std::process::id());
-        assert!(name.len() <= 10, "{name}");
-        Self {
-            name,
-            state: tempfile::tempdir().expect("tempdir"),
-        }
-    }
-
-    fn weir(&self, args: &[&str]) -> Output {
-        Command::new(WEIR)
-            .args(args)
-            .env("WEIR_LAB_STATE", self.state.path())
-            .env("WEIR_CNI", weir_cni())
-            .output()
-            .expect("run weir")
-    }
-
-    fn ok(&self, args: &[&str]) -> Output {
-        let out = self.weir(args);
-        assert!(
-            out.status.success(),
-            "weir {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
-    }
-
     fn write_topology(&self, body: &str) -> PathBuf {
         let path = self.state.path().join("topology-input.yaml");
         std::fs::write(&path, format!("name: {}\n{body}", self.name)).unwrap();
@@ -76,10 +27,6 @@ impl Lab {
     fn up(&self, body: &str, mode: &str) -> Output {
         let topo = self.write_topology(body);
         self.ok(&["lab", "up", topo.to_str().unwrap(), "--proxy-mode", mode])
-    }
-
-    fn lab_dir(&self) -> PathBuf {
-        self.state.path().join(&self.name)
     }
 
     fn state_json(&self) -> Value {
@@ -130,12 +77,6 @@ impl Lab {
     fn check_table(&self) -> String {
         let out = self.weir(&["lab", "check", &self.name]);
         String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.weir(&["lab", "down", &self.name]);
     }
 }
 

@@ -6,11 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
+mod common;
+use common::{is_root, WEIR};
 
 /// A namespace, a manifest directory and the running agent; all removed on drop.
 struct Agent {
