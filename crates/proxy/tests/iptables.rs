@@ -3,10 +3,9 @@
 //! network namespace (root only; skipped otherwise).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use weir_model::{plan, Endpoint, IpFamily, Plan, Protocol, ProxyConfig, ServicePortKey, Snapshot};
+use weir_model::{Endpoint, IpFamily, Plan, Protocol, ServicePortKey};
 use weir_proxy::iptables::names::{
     endpoint_chain, port_proto_hash, service_port_name, ServiceChains,
 };
@@ -14,31 +13,9 @@ use weir_proxy::iptables::{
     chains_in_save, probability, render_full, render_full_replacing, render_update,
     service_chain_names, IptablesOptions,
 };
-use weir_source::ManifestDir;
 
-fn dir(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
-}
-
-fn load(fixture: &str) -> Plan {
-    load_with(fixture, vec![])
-}
-
-fn load_with(fixture: &str, nodeport_addresses: Vec<ipnet::IpNet>) -> Plan {
-    let mut d = ManifestDir::new(dir(&format!("fixtures/{fixture}")));
-    let r = d.scan();
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
-    let cfg = ProxyConfig {
-        node_name: "node-a".into(),
-        cluster_cidrs: vec![
-            "10.244.0.0/16".parse().unwrap(),
-            "fd00:244::/48".parse().unwrap(),
-        ],
-        nodeport_addresses,
-        ..Default::default()
-    };
-    plan(&Snapshot::from_objects(&d.objects()), &cfg)
-}
+mod common;
+use common::{golden, in_netns, load, load_with};
 
 /// The policies fixture, node ports on every local address.
 fn policies() -> Plan {
@@ -46,19 +23,6 @@ fn policies() -> Plan {
         "iptables-policies",
         vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()],
     )
-}
-
-/// Compares with tests/golden/<name>; `WEIR_UPDATE_GOLDEN=1` rewrites it.
-fn golden(name: &str, actual: &str) {
-    let path = dir("golden").join(name);
-    if std::env::var_os("WEIR_UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, actual).unwrap();
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        expected == actual,
-        "golden {name} differs; rerun with WEIR_UPDATE_GOLDEN=1 and review:\n{actual}"
-    );
 }
 
 fn key(ns: &str, name: &str, port: &str, protocol: Protocol) -> ServicePortKey {
@@ -314,22 +278,6 @@ fn can_run_iptables() -> bool {
         eprintln!("skipping: needs root, iptables-restore, ip6tables-restore and unshare");
     }
     root && tools
-}
-
-/// Runs a shell script in a fresh network namespace (nothing outside it changes).
-fn in_netns(script: &str) -> (bool, String) {
-    let out = Command::new("unshare")
-        .args(["--net", "sh", "-ec", script])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 #[test]

@@ -1,41 +1,10 @@
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use weir_model::{plan, Plan, ProxyConfig, Snapshot};
+use weir_model::Plan;
 use weir_proxy::nft::{render_full, render_update, NftOptions};
-use weir_source::ManifestDir;
 
-fn dir(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(p)
-}
-
-fn load(fixture: &str) -> Plan {
-    let mut d = ManifestDir::new(dir(&format!("fixtures/{fixture}")));
-    let r = d.scan();
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
-    let cfg = ProxyConfig {
-        node_name: "node-a".into(),
-        cluster_cidrs: vec![
-            "10.244.0.0/16".parse().unwrap(),
-            "fd00:244::/48".parse().unwrap(),
-        ],
-        ..Default::default()
-    };
-    plan(&Snapshot::from_objects(&d.objects()), &cfg)
-}
-
-/// Compares with tests/golden/<name>; `WEIR_UPDATE_GOLDEN=1` rewrites it.
-fn golden(name: &str, actual: &str) {
-    let path = dir("golden").join(name);
-    if std::env::var_os("WEIR_UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, actual).unwrap();
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        expected == actual,
-        "golden {name} differs; rerun with WEIR_UPDATE_GOLDEN=1 and review:\n{actual}"
-    );
-}
+mod common;
+use common::{golden, in_netns, load};
 
 #[test]
 fn golden_full_and_update() {
@@ -92,22 +61,6 @@ fn can_run_nft() -> bool {
         eprintln!("skipping: needs root, nft and unshare");
     }
     root && nft && unshare
-}
-
-/// Runs a shell script in a fresh network namespace (nothing outside it changes).
-fn in_netns(script: &str) -> (bool, String) {
-    let out = Command::new("unshare")
-        .args(["--net", "sh", "-ec", script])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 #[test]

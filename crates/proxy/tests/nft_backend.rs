@@ -4,15 +4,16 @@
 //! second, fresh namespace.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 use weir_kernel::NetNs;
-use weir_model::{plan, Endpoint, Plan, ProxyConfig, Snapshot};
+use weir_model::{Endpoint, Plan};
 use weir_proxy::nft::{render_full, NftBackend, NftOptions};
 use weir_proxy::{Backend, SyncKind};
-use weir_source::ManifestDir;
+
+mod common;
+use common::load;
 
 /// A named network namespace deleted on drop (also when the test panics).
 struct TestNs(String);
@@ -56,29 +57,11 @@ impl Drop for TestNs {
 }
 
 fn is_root() -> bool {
-    // SAFETY: getuid cannot fail.
-    let root = unsafe { libc::getuid() } == 0;
+    let root = common::is_root();
     if !root {
         eprintln!("skipping: needs root");
     }
     root
-}
-
-fn load(fixture: &str) -> Plan {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(fixture);
-    let mut d = ManifestDir::new(dir);
-    assert!(d.scan().errors.is_empty());
-    let cfg = ProxyConfig {
-        node_name: "node-a".into(),
-        cluster_cidrs: vec![
-            "10.244.0.0/16".parse().unwrap(),
-            "fd00:244::/48".parse().unwrap(),
-        ],
-        ..Default::default()
-    };
-    plan(&Snapshot::from_objects(&d.objects()), &cfg)
 }
 
 /// The table as comparable data: chain → rules, set → sorted elements (handles dropped).
