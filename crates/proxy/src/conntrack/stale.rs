@@ -16,6 +16,7 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use weir_model::{Frontend, FrontendKind, IpFamily, Plan, Protocol, ServicePortPlan, Verdict};
 
@@ -34,6 +35,9 @@ pub fn stale_udp_flows(old: &Plan, new: &Plan) -> Vec<ConntrackFilter> {
             continue;
         }
         let before = old.services.get(key);
+        if before.is_some_and(|b| Arc::ptr_eq(b, now)) {
+            continue; // unchanged (the planner shares unchanged ports' Arcs)
+        }
         for fe in now.frontends.iter().filter(|fe| forwards(fe, now)) {
             let forwarded_before = before.is_some_and(|b| {
                 b.frontends
@@ -51,11 +55,11 @@ pub fn stale_udp_flows(old: &Plan, new: &Plan) -> Vec<ConntrackFilter> {
         if key.protocol != Protocol::Udp {
             continue;
         }
-        let alive = new
-            .services
-            .get(key)
-            .map(|sp| endpoint_addrs(sp))
-            .unwrap_or_default();
+        let now = new.services.get(key);
+        if now.is_some_and(|n| Arc::ptr_eq(n, before)) {
+            continue;
+        }
+        let alive = now.map(|sp| endpoint_addrs(sp)).unwrap_or_default();
         for ep in endpoint_addrs(before).difference(&alive) {
             for fe in &before.frontends {
                 out.insert(destination(key.family, fe, Some(*ep)));
