@@ -1,8 +1,10 @@
 //! bridge mode: a Linux bridge on the node, one veth pair per pod, the gateway on the bridge.
 //!
 //! ADD allocates first and builds second, undoing both on any failure. Everything ADD creates can be
-//! found again from (container ID, ifname) alone — the host veth name is derived from them and the
-//! IPAM files record them — so DEL and GC reclaim what a killed ADD left behind.
+//! found again from (network, container ID, ifname) alone — the host veth name is derived from them
+//! and the IPAM files record them — so DEL and GC reclaim what a killed ADD left behind. Each host
+//! veth also carries its network in its alias, so GC of one network can tell its own orphans from
+//! another network's pods.
 
 use std::net::IpAddr;
 
@@ -20,15 +22,55 @@ use crate::ipam::{Allocation, Store};
 use crate::masq;
 use crate::spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, Outcome, Route};
 
-/// The host end of a pod's veth: `weir` + 11 hex digits of SHA-256(container ID, ifname).
-/// Deterministic, so DEL finds it without any saved state; 15 bytes, the kernel's limit.
 /// Beside the IPAM files: the masquerade destinations this network's table was set up with.
-const MASQ_STAMP: &str = "weir-masq-direct";
+pub(crate) const MASQ_STAMP: &str = "weir-masq-direct";
+/// Beside the IPAM files: "<ifindex> <mac>" of the bridge whose MAC this network last pinned.
+const BRIDGE_MAC_STAMP: &str = "weir-bridge-mac";
 
-pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
-    let digest = Sha256::digest(format!("{container_id}/{ifname}").as_bytes());
+/// The host end of a pod's veth: `weir` + 11 hex digits of SHA-256(network, container ID, ifname).
+/// Deterministic, so DEL finds it without any saved state; 15 bytes, the kernel's limit. The
+/// network is part of it because two networks may attach the same container.
+pub fn host_veth_name(network: &str, container_id: &str, ifname: &str) -> String {
+    // Neither a network name nor a container ID contains '/', so the input is unambiguous and
+    // never equals a legacy input.
+    hashed_veth_name(&format!("{network}/{container_id}/{ifname}"))
+}
+
+/// The name releases before the network was part of it used; pods they made must still DEL.
+pub fn legacy_host_veth_name(container_id: &str, ifname: &str) -> String {
+    hashed_veth_name(&format!("{container_id}/{ifname}"))
+}
+
+fn hashed_veth_name(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("weir{}", &hex[..11])
+}
+
+/// The alias every host veth of `network` carries (IFLA_IFALIAS, at most 255 bytes): the name
+/// itself when it fits, which is what an operator reading `ip link` wants, else its hash.
+pub fn owner_alias(network: &str) -> String {
+    let alias = format!("weir-cni/{network}");
+    if alias.len() <= 255 {
+        return alias;
+    }
+    let digest = Sha256::digest(network.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("weir-cni/sha256:{hex}")
+}
+
+/// A random unicast, locally administered MAC for a new bridge.
+fn random_bridge_mac() -> Vec<u8> {
+    let mut mac = [0u8; 6];
+    // SAFETY: getrandom writes at most mac.len() bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(mac.as_mut_ptr().cast(), mac.len(), 0) };
+    if n != mac.len() as isize {
+        // No entropy (very early boot): derive from time and pid; uniqueness on one node suffices.
+        let seed = format!("{:?}/{}", std::time::SystemTime::now(), std::process::id());
+        mac.copy_from_slice(&Sha256::digest(seed.as_bytes())[..6]);
+    }
+    mac[0] = (mac[0] & 0xfc) | 0x02;
+    mac.to_vec()
 }
 
 fn netlink_err(e: NlError) -> CniError {
@@ -46,6 +88,11 @@ pub fn open_netns(path: &std::path::Path) -> CniResult<NetNs> {
             ErrorCode::UnknownContainer,
             format!("network namespace {} does not exist", path.display()),
         ),
+        // a FIFO, a plain file, another kind of namespace: the runtime passed a wrong CNI_NETNS
+        std::io::ErrorKind::InvalidInput => CniError::new(
+            ErrorCode::InvalidEnvironment,
+            format!("CNI_NETNS {} is not a network namespace", path.display()),
+        ),
         _ => io_err(&format!("open network namespace {}", path.display()), e),
     })
 }
@@ -58,7 +105,35 @@ pub struct Attachment<'a> {
 
 impl Attachment<'_> {
     fn host_veth(&self) -> String {
-        host_veth_name(self.container_id, self.ifname)
+        host_veth_name(&self.conf.name, self.container_id, self.ifname)
+    }
+
+    /// This attachment's host veth, under today's name or (made by an older release) the legacy
+    /// one. A legacy-named veth is taken only if nothing says it belongs to another network: no
+    /// other network's alias, and a port of this network's bridge.
+    fn find_host_veth(&self, host: &mut Rtnl) -> CniResult<Option<Link>> {
+        if let Some(link) = host.link_by_name(&self.host_veth()).map_err(netlink_err)? {
+            return Ok(Some(link));
+        }
+        let legacy = legacy_host_veth_name(self.container_id, self.ifname);
+        let Some(link) = host.link_by_name(&legacy).map_err(netlink_err)? else {
+            return Ok(None);
+        };
+        let alias_ok = link
+            .alias
+            .as_deref()
+            .is_none_or(|a| a == owner_alias(&self.conf.name));
+        let bridge = host.link_by_name(&self.conf.bridge).map_err(netlink_err)?;
+        let on_our_bridge = bridge.is_some_and(|b| link.controller == Some(b.index));
+        Ok((link.kind.as_deref() == Some("veth") && alias_ok && on_our_bridge).then_some(link))
+    }
+
+    fn masq(&self, store: &Store) -> masq::NetMasq {
+        masq::NetMasq {
+            scope: masq::Scope::for_network(&self.conf.name),
+            direct: self.conf.masquerade_exempt(),
+            stamp: store.dir().join(MASQ_STAMP),
+        }
     }
 
     fn mtu(&self) -> u32 {
@@ -67,35 +142,59 @@ impl Attachment<'_> {
 
     pub fn add(&self, netns_path: &std::path::Path, store: &Store) -> CniResult<Outcome> {
         let netns = open_netns(netns_path)?;
+        let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
+        let mut pod =
+            Rtnl::in_netns(&netns).map_err(|e| io_err("netlink socket in pod namespace", e))?;
+        // Checked before allocating, because a failed ADD undoes what it allocated and built, and
+        // here that would be someone else's working interface.
+        self.refuse_existing_interface(&mut host, &mut pod)?;
         let allocations = store
             .allocate(&self.conf.ipam, self.container_id, self.ifname)
             .map_err(ipam_err)?;
-        let masq_stamp = store.dir().join(MASQ_STAMP);
-        match self.build(&netns, netns_path, &allocations, &masq_stamp) {
+        match self.build(&mut host, &mut pod, &netns, netns_path, &allocations, store) {
             Ok(outcome) => Ok(outcome),
             Err(e) => {
                 // Undo in reverse order; the original error is what the runtime needs to see.
                 let ips: Vec<IpAddr> = allocations.iter().map(|a| a.address.addr()).collect();
-                let _ = self.teardown(&ips);
+                let _ = self.teardown(&ips, store);
                 let _ = store.release(self.container_id, self.ifname);
                 Err(e)
             }
         }
     }
 
+    /// The spec: ADD must fail if an interface of the requested name exists in the container, and
+    /// a second ADD of the same (container ID, ifname) is an error, not a rebuild.
+    fn refuse_existing_interface(&self, host: &mut Rtnl, pod: &mut Rtnl) -> CniResult<()> {
+        let Some(existing) = pod.link_by_name(self.ifname).map_err(netlink_err)? else {
+            return Ok(());
+        };
+        let msg = match self.find_host_veth(host)? {
+            Some(veth) => format!(
+                "container {} is already attached to network {} as {} (host interface {}); \
+                 DEL it before adding it again",
+                self.container_id, self.conf.name, self.ifname, veth.name
+            ),
+            None => format!(
+                "interface {} already exists in the pod namespace ({})",
+                self.ifname,
+                existing.kind.unwrap_or_else(|| "device".into())
+            ),
+        };
+        Err(CniError::new(ErrorCode::AlreadyExists, msg))
+    }
+
     fn build(
         &self,
+        host: &mut Rtnl,
+        pod: &mut Rtnl,
         netns: &NetNs,
         netns_path: &std::path::Path,
         allocations: &[Allocation],
-        masq_stamp: &std::path::Path,
+        store: &Store,
     ) -> CniResult<Outcome> {
-        let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
-        let mut pod =
-            Rtnl::in_netns(netns).map_err(|e| io_err("netlink socket in pod namespace", e))?;
-
-        let bridge = self.ensure_bridge(&mut host, allocations)?;
-        let veth = self.create_veth(&mut host, &mut pod, netns, &bridge)?;
+        let bridge = self.ensure_bridge(host, allocations, store)?;
+        let veth = self.create_veth(host, pod, netns, &bridge)?;
         let pod_if = pod.require_link(self.ifname).map_err(netlink_err)?;
         if allocations.iter().any(|a| a.address.addr().is_ipv6()) {
             // Without this the address stays "tentative" for a second or two and the pod cannot send.
@@ -119,7 +218,7 @@ impl Attachment<'_> {
         self.host_sysctls(allocations)?;
         if self.conf.ip_masq {
             let ips: Vec<IpAddr> = allocations.iter().map(|a| a.address.addr()).collect();
-            masq::ensure(&ips, &self.conf.masquerade_exempt(), masq_stamp)?;
+            self.masq(store).ensure(&ips, || store_addresses(store))?;
         }
 
         let mut outcome = match &self.conf.prev_result {
@@ -155,13 +254,30 @@ impl Attachment<'_> {
         Ok(outcome)
     }
 
-    /// Creates the bridge if needed, puts each range set's gateway on it, brings it up.
-    fn ensure_bridge(&self, host: &mut Rtnl, allocations: &[Allocation]) -> CniResult<Link> {
+    /// Creates the bridge if needed, pins its MAC, puts each range set's gateway on it, brings it up.
+    ///
+    /// A bridge whose MAC was never set takes the lowest MAC among its ports, so deleting the pod
+    /// that owned it changes the gateway's MAC under every other pod, whose neighbour entry then
+    /// black-holes their traffic until it expires (30-40 s). A MAC set explicitly stays, so a new
+    /// bridge is created with one, and an existing one gets its current MAC set once (recorded
+    /// in a stamp beside the IPAM store, as setting it on every ADD would flush the node's ARP
+    /// cache on the bridge every time).
+    fn ensure_bridge(
+        &self,
+        host: &mut Rtnl,
+        allocations: &[Allocation],
+        store: &Store,
+    ) -> CniResult<Link> {
         let name = &self.conf.bridge;
+        let stamp = store.dir().join(BRIDGE_MAC_STAMP);
         let bridge = match host.link_by_name(name).map_err(netlink_err)? {
             Some(link) => link,
             None => {
-                let msg = LinkBridge::new(name).mtu(self.mtu()).up().build();
+                let msg = LinkBridge::new(name)
+                    .mtu(self.mtu())
+                    .address(random_bridge_mac())
+                    .up()
+                    .build();
                 match host.link_add(msg, &format!("bridge {name}")) {
                     Ok(()) => {}
                     Err(e) if e.is_exists() => {} // a concurrent ADD made it first
@@ -188,6 +304,20 @@ impl Attachment<'_> {
                 }
             }
         }
+        let pinned = format!("{} {}", bridge.index, bridge.mac_string());
+        if std::fs::read_to_string(&stamp).ok().as_deref() != Some(pinned.as_str()) {
+            // Setting the MAC it already has changes nothing on the wire but marks it as set.
+            let msg = LinkUnspec::new_with_index(bridge.index)
+                .address(bridge.mac.clone())
+                .build();
+            host.link_set(msg, &format!("pin MAC of bridge {name}"))
+                .map_err(netlink_err)?;
+            // The stamp only saves the next ADD a netlink call: failing to write it is harmless.
+            let tmp = stamp.with_extension("tmp");
+            if std::fs::write(&tmp, &pinned).is_ok() {
+                let _ = std::fs::rename(&tmp, &stamp);
+            }
+        }
         if !bridge.up {
             host.link_up(bridge.index, name).map_err(netlink_err)?;
         }
@@ -208,8 +338,9 @@ impl Attachment<'_> {
         // A leftover from an ADD that was killed half-way: start clean.
         host.link_del_by_name(&name).map_err(netlink_err)?;
         if let Some(stale) = pod.link_by_name(self.ifname).map_err(netlink_err)? {
+            // (checked before allocating too; this catches a concurrent creator)
             return Err(CniError::new(
-                ErrorCode::InvalidConfig,
+                ErrorCode::AlreadyExists,
                 format!(
                     "interface {} already exists in the pod namespace ({})",
                     self.ifname,
@@ -231,6 +362,12 @@ impl Attachment<'_> {
         host.link_add(msg, &format!("veth {name}"))
             .map_err(netlink_err)?;
         let veth = host.require_link(&name).map_err(netlink_err)?;
+        // The kernel ignores an alias in RTM_NEWLINK: set it now. GC reads it to know the network.
+        let alias = LinkUnspec::new_with_index(veth.index)
+            .alias(owner_alias(&self.conf.name))
+            .build();
+        host.link_set(alias, &format!("{name} alias"))
+            .map_err(netlink_err)?;
         if self.conf.hairpin_mode {
             // A pod reaching itself through a Service comes back out of its own bridge port.
             let msg = LinkBridgePort::new(veth.index).hairpin(true).build();
@@ -295,12 +432,16 @@ impl Attachment<'_> {
     }
 
     /// Removes the host veth (its peer goes with it) and the masquerade elements. Idempotent.
-    pub fn teardown(&self, ips: &[IpAddr]) -> CniResult<()> {
+    pub fn teardown(&self, ips: &[IpAddr], store: &Store) -> CniResult<()> {
         let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
-        host.link_del_by_name(&self.host_veth())
-            .map_err(netlink_err)?;
+        if let Some(veth) = self.find_host_veth(&mut host)? {
+            match host.link_del(veth.index, &veth.name) {
+                Err(e) if !e.is_not_found() => return Err(netlink_err(e)),
+                _ => {}
+            }
+        }
         if self.conf.ip_masq {
-            masq::forget(ips)?;
+            self.masq(store).forget(ips, || store_addresses(store))?;
         }
         Ok(())
     }
@@ -317,7 +458,7 @@ impl Attachment<'_> {
             .lookup(self.container_id, self.ifname)
             .map_err(ipam_err)?;
         let mut host = Rtnl::new().map_err(|e| io_err("netlink socket", e))?;
-        let veth = host.link_by_name(&self.host_veth()).map_err(netlink_err)?;
+        let veth = self.find_host_veth(&mut host)?;
         if let Some(veth) = &veth {
             let down = LinkUnspec::new_with_index(veth.index).down().build();
             match host.link_set(down, &veth.name) {
@@ -326,7 +467,7 @@ impl Attachment<'_> {
             }
         }
         if self.conf.ip_masq {
-            masq::forget(&ips)?;
+            self.masq(store).forget(&ips, || store_addresses(store))?;
         }
         store
             .release(self.container_id, self.ifname)
@@ -353,10 +494,10 @@ impl Attachment<'_> {
         let Some(bridge) = host.link_by_name(&self.conf.bridge).map_err(netlink_err)? else {
             return fail(format!("bridge {} is missing", self.conf.bridge));
         };
-        let veth_name = self.host_veth();
-        let Some(veth) = host.link_by_name(&veth_name).map_err(netlink_err)? else {
-            return fail(format!("host interface {veth_name} is missing"));
+        let Some(veth) = self.find_host_veth(&mut host)? else {
+            return fail(format!("host interface {} is missing", self.host_veth()));
         };
+        let veth_name = veth.name.clone();
         if veth.controller != Some(bridge.index) {
             return fail(format!(
                 "{veth_name} is not a port of bridge {}",
@@ -410,7 +551,7 @@ impl Attachment<'_> {
                     ip.address.addr()
                 ));
             }
-            if self.conf.ip_masq && !masq::is_masqueraded(&ip.address.addr()) {
+            if self.conf.ip_masq && !self.masq(store).is_masqueraded(&ip.address.addr()) {
                 return fail(format!(
                     "address {} is not in the masquerade set",
                     ip.address.addr()
@@ -456,20 +597,48 @@ fn delete_link_in_background(mut host: Rtnl, index: u32) {
     }
 }
 
-/// Host veths named like ours that no allocation accounts for (a DEL's background delete that
-/// never finished, or anything else that lost its owner).
-pub fn orphan_veths(host: &mut Rtnl, live: &[(String, String)]) -> CniResult<Vec<Link>> {
+/// Every address the store holds (the masquerade rebuild's source of truth). A store that cannot
+/// be read yields none: the rebuild then covers at least the pods of the running command.
+fn store_addresses(store: &Store) -> Vec<IpAddr> {
+    store
+        .allocations()
+        .map(|all| all.into_iter().map(|(ip, _, _)| ip).collect())
+        .unwrap_or_default()
+}
+
+/// Host veths of `network` that no live allocation accounts for (a DEL's background delete that
+/// never finished, or anything else that lost its owner). Only what is provably this network's:
+/// its alias; or, made by a release before aliases, no alias at all, a port of this network's
+/// bridge, and down (as DEL leaves a veth it could not finish deleting). Another network's veths,
+/// and anything not named like ours, are never touched.
+pub fn orphan_veths(
+    host: &mut Rtnl,
+    network: &str,
+    bridge: &str,
+    live: &[(String, String)],
+) -> CniResult<Vec<Link>> {
     let owned: Vec<String> = live
         .iter()
-        .map(|(id, ifname)| host_veth_name(id, ifname))
+        .flat_map(|(id, ifname)| {
+            [
+                host_veth_name(network, id, ifname),
+                legacy_host_veth_name(id, ifname),
+            ]
+        })
         .collect();
-    Ok(host
-        .links()
-        .map_err(netlink_err)?
+    let links = host.links().map_err(netlink_err)?;
+    let bridge_index = links.iter().find(|l| l.name == bridge).map(|l| l.index);
+    let alias = owner_alias(network);
+    Ok(links
         .into_iter()
         .filter(|l| {
+            let ours = match l.alias.as_deref() {
+                Some(a) => a == alias,
+                None => bridge_index.is_some() && l.controller == bridge_index && !l.up,
+            };
             l.kind.as_deref() == Some("veth")
                 && is_weir_veth_name(&l.name)
+                && ours
                 && !owned.contains(&l.name)
         })
         .collect())
@@ -533,11 +702,31 @@ mod tests {
 
     #[test]
     fn host_veth_names_are_stable_short_and_distinct() {
-        let a = host_veth_name("abc", "eth0");
-        assert_eq!(a, host_veth_name("abc", "eth0"));
+        let a = host_veth_name("net", "abc", "eth0");
+        assert_eq!(a, host_veth_name("net", "abc", "eth0"));
         assert_eq!(a.len(), 15);
-        assert!(a.starts_with("weir"));
-        assert_ne!(a, host_veth_name("abc", "eth1"));
-        assert_ne!(a, host_veth_name("abd", "eth0"));
+        assert!(is_weir_veth_name(&a));
+        assert_ne!(a, host_veth_name("net", "abc", "eth1"));
+        assert_ne!(a, host_veth_name("net", "abd", "eth0"));
+        assert_ne!(a, host_veth_name("other", "abc", "eth0"));
+        assert_ne!(a, legacy_host_veth_name("abc", "eth0"));
+        assert!(is_weir_veth_name(&legacy_host_veth_name("abc", "eth0")));
+    }
+
+    #[test]
+    fn owner_alias_fits_the_kernel_limit() {
+        assert_eq!(owner_alias("kt"), "weir-cni/kt");
+        let long = owner_alias(&"n".repeat(255));
+        assert!(long.len() <= 255 && long.starts_with("weir-cni/sha256:"));
+        assert_ne!(owner_alias(&"n".repeat(255)), owner_alias(&"m".repeat(255)));
+    }
+
+    #[test]
+    fn bridge_macs_are_unicast_and_locally_administered() {
+        for _ in 0..32 {
+            let mac = random_bridge_mac();
+            assert_eq!(mac.len(), 6);
+            assert_eq!(mac[0] & 0x03, 0x02, "{mac:02x?}");
+        }
     }
 }

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::ipam::IpamConf;
-use crate::spec::{check_version, CniError, CniResult, ErrorCode};
+use crate::spec::{abbreviate, check_version, CniError, CniResult, ErrorCode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -114,6 +114,9 @@ const KNOWN_KEYS: &[&str] = &[
     "cni.dev/valid-attachments",
 ];
 
+/// Keys under this prefix are reserved by the spec for runtimes.
+const RESERVED_PREFIX: &str = "cni.dev/";
+
 /// The version an input declares, for answering even when the rest is bad.
 pub fn declared_version(stdin: &[u8]) -> Option<String> {
     let v: Value = serde_json::from_slice(stdin).ok()?;
@@ -143,10 +146,16 @@ impl NetConf {
             })?;
         check_version(version)?;
         for (key, val) in object {
-            if !KNOWN_KEYS.contains(&key.as_str()) {
+            // The spec reserves `cni.dev/*` for runtimes (libcni >= 1.2.3 sends cni.dev/attachments
+            // beside cni.dev/valid-attachments in GC): accept them all.
+            if !KNOWN_KEYS.contains(&key.as_str()) && !key.starts_with(RESERVED_PREFIX) {
                 return Err(CniError::new(
                     ErrorCode::UnsupportedField,
-                    format!("unsupported field in network configuration: {key:?} = {val}"),
+                    format!(
+                        "unsupported field in network configuration: {:?} = {}",
+                        abbreviate(key, 200),
+                        abbreviate(&val.to_string(), 200)
+                    ),
                 ));
             }
         }
@@ -282,6 +291,18 @@ mod tests {
             code(&conf("").replace("10.244.1.0/24", "10.244.1.0/33")),
             ErrorCode::InvalidConfig
         );
+        // a huge unknown value is named, not echoed whole
+        let huge =
+            NetConf::parse(conf(&format!(r#","junk":"{}""#, "x".repeat(10_000_000))).as_bytes())
+                .unwrap_err();
+        assert_eq!(huge.code, ErrorCode::UnsupportedField);
+        assert!(huge.msg.len() < 500 && huge.msg.contains("junk") && huge.msg.contains("bytes)"));
+        // keys reserved by the spec for runtimes are accepted
+        NetConf::parse(
+            conf(r#","cni.dev/valid-attachments":[],"cni.dev/attachments":[],"cni.dev/x":1"#)
+                .as_bytes(),
+        )
+        .unwrap();
         // unknown keys inside ipam are rejected too
         assert_ne!(
             NetConf::parse(

@@ -4,8 +4,8 @@ use crate::bridge::{ipam_err, Attachment};
 use crate::config::{declared_version, Mode, NetConf};
 use crate::ipam::Store;
 use crate::spec::{
-    version_at_least, CniError, CniResult, Command, Env, ErrorCode, Outcome, CURRENT_VERSION,
-    SUPPORTED_VERSIONS,
+    parse_command, version_at_least, CniError, CniResult, Command, Env, ErrorCode, Outcome,
+    CURRENT_VERSION, SUPPORTED_VERSIONS,
 };
 
 /// What the process prints and how it exits.
@@ -33,14 +33,19 @@ pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Reply {
 }
 
 fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult<String> {
-    let env = Env::parse(get_env)?;
-    if env.command == Command::Version {
+    // VERSION needs CNI_COMMAND only (runtimes probe it with placeholder values elsewhere), and
+    // answers in the version the caller declared, when we speak it.
+    if parse_command(&get_env)? == Command::Version {
+        let version = declared_version(stdin)
+            .filter(|v| SUPPORTED_VERSIONS.contains(&v.as_str()))
+            .unwrap_or_else(|| CURRENT_VERSION.to_string());
         return Ok(serde_json::json!({
-            "cniVersion": CURRENT_VERSION,
+            "cniVersion": version,
             "supportedVersions": SUPPORTED_VERSIONS,
         })
         .to_string());
     }
+    let env = Env::parse(get_env)?;
     let conf = NetConf::parse(stdin)?;
     let needs = |min: &str, what: &str| {
         if version_at_least(&conf.cni_version, min) {
@@ -98,10 +103,16 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
         }
         Command::Gc => {
             needs("1.1.0", "GC")?;
-            let valid: Vec<(String, String)> = conf
-                .valid_attachments
+            // Without the list every attachment would look stale: refuse rather than cut off pods.
+            let listed = conf.valid_attachments.as_ref().ok_or_else(|| {
+                CniError::new(
+                    ErrorCode::InvalidConfig,
+                    "GC needs cni.dev/valid-attachments in the configuration (an empty list if \
+                     nothing is valid)",
+                )
+            })?;
+            let valid: Vec<(String, String)> = listed
                 .iter()
-                .flatten()
                 .map(|a| (a.container_id.clone(), a.ifname.clone()))
                 .collect();
             gc(&conf, &valid)?;
@@ -115,7 +126,9 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
     }
 }
 
-/// Tears down every attachment the store knows that is not in `valid`, then releases its addresses.
+/// Tears down every attachment this network's store knows that is not in `valid`, releases its
+/// addresses, removes this network's orphaned veths and resyncs its masquerade sets. Nothing of
+/// another network is touched: its allocations live in another store, its veths carry its alias.
 fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
     let store = Store::open(&conf.ipam, &conf.name).map_err(ipam_err)?;
     let mut stale: Vec<(String, String)> = store
@@ -138,7 +151,7 @@ fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
                 container_id: id,
                 ifname,
             }
-            .teardown(&ips)?;
+            .teardown(&ips, &store)?;
         }
     }
     store.gc(valid).map_err(ipam_err)?;
@@ -150,13 +163,28 @@ fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
         .collect();
     let mut host = weir_kernel::Rtnl::new()
         .map_err(|e| CniError::new(ErrorCode::Io, format!("netlink socket: {e}")))?;
-    for orphan in crate::bridge::orphan_veths(&mut host, &live)? {
+    for orphan in crate::bridge::orphan_veths(&mut host, &conf.name, &conf.bridge, &live)? {
         match host.link_del(orphan.index, &orphan.name) {
             Err(e) if !e.is_not_found() => {
                 return Err(CniError::new(ErrorCode::Netlink, e.to_string()))
             }
             _ => {}
         }
+    }
+    if conf.ip_masq {
+        // GC doubles as the resync of this network's masquerade objects (rebuilt from the store).
+        let live_ips: Vec<std::net::IpAddr> = store
+            .allocations()
+            .map_err(ipam_err)?
+            .into_iter()
+            .map(|(ip, _, _)| ip)
+            .collect();
+        crate::masq::NetMasq {
+            scope: crate::masq::Scope::for_network(&conf.name),
+            direct: conf.masquerade_exempt(),
+            stamp: store.dir().join(crate::bridge::MASQ_STAMP),
+        }
+        .resync(&live_ips)?;
     }
     Ok(())
 }
@@ -169,6 +197,17 @@ fn status(conf: &NetConf) -> CniResult<()> {
     store
         .check_writable()
         .map_err(|e| unavailable(format!("IPAM store is not writable: {e}")))?;
+    let allocated: Vec<std::net::IpAddr> = store
+        .allocations()
+        .map_err(|e| unavailable(format!("IPAM store cannot be read: {e}")))?
+        .into_iter()
+        .map(|(ip, _, _)| ip)
+        .collect();
+    if let Some((set, ranges)) = exhausted_range_set(&conf.ipam, &allocated) {
+        return Err(unavailable(format!(
+            "no free address: range set {set} ({ranges}) is fully allocated"
+        )));
+    }
     if conf.ip_masq {
         let nft = std::process::Command::new("nft").arg("--version").output();
         if !nft.is_ok_and(|o| o.status.success()) {
@@ -178,4 +217,139 @@ fn status(conf: &NetConf) -> CniResult<()> {
         }
     }
     Ok(())
+}
+
+/// The first range set with no free address (ADD needs one from every set), with its ranges.
+/// Free means inside a range, not its gateway, not `reserved`, not allocated.
+fn exhausted_range_set(
+    ipam: &crate::ipam::IpamConf,
+    allocated: &[std::net::IpAddr],
+) -> Option<(usize, String)> {
+    use std::collections::HashSet;
+    use std::net::IpAddr;
+    fn num(ip: IpAddr) -> u128 {
+        match ip {
+            IpAddr::V4(a) => u32::from(a).into(),
+            IpAddr::V6(a) => a.into(),
+        }
+    }
+    let taken: HashSet<IpAddr> = allocated.iter().copied().collect();
+    for (i, set) in ipam.range_sets().iter().enumerate() {
+        let mut free = false;
+        for r in set {
+            let (start, end) = (r.effective_start(), r.effective_end());
+            let same_family = |ip: &IpAddr| ip.is_ipv4() == start.is_ipv4();
+            let inside =
+                |ip: &IpAddr| same_family(ip) && (num(start)..=num(end)).contains(&num(*ip));
+            let mut unusable: HashSet<IpAddr> = taken.iter().copied().filter(inside).collect();
+            unusable.extend(ipam.reserved.iter().copied().filter(inside));
+            let gw = r.effective_gateway();
+            if inside(&gw) {
+                unusable.insert(gw);
+            }
+            let size = num(end).saturating_sub(num(start)).saturating_add(1);
+            if size > unusable.len() as u128 {
+                free = true;
+                break;
+            }
+        }
+        if !free {
+            let ranges = set
+                .iter()
+                .map(|r| format!("{}-{}", r.effective_start(), r.effective_end()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Some((i, ranges));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipam(ranges: &str, reserved: &str) -> crate::ipam::IpamConf {
+        let conf = format!(
+            r#"{{"cniVersion":"1.1.0","name":"n","type":"weir-cni",
+                "ipam":{{"type":"weir-ipam","ranges":{ranges}{reserved}}}}}"#
+        );
+        NetConf::parse(conf.as_bytes()).unwrap().ipam
+    }
+
+    fn run_with(env: &[(&str, &str)], stdin: &str) -> (Reply, serde_json::Value) {
+        let env: std::collections::HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let reply = run(|k| env.get(k).cloned(), stdin.as_bytes());
+        let json = serde_json::from_str(&reply.stdout).unwrap();
+        (reply, json)
+    }
+
+    #[test]
+    fn version_needs_only_cni_command_and_answers_in_the_callers_version() {
+        // podman validates a conflist this way: dummy values in every other variable
+        let dummies = [
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_CONTAINERID", "dummy"),
+            ("CNI_NETNS", "dummy"),
+            ("CNI_IFNAME", "dummy"),
+            ("CNI_PATH", "dummy"),
+        ];
+        let (reply, v) = run_with(&dummies, r#"{"cniVersion":"0.4.0"}"#);
+        assert!(reply.success, "{}", reply.stdout);
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert!(v["supportedVersions"].as_array().unwrap().len() >= 5);
+        // an unknown or missing version gets ours
+        let (_, v) = run_with(&dummies, r#"{"cniVersion":"7.0.0"}"#);
+        assert_eq!(v["cniVersion"], CURRENT_VERSION);
+        let (reply, v) = run_with(&[("CNI_COMMAND", "VERSION")], "");
+        assert!(reply.success);
+        assert_eq!(v["cniVersion"], CURRENT_VERSION);
+    }
+
+    #[test]
+    fn gc_without_the_valid_attachments_list_is_a_config_error() {
+        let conf = r#"{"cniVersion":"1.1.0","name":"n","type":"weir-cni",
+            "ipam":{"type":"weir-ipam","ranges":[[{"subnet":"10.9.0.0/24"}]],"dataDir":"/nonexistent/weir-test"}}"#;
+        let (reply, v) = run_with(&[("CNI_COMMAND", "GC")], conf);
+        assert!(!reply.success);
+        assert_eq!(v["code"], 7);
+        assert!(v["msg"]
+            .as_str()
+            .unwrap()
+            .contains("cni.dev/valid-attachments"));
+    }
+
+    #[test]
+    fn a_full_range_set_is_reported_and_a_free_one_is_not() {
+        // a /30: .1 is the gateway, .2 the only usable address
+        let small = ipam(r#"[[{"subnet":"10.9.0.0/30"}]]"#, "");
+        assert_eq!(exhausted_range_set(&small, &[]), None);
+        let (set, ranges) = exhausted_range_set(&small, &["10.9.0.2".parse().unwrap()]).unwrap();
+        assert_eq!(set, 0);
+        assert!(ranges.contains("10.9.0.2"), "{ranges}");
+        // allocations outside the set do not count
+        assert_eq!(
+            exhausted_range_set(&small, &["10.9.1.2".parse().unwrap()]),
+            None
+        );
+        // a second range in the set still has room
+        let two = ipam(
+            r#"[[{"subnet":"10.9.0.0/30"},{"subnet":"10.9.1.0/30"}]]"#,
+            "",
+        );
+        assert_eq!(
+            exhausted_range_set(&two, &["10.9.0.2".parse().unwrap()]),
+            None
+        );
+        // reserved addresses are not free
+        let v6 = ipam(
+            r#"[[{"subnet":"10.9.0.0/24"}],[{"subnet":"fd00::/126"}]]"#,
+            r#","reserved":["fd00::2"]"#,
+        );
+        let got = exhausted_range_set(&v6, &["fd00::3".parse().unwrap()]);
+        assert_eq!(got.map(|g| g.0), Some(1));
+    }
 }

@@ -37,6 +37,27 @@ pub enum ErrorCode {
     Nftables = 102,
     /// CHECK found the attachment different from what ADD made.
     CheckFailed = 103,
+    /// ADD found the attachment (or an interface of that name in the pod) already in place; the
+    /// spec says ADD must fail then, and names no code for it.
+    AlreadyExists = 104,
+}
+
+/// Longest `msg` an error prints; beyond it the text is cut (see [`abbreviate`]).
+const MAX_MSG: usize = 1024;
+/// Longest `details` an error prints.
+const MAX_DETAILS: usize = 4096;
+
+/// `text` if it fits in `max` bytes, else its first `max` bytes (on a character boundary) and
+/// "… (N bytes)": an error must name a bad value without echoing megabytes of it.
+pub fn abbreviate(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
 /// An error as the spec's JSON (`code`, `msg`, `details`), printed on stdout with a non-zero exit.
@@ -63,10 +84,10 @@ impl CniError {
         let mut v = serde_json::json!({
             "cniVersion": cni_version,
             "code": self.code as u32,
-            "msg": self.msg,
+            "msg": abbreviate(&self.msg, MAX_MSG),
         });
         if !self.details.is_empty() {
-            v["details"] = self.details.clone().into();
+            v["details"] = abbreviate(&self.details, MAX_DETAILS).into();
         }
         serde_json::to_string_pretty(&v).expect("error JSON serializes")
     }
@@ -112,20 +133,44 @@ pub const MAX_CONTAINER_ID: usize = 255;
 /// IFNAMSIZ - 1.
 pub const MAX_IFNAME: usize = 15;
 
+/// Reads `CNI_COMMAND` alone: VERSION needs nothing else, and runtimes (podman) probe it with
+/// dummy values in the other variables, which must not be judged.
+pub fn parse_command(get: impl Fn(&str) -> Option<String>) -> CniResult<Command> {
+    let invalid = |m: String| CniError::new(ErrorCode::InvalidEnvironment, m);
+    Ok(match get("CNI_COMMAND").as_deref() {
+        Some("ADD") => Command::Add,
+        Some("DEL") => Command::Del,
+        Some("CHECK") => Command::Check,
+        Some("GC") => Command::Gc,
+        Some("STATUS") => Command::Status,
+        Some("VERSION") => Command::Version,
+        Some(other) => {
+            return Err(invalid(format!(
+                "CNI_COMMAND: unknown command {:?}",
+                abbreviate(other, 64)
+            )))
+        }
+        None => return Err(invalid("CNI_COMMAND is not set".into())),
+    })
+}
+
 impl Env {
     /// Reads and validates the environment. `get` abstracts `std::env::var` for tests.
+    /// Only what the command uses is validated (VERSION, GC and STATUS ignore the attachment's
+    /// variables, which runtimes may fill with placeholders).
     pub fn parse(get: impl Fn(&str) -> Option<String>) -> CniResult<Self> {
         let invalid = |m: String| CniError::new(ErrorCode::InvalidEnvironment, m);
-        let command = match get("CNI_COMMAND").as_deref() {
-            Some("ADD") => Command::Add,
-            Some("DEL") => Command::Del,
-            Some("CHECK") => Command::Check,
-            Some("GC") => Command::Gc,
-            Some("STATUS") => Command::Status,
-            Some("VERSION") => Command::Version,
-            Some(other) => return Err(invalid(format!("CNI_COMMAND: unknown command {other:?}"))),
-            None => return Err(invalid("CNI_COMMAND is not set".into())),
-        };
+        let command = parse_command(&get)?;
+        if command == Command::Version {
+            return Ok(Self {
+                command,
+                container_id: String::new(),
+                netns: None,
+                ifname: String::new(),
+                args: BTreeMap::new(),
+                path: Vec::new(),
+            });
+        }
         let needs_attachment = matches!(command, Command::Add | Command::Del | Command::Check);
         let container_id = get("CNI_CONTAINERID").unwrap_or_default();
         let ifname = get("CNI_IFNAME").unwrap_or_default();
@@ -138,12 +183,13 @@ impl Env {
             if command != Command::Del && netns.is_none() {
                 return Err(invalid("CNI_NETNS is required for ADD and CHECK".into()));
             }
-        }
-        if let Some(ns) = &netns {
-            if !ns.is_absolute() {
-                return Err(invalid(format!(
-                    "CNI_NETNS must be an absolute path, got {ns:?}"
-                )));
+            if let Some(ns) = &netns {
+                if !ns.is_absolute() {
+                    return Err(invalid(format!(
+                        "CNI_NETNS must be an absolute path, got {:?}",
+                        abbreviate(&ns.to_string_lossy(), 200)
+                    )));
+                }
             }
         }
         let args = parse_args(get("CNI_ARGS").as_deref().unwrap_or("")).map_err(invalid)?;
@@ -425,6 +471,33 @@ mod tests {
         let mut add = with("CNI_COMMAND", "ADD");
         add.retain(|(k, _)| *k != "CNI_NETNS");
         assert!(env_owned(add).is_err());
+    }
+
+    #[test]
+    fn version_needs_only_the_command() {
+        // podman's probe: placeholders everywhere else
+        let e = env(&[
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_CONTAINERID", "dummy/../x"),
+            ("CNI_NETNS", "dummy"),
+            ("CNI_IFNAME", "dummy dummy dummy"),
+            ("CNI_ARGS", "not-a-pair"),
+        ])
+        .unwrap();
+        assert_eq!(e.command, Command::Version);
+        // GC and STATUS do not use the netns either
+        assert!(env(&[("CNI_COMMAND", "GC"), ("CNI_NETNS", "dummy")]).is_ok());
+    }
+
+    #[test]
+    fn abbreviate_cuts_on_a_character_boundary_and_says_how_long() {
+        assert_eq!(abbreviate("short", 10), "short");
+        let long = "é".repeat(1000);
+        let cut = abbreviate(&long, 201);
+        assert!(cut.starts_with(&"é".repeat(100)), "{cut}");
+        assert!(cut.ends_with("… (2000 bytes)"), "{cut}");
+        let e = CniError::new(ErrorCode::UnsupportedField, "x".repeat(10_000_000));
+        assert!(e.to_json("1.1.0").len() < 2000);
     }
 
     #[test]

@@ -7,7 +7,51 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use common::{eventually, fetch, run_plugin, serve_once, unique, TestNs};
-use weir_cni::bridge::host_veth_name;
+
+/// The host veth of (container, ifname) on the tests' network "kt".
+fn veth(container_id: &str, ifname: &str) -> String {
+    weir_cni::bridge::host_veth_name("kt", container_id, ifname)
+}
+
+/// The command listing network "kt"'s IPv4 masquerade set.
+fn list_pods4() -> String {
+    format!(
+        "nft list set inet weir-cni {}",
+        weir_cni::masq::Scope::for_network("kt").pods4
+    )
+}
+
+/// `config` for another network: its own name and bridge.
+fn config_for(network: &str, bridge: &str, subnet: &str, data_dir: &Path, extra: &str) -> String {
+    config("1.1.0", subnet, data_dir, extra)
+        .replace(r#""name":"kt""#, &format!(r#""name":"{network}""#))
+        .replace(r#""bridge":"cni0""#, &format!(r#""bridge":"{bridge}""#))
+}
+
+/// `conf` as a GC request listing `valid` (container ID, ifname) pairs.
+fn gc_config(conf: &str, valid: &[(&str, &str)]) -> String {
+    let list: Vec<String> = valid
+        .iter()
+        .map(|(id, ifname)| format!(r#"{{"containerID":"{id}","ifname":"{ifname}"}}"#))
+        .collect();
+    let list = list.join(",");
+    // libcni >= 1.2.3 sends the list under both keys
+    conf.replacen(
+        '{',
+        &format!(r#"{{"cni.dev/valid-attachments":[{list}],"cni.dev/attachments":[{list}],"#),
+        1,
+    )
+}
+
+fn link_names(ns: &TestNs) -> String {
+    ns.sh("ip -o link show")
+}
+
+fn mac_of(ns: &TestNs, ifname: &str) -> String {
+    ns.sh(&format!("cat /sys/class/net/{ifname}/address"))
+        .trim()
+        .to_string()
+}
 
 fn plugin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_weir-cni"))
@@ -77,10 +121,7 @@ fn add_check_del_roundtrip_with_traffic() {
     // The result follows the spec: bridge, host veth, pod interface (with sandbox and 1.1's mtu).
     assert_eq!(res1["cniVersion"], "1.1.0");
     assert_eq!(res1["interfaces"][0]["name"], "cni0");
-    assert_eq!(
-        res1["interfaces"][1]["name"],
-        host_veth_name("pod-one", "eth0")
-    );
+    assert_eq!(res1["interfaces"][1]["name"], veth("pod-one", "eth0"));
     assert_eq!(res1["interfaces"][2]["name"], "eth0");
     assert_eq!(
         res1["interfaces"][2]["sandbox"],
@@ -95,7 +136,7 @@ fn add_check_del_roundtrip_with_traffic() {
     // What the kernel holds.
     let links = node.sh("ip -o link show");
     assert!(links.contains("cni0"), "{links}");
-    let veth = host_veth_name("pod-one", "eth0");
+    let veth = veth("pod-one", "eth0");
     let veth_info = node.sh(&format!("ip -d -o link show {veth}"));
     assert!(
         veth_info.contains("master cni0")
@@ -108,7 +149,7 @@ fn add_check_del_roundtrip_with_traffic() {
         .sh("ip route show default")
         .contains("via 10.99.1.1 dev eth0"));
     assert_eq!(node.sh("cat /proc/sys/net/ipv4/ip_forward").trim(), "1");
-    let set = node.sh("nft list set inet weir-cni pods4");
+    let set = node.sh(&list_pods4());
     assert!(
         set.contains(&ip1.to_string()) && set.contains(&ip2.to_string()),
         "{set}"
@@ -153,9 +194,7 @@ fn add_check_del_roundtrip_with_traffic() {
     eventually("the veth is deleted", || {
         !node.sh("ip -o link show").contains(&veth)
     });
-    assert!(!node
-        .sh("nft list set inet weir-cni pods4")
-        .contains(&ip1.to_string()));
+    assert!(!node.sh(&list_pods4()).contains(&ip1.to_string()));
     assert_eq!(allocation_files(data.path()), vec![ip2.to_string()]);
     run_plugin(
         &plugin(),
@@ -229,10 +268,7 @@ fn check_notices_what_was_broken() {
     assert_eq!(r.error_code(), 103, "{}", r.stdout);
     assert!(r.json()["msg"].as_str().unwrap().contains("route"));
 
-    node.sh(&format!(
-        "ip link set {} nomaster",
-        host_veth_name("ck", "eth0")
-    ));
+    node.sh(&format!("ip link set {} nomaster", veth("ck", "eth0")));
     let r = run_plugin(
         &plugin(),
         &node,
@@ -296,9 +332,7 @@ fn failed_adds_leave_nothing_behind() {
     );
     assert_ne!(r.code, Some(0));
     assert!(allocation_files(data.path()).is_empty(), "address leaked");
-    assert!(!node
-        .sh("ip -o link show")
-        .contains(&host_veth_name("clash", "eth0")));
+    assert!(!node.sh("ip -o link show").contains(&veth("clash", "eth0")));
 
     // An exhausted range: a /30 has one usable address besides the gateway.
     let small = config("1.1.0", "10.99.4.0/30", data.path(), "");
@@ -329,9 +363,7 @@ fn failed_adds_leave_nothing_behind() {
         1,
         "only lo in the pod"
     );
-    assert!(!node
-        .sh("ip -o link show")
-        .contains(&host_veth_name("second", "eth0")));
+    assert!(!node.sh("ip -o link show").contains(&veth("second", "eth0")));
 }
 
 #[test]
@@ -495,9 +527,9 @@ fn fifty_concurrent_adds_then_gc() {
     run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
     assert_eq!(allocation_files(data.path()).len(), 10);
     let links = node.sh("ip -o link show");
-    assert!(links.contains(&host_veth_name("c3", "eth0")));
-    assert!(!links.contains(&host_veth_name("c30", "eth0")));
-    let set = node.sh("nft list set inet weir-cni pods4");
+    assert!(links.contains(&veth("c3", "eth0")));
+    assert!(!links.contains(&veth("c30", "eth0")));
+    let set = node.sh(&list_pods4());
     assert!(
         set.contains(&results[3].to_string()) && !set.contains(&format!("{},", results[30])),
         "{set}"
@@ -519,7 +551,7 @@ fn what_a_killed_add_leaves_is_reclaimed() {
     for id in ["killed-del", "killed-gc"] {
         node.sh(&format!(
             "ip link add {} type veth peer name tmp-{id}",
-            host_veth_name(id, "eth0")
+            veth(id, "eth0")
         ));
     }
     run_plugin(
@@ -539,11 +571,18 @@ fn what_a_killed_add_leaves_is_reclaimed() {
         !node.sh("ip -o link show").contains("weir")
     });
 
-    // A veth named like ours that no allocation accounts for is swept by GC.
+    // A veth named like ours, marked as this network's, that no allocation accounts for is swept
+    // by GC; one marked as another network's, or unmarked and not on this network's bridge, stays.
     node.sh("ip link add weir0123456789a type veth peer name orphanpeer");
-    assert!(node.sh("ip -o link show").contains("weir0123456789a"));
+    node.sh("ip link set weir0123456789a alias weir-cni/kt");
+    node.sh("ip link add weir0123456789b type veth peer name otherpeer");
+    node.sh("ip link set weir0123456789b alias weir-cni/another");
+    node.sh("ip link add weir0123456789c type veth peer name unmarkedpeer");
     run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
-    assert!(!node.sh("ip -o link show").contains("weir0123456789a"));
+    let links = node.sh("ip -o link show");
+    assert!(!links.contains("weir0123456789a"), "{links}");
+    assert!(links.contains("weir0123456789b"), "{links}");
+    assert!(links.contains("weir0123456789c"), "{links}");
 }
 
 #[test]
@@ -578,12 +617,546 @@ fn add_in_a_conflist_extends_the_previous_result() {
         .iter()
         .map(|i| i["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        ["lo", "cni0", &host_veth_name("chained", "eth0"), "eth0"]
-    );
+    assert_eq!(names, ["lo", "cni0", &veth("chained", "eth0"), "eth0"]);
     assert_eq!(res["ips"][0]["address"], "127.0.0.1/8");
     assert_eq!(res["ips"][1]["address"], "10.99.9.2/24");
     assert_eq!(res["ips"][1]["interface"], 3);
     assert_eq!(res["dns"]["nameservers"][0], "10.96.0.10");
+}
+
+#[test]
+fn deleting_the_pod_with_the_lowest_mac_keeps_the_gateway_mac() {
+    // The issue's reproduction: pod a's host veth gets the lowest MAC on the bridge, pod b talks
+    // to the gateway (caching its MAC), pod a goes. An unpinned bridge would now take b's veth MAC
+    // and b's cached neighbour entry would black-hole its traffic for 30-40 s.
+    let p = unique("mac");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod_a = TestNs::new(&format!("{p}-a"));
+    let pod_b = TestNs::new(&format!("{p}-b"));
+    let data = tempfile::tempdir().unwrap();
+    let conf = config("1.1.0", "10.99.10.0/24", data.path(), "");
+    let add = |id: &str, pod: &TestNs| {
+        run_plugin(
+            &plugin(),
+            &node,
+            "ADD",
+            id,
+            Some(&pod.path()),
+            "eth0",
+            &conf,
+        )
+        .ok()
+        .json()
+    };
+    let res = add("mac-a", &pod_a);
+    add("mac-b", &pod_b);
+    let bridge_mac = mac_of(&node, "cni0");
+    assert_eq!(res["interfaces"][0]["mac"], bridge_mac.as_str());
+    node.sh(&format!(
+        "ip link set {} address 02:00:00:00:00:01",
+        veth("mac-a", "eth0")
+    ));
+    assert_eq!(
+        mac_of(&node, "cni0"),
+        bridge_mac,
+        "a port's MAC moved the bridge's"
+    );
+
+    let gateway: IpAddr = "10.99.10.1".parse().unwrap();
+    let server = serve_once(&node, 7010, "gw");
+    assert_eq!(fetch(&pod_b, gateway, 7010).unwrap(), "gw");
+    server.join().unwrap();
+    let neigh = pod_b.sh("ip neigh show 10.99.10.1");
+    assert!(neigh.contains(&bridge_mac), "b cached the gateway: {neigh}");
+
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "mac-a",
+        Some(&pod_a.path()),
+        "eth0",
+        &conf,
+    )
+    .ok();
+    eventually("pod a's veth is deleted", || {
+        !link_names(&node).contains(&veth("mac-a", "eth0"))
+    });
+    assert_eq!(
+        mac_of(&node, "cni0"),
+        bridge_mac,
+        "deleting a port moved the bridge's MAC"
+    );
+    // Within a short window (fetch gives up after 3 s), b still reaches the gateway.
+    let server = serve_once(&node, 7011, "gw again");
+    assert_eq!(fetch(&pod_b, gateway, 7011).unwrap(), "gw again");
+    server.join().unwrap();
+}
+
+#[test]
+fn an_existing_unpinned_bridge_gets_its_mac_pinned() {
+    // A bridge made by an older release (or by the operator) follows its ports' MACs until set.
+    let p = unique("pin");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod = TestNs::new(&format!("{p}-p"));
+    node.sh("ip link add cni0 type bridge && ip link set cni0 up");
+    node.sh("ip link add lowport address 02:00:00:00:00:02 type veth peer name lowpeer");
+    node.sh("ip link set lowport master cni0");
+    assert_eq!(
+        mac_of(&node, "cni0"),
+        "02:00:00:00:00:02",
+        "unpinned: follows the port"
+    );
+    let data = tempfile::tempdir().unwrap();
+    let conf = config("1.1.0", "10.99.11.0/24", data.path(), "");
+    run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "pin",
+        Some(&pod.path()),
+        "eth0",
+        &conf,
+    )
+    .ok();
+    assert_eq!(
+        mac_of(&node, "cni0"),
+        "02:00:00:00:00:02",
+        "pinning keeps the MAC it had"
+    );
+    node.sh("ip link del lowport");
+    assert_eq!(
+        mac_of(&node, "cni0"),
+        "02:00:00:00:00:02",
+        "the MAC no longer follows ports"
+    );
+}
+
+#[test]
+fn gc_touches_only_its_own_network() {
+    let p = unique("gcn");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod1 = TestNs::new(&format!("{p}-1"));
+    let pod2 = TestNs::new(&format!("{p}-2"));
+    let data = tempfile::tempdir().unwrap();
+    let net_a = config_for("net-a", "bra", "10.99.12.0/24", data.path(), "");
+    let net_b = config_for("net-b", "brb", "10.99.13.0/24", data.path(), "");
+    let add = |conf: &str, id: &str, pod: &TestNs, ifname: &str| {
+        run_plugin(&plugin(), &node, "ADD", id, Some(&pod.path()), ifname, conf).ok();
+    };
+    // Two networks attach the same container under different ifnames (Multus, podman).
+    add(&net_b, "shared", &pod1, "eth0");
+    add(&net_a, "shared", &pod1, "net1");
+    add(&net_a, "only-a", &pod2, "eth0");
+    let files = |net: &str| {
+        std::fs::read_dir(data.path().join(net))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.parse::<IpAddr>().is_ok())
+            .count()
+    };
+    let b_veth = weir_cni::bridge::host_veth_name("net-b", "shared", "eth0");
+    let a_shared = weir_cni::bridge::host_veth_name("net-a", "shared", "net1");
+    let a_only = weir_cni::bridge::host_veth_name("net-a", "only-a", "eth0");
+    assert_eq!((files("net-a"), files("net-b")), (2, 1));
+    assert!(node
+        .sh(&format!("ip -d link show {b_veth}"))
+        .contains("alias weir-cni/net-b"));
+
+    // No list at all is an error, not "nothing is valid": everything stays.
+    let r = run_plugin(&plugin(), &node, "GC", "", None, "", &net_a);
+    assert_eq!(r.error_code(), 7, "{}", r.stdout);
+    assert_eq!((files("net-a"), files("net-b")), (2, 1));
+
+    // GC of net-a keeps what the list names and removes the rest of net-a only.
+    let r = run_plugin(
+        &plugin(),
+        &node,
+        "GC",
+        "",
+        None,
+        "",
+        &gc_config(&net_a, &[("shared", "net1")]),
+    );
+    r.ok();
+    assert_eq!((files("net-a"), files("net-b")), (1, 1));
+    let links = link_names(&node);
+    assert!(
+        links.contains(&b_veth) && links.contains(&a_shared),
+        "{links}"
+    );
+    eventually("net-a's stale veth is gone", || {
+        !link_names(&node).contains(&a_only)
+    });
+
+    // A GC of net-a with nothing valid (or of a network never used) leaves net-b's pod working.
+    run_plugin(
+        &plugin(),
+        &node,
+        "GC",
+        "",
+        None,
+        "",
+        &gc_config(&net_a, &[]),
+    )
+    .ok();
+    let never_used = config_for("net-c", "brc", "10.99.14.0/24", data.path(), "");
+    run_plugin(
+        &plugin(),
+        &node,
+        "GC",
+        "",
+        None,
+        "",
+        &gc_config(&never_used, &[]),
+    )
+    .ok();
+    assert_eq!((files("net-a"), files("net-b")), (0, 1));
+    let links = link_names(&node);
+    assert!(
+        links.contains(&b_veth) && !links.contains(&a_shared),
+        "{links}"
+    );
+    let server = serve_once(&node, 7012, "b");
+    assert_eq!(
+        fetch(&pod1, "10.99.13.1".parse().unwrap(), 7012).unwrap(),
+        "b"
+    );
+    server.join().unwrap();
+    assert!(pod1.sh("ip -o link show").contains("eth0"));
+}
+
+#[test]
+fn legacy_named_veths_still_del_and_are_not_stolen() {
+    // A pod attached by a release that named host veths from (container ID, ifname) only.
+    let p = unique("leg");
+    let node = TestNs::new(&format!("{p}-node"));
+    let data = tempfile::tempdir().unwrap();
+    let conf_text = config("1.1.0", "10.99.15.0/24", data.path(), "");
+    let conf = weir_cni::config::NetConf::parse(conf_text.as_bytes()).unwrap();
+    let store = weir_cni::ipam::Store::open(&conf.ipam, &conf.name).unwrap();
+    store.allocate(&conf.ipam, "old-pod", "eth0").unwrap();
+    let legacy = weir_cni::bridge::legacy_host_veth_name("old-pod", "eth0");
+    let other = weir_cni::bridge::legacy_host_veth_name("elsewhere", "eth0");
+    node.sh("ip link add cni0 type bridge; ip link add brother type bridge");
+    node.sh(&format!(
+        "ip link add {legacy} type veth peer name legpeer; ip link set {legacy} master cni0 up"
+    ));
+    // Another network's legacy veth on another bridge: DEL on this network must not take it.
+    node.sh(&format!(
+        "ip link add {other} type veth peer name othpeer; ip link set {other} master brother up"
+    ));
+    run_plugin(&plugin(), &node, "DEL", "old-pod", None, "eth0", &conf_text).ok();
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "elsewhere",
+        None,
+        "eth0",
+        &conf_text,
+    )
+    .ok();
+    eventually("the legacy veth is deleted", || {
+        !link_names(&node).contains(&legacy)
+    });
+    assert!(link_names(&node).contains(&other));
+    assert!(allocation_files(data.path()).is_empty());
+}
+
+#[test]
+fn add_twice_is_refused_and_del_then_add_works() {
+    let p = unique("twice");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod = TestNs::new(&format!("{p}-p"));
+    let data = tempfile::tempdir().unwrap();
+    let conf = config("1.1.0", "10.99.16.0/24", data.path(), "");
+    let add = || {
+        run_plugin(
+            &plugin(),
+            &node,
+            "ADD",
+            "twice",
+            Some(&pod.path()),
+            "eth0",
+            &conf,
+        )
+    };
+    let first = add().ok().json();
+    let mac = mac_of(&pod, "eth0");
+    let again = add();
+    assert_eq!(again.error_code(), 104, "{}", again.stdout);
+    assert!(
+        again.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("already attached"),
+        "{}",
+        again.stdout
+    );
+    // The first attachment is untouched: same interface, same address, still allocated.
+    assert_eq!(mac_of(&pod, "eth0"), mac);
+    assert_eq!(
+        allocation_files(data.path()),
+        vec![pod_ip(&first).to_string()]
+    );
+    assert!(link_names(&node).contains(&veth("twice", "eth0")));
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "twice",
+        Some(&pod.path()),
+        "eth0",
+        &conf,
+    )
+    .ok();
+    let second = add().ok().json();
+    assert_eq!(allocation_files(data.path()).len(), 1);
+    assert_eq!(second["interfaces"][2]["name"], "eth0");
+}
+
+#[test]
+fn a_netns_that_is_not_a_namespace_fails_fast() {
+    use std::time::{Duration, Instant};
+    let p = unique("fifo");
+    let node = TestNs::new(&format!("{p}-node"));
+    let data = tempfile::tempdir().unwrap();
+    let conf = config("1.1.0", "10.99.17.0/24", data.path(), "");
+    let fifo = data.path().join("not-a-netns");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // A writer-less FIFO would block open(2) forever; hold the test to a deadline instead.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let r = run_plugin(&plugin(), &node, "ADD", "fifo", Some(&fifo), "eth0", &conf);
+            let _ = tx.send(r);
+        });
+        let r = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(r) => r,
+            Err(_) => {
+                // unblock the plugin so the scope can end, then fail
+                let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+                panic!("ADD with a FIFO as CNI_NETNS hung");
+            }
+        };
+        assert_eq!(r.error_code(), 4, "{}", r.stdout);
+        assert!(r.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("not a network namespace"));
+    });
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // a regular file and a directory are refused the same way
+    let file = data.path().join("plain");
+    std::fs::write(&file, "x").unwrap();
+    for path in [file.as_path(), data.path()] {
+        let r = run_plugin(&plugin(), &node, "ADD", "plain", Some(path), "eth0", &conf);
+        assert_eq!(r.error_code(), 4, "{}", r.stdout);
+    }
+    assert!(allocation_files(data.path()).is_empty());
+}
+
+#[test]
+fn status_reports_an_exhausted_range() {
+    let p = unique("sx");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod = TestNs::new(&format!("{p}-p"));
+    let data = tempfile::tempdir().unwrap();
+    // a /30 has one usable address besides the gateway
+    let conf = config("1.1.0", "10.99.18.0/30", data.path(), "");
+    run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf).ok();
+    run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "only",
+        Some(&pod.path()),
+        "eth0",
+        &conf,
+    )
+    .ok();
+    let r = run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf);
+    assert_eq!(r.error_code(), 50, "{}", r.stdout);
+    assert!(
+        r.json()["msg"].as_str().unwrap().contains("10.99.18.2"),
+        "{}",
+        r.stdout
+    );
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "only",
+        Some(&pod.path()),
+        "eth0",
+        &conf,
+    )
+    .ok();
+    run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf).ok();
+}
+
+#[test]
+fn a_deleted_masquerade_table_is_rebuilt_from_the_store() {
+    let p = unique("mq");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pods: Vec<TestNs> = (0..3).map(|i| TestNs::new(&format!("{p}-{i}"))).collect();
+    let data = tempfile::tempdir().unwrap();
+    let conf = config("1.1.0", "10.99.19.0/24", data.path(), "");
+    let add = |i: usize| {
+        pod_ip(
+            &run_plugin(
+                &plugin(),
+                &node,
+                "ADD",
+                &format!("mq{i}"),
+                Some(&pods[i].path()),
+                "eth0",
+                &conf,
+            )
+            .ok()
+            .json(),
+        )
+    };
+    let set = || node.sh(&list_pods4());
+    let (ip0, ip1) = (add(0), add(1));
+
+    // ADD rebuilds: the pods attached before the table vanished are masqueraded again.
+    node.sh("nft delete table inet weir-cni");
+    let ip2 = add(2);
+    let now = set();
+    for ip in [ip0, ip1, ip2] {
+        assert!(
+            now.contains(&ip.to_string()),
+            "{ip} missing after ADD: {now}"
+        );
+    }
+    // So does DEL (without the deleted pod).
+    node.sh("nft delete table inet weir-cni");
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "mq2",
+        Some(&pods[2].path()),
+        "eth0",
+        &conf,
+    )
+    .ok();
+    let now = set();
+    assert!(
+        now.contains(&ip0.to_string()) && now.contains(&ip1.to_string()),
+        "{now}"
+    );
+    assert!(!now.contains(&ip2.to_string()), "{now}");
+    // And GC, which resyncs the network's objects in any case.
+    node.sh("nft delete table inet weir-cni");
+    run_plugin(
+        &plugin(),
+        &node,
+        "GC",
+        "",
+        None,
+        "",
+        &gc_config(&conf, &[("mq0", "eth0"), ("mq1", "eth0")]),
+    )
+    .ok();
+    let now = set();
+    assert!(
+        now.contains(&ip0.to_string()) && now.contains(&ip1.to_string()),
+        "{now}"
+    );
+}
+
+#[test]
+fn networks_do_not_share_masquerade_destinations() {
+    let p = unique("md");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod_a = TestNs::new(&format!("{p}-a"));
+    let pod_b = TestNs::new(&format!("{p}-b"));
+    let data = tempfile::tempdir().unwrap();
+    let net_a = config_for("mnet-a", "bma", "10.99.20.0/24", data.path(), "");
+    // net-b's clusterCIDR is far wider and must not exempt net-a's traffic to 10.50.0.0/16.
+    let net_b = config_for("mnet-b", "bmb", "10.99.21.0/24", data.path(), "").replace(
+        r#""clusterCIDR":"10.99.0.0/16""#,
+        r#""clusterCIDR":"10.0.0.0/8""#,
+    );
+    run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "a",
+        Some(&pod_a.path()),
+        "eth0",
+        &net_a,
+    )
+    .ok();
+    run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "b",
+        Some(&pod_b.path()),
+        "eth0",
+        &net_b,
+    )
+    .ok();
+    let (sa, sb) = (
+        weir_cni::masq::Scope::for_network("mnet-a"),
+        weir_cni::masq::Scope::for_network("mnet-b"),
+    );
+    let direct_a = node.sh(&format!("nft list set inet weir-cni {}", sa.direct4));
+    let direct_b = node.sh(&format!("nft list set inet weir-cni {}", sb.direct4));
+    assert!(
+        direct_a.contains("10.99.0.0/16") && !direct_a.contains("10.0.0.0/8"),
+        "{direct_a}"
+    );
+    assert!(direct_b.contains("10.0.0.0/8"), "{direct_b}");
+    let table = node.sh("nft list table inet weir-cni");
+    assert!(
+        table.contains(&format!(
+            "ip saddr @{} ip daddr != @{} masquerade",
+            sa.pods4, sa.direct4
+        )) && table.contains(&format!(
+            "ip saddr @{} ip daddr != @{} masquerade",
+            sb.pods4, sb.direct4
+        )),
+        "{table}"
+    );
+
+    // Traffic: net-a's pod reaching 10.50.0.1 (outside its clusterCIDR, inside net-b's) is
+    // masqueraded to the node's address on that link; net-b's pod is not.
+    let outside = TestNs::new(&format!("{p}-o"));
+    node.sh("ip link add upl type veth peer name upl-o");
+    node.sh(&format!("ip link set upl-o netns {}", outside.name));
+    node.sh("ip addr add 10.50.0.2/24 dev upl && ip link set upl up");
+    outside.sh("ip addr add 10.50.0.1/24 dev upl-o && ip link set upl-o up && ip link set lo up");
+    outside.sh("ip route add 10.99.0.0/16 via 10.50.0.2");
+    pod_a.sh("ip route replace default via 10.99.20.1");
+    pod_b.sh("ip route replace default via 10.99.21.1");
+    let source_seen = |pod: &TestNs| {
+        let handle = outside.open();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            let _g = handle.enter().unwrap();
+            let l = std::net::TcpListener::bind(("10.50.0.1", 7020)).unwrap();
+            tx.send(()).unwrap();
+            let (_s, peer) = l.accept().unwrap();
+            peer.ip()
+        });
+        rx.recv().unwrap();
+        let _ = fetch(pod, "10.50.0.1".parse().unwrap(), 7020);
+        t.join().unwrap()
+    };
+    assert_eq!(
+        source_seen(&pod_a),
+        "10.50.0.2".parse::<IpAddr>().unwrap(),
+        "net-a is masqueraded"
+    );
+    assert_eq!(
+        source_seen(&pod_b),
+        "10.99.21.2".parse::<IpAddr>().unwrap(),
+        "net-b is not"
+    );
 }

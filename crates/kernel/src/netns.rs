@@ -15,10 +15,22 @@ pub struct NetNs {
 }
 
 impl NetNs {
-    /// Opens the namespace at `path`. `NotFound` means the namespace does not exist.
+    /// Opens the namespace at `path`. `NotFound` means the namespace does not exist;
+    /// `InvalidInput` that `path` is something else (a FIFO, a regular file, another namespace
+    /// type). Never blocks: a FIFO in place of a namespace must not hang the caller.
     pub fn open(path: impl AsRef<Path>) -> io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
         let path = path.as_ref().to_path_buf();
-        let file = File::open(&path)?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+            .open(&path)?;
+        if !is_network_namespace(&file) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a network namespace", path.display()),
+            ));
+        }
         Ok(Self { file, path })
     }
 
@@ -93,5 +105,51 @@ impl Drop for NetNsGuard {
                 self.previous.path
             );
         }
+    }
+}
+
+/// The file is a namespace (nsfs) and that namespace is a network namespace.
+fn is_network_namespace(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    const NSFS_MAGIC: i64 = 0x6e73_6673;
+    // _IO(0xb7, 0x3): which namespace type an nsfs file refers to.
+    const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on an open descriptor into a zeroed struct we own.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut fs) } != 0 || fs.f_type as i64 != NSFS_MAGIC {
+        return false;
+    }
+    // SAFETY: NS_GET_NSTYPE takes no argument and returns the CLONE_NEW* flag.
+    let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
+    kind == libc::CLONE_NEWNET
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_accepts_only_network_namespaces_and_never_blocks() {
+        assert!(NetNs::open("/proc/self/ns/net").is_ok());
+        let kind = |p: &Path| NetNs::open(p).unwrap_err().kind();
+        assert_eq!(
+            kind(Path::new("/proc/self/ns/mnt")),
+            io::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            kind(Path::new("/etc/hostname")),
+            io::ErrorKind::InvalidInput
+        );
+        let dir = std::env::temp_dir().join(format!("weir-netns-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&dir);
+        nix::unistd::mkfifo(&dir, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // Without O_NONBLOCK this open would wait forever for a writer.
+        let err = kind(&dir);
+        let _ = std::fs::remove_file(&dir);
+        assert_eq!(err, io::ErrorKind::InvalidInput);
+        assert_eq!(
+            kind(Path::new("/nonexistent/weir")),
+            io::ErrorKind::NotFound
+        );
     }
 }

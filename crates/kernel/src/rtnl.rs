@@ -69,6 +69,8 @@ pub struct Link {
     pub kind: Option<String>,
     /// For a veth: the peer's index, valid in the peer's namespace.
     pub peer_index: Option<u32>,
+    /// The interface alias (IFLA_IFALIAS), if one is set.
+    pub alias: Option<String>,
 }
 
 impl Link {
@@ -82,6 +84,7 @@ impl Link {
             controller: None,
             kind: None,
             peer_index: None,
+            alias: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -90,6 +93,7 @@ impl Link {
                 LinkAttribute::Mtu(m) => link.mtu = *m,
                 LinkAttribute::Controller(c) => link.controller = Some(*c),
                 LinkAttribute::Link(l) => link.peer_index = Some(*l),
+                LinkAttribute::IfAlias(a) if !a.is_empty() => link.alias = Some(a.clone()),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         if let LinkInfo::Kind(kind) = info {
