@@ -319,7 +319,10 @@ mod tests {
             2,
             "the two static rules, once each"
         );
-        assert!(!s.contains(" pods4 ") && !s.contains("weir-cni postrouting"), "{s}");
+        assert!(
+            !s.contains(" pods4 ") && !s.contains("weir-cni postrouting"),
+            "{s}"
+        );
     }
 
     #[test]
