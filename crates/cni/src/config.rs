@@ -2,6 +2,13 @@
 //!
 //! Decoding happens in three steps so that each failure gets the code the spec asks for:
 //! JSON syntax (6), cniVersion (1), unknown keys (2, naming key and value), then field values (7).
+//!
+//! The reference `bridge` plugin's keys are all known: those weir implements work, the others are
+//! refused with code 2 and a message saying weir does not implement them ([`unimplemented_keys`]).
+//! What the runtime asks for one attachment (addresses, a MAC) is gathered into [`Requested`].
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde::Deserialize;
@@ -38,6 +45,7 @@ pub struct NetConf {
     pub mode: Mode,
     #[serde(default = "default_bridge")]
     pub bridge: String,
+    /// None: 1500. The reference's `0` ("the kernel's default") reads as None too.
     #[serde(default)]
     pub mtu: Option<u32>,
     /// Give the bridge the gateway address of each range set.
@@ -48,8 +56,47 @@ pub struct NetConf {
     pub is_default_gateway: bool,
     #[serde(default)]
     pub ip_masq: bool,
-    #[serde(default = "yes")]
+    /// `ipMasqBackend`: weir always programs nftables; "iptables" is accepted with a warning.
+    #[serde(default)]
+    pub ip_masq_backend: Option<String>,
+    /// Hairpin on the pod's bridge port: `hairpinMode`, default on unless `promiscMode` is set
+    /// (the reference refuses both at once).
+    #[serde(skip)]
     pub hairpin_mode: bool,
+    #[serde(default, rename = "hairpinMode")]
+    hairpin_mode_conf: Option<bool>,
+    /// Put the bridge in promiscuous mode (the reference's alternative to hairpin).
+    #[serde(default)]
+    pub promisc_mode: bool,
+    /// Replace a different address the bridge holds in a gateway's subnet instead of adding beside it.
+    #[serde(default)]
+    pub force_address: bool,
+    /// Isolate the pods' bridge ports from each other (IFLA_BRPORT_ISOLATED): pods reach the
+    /// gateway and beyond, not each other over the bridge.
+    #[serde(default)]
+    pub port_isolation: bool,
+    /// Keep IPv6 duplicate address detection on in the pod (weir turns it off by default so the
+    /// address is usable at once).
+    #[serde(default, rename = "enabledad")]
+    pub enable_dad: bool,
+    /// libcni's: the runtime should not run CHECK / GC for this network. weir answers them with
+    /// success without looking, for runtimes that call anyway.
+    #[serde(default)]
+    pub disable_check: bool,
+    #[serde(default, rename = "disableGC")]
+    pub disable_gc: bool,
+    /// Reference keys weir does not implement; accepted only at their "off" value (see
+    /// [`unimplemented_keys`]).
+    #[serde(default)]
+    vlan: Option<Value>,
+    #[serde(default)]
+    vlan_trunk: Option<Value>,
+    #[serde(default)]
+    preserve_default_vlan: Option<Value>,
+    #[serde(default, rename = "macspoofchk")]
+    mac_spoof_chk: Option<Value>,
+    #[serde(default)]
+    disable_container_interface: Option<Value>,
     /// Destinations that pod traffic reaches without masquerade. Defaults to the pod subnets.
     #[serde(default, rename = "clusterCIDR", deserialize_with = "one_or_many")]
     pub cluster_cidr: Vec<IpNet>,
@@ -66,6 +113,19 @@ pub struct NetConf {
     pub capabilities: Value,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// What the runtime asked for this attachment (filled by [`NetConf::parse`] and
+    /// [`NetConf::apply_cni_args`]).
+    #[serde(skip)]
+    pub requested: Requested,
+}
+
+/// Addresses and a MAC the runtime asks for, as the reference plugins read them: addresses from
+/// `CNI_ARGS` `IP=`, `args.cni.ips` and `runtimeConfig.ips` (capability `ips`) together, the MAC from
+/// `runtimeConfig.mac` (capability `mac`), else `args.cni.mac`, else `CNI_ARGS` `MAC=`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requested {
+    pub ips: Vec<IpAddr>,
+    pub mac: Option<[u8; 6]>,
 }
 
 fn default_bridge() -> String {
@@ -103,7 +163,19 @@ const KNOWN_KEYS: &[&str] = &[
     "isGateway",
     "isDefaultGateway",
     "ipMasq",
+    "ipMasqBackend",
     "hairpinMode",
+    "promiscMode",
+    "forceAddress",
+    "portIsolation",
+    "enabledad",
+    "disableCheck",
+    "disableGC",
+    "vlan",
+    "vlanTrunk",
+    "preserveDefaultVlan",
+    "macspoofchk",
+    "disableContainerInterface",
     "clusterCIDR",
     "ipam",
     "dns",
@@ -150,7 +222,7 @@ impl NetConf {
                 ));
             }
         }
-        let conf: NetConf = serde_json::from_value(value).map_err(|e| {
+        let mut conf: NetConf = serde_json::from_value(value).map_err(|e| {
             let code = if e.to_string().contains("unknown field") {
                 ErrorCode::UnsupportedField
             } else {
@@ -158,8 +230,65 @@ impl NetConf {
             };
             CniError::new(code, format!("invalid network configuration: {e}"))
         })?;
+        if conf.mtu == Some(0) {
+            conf.mtu = None;
+        }
+        conf.hairpin_mode = conf.hairpin_mode_conf.unwrap_or(!conf.promisc_mode);
         conf.validate()?;
+        conf.requested = requested_in_json(&conf.runtime_config, &conf.args)?;
+        if let Some(backend) = conf.ip_masq_backend.as_deref().filter(|_| conf.ip_masq) {
+            if backend == "iptables" {
+                eprintln!(
+                    "weir-cni: warning: ipMasqBackend \"iptables\": weir-cni always masquerades with nftables (table inet weir-cni)"
+                );
+            }
+        }
         Ok(conf)
+    }
+
+    /// Adds what `CNI_ARGS` asks for (`IP=` a comma-separated list, `MAC=`): addresses join those of
+    /// the configuration, the MAC counts only if the configuration names none. Malformed values are
+    /// code 4 (invalid environment).
+    pub fn apply_cni_args(&mut self, args: &BTreeMap<String, String>) -> CniResult<()> {
+        let invalid = |m: String| CniError::new(ErrorCode::InvalidEnvironment, m);
+        if let Some(list) = args.get("IP").filter(|v| !v.trim().is_empty()) {
+            let mut ips = Vec::new();
+            for item in list.split(',') {
+                ips.push(
+                    parse_requested_ip(item).map_err(|m| invalid(format!("CNI_ARGS IP: {m}")))?,
+                );
+            }
+            ips.extend(std::mem::take(&mut self.requested.ips));
+            self.requested.ips = ips;
+        }
+        if let Some(mac) = args.get("MAC").filter(|v| !v.trim().is_empty()) {
+            let mac = parse_mac(mac).map_err(|m| invalid(format!("CNI_ARGS MAC: {m}")))?;
+            self.requested.mac.get_or_insert(mac);
+        }
+        Ok(())
+    }
+
+    /// The result's `dns`: the configuration's own `dns`, else what `ipam.resolvConf` names (as
+    /// host-local reads it: nameserver, domain, search, options), else none.
+    pub fn result_dns(&self) -> CniResult<Value> {
+        let set = match &self.dns {
+            Value::Object(o) => o.values().any(|v| !v.is_null()),
+            Value::Null => false,
+            _ => true,
+        };
+        if set {
+            return Ok(self.dns.clone());
+        }
+        let Some(path) = &self.ipam.resolv_conf else {
+            return Ok(Value::Null);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CniError::new(
+                ErrorCode::Io,
+                format!("ipam.resolvConf: cannot read {}: {e}", path.display()),
+            )
+        })?;
+        Ok(parse_resolv_conf(&text))
     }
 
     fn validate(&self) -> CniResult<()> {
@@ -181,6 +310,22 @@ impl NetConf {
                 "bridge: {}",
                 m.replace("CNI_IFNAME", "bridge name")
             ));
+        }
+        if let Some((key, why)) = unimplemented_keys(self).into_iter().next() {
+            return Err(CniError::new(
+                ErrorCode::UnsupportedField,
+                format!("{key}: {why}"),
+            ));
+        }
+        if self.promisc_mode && self.hairpin_mode_conf == Some(true) {
+            return bad("hairpinMode and promiscMode cannot both be on (as in the reference bridge plugin): choose one".into());
+        }
+        if let Some(backend) = &self.ip_masq_backend {
+            if !matches!(backend.as_str(), "nftables" | "iptables") {
+                return bad(format!(
+                    "ipMasqBackend {backend:?}: must be \"nftables\" or \"iptables\" (weir-cni always uses nftables)"
+                ));
+            }
         }
         if let Some(mtu) = self.mtu {
             if !(68..=65535).contains(&mtu) {
@@ -210,6 +355,173 @@ impl NetConf {
             .flatten()
             .map(|r| r.subnet.trunc())
             .collect()
+    }
+}
+
+/// Reference keys set to something weir does not implement, each with the reason. Their "off"
+/// values (`vlan` 0, an empty `vlanTrunk`, `macspoofchk`/`disableContainerInterface` false, any
+/// `preserveDefaultVlan`, which only matters with VLANs) are accepted.
+pub fn unimplemented_keys(conf: &NetConf) -> Vec<(String, String)> {
+    fn shown(v: &Value) -> String {
+        let s = v.to_string();
+        if s.len() > 64 {
+            format!("{}... ({} bytes)", &s[..s.floor_char_boundary(64)], s.len())
+        } else {
+            s
+        }
+    }
+    let mut out = Vec::new();
+    let mut refuse = |key: &str, v: &Value, what: &str| {
+        out.push((
+            format!("{key} = {}", shown(v)),
+            format!("{what} is not implemented by weir-cni"),
+        ));
+    };
+    if let Some(v) = &conf.vlan {
+        if !(v.is_null() || v.as_i64() == Some(0)) {
+            refuse("vlan", v, "VLAN tagging of pod ports");
+        }
+    }
+    if let Some(v) = &conf.vlan_trunk {
+        if !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)) {
+            refuse("vlanTrunk", v, "VLAN trunk ports");
+        }
+    }
+    if let Some(v) = &conf.mac_spoof_chk {
+        if !(v.is_null() || v == &Value::Bool(false)) {
+            refuse("macspoofchk", v, "MAC spoof checking");
+        }
+    }
+    if let Some(v) = &conf.disable_container_interface {
+        if !(v.is_null() || v == &Value::Bool(false)) {
+            refuse(
+                "disableContainerInterface",
+                v,
+                "leaving the pod interface down",
+            );
+        }
+    }
+    let _ = &conf.preserve_default_vlan;
+    if let Some(ranges) = conf.runtime_config.get("ipRanges") {
+        if ranges.as_array().is_some_and(|a| !a.is_empty()) {
+            refuse(
+                "runtimeConfig.ipRanges",
+                ranges,
+                "the ipRanges capability (ranges from the runtime)",
+            );
+        }
+    }
+    out
+}
+
+/// The requested addresses and MAC in the configuration: `args.cni.ips`, then `runtimeConfig.ips`;
+/// the MAC from `runtimeConfig.mac`, else `args.cni.mac`.
+fn requested_in_json(runtime_config: &Value, args: &Value) -> CniResult<Requested> {
+    let bad = |m: String| CniError::new(ErrorCode::InvalidConfig, m);
+    let cni_args = args.get("cni");
+    let mut ips = Vec::new();
+    for (field, list) in [
+        ("args.cni.ips", cni_args.and_then(|a| a.get("ips"))),
+        ("runtimeConfig.ips", runtime_config.get("ips")),
+    ] {
+        let Some(list) = list.filter(|l| !l.is_null()) else {
+            continue;
+        };
+        let items = list
+            .as_array()
+            .ok_or_else(|| bad(format!("{field}: must be a list of addresses, got {list}")))?;
+        for item in items {
+            let text = item
+                .as_str()
+                .ok_or_else(|| bad(format!("{field}: {item} is not an address string")))?;
+            ips.push(parse_requested_ip(text).map_err(|m| bad(format!("{field}: {m}")))?);
+        }
+    }
+    let mut mac = None;
+    for (field, value) in [
+        ("args.cni.mac", cni_args.and_then(|a| a.get("mac"))),
+        ("runtimeConfig.mac", runtime_config.get("mac")),
+    ] {
+        let Some(value) = value.filter(|v| !v.is_null()) else {
+            continue;
+        };
+        let text = value
+            .as_str()
+            .ok_or_else(|| bad(format!("{field}: {value} is not a MAC address string")))?;
+        if !text.is_empty() {
+            mac = Some(parse_mac(text).map_err(|m| bad(format!("{field}: {m}")))?);
+        }
+    }
+    Ok(Requested { ips, mac })
+}
+
+/// An address as runtimes write it: plain (`10.1.0.5`) or with a prefix (`10.1.0.5/24`, the prefix
+/// ignored, as host-local does).
+pub fn parse_requested_ip(text: &str) -> Result<IpAddr, String> {
+    let t = text.trim();
+    let addr = t.split_once('/').map_or(t, |(a, _)| a);
+    addr.parse::<IpAddr>()
+        .map_err(|_| format!("{t:?} is not an IP address"))
+}
+
+/// `aa:bb:cc:dd:ee:ff` (or with `-`): a unicast, non-zero Ethernet address.
+pub fn parse_mac(text: &str) -> Result<[u8; 6], String> {
+    let t = text.trim();
+    let parts: Vec<&str> = t.split([':', '-']).collect();
+    let mut mac = [0u8; 6];
+    let ok = parts.len() == 6
+        && parts
+            .iter()
+            .zip(mac.iter_mut())
+            .all(|(p, b)| p.len() == 2 && u8::from_str_radix(p, 16).map(|v| *b = v).is_ok());
+    if !ok {
+        return Err(format!(
+            "{t:?} is not a MAC address (like 02:42:ac:11:00:02)"
+        ));
+    }
+    if mac[0] & 1 == 1 {
+        return Err(format!(
+            "{t} is a multicast address; an interface needs a unicast one"
+        ));
+    }
+    if mac == [0; 6] {
+        return Err("00:00:00:00:00:00 cannot be an interface's address".into());
+    }
+    Ok(mac)
+}
+
+/// resolv.conf as host-local reads it into a CNI `dns` object.
+fn parse_resolv_conf(text: &str) -> Value {
+    let (mut nameservers, mut search, mut options) = (Vec::new(), Vec::new(), Vec::new());
+    let mut domain = None;
+    for line in text.lines() {
+        let line = line.split(['#', ';']).next().unwrap_or("");
+        let mut words = line.split_whitespace();
+        match (words.next(), words.clone().next()) {
+            (Some("nameserver"), Some(ns)) => nameservers.push(ns.to_string()),
+            (Some("domain"), Some(d)) => domain = Some(d.to_string()),
+            (Some("search"), Some(_)) => search.extend(words.map(str::to_string)),
+            (Some("options"), Some(_)) => options.extend(words.map(str::to_string)),
+            _ => {}
+        }
+    }
+    let mut dns = serde_json::Map::new();
+    if !nameservers.is_empty() {
+        dns.insert("nameservers".into(), nameservers.into());
+    }
+    if let Some(d) = domain {
+        dns.insert("domain".into(), d.into());
+    }
+    if !search.is_empty() {
+        dns.insert("search".into(), search.into());
+    }
+    if !options.is_empty() {
+        dns.insert("options".into(), options.into());
+    }
+    if dns.is_empty() {
+        Value::Null
+    } else {
+        Value::Object(dns)
     }
 }
 

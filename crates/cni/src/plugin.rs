@@ -41,7 +41,8 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
         })
         .to_string());
     }
-    let conf = NetConf::parse(stdin)?;
+    let mut conf = NetConf::parse(stdin)?;
+    conf.apply_cni_args(&env.args)?;
     let needs = |min: &str, what: &str| {
         if version_at_least(&conf.cni_version, min) {
             Ok(())
@@ -79,6 +80,7 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
             attachment.del(&store)?;
             Ok(String::new())
         }
+        Command::Check if conf.disable_check => Ok(String::new()),
         Command::Check => {
             needs("0.4.0", "CHECK")?;
             let prev = conf.prev_result.as_ref().ok_or_else(|| {
@@ -96,6 +98,7 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
             )?;
             Ok(String::new())
         }
+        Command::Gc if conf.disable_gc => Ok(String::new()),
         Command::Gc => {
             needs("1.1.0", "GC")?;
             let valid: Vec<(String, String)> = conf

@@ -37,6 +37,9 @@ pub enum ErrorCode {
     Nftables = 102,
     /// CHECK found the attachment different from what ADD made.
     CheckFailed = 103,
+    /// A requested address (runtimeConfig.ips, args.cni.ips, CNI_ARGS IP=) is held by another
+    /// attachment.
+    AddressInUse = 104,
 }
 
 /// An error as the spec's JSON (`code`, `msg`, `details`), printed on stdout with a non-zero exit.

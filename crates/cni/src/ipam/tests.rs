@@ -156,7 +156,7 @@ fn config_errors_name_the_field() {
         "{err}"
     );
     let c = conf(r#"{"type":"weir-ipam","subnet":"10.0.0.0/32"}"#);
-    assert!(c.validate().unwrap_err().starts_with("ipam.subnet.subnet:"));
+    assert!(c.validate().unwrap_err().starts_with("ipam.subnet:"));
     // unknown keys are rejected, in ipam and in a range
     assert!(serde_json::from_str::<IpamConf>(r#"{"type":"weir-ipam","rangez":[]}"#).is_err());
     assert!(serde_json::from_str::<IpamConf>(
