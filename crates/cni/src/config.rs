@@ -606,4 +606,234 @@ mod tests {
             ErrorCode::Decode
         );
     }
+
+    /// A working bridge + host-local conflist entry, as an operator has it today.
+    const MIGRATED: &str = r#"{"cniVersion":"1.0.0","name":"mynet","type":"weir-cni",
+        "bridge":"mynet0","isGateway":true,"isDefaultGateway":true,"forceAddress":true,
+        "ipMasq":true,"ipMasqBackend":"nftables","mtu":0,"promiscMode":true,"vlan":0,
+        "vlanTrunk":[],"preserveDefaultVlan":true,"macspoofchk":false,"enabledad":true,
+        "disableContainerInterface":false,"portIsolation":true,"disableCheck":true,"disableGC":false,
+        "ipam":{"type":"host-local","subnet":"10.10.0.0/16","rangeStart":"10.10.1.10",
+                "rangeEnd":"10.10.1.20","gateway":"10.10.0.254","dataDir":"/run/x",
+                "resolvConf":"/etc/resolv.conf","routes":[{"dst":"0.0.0.0/0"}]}}"#;
+
+    #[test]
+    fn a_reference_bridge_and_host_local_config_is_understood() {
+        let c = NetConf::parse(MIGRATED.as_bytes()).unwrap();
+        assert!(c.promisc_mode && c.force_address && c.port_isolation && c.enable_dad);
+        assert!(!c.hairpin_mode, "promiscMode turns the hairpin default off");
+        assert!(c.disable_check && !c.disable_gc);
+        assert_eq!(c.mtu, None, "mtu 0 is the default");
+        let sets = c.ipam.range_sets();
+        assert_eq!(sets.len(), 1);
+        let r = &sets[0][0];
+        assert_eq!(r.effective_start().to_string(), "10.10.1.10");
+        assert_eq!(r.effective_end().to_string(), "10.10.1.20");
+        assert_eq!(r.effective_gateway().to_string(), "10.10.0.254");
+        // without promiscMode, weir's hairpin default (on) stays
+        let c = NetConf::parse(conf("").as_bytes()).unwrap();
+        assert!(c.hairpin_mode && !c.promisc_mode);
+    }
+
+    #[test]
+    fn unimplemented_reference_features_are_named_not_unknown() {
+        for (extra, key) in [
+            (r#","vlan":100"#, "vlan = 100"),
+            (r#","vlanTrunk":[{"id":5}]"#, "vlanTrunk"),
+            (r#","macspoofchk":true"#, "macspoofchk = true"),
+            (
+                r#","disableContainerInterface":true"#,
+                "disableContainerInterface",
+            ),
+            (
+                r#","runtimeConfig":{"ipRanges":[[{"subnet":"10.9.0.0/24"}]]}"#,
+                "runtimeConfig.ipRanges",
+            ),
+        ] {
+            let e = NetConf::parse(conf(extra).as_bytes()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::UnsupportedField, "{extra}");
+            assert!(
+                e.msg.starts_with(key) && e.msg.contains("not implemented by weir-cni"),
+                "{extra}: {}",
+                e.msg
+            );
+        }
+        let huge = format!(
+            r#","vlanTrunk":[{}{{"id":5}}]"#,
+            r#"{"id":5},"#.repeat(20000)
+        );
+        let e = NetConf::parse(conf(&huge).as_bytes()).unwrap_err();
+        assert!(
+            e.msg.len() < 300,
+            "the value is shortened: {} bytes",
+            e.msg.len()
+        );
+        // a truly foreign key is still "unsupported field"
+        let e = NetConf::parse(conf(r#","vxlanId":7"#).as_bytes()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedField);
+        assert!(e.msg.contains("unsupported field") && e.msg.contains("vxlanId"));
+        // values weir cannot take are configuration errors, naming the key
+        for (extra, key) in [
+            (r#","hairpinMode":true,"promiscMode":true"#, "hairpinMode"),
+            (r#","ipMasqBackend":"ebpf""#, "ipMasqBackend"),
+        ] {
+            let e = NetConf::parse(conf(extra).as_bytes()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig, "{extra}");
+            assert!(e.msg.contains(key), "{}", e.msg);
+        }
+        assert!(
+            NetConf::parse(conf(r#","ipMasq":true,"ipMasqBackend":"iptables""#).as_bytes()).is_ok()
+        );
+        // the single-range keys need the single-range subnet
+        let e = NetConf::parse(
+            conf("")
+                .replace(
+                    r#""type":"weir-ipam""#,
+                    r#""type":"weir-ipam","rangeStart":"10.244.1.5""#,
+                )
+                .as_bytes(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.msg.contains("ipam.rangeStart") && e.msg.contains("ipam.subnet"),
+            "{}",
+            e.msg
+        );
+    }
+
+    fn args(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn requested_addresses_and_mac_follow_the_reference_precedence() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut c = NetConf::parse(
+            conf(
+                r#","runtimeConfig":{"ips":["10.244.1.7/24"],"mac":"02:00:00:00:00:0a"},
+                   "args":{"cni":{"ips":["fd00::7"],"mac":"02:00:00:00:00:0b"}}"#,
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        c.apply_cni_args(&args(&[
+            ("IP", "10.244.1.8, fd00::8"),
+            ("MAC", "02:00:00:00:00:0c"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.requested.ips,
+            vec![
+                ip("10.244.1.8"),
+                ip("fd00::8"),
+                ip("fd00::7"),
+                ip("10.244.1.7")
+            ],
+            "CNI_ARGS, then args.cni.ips, then runtimeConfig.ips"
+        );
+        assert_eq!(
+            c.requested.mac,
+            Some([2, 0, 0, 0, 0, 0x0a]),
+            "runtimeConfig.mac wins"
+        );
+
+        let mut c =
+            NetConf::parse(conf(r#","args":{"cni":{"mac":"02-00-00-00-00-0b"}}"#).as_bytes())
+                .unwrap();
+        c.apply_cni_args(&args(&[("MAC", "02:00:00:00:00:0c")]))
+            .unwrap();
+        assert_eq!(
+            c.requested.mac,
+            Some([2, 0, 0, 0, 0, 0x0b]),
+            "then args.cni.mac"
+        );
+        let mut c = NetConf::parse(conf("").as_bytes()).unwrap();
+        c.apply_cni_args(&args(&[
+            ("MAC", "02:00:00:00:00:0c"),
+            ("K8S_POD_NAME", "p"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.requested.mac,
+            Some([2, 0, 0, 0, 0, 0x0c]),
+            "then CNI_ARGS"
+        );
+        assert!(c.requested.ips.is_empty());
+
+        // malformed values: code 7 in the configuration, code 4 in CNI_ARGS, naming the source
+        for (extra, field) in [
+            (
+                r#","runtimeConfig":{"ips":["10.244.1.300"]}"#,
+                "runtimeConfig.ips",
+            ),
+            (
+                r#","runtimeConfig":{"ips":"10.244.1.3"}"#,
+                "runtimeConfig.ips",
+            ),
+            (r#","args":{"cni":{"ips":[7]}}"#, "args.cni.ips"),
+            (
+                r#","runtimeConfig":{"mac":"01:00:5e:00:00:01"}"#,
+                "runtimeConfig.mac",
+            ),
+            (
+                r#","args":{"cni":{"mac":"zz:00:00:00:00:01"}}"#,
+                "args.cni.mac",
+            ),
+        ] {
+            let e = NetConf::parse(conf(extra).as_bytes()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig, "{extra}");
+            assert!(e.msg.starts_with(field), "{}", e.msg);
+        }
+        for (k, v) in [
+            ("IP", "10.244.1.3,bogus"),
+            ("MAC", "02:00:00:00:00"),
+            ("MAC", "00:00:00:00:00:00"),
+        ] {
+            let mut c = NetConf::parse(conf("").as_bytes()).unwrap();
+            let e = c.apply_cni_args(&args(&[(k, v)])).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidEnvironment, "{k}={v}");
+            assert!(e.msg.starts_with(&format!("CNI_ARGS {k}")), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn resolv_conf_becomes_the_result_dns_unless_dns_is_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("resolv.conf");
+        std::fs::write(
+            &file,
+            "# generated\nnameserver 10.96.0.10\nnameserver fd00::10\ndomain cluster.local\n\
+             search svc.cluster.local cluster.local\noptions ndots:5 edns0\n",
+        )
+        .unwrap();
+        let with = |extra: &str| {
+            conf(extra).replace(
+                r#""type":"weir-ipam""#,
+                &format!(r#""type":"weir-ipam","resolvConf":"{}""#, file.display()),
+            )
+        };
+        let c = NetConf::parse(with("").as_bytes()).unwrap();
+        assert_eq!(
+            c.result_dns().unwrap(),
+            serde_json::json!({"nameservers":["10.96.0.10","fd00::10"],"domain":"cluster.local",
+                "search":["svc.cluster.local","cluster.local"],"options":["ndots:5","edns0"]})
+        );
+        let c = NetConf::parse(with(r#","dns":{"nameservers":["1.1.1.1"]}"#).as_bytes()).unwrap();
+        assert_eq!(
+            c.result_dns().unwrap(),
+            serde_json::json!({"nameservers":["1.1.1.1"]})
+        );
+        std::fs::remove_file(&file).unwrap();
+        let c = NetConf::parse(with("").as_bytes()).unwrap();
+        assert_eq!(c.result_dns().unwrap_err().code, ErrorCode::Io);
+        assert!(NetConf::parse(conf("").as_bytes())
+            .unwrap()
+            .result_dns()
+            .unwrap()
+            .is_null());
+    }
 }
