@@ -91,8 +91,6 @@ pub struct NetConf {
     vlan: Option<Value>,
     #[serde(default)]
     vlan_trunk: Option<Value>,
-    #[serde(default)]
-    preserve_default_vlan: Option<Value>,
     #[serde(default, rename = "macspoofchk")]
     mac_spoof_chk: Option<Value>,
     #[serde(default)]
@@ -113,8 +111,7 @@ pub struct NetConf {
     pub capabilities: Value,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
-    /// What the runtime asked for this attachment (filled by [`NetConf::parse`] and
-    /// [`NetConf::apply_cni_args`]).
+    /// What the runtime asked for this attachment (filled for ADD by [`NetConf::read_requests`]).
     #[serde(skip)]
     pub requested: Requested,
 }
@@ -173,7 +170,7 @@ const KNOWN_KEYS: &[&str] = &[
     "disableGC",
     "vlan",
     "vlanTrunk",
-    "preserveDefaultVlan",
+    "preserveDefaultVlan", // only matters with VLANs, which weir refuses: accepted and ignored
     "macspoofchk",
     "disableContainerInterface",
     "clusterCIDR",
@@ -235,7 +232,6 @@ impl NetConf {
         }
         conf.hairpin_mode = conf.hairpin_mode_conf.unwrap_or(!conf.promisc_mode);
         conf.validate()?;
-        conf.requested = requested_in_json(&conf.runtime_config, &conf.args)?;
         if let Some(backend) = conf.ip_masq_backend.as_deref().filter(|_| conf.ip_masq) {
             if backend == "iptables" {
                 eprintln!(
@@ -246,10 +242,11 @@ impl NetConf {
         Ok(conf)
     }
 
-    /// Adds what `CNI_ARGS` asks for (`IP=` a comma-separated list, `MAC=`): addresses join those of
-    /// the configuration, the MAC counts only if the configuration names none. Malformed values are
-    /// code 4 (invalid environment).
-    pub fn apply_cni_args(&mut self, args: &BTreeMap<String, String>) -> CniResult<()> {
+    /// Fills [`NetConf::requested`] for an ADD from the configuration (`runtimeConfig`, `args`) and
+    /// `CNI_ARGS` (`IP=` a comma-separated list, `MAC=`). Malformed values are code 7 in the
+    /// configuration, code 4 in `CNI_ARGS`. Only ADD reads them, so a bad one never blocks a DEL.
+    pub fn read_requests(&mut self, args: &BTreeMap<String, String>) -> CniResult<()> {
+        self.requested = requested_in_json(&self.runtime_config, &self.args)?;
         let invalid = |m: String| CniError::new(ErrorCode::InvalidEnvironment, m);
         if let Some(list) = args.get("IP").filter(|v| !v.trim().is_empty()) {
             let mut ips = Vec::new();
@@ -401,7 +398,6 @@ pub fn unimplemented_keys(conf: &NetConf) -> Vec<(String, String)> {
             );
         }
     }
-    let _ = &conf.preserve_default_vlan;
     if let Some(ranges) = conf.runtime_config.get("ipRanges") {
         if ranges.as_array().is_some_and(|a| !a.is_empty()) {
             refuse(
@@ -720,7 +716,7 @@ mod tests {
             .as_bytes(),
         )
         .unwrap();
-        c.apply_cni_args(&args(&[
+        c.read_requests(&args(&[
             ("IP", "10.244.1.8, fd00::8"),
             ("MAC", "02:00:00:00:00:0c"),
         ]))
@@ -744,7 +740,7 @@ mod tests {
         let mut c =
             NetConf::parse(conf(r#","args":{"cni":{"mac":"02-00-00-00-00-0b"}}"#).as_bytes())
                 .unwrap();
-        c.apply_cni_args(&args(&[("MAC", "02:00:00:00:00:0c")]))
+        c.read_requests(&args(&[("MAC", "02:00:00:00:00:0c")]))
             .unwrap();
         assert_eq!(
             c.requested.mac,
@@ -752,7 +748,7 @@ mod tests {
             "then args.cni.mac"
         );
         let mut c = NetConf::parse(conf("").as_bytes()).unwrap();
-        c.apply_cni_args(&args(&[
+        c.read_requests(&args(&[
             ("MAC", "02:00:00:00:00:0c"),
             ("K8S_POD_NAME", "p"),
         ]))
@@ -784,7 +780,8 @@ mod tests {
                 "args.cni.mac",
             ),
         ] {
-            let e = NetConf::parse(conf(extra).as_bytes()).unwrap_err();
+            let mut c = NetConf::parse(conf(extra).as_bytes()).unwrap();
+            let e = c.read_requests(&args(&[])).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidConfig, "{extra}");
             assert!(e.msg.starts_with(field), "{}", e.msg);
         }
@@ -794,7 +791,7 @@ mod tests {
             ("MAC", "00:00:00:00:00:00"),
         ] {
             let mut c = NetConf::parse(conf("").as_bytes()).unwrap();
-            let e = c.apply_cni_args(&args(&[(k, v)])).unwrap_err();
+            let e = c.read_requests(&args(&[(k, v)])).unwrap_err();
             assert_eq!(e.code, ErrorCode::InvalidEnvironment, "{k}={v}");
             assert!(e.msg.starts_with(&format!("CNI_ARGS {k}")), "{}", e.msg);
         }

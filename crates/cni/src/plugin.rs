@@ -42,7 +42,9 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
         .to_string());
     }
     let mut conf = NetConf::parse(stdin)?;
-    conf.apply_cni_args(&env.args)?;
+    if env.command == Command::Add {
+        conf.read_requests(&env.args)?;
+    }
     let needs = |min: &str, what: &str| {
         if version_at_least(&conf.cni_version, min) {
             Ok(())

@@ -158,18 +158,34 @@ fn requested_addresses_and_macs_reach_the_pod() {
         .contains("outside every range"));
     assert_eq!(address_files(data.path()), before);
 
-    for (id, pod) in [("rq-one", &pod1), ("rq-two", &pod2)] {
-        run_plugin(
-            &plugin(),
-            &node,
-            "DEL",
-            id,
-            Some(&pod.path()),
-            "eth0",
-            &base,
-        )
-        .ok();
-    }
+    // requests matter to ADD only: a malformed one never blocks a DEL
+    let malformed = config(
+        "br-rq",
+        "10.98.1.0/24",
+        data.path(),
+        r#","runtimeConfig":{"ips":["bogus"],"mac":"nope"}"#,
+    );
+    run_plugin_env(
+        &plugin(),
+        &node,
+        "DEL",
+        "rq-one",
+        Some(&pod1.path()),
+        "eth0",
+        &malformed,
+        &[("CNI_ARGS", "IP=also-bogus")],
+    )
+    .ok();
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "rq-two",
+        Some(&pod2.path()),
+        "eth0",
+        &base,
+    )
+    .ok();
     assert!(address_files(data.path()).is_empty());
 }
 
