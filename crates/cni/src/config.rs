@@ -8,13 +8,15 @@
 //! What the runtime asks for one attachment (addresses, a MAC) is gathered into [`Requested`].
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::ipam::IpamConf;
+use crate::requests::requested_in_json;
+pub use crate::requests::Requested;
+use crate::resolv::parse_resolv_conf;
 use crate::spec::{check_version, CniError, CniResult, ErrorCode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -114,15 +116,6 @@ pub struct NetConf {
     /// What the runtime asked for this attachment (filled for ADD by [`NetConf::read_requests`]).
     #[serde(skip)]
     pub requested: Requested,
-}
-
-/// Addresses and a MAC the runtime asks for, as the reference plugins read them: addresses from
-/// `CNI_ARGS` `IP=`, `args.cni.ips` and `runtimeConfig.ips` (capability `ips`) together, the MAC from
-/// `runtimeConfig.mac` (capability `mac`), else `args.cni.mac`, else `CNI_ARGS` `MAC=`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Requested {
-    pub ips: Vec<IpAddr>,
-    pub mac: Option<[u8; 6]>,
 }
 
 fn default_bridge() -> String {
@@ -243,25 +236,11 @@ impl NetConf {
     }
 
     /// Fills [`NetConf::requested`] for an ADD from the configuration (`runtimeConfig`, `args`) and
-    /// `CNI_ARGS` (`IP=` a comma-separated list, `MAC=`). Malformed values are code 7 in the
-    /// configuration, code 4 in `CNI_ARGS`. Only ADD reads them, so a bad one never blocks a DEL.
-    pub fn read_requests(&mut self, args: &BTreeMap<String, String>) -> CniResult<()> {
-        self.requested = requested_in_json(&self.runtime_config, &self.args)?;
-        let invalid = |m: String| CniError::new(ErrorCode::InvalidEnvironment, m);
-        if let Some(list) = args.get("IP").filter(|v| !v.trim().is_empty()) {
-            let mut ips = Vec::new();
-            for item in list.split(',') {
-                ips.push(
-                    parse_requested_ip(item).map_err(|m| invalid(format!("CNI_ARGS IP: {m}")))?,
-                );
-            }
-            ips.extend(std::mem::take(&mut self.requested.ips));
-            self.requested.ips = ips;
-        }
-        if let Some(mac) = args.get("MAC").filter(|v| !v.trim().is_empty()) {
-            let mac = parse_mac(mac).map_err(|m| invalid(format!("CNI_ARGS MAC: {m}")))?;
-            self.requested.mac.get_or_insert(mac);
-        }
+    /// `CNI_ARGS`. Only ADD reads them, so a malformed one never blocks a DEL.
+    pub fn read_requests(&mut self, cni_args: &BTreeMap<String, String>) -> CniResult<()> {
+        let mut requested = requested_in_json(&self.runtime_config, &self.args)?;
+        requested.add_cni_args(cni_args)?;
+        self.requested = requested;
         Ok(())
     }
 
@@ -408,117 +387,6 @@ pub fn unimplemented_keys(conf: &NetConf) -> Vec<(String, String)> {
         }
     }
     out
-}
-
-/// The requested addresses and MAC in the configuration: `args.cni.ips`, then `runtimeConfig.ips`;
-/// the MAC from `runtimeConfig.mac`, else `args.cni.mac`.
-fn requested_in_json(runtime_config: &Value, args: &Value) -> CniResult<Requested> {
-    let bad = |m: String| CniError::new(ErrorCode::InvalidConfig, m);
-    let cni_args = args.get("cni");
-    let mut ips = Vec::new();
-    for (field, list) in [
-        ("args.cni.ips", cni_args.and_then(|a| a.get("ips"))),
-        ("runtimeConfig.ips", runtime_config.get("ips")),
-    ] {
-        let Some(list) = list.filter(|l| !l.is_null()) else {
-            continue;
-        };
-        let items = list
-            .as_array()
-            .ok_or_else(|| bad(format!("{field}: must be a list of addresses, got {list}")))?;
-        for item in items {
-            let text = item
-                .as_str()
-                .ok_or_else(|| bad(format!("{field}: {item} is not an address string")))?;
-            ips.push(parse_requested_ip(text).map_err(|m| bad(format!("{field}: {m}")))?);
-        }
-    }
-    let mut mac = None;
-    for (field, value) in [
-        ("args.cni.mac", cni_args.and_then(|a| a.get("mac"))),
-        ("runtimeConfig.mac", runtime_config.get("mac")),
-    ] {
-        let Some(value) = value.filter(|v| !v.is_null()) else {
-            continue;
-        };
-        let text = value
-            .as_str()
-            .ok_or_else(|| bad(format!("{field}: {value} is not a MAC address string")))?;
-        if !text.is_empty() {
-            mac = Some(parse_mac(text).map_err(|m| bad(format!("{field}: {m}")))?);
-        }
-    }
-    Ok(Requested { ips, mac })
-}
-
-/// An address as runtimes write it: plain (`10.1.0.5`) or with a prefix (`10.1.0.5/24`, the prefix
-/// ignored, as host-local does).
-pub fn parse_requested_ip(text: &str) -> Result<IpAddr, String> {
-    let t = text.trim();
-    let addr = t.split_once('/').map_or(t, |(a, _)| a);
-    addr.parse::<IpAddr>()
-        .map_err(|_| format!("{t:?} is not an IP address"))
-}
-
-/// `aa:bb:cc:dd:ee:ff` (or with `-`): a unicast, non-zero Ethernet address.
-pub fn parse_mac(text: &str) -> Result<[u8; 6], String> {
-    let t = text.trim();
-    let parts: Vec<&str> = t.split([':', '-']).collect();
-    let mut mac = [0u8; 6];
-    let ok = parts.len() == 6
-        && parts
-            .iter()
-            .zip(mac.iter_mut())
-            .all(|(p, b)| p.len() == 2 && u8::from_str_radix(p, 16).map(|v| *b = v).is_ok());
-    if !ok {
-        return Err(format!(
-            "{t:?} is not a MAC address (like 02:42:ac:11:00:02)"
-        ));
-    }
-    if mac[0] & 1 == 1 {
-        return Err(format!(
-            "{t} is a multicast address; an interface needs a unicast one"
-        ));
-    }
-    if mac == [0; 6] {
-        return Err("00:00:00:00:00:00 cannot be an interface's address".into());
-    }
-    Ok(mac)
-}
-
-/// resolv.conf as host-local reads it into a CNI `dns` object.
-fn parse_resolv_conf(text: &str) -> Value {
-    let (mut nameservers, mut search, mut options) = (Vec::new(), Vec::new(), Vec::new());
-    let mut domain = None;
-    for line in text.lines() {
-        let line = line.split(['#', ';']).next().unwrap_or("");
-        let mut words = line.split_whitespace();
-        match (words.next(), words.clone().next()) {
-            (Some("nameserver"), Some(ns)) => nameservers.push(ns.to_string()),
-            (Some("domain"), Some(d)) => domain = Some(d.to_string()),
-            (Some("search"), Some(_)) => search.extend(words.map(str::to_string)),
-            (Some("options"), Some(_)) => options.extend(words.map(str::to_string)),
-            _ => {}
-        }
-    }
-    let mut dns = serde_json::Map::new();
-    if !nameservers.is_empty() {
-        dns.insert("nameservers".into(), nameservers.into());
-    }
-    if let Some(d) = domain {
-        dns.insert("domain".into(), d.into());
-    }
-    if !search.is_empty() {
-        dns.insert("search".into(), search.into());
-    }
-    if !options.is_empty() {
-        dns.insert("options".into(), options.into());
-    }
-    if dns.is_empty() {
-        Value::Null
-    } else {
-        Value::Object(dns)
-    }
 }
 
 #[cfg(test)]
@@ -707,7 +575,7 @@ mod tests {
 
     #[test]
     fn requested_addresses_and_mac_follow_the_reference_precedence() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
         let mut c = NetConf::parse(
             conf(
                 r#","runtimeConfig":{"ips":["10.244.1.7/24"],"mac":"02:00:00:00:00:0a"},
