@@ -184,3 +184,49 @@ fn status(conf: &NetConf) -> CniResult<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_with(command: &str, conf: &str) -> Reply {
+        let env = |k: &str| {
+            match k {
+                "CNI_COMMAND" => Some(command),
+                "CNI_CONTAINERID" => Some("c1"),
+                "CNI_IFNAME" => Some("eth0"),
+                "CNI_NETNS" => Some("/nonexistent/netns"),
+                _ => None,
+            }
+            .map(str::to_string)
+        };
+        run(env, conf.as_bytes())
+    }
+
+    #[test]
+    fn disable_check_and_disable_gc_answer_without_looking() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = |extra: &str| {
+            format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"weir-cni"{extra},
+                    "ipam":{{"type":"host-local","subnet":"10.5.0.0/24","dataDir":"{}"}}}}"#,
+                dir.path().display()
+            )
+        };
+        // CHECK without prevResult and with a missing netns would fail; disableCheck skips it
+        assert!(!run_with("CHECK", &conf("")).success);
+        assert_eq!(
+            run_with("CHECK", &conf(r#","disableCheck":true"#)),
+            Reply {
+                stdout: String::new(),
+                success: true
+            }
+        );
+        // GC with disableGC touches nothing. (A 1.0.0 config, so that a real GC would stop at the
+        // version check rather than reach this host's interfaces.)
+        let old = |extra: &str| conf(extra).replace("1.1.0", "1.0.0");
+        assert!(!run_with("GC", &old("")).success);
+        assert!(run_with("GC", &old(r#","disableGC":true"#)).success);
+        assert!(!dir.path().join("n").exists());
+    }
+}
