@@ -333,3 +333,63 @@ fn without_force_address_the_old_bridge_address_stays() {
     )
     .ok();
 }
+
+#[test]
+fn enabledad_keeps_duplicate_address_detection_on() {
+    let p = unique("rd");
+    let node = TestNs::new(&format!("{p}-node"));
+    let pod1 = TestNs::new(&format!("{p}-p1"));
+    let pod2 = TestNs::new(&format!("{p}-p2"));
+    let data = tempfile::tempdir().unwrap();
+    let conf = |extra: &str| {
+        format!(
+            r#"{{"cniVersion":"1.1.0","name":"rk","type":"weir-cni","bridge":"br-rd"{extra},
+                "ipam":{{"type":"host-local","ranges":[[{{"subnet":"fd97::/120"}}]],"dataDir":"{}"}}}}"#,
+            data.path().display()
+        )
+    };
+    let dad = conf(r#","enabledad":true"#);
+    run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "rd-one",
+        Some(&pod1.path()),
+        "eth0",
+        &dad,
+    )
+    .ok();
+    run_plugin(
+        &plugin(),
+        &node,
+        "ADD",
+        "rd-two",
+        Some(&pod2.path()),
+        "eth0",
+        &conf(""),
+    )
+    .ok();
+    let accept_dad = |ns: &TestNs| ns.sh("cat /proc/sys/net/ipv6/conf/eth0/accept_dad");
+    assert_eq!(accept_dad(&pod1).trim(), "1", "enabledad: DAD stays on");
+    assert_eq!(accept_dad(&pod2).trim(), "0", "weir's default: DAD off");
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "rd-one",
+        Some(&pod1.path()),
+        "eth0",
+        &dad,
+    )
+    .ok();
+    run_plugin(
+        &plugin(),
+        &node,
+        "DEL",
+        "rd-two",
+        Some(&pod2.path()),
+        "eth0",
+        &conf(""),
+    )
+    .ok();
+}
