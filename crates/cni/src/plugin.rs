@@ -122,7 +122,9 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
 
 /// Tears down every attachment the store knows that is not in `valid`, then releases its addresses.
 fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
-    let store = Store::open(&conf.ipam, &conf.name).map_err(ipam_err)?;
+    let store = Store::open(&conf.ipam, &conf.name)
+        .map_err(ipam_err)?
+        .keeping(valid);
     let mut stale: Vec<(String, String)> = store
         .allocations()
         .map_err(ipam_err)?

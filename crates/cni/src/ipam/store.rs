@@ -60,6 +60,8 @@ enum BootId {
 pub struct Store {
     dir: PathBuf,
     boot_id: BootId,
+    /// Attachments known to be alive (GC's valid list): the reboot reconciliation never releases them.
+    keep: Vec<(String, String)>,
 }
 
 /// An address file as found on disk.
@@ -331,7 +333,15 @@ impl Store {
         Ok(Store {
             dir: conf.data_dir().join(network),
             boot_id: BootId::System,
+            keep: Vec::new(),
         })
+    }
+
+    /// Attachments the runtime says are alive (GC's `cni.dev/valid-attachments`): whichever
+    /// operation of this handle comes first after a reboot, it never releases them.
+    pub fn keeping(mut self, alive: &[(String, String)]) -> Store {
+        self.keep = alive.to_vec();
+        self
     }
 
     /// Replaces the boot id source (default: /proc/sys/kernel/random/boot_id); `None` turns the
@@ -366,7 +376,7 @@ impl Store {
         create: bool,
         f: impl FnOnce(&Locked) -> Result<T, IpamError>,
     ) -> Result<Option<T>, IpamError> {
-        self.locked_keeping(create, &[], f)
+        self.locked_keeping(create, &self.keep, f)
     }
 
     /// [`Self::locked`], with attachments the reboot reconciliation must keep whatever their age.
@@ -561,7 +571,8 @@ impl Store {
     /// Releases every allocation whose `(container ID, ifname)` is not in `valid` (a legacy file is kept
     /// if its container ID appears in `valid`). Returns the released addresses.
     pub fn gc(&self, valid: &[(String, String)]) -> Result<Vec<IpAddr>, IpamError> {
-        let res = self.locked_keeping(false, valid, |l| {
+        let keep: Vec<(String, String)> = self.keep.iter().chain(valid).cloned().collect();
+        let res = self.locked_keeping(false, &keep, |l| {
             let mut released = Vec::new();
             for e in l.entries()? {
                 let keep = valid.iter().any(|(id, ifname)| {

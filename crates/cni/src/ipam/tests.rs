@@ -707,6 +707,21 @@ fn gc_after_a_reboot_keeps_what_it_is_told_is_valid() {
         vec![(live, "live".into(), "eth0".into())]
     );
     assert!(!dir.join(dead.to_string()).exists());
+
+    // the same when the first operation is a read through a handle that knows the valid list
+    // (the plugin's GC lists allocations before collecting)
+    let c2 = alloc1(&b, &c, "dead2");
+    for f in [live.to_string(), c2.to_string(), BOOT_ID_FILE.to_string()] {
+        from_an_earlier_boot(&dir.join(f));
+    }
+    let after = Store::open(&c, NET)
+        .unwrap()
+        .with_boot_id(Some("C"))
+        .keeping(&[("live".into(), "eth0".into())]);
+    assert_eq!(
+        after.allocations().unwrap(),
+        vec![(live, "live".into(), "eth0".into())]
+    );
 }
 
 // ---------------------------------------------------------------- STATUS
