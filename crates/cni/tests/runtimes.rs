@@ -306,6 +306,7 @@ impl Podman {
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
 [engine]
 cgroup_manager = "cgroupfs"
+lock_type = "file"
 events_logger = "file"
 events_logfile_path = "{events}"
 runtime = "runc"
@@ -512,9 +513,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
     }
 
     /// `ctr run --rm --cni` in the foreground (ctr itself runs CNI ADD, and DEL once the task
-    /// exits). ctr reads the fixed /etc/cni/net.d and Debian's /usr/lib/cni, so it runs in a
-    /// private mount namespace where the test's directories are bind-mounted over those.
-    fn run_with_cni(&self, node: &TestNs, netd: &Path, bin: &Path, args: &[&str]) -> Child {
+    /// exits). ctr reads the fixed /etc/cni/net.d and Debian's /usr/lib/cni and caches results in
+    /// /var/lib/cni, so it runs in a private mount namespace where the test's directories are
+    /// bind-mounted over those (over all of /var/lib, which need not contain cni yet: only ctr and
+    /// the plugins it runs see it, and they use nothing else there).
+    fn run_with_cni(&self, node: &TestNs, netd: &Path, bin: &Path, args: &[&str]) -> KillOnDrop {
         require("/etc/cni/net.d", "containernetworking-plugins or podman");
         let ctr: Vec<String> = self
             .ctr(&[])
@@ -523,10 +526,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             .collect();
         let script = format!(
             "mount --bind {netd} /etc/cni/net.d && mount --bind {bin} {cni_dir} && \
-             exec nsenter --net={node} ctr {ctr} run --rm --cni --null-io {args}",
+             mount --bind {var_lib} /var/lib && exec nsenter --net={node} ctr {ctr} run --rm --cni --null-io {args}",
             netd = shell_quote(&netd.to_string_lossy()),
             bin = shell_quote(&bin.to_string_lossy()),
             cni_dir = DEBIAN_CNI_DIR,
+            var_lib = shell_quote(&self.private_var_lib().to_string_lossy()),
             node = node.path().display(),
             ctr = ctr.join(" "),
             args = args
@@ -536,17 +540,35 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
                 .join(" "),
         );
         let log = std::fs::File::create(self.dir.path().join("ctr-run.log")).unwrap();
-        Command::new("unshare")
-            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn ctr run")
+        KillOnDrop(
+            Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("spawn ctr run"),
+        )
+    }
+
+    fn private_var_lib(&self) -> PathBuf {
+        let dir = self.dir.path().join("var-lib");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     fn run_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ctr-run.log")).unwrap_or_default()
+    }
+}
+
+/// A child process that a failing test must not leave behind.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -612,7 +634,7 @@ fn containerd_runs_containers_on_a_weir_network() {
         "ctr run set the network up",
         Duration::from_secs(15),
         || {
-            if let Ok(Some(status)) = ctr_run.try_wait() {
+            if let Ok(Some(status)) = ctr_run.0.try_wait() {
                 panic!("ctr run exited early ({status}): {}", containerd.run_log());
             }
             !net.allocated().is_empty() && !nat_rules_for(&node, 18081).is_empty()
@@ -655,7 +677,7 @@ fn containerd_runs_containers_on_a_weir_network() {
     // Removal: kill the task; the foreground ctr runs DEL (with an empty CNI_NETNS) and --rm.
     run_ok(&mut containerd.ctr(&["task", "kill", "-s", "SIGKILL", &id]));
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ctr_run.try_wait().unwrap().is_none() {
+    while ctr_run.0.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "ctr run did not return");
         std::thread::sleep(Duration::from_millis(50));
     }
