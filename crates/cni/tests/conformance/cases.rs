@@ -92,7 +92,8 @@ fn per_version(v: &'static str) -> Vec<Case> {
                 let conf = with_prev(&conf, &r, v);
                 ctx.run("DEL", &conf, "del1", Some(&pod)).ok().map_err(|e| format!("DEL {e}"))?;
                 ensure(ctx.allocated(NET).is_empty(), || format!("left allocated: {:?}", ctx.allocated(NET)))?;
-                ensure(pod_eth0(&pod).is_none(), || "pod eth0 still there".into())?;
+                // A plugin may finish deleting the veth after DEL returns (weir does, in a child).
+                settle(|| pod_eth0(&pod).is_none()).map_err(|_| "pod eth0 still there after 3 s".to_string())?;
                 ctx.run("DEL", &conf, "del1", Some(&pod)).ok().map_err(|e| format!("second DEL {e}"))?;
                 Ok(())
             },
@@ -261,17 +262,16 @@ fn probes() -> Vec<Case> {
             "second ADD fails; the first attachment is unchanged",
             |ctx| {
                 let conf = ctx.conf("1.0.0", |_| {});
-                let (pod, first) = ctx.add(&conf, "twice")?;
+                let (pod, _) = ctx.add(&conf, "twice")?;
                 let before = pod_eth0(&pod);
                 let second = ctx.run("ADD", &conf, "twice", Some(&pod));
                 let after = pod_eth0(&pod);
                 ensure(before == after, || {
-                    format!("eth0 changed: {before:?} -> {after:?}")
+                    "the pod's eth0 was rebuilt (new MAC)".to_string()
                 })?;
                 ensure(ctx.allocated(NET).len() == 1, || {
                     format!("allocated: {:?}", ctx.allocated(NET))
                 })?;
-                let _ = first;
                 second.error_code().map(drop)
             },
         ),
@@ -452,7 +452,10 @@ fn requested_addresses() -> Vec<Case> {
         let r = ctx.invoke(&inv).ok()?;
         let seen = pod_eth0(&pod).map(|(_, m)| m);
         ensure(seen.as_deref() == Some(WANT_MAC), || {
-            format!("pod eth0 MAC {seen:?}")
+            format!(
+                "pod eth0 has another MAC ({})",
+                if seen.is_some() { "random" } else { "none" }
+            )
         })?;
         ensure(pod_mac(&r).as_deref() == Some(WANT_MAC), || {
             format!("result MAC {:?}", pod_mac(&r))
@@ -577,6 +580,7 @@ fn ok_verify(_: &Ctx, _: &std::path::Path, _: &Value) -> Result<(), String> {
 fn reference_keys() -> Vec<Case> {
     const HONOURED: &str =
         "ADD succeeds with the key honoured, or fails naming the key as not implemented";
+    const ACCEPTED: &str = "ADD succeeds (key accepted; its effect is not checked), or fails naming the key as not implemented";
     vec![
         case(
             "bridge key promiscMode",
@@ -592,30 +596,45 @@ fn reference_keys() -> Vec<Case> {
                 })
             },
         ),
-        case("bridge key forceAddress", HONOURED, |ctx| {
+        case("bridge key forceAddress", ACCEPTED, |ctx| {
             let conf = ctx.conf("1.0.0", |c| c["forceAddress"] = true.into());
             honoured_or_named(ctx, "forceAddress", conf, ok_verify)
         }),
-        case("bridge key vlan", HONOURED, |ctx| {
+        case("bridge key vlan", ACCEPTED, |ctx| {
             let conf = ctx.conf("1.0.0", |c| c["vlan"] = 100.into());
             honoured_or_named(ctx, "vlan", conf, ok_verify)
         }),
-        case("bridge key ipMasqBackend", HONOURED, |ctx| {
+        case("bridge key ipMasqBackend", ACCEPTED, |ctx| {
             let conf = ctx.conf("1.0.0", |c| {
                 c["ipMasq"] = true.into();
                 c["ipMasqBackend"] = "nftables".into();
             });
             honoured_or_named(ctx, "ipMasqBackend", conf, ok_verify)
         }),
-        case("bridge key disableContainerInterface", HONOURED, |ctx| {
-            let conf = ctx.conf("1.0.0", |c| c["disableContainerInterface"] = false.into());
-            honoured_or_named(ctx, "disableContainerInterface", conf, ok_verify)
-        }),
-        case("bridge key macspoofchk", HONOURED, |ctx| {
+        case(
+            "bridge key disableContainerInterface",
+            format!("{HONOURED}: the pod's eth0 is left down"),
+            |ctx| {
+                let conf = ctx.conf("1.0.0", |c| c["disableContainerInterface"] = true.into());
+                honoured_or_named(ctx, "disableContainerInterface", conf, |_, pod, _| {
+                    let name = pod.file_name().unwrap().to_string_lossy().into_owned();
+                    let out = std::process::Command::new("ip")
+                        .args(["-n", &name, "-o", "link", "show", "eth0"])
+                        .output()
+                        .map_err(|e| e.to_string())?;
+                    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+                    let flags = line.split(['<', '>']).nth(1).unwrap_or("");
+                    ensure(!flags.split(',').any(|f| f == "UP"), || {
+                        format!("eth0 is up: <{flags}>")
+                    })
+                })
+            },
+        ),
+        case("bridge key macspoofchk", ACCEPTED, |ctx| {
             let conf = ctx.conf("1.0.0", |c| c["macspoofchk"] = true.into());
             honoured_or_named(ctx, "macspoofchk", conf, ok_verify)
         }),
-        case("key disableCheck", HONOURED, |ctx| {
+        case("key disableCheck", ACCEPTED, |ctx| {
             let conf = ctx.conf("1.0.0", |c| c["disableCheck"] = true.into());
             honoured_or_named(ctx, "disableCheck", conf, ok_verify)
         }),

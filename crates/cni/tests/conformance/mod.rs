@@ -127,7 +127,17 @@ impl Run {
             return Err("hung (killed at the case's deadline)".into());
         }
         if self.success() {
-            return Err(format!("succeeded: {}", short(&self.stdout)));
+            // The address says enough; MACs would make the table change on every run.
+            let what = self
+                .json()
+                .ok()
+                .and_then(|r| first_ip(&r).ok())
+                .map(|ip| format!(" with address {ip}"))
+                .unwrap_or_else(|| match short(&self.stdout) {
+                    out if out.is_empty() => String::new(),
+                    out => format!(": {out}"),
+                });
+            return Err(format!("succeeded{what}"));
         }
         self.json()?["code"]
             .as_u64()
