@@ -130,7 +130,12 @@ Another bridge-compatible plugin gets a column with `WEIR_CNI_CONFORMANCE_PLUGIN
 (its IPAM plugin beside it; `WEIR_CNI_CONFORMANCE_IPAM`, default `host-local`).\n\n\
 \"Expected\" is the spec's requirement where it states one (VERSION, CHECK/GC/STATUS by version, \
 error codes 1, 6 and 50, DEL idempotence, ADD twice); for the reference's configuration keys it is \
-what an operator migrating a conflist needs: the key honoured, or an error naming it.\n\n";
+what an operator migrating a conflist needs: the key honoured, or an error naming it.\n\n\
+Reading the reference column: plugins 1.1.1 predate spec 1.1, so they reject cniVersion 1.1.0 (every \
+case built on a 1.1.0 ADD fails there) and know no GC or STATUS; their VERSION reply always says \
+1.0.0; bridge 1.1.1 replaces the IPAM result's DNS with the configuration's `dns` (so host-local's \
+`resolvConf` is lost) and predates `disableContainerInterface`; `vlan` needs bridge VLAN filtering \
+in the kernel, which the machine this table was generated on lacks.\n\n";
 
 #[test]
 fn cni_conformance() {
