@@ -8,8 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and the
-# reference CNI plugins we compare against.
-PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod)
+# reference CNI plugins we compare against, and the container runtimes that drive weir-cni in the tests
+# (podman, containerd + runc, a busybox-static rootfs: no image pull).
+PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
+  podman containerd runc busybox-static)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
