@@ -140,14 +140,20 @@ for p in /sys/class/virtio-ports/*; do [ "$(cat $p/name)" = {PORT_NAME} ] && por
 exec 3<>"$port"
 echo "READY $(uname -r) ${{missing:--}}" >&3
 io=/mnt{GUEST_IO_DIR}
+# Output collects in the initramfs's own memory and moves to the I/O directory in one copy at the
+# end: written straight to 9p, every small write() would be a round trip to the host.
+mkdir -p /spool
 while read -r verb id secs <&3; do
   case "$verb" in
     RUN)
       (
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb \
           timeout -s KILL "$secs" chroot /mnt /bin/sh "{GUEST_IO_DIR}/$id.sh" \
-          </dev/null >"$io/$id.out" 2>"$io/$id.err"
-        echo "DONE $id $?" >&3
+          </dev/null >"/spool/$id.out" 2>"/spool/$id.err"
+        status=$?
+        cat "/spool/$id.out" >"$io/$id.out"; cat "/spool/$id.err" >"$io/$id.err"
+        rm -f "/spool/$id.out" "/spool/$id.err"
+        echo "DONE $id $status" >&3
       ) &
       ;;
   esac
