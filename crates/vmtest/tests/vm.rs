@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use weir_vmtest::vm_or_skip;
 
-/// Runs a script and prints how long it took (the numbers docs/vm.md quotes).
+/// Runs a script (dedented, so heredocs in indented Rust strings work) and prints how long it
+/// took (the numbers docs/vm.md quotes).
 fn timed(vm: &weir_vmtest::Vm, what: &str, script: &str) -> String {
+    let script: String = script.lines().map(|l| format!("{}\n", l.trim_start())).collect();
     let started = Instant::now();
-    let out = vm.run_ok(script);
+    let out = vm.run_ok(&script);
     eprintln!("timing: {what}: {:.2} s", started.elapsed().as_secs_f64());
     out
 }
@@ -173,33 +175,53 @@ fn ipvs_balances_real_tcp_connections_across_two_backends() {
         format!("b1-{t}"),
         format!("b2-{t}"),
     );
+    // Batched (`ip -b`, `ipvsadm -R`): under software emulation every process start costs a
+    // noticeable fraction of a second.
     let script = format!(
         r#"set -e
         cleanup() {{ kill $p1 $p2 2>/dev/null; for n in {node} {client} {b1} {b2}; do ip netns del $n; done; }}
         trap cleanup EXIT
-        for n in {node} {client} {b1} {b2}; do ip netns add $n; ip -n $n link set lo up; done
-        ip netns exec {node} sysctl -qw net.ipv4.ip_forward=1
-        # node <-> client, node <-> each backend: one veth pair and one /24 each.
-        link() {{ ip -n {node} link add $2 type veth peer name eth0 netns $1
-                  ip -n {node} addr add $3.1/24 dev $2; ip -n {node} link set $2 up
-                  ip -n $1 addr add $3.2/24 dev eth0; ip -n $1 link set eth0 up
-                  ip -n $1 route add default via $3.1; }}
-        link {client} vc 10.90.1
-        link {b1} vb1 10.90.2
-        link {b2} vb2 10.90.3
-        ip -n {node} link add kube-ipvs0 type dummy
-        ip -n {node} addr add 10.96.0.1/32 dev kube-ipvs0
+        ip -b - <<EOF
+        netns add {node}
+        netns add {client}
+        netns add {b1}
+        netns add {b2}
+        EOF
+        ip -n {node} -b - <<EOF
+        link set lo up
+        link add vc type veth peer name eth0 netns {client}
+        link add vb1 type veth peer name eth0 netns {b1}
+        link add vb2 type veth peer name eth0 netns {b2}
+        addr add 10.90.1.1/24 dev vc
+        addr add 10.90.2.1/24 dev vb1
+        addr add 10.90.3.1/24 dev vb2
+        link set vc up
+        link set vb1 up
+        link set vb2 up
+        link add kube-ipvs0 type dummy
+        addr add 10.96.0.1/32 dev kube-ipvs0
+        EOF
+        for peer in {client}:10.90.1 {b1}:10.90.2 {b2}:10.90.3; do
+          ip -n ${{peer%%:*}} -b - <<EOF
+        link set lo up
+        addr add ${{peer#*:}}.2/24 dev eth0
+        link set eth0 up
+        route add default via ${{peer#*:}}.1
+        EOF
+        done
+        ip netns exec {node} sh -c 'sysctl -qw net.ipv4.ip_forward=1 && ipvsadm -R' <<EOF
+        -A -t 10.96.0.1:80 -s rr
+        -a -t 10.96.0.1:80 -r 10.90.2.2:8080 -m
+        -a -t 10.96.0.1:80 -r 10.90.3.2:8080 -m
+        EOF
         ip netns exec {b1} busybox nc -ll -p 8080 -e echo backend-1 >/dev/null 2>&1 & p1=$!
         ip netns exec {b2} busybox nc -ll -p 8080 -e echo backend-2 >/dev/null 2>&1 & p2=$!
-        ip netns exec {node} ipvsadm -A -t 10.96.0.1:80 -s rr
-        ip netns exec {node} ipvsadm -a -t 10.96.0.1:80 -r 10.90.2.2:8080 -m
-        ip netns exec {node} ipvsadm -a -t 10.96.0.1:80 -r 10.90.3.2:8080 -m
         # Both servers listening before the first connection.
         for b in {b1} {b2}; do
           i=0; until ip netns exec $b netstat -ltn | grep -q ':8080 '; do
             i=$((i+1)); [ $i -lt 100 ] || {{ echo "$b never listened" >&2; exit 1; }}; sleep 0.1; done
         done
-        for i in 1 2 3 4 5 6; do ip netns exec {client} busybox nc -w 5 10.96.0.1 80 </dev/null; done
+        ip netns exec {client} sh -c 'for i in 1 2 3 4 5 6; do busybox nc -w 5 10.96.0.1 80 </dev/null; done'
         ip netns exec {node} ipvsadm -Lnc
         "#
     );
@@ -231,30 +253,39 @@ fn iptables_ipset_and_nft_rules_of_kube_proxys_shapes_load() {
     let out = timed(
         vm,
         "iptables + ipset + nft",
+        // Loaded the way kube-proxy loads them: one ipset restore, one iptables-restore.
         &format!(
             r#"set -e
             ip netns add {ns}
             trap 'ip netns del {ns}' EXIT
             x() {{ ip netns exec {ns} "$@"; }}
-            x ipset create KUBE-CLUSTER-IP hash:ip,port
-            x ipset add KUBE-CLUSTER-IP 10.96.0.1,tcp:80
-            x ipset create KUBE-NODE-PORT-TCP bitmap:port range 0-65535
-            x ipset add KUBE-NODE-PORT-TCP 30080
-            x iptables -t nat -N KUBE-MARK-MASQ
-            x iptables -t nat -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
-            x iptables -t nat -N KUBE-POSTROUTING
-            x iptables -t nat -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
-            x iptables -t nat -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
-            x iptables -t nat -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE
-            x iptables -t nat -N KUBE-SERVICES
-            x iptables -t nat -A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
-            x iptables -t nat -A KUBE-SERVICES -m addrtype --dst-type LOCAL -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
-            x iptables -t nat -A KUBE-SERVICES -m statistic --mode random --probability 0.5 -p tcp -j DNAT --to-destination 10.0.0.1:8080
-            x iptables -t mangle -A PREROUTING -m conntrack --ctstate NEW -j CONNMARK --set-mark 0x80/0x80
-            x iptables -t nat -A POSTROUTING -j KUBE-POSTROUTING
+            x ipset restore <<EOF
+            create KUBE-CLUSTER-IP hash:ip,port
+            add KUBE-CLUSTER-IP 10.96.0.1,tcp:80
+            create KUBE-NODE-PORT-TCP bitmap:port range 0-65535
+            add KUBE-NODE-PORT-TCP 30080
+            EOF
+            x iptables-restore <<EOF
+            *nat
+            :KUBE-MARK-MASQ - [0:0]
+            :KUBE-POSTROUTING - [0:0]
+            :KUBE-SERVICES - [0:0]
+            -A POSTROUTING -j KUBE-POSTROUTING
+            -A KUBE-MARK-MASQ -j MARK --or-mark 0x4000
+            -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+            -A KUBE-POSTROUTING -j MARK --xor-mark 0x4000
+            -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE
+            -A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
+            -A KUBE-SERVICES -m addrtype --dst-type LOCAL -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
+            -A KUBE-SERVICES -p tcp -m statistic --mode random --probability 0.5 -j DNAT --to-destination 10.0.0.1:8080
+            COMMIT
+            *mangle
+            -A PREROUTING -m conntrack --ctstate NEW -j CONNMARK --set-mark 0x80/0x80
+            COMMIT
+            EOF
             x iptables-save
             x ipset list KUBE-CLUSTER-IP
-            x nft list ruleset | grep -c . >/dev/null
+            x nft list ruleset
             "#
         ),
     );
@@ -266,6 +297,8 @@ fn iptables_ipset_and_nft_rules_of_kube_proxys_shapes_load() {
         "--comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE",
         "-j CONNMARK --set-xmark 0x80/0x80",
         "10.96.0.1,tcp:80",
+        // The same rules seen through nft: iptables-nft wrote them as nf_tables rules.
+        "chain KUBE-SERVICES {",
     ] {
         assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
     }
