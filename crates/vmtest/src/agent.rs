@@ -16,8 +16,14 @@ use anyhow::{bail, Context};
 /// A message from the guest.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Message {
-    Ready { release: String, missing: Vec<String> },
-    Done { id: u64, status: i32 },
+    Ready {
+        release: String,
+        missing: Vec<String>,
+    },
+    Done {
+        id: u64,
+        status: i32,
+    },
 }
 
 pub fn parse_message(line: &str) -> Option<Message> {

@@ -6,9 +6,20 @@
 /// One archive member. Paths are relative (`bin/busybox`), parents listed before children.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
-    Dir { path: String },
-    File { path: String, mode: u32, data: Vec<u8> },
-    CharDev { path: String, mode: u32, major: u32, minor: u32 },
+    Dir {
+        path: String,
+    },
+    File {
+        path: String,
+        mode: u32,
+        data: Vec<u8>,
+    },
+    CharDev {
+        path: String,
+        mode: u32,
+        major: u32,
+        minor: u32,
+    },
 }
 
 const S_IFDIR: u32 = 0o040000;
@@ -68,7 +79,7 @@ fn member(out: &mut Vec<u8>, ino: u32, mode: u32, name: &str, data: &[u8], rdev:
 
 /// Header + name and the data are each padded to a multiple of four bytes.
 fn pad4(out: &mut Vec<u8>) {
-    while out.len() % 4 != 0 {
+    while out.len() & 3 != 0 {
         out.push(0);
     }
 }
@@ -93,8 +104,12 @@ mod tests {
         // 110 header bytes + "init\0" = 115, padded to 116; the data follows, padded to 120.
         assert_eq!(&bytes[110..116], b"init\0\0");
         assert_eq!(&bytes[116..120], b"#!x\0");
-        assert_eq!(&bytes[120..126], b"070701", "the trailer starts right after");
-        assert!(bytes.ends_with(&[0]) && bytes.len() % 4 == 0);
+        assert_eq!(
+            &bytes[120..126],
+            b"070701",
+            "the trailer starts right after"
+        );
+        assert!(bytes.ends_with(&[0]) && bytes.len() & 3 == 0);
         let trailer = std::str::from_utf8(&bytes[120 + 110..120 + 120]).unwrap();
         assert_eq!(trailer, "TRAILER!!!");
     }

@@ -35,19 +35,63 @@ pub const GUEST_IO_DIR: &str = "/run/weir-vm/io";
 /// kernel lacks, and the netfilter pieces iptables-nft, nft and ipset use. (`xt_MARK` and
 /// `xt_CONNMARK` are aliases of `xt_mark` and `xt_connmark`: no module of their own.)
 pub const MODULES: &[&str] = &[
-    "ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_lc", "ip_vs_wlc", "ip_vs_sh", "ip_vs_dh",
-    "ip_vs_sed", "ip_vs_nq", "ip_vs_mh", "dummy", "ipvlan", "macvlan", "veth", "bridge",
-    "br_netfilter", "vxlan", "nf_conntrack", "nf_conntrack_netlink", "nf_nat", "nf_tables",
-    "nft_compat", "nft_chain_nat", "nft_ct", "nft_masq", "nft_redir", "nft_reject_inet",
-    "xt_MASQUERADE", "xt_nat", "xt_mark", "xt_connmark", "xt_comment",
-    "xt_set", "xt_statistic", "xt_conntrack", "xt_addrtype", "xt_multiport", "xt_tcpudp",
-    "xt_REDIRECT", "ip_set", "ip_set_hash_ip", "ip_set_hash_ipport", "ip_set_hash_ipportip",
-    "ip_set_hash_ipportnet", "ip_set_hash_net", "ip_set_bitmap_port",
+    "ip_vs",
+    "ip_vs_rr",
+    "ip_vs_wrr",
+    "ip_vs_lc",
+    "ip_vs_wlc",
+    "ip_vs_sh",
+    "ip_vs_dh",
+    "ip_vs_sed",
+    "ip_vs_nq",
+    "ip_vs_mh",
+    "dummy",
+    "ipvlan",
+    "macvlan",
+    "veth",
+    "bridge",
+    "br_netfilter",
+    "vxlan",
+    "nf_conntrack",
+    "nf_conntrack_netlink",
+    "nf_nat",
+    "nf_tables",
+    "nft_compat",
+    "nft_chain_nat",
+    "nft_ct",
+    "nft_masq",
+    "nft_redir",
+    "nft_reject_inet",
+    "xt_MASQUERADE",
+    "xt_nat",
+    "xt_mark",
+    "xt_connmark",
+    "xt_comment",
+    "xt_set",
+    "xt_statistic",
+    "xt_conntrack",
+    "xt_addrtype",
+    "xt_multiport",
+    "xt_tcpudp",
+    "xt_REDIRECT",
+    "ip_set",
+    "ip_set_hash_ip",
+    "ip_set_hash_ipport",
+    "ip_set_hash_ipportip",
+    "ip_set_hash_ipportnet",
+    "ip_set_hash_net",
+    "ip_set_bitmap_port",
 ];
 
 /// The modules the initramfs itself needs before the host's root is mounted (with their
 /// dependencies, resolved by the host's `modprobe --show-depends`).
-pub const EARLY_MODULES: &[&str] = &["virtio_pci", "virtio_console", "9pnet_virtio", "9p", "overlay"];
+pub const EARLY_MODULES: &[&str] = &[
+    "virtio_pci",
+    "virtio_console",
+    "9pnet_virtio",
+    "9p",
+    "overlay",
+];
 
 /// The module files `modprobe --show-depends` would `insmod`, in order, each once; modules built
 /// into the kernel (`builtin ...` lines) need no file.
@@ -55,7 +99,11 @@ pub fn parse_show_depends(output: &str) -> Vec<String> {
     let mut files: Vec<String> = Vec::new();
     for line in output.lines() {
         if let Some(rest) = line.strip_prefix("insmod ") {
-            let file = rest.split_whitespace().next().unwrap_or_default().to_string();
+            let file = rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
             if !file.is_empty() && !files.contains(&file) {
                 files.push(file);
             }
@@ -68,7 +116,11 @@ pub fn parse_show_depends(output: &str) -> Vec<String> {
 /// initramfs has no libraries, so its busybox must be the static build (`busybox-static`).
 pub fn is_static_elf(bytes: &[u8]) -> bool {
     const PT_INTERP: u32 = 3;
-    let u16_at = |o: usize| bytes.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
     let u32_at = |o: usize| {
         bytes
             .get(o..o + 4)
@@ -167,10 +219,22 @@ poweroff -f
 /// The initramfs members: busybox, the early modules (by file name, flat), `/init`, and the
 /// directories and console node the init expects.
 pub fn initramfs_entries(busybox: Vec<u8>, early: &[(String, Vec<u8>)], init: &str) -> Vec<Entry> {
-    let mut entries: Vec<Entry> = ["bin", "dev", "proc", "sys", "host", "rw", "mnt", "lib", "lib/modules"]
-        .iter()
-        .map(|d| Entry::Dir { path: d.to_string() })
-        .collect();
+    let mut entries: Vec<Entry> = [
+        "bin",
+        "dev",
+        "proc",
+        "sys",
+        "host",
+        "rw",
+        "mnt",
+        "lib",
+        "lib/modules",
+    ]
+    .iter()
+    .map(|d| Entry::Dir {
+        path: d.to_string(),
+    })
+    .collect();
     // The kernel opens /dev/console for init's stdio before devtmpfs is mounted.
     entries.push(Entry::CharDev {
         path: "dev/console".into(),
@@ -208,7 +272,12 @@ mod tests {
                    insmod /k/virtio_ring.ko \nbuiltin crc32c\ninsmod /k/9p.ko opt=1\n";
         assert_eq!(
             parse_show_depends(out),
-            ["/k/virtio_ring.ko", "/k/virtio.ko", "/k/virtio_pci.ko", "/k/9p.ko"]
+            [
+                "/k/virtio_ring.ko",
+                "/k/virtio.ko",
+                "/k/virtio_pci.ko",
+                "/k/9p.ko"
+            ]
         );
     }
 

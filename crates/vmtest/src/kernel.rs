@@ -70,7 +70,8 @@ fn resolve_package() -> anyhow::Result<(String, String)> {
         }
     };
     let show = output(Command::new("apt-cache").args(["show", "--no-all-versions", &package]))?;
-    let version = parse_version(&show).with_context(|| format!("apt-cache has no version of {package}"))?;
+    let version =
+        parse_version(&show).with_context(|| format!("apt-cache has no version of {package}"))?;
     Ok((package, version))
 }
 
@@ -121,8 +122,17 @@ fn apt_lists_fingerprint() -> Option<String> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let meta = e.metadata().ok()?;
-            let mtime = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?;
-            Some(format!("{:?}:{}:{}", e.file_name(), meta.len(), mtime.as_nanos()))
+            let mtime = meta
+                .modified()
+                .ok()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?;
+            Some(format!(
+                "{:?}:{}:{}",
+                e.file_name(),
+                meta.len(),
+                mtime.as_nanos()
+            ))
         })
         .collect();
     lists.sort();
@@ -134,12 +144,18 @@ fn newest_cached(cache: &Path) -> anyhow::Result<String> {
     let mut complete: Vec<(std::time::SystemTime, String)> = fs::read_dir(cache)?
         .filter_map(|e| e.ok())
         .filter_map(|e| {
-            let mtime = fs::metadata(e.path().join(COMPLETE)).ok()?.modified().ok()?;
+            let mtime = fs::metadata(e.path().join(COMPLETE))
+                .ok()?
+                .modified()
+                .ok()?;
             Some((mtime, e.file_name().to_string_lossy().into_owned()))
         })
         .collect();
     complete.sort();
-    complete.pop().map(|(_, k)| k).context("no complete kernel entry")
+    complete
+        .pop()
+        .map(|(_, k)| k)
+        .context("no complete kernel entry")
 }
 
 /// Download, unpack, index the modules and extract `vmlinux`, in a scratch directory renamed into
@@ -206,7 +222,10 @@ fn module_release(tree: &Path) -> anyhow::Result<String> {
     releases.sort();
     match releases.as_slice() {
         [one] => Ok(one.clone()),
-        other => bail!("expected one module tree in {}, found {other:?}", dir.display()),
+        other => bail!(
+            "expected one module tree in {}, found {other:?}",
+            dir.display()
+        ),
     }
 }
 
@@ -265,7 +284,10 @@ mod tests {
             parse_meta_depends(out).as_deref(),
             Some("linux-image-6.1.0-56-amd64")
         );
-        assert_eq!(parse_meta_depends("x\n  Depends: linux-image-amd64-signed\n"), None);
+        assert_eq!(
+            parse_meta_depends("x\n  Depends: linux-image-amd64-signed\n"),
+            None
+        );
         assert_eq!(parse_meta_depends(""), None);
     }
 

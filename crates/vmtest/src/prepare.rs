@@ -32,7 +32,8 @@ pub fn cache_dir() -> anyhow::Result<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/cache/weir/vm"));
     fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    dir.canonicalize().context("canonicalize the cache directory")
+    dir.canonicalize()
+        .context("canonicalize the cache directory")
 }
 
 /// Prepares under the cache lock.
@@ -88,7 +89,10 @@ fn early_module_files(kernel: &Kernel) -> anyhow::Result<Vec<(String, Vec<u8>)>>
                 .context("module without a file name")?
                 .to_string_lossy()
                 .into_owned();
-            Ok((name, fs::read(path).with_context(|| format!("read {file}"))?))
+            Ok((
+                name,
+                fs::read(path).with_context(|| format!("read {file}"))?,
+            ))
         })
         .collect()
 }

@@ -85,7 +85,10 @@ pub fn args(spec: &Spec) -> Vec<String> {
         "-device".into(),
         format!("virtio-9p-pci,fsdev=root,mount_tag={}", guest::ROOT_TAG),
         "-fsdev".into(),
-        format!("local,id=io,path={},security_model=none", path(&spec.io_dir)),
+        format!(
+            "local,id=io,path={},security_model=none",
+            path(&spec.io_dir)
+        ),
         "-device".into(),
         format!("virtio-9p-pci,fsdev=io,mount_tag={}", guest::IO_TAG),
         "-device".into(),

@@ -68,7 +68,8 @@ impl Vm {
         let prepared = prepare::prepare()
             .map_err(|e| Skip(format!("cannot prepare the VM kernel and initramfs: {e:#}")))?;
         let prepare_time = started.elapsed();
-        let run_dir = new_run_dir().map_err(|e| Skip(format!("cannot make a run directory: {e}")))?;
+        let run_dir =
+            new_run_dir().map_err(|e| Skip(format!("cannot make a run directory: {e}")))?;
         let result = launch(&qemu, &prepared, &run_dir, prepare_time);
         if result.is_err() {
             let _ = fs::remove_dir_all(&run_dir);
@@ -169,7 +170,11 @@ fn launch(
 
     let accel = qemu::choose_accel(
         std::env::var("WEIR_VM_ACCEL").ok().as_deref(),
-        fs::OpenOptions::new().read(true).write(true).open("/dev/kvm").is_ok(),
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/kvm")
+            .is_ok(),
         &fs::read_to_string("/proc/cpuinfo").unwrap_or_default(),
     );
     let spec = Spec {
@@ -209,8 +214,7 @@ fn launch(
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let (release, missing) =
-        wait_ready(&stream, deadline, &exited).map_err(|why| not_booted(why))?;
+    let (release, missing) = wait_ready(&stream, deadline, &exited).map_err(&not_booted)?;
     let boot_time = started.elapsed();
     let reader_stream = stream.try_clone().map_err(|e| not_booted(e.to_string()))?;
     let reader = BufReader::new(reader_stream);
@@ -238,15 +242,16 @@ fn wait_ready(
     deadline: Instant,
     exited: &Mutex<Option<ExitStatus>>,
 ) -> Result<(String, Vec<String>), String> {
-    stream
-        .set_nonblocking(false)
-        .map_err(|e| e.to_string())?;
+    stream.set_nonblocking(false).map_err(|e| e.to_string())?;
     let mut line = Vec::new();
     let mut byte = [0u8; 1];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err("no READY from the guest agent within the boot timeout (WEIR_VM_BOOT_TIMEOUT)".into());
+            return Err(
+                "no READY from the guest agent within the boot timeout (WEIR_VM_BOOT_TIMEOUT)"
+                    .into(),
+            );
         }
         stream
             .set_read_timeout(Some(left.min(Duration::from_millis(500))))
@@ -381,7 +386,6 @@ fn on_path(program: &str) -> bool {
     if program.contains('/') {
         return Path::new(program).is_file();
     }
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }

@@ -13,7 +13,10 @@ fn no_qemu_and_no_boot_are_reasons_to_skip_not_failures() {
     // this binary has one test, so nothing else reads it concurrently.
     std::env::set_var("WEIR_VM_QEMU", "/nonexistent/qemu-system-x86_64");
     let skip = Vm::boot().err().expect("no qemu must be a skip");
-    assert!(skip.0.contains("/nonexistent/qemu-system-x86_64 not found"), "{skip}");
+    assert!(
+        skip.0.contains("/nonexistent/qemu-system-x86_64 not found"),
+        "{skip}"
+    );
     assert!(weir_vmtest::shared_or_skip().is_none());
 
     // qemu that starts but whose guest cannot answer in time: a boot timeout, also a skip.
@@ -25,6 +28,9 @@ fn no_qemu_and_no_boot_are_reasons_to_skip_not_failures() {
         // before qemu would start, so the boot-failure path is not exercised here.
         eprintln!("note: {skip}");
     } else {
-        assert!(skip.0.contains("did not boot") && skip.0.contains("qemu exited"), "{skip}");
+        assert!(
+            skip.0.contains("did not boot") && skip.0.contains("qemu exited"),
+            "{skip}"
+        );
     }
 }

@@ -11,7 +11,10 @@ use weir_vmtest::vm_or_skip;
 /// Runs a script (dedented, so heredocs in indented Rust strings work) and prints how long it
 /// took (the numbers docs/vm.md quotes).
 fn timed(vm: &weir_vmtest::Vm, what: &str, script: &str) -> String {
-    let script: String = script.lines().map(|l| format!("{}\n", l.trim_start())).collect();
+    let script: String = script
+        .lines()
+        .map(|l| format!("{}\n", l.trim_start()))
+        .collect();
     let started = Instant::now();
     let out = vm.run_ok(&script);
     eprintln!("timing: {what}: {:.2} s", started.elapsed().as_secs_f64());
@@ -31,8 +34,15 @@ fn the_guest_runs_debians_kernel_not_the_hosts() {
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let guest = timed(vm, "uname -r", "uname -r");
     assert_eq!(guest.trim(), vm.kernel_release());
-    assert_ne!(guest.trim(), host.trim(), "the guest must not run the host's kernel");
-    assert!(guest.trim().ends_with("-amd64"), "Debian's generic flavour: {guest}");
+    assert_ne!(
+        guest.trim(),
+        host.trim(),
+        "the guest must not run the host's kernel"
+    );
+    assert!(
+        guest.trim().ends_with("-amd64"),
+        "Debian's generic flavour: {guest}"
+    );
     assert!(
         vm.missing_modules().is_empty(),
         "modules that did not load at boot: {:?}",
@@ -44,10 +54,19 @@ fn the_guest_runs_debians_kernel_not_the_hosts() {
 fn a_script_reports_its_output_and_status_and_a_failure_is_a_failure() {
     let vm = vm_or_skip!();
     let out = vm.run("echo out; echo err >&2; exit 7").unwrap();
-    assert_eq!((out.stdout.as_str(), out.stderr.as_str(), out.status), ("out\n", "err\n", 7));
-    eprintln!("timing: trivial command round trip: {:.3} s", out.elapsed.as_secs_f64());
+    assert_eq!(
+        (out.stdout.as_str(), out.stderr.as_str(), out.status),
+        ("out\n", "err\n", 7)
+    );
+    eprintln!(
+        "timing: trivial command round trip: {:.3} s",
+        out.elapsed.as_secs_f64()
+    );
     let failed = std::panic::catch_unwind(|| vm.run_ok("echo about to fail; false"));
-    assert!(failed.is_err(), "run_ok must fail the test when the script fails");
+    assert!(
+        failed.is_err(),
+        "run_ok must fail the test when the script fails"
+    );
     // Output larger than any pipe buffer comes back whole.
     let big = vm.run_ok("i=0; while [ $i -lt 10000 ]; do echo line-$i; i=$((i+1)); done");
     assert_eq!(big.lines().count(), 10000);
@@ -138,8 +157,14 @@ fn dummy_and_ipvlan_links_can_be_created() {
             ip -n {ns} -o addr show dev kube-ipvs0"
         ),
     );
-    assert!(out.contains("kube-ipvs0") && out.contains(" dummy "), "{out}");
-    assert!(out.contains("ipvl0@eth1") && out.contains("ipvlan  mode l2"), "{out}");
+    assert!(
+        out.contains("kube-ipvs0") && out.contains(" dummy "),
+        "{out}"
+    );
+    assert!(
+        out.contains("ipvl0@eth1") && out.contains("ipvlan  mode l2"),
+        "{out}"
+    );
     assert!(out.contains("inet 10.96.0.10/32"), "{out}");
 }
 
@@ -151,7 +176,12 @@ fn every_ipvs_scheduler_kube_proxy_offers_is_available() {
     let adds: String = schedulers
         .iter()
         .enumerate()
-        .map(|(i, s)| format!("ip netns exec {ns} ipvsadm -A -t 10.96.1.{}:80 -s {s}\n", i + 1))
+        .map(|(i, s)| {
+            format!(
+                "ip netns exec {ns} ipvsadm -A -t 10.96.1.{}:80 -s {s}\n",
+                i + 1
+            )
+        })
         .collect();
     let out = vm.run_ok(&format!(
         "set -e\nip netns add {ns}\ntrap 'ip netns del {ns}' EXIT\n{adds}ip netns exec {ns} ipvsadm -Ln"
@@ -232,7 +262,11 @@ fn ipvs_balances_real_tcp_connections_across_two_backends() {
     for pair in answers.windows(2) {
         assert_ne!(pair[0], pair[1], "rr must alternate:\n{out}");
     }
-    assert_eq!(answers.iter().filter(|a| **a == "backend-1").count(), 3, "{out}");
+    assert_eq!(
+        answers.iter().filter(|a| **a == "backend-1").count(),
+        3,
+        "{out}"
+    );
     // IPVS's own connection table agrees: three connections through each real server.
     // (Not `--stats`: those counters are summed by a timer every two seconds.)
     for rs in ["10.90.2.2:8080", "10.90.3.2:8080"] {

@@ -10,7 +10,9 @@ use weir_vmtest::Vm;
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.is_empty() || args[0] == "-h" || args[0] == "--help" {
-        eprintln!("usage: weir-vm '<shell command>'   (run as root inside a VM with Debian's kernel)");
+        eprintln!(
+            "usage: weir-vm '<shell command>'   (run as root inside a VM with Debian's kernel)"
+        );
         return ExitCode::from(2);
     }
     let script = args.join(" ");
@@ -39,7 +41,11 @@ fn main() -> ExitCode {
             print!("{}", out.stdout);
             eprint!("{}", out.stderr);
             let _ = std::io::stdout().flush();
-            eprintln!("weir-vm: exit {} after {:.2} s", out.status, out.elapsed.as_secs_f64());
+            eprintln!(
+                "weir-vm: exit {} after {:.2} s",
+                out.status,
+                out.elapsed.as_secs_f64()
+            );
             ExitCode::from(u8::try_from(out.status).unwrap_or(1))
         }
         Err(e) => {
