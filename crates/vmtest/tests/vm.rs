@@ -192,6 +192,30 @@ fn every_ipvs_scheduler_kube_proxy_offers_is_available() {
     }
 }
 
+/// Modules outside the boot list load when the kernel asks for them (a link type, an IPVS
+/// scheduler) and when a script runs `modprobe` itself: the guest has its module tree.
+#[test]
+fn modules_outside_the_boot_list_load_on_demand() {
+    let vm = vm_or_skip!();
+    let ns = format!("ondemand-{}", std::process::id());
+    let out = timed(
+        vm,
+        "on-demand modules",
+        &format!(
+            "set -e
+            ip netns add {ns}
+            trap 'ip netns del {ns}' EXIT
+            ip -n {ns} link add ifbx type ifb
+            ip netns exec {ns} ipvsadm -A -t 10.96.2.1:80 -s fo
+            ip netns exec {ns} ipvsadm -Ln
+            modprobe sch_sfq
+            cut -d' ' -f1 /proc/modules | grep -x -e ifb -e ip_vs_fo -e sch_sfq | sort"
+        ),
+    );
+    assert!(out.contains("TCP  10.96.2.1:80 fo"), "{out}");
+    assert!(out.ends_with("ifb\nip_vs_fo\nsch_sfq\n"), "{out}");
+}
+
 /// The shape of kube-proxy's ipvs mode: the virtual IP on a `kube-ipvs0` dummy in a "node"
 /// namespace, an IPVS virtual server with round-robin over two masquerading real servers in
 /// their own namespaces, and a client in a third. Real TCP connections must alternate.
