@@ -177,8 +177,10 @@ hostname weir-vm; ip link set lo up
 stamp mounted
 # The cached module tree where the guest's own modprobe looks for it, so tools that load modules
 # themselves (ipvsadm, modprobe in a script) work; and modules the kernel asks for later (a new
-# link type, an IPVS scheduler) come through the same modprobe.
-mkdir -p /mnt/lib/modules && ln -sfn {kdir}/lib/modules/$(uname -r) /mnt/lib/modules/$(uname -r)
+# link type, an IPVS scheduler) come through the same modprobe. Bound from /host, not linked to
+# its path under /mnt: a cache under /tmp or /run is hidden there by the fresh tmpfs.
+mkdir -p /mnt/lib/modules/$(uname -r)
+mount -o bind,ro /host{kdir}/lib/modules/$(uname -r) /mnt/lib/modules/$(uname -r) || fail "bind the module tree"
 printf '#!/bin/sh\nexec chroot /mnt /sbin/modprobe "$@"\n' > /bin/weir-modprobe
 chmod +x /bin/weir-modprobe; echo /bin/weir-modprobe > /proc/sys/kernel/modprobe
 chroot /mnt /sbin/modprobe -a {modules} 2>/mnt/run/weir-vm/modprobe.log
@@ -304,7 +306,10 @@ mod tests {
         let init = init_script(Path::new("/c/k_1"), &["a.ko".into(), "b.ko".into()]);
         assert!(init.starts_with("#!/bin/busybox sh\n"));
         assert!(init.contains("for m in a.ko b.ko; do insmod"));
-        assert!(init.contains("ln -sfn /c/k_1/lib/modules/$(uname -r) /mnt/lib/modules/"));
+        // From the host's view (/host): the guest's /tmp and /run hide a cache kept there.
+        assert!(init.contains(
+            "mount -o bind,ro /host/c/k_1/lib/modules/$(uname -r) /mnt/lib/modules/$(uname -r)"
+        ));
         assert!(init.contains("chroot /mnt /sbin/modprobe -a ip_vs ip_vs_rr"));
         assert!(init.contains("echo \"READY $(uname -r) ${missing:--}\" >&3"));
         assert!(init.contains("mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none weirio /mnt/run/weir-vm/io"));
