@@ -6,10 +6,7 @@ use std::time::Instant;
 use weir_model::{IpFamily, Plan};
 
 use super::jumps::jumps;
-use super::render::{
-    family_view, is_weir_chain, render_full_replacing, render_update, IptablesOptions,
-    KUBE_PROXY_CANARY,
-};
+use super::render::{family_view, is_weir_chain, render_full_replacing, render_update, IptablesOptions};
 use super::restore::{Restore, Table};
 use super::tools;
 use crate::backend::{Backend, Result, SyncKind, SyncReport};
@@ -17,8 +14,9 @@ use crate::backend::{Backend, Result, SyncKind, SyncReport};
 /// The iptables mode (kube-proxy's layout, `iptables-restore --noflush`).
 ///
 /// * The first sync of a process, the first after a failure, one after node-wide
-///   settings changed, and one after the canary chains vanished (someone flushed the
-///   tables) are **full**: every weir chain is declared and refilled in one restore per
+///   settings changed, and one after [`intact`](Backend::intact) found the kernel's rules
+///   differing from what weir wrote (someone flushed a table or a chain, or deleted a jump)
+///   are **full**: every weir chain is declared and refilled in one restore per
 ///   table, which replaces them atomically — no moment without rules, and established
 ///   connections keep their conntrack NAT state. Per-service chains the kernel holds but
 ///   the plan no longer uses (left by a previous process) are deleted in the same step.
@@ -32,6 +30,46 @@ pub struct IptablesBackend {
     opts: IptablesOptions,
     /// Per family, the view of the plan the kernel holds (absent: next sync is full).
     applied: BTreeMap<IpFamily, Plan>,
+    /// Per family, the number of rules weir wrote into each of its chains.
+    expected: BTreeMap<IpFamily, RuleCounts>,
+}
+
+/// Rules per (table, chain). Restore input and `iptables-save` output share one format, so
+/// the same parser reads what weir wrote and what the kernel holds.
+type RuleCounts = BTreeMap<(Table, String), usize>;
+
+/// Applies restore input (or reads save output) to `counts`: a `:CHAIN` line creates or
+/// empties the chain, `-A CHAIN` adds a rule, `-X CHAIN` deletes it. Tables weir does not
+/// use are skipped.
+fn count_rules(counts: &mut RuleCounts, text: &str) {
+    let mut table = None;
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = Table::parse(t.trim());
+            continue;
+        }
+        let Some(t) = table else { continue };
+        let word = |rest: &str| rest.split_whitespace().next().unwrap_or_default().to_string();
+        if let Some(rest) = line.strip_prefix(':') {
+            counts.insert((t, word(rest)), 0);
+        } else if let Some(rest) = line.strip_prefix("-A ") {
+            *counts.entry((t, word(rest))).or_default() += 1;
+        } else if let Some(rest) = line.strip_prefix("-X ") {
+            counts.remove(&(t, word(rest)));
+        }
+    }
+}
+
+/// Whether `save` (iptables-save output) has a rule in `table`/`chain` jumping to `target`.
+fn has_jump(save: &str, table: Table, chain: &str, target: &str) -> bool {
+    let mut in_table = false;
+    let (head, tail) = (format!("-A {chain} "), format!("-j {target}"));
+    save.lines().any(|l| {
+        if let Some(t) = l.strip_prefix('*') {
+            in_table = Table::parse(t.trim()) == Some(table);
+        }
+        in_table && l.starts_with(&head) && l.trim_end().ends_with(&tail)
+    })
 }
 
 impl IptablesBackend {
@@ -39,6 +77,7 @@ impl IptablesBackend {
         IptablesBackend {
             opts,
             applied: BTreeMap::new(),
+            expected: BTreeMap::new(),
         }
     }
 
@@ -50,7 +89,7 @@ impl IptablesBackend {
     fn sync_family(&mut self, family: IpFamily, plan: &Plan) -> Result<(SyncKind, usize)> {
         let view = family_view(plan, family);
         let partial = match self.applied.get(&family) {
-            Some(old) if canaries_present(family)? => {
+            Some(old) if self.family_intact(family)? => {
                 let diff = old.diff(&view);
                 if diff.is_empty() {
                     return Ok((SyncKind::Noop, 0));
@@ -67,6 +106,7 @@ impl IptablesBackend {
         let (kind, touched) = match partial {
             Some((script, touched)) => {
                 tools::restore(family, &script)?;
+                count_rules(self.expected.entry(family).or_default(), &script);
                 (SyncKind::Partial, touched)
             }
             None => {
@@ -78,25 +118,39 @@ impl IptablesBackend {
         Ok((kind, touched))
     }
 
-    fn full(&self, family: IpFamily, view: &Plan) -> Result<()> {
+    fn full(&mut self, family: IpFamily, view: &Plan) -> Result<()> {
         let saved = tools::save(family, Some(Table::Nat))?;
         let existing = tools::chains_in_save(&saved)
             .remove(Table::Nat.name())
             .unwrap_or_default();
         let script = render_full_replacing(view, family, &self.opts, &existing);
+        self.expected.remove(&family);
         tools::restore(family, &script)?;
-        ensure_jumps(family)
+        ensure_jumps(family)?;
+        // A full script names every chain weir owns: it alone says what the kernel holds.
+        let mut counts = RuleCounts::new();
+        count_rules(&mut counts, &script);
+        self.expected.insert(family, counts);
+        Ok(())
     }
-}
 
-/// All three canaries still exist (kube-proxy's flush detection).
-fn canaries_present(family: IpFamily) -> Result<bool> {
-    for t in [Table::Mangle, Table::Nat, Table::Filter] {
-        if !tools::chain_exists(family, t, KUBE_PROXY_CANARY)? {
+    /// One `iptables-save`: every chain weir wrote holds exactly the rules it wrote (the
+    /// canaries are among them, empty) and every jump from the built-in chains is there.
+    /// kube-proxy's canary only notices deleted chains; this also sees `iptables -t nat -F`
+    /// (every chain emptied, jumps included), `-F KUBE-SERVICES`, and a deleted jump.
+    fn family_intact(&self, family: IpFamily) -> Result<bool> {
+        let Some(expected) = self.expected.get(&family) else {
             return Ok(false);
-        }
+        };
+        let save = tools::save(family, None)?;
+        let mut held = RuleCounts::new();
+        count_rules(&mut held, &save);
+        let chains_ok = expected.iter().all(|(k, n)| held.get(k) == Some(n));
+        Ok(chains_ok
+            && jumps()
+                .iter()
+                .all(|j| has_jump(&save, j.table, j.chain, j.target())))
     }
-    Ok(true)
 }
 
 /// Inserts the missing jump rules. Walking the list backwards with "insert at 1" leaves
@@ -164,6 +218,7 @@ impl Backend for IptablesBackend {
                     // The kernel may now hold anything between the old and the new rules:
                     // only a full sync (of every family) is safe next.
                     self.applied.clear();
+                    self.expected.clear();
                     return Err(e);
                 }
             }
@@ -182,8 +237,22 @@ impl Backend for IptablesBackend {
         })
     }
 
+    fn intact(&mut self) -> Result<bool> {
+        for family in self.applied.keys().copied().collect::<Vec<_>>() {
+            if !self.family_intact(family)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn invalidate(&mut self) {
+        self.applied.clear();
+    }
+
     fn cleanup(&mut self) -> Result<()> {
         self.applied.clear();
+        self.expected.clear();
         for family in self.opts.families.clone() {
             cleanup_family(family)?;
         }

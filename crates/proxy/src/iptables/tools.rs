@@ -144,13 +144,6 @@ pub fn delete_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -
     matches!(rule_op(family, table, "-D", chain, args), Ok(true))
 }
 
-/// Whether `chain` exists in `table` (`iptables -S chain` fails for a missing one).
-pub fn chain_exists(family: IpFamily, table: Table, chain: &str) -> Result<bool> {
-    let bin = binary(family, "iptables");
-    let out = run(&bin, &["-w", "-t", table.name(), "-S", chain], None)?;
-    Ok(out.status.success())
-}
-
 /// Whether `bin` can be started at all (cleanup on a host without it has nothing to do).
 pub fn available(family: IpFamily) -> bool {
     run(&binary(family, "iptables-save"), &["--version"], None).is_ok()
