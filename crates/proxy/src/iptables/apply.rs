@@ -3,10 +3,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use weir_model::{IpFamily, Plan};
+use weir_model::{IpFamily, NodePortAddresses, Plan};
 
 use super::jumps::jumps;
-use super::render::{family_view, is_weir_chain, render_full_replacing, render_update, IptablesOptions};
+use super::render::{
+    family_view, is_weir_chain, render_full_replacing, render_update, IptablesOptions,
+    KUBE_FIREWALL,
+};
 use super::restore::{Restore, Table};
 use super::tools;
 use crate::backend::{Backend, Result, SyncKind, SyncReport};
@@ -101,7 +104,14 @@ impl IptablesBackend {
                     )
                 })
             }
-            _ => None,
+            Some(_) => {
+                tracing::warn!(
+                    ?family,
+                    "weir's iptables rules were changed behind its back: full resync"
+                );
+                None
+            }
+            None => None,
         };
         let (kind, touched) = match partial {
             Some((script, touched)) => {
@@ -127,6 +137,9 @@ impl IptablesBackend {
         self.expected.remove(&family);
         tools::restore(family, &script)?;
         ensure_jumps(family)?;
+        if localhost_node_ports(view, family) {
+            ensure_localnet_protection(family)?;
+        }
         // A full script names every chain weir owns: it alone says what the kernel holds.
         let mut counts = RuleCounts::new();
         count_rules(&mut counts, &script);
@@ -151,6 +164,53 @@ impl IptablesBackend {
                 .iter()
                 .all(|j| has_jump(&save, j.table, j.chain, j.target())))
     }
+}
+
+/// Whether `view` serves NodePorts on a loopback address (`--nodeport-addresses
+/// 127.0.0.0/8`, IPv4 only).
+fn localhost_node_ports(view: &Plan, family: IpFamily) -> bool {
+    family == IpFamily::V4
+        && matches!(view.node_port_addresses(family),
+            NodePortAddresses::List(l) if l.iter().any(|a| a.is_loopback()))
+}
+
+/// What localhost NodePorts need, as kube-proxy does it: `route_localnet=1` (so a packet
+/// from 127.0.0.1 may be routed to a pod after DNAT), and kubelet's CVE-2020-8558 rule
+/// ("block incoming localnet connections") in kubelet's `KUBE-FIREWALL`, hooked into INPUT
+/// and OUTPUT. Added only if missing and never removed: the chain and its jumps are
+/// kubelet's (same spelling), weir only makes sure the protection is there.
+fn ensure_localnet_protection(family: IpFamily) -> Result<()> {
+    // /proc/sys/net belongs to the network namespace of the thread that opens it.
+    std::fs::write("/proc/sys/net/ipv4/conf/all/route_localnet", "1")?;
+    tools::ensure_chain(family, Table::Filter, KUBE_FIREWALL)?;
+    let rule = [
+        "-m",
+        "comment",
+        "--comment",
+        "block incoming localnet connections",
+        "-d",
+        "127.0.0.0/8",
+        "!",
+        "-s",
+        "127.0.0.0/8",
+        "-m",
+        "conntrack",
+        "!",
+        "--ctstate",
+        "RELATED,ESTABLISHED,DNAT",
+        "-j",
+        "DROP",
+    ];
+    if !tools::has_rule(family, Table::Filter, KUBE_FIREWALL, &rule)? {
+        tools::insert_rule(family, Table::Filter, KUBE_FIREWALL, &rule)?;
+    }
+    for chain in ["INPUT", "OUTPUT"] {
+        let jump = ["-j", KUBE_FIREWALL];
+        if !tools::has_rule(family, Table::Filter, chain, &jump)? {
+            tools::insert_rule(family, Table::Filter, chain, &jump)?;
+        }
+    }
+    Ok(())
 }
 
 /// Inserts the missing jump rules. Walking the list backwards with "insert at 1" leaves

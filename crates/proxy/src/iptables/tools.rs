@@ -144,6 +144,11 @@ pub fn delete_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -
     matches!(rule_op(family, table, "-D", chain, args), Ok(true))
 }
 
+/// Creates `chain` unless it exists.
+pub fn ensure_chain(family: IpFamily, table: Table, chain: &str) -> Result<()> {
+    rule_op(family, table, "-N", chain, &[]).map(|_| ())
+}
+
 /// Whether `bin` can be started at all (cleanup on a host without it has nothing to do).
 pub fn available(family: IpFamily) -> bool {
     run(&binary(family, "iptables-save"), &["--version"], None).is_ok()

@@ -41,6 +41,8 @@ fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
         cluster_cidrs: s.cluster_cidrs.clone(),
         masquerade_all: s.masquerade_all,
         nodeport_addresses: s.nodeport_addresses.clone(),
+        nodeport_default: s.nodeport_default,
+        localhost_nodeports: s.localhost_nodeports,
         zone: None,
     })
 }
@@ -134,6 +136,7 @@ pub fn run(
     let mut programmed: Option<weir_model::Snapshot> = None;
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
+    let mut last_full: Option<Instant> = None;
     let mut failing = false;
     loop {
         if let Some(last) = last_sync {
@@ -165,9 +168,18 @@ pub fn run(
         for w in &plan.warnings {
             warn!("plan: {w}");
         }
+        // Every sync (the periodic one every --sync-period included) first checks that the
+        // kernel still holds what weir wrote and repairs it with a full sync if not; on top
+        // of that, every rule is rewritten every --full-sync-period (kube-proxy: hourly).
+        if last_full.is_some_and(|t| t.elapsed() >= settings.full_sync_period) {
+            backend.invalidate();
+        }
         match backend.sync(&plan) {
             Ok(report) => {
                 failing = false;
+                if report.kind == SyncKind::Full {
+                    last_full = Some(Instant::now());
+                }
                 if report.kind != SyncKind::Noop {
                     info!(
                         mode = backend.mode(),
