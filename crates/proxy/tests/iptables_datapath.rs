@@ -220,24 +220,32 @@ fn a_failed_sync_is_followed_by_a_full_one() {
     let v1 = load();
     let mut b = IptablesBackend::new(IptablesOptions::default());
     lab.sync(&mut b, &v1);
-    // Behind the backend's back, remove `solo`'s chains: the next partial update (of `web`)
-    // rewrites KUBE-SERVICES, which jumps to them, and fails.
-    let save = lab.save("iptables-save");
-    let solo: Vec<&str> = save
+    // Behind the backend's back, something else jumps to web's endpoint chain for
+    // 10.244.2.5: the partial update that replaces that endpoint cannot delete the chain
+    // ("too many links"), and iptables-restore rejects the whole update. (Nothing of weir's
+    // own rules changed, so the flush detection has nothing to see.)
+    let save = lab.save("iptables-save -t nat");
+    let sep = save
         .lines()
-        .filter(|l| l.contains("default/solo") && l.starts_with("-A KUBE-SVC-"))
-        .map(|l| l.split(' ').nth(1).unwrap())
-        .collect();
-    let solo_svc = solo[0].to_string();
-    lab.exec("node", "iptables -t nat -F KUBE-SERVICES");
-    lab.exec("node", &format!("iptables -t nat -F {solo_svc}"));
-    lab.exec("node", &format!("iptables -t nat -X {solo_svc}"));
+        .find(|l| l.starts_with("-A KUBE-SEP-") && l.contains("--to-destination 10.244.2.5:"))
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap()
+        .to_string();
+    lab.exec("node", "iptables -t nat -N TEST-REF");
+    lab.exec("node", &format!("iptables -t nat -A TEST-REF -j {sep}"));
     let v2 = replace_web_endpoint(&v1, "10.244.2.5", "10.244.2.6");
     let err = {
         let _inside = lab.netns("node").enter().unwrap();
         b.sync(&v2).unwrap_err()
     };
     assert!(err.to_string().contains("iptables-restore"), "{err}");
+    // The failed update changed nothing.
+    assert_eq!(
+        endpoints(&lab.get("client", WEB, 40)),
+        ["10.244.1.5", "10.244.2.5"]
+    );
+    lab.exec("node", "iptables -t nat -F TEST-REF");
+    lab.exec("node", "iptables -t nat -X TEST-REF");
     // Next sync: full, and everything works again.
     assert_eq!(lab.sync(&mut b, &v2).kind, SyncKind::Full);
     assert_eq!(endpoints(&lab.get("client", SOLO, 3)), ["10.244.1.5"]);

@@ -15,11 +15,22 @@ struct Agent {
     dir: tempfile::TempDir,
     log: PathBuf,
     mode: &'static str,
+    /// Flags besides the ones every test uses.
+    args: Vec<String>,
     child: Option<Child>,
+    /// An HTTP server standing in for a pod (see `serve_pod`).
+    pod: Option<Child>,
 }
 
 impl Agent {
     fn new(tag: &str, mode: &'static str) -> Agent {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/tests/fixtures/v1/services.yaml");
+        Agent::with_manifest(tag, mode, &std::fs::read_to_string(fixture).unwrap())
+    }
+
+    /// An agent whose manifest directory holds `services.yaml` = `manifest`.
+    fn with_manifest(tag: &str, mode: &'static str, manifest: &str) -> Agent {
         let ns = format!("wpa-{tag}-{}", std::process::id());
         let _ = Command::new("ip")
             .args(["netns", "del", &ns])
@@ -34,15 +45,15 @@ impl Agent {
         let log = dir.path().join("proxy.log");
         let manifests = dir.path().join("manifests");
         std::fs::create_dir(&manifests).unwrap();
-        let fixture =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/tests/fixtures/v1/services.yaml");
-        std::fs::copy(fixture, manifests.join("services.yaml")).unwrap();
+        std::fs::write(manifests.join("services.yaml"), manifest).unwrap();
         let agent = Agent {
             ns,
             dir,
             log,
             mode,
+            args: Vec::new(),
             child: None,
+            pod: None,
         };
         agent.sh("ip link set lo up");
         agent
@@ -78,6 +89,7 @@ impl Agent {
                 "--healthz-bind-address=127.0.0.1:10256",
                 "--metrics-bind-address=127.0.0.1:10249",
             ])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -117,6 +129,35 @@ impl Agent {
         }
     }
 
+    /// A "pod" inside the agent's namespace: an HTTP server on 10.244.0.5:8080, on a dummy
+    /// interface that also carries the node's address 192.168.0.10 and the route to the
+    /// service range (a packet needs a route before nat OUTPUT can rewrite it).
+    fn serve_pod(&mut self) {
+        self.sh(
+            "ip link add pods0 type dummy && ip addr add 10.244.0.5/24 dev pods0 \
+             && ip addr add 192.168.0.10/24 dev pods0 && ip link set pods0 up \
+             && ip route add 10.96.0.0/16 dev pods0",
+        );
+        let pod = Command::new("ip")
+            .args(["netns", "exec", &self.ns, "python3", "-m", "http.server"])
+            .args(["--bind", "10.244.0.5", "8080"])
+            .current_dir(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.pod = Some(pod);
+        self.wait_for("the pod's server", || {
+            self.status("http://10.244.0.5:8080/") == 200
+        });
+    }
+
+    /// The HTTP status of `url` fetched inside the namespace (0: no answer within 1 s).
+    fn status(&self, url: &str) -> u16 {
+        let out = self.sh(&format!("curl -s -o /dev/null -m 1 -w '%{{http_code}}' {url}"));
+        out.trim().parse().unwrap_or(0)
+    }
+
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -137,6 +178,10 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
+        if let Some(mut p) = self.pod.take() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
@@ -280,5 +325,118 @@ fn nftables_agent_follows_manifests_survives_bad_input_and_restarts() {
 fn iptables_agent_follows_manifests_survives_bad_input_and_restarts() {
     if is_root() {
         agent_lifecycle("iptables");
+    }
+}
+
+/// Seed-style manifests: a NodePort service and its endpoint (the pod of `serve_pod`), and
+/// no Node object.
+const SEED: &str = "apiVersion: v1
+kind: Service
+metadata: {name: seed, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.5.5
+  ports: [{port: 80, targetPort: 8080, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: seed-1, namespace: default, labels: {kubernetes.io/service-name: seed}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+  - {addresses: [10.244.0.5], nodeName: node-a}
+";
+
+const CLUSTER_IP: &str = "http://10.96.5.5/";
+const NODE_PORT: &str = "http://192.168.0.10:30080/";
+
+#[test]
+fn iptables_mode_serves_node_ports_on_local_addresses_without_a_node_object() {
+    if !is_root() {
+        return;
+    }
+    let mut a = Agent::with_manifest("npi", "iptables", SEED);
+    a.serve_pod();
+    a.start();
+    a.wait_for("the ClusterIP", || a.status(CLUSTER_IP) == 200);
+    // kube-proxy's iptables default: every local address (`-m addrtype --dst-type LOCAL`).
+    assert_eq!(a.status(NODE_PORT), 200, "{}\n{}", a.rules(), a.log());
+    assert!(!a.log().contains("not served"), "{}", a.log());
+}
+
+#[test]
+fn nftables_mode_says_why_node_ports_are_not_served_without_node_addresses() {
+    if !is_root() {
+        return;
+    }
+    let mut a = Agent::with_manifest("npn", "nftables", SEED);
+    a.serve_pod();
+    a.start();
+    a.wait_for("the ClusterIP", || a.status(CLUSTER_IP) == 200);
+    // kube-proxy's nftables default is the node's primary IPs, unknown here: no NodePort,
+    // and the log says why and what to do.
+    assert_eq!(a.status(NODE_PORT), 0);
+    let log = a.log();
+    assert!(
+        log.contains("Service default/seed: NodePort 30080 not served")
+            && log.contains("--nodeport-addresses"),
+        "{log}"
+    );
+    // Given addresses, it is served.
+    a.kill();
+    a.args = vec!["--nodeport-addresses=192.168.0.0/24".into()];
+    a.start();
+    a.wait_for("the NodePort", || a.status(NODE_PORT) == 200);
+}
+
+/// Flushes with no object change: the periodic check (every --sync-period) repairs them.
+fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
+    let mut a = Agent::with_manifest(&format!("fl{}", &mode[..3]), mode, SEED);
+    a.args = vec!["--sync-period=1s".into()];
+    a.serve_pod();
+    a.start();
+    a.wait_for("the ClusterIP", || a.status(CLUSTER_IP) == 200);
+    for flush in flushes {
+        a.sh(flush);
+        assert_eq!(a.status(CLUSTER_IP), 0, "`{flush}` did not break the service");
+        let start = Instant::now();
+        a.wait_for(&format!("repair of `{flush}`"), || a.status(CLUSTER_IP) == 200);
+        let took = start.elapsed();
+        // One --sync-period, plus a sync and the 1 s curl timeouts while waiting.
+        assert!(took < Duration::from_secs(5), "`{flush}` repaired after {took:?}");
+        eprintln!("{mode}: `{flush}` repaired after {took:?}");
+    }
+    assert!(a.log().contains("behind its back"), "{}", a.log());
+    assert_eq!(a.http("10256/healthz").0, 200);
+
+    // kube-proxy's spelling of cleanup.
+    a.kill();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &a.ns, WEIR, "proxy", "--cleanup"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rules = a.rules();
+    assert!(!rules.contains("10.96.5.5"), "{rules}");
+    assert_eq!(a.status(CLUSTER_IP), 0);
+}
+
+#[test]
+fn iptables_agent_repairs_outside_flushes_on_its_timer() {
+    if is_root() {
+        flushes_are_repaired_on_the_timer(
+            "iptables",
+            &["iptables -t nat -F", "iptables -t nat -F KUBE-SERVICES"],
+        );
+    }
+}
+
+#[test]
+fn nftables_agent_repairs_outside_flushes_on_its_timer() {
+    if is_root() {
+        flushes_are_repaired_on_the_timer(
+            "nftables",
+            &["nft flush table inet weir", "nft flush chain inet weir services"],
+        );
     }
 }
