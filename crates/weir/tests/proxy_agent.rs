@@ -2,8 +2,12 @@
 //! fed by a manifest directory, observed through the kernel (`nft`, `iptables-save`) and its
 //! HTTP endpoints (`curl`).
 
+use std::io::{Read, Write};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -18,8 +22,8 @@ struct Agent {
     /// Flags besides the ones every test uses.
     args: Vec<String>,
     child: Option<Child>,
-    /// An HTTP server standing in for a pod (see `serve_pod`).
-    pod: Option<Child>,
+    /// The HTTP server standing in for a pod (see `serve_pod`): its stop flag and thread.
+    pod: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
 impl Agent {
@@ -129,24 +133,38 @@ impl Agent {
         }
     }
 
-    /// A "pod" inside the agent's namespace: an HTTP server on 10.244.0.5:8080, on a dummy
-    /// interface that also carries the node's address 192.168.0.10 and the route to the
+    /// A "pod" inside the agent's namespace: an HTTP server on 10.244.0.5:8080, on a veth
+    /// (whose peer stays in the namespace) that also carries the node's address 192.168.0.10 and the route to the
     /// service range (a packet needs a route before nat OUTPUT can rewrite it).
     fn serve_pod(&mut self) {
         self.sh(
-            "ip link add pods0 type dummy && ip addr add 10.244.0.5/24 dev pods0 \
+            "ip link add pods0 type veth peer name pods1 && ip addr add 10.244.0.5/24 dev pods0 \
              && ip addr add 192.168.0.10/24 dev pods0 && ip link set pods0 up \
-             && ip route add 10.96.0.0/16 dev pods0",
+             && ip link set pods1 up && ip route add 10.96.0.0/16 dev pods0",
         );
-        let pod = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "python3", "-m", "http.server"])
-            .args(["--bind", "10.244.0.5", "8080"])
-            .current_dir(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.pod = Some(pod);
+        let ns = weir_kernel::NetNs::named(&self.ns).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready, listening) = std::sync::mpsc::channel();
+        let stopped = stop.clone();
+        let server = std::thread::spawn(move || {
+            let _inside = ns.enter().unwrap();
+            let l = TcpListener::bind("10.244.0.5:8080").unwrap();
+            l.set_nonblocking(true).unwrap();
+            ready.send(()).unwrap();
+            while !stopped.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        let _ = c.set_nonblocking(false);
+                        let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+                        let _ = c.read(&mut [0u8; 1024]);
+                        let _ = c.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 3\r\n\r\npod");
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        listening.recv().unwrap();
+        self.pod = Some((stop, server));
         self.wait_for("the pod's server", || {
             self.status("http://10.244.0.5:8080/") == 200
         });
@@ -178,9 +196,9 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
-        if let Some(mut p) = self.pod.take() {
-            let _ = p.kill();
-            let _ = p.wait();
+        if let Some((stop, server)) = self.pod.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = server.join();
         }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }

@@ -431,4 +431,53 @@ mod tests {
         let e = settings_from(ProxyFlags::default(), "kind: Pod\n").unwrap_err();
         assert!(e.to_string().contains("Pod"), "{e}");
     }
+
+    #[test]
+    fn nodeport_defaults_follow_kube_proxy_per_mode() {
+        let flags = |mode, np: &[&str]| ProxyFlags {
+            proxy_mode: Some(mode),
+            nodeport_addresses: np.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let (s, w) = settings_from(flags(ProxyMode::Iptables, &[]), "").unwrap();
+        assert_eq!(s.nodeport_default, NodePortDefault::AllLocal);
+        assert!(s.localhost_nodeports && w.is_empty(), "{w:?}");
+        let (s, _) = settings_from(flags(ProxyMode::Iptables, &["primary"]), "").unwrap();
+        assert_eq!(s.nodeport_default, NodePortDefault::Primary);
+        let (s, _) = settings_from(flags(ProxyMode::Nftables, &[]), "").unwrap();
+        assert_eq!(s.nodeport_default, NodePortDefault::Primary);
+        assert!(!s.localhost_nodeports);
+        // Localhost NodePorts: iptables mode takes them; nftables says it cannot.
+        let (s, w) = settings_from(flags(ProxyMode::Iptables, &["127.0.0.0/8"]), "").unwrap();
+        assert_eq!(s.nodeport_addresses.len(), 1);
+        assert!(w.is_empty(), "{w:?}");
+        let (_, w) = settings_from(flags(ProxyMode::Nftables, &["127.0.0.0/8"]), "").unwrap();
+        assert!(
+            w.len() == 1 && w[0].contains("127.0.0.0/8") && w[0].contains("nftables"),
+            "{w:?}"
+        );
+        let e = settings_from(flags(ProxyMode::Nftables, &["primary", "10.0.0.0/8"]), "")
+            .unwrap_err();
+        assert!(e.to_string().contains("primary"), "{e}");
+    }
+
+    #[test]
+    fn full_sync_period_defaults_to_an_hour() {
+        let (s, _) = settings_from(ProxyFlags::default(), "").unwrap();
+        assert_eq!(s.full_sync_period, Duration::from_secs(3600));
+        assert_eq!(s.sync_period, Duration::from_secs(30));
+        let flags = ProxyFlags {
+            full_sync_period: Some(Duration::from_secs(600)),
+            ..Default::default()
+        };
+        assert_eq!(
+            settings_from(flags, "").unwrap().0.full_sync_period,
+            Duration::from_secs(600)
+        );
+        let flags = ProxyFlags {
+            full_sync_period: Some(Duration::ZERO),
+            ..Default::default()
+        };
+        assert!(settings_from(flags, "").is_err());
+    }
 }
