@@ -415,9 +415,11 @@ fn nodeport_defaults_per_mode_and_localhost() {
     assert_eq!(p.node_port_addresses_v4, NodePortAddresses::None);
     assert!(fe(&p.services[&ds], FrontendKind::NodePort).is_empty());
     assert!(
-        p.warnings.iter().any(|w| w.starts_with("Service default/ds: NodePort")
-            && w.contains("IPv4 address is unknown")
-            && w.contains("--nodeport-addresses")),
+        p.warnings
+            .iter()
+            .any(|w| w.starts_with("Service default/ds: NodePort")
+                && w.contains("IPv4 address is unknown")
+                && w.contains("--nodeport-addresses")),
         "{:?}",
         p.warnings
     );
@@ -430,7 +432,11 @@ fn nodeport_defaults_per_mode_and_localhost() {
     assert_eq!(p.node_port_addresses_v4, NodePortAddresses::AllLocal);
     assert_eq!(p.node_port_addresses_v6, NodePortAddresses::AllLocal);
     assert_eq!(fe(&p.services[&ds], FrontendKind::NodePort).len(), 1);
-    assert!(!p.warnings.iter().any(|w| w.contains("NodePort")), "{:?}", p.warnings);
+    assert!(
+        !p.warnings.iter().any(|w| w.contains("NodePort")),
+        "{:?}",
+        p.warnings
+    );
     // A loopback CIDR: localhost NodePorts where allowed (iptables, IPv4 only).
     let cfg = ProxyConfig {
         local_addresses: vec![ip("127.0.0.1"), ip("10.0.0.5"), ip("::1")],

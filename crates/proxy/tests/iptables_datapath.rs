@@ -19,9 +19,7 @@ use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::{Backend, SyncKind};
 
 mod common;
-use common::lab::{
-    assert_jumps_once, endpoints, load, Lab, EMPTY, IPTABLES_TOOLS, SOLO, WEB,
-};
+use common::lab::{assert_jumps_once, endpoints, load, Lab, EMPTY, IPTABLES_TOOLS, SOLO, WEB};
 
 /// `p` with web's endpoint `from` replaced by `to`.
 fn replace_web_endpoint(p: &Plan, from: &str, to: &str) -> Plan {

@@ -40,7 +40,10 @@ fn flush_and_repair(lab: &Lab, b: &mut dyn Backend, plan: &Plan, flush: &str, br
     );
     let r = lab.sync(b, plan);
     assert_eq!(r.kind, SyncKind::Full, "after `{flush}`");
-    assert!(lab.on_node(|| b.intact().unwrap()), "after repairing `{flush}`");
+    assert!(
+        lab.on_node(|| b.intact().unwrap()),
+        "after repairing `{flush}`"
+    );
     assert_served(lab, &format!("after repairing `{flush}`"));
     assert_eq!(
         endpoints(&lab.get("client", WEB, 30)),
@@ -118,7 +121,12 @@ fn nftables_partial_sync_deletes_a_balancing_chain_with_its_last_user() {
     let n1 = "chain ep4tcp-n1-";
     assert!(chains().contains(n1), "{}", chains());
     let mut v2 = v1.clone();
-    let solo = v2.services.keys().find(|k| k.name == "solo").unwrap().clone();
+    let solo = v2
+        .services
+        .keys()
+        .find(|k| k.name == "solo")
+        .unwrap()
+        .clone();
     let sp = std::sync::Arc::make_mut(v2.services.get_mut(&solo).unwrap());
     sp.cluster_endpoints.push(weir_model::Endpoint {
         ip: "10.244.2.6".parse().unwrap(),
@@ -154,7 +162,10 @@ fn kubelet_firewall_intact(lab: &Lab, what: &str) {
         .filter(|l| l.starts_with(&format!("-A {KUBE_FIREWALL} ")))
         .collect::<Vec<_>>();
     assert_eq!(rule.len(), 1, "{what}:\n{save}");
-    assert!(rule[0].contains("block incoming localnet connections"), "{what}: {rule:?}");
+    assert!(
+        rule[0].contains("block incoming localnet connections"),
+        "{what}: {rule:?}"
+    );
     for chain in ["INPUT", "OUTPUT"] {
         assert!(
             save.contains(&format!("-A {chain} -j {KUBE_FIREWALL}")),

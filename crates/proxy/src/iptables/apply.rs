@@ -52,7 +52,12 @@ fn count_rules(counts: &mut RuleCounts, text: &str) {
             continue;
         }
         let Some(t) = table else { continue };
-        let word = |rest: &str| rest.split_whitespace().next().unwrap_or_default().to_string();
+        let word = |rest: &str| {
+            rest.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        };
         if let Some(rest) = line.strip_prefix(':') {
             counts.insert((t, word(rest)), 0);
         } else if let Some(rest) = line.strip_prefix("-A ") {

@@ -350,8 +350,9 @@ impl NftNetlink {
         for msg in self.dump_request(NFT_MSG_GETRULE, &body, &format!("list rules of {table}"))? {
             // The kernel filters the dump by table; check anyway (older kernels did not).
             let name = |kind| {
-                find(&msg, kind)
-                    .map(|n| String::from_utf8_lossy(n.split(|b| *b == 0).next().unwrap_or(n)).into_owned())
+                find(&msg, kind).map(|n| {
+                    String::from_utf8_lossy(n.split(|b| *b == 0).next().unwrap_or(n)).into_owned()
+                })
             };
             if name(NFTA_RULE_TABLE).as_deref() != Some(table) {
                 continue;

@@ -246,7 +246,6 @@ fn echo(s: TcpStream, stop: &AtomicBool) {
     }
 }
 
-
 /// The plan of `tests/fixtures/iptables-datapath` for the lab's node: `web` (two endpoints),
 /// `solo` (p1), `empty` (no endpoints), NodePorts on every local address.
 pub fn load() -> Plan {
@@ -298,4 +297,3 @@ pub fn assert_jumps_once(lab: &Lab) {
         }
     }
 }
-

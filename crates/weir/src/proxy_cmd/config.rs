@@ -456,8 +456,8 @@ mod tests {
             w.len() == 1 && w[0].contains("127.0.0.0/8") && w[0].contains("nftables"),
             "{w:?}"
         );
-        let e = settings_from(flags(ProxyMode::Nftables, &["primary", "10.0.0.0/8"]), "")
-            .unwrap_err();
+        let e =
+            settings_from(flags(ProxyMode::Nftables, &["primary", "10.0.0.0/8"]), "").unwrap_err();
         assert!(e.to_string().contains("primary"), "{e}");
     }
 
