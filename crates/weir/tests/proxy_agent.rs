@@ -477,3 +477,17 @@ fn nftables_agent_repairs_outside_flushes_on_its_timer() {
         );
     }
 }
+
+#[test]
+fn full_resync_runs_every_full_sync_period() {
+    if !is_root() {
+        return;
+    }
+    let mut a = Agent::with_manifest("fsp", "nftables", SEED);
+    a.args = vec!["--sync-period=1s".into(), "--full-sync-period=1s".into()];
+    a.start();
+    // Nothing changes, yet the rules are rewritten: the first sync and at least two more.
+    let full_syncs = || a.log().matches("kind=Full").count();
+    a.wait_for("two periodic full resyncs", || full_syncs() >= 3);
+    assert!(!a.log().contains("behind its back"), "{}", a.log());
+}
