@@ -19,7 +19,9 @@ use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::{Backend, SyncKind};
 
 mod common;
-use common::lab::{assert_jumps_once, endpoints, load, Lab, EMPTY, IPTABLES_TOOLS, SOLO, WEB};
+use common::lab::{
+    assert_jumps_once, endpoints, load, load_with, Lab, EMPTY, IPTABLES_TOOLS, SOLO, WEB,
+};
 
 /// `p` with web's endpoint `from` replaced by `to`.
 fn replace_web_endpoint(p: &Plan, from: &str, to: &str) -> Plan {
@@ -298,4 +300,44 @@ fn cleanup_leaves_no_kube_chain() {
     assert_jumps_once(&lab);
     cleanup(&mut IptablesBackend::new(IptablesOptions::default()));
     assert!(!lab.save("iptables-save").contains("KUBE-"));
+}
+
+#[test]
+fn localhost_node_ports_with_a_loopback_cidr() {
+    let Some(lab) = Lab::new("localhost", IPTABLES_TOOLS) else {
+        return;
+    };
+    let plan = load_with(|c| {
+        c.nodeport_addresses = vec!["127.0.0.0/8".parse().unwrap()];
+        c.localhost_nodeports = true;
+        c.local_addresses = vec![
+            "127.0.0.1".parse().unwrap(),
+            "192.168.77.1".parse().unwrap(),
+        ];
+    });
+    let mut b = IptablesBackend::new(IptablesOptions::default());
+    lab.sync(&mut b, &plan);
+    let seen = lab.get("node", "127.0.0.1:30080", 20);
+    assert_eq!(endpoints(&seen), ["10.244.1.5", "10.244.2.5"], "{seen:?}");
+    // Only localhost: the node's other addresses do not serve it.
+    assert!(lab.connect("client", "192.168.77.1:30080").is_err());
+    // kube-proxy's companions of route_localnet: the sysctl, kubelet's localnet rule.
+    let sysctl = lab.exec("node", "cat /proc/sys/net/ipv4/conf/all/route_localnet");
+    assert_eq!(sysctl.trim(), "1");
+    let save = lab.save("iptables-save -t filter");
+    assert!(
+        save.lines().any(|l| l.starts_with("-A KUBE-FIREWALL ")
+            && l.contains("-d 127.0.0.0/8")
+            && l.contains("block incoming localnet connections")
+            && l.ends_with("-j DROP"))
+            && save.contains("-A INPUT -j KUBE-FIREWALL")
+            && save.contains("-A OUTPUT -j KUBE-FIREWALL"),
+        "{save}"
+    );
+    // Added once, not on every full sync.
+    b.invalidate();
+    lab.sync(&mut b, &plan);
+    let save = lab.save("iptables-save -t filter");
+    assert_eq!(save.matches("-A KUBE-FIREWALL ").count(), 1, "{save}");
+    assert_eq!(save.matches("-j KUBE-FIREWALL").count(), 2, "{save}");
 }

@@ -249,18 +249,24 @@ fn echo(s: TcpStream, stop: &AtomicBool) {
 /// The plan of `tests/fixtures/iptables-datapath` for the lab's node: `web` (two endpoints),
 /// `solo` (p1), `empty` (no endpoints), NodePorts on every local address.
 pub fn load() -> Plan {
+    load_with(|_| {})
+}
+
+/// [`load`] with `adjust` applied to the planner's configuration.
+pub fn load_with(adjust: impl FnOnce(&mut ProxyConfig)) -> Plan {
     let mut d = ManifestDir::new(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/iptables-datapath"),
     );
     let r = d.scan();
     assert!(r.errors.is_empty(), "{:?}", r.errors);
-    let cfg = ProxyConfig {
+    let mut cfg = ProxyConfig {
         node_name: "node".into(),
         cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
         // Every local address: exercises `-m addrtype --dst-type LOCAL`.
         nodeport_addresses: vec!["0.0.0.0/0".parse().unwrap()],
         ..Default::default()
     };
+    adjust(&mut cfg);
     plan(&Snapshot::from_objects(&d.objects()), &cfg)
 }
 
