@@ -8,7 +8,7 @@ use weir_model::{IpFamily, NodePortAddresses, Plan};
 use super::jumps::jumps;
 use super::render::{
     family_view, is_weir_chain, render_full_replacing, render_update, IptablesOptions,
-    KUBE_FIREWALL,
+    KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_SERVICES,
 };
 use super::restore::{Restore, Table};
 use super::tools;
@@ -37,13 +37,11 @@ pub struct IptablesBackend {
     expected: BTreeMap<IpFamily, RuleCounts>,
 }
 
-/// Rules per (table, chain). Restore input and `iptables-save` output share one format, so
-/// the same parser reads what weir wrote and what the kernel holds.
+/// Rules per (table, chain) that weir wrote, read from its own restore input.
 type RuleCounts = BTreeMap<(Table, String), usize>;
 
-/// Applies restore input (or reads save output) to `counts`: a `:CHAIN` line creates or
-/// empties the chain, `-A CHAIN` adds a rule, `-X CHAIN` deletes it. Tables weir does not
-/// use are skipped.
+/// Applies restore input to `counts`: a `:CHAIN` line creates or empties the chain,
+/// `-A CHAIN` adds a rule, `-X CHAIN` deletes it.
 fn count_rules(counts: &mut RuleCounts, text: &str) {
     let mut table = None;
     for line in text.lines() {
@@ -68,16 +66,12 @@ fn count_rules(counts: &mut RuleCounts, text: &str) {
     }
 }
 
-/// Whether `save` (iptables-save output) has a rule in `table`/`chain` jumping to `target`.
-fn has_jump(save: &str, table: Table, chain: &str, target: &str) -> bool {
-    let mut in_table = false;
+/// Whether `listing` (`iptables -S chain`) has a rule jumping to `target`.
+fn has_jump(listing: &str, chain: &str, target: &str) -> bool {
     let (head, tail) = (format!("-A {chain} "), format!("-j {target}"));
-    save.lines().any(|l| {
-        if let Some(t) = l.strip_prefix('*') {
-            in_table = Table::parse(t.trim()) == Some(table);
-        }
-        in_table && l.starts_with(&head) && l.trim_end().ends_with(&tail)
-    })
+    listing
+        .lines()
+        .any(|l| l.starts_with(&head) && l.trim_end().ends_with(&tail))
 }
 
 impl IptablesBackend {
@@ -97,7 +91,7 @@ impl IptablesBackend {
     fn sync_family(&mut self, family: IpFamily, plan: &Plan) -> Result<(SyncKind, usize)> {
         let view = family_view(plan, family);
         let partial = match self.applied.get(&family) {
-            Some(old) if self.family_intact(family)? => {
+            Some(old) if self.family_intact(family, false)? => {
                 let diff = old.diff(&view);
                 if diff.is_empty() {
                     return Ok((SyncKind::Noop, 0));
@@ -152,22 +146,60 @@ impl IptablesBackend {
         Ok(())
     }
 
-    /// One `iptables-save`: every chain weir wrote holds exactly the rules it wrote (the
-    /// canaries are among them, empty) and every jump from the built-in chains is there.
-    /// kube-proxy's canary only notices deleted chains; this also sees `iptables -t nat -F`
-    /// (every chain emptied, jumps included), `-F KUBE-SERVICES`, and a deleted jump.
-    fn family_intact(&self, family: IpFamily) -> Result<bool> {
+    /// Whether the kernel still holds what weir wrote into this family's tables. Reading a
+    /// whole table is slow with the nf_tables back end (`iptables-save`: 3.7 s at 1,000
+    /// services × 10 endpoints), reading one small chain is not (≈ 8 ms at that size), so
+    /// this lists only small chains that a flush empties. Before every sync (5 listings,
+    /// ≈ 40 ms at 1,000 services, where the old canary check took 3):
+    ///
+    /// * `KUBE-MARK-MASQ` (nat) and `KUBE-FORWARD` (filter) hold the rules weir wrote:
+    ///   `iptables -t nat -F`, `-t filter -F` and deleted chains show here (kube-proxy's
+    ///   canary chains only notice the last);
+    /// * nat PREROUTING, OUTPUT and POSTROUTING hold weir's jumps.
+    ///
+    /// `thorough` (the periodic check, every `--sync-period`) adds the filter table's jumps
+    /// and the last rule weir wrote into the nat `KUBE-SERVICES` (`-S KUBE-SERVICES <n>`, one
+    /// rule read), which sees `iptables -t nat -F KUBE-SERVICES`; a sync with changes
+    /// rewrites that chain anyway.
+    fn family_intact(&self, family: IpFamily, thorough: bool) -> Result<bool> {
         let Some(expected) = self.expected.get(&family) else {
             return Ok(false);
         };
-        let save = tools::save(family, None)?;
-        let mut held = RuleCounts::new();
-        count_rules(&mut held, &save);
-        let chains_ok = expected.iter().all(|(k, n)| held.get(k) == Some(n));
-        Ok(chains_ok
-            && jumps()
-                .iter()
-                .all(|j| has_jump(&save, j.table, j.chain, j.target())))
+        let rules = |text: &str, chain: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("-A {chain} ")))
+                .count()
+        };
+        for (table, chain) in [(Table::Nat, KUBE_MARK_MASQ), (Table::Filter, KUBE_FORWARD)] {
+            let want = expected.get(&(table, chain.to_string())).copied();
+            let held = tools::list_chain(family, table, chain, None)?;
+            if held.as_deref().map(|t| rules(t, chain)) != want {
+                return Ok(false);
+            }
+        }
+        let mut builtin: BTreeMap<(Table, &str), String> = BTreeMap::new();
+        for j in jumps()
+            .into_iter()
+            .filter(|j| thorough || j.table == Table::Nat)
+        {
+            if !builtin.contains_key(&(j.table, j.chain)) {
+                let text = tools::list_chain(family, j.table, j.chain, None)?.unwrap_or_default();
+                builtin.insert((j.table, j.chain), text);
+            }
+            if !has_jump(&builtin[&(j.table, j.chain)], j.chain, j.target()) {
+                return Ok(false);
+            }
+        }
+        if thorough {
+            let n = expected
+                .get(&(Table::Nat, KUBE_SERVICES.to_string()))
+                .copied()
+                .unwrap_or(0);
+            if n > 0 && tools::list_chain(family, Table::Nat, KUBE_SERVICES, Some(n))?.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -304,7 +336,7 @@ impl Backend for IptablesBackend {
 
     fn intact(&mut self) -> Result<bool> {
         for family in self.applied.keys().copied().collect::<Vec<_>>() {
-            if !self.family_intact(family)? {
+            if !self.family_intact(family, true)? {
                 return Ok(false);
             }
         }

@@ -24,8 +24,9 @@
 //! `KUBE-FORWARD` accepts marked and established traffic (FORWARD policy DROP nodes),
 //! `KUBE-NODEPORTS` accepts health-check node ports, `KUBE-PROXY-FIREWALL` drops traffic to
 //! source-range-guarded load balancer IPs that `KUBE-FW-…` did not let through.
-//! `KUBE-PROXY-CANARY` (mangle, nat, filter) is never used by a rule: its disappearance tells
-//! the backend that someone deleted the tables' chains.
+//! `KUBE-PROXY-CANARY` (mangle, nat, filter) is never used by a rule; it is kube-proxy's flush
+//! detector, kept for tools that look for it (weir's own check reads rule contents: see
+//! `IptablesBackend`).
 //!
 //! Not weir's: kubelet's `KUBE-FIREWALL` (its CVE-2020-8558 localnet rule) and the
 //! `KUBE-MARK-DROP` of kubelets before 1.28 — weir neither writes nor deletes them.

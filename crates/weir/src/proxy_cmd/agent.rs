@@ -137,6 +137,7 @@ pub fn run(
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
     let mut last_full: Option<Instant> = None;
+    let mut last_check = Instant::now();
     let mut failing = false;
     loop {
         if let Some(last) = last_sync {
@@ -168,9 +169,23 @@ pub fn run(
         for w in &plan.warnings {
             warn!("plan: {w}");
         }
-        // Every sync (the periodic one every --sync-period included) first checks that the
-        // kernel still holds what weir wrote and repairs it with a full sync if not; on top
-        // of that, every rule is rewritten every --full-sync-period (kube-proxy: hourly).
+        // Every --sync-period, even while changes keep coming, check that the kernel still
+        // holds what weir wrote (an outside flush is repaired by a full sync); and every
+        // --full-sync-period rewrite every rule regardless (kube-proxy: hourly).
+        if last_check.elapsed() >= settings.sync_period {
+            last_check = Instant::now();
+            match backend.intact() {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(
+                        mode = backend.mode(),
+                        "rules changed behind weir's back (an outside flush?): full resync"
+                    );
+                    backend.invalidate();
+                }
+                Err(e) => warn!(mode = backend.mode(), "checking the rules failed: {e}"),
+            }
+        }
         if last_full.is_some_and(|t| t.elapsed() >= settings.full_sync_period) {
             backend.invalidate();
         }
