@@ -436,6 +436,7 @@ fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
         );
         eprintln!("{mode}: `{flush}` repaired after {took:?}");
     }
+    // Said in the log (by the periodic check or by the sync that noticed first).
     assert!(a.log().contains("behind its back"), "{}", a.log());
     assert_eq!(a.http("10256/healthz").0, 200);
 

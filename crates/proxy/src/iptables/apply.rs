@@ -182,11 +182,13 @@ impl IptablesBackend {
             .into_iter()
             .filter(|j| thorough || j.table == Table::Nat)
         {
-            if !builtin.contains_key(&(j.table, j.chain)) {
-                let text = tools::list_chain(family, j.table, j.chain, None)?.unwrap_or_default();
-                builtin.insert((j.table, j.chain), text);
-            }
-            if !has_jump(&builtin[&(j.table, j.chain)], j.chain, j.target()) {
+            let listing = match builtin.entry((j.table, j.chain)) {
+                std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(tools::list_chain(family, j.table, j.chain, None)?.unwrap_or_default())
+                }
+            };
+            if !has_jump(listing, j.chain, j.target()) {
                 return Ok(false);
             }
         }

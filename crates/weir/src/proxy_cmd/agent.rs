@@ -179,7 +179,7 @@ pub fn run(
                 Ok(false) => {
                     warn!(
                         mode = backend.mode(),
-                        "rules changed behind weir's back (an outside flush?): full resync"
+                        "weir's rules were changed behind its back (an outside flush?); full resync"
                     );
                     backend.invalidate();
                 }
