@@ -41,6 +41,8 @@ fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
         cluster_cidrs: s.cluster_cidrs.clone(),
         masquerade_all: s.masquerade_all,
         nodeport_addresses: s.nodeport_addresses.clone(),
+        nodeport_default: s.nodeport_default,
+        localhost_nodeports: s.localhost_nodeports,
         zone: None,
     })
 }
@@ -134,6 +136,8 @@ pub fn run(
     let mut programmed: Option<weir_model::Snapshot> = None;
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
+    let mut last_full: Option<Instant> = None;
+    let mut last_check = Instant::now();
     let mut failing = false;
     loop {
         if let Some(last) = last_sync {
@@ -165,9 +169,32 @@ pub fn run(
         for w in &plan.warnings {
             warn!("plan: {w}");
         }
+        // Every --sync-period, even while changes keep coming, check that the kernel still
+        // holds what weir wrote (an outside flush is repaired by a full sync); and every
+        // --full-sync-period rewrite every rule regardless (kube-proxy: hourly).
+        if last_check.elapsed() >= settings.sync_period {
+            last_check = Instant::now();
+            match backend.intact() {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(
+                        mode = backend.mode(),
+                        "weir's rules were changed behind its back (an outside flush?); full resync"
+                    );
+                    backend.invalidate();
+                }
+                Err(e) => warn!(mode = backend.mode(), "checking the rules failed: {e}"),
+            }
+        }
+        if last_full.is_some_and(|t| t.elapsed() >= settings.full_sync_period) {
+            backend.invalidate();
+        }
         match backend.sync(&plan) {
             Ok(report) => {
                 failing = false;
+                if report.kind == SyncKind::Full {
+                    last_full = Some(Instant::now());
+                }
                 if report.kind != SyncKind::Noop {
                     info!(
                         mode = backend.mode(),
