@@ -518,9 +518,18 @@ mod tests {
         m.source_errors_changed(2);
         m.source_errors_changed(-1);
         let t = m.encode();
-        assert_eq!(line(&t, "weir_source_scan_failures_total"), "weir_source_scan_failures_total 1");
-        assert_eq!(line(&t, "weir_source_scan_duration_seconds_count"), "weir_source_scan_duration_seconds_count 2");
-        assert_eq!(line(&t, "weir_source_manifest_errors "), "weir_source_manifest_errors 1");
+        assert_eq!(
+            line(&t, "weir_source_scan_failures_total"),
+            "weir_source_scan_failures_total 1"
+        );
+        assert_eq!(
+            line(&t, "weir_source_scan_duration_seconds_count"),
+            "weir_source_scan_duration_seconds_count 2"
+        );
+        assert_eq!(
+            line(&t, "weir_source_manifest_errors "),
+            "weir_source_manifest_errors 1"
+        );
         let ts: f64 = line(&t, "weir_source_last_successful_scan_timestamp_seconds ")
             .split(' ')
             .nth(1)
@@ -528,7 +537,12 @@ mod tests {
             .parse()
             .unwrap();
         assert!((now_seconds() - ts).abs() < 60.0, "{ts}");
-        for name in ["process_resident_memory_bytes ", "process_open_fds ", "process_start_time_seconds ", "process_cpu_seconds_total "] {
+        for name in [
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_start_time_seconds ",
+            "process_cpu_seconds_total ",
+        ] {
             let v: f64 = line(&t, name).split(' ').nth(1).unwrap().parse().unwrap();
             assert!(v > 0.0 || name.starts_with("process_cpu"), "{name}{v}");
         }

@@ -74,8 +74,14 @@ mod tests {
         let f = std::fs::File::open("/proc/self/stat").unwrap();
         let with_one_more = ProcessStats::read().unwrap().open_fds;
         drop(f);
-        assert!(with_one_more >= 4, "stdin/out/err and the file: {with_one_more}");
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+        assert!(
+            with_one_more >= 4,
+            "stdin/out/err and the file: {with_one_more}"
+        );
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
         assert!(s.start_time_seconds <= now + 1.0 && s.start_time_seconds > now - 86_400.0);
         assert_eq!(stat_fields("1 (a b) S 0").unwrap(), ["S", "0"]);
     }

@@ -113,11 +113,7 @@ fn livez(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
     let s = health.status();
     let code = if s.alive { 200 } else { 503 };
     m.livez_response(code);
-    let last = if s.alive {
-        Some(s.now)
-    } else {
-        s.last_updated
-    };
+    let last = if s.alive { Some(s.now) } else { s.last_updated };
     let body = format!(
         r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
         go_time(last),
