@@ -54,7 +54,8 @@ impl LastGood {
             text.push_str(&to_yaml(o).map_err(io::Error::other)?);
         }
         let dest = self.copy_path(manifest);
-        let tmp = dest.with_extension("tmp");
+        // Per process: several proxies (a lab's nodes) may share a state directory.
+        let tmp = dest.with_extension(format!("{}.tmp", std::process::id()));
         let mut f = fs::File::create(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_data()?;

@@ -111,6 +111,10 @@ fn start_source(
             match &ev {
                 WatchEvent::Error(e) => warn!("{e}"),
                 WatchEvent::Resolved(e) => info!("resolved: {e}"),
+                // A long scan parsed a lot: hand the parser's garbage back to the kernel.
+                WatchEvent::Scanned { duration, .. } if *duration > Duration::from_millis(100) => {
+                    release_freed_memory()
+                }
                 WatchEvent::Scanned { .. } => {}
             }
             report(&ev);
