@@ -127,7 +127,12 @@ fn watcher_sends_nothing_until_the_directory_exists_and_never_an_empty_world_whe
         panic!()
     };
     assert_eq!(objs.len(), 1);
-    assert!(status.ready());
+    // Marked ready right after the view was delivered (the agent polls for it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !status.ready() {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(status.check(Duration::from_secs(5)), Ok(()));
     assert!(erx
         .recv_timeout(Duration::from_secs(5))
