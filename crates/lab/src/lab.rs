@@ -396,6 +396,7 @@ pub fn proxy_launch(
         node_ip: node.underlay_ip,
         netns: node.netns.clone(),
         log: dir.proxy_log(&node.name),
+        state_dir: dir.proxy_state(&node.name),
     }
 }
 

@@ -50,6 +50,10 @@ impl LabDir {
     pub fn proxy_log(&self, node: &str) -> PathBuf {
         self.dir.join("logs").join(format!("proxy-{node}.log"))
     }
+    /// A node proxy's `--state-dir` (last-known-good copies), inside the lab.
+    pub fn proxy_state(&self, node: &str) -> PathBuf {
+        self.dir.join("proxy-state").join(node)
+    }
     /// The Kubernetes objects every node's proxy watches (the lab's "API server").
     pub fn manifests(&self) -> PathBuf {
         self.dir.join("manifests")

@@ -24,6 +24,8 @@ struct Agent {
     child: Option<Child>,
     /// The HTTP server standing in for a pod (see `serve_pod`): its stop flag and thread.
     pod: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// An HTTP server behind the `solo` service (see [`Agent::serve_solo`]).
+    server: Option<Child>,
 }
 
 impl Agent {
@@ -58,6 +60,7 @@ impl Agent {
             args: Vec::new(),
             child: None,
             pod: None,
+            server: None,
         };
         agent.sh("ip link set lo up");
         agent
@@ -68,6 +71,12 @@ impl Agent {
     }
 
     fn start(&mut self) {
+        self.spawn();
+        self.wait_for("healthz 200", || self.http("10256/healthz").0 == 200);
+    }
+
+    /// Starts the agent without waiting for it to become healthy.
+    fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -85,6 +94,8 @@ impl Agent {
             ])
             .arg("--manifests")
             .arg(self.manifests())
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
             .args([
                 "--cluster-cidr=10.244.0.0/16,fd00:244::/48",
                 "--hostname-override=node-a",
@@ -99,7 +110,34 @@ impl Agent {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        self.wait_for("healthz 200", || self.http("10256/healthz").0 == 200);
+    }
+
+    /// A service `solo` (10.96.9.9:80) whose one endpoint, 10.244.9.9:8080, is weir's lab echo
+    /// server in the namespace; a default route makes the ClusterIP reachable from inside.
+    fn serve_solo(&mut self) {
+        self.sh(
+            "ip link add v0 type veth peer name v1 && ip link set v0 up && ip link set v1 up \
+                 && ip addr add 10.0.0.1/24 dev v0 && ip route add default dev v0 \
+                 && ip addr add 10.244.9.9/32 dev lo",
+        );
+        let server = Command::new("ip")
+            .args(["netns", "exec", &self.ns, WEIR, "lab", "echo-server"])
+            .args(["--name", "solo", "--port", "8080"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.server = Some(server);
+        self.wait_for("the endpoint's server", || {
+            self.sh("ss -ltn").contains(":8080")
+        });
+        std::fs::write(self.manifests().join("solo.yaml"), SOLO).unwrap();
+    }
+
+    /// Whether a real TCP connection to the `solo` ClusterIP gets the echo server's greeting.
+    fn solo_answers(&self) -> bool {
+        self.sh("timeout 2 bash -c 'exec 3<>/dev/tcp/10.96.9.9/80 && head -n1 <&3'")
+            .starts_with("solo ")
     }
 
     fn kill(&mut self) {
@@ -202,9 +240,29 @@ impl Drop for Agent {
             stop.store(true, Ordering::Relaxed);
             let _ = server.join();
         }
+        if let Some(mut s) = self.server.take() {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
+
+const SOLO: &str = "apiVersion: v1
+kind: Service
+metadata: {name: solo, namespace: default}
+spec:
+  clusterIP: 10.96.9.9
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: solo-1, namespace: default, labels: {kubernetes.io/service-name: solo}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+  - {addresses: [10.244.9.9], nodeName: node-a}
+";
 
 const EXTRA: &str = "apiVersion: v1
 kind: Service
@@ -279,6 +337,13 @@ fn agent_lifecycle(mode: &'static str) {
     );
     std::thread::sleep(Duration::from_millis(300));
     assert!(a.rules().contains("10.96.7.7") && a.rules().contains("10.96.0.10"));
+    // Reported once, not on every poll (and not twice per scan).
+    let reports = a
+        .log()
+        .lines()
+        .filter(|l| l.contains("broken.yaml"))
+        .count();
+    assert_eq!(reports, 1, "{}", a.log());
     assert_eq!(a.http("10256/healthz").0, 200);
 
     // A Node drained by the cluster autoscaler fails /healthz (LBs stop sending) but not /livez.
@@ -491,4 +556,129 @@ fn full_resync_runs_every_full_sync_period() {
     let full_syncs = || a.log().matches("kind=Full").count();
     a.wait_for("two periodic full resyncs", || full_syncs() >= 3);
     assert!(!a.log().contains("behind its back"), "{}", a.log());
+/// Defect 1 of issue 8: a missing manifest directory, at start or while running, never
+/// becomes an empty world; /healthz says why (503), /livez stays 200, the ClusterIP answers.
+fn missing_directory(mode: &'static str) {
+    let mut a = Agent::new(&format!("md{}", &mode[..3]), mode);
+    a.serve_solo();
+    a.start();
+    a.wait_for("solo programmed", || a.solo_answers());
+
+    // Restart with the directory renamed away.
+    a.kill();
+    let away = a.dir.path().join("manifests.away");
+    std::fs::rename(a.manifests(), &away).unwrap();
+    a.spawn();
+    a.wait_for("healthz 503 naming the directory", || {
+        let (code, body) = a.http("10256/healthz");
+        code == 503 && body.contains("manifests") && body.contains("cannot read")
+    });
+    assert_eq!(
+        a.http("10256/livez").0,
+        200,
+        "alive, only waiting for its source"
+    );
+    std::thread::sleep(Duration::from_millis(800)); // ~8 polls
+    assert_eq!(a.http("10256/healthz").0, 503);
+    let rules = a.rules();
+    assert!(
+        rules.contains("10.96.9.9") && rules.contains("10.96.0.10"),
+        "{rules}"
+    );
+    assert!(a.solo_answers(), "the kernel's rules were kept");
+    a.wait_for("the agent saying why it does not sync", || {
+        a.log()
+            .contains("not syncing yet, the rules in the kernel are kept: manifest source failing")
+    });
+    let log = a.log();
+    let error = |l: &&str| l.contains("manifests: directory: cannot read");
+    assert_eq!(
+        log.lines()
+            .filter(error)
+            .filter(|l| !l.contains("not syncing"))
+            .count(),
+        1,
+        "the missing directory is reported once, not every poll:\n{log}"
+    );
+    // The directory comes back: synced and healthy.
+    std::fs::rename(&away, a.manifests()).unwrap();
+    a.wait_for("healthz 200", || a.http("10256/healthz").0 == 200);
+    assert!(a.solo_answers());
+
+    // It vanishes while running: the last view stays, health says so; back again: healthy.
+    std::fs::rename(a.manifests(), &away).unwrap();
+    a.wait_for("healthz 503 while the directory is gone", || {
+        let (code, body) = a.http("10256/healthz");
+        code == 503 && body.contains("serving the last complete view")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(a.rules().contains("10.96.9.9"));
+    assert!(a.solo_answers());
+    assert_eq!(a.http("10256/livez").0, 200);
+    let (_, metrics) = a.http("10249/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("weir_source_scan_failures_total ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    std::fs::rename(&away, a.manifests()).unwrap();
+    a.wait_for("healthz 200 again", || a.http("10256/healthz").0 == 200);
+}
+
+#[test]
+fn nftables_agent_keeps_rules_and_reports_not_ready_without_its_manifest_directory() {
+    if is_root() {
+        missing_directory("nftables");
+    }
+}
+
+#[test]
+fn iptables_agent_keeps_rules_and_reports_not_ready_without_its_manifest_directory() {
+    if is_root() {
+        missing_directory("iptables");
+    }
+}
+
+/// Defect 5 of issue 8: a file broken while weir was down is served from its last-known-good
+/// copy after a restart (logged); a file deleted on purpose is not resurrected. A FIFO among
+/// the manifests (defect 3) does not stop the watcher meanwhile.
+#[test]
+fn nftables_agent_serves_last_known_good_copies_after_a_restart() {
+    if !is_root() {
+        return;
+    }
+    let mut a = Agent::new("lkg", "nftables");
+    a.serve_solo();
+    a.start();
+    a.wait_for("solo programmed", || a.solo_answers());
+    a.kill();
+    let solo = a.manifests().join("solo.yaml");
+    std::fs::write(&solo, SOLO.replace("kind: Service", "kind: [Service")).unwrap();
+    a.start();
+    assert!(a.solo_answers(), "served from the last good copy");
+    let log = a.log();
+    assert!(
+        log.lines().any(|l| l.contains("last-known-good")
+            && l.contains("Service/default/solo")
+            && l.contains("solo.yaml")),
+        "{log}"
+    );
+    let fifo = a.manifests().join("pipe.yaml");
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    a.wait_for("the FIFO reported", || {
+        a.log().contains("pipe.yaml: file: a FIFO")
+    });
+    // Deleted on purpose: gone, and still gone after a restart.
+    std::fs::remove_file(&solo).unwrap();
+    a.wait_for("solo removed", || !a.rules().contains("10.96.9.9"));
+    a.kill();
+    a.start();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!a.rules().contains("10.96.9.9"));
+    assert!(!a.solo_answers());
 }

@@ -36,6 +36,12 @@ pub struct ProxyFlags {
     /// How often the manifest directory is checked for changes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub manifest_poll_interval: Option<Duration>,
+    /// Largest manifest file read, in bytes (larger files are reported and keep their objects).
+    #[arg(long, value_name = "BYTES")]
+    pub manifest_max_file_size: Option<u64>,
+    /// Where last-known-good copies of the manifests' objects are kept across restarts.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub proxy_mode: Option<ProxyMode>,
     /// Pod CIDRs of the cluster, comma-separated.
@@ -78,6 +84,8 @@ pub struct ProxyFlags {
 pub struct Settings {
     pub manifests: PathBuf,
     pub manifest_poll_interval: Duration,
+    pub manifest_max_file_size: u64,
+    pub state_dir: PathBuf,
     pub mode: ProxyMode,
     pub cluster_cidrs: Vec<IpNet>,
     pub node_name: String,
@@ -325,6 +333,11 @@ impl ProxyFlags {
             manifest_poll_interval: self
                 .manifest_poll_interval
                 .unwrap_or(Duration::from_millis(500)),
+            manifest_max_file_size: self.manifest_max_file_size.unwrap_or(4 << 20),
+            state_dir: self
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/var/lib/weir/proxy")),
             mode,
             cluster_cidrs,
             node_name,
