@@ -556,6 +556,8 @@ fn full_resync_runs_every_full_sync_period() {
     let full_syncs = || a.log().matches("kind=Full").count();
     a.wait_for("two periodic full resyncs", || full_syncs() >= 3);
     assert!(!a.log().contains("behind its back"), "{}", a.log());
+}
+
 /// Defect 1 of issue 8: a missing manifest directory, at start or while running, never
 /// becomes an empty world; /healthz says why (503), /livez stays 200, the ClusterIP answers.
 fn missing_directory(mode: &'static str) {
