@@ -142,6 +142,7 @@ table ip kubeproxy {{
     ip daddr {NODE_IP} tcp dport 30080 dnat to 10.12.192.44:8080
     ip daddr {NODE_IP} tcp dport 30081 meta mark set meta mark | 0x4000 dnat to 10.12.192.44:8080
     ip daddr {NODE_IP} tcp dport 30082 dnat to 10.12.193.20:8080
+    ip daddr 10.96.0.9 tcp dport 80 meta mark set meta mark | 0x4000 dnat to 10.12.192.44:8080
   }}
   chain post {{ type nat hook postrouting priority srcnat;
     meta mark & 0x4000 == 0x4000 meta mark set meta mark ^ 0x4000 masquerade
@@ -172,6 +173,17 @@ EOF"
                 let mut f = l.split_whitespace();
                 (f.next() == Some("TcpExtIPReversePathFilter"))
                     .then(|| f.next().unwrap().parse().unwrap())
+            })
+            .unwrap_or(0)
+    }
+
+    /// ICMP redirects the node sent.
+    fn redirects(&self) -> u64 {
+        let out = self.node.sh("nstat -az IcmpOutRedirects");
+        out.lines()
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next() == Some("IcmpOutRedirects")).then(|| f.next().unwrap().parse().unwrap())
             })
             .unwrap_or(0)
     }
@@ -348,6 +360,21 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
     assert_eq!(ok(&cloud.client, NODE_IP, 30080), CLIENT);
     assert_ne!(ok(&cloud.client, NODE_IP, 30081), CLIENT);
     assert_eq!(ok(&cloud.client, NODE_IP, 30082), CLIENT);
+    // hairpin: a pod reaching itself through a Service is routed back out of its veth; the node
+    // must not answer that with ICMP redirects (they spend the ICMP rate limit REJECTs need)
+    let redirects0 = cloud.redirects();
+    for _ in 0..3 {
+        assert_ne!(
+            ok(&pod1, "10.96.0.9", 80),
+            "10.12.192.44",
+            "hairpin is masqueraded"
+        );
+    }
+    assert_eq!(
+        cloud.redirects(),
+        redirects0,
+        "the node sent ICMP redirects to a pod"
+    );
     assert_eq!(cloud.rp_drops(), rp0, "strict rp_filter dropped something");
     assert_eq!(
         cloud.source_check_drops(),

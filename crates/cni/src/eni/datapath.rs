@@ -210,9 +210,16 @@ pub fn remove_rule(host: &mut Rtnl, r: &RuleSpec) -> CniResult<()> {
 /// Node-wide sysctls. `src_valid_mark` is set on `all` (the kernel ORs `all` with the interface):
 /// the marked requests may enter by any non-ENI interface, including ones created later. It does
 /// not loosen the reverse-path check; it makes the check use the same mark the reply will carry.
+///
+/// `all.send_redirects` is cleared so that the per-veth 0 of [`host_veth_sysctls`] takes effect
+/// (that one is ORed too); interfaces keep their own value, so eth0 still sends redirects.
 pub fn node_sysctls() -> CniResult<()> {
-    for key in ["net.ipv4.ip_forward", "net.ipv4.conf.all.src_valid_mark"] {
-        sysctl::ensure(key, "1").map_err(|e| io_err(&format!("set {key}"), e))?;
+    for (key, value) in [
+        ("net.ipv4.ip_forward", "1"),
+        ("net.ipv4.conf.all.src_valid_mark", "1"),
+        ("net.ipv4.conf.all.send_redirects", "0"),
+    ] {
+        sysctl::ensure(key, value).map_err(|e| io_err(&format!("set {key}"), e))?;
     }
     Ok(())
 }
@@ -298,11 +305,15 @@ pub fn create_veth(
 }
 
 /// The host veth answers the pod's ARP for [`POD_GATEWAY`] at once (proxy ARP without the
-/// default 0.8 s random delay).
+/// default 0.8 s random delay), and sends the pod no ICMP redirects: a pod reaching itself through
+/// a Service (hairpin) is routed back out of the veth it came in on, and each redirect the kernel
+/// sends for that spends the per-destination ICMP rate limit that kube-proxy's REJECT of a
+/// Service without endpoints needs, turning "connection refused" into a timeout.
 pub fn host_veth_sysctls(veth: &str) -> CniResult<()> {
     for (key, value) in [
         (format!("net.ipv4.conf.{veth}.proxy_arp"), "1"),
         (format!("net.ipv4.neigh.{veth}.proxy_delay"), "0"),
+        (format!("net.ipv4.conf.{veth}.send_redirects"), "0"),
     ] {
         sysctl::ensure(&key, value).map_err(|e| io_err(&format!("set {key}"), e))?;
     }
