@@ -162,6 +162,17 @@ fn eni_lab_without_the_fix_fails_as_the_brief_says() {
         "{shop}"
     );
     assert!(rp_drops(&json, "a") > 0, "{}", json["eni"]);
+    // pod a1 -> node b's NodePort, backend b2 on node b: the request arrives on b's eth0 with a
+    // pod source and is DNATed to b2, and without the connection mark b's reverse-path check
+    // follows "from b2 lookup 1003" to the ENI and drops it
+    let np = json["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["service"] == "edge" && r["kind"] == "pod-node-port" && r["via"] == "node b")
+        .expect("edge pod-node-port via node b");
+    assert_eq!(np["ok"], false, "{np}");
+    assert!(rp_drops(&json, "b") > 0, "{}", json["eni"]);
     // what an operator sees on node a: no address on the ENI, the pod rules, no fwmark rule
     let exec = |args: &[&str]| {
         let mut all = vec!["lab", "exec", &lab.name, "a", "--"];
