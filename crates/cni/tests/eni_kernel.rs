@@ -604,3 +604,103 @@ fn bad_input_gets_the_right_codes_and_leaves_nothing() {
         1
     );
 }
+
+#[test]
+fn concurrent_adds_then_gc_reclaims_everything_including_orphans() {
+    let cloud = Cloud::new("eg");
+    let data = tempfile::tempdir().unwrap();
+    // thirteen pod addresses (.11-.23), twelve pods; the VPC side does not matter here
+    let list: Vec<String> = (10..24).map(|i| format!("\"10.12.192.{i}\"")).collect();
+    let conf = conf_a(data.path(), "").replace(
+        r#""eniAddresses":["10.12.192.10","10.12.192.44","10.12.192.45","10.12.192.46"]"#,
+        &format!(r#""eniAddresses":[{}]"#, list.join(",")),
+    );
+    let pods: Vec<TestNs> = (0..12)
+        .map(|i| TestNs::new(&format!("{}p{i}", cloud.node.name)))
+        .collect();
+    // twelve ADDs at once on a node that has not been set up yet
+    let results: Vec<serde_json::Value> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, ns)| {
+                let conf = &conf;
+                let cloud = &cloud;
+                s.spawn(move || {
+                    let r = run_plugin(
+                        &plugin(),
+                        &cloud.node,
+                        "ADD",
+                        &format!("c{i}"),
+                        Some(&ns.path()),
+                        "eth0",
+                        conf,
+                    );
+                    r.ok();
+                    r.json()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut ips: Vec<Ipv4Addr> = results.iter().map(pod_ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), 12, "every pod got its own address");
+    assert!(
+        !ips.contains(&Ipv4Addr::new(10, 12, 192, 10)),
+        "the ENI's own address"
+    );
+    let ruleset = cloud.node.sh("nft list table inet weir-eni");
+    assert_eq!(ruleset.matches("ct state new").count(), 1, "{ruleset}");
+    assert_eq!(cloud.node.sh("ip rule").matches("fwmark 0x80").count(), 1);
+
+    // leftovers no allocation accounts for: a rule and a veth routing to a free address
+    let free = "10.12.192.23";
+    assert!(
+        !ips.contains(&free.parse().unwrap()),
+        "{free} must be free for this test"
+    );
+    cloud.node.sh(&format!(
+        "ip rule add pref 1536 from {free} lookup 1003; ip rule add pref 512 to {free} lookup main
+         ip link add eniorphan000000 type veth peer name orphanpeer
+         ip link set eniorphan000000 up; ip route add {free}/32 dev eniorphan000000 scope link
+         ip link add enikeep00000000 type veth peer name keeppeer"
+    ));
+    let links = cloud.node.sh("ip -o link");
+    assert!(
+        links.contains("eniorphan000000") && links.contains("enikeep00000000"),
+        "{links}"
+    );
+    // another network's rule in another table must survive
+    cloud
+        .node
+        .sh("ip rule add pref 1536 from 10.12.193.99 lookup 1004");
+
+    let keep = [("c0", "eth0")];
+    run_plugin(
+        &plugin(),
+        &cloud.node,
+        "GC",
+        "",
+        None,
+        "",
+        &with_valid(&conf, &keep),
+    )
+    .ok();
+    assert_eq!(
+        files(data.path(), "enia"),
+        vec![pod_ip(&results[0]).to_string()]
+    );
+    let rules = cloud.node.sh("ip rule");
+    assert_eq!(rules.matches("lookup 1003").count(), 1, "{rules}");
+    assert!(!rules.contains(free), "{rules}");
+    assert!(rules.contains("from 10.12.193.99 lookup 1004"), "{rules}");
+    let links = cloud.node.sh("ip -o link");
+    assert!(!links.contains("eniorphan000000"), "{links}");
+    assert!(
+        links.contains("enikeep00000000"),
+        "a veth without our route is not ours: {links}"
+    );
+    assert_eq!(links.matches(": eni").count(), 2, "{links}");
+}
