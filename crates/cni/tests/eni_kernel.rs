@@ -581,6 +581,11 @@ fn bad_input_gets_the_right_codes_and_leaves_nothing() {
     let r = run("ADD", &from_file);
     r.ok();
     assert_eq!(pod_ip(&r.json()), Ipv4Addr::new(10, 12, 192, 46));
+    // the same ADD again (a runtime retrying): same address, and the attachment still checks out
+    let again = run("ADD", &from_file);
+    again.ok();
+    assert_eq!(pod_ip(&again.json()), Ipv4Addr::new(10, 12, 192, 46));
+    run("CHECK", &with_prev(&from_file, &again.json())).ok();
     // a pod namespace that does not exist: unknown container
     let gone = run_plugin(
         &plugin(),

@@ -33,9 +33,12 @@ pub fn resolve_eni(host: &mut Rtnl, sel: &EniSelector) -> CniResult<Link> {
     let links = host.links().map_err(netlink_err)?;
     let found = match sel {
         EniSelector::Name(n) => links.into_iter().find(|l| &l.name == n),
+        // VLANs, macvlans and bonds can share the NIC's MAC: prefer the device without a kind
+        // (the NIC itself), never a bridge.
         EniSelector::Mac(mac) => links
             .into_iter()
-            .find(|l| l.mac == mac && l.kind.as_deref() != Some("bridge")),
+            .filter(|l| l.mac == mac && l.kind.as_deref() != Some("bridge"))
+            .min_by_key(|l| (l.kind.is_some(), l.index)),
     };
     found.ok_or_else(|| {
         let what = match sel {
@@ -386,5 +389,52 @@ pub fn write_stamp(path: &Path, content: &str) {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     if std::fs::write(&tmp, content).is_ok() {
         let _ = std::fs::rename(&tmp, path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rule_messages_read_back_as_the_same_spec() {
+        let ip = Ipv4Addr::new(10, 12, 192, 44);
+        for spec in [
+            RuleSpec {
+                priority: 512,
+                selector: Selector::To(ip),
+                table: MAIN_TABLE,
+            },
+            RuleSpec {
+                priority: 1536,
+                selector: Selector::From(ip),
+                table: 1003,
+            },
+            RuleSpec {
+                priority: 1024,
+                selector: Selector::FwMark {
+                    mark: 0x80,
+                    mask: 0x80,
+                },
+                table: MAIN_TABLE,
+            },
+        ] {
+            assert_eq!(rule_spec(&rule_message(&spec)), Some(spec));
+        }
+        // tables above 255 travel in the attribute only
+        let big = RuleSpec {
+            priority: 1536,
+            selector: Selector::From(ip),
+            table: 100_000,
+        };
+        let msg = rule_message(&big);
+        assert_eq!(msg.header.table, 0);
+        assert_eq!(rule_spec(&msg), Some(big));
+        // a rule with an iif selector is not one of ours
+        let mut foreign = rule_message(&big);
+        foreign
+            .attributes
+            .push(RuleAttribute::Iifname("eth0".into()));
+        assert_eq!(rule_spec(&foreign), None);
     }
 }
