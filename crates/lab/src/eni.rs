@@ -277,4 +277,24 @@ mod tests {
         assert_eq!(a.len(), 14);
         assert!(t.eni_fix && t.source_check);
     }
+
+    #[test]
+    fn eni_topology_errors_name_the_field() {
+        let bad = |from: &str, to: &str| {
+            assert!(crate::ENI_TOPOLOGY.contains(from), "{from}");
+            Topology::parse(&crate::ENI_TOPOLOGY.replacen(from, to, 1)).unwrap_err()
+        };
+        let e = bad("cni: weir", "cni: reference");
+        assert_eq!(e.field, "cni", "{e}");
+        let e = bad("podCIDR: 10.12.192.16/28", "podCIDR: 10.12.192.0/28");
+        assert_eq!(e.field, "nodes[0].podCIDR", "{e}");
+        assert!(e.message.contains("10.12.192.1"), "{e}");
+        let t = Topology::parse(&crate::ENI_TOPOLOGY.replacen("eniFix: true", "eniFix: false", 1))
+            .unwrap();
+        assert!(!t.eni_fix);
+        // the default topology is a bridge network with the fix switch irrelevant but defaulted
+        let d = Topology::default_demo();
+        assert_eq!(d.network, crate::Network::Bridge);
+        assert!(d.eni_fix);
+    }
 }
