@@ -1,7 +1,7 @@
 //! One invocation of the plugin: environment + stdin in, stdout text (or a CNI error) out.
 
 use crate::bridge::{ipam_err, Attachment};
-use crate::config::{declared_version, Mode, NetConf};
+use crate::config::{declared_version, NetConf};
 use crate::ipam::Store;
 use crate::spec::{
     version_at_least, CniError, CniResult, Command, Env, ErrorCode, Outcome, CURRENT_VERSION,
@@ -41,6 +41,10 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
         })
         .to_string());
     }
+    // eni-shared mode has its own configuration and operations (crates/cni/src/eni/).
+    if crate::eni::config::is_eni_shared(stdin) {
+        return crate::eni::dispatch(&env, stdin);
+    }
     let mut conf = NetConf::parse(stdin)?;
     if env.command == Command::Add {
         conf.read_requests(&env.args)?;
@@ -58,12 +62,6 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
             ))
         }
     };
-    if conf.mode == Mode::EniShared {
-        return Err(CniError::new(
-            ErrorCode::InvalidConfig,
-            "mode \"eni-shared\" is not available in this build yet",
-        ));
-    }
     let attachment = Attachment {
         conf: &conf,
         container_id: &env.container_id,

@@ -320,21 +320,7 @@ impl Store {
     /// single path component; touches nothing on disk.
     pub fn open(conf: &IpamConf, network: &str) -> Result<Store, IpamError> {
         conf.validate().map_err(IpamError::Config)?;
-        let bad = network.is_empty()
-            || network == "."
-            || network == ".."
-            || network.len() > 255
-            || network.contains(['/', '\0']);
-        if bad {
-            return Err(IpamError::Config(format!(
-                "network name {network:?} cannot name the IPAM store directory (it must be a single path component)"
-            )));
-        }
-        Ok(Store {
-            dir: conf.data_dir().join(network),
-            boot_id: BootId::System,
-            keep: Vec::new(),
-        })
+        Store::open_in(&conf.data_dir(), network)
     }
 
     /// Attachments the runtime says are alive (GC's `cni.dev/valid-attachments`): whichever
@@ -629,4 +615,66 @@ pub(crate) fn describe(set: &[Resolved]) -> String {
         .map(|r| format!("{}-{}", from_u128(r.v4, r.start), from_u128(r.v4, r.end)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+// ---- eni-shared mode: allocation from an explicit address list (see crates/cni/src/eni/) ----
+
+impl Store {
+    /// The store of `network` under `data_dir`, for modes whose addresses do not come from an
+    /// `ipam` section (eni-shared). Same layout, lock and reboot handling as [`Store::open`].
+    pub fn open_in(data_dir: &Path, network: &str) -> Result<Store, IpamError> {
+        let bad = network.is_empty()
+            || network == "."
+            || network == ".."
+            || network.len() > 255
+            || network.contains(['/', '\0']);
+        if bad {
+            return Err(IpamError::Config(format!(
+                "network name {network:?} cannot name the IPAM store directory (it must be a single path component)"
+            )));
+        }
+        Ok(Store {
+            dir: data_dir.join(network),
+            boot_id: BootId::System,
+            keep: Vec::new(),
+        })
+    }
+
+    /// One address from `pool` for `(container_id, ifname)`, round-robin after the last one handed
+    /// out (range-set cursor 0), written as the same address file [`Store::allocate`] writes, so
+    /// release, lookup, GC and crash recovery are shared. Idempotent: an address the attachment
+    /// already holds (listed in `pool` or not) is returned again.
+    pub fn allocate_from_list(
+        &self,
+        pool: &[IpAddr],
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<IpAddr, IpamError> {
+        let content = owner_content(container_id, ifname);
+        let res = self.locked(true, |l| {
+            let entries = l.entries()?;
+            if let Some(mine) = entries.iter().find(|e| owned_by(e, container_id, ifname)) {
+                return Ok(mine.ip);
+            }
+            let held: HashSet<IpAddr> = entries.iter().map(|e| e.ip).collect();
+            let start = l
+                .last_reserved(0)
+                .and_then(|last| pool.iter().position(|ip| *ip == last))
+                .map_or(0, |i| i + 1);
+            for ip in pool[start..].iter().chain(&pool[..start]) {
+                if held.contains(ip) {
+                    continue;
+                }
+                if create_exclusive(l.dir, &l.dir.join(ip.to_string()), &content)? {
+                    write_atomic(l.dir, &format!("{LAST_RESERVED_PREFIX}0"), &ip.to_string())?;
+                    return Ok(*ip);
+                }
+            }
+            Err(IpamError::Exhausted {
+                range_set: 0,
+                detail: format!("all {} addresses of the list are in use", pool.len()),
+            })
+        })?;
+        Ok(res.expect("locked(create = true) always runs"))
+    }
 }
