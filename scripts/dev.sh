@@ -4,12 +4,17 @@
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
+#   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
+#                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and the
-# reference CNI plugins we compare against.
-PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod)
+# reference CNI plugins we compare against, the container runtimes that drive weir-cni in the tests
+# (podman, containerd + runc, a busybox-static rootfs: no image pull), and the test VM for what the
+# host kernel lacks (qemu, busybox for its initramfs, xz to unpack the kernel, ipvsadm; docs/vm.md).
+PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
+  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -55,8 +60,16 @@ case "${1:-}" in
     step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
     cargo bench -p weir-proxy --bench scale -- "${@:2}"
     ;;
+  vm)
+    install_packages
+    shift
+    [ "${1:-}" = "--" ] && shift
+    (($#)) || { echo "usage: bash scripts/dev.sh vm -- '<shell command>'" >&2; exit 2; }
+    cargo build -q -p weir-vmtest --bin weir-vm
+    exec ./target/debug/weir-vm "$@"
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|vm" >&2
     exit 2
     ;;
 esac

@@ -149,7 +149,12 @@ impl Attachment<'_> {
         // here that would be someone else's working interface.
         self.refuse_existing_interface(&mut host, &mut pod)?;
         let allocations = store
-            .allocate(&self.conf.ipam, self.container_id, self.ifname)
+            .allocate_requested(
+                &self.conf.ipam,
+                self.container_id,
+                self.ifname,
+                &self.conf.requested.ips,
+            )
             .map_err(ipam_err)?;
         match self.build(&mut host, &mut pod, &netns, netns_path, &allocations, store) {
             Ok(outcome) => Ok(outcome),
@@ -197,9 +202,11 @@ impl Attachment<'_> {
         let veth = self.create_veth(host, pod, netns, &bridge)?;
         let pod_if = pod.require_link(self.ifname).map_err(netlink_err)?;
         if allocations.iter().any(|a| a.address.addr().is_ipv6()) {
-            // Without this the address stays "tentative" for a second or two and the pod cannot send.
+            // Without this the address stays "tentative" for a second or two and the pod cannot send
+            // (`enabledad` keeps DAD on, as the reference plugin does).
+            let dad = if self.conf.enable_dad { "1" } else { "0" };
             netns
-                .run(|| sysctl::ensure(&format!("net.ipv6.conf.{}.accept_dad", self.ifname), "0"))
+                .run(|| sysctl::ensure(&format!("net.ipv6.conf.{}.accept_dad", self.ifname), dad))
                 .and_then(|r| r)
                 .map_err(|e| io_err("disable DAD in pod", e))?;
         }
@@ -248,8 +255,9 @@ impl Attachment<'_> {
             interface: Some(first + 2),
         }));
         outcome.routes.extend(routes);
-        if !self.conf.dns.is_null() {
-            outcome.dns = self.conf.dns.clone();
+        let dns = self.conf.result_dns()?;
+        if !dns.is_null() {
+            outcome.dns = dns;
         }
         Ok(outcome)
     }
@@ -295,11 +303,21 @@ impl Attachment<'_> {
                 ),
             ));
         }
+        if self.conf.promisc_mode {
+            let msg = LinkUnspec::new_with_index(bridge.index)
+                .promiscuous(true)
+                .build();
+            host.link_set(msg, &format!("{name} promiscuous"))
+                .map_err(netlink_err)?;
+        }
         if self.conf.is_gateway {
             for a in allocations {
                 if let Some(gw) = a.gateway {
                     let net =
                         IpNet::new(gw, a.address.prefix_len()).expect("prefix from a valid net");
+                    if self.conf.force_address {
+                        self.drop_conflicting_addrs(host, &bridge, net)?;
+                    }
                     host.addr_ensure(bridge.index, net).map_err(netlink_err)?;
                 }
             }
@@ -322,6 +340,28 @@ impl Attachment<'_> {
             host.link_up(bridge.index, name).map_err(netlink_err)?;
         }
         Ok(bridge)
+    }
+
+    /// forceAddress: removes the bridge's other addresses in `gateway`'s subnet (either containing
+    /// the other), so a changed gateway replaces the old one instead of sitting beside it.
+    fn drop_conflicting_addrs(
+        &self,
+        host: &mut Rtnl,
+        bridge: &Link,
+        gateway: IpNet,
+    ) -> CniResult<()> {
+        for a in host.addrs(Some(bridge.index)).map_err(netlink_err)? {
+            let overlaps = a.net.contains(&gateway.addr()) || gateway.contains(&a.net.addr());
+            let link_local =
+                matches!(a.net, IpNet::V6(n) if n.addr().segments()[0] & 0xffc0 == 0xfe80);
+            if a.net != gateway && overlaps && !link_local {
+                match host.addr_del(bridge.index, a.net) {
+                    Err(e) if e.errno() != Some(libc::EADDRNOTAVAIL) => return Err(netlink_err(e)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     /// One message creates the pair: host end already a bridge port and up, pod end named
@@ -348,10 +388,13 @@ impl Attachment<'_> {
                 ),
             ));
         }
-        let peer = LinkUnspec::new_with_name(self.ifname)
+        let mut peer = LinkUnspec::new_with_name(self.ifname)
             .mtu(self.mtu())
-            .setns_by_fd(netns.file().as_raw_fd())
-            .build();
+            .setns_by_fd(netns.file().as_raw_fd());
+        if let Some(mac) = self.conf.requested.mac {
+            peer = peer.address(mac.to_vec());
+        }
+        let peer = peer.build();
         let msg = rtnetlink::LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Veth)
             .name(name.clone())
             .mtu(self.mtu())
@@ -368,10 +411,17 @@ impl Attachment<'_> {
             .build();
         host.link_set(alias, &format!("{name} alias"))
             .map_err(netlink_err)?;
-        if self.conf.hairpin_mode {
-            // A pod reaching itself through a Service comes back out of its own bridge port.
-            let msg = LinkBridgePort::new(veth.index).hairpin(true).build();
-            host.link_set_port(msg, &format!("{name} hairpin"))
+        if self.conf.hairpin_mode || self.conf.port_isolation {
+            // Hairpin: a pod reaching itself through a Service comes back out of its own port.
+            // Isolation (portIsolation): isolated ports forward only to non-isolated ones (the bridge).
+            let mut port = LinkBridgePort::new(veth.index);
+            if self.conf.hairpin_mode {
+                port = port.hairpin(true);
+            }
+            if self.conf.port_isolation {
+                port = port.isolated(true);
+            }
+            host.link_set_port(port.build(), &format!("{name} bridge port flags"))
                 .map_err(netlink_err)?;
         }
         Ok(veth)
@@ -691,7 +741,8 @@ pub fn ipam_err(e: crate::ipam::IpamError) -> CniError {
     let code = match &e {
         IpamError::Exhausted { .. } => ErrorCode::RangeExhausted,
         IpamError::Io { .. } => ErrorCode::Io,
-        IpamError::Config(_) => ErrorCode::InvalidConfig,
+        IpamError::Config(_) | IpamError::Requested(_) => ErrorCode::InvalidConfig,
+        IpamError::Taken(_) => ErrorCode::AddressInUse,
     };
     CniError::new(code, e.to_string())
 }

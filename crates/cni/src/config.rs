@@ -2,12 +2,21 @@
 //!
 //! Decoding happens in three steps so that each failure gets the code the spec asks for:
 //! JSON syntax (6), cniVersion (1), unknown keys (2, naming key and value), then field values (7).
+//!
+//! The reference `bridge` plugin's keys are all known: those weir implements work, the others are
+//! refused with code 2 and a message saying weir does not implement them ([`unimplemented_keys`]).
+//! What the runtime asks for one attachment (addresses, a MAC) is gathered into [`Requested`].
+
+use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::ipam::IpamConf;
+use crate::requests::requested_in_json;
+pub use crate::requests::Requested;
+use crate::resolv::parse_resolv_conf;
 use crate::spec::{abbreviate, check_version, CniError, CniResult, ErrorCode};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -38,6 +47,7 @@ pub struct NetConf {
     pub mode: Mode,
     #[serde(default = "default_bridge")]
     pub bridge: String,
+    /// None: 1500. The reference's `0` ("the kernel's default") reads as None too.
     #[serde(default)]
     pub mtu: Option<u32>,
     /// Give the bridge the gateway address of each range set.
@@ -48,8 +58,45 @@ pub struct NetConf {
     pub is_default_gateway: bool,
     #[serde(default)]
     pub ip_masq: bool,
-    #[serde(default = "yes")]
+    /// `ipMasqBackend`: weir always programs nftables; "iptables" is accepted with a warning.
+    #[serde(default)]
+    pub ip_masq_backend: Option<String>,
+    /// Hairpin on the pod's bridge port: `hairpinMode`, default on unless `promiscMode` is set
+    /// (the reference refuses both at once).
+    #[serde(skip)]
     pub hairpin_mode: bool,
+    #[serde(default, rename = "hairpinMode")]
+    hairpin_mode_conf: Option<bool>,
+    /// Put the bridge in promiscuous mode (the reference's alternative to hairpin).
+    #[serde(default)]
+    pub promisc_mode: bool,
+    /// Replace a different address the bridge holds in a gateway's subnet instead of adding beside it.
+    #[serde(default)]
+    pub force_address: bool,
+    /// Isolate the pods' bridge ports from each other (IFLA_BRPORT_ISOLATED): pods reach the
+    /// gateway and beyond, not each other over the bridge.
+    #[serde(default)]
+    pub port_isolation: bool,
+    /// Keep IPv6 duplicate address detection on in the pod (weir turns it off by default so the
+    /// address is usable at once).
+    #[serde(default, rename = "enabledad")]
+    pub enable_dad: bool,
+    /// libcni's: the runtime should not run CHECK / GC for this network. weir answers them with
+    /// success without looking, for runtimes that call anyway.
+    #[serde(default)]
+    pub disable_check: bool,
+    #[serde(default, rename = "disableGC")]
+    pub disable_gc: bool,
+    /// Reference keys weir does not implement; accepted only at their "off" value (see
+    /// [`unimplemented_keys`]).
+    #[serde(default)]
+    vlan: Option<Value>,
+    #[serde(default)]
+    vlan_trunk: Option<Value>,
+    #[serde(default, rename = "macspoofchk")]
+    mac_spoof_chk: Option<Value>,
+    #[serde(default)]
+    disable_container_interface: Option<Value>,
     /// Destinations that pod traffic reaches without masquerade. Defaults to the pod subnets.
     #[serde(default, rename = "clusterCIDR", deserialize_with = "one_or_many")]
     pub cluster_cidr: Vec<IpNet>,
@@ -66,6 +113,9 @@ pub struct NetConf {
     pub capabilities: Value,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// What the runtime asked for this attachment (filled for ADD by [`NetConf::read_requests`]).
+    #[serde(skip)]
+    pub requested: Requested,
 }
 
 fn default_bridge() -> String {
@@ -103,7 +153,19 @@ const KNOWN_KEYS: &[&str] = &[
     "isGateway",
     "isDefaultGateway",
     "ipMasq",
+    "ipMasqBackend",
     "hairpinMode",
+    "promiscMode",
+    "forceAddress",
+    "portIsolation",
+    "enabledad",
+    "disableCheck",
+    "disableGC",
+    "vlan",
+    "vlanTrunk",
+    "preserveDefaultVlan", // only matters with VLANs, which weir refuses: accepted and ignored
+    "macspoofchk",
+    "disableContainerInterface",
     "clusterCIDR",
     "ipam",
     "dns",
@@ -159,7 +221,7 @@ impl NetConf {
                 ));
             }
         }
-        let conf: NetConf = serde_json::from_value(value).map_err(|e| {
+        let mut conf: NetConf = serde_json::from_value(value).map_err(|e| {
             let code = if e.to_string().contains("unknown field") {
                 ErrorCode::UnsupportedField
             } else {
@@ -167,8 +229,51 @@ impl NetConf {
             };
             CniError::new(code, format!("invalid network configuration: {e}"))
         })?;
+        if conf.mtu == Some(0) {
+            conf.mtu = None;
+        }
+        conf.hairpin_mode = conf.hairpin_mode_conf.unwrap_or(!conf.promisc_mode);
         conf.validate()?;
+        if let Some(backend) = conf.ip_masq_backend.as_deref().filter(|_| conf.ip_masq) {
+            if backend == "iptables" {
+                eprintln!(
+                    "weir-cni: warning: ipMasqBackend \"iptables\": weir-cni always masquerades with nftables (table inet weir-cni)"
+                );
+            }
+        }
         Ok(conf)
+    }
+
+    /// Fills [`NetConf::requested`] for an ADD from the configuration (`runtimeConfig`, `args`) and
+    /// `CNI_ARGS`. Only ADD reads them, so a malformed one never blocks a DEL.
+    pub fn read_requests(&mut self, cni_args: &BTreeMap<String, String>) -> CniResult<()> {
+        let mut requested = requested_in_json(&self.runtime_config, &self.args)?;
+        requested.add_cni_args(cni_args)?;
+        self.requested = requested;
+        Ok(())
+    }
+
+    /// The result's `dns`: the configuration's own `dns`, else what `ipam.resolvConf` names (as
+    /// host-local reads it: nameserver, domain, search, options), else none.
+    pub fn result_dns(&self) -> CniResult<Value> {
+        let set = match &self.dns {
+            Value::Object(o) => o.values().any(|v| !v.is_null()),
+            Value::Null => false,
+            _ => true,
+        };
+        if set {
+            return Ok(self.dns.clone());
+        }
+        let Some(path) = &self.ipam.resolv_conf else {
+            return Ok(Value::Null);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            CniError::new(
+                ErrorCode::Io,
+                format!("ipam.resolvConf: cannot read {}: {e}", path.display()),
+            )
+        })?;
+        Ok(parse_resolv_conf(&text))
     }
 
     fn validate(&self) -> CniResult<()> {
@@ -190,6 +295,22 @@ impl NetConf {
                 "bridge: {}",
                 m.replace("CNI_IFNAME", "bridge name")
             ));
+        }
+        if let Some((key, why)) = unimplemented_keys(self).into_iter().next() {
+            return Err(CniError::new(
+                ErrorCode::UnsupportedField,
+                format!("{key}: {why}"),
+            ));
+        }
+        if self.promisc_mode && self.hairpin_mode_conf == Some(true) {
+            return bad("hairpinMode and promiscMode cannot both be on (as in the reference bridge plugin): choose one".into());
+        }
+        if let Some(backend) = &self.ip_masq_backend {
+            if !matches!(backend.as_str(), "nftables" | "iptables") {
+                return bad(format!(
+                    "ipMasqBackend {backend:?}: must be \"nftables\" or \"iptables\" (weir-cni always uses nftables)"
+                ));
+            }
         }
         if let Some(mtu) = self.mtu {
             if !(68..=65535).contains(&mtu) {
@@ -220,6 +341,61 @@ impl NetConf {
             .map(|r| r.subnet.trunc())
             .collect()
     }
+}
+
+/// Reference keys set to something weir does not implement, each with the reason. Their "off"
+/// values (`vlan` 0, an empty `vlanTrunk`, `macspoofchk`/`disableContainerInterface` false, any
+/// `preserveDefaultVlan`, which only matters with VLANs) are accepted.
+pub fn unimplemented_keys(conf: &NetConf) -> Vec<(String, String)> {
+    fn shown(v: &Value) -> String {
+        let s = v.to_string();
+        if s.len() > 64 {
+            format!("{}... ({} bytes)", &s[..s.floor_char_boundary(64)], s.len())
+        } else {
+            s
+        }
+    }
+    let mut out = Vec::new();
+    let mut refuse = |key: &str, v: &Value, what: &str| {
+        out.push((
+            format!("{key} = {}", shown(v)),
+            format!("{what} is not implemented by weir-cni"),
+        ));
+    };
+    if let Some(v) = &conf.vlan {
+        if !(v.is_null() || v.as_i64() == Some(0)) {
+            refuse("vlan", v, "VLAN tagging of pod ports");
+        }
+    }
+    if let Some(v) = &conf.vlan_trunk {
+        if !(v.is_null() || v.as_array().is_some_and(Vec::is_empty)) {
+            refuse("vlanTrunk", v, "VLAN trunk ports");
+        }
+    }
+    if let Some(v) = &conf.mac_spoof_chk {
+        if !(v.is_null() || v == &Value::Bool(false)) {
+            refuse("macspoofchk", v, "MAC spoof checking");
+        }
+    }
+    if let Some(v) = &conf.disable_container_interface {
+        if !(v.is_null() || v == &Value::Bool(false)) {
+            refuse(
+                "disableContainerInterface",
+                v,
+                "leaving the pod interface down",
+            );
+        }
+    }
+    if let Some(ranges) = conf.runtime_config.get("ipRanges") {
+        if ranges.as_array().is_some_and(|a| !a.is_empty()) {
+            refuse(
+                "runtimeConfig.ipRanges",
+                ranges,
+                "the ipRanges capability (ranges from the runtime)",
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -314,5 +490,236 @@ mod tests {
             .code,
             ErrorCode::Decode
         );
+    }
+
+    /// A working bridge + host-local conflist entry, as an operator has it today.
+    const MIGRATED: &str = r#"{"cniVersion":"1.0.0","name":"mynet","type":"weir-cni",
+        "bridge":"mynet0","isGateway":true,"isDefaultGateway":true,"forceAddress":true,
+        "ipMasq":true,"ipMasqBackend":"nftables","mtu":0,"promiscMode":true,"vlan":0,
+        "vlanTrunk":[],"preserveDefaultVlan":true,"macspoofchk":false,"enabledad":true,
+        "disableContainerInterface":false,"portIsolation":true,"disableCheck":true,"disableGC":false,
+        "ipam":{"type":"host-local","subnet":"10.10.0.0/16","rangeStart":"10.10.1.10",
+                "rangeEnd":"10.10.1.20","gateway":"10.10.0.254","dataDir":"/run/x",
+                "resolvConf":"/etc/resolv.conf","routes":[{"dst":"0.0.0.0/0"}]}}"#;
+
+    #[test]
+    fn a_reference_bridge_and_host_local_config_is_understood() {
+        let c = NetConf::parse(MIGRATED.as_bytes()).unwrap();
+        assert!(c.promisc_mode && c.force_address && c.port_isolation && c.enable_dad);
+        assert!(!c.hairpin_mode, "promiscMode turns the hairpin default off");
+        assert!(c.disable_check && !c.disable_gc);
+        assert_eq!(c.mtu, None, "mtu 0 is the default");
+        let sets = c.ipam.range_sets();
+        assert_eq!(sets.len(), 1);
+        let r = &sets[0][0];
+        assert_eq!(r.effective_start().to_string(), "10.10.1.10");
+        assert_eq!(r.effective_end().to_string(), "10.10.1.20");
+        assert_eq!(r.effective_gateway().to_string(), "10.10.0.254");
+        // without promiscMode, weir's hairpin default (on) stays
+        let c = NetConf::parse(conf("").as_bytes()).unwrap();
+        assert!(c.hairpin_mode && !c.promisc_mode);
+    }
+
+    #[test]
+    fn unimplemented_reference_features_are_named_not_unknown() {
+        for (extra, key) in [
+            (r#","vlan":100"#, "vlan = 100"),
+            (r#","vlanTrunk":[{"id":5}]"#, "vlanTrunk"),
+            (r#","macspoofchk":true"#, "macspoofchk = true"),
+            (
+                r#","disableContainerInterface":true"#,
+                "disableContainerInterface",
+            ),
+            (
+                r#","runtimeConfig":{"ipRanges":[[{"subnet":"10.9.0.0/24"}]]}"#,
+                "runtimeConfig.ipRanges",
+            ),
+        ] {
+            let e = NetConf::parse(conf(extra).as_bytes()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::UnsupportedField, "{extra}");
+            assert!(
+                e.msg.starts_with(key) && e.msg.contains("not implemented by weir-cni"),
+                "{extra}: {}",
+                e.msg
+            );
+        }
+        let huge = format!(
+            r#","vlanTrunk":[{}{{"id":5}}]"#,
+            r#"{"id":5},"#.repeat(20000)
+        );
+        let e = NetConf::parse(conf(&huge).as_bytes()).unwrap_err();
+        assert!(
+            e.msg.len() < 300,
+            "the value is shortened: {} bytes",
+            e.msg.len()
+        );
+        // a truly foreign key is still "unsupported field"
+        let e = NetConf::parse(conf(r#","vxlanId":7"#).as_bytes()).unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedField);
+        assert!(e.msg.contains("unsupported field") && e.msg.contains("vxlanId"));
+        // values weir cannot take are configuration errors, naming the key
+        for (extra, key) in [
+            (r#","hairpinMode":true,"promiscMode":true"#, "hairpinMode"),
+            (r#","ipMasqBackend":"ebpf""#, "ipMasqBackend"),
+        ] {
+            let e = NetConf::parse(conf(extra).as_bytes()).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig, "{extra}");
+            assert!(e.msg.contains(key), "{}", e.msg);
+        }
+        assert!(
+            NetConf::parse(conf(r#","ipMasq":true,"ipMasqBackend":"iptables""#).as_bytes()).is_ok()
+        );
+        // the single-range keys need the single-range subnet
+        let e = NetConf::parse(
+            conf("")
+                .replace(
+                    r#""type":"weir-ipam""#,
+                    r#""type":"weir-ipam","rangeStart":"10.244.1.5""#,
+                )
+                .as_bytes(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.msg.contains("ipam.rangeStart") && e.msg.contains("ipam.subnet"),
+            "{}",
+            e.msg
+        );
+    }
+
+    fn args(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn requested_addresses_and_mac_follow_the_reference_precedence() {
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        let mut c = NetConf::parse(
+            conf(
+                r#","runtimeConfig":{"ips":["10.244.1.7/24"],"mac":"02:00:00:00:00:0a"},
+                   "args":{"cni":{"ips":["fd00::7"],"mac":"02:00:00:00:00:0b"}}"#,
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        c.read_requests(&args(&[
+            ("IP", "10.244.1.8, fd00::8"),
+            ("MAC", "02:00:00:00:00:0c"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.requested.ips,
+            vec![
+                ip("10.244.1.8"),
+                ip("fd00::8"),
+                ip("fd00::7"),
+                ip("10.244.1.7")
+            ],
+            "CNI_ARGS, then args.cni.ips, then runtimeConfig.ips"
+        );
+        assert_eq!(
+            c.requested.mac,
+            Some([2, 0, 0, 0, 0, 0x0a]),
+            "runtimeConfig.mac wins"
+        );
+
+        let mut c =
+            NetConf::parse(conf(r#","args":{"cni":{"mac":"02-00-00-00-00-0b"}}"#).as_bytes())
+                .unwrap();
+        c.read_requests(&args(&[("MAC", "02:00:00:00:00:0c")]))
+            .unwrap();
+        assert_eq!(
+            c.requested.mac,
+            Some([2, 0, 0, 0, 0, 0x0b]),
+            "then args.cni.mac"
+        );
+        let mut c = NetConf::parse(conf("").as_bytes()).unwrap();
+        c.read_requests(&args(&[
+            ("MAC", "02:00:00:00:00:0c"),
+            ("K8S_POD_NAME", "p"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            c.requested.mac,
+            Some([2, 0, 0, 0, 0, 0x0c]),
+            "then CNI_ARGS"
+        );
+        assert!(c.requested.ips.is_empty());
+
+        // malformed values: code 7 in the configuration, code 4 in CNI_ARGS, naming the source
+        for (extra, field) in [
+            (
+                r#","runtimeConfig":{"ips":["10.244.1.300"]}"#,
+                "runtimeConfig.ips",
+            ),
+            (
+                r#","runtimeConfig":{"ips":"10.244.1.3"}"#,
+                "runtimeConfig.ips",
+            ),
+            (r#","args":{"cni":{"ips":[7]}}"#, "args.cni.ips"),
+            (
+                r#","runtimeConfig":{"mac":"01:00:5e:00:00:01"}"#,
+                "runtimeConfig.mac",
+            ),
+            (
+                r#","args":{"cni":{"mac":"zz:00:00:00:00:01"}}"#,
+                "args.cni.mac",
+            ),
+        ] {
+            let mut c = NetConf::parse(conf(extra).as_bytes()).unwrap();
+            let e = c.read_requests(&args(&[])).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidConfig, "{extra}");
+            assert!(e.msg.starts_with(field), "{}", e.msg);
+        }
+        for (k, v) in [
+            ("IP", "10.244.1.3,bogus"),
+            ("MAC", "02:00:00:00:00"),
+            ("MAC", "00:00:00:00:00:00"),
+        ] {
+            let mut c = NetConf::parse(conf("").as_bytes()).unwrap();
+            let e = c.read_requests(&args(&[(k, v)])).unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidEnvironment, "{k}={v}");
+            assert!(e.msg.starts_with(&format!("CNI_ARGS {k}")), "{}", e.msg);
+        }
+    }
+
+    #[test]
+    fn resolv_conf_becomes_the_result_dns_unless_dns_is_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("resolv.conf");
+        std::fs::write(
+            &file,
+            "# generated\nnameserver 10.96.0.10\nnameserver fd00::10\ndomain cluster.local\n\
+             search svc.cluster.local cluster.local\noptions ndots:5 edns0\n",
+        )
+        .unwrap();
+        let with = |extra: &str| {
+            conf(extra).replace(
+                r#""type":"weir-ipam""#,
+                &format!(r#""type":"weir-ipam","resolvConf":"{}""#, file.display()),
+            )
+        };
+        let c = NetConf::parse(with("").as_bytes()).unwrap();
+        assert_eq!(
+            c.result_dns().unwrap(),
+            serde_json::json!({"nameservers":["10.96.0.10","fd00::10"],"domain":"cluster.local",
+                "search":["svc.cluster.local","cluster.local"],"options":["ndots:5","edns0"]})
+        );
+        let c = NetConf::parse(with(r#","dns":{"nameservers":["1.1.1.1"]}"#).as_bytes()).unwrap();
+        assert_eq!(
+            c.result_dns().unwrap(),
+            serde_json::json!({"nameservers":["1.1.1.1"]})
+        );
+        std::fs::remove_file(&file).unwrap();
+        let c = NetConf::parse(with("").as_bytes()).unwrap();
+        assert_eq!(c.result_dns().unwrap_err().code, ErrorCode::Io);
+        assert!(NetConf::parse(conf("").as_bytes())
+            .unwrap()
+            .result_dns()
+            .unwrap()
+            .is_null());
     }
 }

@@ -1,7 +1,7 @@
 //! One invocation of the plugin: environment + stdin in, stdout text (or a CNI error) out.
 
 use crate::bridge::{ipam_err, Attachment};
-use crate::config::{declared_version, Mode, NetConf};
+use crate::config::{declared_version, NetConf};
 use crate::ipam::Store;
 use crate::spec::{
     parse_command, version_at_least, CniError, CniResult, Command, Env, ErrorCode, Outcome,
@@ -46,7 +46,14 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
         .to_string());
     }
     let env = Env::parse(get_env)?;
-    let conf = NetConf::parse(stdin)?;
+    // eni-shared mode has its own configuration and operations (crates/cni/src/eni/).
+    if crate::eni::config::is_eni_shared(stdin) {
+        return crate::eni::dispatch(&env, stdin);
+    }
+    let mut conf = NetConf::parse(stdin)?;
+    if env.command == Command::Add {
+        conf.read_requests(&env.args)?;
+    }
     let needs = |min: &str, what: &str| {
         if version_at_least(&conf.cni_version, min) {
             Ok(())
@@ -60,12 +67,6 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
             ))
         }
     };
-    if conf.mode == Mode::EniShared {
-        return Err(CniError::new(
-            ErrorCode::InvalidConfig,
-            "mode \"eni-shared\" is not available in this build yet",
-        ));
-    }
     let attachment = Attachment {
         conf: &conf,
         container_id: &env.container_id,
@@ -84,6 +85,7 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
             attachment.del(&store)?;
             Ok(String::new())
         }
+        Command::Check if conf.disable_check => Ok(String::new()),
         Command::Check => {
             needs("0.4.0", "CHECK")?;
             let prev = conf.prev_result.as_ref().ok_or_else(|| {
@@ -101,6 +103,7 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
             )?;
             Ok(String::new())
         }
+        Command::Gc if conf.disable_gc => Ok(String::new()),
         Command::Gc => {
             needs("1.1.0", "GC")?;
             // Without the list every attachment would look stale: refuse rather than cut off pods.
@@ -130,7 +133,9 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
 /// addresses, removes this network's orphaned veths and resyncs its masquerade sets. Nothing of
 /// another network is touched: its allocations live in another store, its veths carry its alias.
 fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
-    let store = Store::open(&conf.ipam, &conf.name).map_err(ipam_err)?;
+    let store = Store::open(&conf.ipam, &conf.name)
+        .map_err(ipam_err)?
+        .keeping(valid);
     let mut stale: Vec<(String, String)> = store
         .allocations()
         .map_err(ipam_err)?
@@ -277,7 +282,7 @@ mod tests {
         NetConf::parse(conf.as_bytes()).unwrap().ipam
     }
 
-    fn run_with(env: &[(&str, &str)], stdin: &str) -> (Reply, serde_json::Value) {
+    fn run_env(env: &[(&str, &str)], stdin: &str) -> (Reply, serde_json::Value) {
         let env: std::collections::HashMap<String, String> = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -297,14 +302,14 @@ mod tests {
             ("CNI_IFNAME", "dummy"),
             ("CNI_PATH", "dummy"),
         ];
-        let (reply, v) = run_with(&dummies, r#"{"cniVersion":"0.4.0"}"#);
+        let (reply, v) = run_env(&dummies, r#"{"cniVersion":"0.4.0"}"#);
         assert!(reply.success, "{}", reply.stdout);
         assert_eq!(v["cniVersion"], "0.4.0");
         assert!(v["supportedVersions"].as_array().unwrap().len() >= 5);
         // an unknown or missing version gets ours
-        let (_, v) = run_with(&dummies, r#"{"cniVersion":"7.0.0"}"#);
+        let (_, v) = run_env(&dummies, r#"{"cniVersion":"7.0.0"}"#);
         assert_eq!(v["cniVersion"], CURRENT_VERSION);
-        let (reply, v) = run_with(&[("CNI_COMMAND", "VERSION")], "");
+        let (reply, v) = run_env(&[("CNI_COMMAND", "VERSION")], "");
         assert!(reply.success);
         assert_eq!(v["cniVersion"], CURRENT_VERSION);
     }
@@ -313,7 +318,7 @@ mod tests {
     fn gc_without_the_valid_attachments_list_is_a_config_error() {
         let conf = r#"{"cniVersion":"1.1.0","name":"n","type":"weir-cni",
             "ipam":{"type":"weir-ipam","ranges":[[{"subnet":"10.9.0.0/24"}]],"dataDir":"/nonexistent/weir-test"}}"#;
-        let (reply, v) = run_with(&[("CNI_COMMAND", "GC")], conf);
+        let (reply, v) = run_env(&[("CNI_COMMAND", "GC")], conf);
         assert!(!reply.success);
         assert_eq!(v["code"], 7);
         assert!(v["msg"]
@@ -351,5 +356,46 @@ mod tests {
         );
         let got = exhausted_range_set(&v6, &["fd00::3".parse().unwrap()]);
         assert_eq!(got.map(|g| g.0), Some(1));
+    }
+
+    fn run_with(command: &str, conf: &str) -> Reply {
+        let env = |k: &str| {
+            match k {
+                "CNI_COMMAND" => Some(command),
+                "CNI_CONTAINERID" => Some("c1"),
+                "CNI_IFNAME" => Some("eth0"),
+                "CNI_NETNS" => Some("/nonexistent/netns"),
+                _ => None,
+            }
+            .map(str::to_string)
+        };
+        run(env, conf.as_bytes())
+    }
+
+    #[test]
+    fn disable_check_and_disable_gc_answer_without_looking() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = |extra: &str| {
+            format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"weir-cni"{extra},
+                    "ipam":{{"type":"host-local","subnet":"10.5.0.0/24","dataDir":"{}"}}}}"#,
+                dir.path().display()
+            )
+        };
+        // CHECK without prevResult and with a missing netns would fail; disableCheck skips it
+        assert!(!run_with("CHECK", &conf("")).success);
+        assert_eq!(
+            run_with("CHECK", &conf(r#","disableCheck":true"#)),
+            Reply {
+                stdout: String::new(),
+                success: true
+            }
+        );
+        // GC with disableGC touches nothing. (A 1.0.0 config, so that a real GC would stop at the
+        // version check rather than reach this host's interfaces.)
+        let old = |extra: &str| conf(extra).replace("1.1.0", "1.0.0");
+        assert!(!run_with("GC", &old("")).success);
+        assert!(run_with("GC", &old(r#","disableGC":true"#)).success);
+        assert!(!dir.path().join("n").exists());
     }
 }

@@ -37,9 +37,12 @@ pub enum ErrorCode {
     Nftables = 102,
     /// CHECK found the attachment different from what ADD made.
     CheckFailed = 103,
+    /// A requested address (runtimeConfig.ips, args.cni.ips, CNI_ARGS IP=) is held by another
+    /// attachment.
+    AddressInUse = 104,
     /// ADD found the attachment (or an interface of that name in the pod) already in place; the
     /// spec says ADD must fail then, and names no code for it.
-    AlreadyExists = 104,
+    AlreadyExists = 105,
 }
 
 /// Longest `msg` an error prints; beyond it the text is cut (see [`abbreviate`]).

@@ -899,7 +899,7 @@ fn add_twice_is_refused_and_del_then_add_works() {
     let first = add().ok().json();
     let mac = mac_of(&pod, "eth0");
     let again = add();
-    assert_eq!(again.error_code(), 104, "{}", again.stdout);
+    assert_eq!(again.error_code(), 105, "{}", again.stdout);
     assert!(
         again.json()["msg"]
             .as_str()

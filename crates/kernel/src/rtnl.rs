@@ -323,6 +323,24 @@ impl Rtnl {
         )
     }
 
+    /// Removes an address from a link.
+    pub fn addr_del(&mut self, index: u32, net: IpNet) -> Result<()> {
+        let msg = match net {
+            IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+                .index(index)
+                .address(n.addr(), n.prefix_len())
+                .build(),
+            IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+                .index(index)
+                .address(n.addr(), n.prefix_len())
+                .build(),
+        };
+        self.change(
+            RouteNetlinkMessage::DelAddress(msg),
+            &format!("delete address {net}"),
+        )
+    }
+
     /// Adds an address unless the link already has it.
     pub fn addr_ensure(&mut self, index: u32, net: IpNet) -> Result<()> {
         match self.addr_add(index, net) {

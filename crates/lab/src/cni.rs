@@ -12,13 +12,16 @@ use ipnet::Ipv4Net;
 use serde_json::{json, Value};
 use weir_kernel::NetNs;
 
-use crate::topology::{CniKind, Node, Topology};
+use crate::topology::{CniKind, Network, Node, Topology};
 
 /// Where Debian's reference plugins live.
 pub const REFERENCE_CNI_DIR: &str = "/usr/lib/cni";
 
 /// The network configuration fed to the plugin on stdin for pods of `node`.
 pub fn net_conf(topo: &Topology, node: &Node, ipam_dir: &Path) -> Value {
+    if topo.network == Network::Eni {
+        return eni_conf(topo, node, ipam_dir);
+    }
     let ranges = json!([[{ "subnet": node.pod_cidr.to_string() }]]);
     let routes = json!([{ "dst": "0.0.0.0/0" }]);
     match topo.cni {
@@ -57,6 +60,30 @@ pub fn net_conf(topo: &Topology, node: &Node, ipam_dir: &Path) -> Value {
             },
         }),
     }
+}
+
+/// The ENI every lab node has (eni network), and its route table.
+pub const ENI_NAME: &str = "eth1";
+pub const ENI_TABLE: u32 = 1003;
+
+/// weir-cni in eni-shared mode on the node's `eth1`, with the addresses the VPC assigned to it.
+fn eni_conf(topo: &Topology, node: &Node, ipam_dir: &Path) -> Value {
+    let addresses: Vec<String> = Topology::eni_addresses(node)
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    json!({
+        "cniVersion": "1.1.0",
+        "name": "weir-lab",
+        "type": "weir-cni",
+        "mode": "eni-shared",
+        "eniName": ENI_NAME,
+        "eniGateway": topo.eni_gateway().to_string(),
+        "routeTable": ENI_TABLE,
+        "eniAddresses": addresses,
+        "mtu": 1500,
+        "dataDir": ipam_dir,
+    })
 }
 
 /// A plugin to exec and the directory given as CNI_PATH.
@@ -173,7 +200,8 @@ pub fn result_ipv4(stdout: &str) -> anyhow::Result<Ipv4Net> {
     bail!("CNI result has no IPv4 address: {stdout}")
 }
 
-/// The gateway the pods of `node` use (first host of the pod CIDR, set on cni0 by the plugin).
+/// The gateway the pods of `node` use (first host of the pod CIDR, set on cni0 by the plugin). In
+/// an eni network the same address is the ENI's own, the source masquerade picks out of the ENI.
 pub fn gateway(node: &Node) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(node.pod_cidr.network()) + 1)
 }

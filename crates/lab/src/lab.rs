@@ -13,12 +13,13 @@ use weir_kernel::{sysctl, NetNs, Rtnl};
 
 use crate::cni::{self, Invocation, Plugin};
 use crate::echo;
+use crate::eni;
 use crate::manifests;
 use crate::ns;
 use crate::proxy::{self, Launch};
 use crate::state::{EchoState, LabDir, LabState, NodeState, PodState, ProxyState, ServiceState};
 use crate::topology::names::{self, NsRole};
-use crate::topology::Topology;
+use crate::topology::{Network, Topology};
 
 /// The programs a lab runs: `weir` (for echo servers) and `weir-cni`.
 #[derive(Debug, Clone)]
@@ -50,7 +51,7 @@ fn ms(since: Instant) -> u128 {
 }
 
 /// Creates a veth pair: `local_name` in the namespace of `local`, `peer_name` in `peer_ns`.
-fn veth_between(
+pub(crate) fn veth_between(
     local: &mut Rtnl,
     local_name: &str,
     peer_ns: &NetNs,
@@ -136,6 +137,7 @@ fn build(
     let mut state = LabState {
         lab: lab.to_string(),
         cni: topo.cni,
+        network: topo.network,
         outside: topo.outside,
         nodes: Vec::new(),
         pods: Vec::new(),
@@ -208,6 +210,10 @@ fn build(
         let node_ns = open(&name)?;
         plug(&mut sw_rt, &format!("n-{}", node.name), &node_ns)?;
         setup_eth0(&node_ns, underlay_net(ip), Some(topo.router_ip()))?;
+        if topo.network == Network::Eni {
+            eni::strict_rp_filter(&node_ns)?;
+            eni::attach(topo, node, &node_ns, &out, &out_name)?;
+        }
         std::fs::create_dir_all(dir.ipam(&node.name))?;
         state.nodes.push(NodeState {
             name: node.name.clone(),
@@ -224,10 +230,24 @@ fn build(
     }
     state.save(&dir.state())?;
 
-    // host-gw routes: every node reaches every other node's pod CIDR via that node.
+    // host-gw routes: every node reaches every other node's pod CIDR via that node. In an eni
+    // network the VPC router routes pod addresses instead, and may check sources.
     let t = Instant::now();
     let mut count = 0;
+    if topo.network == Network::Eni {
+        if topo.source_check {
+            eni::source_check(topo, &state)?;
+        }
+        steps.step(&format!(
+            "routes: the VPC router delivers each ENI's addresses to it; source check {} ({} ms)",
+            if topo.source_check { "on" } else { "off" },
+            ms(t)
+        ));
+    }
     for (i, node) in topo.nodes.iter().enumerate() {
+        if topo.network == Network::Eni {
+            break;
+        }
         let mut rt = Rtnl::in_netns(&open(&names::node(lab, &node.name))?)?;
         for (j, other) in topo.nodes.iter().enumerate() {
             if i == j {
@@ -243,10 +263,12 @@ fn build(
             count += 1;
         }
     }
-    steps.step(&format!(
-        "routes: {count} host-gw routes between pod CIDRs ({} ms)",
-        ms(t)
-    ));
+    if topo.network == Network::Bridge {
+        steps.step(&format!(
+            "routes: {count} host-gw routes between pod CIDRs ({} ms)",
+            ms(t)
+        ));
+    }
 
     // Pods, through the CNI plugin.
     for node in &topo.nodes {
@@ -289,6 +311,13 @@ fn build(
                 outcome.elapsed.as_millis()
             ));
         }
+    }
+
+    if topo.network == Network::Eni && !topo.eni_fix {
+        for node in &state.nodes {
+            eni::remove_fix(topo, &node.netns)?;
+        }
+        (steps.out)("eniFix: false: weir's fix removed from every node (ENI address, fwmark rule, connmark table)");
     }
 
     // Echo servers everywhere.
@@ -396,6 +425,7 @@ pub fn proxy_launch(
         node_ip: node.underlay_ip,
         netns: node.netns.clone(),
         log: dir.proxy_log(&node.name),
+        state_dir: dir.proxy_state(&node.name),
     }
 }
 

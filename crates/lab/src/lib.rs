@@ -9,6 +9,7 @@
 
 pub mod cni;
 pub mod echo;
+pub mod eni;
 pub mod lab;
 pub mod manifests;
 pub mod matrix;
@@ -20,4 +21,6 @@ pub mod topology;
 
 pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
 pub use state::{state_root, LabState};
-pub use topology::{CniKind, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY};
+pub use topology::{
+    CniKind, Network, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, ENI_TOPOLOGY,
+};

@@ -10,7 +10,7 @@ use weir_kernel::NetNs;
 
 use crate::echo::ECHO_PORT;
 use crate::state::LabState;
-use crate::topology::CniKind;
+use crate::topology::{CniKind, Network};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -80,7 +80,8 @@ pub struct ProbeResult {
 }
 
 /// Every probe for a lab: each pod to every other pod (TCP and UDP), to its own node, and to the
-/// outside address (whose answer must show the node's underlay address: masqueraded).
+/// outside address (whose answer must show the node's underlay address: masqueraded; in an eni
+/// network the pod's own address).
 pub fn plan(state: &LabState) -> Vec<Probe> {
     let mut probes = Vec::new();
     let node_ip = |name: &str| {
@@ -123,7 +124,12 @@ pub fn plan(state: &LabState) -> Vec<Probe> {
             push(&dst.name, dst.ip, kind, expect);
         }
         push(&src.node, src_node_ip, Kind::OwnNode, Some(src.ip));
-        push("outside", state.outside, Kind::Outside, Some(src_node_ip));
+        // Bridge pods are masqueraded to their node; eni pods hold VPC addresses the VPC routes.
+        let outside_sees = match state.network {
+            Network::Bridge => src_node_ip,
+            Network::Eni => src.ip,
+        };
+        push("outside", state.outside, Kind::Outside, Some(outside_sees));
     }
     probes
 }
@@ -356,6 +362,7 @@ mod tests {
         LabState {
             lab: "t".into(),
             cni,
+            network: Network::Bridge,
             outside: Ipv4Addr::new(198, 51, 100, 1),
             nodes: vec![node("a", [172, 30, 0, 11]), node("b", [172, 30, 0, 12])],
             pods: vec![

@@ -34,6 +34,8 @@ pub struct Launch {
     /// The node's namespace name.
     pub netns: String,
     pub log: PathBuf,
+    /// `--state-dir`: per node, inside the lab (never the host's /var/lib/weir).
+    pub state_dir: PathBuf,
 }
 
 impl Launch {
@@ -53,6 +55,8 @@ impl Launch {
             self.healthz_addr().to_string(),
             "--metrics-bind-address".into(),
             METRICS_ADDR.into(),
+            "--state-dir".into(),
+            self.state_dir.display().to_string(),
         ]
     }
 
@@ -242,12 +246,14 @@ mod tests {
             node_ip: Ipv4Addr::new(172, 30, 0, 11),
             netns: "wl-demo-a".into(),
             log: "/x/proxy-a.log".into(),
+            state_dir: "/x/proxy-state/a".into(),
         };
         assert_eq!(
             l.command_line(),
             "ip netns exec wl-demo-a /usr/bin/weir proxy --manifests /run/weir-lab/demo/manifests \
              --proxy-mode nftables --cluster-cidr 10.244.0.0/16 --hostname-override a \
-             --healthz-bind-address 172.30.0.11:10256 --metrics-bind-address 127.0.0.1:10249"
+             --healthz-bind-address 172.30.0.11:10256 --metrics-bind-address 127.0.0.1:10249 \
+             --state-dir /x/proxy-state/a"
         );
     }
 

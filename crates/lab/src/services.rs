@@ -37,6 +37,9 @@ pub enum SvcKind {
     /// A pod → a LoadBalancer IP (handled on its own node): masqueraded with policy Cluster;
     /// with policy Local, short-circuited to any endpoint with the pod's source kept.
     PodLoadBalancer,
+    /// A pod → a node's NodePort (its own node's and every other's), policy Cluster:
+    /// masqueraded to the node dialled.
+    PodNodePort,
     /// Outside → healthCheckNodePort: 200 where the node has local endpoints, else 503.
     HealthCheck,
     /// A service without endpoints: rejected at once.
@@ -54,6 +57,7 @@ impl SvcKind {
             SvcKind::LoadBalancer => "load-balancer",
             SvcKind::LoadBalancerLocal => "load-balancer-local",
             SvcKind::PodLoadBalancer => "pod-load-balancer",
+            SvcKind::PodNodePort => "pod-node-port",
             SvcKind::HealthCheck => "health-check",
             SvcKind::NoEndpoints => "no-endpoints",
         }
@@ -370,6 +374,31 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                 lb,
                 svc.port,
             ));
+        }
+        // A pod (not a backend) → every node's NodePort, policy Cluster: the node dialled
+        // DNATs and masquerades. (On an eni network this is "another node's pod → this node's
+        // NodePort": the request arrives on eth0 with a pod source.)
+        if let Some(np) = svc.node_port.filter(|_| !svc.local_policy()) {
+            if let Some(client) = state.pods.iter().find(|p| !svc.backends.contains(&p.name)) {
+                for node in &state.nodes {
+                    let srcs = c.node_sources(node);
+                    probes.push(answer(
+                        base(
+                            SvcKind::PodNodePort,
+                            &client.name,
+                            &client.netns,
+                            client.ip,
+                            format!("node {}", node.name),
+                            node.underlay_ip,
+                            np,
+                        ),
+                        names.clone(),
+                        None,
+                        srcs.clone(),
+                        srcs,
+                    ));
+                }
+            }
         }
         // A pod (not a backend, else the first) → the LB IP.
         if let Some(lb) = svc.load_balancer_ip {

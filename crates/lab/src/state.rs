@@ -7,8 +7,8 @@ use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::topology::{
-    names, Allocation, CniKind, Protocol, ProxyKind, Service, ServiceType, SessionAffinity,
-    Topology, TrafficPolicy,
+    names, Allocation, CniKind, Network, Protocol, ProxyKind, Service, ServiceType,
+    SessionAffinity, Topology, TrafficPolicy,
 };
 
 /// The root of all labs' state: `${WEIR_LAB_STATE:-/run/weir-lab}`.
@@ -49,6 +49,10 @@ impl LabDir {
     /// `weir proxy`'s log on a node (appended to across restarts).
     pub fn proxy_log(&self, node: &str) -> PathBuf {
         self.dir.join("logs").join(format!("proxy-{node}.log"))
+    }
+    /// A node proxy's `--state-dir` (last-known-good copies), inside the lab.
+    pub fn proxy_state(&self, node: &str) -> PathBuf {
+        self.dir.join("proxy-state").join(node)
     }
     /// The Kubernetes objects every node's proxy watches (the lab's "API server").
     pub fn manifests(&self) -> PathBuf {
@@ -144,6 +148,8 @@ impl ServiceState {
 pub struct LabState {
     pub lab: String,
     pub cni: CniKind,
+    #[serde(default)]
+    pub network: Network,
     pub outside: Ipv4Addr,
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
@@ -181,13 +187,17 @@ impl LabState {
                     name: p.clone(),
                     netns: names::pod(&topo.name, &n.name, p),
                     ip: (u32::from(n.pod_cidr.network()) + 2 + k as u32).into(),
-                    prefix_len: n.pod_cidr.prefix_len(),
+                    prefix_len: match topo.network {
+                        Network::Bridge => n.pod_cidr.prefix_len(),
+                        Network::Eni => 32,
+                    },
                 });
             }
         }
         LabState {
             lab: topo.name.clone(),
             cni: topo.cni,
+            network: topo.network,
             outside: topo.outside,
             nodes,
             pods,

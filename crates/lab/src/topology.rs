@@ -50,6 +50,82 @@ services:
     backends: []
 ";
 
+/// The eni-shared topology `weir lab demo --topology eni` uses: the brief's cloud. Every node has
+/// `eth0` on the underlay and an ENI (`eth1`, no address of its own unless weir's fix gives it
+/// one) wired to the VPC router (the outside namespace), which delivers each ENI address to its
+/// ENI and, with `sourceCheck`, drops packets whose source is not assigned to the interface they
+/// left from. A node's podCIDR is the address block the cloud assigned to its ENI (like an AWS
+/// prefix delegation): its first host is the ENI's own address, the rest go to pods;
+/// clusterCIDR is the ENI subnet, whose first host is the ENI gateway.
+pub const ENI_TOPOLOGY: &str = "\
+name: eni
+network: eni
+eniFix: true          # weir's fix: an address on the ENI + connmark for connections from eth0
+sourceCheck: true     # the VPC drops packets whose source is not the sending interface's
+underlay: 10.12.97.0/24
+clusterCIDR: 10.12.192.0/20
+outside: 198.51.100.1
+cni: weir
+proxy: nftables
+serviceCIDR: 10.96.0.0/16
+loadBalancerCIDR: 10.12.115.0/24
+nodes:
+  - name: a
+    podCIDR: 10.12.192.16/28
+    pods: [a1, a2]
+  - name: b
+    podCIDR: 10.12.192.32/28
+    pods: [b1, b2]
+services:
+  - name: web           # ClusterIP over pods on both nodes
+    port: 80
+    backends: [a1, b1]
+  - name: dns           # UDP
+    port: 53
+    protocol: UDP
+    backends: [a2, b2]
+  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
+    type: NodePort
+    port: 80
+    nodePort: 30080
+    externalTrafficPolicy: Local
+    backends: [a1]
+  - name: api           # LoadBalancer with backends on both nodes
+    type: LoadBalancer
+    port: 443
+    loadBalancerIP: 10.12.115.101
+    backends: [a2, b1]
+  - name: edge          # LoadBalancer whose only backend is on node b: pod a1 -> LB IP is the brief's failure
+    type: LoadBalancer
+    port: 8443
+    loadBalancerIP: 10.12.115.102
+    backends: [b2]
+  - name: gone          # no endpoints: rejected at once
+    type: NodePort
+    port: 80
+    backends: []
+";
+
+/// How pods are wired to the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// weir-cni bridge mode, per-node pod CIDRs routed host-gw over the underlay.
+    #[default]
+    Bridge,
+    /// weir-cni eni-shared mode: each node's pods share an addressless secondary ENI.
+    Eni,
+}
+
+impl Network {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Bridge => "bridge",
+            Network::Eni => "eni",
+        }
+    }
+}
+
 /// Which CNI plugin creates the pods' interfaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -110,6 +186,10 @@ impl std::str::FromStr for ProxyKind {
     }
 }
 
+fn yes() -> bool {
+    true
+}
+
 fn default_service_cidr() -> Ipv4Net {
     "10.96.0.0/16".parse().expect("valid")
 }
@@ -128,6 +208,16 @@ pub struct Topology {
     pub outside: Ipv4Addr,
     #[serde(default)]
     pub cni: CniKind,
+    /// How pods are wired (default bridge).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub network: Network,
+    /// eni network only: whether weir's fix is in place (default true); false removes it after
+    /// the pods are added, to show the failure it prevents.
+    #[serde(rename = "eniFix", default = "yes")]
+    pub eni_fix: bool,
+    /// eni network only: the VPC router's source check (default true).
+    #[serde(rename = "sourceCheck", default = "yes")]
+    pub source_check: bool,
     /// The proxy every node runs (default nftables).
     #[serde(default)]
     pub proxy: ProxyKind,
@@ -342,6 +432,22 @@ impl Topology {
         Self::parse(DEFAULT_TOPOLOGY).expect("the embedded topology is valid")
     }
 
+    /// The embedded eni-shared topology.
+    pub fn eni_demo() -> Self {
+        Self::parse(ENI_TOPOLOGY).expect("the embedded eni topology is valid")
+    }
+
+    /// The ENI subnet's gateway (eni network): the first host of clusterCIDR, on the VPC router.
+    pub fn eni_gateway(&self) -> Ipv4Addr {
+        nth_host(self.cluster_cidr, 1).expect("a validated clusterCIDR has .1")
+    }
+
+    /// The addresses the cloud assigned to `node`'s ENI (eni network): every host of its podCIDR,
+    /// the first being the ENI's own.
+    pub fn eni_addresses(node: &Node) -> Vec<Ipv4Addr> {
+        node.pod_cidr.hosts().collect()
+    }
+
     pub fn to_yaml(&self) -> String {
         serde_yaml::to_string(self).expect("a topology serializes")
     }
@@ -464,6 +570,21 @@ impl Topology {
                         format!("duplicate pod name {pod:?} (pod names are unique in a lab)"),
                     ));
                 }
+            }
+        }
+        if self.network == Network::Eni {
+            if self.cni != CniKind::Weir {
+                return Err(err(
+                    "cni",
+                    "network eni needs cni weir (the reference plugins have no eni-shared mode)",
+                ));
+            }
+            let gw = self.eni_gateway();
+            if let Some(i) = self.nodes.iter().position(|n| n.pod_cidr.contains(&gw)) {
+                return Err(err(
+                    format!("nodes[{i}].podCIDR"),
+                    format!("contains {gw}, the ENI subnet's gateway (first host of clusterCIDR)"),
+                ));
             }
         }
         self.validate_services(&pod_names)?;

@@ -15,7 +15,7 @@ pub use plan::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
-pub use planner::{plan, Planner, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
+pub use planner::{plan, NodePortDefault, Planner, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
 
 /// Re-export of the Kubernetes API types this crate is built on.
 pub use k8s_openapi;

@@ -32,12 +32,30 @@ pub struct ProxyConfig {
     /// Pod CIDRs of the whole cluster (sources outside are masqueraded for ClusterIPs).
     pub cluster_cidrs: Vec<IpNet>,
     pub masquerade_all: bool,
-    /// `--nodeport-addresses`. Empty: the node's primary addresses. A zero-length prefix
+    /// `--nodeport-addresses`. Empty: see `nodeport_default`. A zero-length prefix
     /// (`0.0.0.0/0`, `::/0`), or no CIDR of a family while the list has CIDRs of the other
-    /// (kube-proxy's rule), means every local address of that family. Never loopback.
+    /// (kube-proxy's rule), means every local address of that family. Loopback addresses
+    /// only with `localhost_nodeports`.
     pub nodeport_addresses: Vec<IpNet>,
+    /// What an empty `nodeport_addresses` means (kube-proxy's default differs per mode).
+    pub nodeport_default: NodePortDefault,
+    /// Loopback addresses that `nodeport_addresses` CIDRs match serve NodePorts too (IPv4
+    /// only). kube-proxy's iptables mode allows it (with `route_localnet`); nftables cannot.
+    pub localhost_nodeports: bool,
     /// This node's zone. `None`: the Node object's `topology.kubernetes.io/zone` label.
     pub zone: Option<String>,
+}
+
+/// The NodePort addresses when `--nodeport-addresses` is not given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NodePortDefault {
+    /// The node's primary IPs (kube-proxy's nftables mode, and the value `primary`): none
+    /// while they are unknown (no Node object with addresses and no `node_ips`).
+    #[default]
+    Primary,
+    /// Every local address (kube-proxy's iptables mode: `-m addrtype --dst-type LOCAL`),
+    /// which needs no Node object.
+    AllLocal,
 }
 
 /// Computes the plan. Pure and deterministic.
@@ -213,7 +231,11 @@ fn primary_node_ips(node: &Node) -> Vec<IpAddr> {
 }
 
 fn nodeport_addresses(cfg: &ProxyConfig, node_ips: &[IpAddr], fam: IpFamily) -> NodePortAddresses {
-    let usable = |ip: &&IpAddr| IpFamily::of(ip) == fam && !ip.is_loopback();
+    let localhost_ok = cfg.localhost_nodeports && fam == IpFamily::V4;
+    let usable = |ip: &&IpAddr| IpFamily::of(ip) == fam && (localhost_ok || !ip.is_loopback());
+    if cfg.nodeport_addresses.is_empty() && cfg.nodeport_default == NodePortDefault::AllLocal {
+        return NodePortAddresses::AllLocal;
+    }
     if cfg.nodeport_addresses.is_empty() {
         let set: BTreeSet<IpAddr> = node_ips.iter().filter(usable).copied().collect();
         return if set.is_empty() {
@@ -505,6 +527,23 @@ fn plan_service(
             let eips = fam(&external_ips);
             let lbs = fam(&lb_ips);
             let np_addrs = nodeport_addresses(ctx.config, ctx.node_ips, family);
+            if let (Some(p), NodePortAddresses::None) = (node_port, &np_addrs) {
+                let family = match family {
+                    IpFamily::V4 => "IPv4",
+                    IpFamily::V6 => "IPv6",
+                };
+                let why = if ctx.config.nodeport_addresses.is_empty() {
+                    format!(
+                        "this node's own {family} address is unknown (no Node object {:?} \
+                         with an InternalIP or ExternalIP); add the Node or set \
+                         --nodeport-addresses",
+                        ctx.config.node_name
+                    )
+                } else {
+                    format!("no local {family} address matches --nodeport-addresses")
+                };
+                warnings.insert(format!("Service {id}: NodePort {p} not served: {why}"));
+            }
             let node_port = node_port.filter(|_| np_addrs != NodePortAddresses::None);
             let externally_accessible = node_port.is_some() || !eips.is_empty() || !lbs.is_empty();
             let etp_local = externally_accessible && etp_local_requested;

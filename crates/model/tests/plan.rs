@@ -406,6 +406,53 @@ fn nodeport_addresses() {
 }
 
 #[test]
+fn nodeport_defaults_per_mode_and_localhost() {
+    // No Node object: the node's primary IPs are unknown.
+    let snap = snapshot(&["dualstack.yaml"]);
+    let ds = tcp4("default", "ds", "");
+    // nftables mode's default (primary): no NodePort, and a warning saying why and what to do.
+    let p = plan(&snap, &config());
+    assert_eq!(p.node_port_addresses_v4, NodePortAddresses::None);
+    assert!(fe(&p.services[&ds], FrontendKind::NodePort).is_empty());
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.starts_with("Service default/ds: NodePort")
+                && w.contains("IPv4 address is unknown")
+                && w.contains("--nodeport-addresses")),
+        "{:?}",
+        p.warnings
+    );
+    // iptables mode's default: every local address, no Node object needed, no warning.
+    let cfg = ProxyConfig {
+        nodeport_default: NodePortDefault::AllLocal,
+        ..config()
+    };
+    let p = plan(&snap, &cfg);
+    assert_eq!(p.node_port_addresses_v4, NodePortAddresses::AllLocal);
+    assert_eq!(p.node_port_addresses_v6, NodePortAddresses::AllLocal);
+    assert_eq!(fe(&p.services[&ds], FrontendKind::NodePort).len(), 1);
+    assert!(
+        !p.warnings.iter().any(|w| w.contains("NodePort")),
+        "{:?}",
+        p.warnings
+    );
+    // A loopback CIDR: localhost NodePorts where allowed (iptables, IPv4 only).
+    let cfg = ProxyConfig {
+        local_addresses: vec![ip("127.0.0.1"), ip("10.0.0.5"), ip("::1")],
+        nodeport_addresses: vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()],
+        localhost_nodeports: true,
+        ..config()
+    };
+    let p = plan(&snap, &cfg);
+    assert_eq!(
+        p.node_port_addresses_v4,
+        NodePortAddresses::List([ip("127.0.0.1")].into())
+    );
+    assert_eq!(p.node_port_addresses_v6, NodePortAddresses::None);
+}
+
+#[test]
 fn plan_is_deterministic_regardless_of_insertion_order() {
     let files = [
         "nodes.yaml",

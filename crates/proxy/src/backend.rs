@@ -45,6 +45,14 @@ pub trait Backend: Send {
     /// Brings the kernel to `plan`. On error the previous rules stay as they were, and the
     /// next call retries with a full sync.
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport>;
+    /// Whether the kernel still holds the rules the last sync wrote — cheap enough to call
+    /// every few seconds, and sensitive to contents, not just to chains existing: an outside
+    /// flush (`iptables -t nat -F`, `nft flush table`) or a deleted jump rule makes it
+    /// false. `sync` checks it too, so a flush turns the next sync into a full one. True
+    /// before the first sync.
+    fn intact(&mut self) -> Result<bool>;
+    /// Makes the next `sync` a full one (the periodic full resync).
+    fn invalidate(&mut self);
     /// Removes everything this mode ever installed (tables, chains, sets), ignoring absence.
     fn cleanup(&mut self) -> Result<()>;
 }

@@ -13,5 +13,6 @@ pub mod health;
 pub mod iptables;
 pub mod metrics;
 pub mod nft;
+pub mod process_stats;
 
 pub use backend::{Backend, Error, Result, SyncKind, SyncReport};

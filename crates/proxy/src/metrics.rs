@@ -54,6 +54,26 @@ pub struct ProxyMetrics {
     /// kube-proxy's per-mode failure counter, when the mode has one.
     mode_failures: Option<Counter>,
     conntrack_deleted: Counter,
+    source: SourceMetrics,
+    process: ProcessMetrics,
+}
+
+/// The object source's health: scans, failures and standing manifest errors.
+struct SourceMetrics {
+    last_success: FloatGauge,
+    scan_duration: Histogram,
+    scan_failures: Counter,
+    manifest_errors: Gauge,
+}
+
+/// Prometheus's standard `process_*` metrics, refreshed from `/proc/self` on every scrape.
+#[derive(Default)]
+struct ProcessMetrics {
+    resident: Gauge,
+    virtual_memory: Gauge,
+    cpu: Counter<f64, AtomicU64>,
+    open_fds: Gauge,
+    start_time: FloatGauge,
 }
 
 /// kube-proxy's sync latency buckets: 1 ms doubling 15 times (to ~16 s).
@@ -98,6 +118,13 @@ impl ProxyMetrics {
             sync_failures: Counter::default(),
             mode_failures: None,
             conntrack_deleted: Counter::default(),
+            source: SourceMetrics {
+                last_success: FloatGauge::default(),
+                scan_duration: sync_buckets(),
+                scan_failures: Counter::default(),
+                manifest_errors: Gauge::default(),
+            },
+            process: ProcessMetrics::default(),
         };
         // Counters are registered without `_total`: the encoder appends it.
         let r = &mut m.registry;
@@ -176,6 +203,51 @@ impl ProxyMetrics {
             "weir_proxy_sync_failures",
             "Cumulative failed syncs of proxy rules (any mode); the previous rules stay in place",
             m.sync_failures.clone(),
+        );
+        r.register(
+            "weir_source_last_successful_scan_timestamp_seconds",
+            "When the manifest source last read its directory (alert when it falls behind)",
+            m.source.last_success.clone(),
+        );
+        r.register(
+            "weir_source_scan_duration_seconds",
+            "Duration of manifest directory scans",
+            m.source.scan_duration.clone(),
+        );
+        r.register(
+            "weir_source_scan_failures",
+            "Cumulative manifest scans that could not read the directory (the last view stays)",
+            m.source.scan_failures.clone(),
+        );
+        r.register(
+            "weir_source_manifest_errors",
+            "Manifest errors standing now (invalid files or objects, duplicates, unreadable paths)",
+            m.source.manifest_errors.clone(),
+        );
+        r.register(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            m.process.resident.clone(),
+        );
+        r.register(
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            m.process.virtual_memory.clone(),
+        );
+        r.register(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            m.process.cpu.clone(),
+        );
+        r.register(
+            "process_open_fds",
+            "Number of open file descriptors",
+            m.process.open_fds.clone(),
+        );
+        r.register(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            m.process.start_time.clone(),
         );
         let mode_counter = match mode {
             "nftables" => Some((
@@ -279,8 +351,39 @@ impl ProxyMetrics {
             .inc();
     }
 
+    /// A scan of the object source finished; `failed`: its directory could not be read.
+    pub fn source_scanned(&self, duration: Duration, failed: bool) {
+        self.source.scan_duration.observe(duration.as_secs_f64());
+        if failed {
+            self.source.scan_failures.inc();
+        } else {
+            self.source.last_success.set(now_seconds());
+        }
+    }
+
+    /// A standing manifest error appeared (+1) or was resolved (-1).
+    pub fn source_errors_changed(&self, delta: i64) {
+        self.source.manifest_errors.inc_by(delta);
+    }
+
+    fn refresh_process(&self) {
+        let Some(s) = crate::process_stats::ProcessStats::read() else {
+            return;
+        };
+        let p = &self.process;
+        p.resident.set(s.resident_memory_bytes as i64);
+        p.virtual_memory.set(s.virtual_memory_bytes as i64);
+        p.open_fds.set(s.open_fds as i64);
+        p.start_time.set(s.start_time_seconds);
+        let more = s.cpu_seconds - p.cpu.get();
+        if more > 0.0 {
+            p.cpu.inc_by(more);
+        }
+    }
+
     /// The OpenMetrics text exposition (serve with [`CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
+        self.refresh_process();
         let mut out = String::new();
         text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
@@ -405,5 +508,43 @@ mod tests {
         assert!(t.contains(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"} 2"
         ));
+    }
+
+    #[test]
+    fn source_and_process_metrics() {
+        let m = ProxyMetrics::new("nftables");
+        m.source_scanned(Duration::from_millis(3), false);
+        m.source_scanned(Duration::from_millis(1), true);
+        m.source_errors_changed(2);
+        m.source_errors_changed(-1);
+        let t = m.encode();
+        assert_eq!(
+            line(&t, "weir_source_scan_failures_total"),
+            "weir_source_scan_failures_total 1"
+        );
+        assert_eq!(
+            line(&t, "weir_source_scan_duration_seconds_count"),
+            "weir_source_scan_duration_seconds_count 2"
+        );
+        assert_eq!(
+            line(&t, "weir_source_manifest_errors "),
+            "weir_source_manifest_errors 1"
+        );
+        let ts: f64 = line(&t, "weir_source_last_successful_scan_timestamp_seconds ")
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((now_seconds() - ts).abs() < 60.0, "{ts}");
+        for name in [
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_start_time_seconds ",
+            "process_cpu_seconds_total ",
+        ] {
+            let v: f64 = line(&t, name).split(' ').nth(1).unwrap().parse().unwrap();
+            assert!(v > 0.0 || name.starts_with("process_cpu"), "{name}{v}");
+        }
     }
 }

@@ -173,6 +173,7 @@ fn update_names_only_listing_and_touched_chains() {
         "filter/KUBE-SERVICES",
         "filter/KUBE-EXTERNAL-SERVICES",
         "filter/KUBE-NODEPORTS",
+        "filter/KUBE-PROXY-FIREWALL",
         "nat/KUBE-SERVICES",
         "nat/KUBE-NODEPORTS",
     ]

@@ -126,9 +126,10 @@ fn endpoint_refs_follow_updates() {
     use weir_proxy::nft::EndpointRefs;
     let (v1, v2) = (load("v1"), load("v2"));
     let v3 = with_more_web_endpoints(&v2);
+    let o = NftOptions::default();
     for (old, new) in [(&v1, &v2), (&v2, &v1), (&v2, &v3), (&v3, &v1)] {
-        let mut refs = EndpointRefs::of(old);
-        refs.update(old, new, &old.diff(new).touched());
-        assert_eq!(refs, EndpointRefs::of(new));
+        let mut refs = EndpointRefs::of(old, &o);
+        refs.update(old, new, &old.diff(new).touched(), &o);
+        assert_eq!(refs, EndpointRefs::of(new, &o));
     }
 }

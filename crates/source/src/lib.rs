@@ -6,13 +6,22 @@
 //! * [`Store`] / [`SharedStore`]: objects keyed by kind/namespace/name, fed by [`Event`]s through
 //!   the [`EventSink`] trait — the same interface a Kubernetes API watcher will use.
 //! * [`watch_dir`]: a polling watcher (mtime, ctime, size, inode) that sends a full
-//!   [`Event::Resync`] only when something changed.
+//!   [`Event::Resync`] only when something changed, never before it has a complete view and
+//!   never because the directory vanished; its [`SourceStatus`] says when it is stale.
+//! * Bounded reading ([`Limits`]): regular files only, sizes, directory depth and YAML
+//!   nesting capped, never a blocking open; optional last-known-good copies on disk.
 
+mod dir;
+mod last_good;
 mod manifest;
+mod nesting;
 mod store;
 mod watch;
 
-pub use manifest::{parse_manifest, ManifestDir, ManifestError, Parsed, ScanReport};
+pub use dir::{Limits, ManifestDir, ScanReport};
+pub use manifest::{
+    parse_manifest, parse_manifest_limited, ManifestError, Parsed, DEFAULT_MAX_NESTING,
+};
 pub use store::{Event, EventSink, SharedStore, Store};
-pub use watch::{watch_dir, PollWatcher};
+pub use watch::{watch_dir, PollWatcher, SourceStatus, WatchEvent};
 pub use weir_model::{Kind, Object, ObjectKey, Snapshot};

@@ -1,6 +1,4 @@
-use std::collections::BTreeMap;
 use std::fmt;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -48,27 +46,48 @@ pub struct Parsed {
 
 /// Parses the text of one manifest file (`file` only labels errors).
 pub fn parse_manifest(file: &Path, text: &str) -> Parsed {
+    parse_manifest_limited(file, text, DEFAULT_MAX_NESTING)
+}
+
+/// Nesting (flow brackets plus compact block indicators) a manifest may have; Kubernetes
+/// objects need about ten levels. Deeper text is refused before the YAML parser sees it:
+/// its cost grows about quadratically with depth (200k levels took 91 s).
+pub const DEFAULT_MAX_NESTING: usize = 100;
+
+/// [`parse_manifest`] with a nesting limit: a file nested deeper fails as a whole with a
+/// "nested deeper than" error, without being parsed.
+pub fn parse_manifest_limited(file: &Path, text: &str, max_nesting: usize) -> Parsed {
     let mut p = Parsed::default();
-    let mut docs = Vec::new();
+    let file_error = |p: &mut Parsed, object: String, message: String| {
+        p.errors.push(ManifestError {
+            file: file.to_path_buf(),
+            object,
+            field: None,
+            message,
+        });
+        p.file_failed = true;
+        p.objects.clear();
+        p.invalid_keys.clear();
+    };
+    if let Some(line) = crate::nesting::exceeds(text, max_nesting) {
+        file_error(
+            &mut p,
+            format!("line {line}"),
+            format!("nested deeper than {max_nesting} levels (not parsed)"),
+        );
+        return p;
+    }
+    // One document at a time: its untyped tree is dropped as soon as its objects are typed
+    // (holding every document's `Value` first cost ~40 bytes of memory per byte of YAML).
     for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let loc = format!("document {}", i + 1);
         match Value::deserialize(de) {
-            Ok(v) => docs.push(v),
+            Ok(doc) => handle_value(file, doc, &loc, true, &mut p),
             Err(e) => {
-                p.errors.push(ManifestError {
-                    file: file.to_path_buf(),
-                    object: format!("document {}", i + 1),
-                    field: None,
-                    message: format!("invalid YAML: {e}"),
-                });
-                p.file_failed = true;
-                p.objects.clear();
+                file_error(&mut p, loc, format!("invalid YAML: {e}"));
                 return p;
             }
         }
-    }
-    for (i, doc) in docs.into_iter().enumerate() {
-        let loc = format!("document {}", i + 1);
-        handle_value(file, doc, &loc, true, &mut p);
     }
     p
 }
@@ -106,13 +125,16 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         return;
     };
     if allow_list && kind.ends_with("List") && v.get("items").is_some() {
-        match v.get("items").and_then(Value::as_sequence) {
-            Some(items) => {
-                for (j, item) in items.iter().enumerate() {
-                    handle_value(file, item.clone(), &format!("{loc}, item {j}"), false, p);
+        let mut v = v;
+        // Taken, not cloned: a big List is not held twice.
+        let items = v.get_mut("items").map(std::mem::take);
+        match items {
+            Some(Value::Sequence(items)) => {
+                for (j, item) in items.into_iter().enumerate() {
+                    handle_value(file, item, &format!("{loc}, item {j}"), false, p);
                 }
             }
-            None => p
+            _ => p
                 .errors
                 .push(err(loc.to_string(), Some("items"), "not a sequence".into())),
         }
@@ -293,186 +315,4 @@ fn validate_slice(s: &EndpointSlice) -> Result<(), Invalid> {
         }
     }
     Ok(())
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Stamp {
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-    ino: u64,
-}
-
-fn stamp(path: &Path) -> std::io::Result<Stamp> {
-    use std::os::unix::fs::MetadataExt;
-    let m = fs::metadata(path)?;
-    Ok(Stamp {
-        len: m.len(),
-        mtime: (m.mtime(), m.mtime_nsec()),
-        ctime: (m.ctime(), m.ctime_nsec()),
-        ino: m.ino(),
-    })
-}
-
-#[derive(Debug)]
-struct FileEntry {
-    stamp: Stamp,
-    /// What the file last produced successfully (per object).
-    objects: BTreeMap<ObjectKey, Object>,
-    errors: Vec<ManifestError>,
-}
-
-/// What a [`ManifestDir::scan`] found.
-#[derive(Debug, Default)]
-pub struct ScanReport {
-    /// The union of objects differs from before the scan.
-    pub changed: bool,
-    /// Errors of the files (re)parsed in this scan.
-    pub errors: Vec<ManifestError>,
-}
-
-/// A directory of manifests (`*.yaml`, `*.yml`, `*.json`, recursively; dot-files and
-/// dot-directories skipped), re-parsing only files whose stamp changed.
-#[derive(Debug)]
-pub struct ManifestDir {
-    root: PathBuf,
-    files: BTreeMap<PathBuf, FileEntry>,
-}
-
-impl ManifestDir {
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        ManifestDir {
-            root: root.into(),
-            files: BTreeMap::new(),
-        }
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    fn list(&self) -> (Vec<PathBuf>, Vec<ManifestError>) {
-        let mut out = Vec::new();
-        let mut errors = Vec::new();
-        let mut stack = vec![self.root.clone()];
-        while let Some(dir) = stack.pop() {
-            let rd = match fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) => {
-                    errors.push(ManifestError {
-                        file: dir.clone(),
-                        object: "directory".into(),
-                        field: None,
-                        message: e.to_string(),
-                    });
-                    continue;
-                }
-            };
-            for ent in rd.flatten() {
-                let path = ent.path();
-                let name = ent.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') {
-                    continue;
-                }
-                if path.is_dir() {
-                    stack.push(path);
-                } else if [".yaml", ".yml", ".json"].iter().any(|s| name.ends_with(s)) {
-                    out.push(path);
-                }
-            }
-        }
-        out.sort();
-        (out, errors)
-    }
-
-    /// Re-reads what changed. A file that vanished drops its objects; a file that became
-    /// unreadable or invalid YAML keeps the objects it last produced; an invalid object keeps
-    /// its previous version from the same file (if any) and is otherwise skipped.
-    pub fn scan(&mut self) -> ScanReport {
-        let before = self.objects();
-        let mut report = ScanReport::default();
-        let (paths, dir_errors) = self.list();
-        if !dir_errors.is_empty() && paths.is_empty() {
-            // The directory itself is unreadable: keep everything.
-            report.errors = dir_errors;
-            return report;
-        }
-        report.errors.extend(dir_errors);
-        self.files.retain(|p, _| paths.contains(p));
-        for path in paths {
-            let st = match stamp(&path) {
-                Ok(s) => s,
-                Err(_) => continue, // raced with a delete/rename: next scan decides
-            };
-            if self.files.get(&path).is_some_and(|e| e.stamp == st) {
-                continue;
-            }
-            let prev = self
-                .files
-                .remove(&path)
-                .map(|e| e.objects)
-                .unwrap_or_default();
-            let (objects, errors) = match fs::read_to_string(&path) {
-                Err(e) => (
-                    prev,
-                    vec![ManifestError {
-                        file: path.clone(),
-                        object: "file".into(),
-                        field: None,
-                        message: format!("cannot read: {e}"),
-                    }],
-                ),
-                Ok(text) => {
-                    let parsed = parse_manifest(&path, &text);
-                    if parsed.file_failed {
-                        (prev, parsed.errors)
-                    } else {
-                        let mut objs: BTreeMap<ObjectKey, Object> = BTreeMap::new();
-                        for o in parsed.objects {
-                            objs.insert(o.key(), o);
-                        }
-                        for k in parsed.invalid_keys {
-                            if let (false, Some(old)) = (objs.contains_key(&k), prev.get(&k)) {
-                                objs.insert(k, old.clone());
-                            }
-                        }
-                        (objs, parsed.errors)
-                    }
-                }
-            };
-            for e in &errors {
-                tracing::warn!("{e}");
-            }
-            report.errors.extend(errors.iter().cloned());
-            self.files.insert(
-                path,
-                FileEntry {
-                    stamp: st,
-                    objects,
-                    errors,
-                },
-            );
-        }
-        report.changed = self.objects() != before;
-        report
-    }
-
-    /// The union of all files' objects; if two files define the same object, the later path wins.
-    pub fn objects(&self) -> Vec<Object> {
-        let mut all: BTreeMap<ObjectKey, Object> = BTreeMap::new();
-        for e in self.files.values() {
-            for (k, o) in &e.objects {
-                all.insert(k.clone(), o.clone());
-            }
-        }
-        all.into_values().collect()
-    }
-
-    /// Errors currently standing (from each file's latest parse).
-    pub fn errors(&self) -> Vec<ManifestError> {
-        self.files
-            .values()
-            .flat_map(|e| e.errors.iter().cloned())
-            .collect()
-    }
 }

@@ -1,6 +1,20 @@
 use std::path::Path;
 
-use weir_source::{parse_manifest, Kind, ManifestDir, ObjectKey};
+use std::time::{Duration, Instant};
+
+use weir_source::{parse_manifest, Kind, Limits, ManifestDir, ObjectKey};
+
+/// A directory read without the debounce (every change parsed by the next scan).
+fn undebounced(root: &Path) -> ManifestDir {
+    ManifestDir::with_limits(root, no_settle())
+}
+
+fn no_settle() -> Limits {
+    Limits {
+        settle: Duration::ZERO,
+        ..Limits::default()
+    }
+}
 
 fn fixture(p: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -14,7 +28,7 @@ fn keys(objs: &[weir_source::Object]) -> Vec<String> {
 
 #[test]
 fn loads_multi_document_and_lists_ignoring_unknown_kinds() {
-    let mut dir = ManifestDir::new(fixture("good"));
+    let mut dir = undebounced(&fixture("good"));
     let r = dir.scan();
     assert!(r.changed);
     assert!(r.errors.is_empty(), "{:?}", r.errors);
@@ -107,7 +121,7 @@ fn broken_file_keeps_its_previous_objects_and_other_files() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("a.yaml"), SVC_A).unwrap();
     std::fs::write(tmp.path().join("b.yaml"), SVC_B).unwrap();
-    let mut dir = ManifestDir::new(tmp.path());
+    let mut dir = undebounced(tmp.path());
     assert!(dir.scan().changed);
     assert_eq!(
         keys(&dir.objects()),
@@ -177,17 +191,23 @@ fn unreadable_directory_keeps_everything() {
     let root = tmp.path().join("m");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("a.yaml"), SVC_A).unwrap();
-    let mut dir = ManifestDir::new(&root);
+    let mut dir = undebounced(&root);
     dir.scan();
     std::fs::rename(&root, tmp.path().join("gone")).unwrap();
     let r = dir.scan();
-    assert!(!r.changed);
+    assert!(!r.changed && !r.complete());
+    assert!(r.failed.is_some());
     assert_eq!(r.errors.len(), 1);
     assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
+    // The failure stands (for health and logs) until the directory is back.
+    assert_eq!(dir.errors().len(), 1);
+    std::fs::rename(tmp.path().join("gone"), &root).unwrap();
+    assert!(dir.scan().complete());
+    assert!(dir.errors().is_empty());
 }
 
 #[test]
-fn same_object_in_two_files_later_path_wins() {
+fn same_object_in_two_files_first_path_wins_with_an_error_naming_both() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("a.yaml"), SVC_A).unwrap();
     std::fs::create_dir(tmp.path().join("sub")).unwrap();
@@ -198,8 +218,314 @@ fn same_object_in_two_files_later_path_wins() {
     .unwrap();
     std::fs::write(tmp.path().join(".hidden.yaml"), SVC_B).unwrap();
     std::fs::write(tmp.path().join("notes.txt"), SVC_B).unwrap();
-    let mut dir = ManifestDir::new(tmp.path());
+    let mut dir = undebounced(tmp.path());
     dir.scan();
     assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
+    // Lexically first path: a.yaml < sub/b.yml.
+    assert_eq!(port_of(&dir, "a"), 80);
+    let errors: Vec<String> = dir.errors().iter().map(ToString::to_string).collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("sub/b.yml")
+            && errors[0].contains("a.yaml")
+            && errors[0].contains("Service/default/a"),
+        "{errors:?}"
+    );
+    // The winner goes away: the other definition takes over, and the warning is gone.
+    std::fs::remove_file(tmp.path().join("a.yaml")).unwrap();
+    assert!(dir.scan().changed);
     assert_eq!(port_of(&dir, "a"), 82);
+    assert!(dir.errors().is_empty());
+}
+
+/// Runs `dir.scan()` on another thread, failing the test if it does not return in time
+/// (a blocked open() must fail the test, not hang it).
+fn scan_within(mut dir: ManifestDir, limit: Duration) -> (ManifestDir, weir_source::ScanReport) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = dir.scan();
+        let _ = tx.send((dir, r));
+    });
+    rx.recv_timeout(limit)
+        .expect("the scan did not finish: it is stuck")
+}
+
+fn sh(dir: &Path, script: &str) {
+    let ok = std::process::Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "{script}");
+}
+
+#[test]
+fn fifos_symlink_loops_and_deep_trees_neither_block_nor_spin() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::write(root.join("good.yaml"), SVC_A).unwrap();
+    // A FIFO named like a manifest: open() would block forever without a writer.
+    sh(root, "mkfifo pipe.yaml");
+    // Directory loops (the reproduction spun at 100 % CPU) and a file symlink loop.
+    sh(
+        root,
+        "ln -s . a && ln -s . b && ln -s loop2.yaml loop1.yaml && ln -s loop1.yaml loop2.yaml",
+    );
+    // A tree deeper than the limit: its files are not read, and say so.
+    sh(
+        root,
+        "mkdir -p d1/d2/d3/d4 && cp good.yaml d1/d2/d3/d4/deep.yaml",
+    );
+    let limits = Limits {
+        max_dir_depth: 2,
+        ..no_settle()
+    };
+    let started = Instant::now();
+    let (dir, r) = scan_within(
+        ManifestDir::with_limits(root, limits),
+        Duration::from_secs(10),
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
+    let errors: Vec<String> = r.errors.iter().map(ToString::to_string).collect();
+    let has = |file: &str, what: &str| {
+        assert!(
+            errors.iter().any(|e| e.contains(file) && e.contains(what)),
+            "no `{what}` error for {file}: {errors:#?}"
+        )
+    };
+    has("pipe.yaml", "FIFO");
+    has("loop1.yaml", "symbolic links");
+    has("d3", "directory levels");
+    assert_eq!(errors.len(), 4, "{errors:#?}");
+}
+
+#[test]
+fn configmap_volume_layout_is_read_through_its_symlinks_and_swaps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    // What the kubelet writes for a ConfigMap volume.
+    std::fs::create_dir(root.join("..2026_11_22_10_00_00.1")).unwrap();
+    std::fs::write(root.join("..2026_11_22_10_00_00.1/svc.yaml"), SVC_A).unwrap();
+    sh(
+        root,
+        "ln -s ..2026_11_22_10_00_00.1 ..data && ln -s ..data/svc.yaml svc.yaml",
+    );
+    let mut dir = undebounced(root);
+    assert!(dir.scan().complete());
+    assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
+    assert_eq!(port_of(&dir, "a"), 80);
+    // An update: a new timestamped directory, then `..data` swapped atomically.
+    std::fs::create_dir(root.join("..2026_11_22_10_05_00.2")).unwrap();
+    std::fs::write(
+        root.join("..2026_11_22_10_05_00.2/svc.yaml"),
+        SVC_A.replace("port: 80", "port: 81"),
+    )
+    .unwrap();
+    sh(root, "ln -s ..2026_11_22_10_05_00.2 ..data_tmp && mv -T ..data_tmp ..data && rm -r ..2026_11_22_10_00_00.1");
+    assert!(dir.scan().changed);
+    assert_eq!(port_of(&dir, "a"), 81);
+    assert!(dir.errors().is_empty(), "{:?}", dir.errors());
+}
+
+#[test]
+fn oversized_deeply_nested_and_over_budget_files_are_refused_by_name_and_keep_their_objects() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::write(root.join("a.yaml"), SVC_A).unwrap();
+    std::fs::write(root.join("b.yaml"), SVC_B).unwrap();
+    let limits = Limits {
+        max_file_bytes: 4096,
+        ..no_settle()
+    };
+    let mut dir = ManifestDir::with_limits(root, limits);
+    dir.scan();
+    // 200k levels of nesting in 400 KB: the parser took 91 s on this; refused at once.
+    let deep = format!("{}{}", "[".repeat(200_000), "]".repeat(200_000));
+    std::fs::write(root.join("a.yaml"), &deep).unwrap();
+    let mut small = Limits {
+        max_file_bytes: 1 << 20,
+        ..no_settle()
+    };
+    let mut d2 = ManifestDir::with_limits(root, small.clone());
+    let started = Instant::now();
+    let r = d2.scan();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.to_string().contains("a.yaml")
+                && e.message.contains("nested deeper than 100")),
+        "{:?}",
+        r.errors
+    );
+    // The 4 KiB limit: the same file is refused as too large; its old object stays.
+    let r = dir.scan();
+    assert!(!r.changed);
+    assert!(
+        r.errors[0]
+            .message
+            .contains("file too large: 400000 bytes (limit 4096)"),
+        "{:?}",
+        r.errors
+    );
+    assert_eq!(
+        keys(&dir.objects()),
+        ["Service/default/a", "Service/default/b"]
+    );
+
+    // The directory's total budget: files past it (in path order) are not read.
+    std::fs::write(root.join("a.yaml"), SVC_A).unwrap();
+    small.max_total_bytes = (SVC_A.len() + 10) as u64;
+    let mut d3 = ManifestDir::with_limits(root, small);
+    let r = d3.scan();
+    assert_eq!(keys(&d3.objects()), ["Service/default/a"]);
+    assert!(
+        r.errors
+            .iter()
+            .any(|e| e.file.ends_with("b.yaml") && e.message.contains("in total")),
+        "{:?}",
+        r.errors
+    );
+}
+
+#[test]
+fn a_missing_root_is_a_failed_scan_not_an_empty_view() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("not-yet");
+    let mut dir = undebounced(&root);
+    let r = dir.scan();
+    assert!(!r.complete() && !r.changed);
+    assert!(r.failed.unwrap().to_string().contains("not-yet"));
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("a.yaml"), SVC_A).unwrap();
+    let r = dir.scan();
+    assert!(r.complete() && r.changed);
+}
+
+#[test]
+fn a_changed_file_is_parsed_only_once_it_settles() {
+    let tmp = tempfile::tempdir().unwrap();
+    let limits = Limits {
+        settle: Duration::from_secs(3600),
+        ..Limits::default()
+    };
+    let mut dir = ManifestDir::with_limits(tmp.path(), limits);
+    // Half of a file, as a writer that is not done yet leaves it.
+    std::fs::write(tmp.path().join("a.yaml"), &SVC_A[..40]).unwrap();
+    let r = dir.scan();
+    assert_eq!(r.pending, 1);
+    assert!(!r.complete() && dir.objects().is_empty() && r.errors.is_empty());
+    // The writer finishes before the next poll: still settling, the half was never parsed.
+    std::fs::write(tmp.path().join("a.yaml"), SVC_A).unwrap();
+    assert_eq!(dir.scan().pending, 1);
+    assert!(dir.objects().is_empty());
+    // Unchanged across two scans: parsed.
+    let r = dir.scan();
+    assert!(r.complete() && r.changed && r.errors.is_empty());
+    assert_eq!(keys(&dir.objects()), ["Service/default/a"]);
+}
+
+#[test]
+fn last_known_good_copies_serve_invalid_files_after_a_restart_but_never_deleted_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (root, state) = (tmp.path().join("m"), tmp.path().join("state"));
+    std::fs::create_dir(&root).unwrap();
+    let svc_c = SVC_B
+        .replace("name: b", "name: c")
+        .replace("10.96.0.2", "10.96.0.3");
+    std::fs::write(root.join("a.yaml"), SVC_A).unwrap();
+    std::fs::write(
+        root.join("bc.yaml"),
+        format!(
+            "{SVC_B}---
+{svc_c}"
+        ),
+    )
+    .unwrap();
+    let d = SVC_B
+        .replace("name: b", "name: d")
+        .replace("10.96.0.2", "10.96.0.4");
+    std::fs::write(root.join("d.yaml"), &d).unwrap();
+    let open = || {
+        ManifestDir::with_limits(&root, no_settle())
+            .with_last_good(&state)
+            .unwrap()
+    };
+    let mut dir = open();
+    assert!(dir.scan().complete());
+    assert_eq!(dir.objects().len(), 4);
+    drop(dir);
+
+    // While weir is down: a.yaml becomes invalid YAML, c gets a typo, d.yaml is deleted.
+    std::fs::write(
+        root.join("a.yaml"),
+        "apiVersion: v1
+kind: [Service
+",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("bc.yaml"),
+        format!(
+            "{SVC_B}---
+{}",
+            svc_c.replace("port: 80", "port: banana")
+        ),
+    )
+    .unwrap();
+    std::fs::remove_file(root.join("d.yaml")).unwrap();
+    let mut dir = open();
+    let r = dir.scan();
+    assert!(r.complete());
+    assert_eq!(
+        keys(&dir.objects()),
+        [
+            "Service/default/a",
+            "Service/default/b",
+            "Service/default/c"
+        ],
+        "a and c from their last good copies, d not resurrected"
+    );
+    assert_eq!(port_of(&dir, "c"), 80);
+    let served: Vec<String> = dir
+        .served_from_last_good()
+        .iter()
+        .map(|(k, f)| format!("{k} {}", f.file_name().unwrap().to_string_lossy()))
+        .collect();
+    assert_eq!(
+        served,
+        ["Service/default/a a.yaml", "Service/default/c bc.yaml"]
+    );
+    // Errors still say what is wrong with the files.
+    assert_eq!(dir.errors().len(), 2, "{:?}", dir.errors());
+    drop(dir);
+
+    // Deleting the invalid file on purpose: its copy goes too, even across restarts.
+    std::fs::remove_file(root.join("a.yaml")).unwrap();
+    let mut dir = open();
+    dir.scan();
+    assert_eq!(
+        keys(&dir.objects()),
+        ["Service/default/b", "Service/default/c"]
+    );
+    drop(dir);
+    std::fs::write(
+        root.join("a.yaml"),
+        "apiVersion: v1
+kind: [Service
+",
+    )
+    .unwrap();
+    let mut dir = open();
+    dir.scan();
+    assert_eq!(
+        keys(&dir.objects()),
+        ["Service/default/b", "Service/default/c"]
+    );
 }

@@ -1,7 +1,9 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use weir_source::{watch_dir, Event, Kind, ManifestDir, Object, ObjectKey, SharedStore, Store};
+use weir_source::{
+    watch_dir, Event, Kind, ManifestDir, Object, ObjectKey, SharedStore, Store, WatchEvent,
+};
 
 fn svc(name: &str, ip: &str) -> Object {
     let yaml = format!("apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: ns}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n");
@@ -43,8 +45,10 @@ fn watcher_sends_a_resync_only_when_something_changed() {
         ManifestDir::new(tmp.path()),
         Duration::from_millis(20),
         tx,
-        move |e| {
-            let _ = etx.send(e.to_string());
+        move |ev| {
+            if let WatchEvent::Error(e) = ev {
+                let _ = etx.send(e.to_string());
+            }
         },
     );
     let t = Duration::from_secs(5);
@@ -86,4 +90,67 @@ fn shared_store_wakes_waiters() {
     assert!(g1 > g0);
     assert_eq!(snap.services.len(), 1);
     assert!(store.wait_newer(g1, Duration::from_millis(30)).is_none());
+}
+
+const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+
+#[test]
+fn watcher_sends_nothing_until_the_directory_exists_and_never_an_empty_world_when_it_vanishes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("manifests");
+    let (tx, rx) = mpsc::channel();
+    let (etx, erx) = mpsc::channel();
+    let w = watch_dir(
+        ManifestDir::new(&root),
+        Duration::from_millis(20),
+        tx,
+        move |ev| match ev {
+            WatchEvent::Error(e) => etx.send(format!("error {e}")).unwrap(),
+            WatchEvent::Resolved(e) => etx.send(format!("resolved {e}")).unwrap(),
+            WatchEvent::Scanned { .. } => {}
+        },
+    );
+    let status = w.status();
+    // About 15 polls with the directory missing: no view at all, and one error, not 15.
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    let errors: Vec<String> = erx.try_iter().collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("manifests") && errors[0].contains("cannot read"));
+    let why = status.check(Duration::from_secs(5)).unwrap_err();
+    assert!(why.contains("no complete view yet"), "{why}");
+    assert!(!status.ready());
+
+    std::fs::create_dir(tmp.path().join("staging")).unwrap();
+    std::fs::write(tmp.path().join("staging/a.yaml"), SVC).unwrap();
+    std::fs::rename(tmp.path().join("staging"), &root).unwrap();
+    let Event::Resync(objs) = rx.recv_timeout(Duration::from_secs(5)).unwrap() else {
+        panic!()
+    };
+    assert_eq!(objs.len(), 1);
+    // Marked ready right after the view was delivered (the agent polls for it).
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !status.ready() {
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(status.check(Duration::from_secs(5)), Ok(()));
+    assert!(erx
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap()
+        .starts_with("resolved"));
+
+    // The directory vanishes while running: no event (the last view stands), health says so.
+    std::fs::rename(&root, tmp.path().join("away")).unwrap();
+    assert!(erx
+        .recv_timeout(Duration::from_secs(5))
+        .unwrap()
+        .starts_with("error"));
+    assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+    let why = status.check(Duration::from_secs(5)).unwrap_err();
+    assert!(why.contains("serving the last complete view"), "{why}");
+    assert!(
+        erx.try_iter().next().is_none(),
+        "the error is reported once"
+    );
+    w.stop();
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use weir_lab::lab::{self, Binaries};
-use weir_lab::{matrix, services, state_root, CniKind, ProxyKind, Topology};
+use weir_lab::{eni, matrix, services, state_root, CniKind, Network, ProxyKind, Topology};
 
 #[derive(clap::Args)]
 pub struct LabArgs {
@@ -19,6 +19,16 @@ pub struct LabArgs {
 enum CniArg {
     Weir,
     Reference,
+}
+
+/// The built-in topologies `weir lab demo` can run.
+#[derive(Clone, Copy, ValueEnum)]
+enum TopologyArg {
+    /// Two nodes, bridge mode, host-gw routes (weir_lab::DEFAULT_TOPOLOGY).
+    Default,
+    /// Two nodes whose pods share an addressless secondary ENI behind a VPC router with a source
+    /// check (weir_lab::ENI_TOPOLOGY).
+    Eni,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -97,6 +107,12 @@ enum LabCommand {
         /// The proxy every node runs (default: nftables).
         #[arg(long, value_enum)]
         proxy_mode: Option<ProxyArg>,
+        /// Which built-in topology to run.
+        #[arg(long, value_enum, default_value = "default")]
+        topology: TopologyArg,
+        /// eni topology: take weir's fix away after the pods are added, to show the failure.
+        #[arg(long)]
+        no_eni_fix: bool,
         /// Print the matrix as JSON.
         #[arg(long)]
         json: bool,
@@ -233,8 +249,22 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             name,
             cni,
             proxy_mode,
+            topology,
+            no_eni_fix,
             json,
-        } => demo(keep, name, cni, proxy_mode, json, &root),
+        } => {
+            let mut topo = match topology {
+                TopologyArg::Default => Topology::default_demo(),
+                TopologyArg::Eni => Topology::eni_demo(),
+            };
+            if no_eni_fix {
+                if topo.network != Network::Eni {
+                    bail!("--no-eni-fix needs --topology eni");
+                }
+                topo.eni_fix = false;
+            }
+            demo(topo, keep, name, cni, proxy_mode, json, &root)
+        }
         LabCommand::EchoServer { netns, name, port } => {
             weir_lab::echo::serve(netns.as_deref(), &name, port)?;
             Ok(ExitCode::SUCCESS)
@@ -269,12 +299,17 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         })
         .collect();
     let proxies_ok = proxies.iter().all(|p| p["alive"] == true);
+    // eni network: what strict rp_filter and the VPC's source check dropped so far.
+    let counters = (state.network == Network::Eni).then(|| eni::counters(state));
     if json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "matrix": results,
             "services": svc_results,
             "proxies": proxies,
         });
+        if let Some(c) = &counters {
+            out["eni"] = serde_json::to_value(c).expect("counters serialize");
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&out).expect("results serialize")
@@ -301,6 +336,18 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 );
             }
         }
+        if let Some(c) = &counters {
+            let rp: Vec<String> = c
+                .rp_filter
+                .iter()
+                .map(|(node, n)| format!("node {node} {n}"))
+                .collect();
+            println!(
+                "eni: strict rp_filter drops (TcpExtIPReversePathFilter): {}; VPC source-check drops: {}",
+                rp.join(", "),
+                c.source_check
+            );
+        }
         for p in &proxies {
             if p["alive"] != true {
                 println!(
@@ -318,6 +365,7 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
 }
 
 fn demo(
+    mut topo: Topology,
     keep: bool,
     name: Option<String>,
     cni: Option<CniArg>,
@@ -325,7 +373,6 @@ fn demo(
     json: bool,
     root: &std::path::Path,
 ) -> anyhow::Result<ExitCode> {
-    let mut topo = Topology::default_demo();
     if let Some(name) = name {
         topo.name = name;
     }

@@ -21,7 +21,7 @@ enum Command {
     /// A whole cluster simulated with network namespaces on this machine.
     Lab(lab_cmd::LabArgs),
     /// The service proxy (kube-proxy's job): nftables or iptables mode.
-    Proxy(proxy_cmd::ProxyArgs),
+    Proxy(Box<proxy_cmd::ProxyArgs>),
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
@@ -39,7 +39,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Lab(args) => lab_cmd::run(args),
-        Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Proxy(args) => proxy_cmd::run(*args),
     };
     match result {
         Ok(code) => code,

@@ -182,6 +182,8 @@ fn expected_kinds() -> BTreeMap<String, usize> {
         ("load-balancer-local", 1),
         // api and edge, from a1 (the first pod that is not a backend).
         ("pod-load-balancer", 2),
+        // api and udpnp (policy Cluster), from their first non-backend pod to a and b.
+        ("pod-node-port", 4),
         ("health-check", 2),
         // gone: cluster-ip + node port; gone-udp: cluster-ip.
         ("no-endpoints", 3),

@@ -18,9 +18,20 @@ pub struct IpamConf {
     pub kind: String,
     #[serde(default)]
     pub ranges: Vec<Vec<RangeConf>>,
-    /// host-local's legacy single-range form: one more range set, placed before `ranges`.
+    /// host-local's legacy single-range form: one more range set, placed before `ranges`, with its
+    /// own `rangeStart`, `rangeEnd` and `gateway` beside `subnet`.
     #[serde(default)]
     pub subnet: Option<IpNet>,
+    #[serde(default)]
+    pub range_start: Option<IpAddr>,
+    #[serde(default)]
+    pub range_end: Option<IpAddr>,
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+    /// host-local's `resolvConf`: a resolv.conf-format file whose nameservers, domain, search list
+    /// and options become the result's `dns` (unless the network configuration has its own `dns`).
+    #[serde(default)]
+    pub resolv_conf: Option<PathBuf>,
     /// Addresses never handed out (in addition to each range's gateway).
     #[serde(default)]
     pub reserved: Vec<IpAddr>,
@@ -163,9 +174,9 @@ impl IpamConf {
         let legacy = self.subnet.map(|subnet| {
             vec![RangeConf {
                 subnet,
-                range_start: None,
-                range_end: None,
-                gateway: None,
+                range_start: self.range_start,
+                range_end: self.range_end,
+                gateway: self.gateway,
             }]
         });
         legacy
@@ -190,13 +201,27 @@ impl IpamConf {
     /// Name of range set `i`'s `j`th range in the configuration as written.
     fn field(&self, set: usize, range: usize) -> String {
         match (self.subnet.is_some(), set) {
-            (true, 0) => "ipam.subnet".to_string(),
+            // the single-range form's keys sit directly in ipam: "ipam.subnet", "ipam.rangeStart"
+            (true, 0) => "ipam".to_string(),
             (true, s) => format!("ipam.ranges[{}][{range}]", s - 1),
             (false, s) => format!("ipam.ranges[{s}][{range}]"),
         }
     }
 
     pub(crate) fn resolved(&self) -> Result<Vec<Vec<Resolved>>, String> {
+        if self.subnet.is_none() {
+            for (key, set) in [
+                ("rangeStart", self.range_start.is_some()),
+                ("rangeEnd", self.range_end.is_some()),
+                ("gateway", self.gateway.is_some()),
+            ] {
+                if set {
+                    return Err(format!(
+                        "ipam.{key} belongs to the single-range form and needs ipam.subnet beside it (or move it into a range of ipam.ranges)"
+                    ));
+                }
+            }
+        }
         let sets = self.range_sets();
         if sets.is_empty() {
             return Err("ipam.ranges: at least one range set (or ipam.subnet) is required".into());
@@ -224,6 +249,11 @@ impl IpamConf {
                 }
                 for (other, o) in &all {
                     if o.v4 == r.v4 && r.start <= o.end && o.start <= r.end {
+                        let other = if other == "ipam" {
+                            "ipam.subnet"
+                        } else {
+                            other
+                        };
                         return Err(format!(
                             "{field}: range {}-{} overlaps {other} ({}-{})",
                             from_u128(r.v4, r.start),

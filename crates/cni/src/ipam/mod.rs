@@ -2,11 +2,13 @@
 //!
 //! `config` is the `ipam` section (ranges, gateway, reserved addresses), `allocator` host-local's
 //! round-robin order, and `store` the per-network directory (one file per address, under a flock),
-//! readable and writable by the reference `host-local` plugin in both directions. After a reboot the
-//! first operation releases every allocation (see [`Store`] and its `weir-boot-id` file).
+//! readable and writable by the reference `host-local` plugin in both directions, and `requested`
+//! places addresses a runtime asks for. After a reboot the first operation releases the allocations
+//! it can prove are from earlier boots (see [`Store`] and its `weir-boot-id` file).
 
 mod allocator;
 mod config;
+mod requested;
 mod store;
 #[cfg(test)]
 mod tests;
@@ -15,7 +17,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 pub use config::{IpamConf, RangeConf, RouteConf, DEFAULT_DATA_DIR};
-pub use store::{Store, BOOT_ID_FILE, LAST_RESERVED_PREFIX, LINE_BREAK, LOCK_FILE};
+pub use store::{
+    Store, BOOT_ID_FILE, BOOT_STALE_MARGIN, LAST_RESERVED_PREFIX, LINE_BREAK, LOCK_FILE,
+};
 
 /// One address handed out from range set `range_set`.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,4 +41,10 @@ pub enum IpamError {
     },
     #[error("{0}")]
     Config(String),
+    /// A requested address no range set can give (outside the ranges, a gateway, reserved...).
+    #[error("{0}")]
+    Requested(String),
+    /// A requested address another attachment holds.
+    #[error("{0}")]
+    Taken(String),
 }

@@ -6,9 +6,17 @@
 //!     <ip>                   one file per allocated address, named by the address's string form,
 //!                            holding "<containerID>\r\n<ifname>" (older host-local: just "<containerID>")
 //!     last_reserved_ip.<i>   the address last handed out from range set i (round-robin cursor)
-//!     weir-boot-id           the boot id the allocations belong to (weir only; host-local ignores it)
+//!     weir-boot-id           the boot id weir last ran in (weir only; host-local ignores it)
 //!     .weir-tmp.*            temporary files, only ever present while the lock is held (or after a crash)
 //! ```
+//!
+//! **Reboots.** Containers do not survive a reboot, so the first operation in a new boot (the stamp
+//! in `weir-boot-id` differs from the kernel's boot id) releases the allocations of earlier boots —
+//! but only those it can prove are stale: address files last modified well before the current boot
+//! started (`btime` in /proc/stat), never those written since (host-local may have run before weir
+//! in this boot), and never an attachment the caller lists as valid (GC's valid attachments). When
+//! the clock cannot be trusted (the old stamp itself looks written after this boot began) nothing is
+//! released; GC reclaims whatever is left.
 
 use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
@@ -17,12 +25,14 @@ use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 use fs2::FileExt;
 use ipnet::IpNet;
 
 use super::allocator::candidates;
 use super::config::{from_u128, IpamConf, Resolved};
+use super::requested::assign_requested;
 use super::{Allocation, IpamError};
 
 pub const LOCK_FILE: &str = "lock";
@@ -32,6 +42,10 @@ pub const BOOT_ID_FILE: &str = "weir-boot-id";
 pub const LINE_BREAK: &str = "\r\n";
 const TMP_PREFIX: &str = ".weir-tmp.";
 const SYSTEM_BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+/// How much older than the boot an address file must be to count as stale: `btime` is whole seconds
+/// and moves when the clock is slewed, and an allocation made in the last minute before a reboot is
+/// cheap to keep until GC. Erring towards keeping is what prevents duplicate addresses.
+pub const BOOT_STALE_MARGIN: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 enum BootId {
@@ -46,6 +60,8 @@ enum BootId {
 pub struct Store {
     dir: PathBuf,
     boot_id: BootId,
+    /// Attachments known to be alive (GC's valid list): the reboot reconciliation never releases them.
+    keep: Vec<(String, String)>,
 }
 
 /// An address file as found on disk.
@@ -57,6 +73,8 @@ struct Entry {
     id: String,
     /// empty for files written by old host-local versions (container ID only)
     ifname: String,
+    /// when the file was last written (None if the file system cannot say)
+    mtime: Option<SystemTime>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> IpamError + '_ {
@@ -184,6 +202,7 @@ impl Locked<'_> {
             if !dent.file_type().map_err(io_err(&path))?.is_file() {
                 continue;
             }
+            let mtime = dent.metadata().ok().and_then(|m| m.modified().ok());
             let content = match fs::read(&path) {
                 Ok(c) => c,
                 Err(e) if e.kind() == ErrorKind::NotFound => continue,
@@ -195,6 +214,7 @@ impl Locked<'_> {
                 name,
                 id,
                 ifname,
+                mtime,
             });
         }
         out.sort_by_key(|e| e.ip);
@@ -229,8 +249,13 @@ impl Locked<'_> {
         }
     }
 
-    /// Containers do not survive a reboot: the first operation after one releases every allocation.
-    fn reconcile_boot(&self, current: Option<String>) -> Result<(), IpamError> {
+    /// The first operation of a new boot releases what earlier boots provably left (module docs).
+    /// `keep`: attachments known to be alive, never released here.
+    fn reconcile_boot(
+        &self,
+        current: Option<String>,
+        keep: &[(String, String)],
+    ) -> Result<(), IpamError> {
         let Some(current) = current else {
             return Ok(());
         };
@@ -238,8 +263,14 @@ impl Locked<'_> {
         match fs::read_to_string(&path) {
             Ok(stored) if stored.trim() == current => Ok(()),
             Ok(_) => {
-                for e in self.entries()? {
-                    self.remove(&e)?;
+                let stamp_mtime = fs::metadata(&path).and_then(|m| m.modified()).ok();
+                if let Some(cutoff) = stale_cutoff(system_boot_time(), stamp_mtime) {
+                    for e in self.entries()? {
+                        let kept = keep.iter().any(|(id, ifname)| owned_by(&e, id, ifname));
+                        if !kept && e.mtime.is_some_and(|t| t < cutoff) {
+                            self.remove(&e)?;
+                        }
+                    }
                 }
                 write_atomic(self.dir, BOOT_ID_FILE, &current)
             }
@@ -253,6 +284,32 @@ impl Locked<'_> {
     }
 }
 
+/// Address files modified before the returned instant are from an earlier boot. None when that
+/// cannot be known: no boot time, or a stamp from the "previous" boot that looks written after
+/// this boot began (the clock was stepped, so no file time can be compared with the boot time).
+pub(crate) fn stale_cutoff(
+    boot: Option<SystemTime>,
+    stamp_mtime: Option<SystemTime>,
+) -> Option<SystemTime> {
+    let cutoff = boot?.checked_sub(BOOT_STALE_MARGIN)?;
+    match stamp_mtime {
+        Some(stamp) if stamp >= cutoff => None,
+        _ => Some(cutoff),
+    }
+}
+
+/// When the running kernel booted, by the wall clock: `btime` in /proc/stat.
+pub(crate) fn system_boot_time() -> Option<SystemTime> {
+    let stat = fs::read_to_string("/proc/stat").ok()?;
+    let secs: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
 /// `(id, ifname)` owns `e`: an exact match, or a legacy file holding only the container ID.
 fn owned_by(e: &Entry, container_id: &str, ifname: &str) -> bool {
     e.id == container_id.trim() && (e.ifname == ifname || e.ifname.is_empty())
@@ -263,20 +320,14 @@ impl Store {
     /// single path component; touches nothing on disk.
     pub fn open(conf: &IpamConf, network: &str) -> Result<Store, IpamError> {
         conf.validate().map_err(IpamError::Config)?;
-        let bad = network.is_empty()
-            || network == "."
-            || network == ".."
-            || network.len() > 255
-            || network.contains(['/', '\0']);
-        if bad {
-            return Err(IpamError::Config(format!(
-                "network name {network:?} cannot name the IPAM store directory (it must be a single path component)"
-            )));
-        }
-        Ok(Store {
-            dir: conf.data_dir().join(network),
-            boot_id: BootId::System,
-        })
+        Store::open_in(&conf.data_dir(), network)
+    }
+
+    /// Attachments the runtime says are alive (GC's `cni.dev/valid-attachments`): whichever
+    /// operation of this handle comes first after a reboot, it never releases them.
+    pub fn keeping(mut self, alive: &[(String, String)]) -> Store {
+        self.keep = alive.to_vec();
+        self
     }
 
     /// Replaces the boot id source (default: /proc/sys/kernel/random/boot_id); `None` turns the
@@ -311,6 +362,16 @@ impl Store {
         create: bool,
         f: impl FnOnce(&Locked) -> Result<T, IpamError>,
     ) -> Result<Option<T>, IpamError> {
+        self.locked_keeping(create, &self.keep, f)
+    }
+
+    /// [`Self::locked`], with attachments the reboot reconciliation must keep whatever their age.
+    fn locked_keeping<T>(
+        &self,
+        create: bool,
+        keep: &[(String, String)],
+        f: impl FnOnce(&Locked) -> Result<T, IpamError>,
+    ) -> Result<Option<T>, IpamError> {
         if create {
             fs::DirBuilder::new()
                 .recursive(true)
@@ -340,7 +401,7 @@ impl Store {
             _lock: lock,
         };
         guard.clean_tmp();
-        guard.reconcile_boot(self.current_boot_id())?;
+        guard.reconcile_boot(self.current_boot_id(), keep)?;
         f(&guard).map(Some)
     }
 
@@ -354,7 +415,22 @@ impl Store {
         container_id: &str,
         ifname: &str,
     ) -> Result<Vec<Allocation>, IpamError> {
+        self.allocate_requested(conf, container_id, ifname, &[])
+    }
+
+    /// [`Self::allocate`], giving each range set the address `requested` names for it (at most one
+    /// per range set, as host-local): an error if a requested address lies in no range, is a gateway
+    /// or reserved ([`IpamError::Requested`]), or is held by another attachment
+    /// ([`IpamError::Taken`]). Range sets no requested address falls in allocate as usual.
+    pub fn allocate_requested(
+        &self,
+        conf: &IpamConf,
+        container_id: &str,
+        ifname: &str,
+        requested: &[IpAddr],
+    ) -> Result<Vec<Allocation>, IpamError> {
         let sets = conf.resolved().map_err(IpamError::Config)?;
+        let wanted = assign_requested(&sets, &conf.reserved, requested)?;
         let content = owner_content(container_id, ifname);
         let res = self.locked(true, |l| {
             let entries = l.entries()?;
@@ -368,22 +444,51 @@ impl Store {
                         .filter(|e| owned_by(e, container_id, ifname))
                         .find_map(|e| set.iter().find(|r| r.contains(e.ip)).map(|r| (e.ip, r)));
                     if let Some((ip, r)) = mine {
+                        if let Some(want) = wanted[i].filter(|w| *w != ip) {
+                            return Err(IpamError::Taken(format!(
+                                "requested address {want}: this attachment already holds {ip} in range set {i}"
+                            )));
+                        }
                         out.push(allocation(ip, r, i));
                         continue;
                     }
-                    let mut got = None;
-                    for (ip, r) in candidates(set, l.last_reserved(i), &conf.reserved) {
-                        if held.contains(&ip) {
-                            continue;
-                        }
-                        let path = l.dir.join(ip.to_string());
-                        if create_exclusive(l.dir, &path, &content)? {
+                    let got = match wanted[i] {
+                        Some(want) => {
+                            let r = set
+                                .iter()
+                                .position(|r| r.contains(want))
+                                .expect("assign_requested placed it in this set");
+                            let path = l.dir.join(want.to_string());
+                            if held.contains(&want) || !create_exclusive(l.dir, &path, &content)? {
+                                let owner = entries
+                                    .iter()
+                                    .find(|e| e.ip == want)
+                                    .map(|e| format!(" (held by container {:?}, interface {:?})", e.id, e.ifname))
+                                    .unwrap_or_default();
+                                return Err(IpamError::Taken(format!(
+                                    "requested address {want} is already allocated{owner}"
+                                )));
+                            }
                             created.push(path);
-                            got = Some((ip, r));
-                            break;
+                            Some((want, r))
                         }
-                        held.insert(ip);
-                    }
+                        None => {
+                            let mut got = None;
+                            for (ip, r) in candidates(set, l.last_reserved(i), &conf.reserved) {
+                                if held.contains(&ip) {
+                                    continue;
+                                }
+                                let path = l.dir.join(ip.to_string());
+                                if create_exclusive(l.dir, &path, &content)? {
+                                    created.push(path);
+                                    got = Some((ip, r));
+                                    break;
+                                }
+                                held.insert(ip);
+                            }
+                            got
+                        }
+                    };
                     let Some((ip, r)) = got else {
                         return Err(IpamError::Exhausted {
                             range_set: i,
@@ -391,6 +496,7 @@ impl Store {
                         });
                     };
                     held.insert(ip);
+                    // like host-local, a requested address moves the round-robin cursor too
                     write_atomic(
                         l.dir,
                         &format!("{LAST_RESERVED_PREFIX}{i}"),
@@ -451,7 +557,8 @@ impl Store {
     /// Releases every allocation whose `(container ID, ifname)` is not in `valid` (a legacy file is kept
     /// if its container ID appears in `valid`). Returns the released addresses.
     pub fn gc(&self, valid: &[(String, String)]) -> Result<Vec<IpAddr>, IpamError> {
-        let res = self.locked(false, |l| {
+        let keep: Vec<(String, String)> = self.keep.iter().chain(valid).cloned().collect();
+        let res = self.locked_keeping(false, &keep, |l| {
             let mut released = Vec::new();
             for e in l.entries()? {
                 let keep = valid.iter().any(|(id, ifname)| {
@@ -503,9 +610,71 @@ fn allocation(ip: IpAddr, r: &Resolved, range_set: usize) -> Allocation {
     }
 }
 
-fn describe(set: &[Resolved]) -> String {
+pub(crate) fn describe(set: &[Resolved]) -> String {
     set.iter()
         .map(|r| format!("{}-{}", from_u128(r.v4, r.start), from_u128(r.v4, r.end)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+// ---- eni-shared mode: allocation from an explicit address list (see crates/cni/src/eni/) ----
+
+impl Store {
+    /// The store of `network` under `data_dir`, for modes whose addresses do not come from an
+    /// `ipam` section (eni-shared). Same layout, lock and reboot handling as [`Store::open`].
+    pub fn open_in(data_dir: &Path, network: &str) -> Result<Store, IpamError> {
+        let bad = network.is_empty()
+            || network == "."
+            || network == ".."
+            || network.len() > 255
+            || network.contains(['/', '\0']);
+        if bad {
+            return Err(IpamError::Config(format!(
+                "network name {network:?} cannot name the IPAM store directory (it must be a single path component)"
+            )));
+        }
+        Ok(Store {
+            dir: data_dir.join(network),
+            boot_id: BootId::System,
+            keep: Vec::new(),
+        })
+    }
+
+    /// One address from `pool` for `(container_id, ifname)`, round-robin after the last one handed
+    /// out (range-set cursor 0), written as the same address file [`Store::allocate`] writes, so
+    /// release, lookup, GC and crash recovery are shared. Idempotent: an address the attachment
+    /// already holds (listed in `pool` or not) is returned again.
+    pub fn allocate_from_list(
+        &self,
+        pool: &[IpAddr],
+        container_id: &str,
+        ifname: &str,
+    ) -> Result<IpAddr, IpamError> {
+        let content = owner_content(container_id, ifname);
+        let res = self.locked(true, |l| {
+            let entries = l.entries()?;
+            if let Some(mine) = entries.iter().find(|e| owned_by(e, container_id, ifname)) {
+                return Ok(mine.ip);
+            }
+            let held: HashSet<IpAddr> = entries.iter().map(|e| e.ip).collect();
+            let start = l
+                .last_reserved(0)
+                .and_then(|last| pool.iter().position(|ip| *ip == last))
+                .map_or(0, |i| i + 1);
+            for ip in pool[start..].iter().chain(&pool[..start]) {
+                if held.contains(ip) {
+                    continue;
+                }
+                if create_exclusive(l.dir, &l.dir.join(ip.to_string()), &content)? {
+                    write_atomic(l.dir, &format!("{LAST_RESERVED_PREFIX}0"), &ip.to_string())?;
+                    return Ok(*ip);
+                }
+            }
+            Err(IpamError::Exhausted {
+                range_set: 0,
+                detail: format!("all {} addresses of the list are in use", pool.len()),
+            })
+        })?;
+        Ok(res.expect("locked(create = true) always runs"))
+    }
 }

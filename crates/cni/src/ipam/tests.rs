@@ -156,7 +156,7 @@ fn config_errors_name_the_field() {
         "{err}"
     );
     let c = conf(r#"{"type":"weir-ipam","subnet":"10.0.0.0/32"}"#);
-    assert!(c.validate().unwrap_err().starts_with("ipam.subnet.subnet:"));
+    assert!(c.validate().unwrap_err().starts_with("ipam.subnet:"));
     // unknown keys are rejected, in ipam and in a range
     assert!(serde_json::from_str::<IpamConf>(r#"{"type":"weir-ipam","rangez":[]}"#).is_err());
     assert!(serde_json::from_str::<IpamConf>(
@@ -467,16 +467,176 @@ fn stale_temp_files_are_cleaned_and_never_listed() {
     assert_eq!(stray_files(&dir), Vec::<String>::new());
 }
 
-// ---------------------------------------------------------------- reboot reconciliation
+// ---------------------------------------------------------------- requested addresses
 
 #[test]
-fn boot_reconcile_releases_everything_once_per_boot() {
+fn requested_addresses_are_given_or_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = conf_in(
+        tmp.path(),
+        r#"[[{"subnet":"10.1.0.0/24","rangeStart":"10.1.0.10","rangeEnd":"10.1.0.20","gateway":"10.1.0.12"}],
+            [{"subnet":"fd00::/120"}]]"#,
+    );
+    c.reserved = vec![ip("10.1.0.13")];
+    let dir = tmp.path().join(NET);
+    let s = store(&c);
+    let got = s
+        .allocate_requested(&c, "a", "eth0", &[ip("10.1.0.15")])
+        .unwrap();
+    assert_eq!(got[0].address, "10.1.0.15/24".parse().unwrap());
+    assert_eq!(got[0].gateway, Some(ip("10.1.0.12")));
+    assert_eq!(
+        got[1].address.addr(),
+        ip("fd00::2"),
+        "the other range set as usual"
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
+        "10.1.0.15",
+        "a requested address moves the cursor, as in host-local"
+    );
+    // asking again for what the attachment holds is the same answer; asking for another is not
+    assert_eq!(
+        ips(&s
+            .allocate_requested(&c, "a", "eth0", &[ip("10.1.0.15")])
+            .unwrap()),
+        vec![ip("10.1.0.15"), ip("fd00::2")]
+    );
+    assert!(matches!(
+        s.allocate_requested(&c, "a", "eth0", &[ip("10.1.0.16")]),
+        Err(IpamError::Taken(m)) if m.contains("already holds 10.1.0.15")
+    ));
+
+    // taken by another attachment: refused, naming the holder, and nothing of b's is left
+    let before = s.allocations().unwrap();
+    match s.allocate_requested(&c, "b", "eth0", &[ip("10.1.0.15")]) {
+        Err(IpamError::Taken(m)) => {
+            assert!(m.contains("10.1.0.15") && m.contains("\"a\""), "{m}")
+        }
+        other => panic!("expected Taken, got {other:?}"),
+    }
+    // the second range set's request is taken: the first set's fresh address is rolled back
+    assert!(matches!(
+        s.allocate_requested(&c, "b", "eth0", &[ip("fd00::2")]),
+        Err(IpamError::Taken(_))
+    ));
+    assert_eq!(s.allocations().unwrap(), before);
+
+    // refused before the store is touched, each with its reason
+    for (req, why) in [
+        (vec![ip("10.1.0.5")], "outside every range"),
+        (vec![ip("10.2.0.15")], "outside every range"),
+        (vec![ip("10.1.0.12")], "gateway"),
+        (vec![ip("10.1.0.13")], "ipam.reserved"),
+        (
+            vec![ip("10.1.0.16"), ip("10.1.0.17")],
+            "both in range set 0",
+        ),
+    ] {
+        match s.allocate_requested(&c, "b", "eth0", &req) {
+            Err(IpamError::Requested(m)) => assert!(m.contains(why), "{req:?}: {m}"),
+            other => panic!("{req:?}: expected Requested, got {other:?}"),
+        }
+    }
+    assert_eq!(s.allocations().unwrap(), before);
+    // the same address asked for twice (CNI_ARGS and runtimeConfig) is one request
+    assert_eq!(
+        ips(&s
+            .allocate_requested(
+                &c,
+                "b",
+                "eth0",
+                &[ip("fd00::9"), ip("10.1.0.16"), ip("fd00::9")]
+            )
+            .unwrap()),
+        vec![ip("10.1.0.16"), ip("fd00::9")]
+    );
+}
+
+#[test]
+fn host_local_honours_what_weir_allocated_on_request_and_vice_versa() {
+    if !Path::new(HOST_LOCAL).exists() {
+        eprintln!("SKIP: {HOST_LOCAL} is absent (apt-get install containernetworking-plugins)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let ranges = r#"[[{"subnet":"10.78.0.0/28"}]]"#;
+    let config = |extra: &str| {
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"{NET}","type":"bridge"{extra},
+                "ipam":{{"type":"host-local","dataDir":"{}","ranges":{ranges}}}}}"#,
+            tmp.path().display()
+        )
+    };
+    let c = conf_in(tmp.path(), ranges);
+    let s = store(&c);
+    // host-local takes a requested address; weir refuses it to another container
+    let hl = host_local_ip(
+        &host_local(
+            "ADD",
+            "hl",
+            "eth0",
+            &config(r#","runtimeConfig":{"ips":["10.78.0.9"]}"#),
+        )
+        .unwrap(),
+    );
+    assert_eq!(hl, ip("10.78.0.9"));
+    assert!(matches!(
+        s.allocate_requested(&c, "w", "eth0", &[hl]),
+        Err(IpamError::Taken(_))
+    ));
+    // weir takes a requested address; host-local refuses it
+    s.allocate_requested(&c, "w", "eth0", &[ip("10.78.0.7")])
+        .unwrap();
+    let err = host_local(
+        "ADD",
+        "hl2",
+        "eth0",
+        &config(r#","args":{"cni":{"ips":["10.78.0.7"]}}"#),
+    )
+    .unwrap_err();
+    assert!(err.contains("10.78.0.7"), "{err}");
+}
+
+// ---------------------------------------------------------------- reboot reconciliation
+
+/// Sets `path`'s mtime to a day before this boot: what a file from an earlier boot looks like.
+fn from_an_earlier_boot(path: &Path) {
+    let boot = super::store::system_boot_time().expect("btime in /proc/stat");
+    let then = boot - std::time::Duration::from_secs(86_400);
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(then)
+        .unwrap();
+}
+
+#[test]
+fn stale_cutoff_needs_a_boot_time_and_a_stamp_older_than_the_boot() {
+    use std::time::{Duration, SystemTime};
+    let boot = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let cutoff = boot - BOOT_STALE_MARGIN;
+    assert_eq!(super::store::stale_cutoff(None, None), None);
+    assert_eq!(super::store::stale_cutoff(Some(boot), None), Some(cutoff));
+    let old_stamp = boot - Duration::from_secs(3600);
+    assert_eq!(
+        super::store::stale_cutoff(Some(boot), Some(old_stamp)),
+        Some(cutoff)
+    );
+    // a "previous boot" stamp dated after this boot began: the clock moved, trust no file time
+    assert_eq!(super::store::stale_cutoff(Some(boot), Some(boot)), None);
+    assert_eq!(super::store::stale_cutoff(Some(boot), Some(cutoff)), None);
+}
+
+#[test]
+fn boot_reconcile_releases_only_allocations_older_than_the_boot() {
     let tmp = tempfile::tempdir().unwrap();
     let c = conf_in(tmp.path(), r#"[[{"subnet":"10.1.0.0/24"}]]"#);
     let dir = tmp.path().join(NET);
     let boot = |id: &str| Store::open(&c, NET).unwrap().with_boot_id(Some(id));
     let a = boot("A");
-    alloc1(&a, &c, "x");
+    let x = alloc1(&a, &c, "x");
     let y = alloc1(&a, &c, "y");
     assert_eq!(
         boot("A").lookup("y", "eth0").unwrap(),
@@ -484,45 +644,83 @@ fn boot_reconcile_releases_everything_once_per_boot() {
         "same boot: kept"
     );
 
-    // reboot: the first operation (here a read) releases every allocation and records the new boot
-    let b = boot("B");
-    assert_eq!(b.lookup("y", "eth0").unwrap(), Vec::<IpAddr>::new());
-    assert!(b.allocations().unwrap().is_empty());
+    // a new boot id, but the stamp was written after this boot began by the file times: the clock
+    // cannot be trusted, so nothing is released and the new boot is recorded
+    assert_eq!(boot("B").allocations().unwrap().len(), 2);
     assert_eq!(fs::read_to_string(dir.join(BOOT_ID_FILE)).unwrap(), "B");
+
+    // reboot for real: x's file and the stamp predate the boot, y's does not (written since)
+    from_an_earlier_boot(&dir.join(x.to_string()));
+    from_an_earlier_boot(&dir.join(BOOT_ID_FILE));
+    let c2 = boot("C");
+    assert_eq!(c2.lookup("x", "eth0").unwrap(), Vec::<IpAddr>::new());
     assert_eq!(
-        alloc1(&b, &c, "z"),
+        c2.allocations().unwrap(),
+        vec![(y, "y".into(), "eth0".into())],
+        "an allocation written in this boot is never released"
+    );
+    assert_eq!(fs::read_to_string(dir.join(BOOT_ID_FILE)).unwrap(), "C");
+    assert_eq!(
+        alloc1(&c2, &c, "z"),
         ip("10.1.0.4"),
         "the round-robin cursor survives"
     );
-    assert_eq!(
-        b.allocations().unwrap().len(),
-        1,
-        "and B's own allocations persist within the boot"
-    );
 
     // a store without the boot id file (fresh, or taken over from host-local): nothing released
+    from_an_earlier_boot(&dir.join(y.to_string()));
     fs::remove_file(dir.join(BOOT_ID_FILE)).unwrap();
-    assert_eq!(boot("C").allocations().unwrap().len(), 1);
-    assert_eq!(fs::read_to_string(dir.join(BOOT_ID_FILE)).unwrap(), "C");
-    // the default source is the kernel's boot id; a disabled source never releases
+    assert_eq!(boot("D").allocations().unwrap().len(), 2);
+    assert_eq!(fs::read_to_string(dir.join(BOOT_ID_FILE)).unwrap(), "D");
+    // a disabled source never releases; the default source is the kernel's boot id
+    from_an_earlier_boot(&dir.join(BOOT_ID_FILE));
+    let unchecked = Store::open(&c, NET).unwrap().with_boot_id(None);
+    assert_eq!(unchecked.allocations().unwrap().len(), 2);
     let real = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
     assert_eq!(
-        Store::open(&c, NET).unwrap().allocations().unwrap().len(),
-        0
+        Store::open(&c, NET).unwrap().allocations().unwrap(),
+        vec![(ip("10.1.0.4"), "z".into(), "eth0".into())],
+        "y predates the boot now; z does not"
     );
     assert_eq!(
         fs::read_to_string(dir.join(BOOT_ID_FILE)).unwrap(),
         real.trim()
     );
-    alloc1(&b, &c, "w"); // B again: a different boot from the real one → releases, then allocates
+}
+
+#[test]
+fn gc_after_a_reboot_keeps_what_it_is_told_is_valid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = conf_in(tmp.path(), r#"[[{"subnet":"10.1.0.0/24"}]]"#);
+    let dir = tmp.path().join(NET);
+    let a = Store::open(&c, NET).unwrap().with_boot_id(Some("A"));
+    let live = alloc1(&a, &c, "live");
+    let dead = alloc1(&a, &c, "dead");
+    for f in [live.to_string(), dead.to_string(), BOOT_ID_FILE.to_string()] {
+        from_an_earlier_boot(&dir.join(f));
+    }
+    // GC is the first operation of the new boot: its valid list protects "live" from the
+    // reboot reconciliation too, however old its file looks
+    let b = Store::open(&c, NET).unwrap().with_boot_id(Some("B"));
+    b.gc(&[("live".into(), "eth0".into())]).unwrap();
     assert_eq!(
-        Store::open(&c, NET)
-            .unwrap()
-            .with_boot_id(None)
-            .allocations()
-            .unwrap()
-            .len(),
-        1
+        b.allocations().unwrap(),
+        vec![(live, "live".into(), "eth0".into())]
+    );
+    assert!(!dir.join(dead.to_string()).exists());
+
+    // the same when the first operation is a read through a handle that knows the valid list
+    // (the plugin's GC lists allocations before collecting)
+    let c2 = alloc1(&b, &c, "dead2");
+    for f in [live.to_string(), c2.to_string(), BOOT_ID_FILE.to_string()] {
+        from_an_earlier_boot(&dir.join(f));
+    }
+    let after = Store::open(&c, NET)
+        .unwrap()
+        .with_boot_id(Some("C"))
+        .keeping(&[("live".into(), "eth0".into())]);
+    assert_eq!(
+        after.allocations().unwrap(),
+        vec![(live, "live".into(), "eth0".into())]
     );
 }
 
@@ -773,6 +971,59 @@ fn host_local_and_weir_read_each_others_stores() {
         s.allocations().unwrap(),
         vec![(hl3, "hl3".into(), "eth0".into())]
     );
+}
+
+/// Issue 7, defect 6: weir ran in an earlier boot (its stamp is old), host-local allocated in this
+/// boot before weir ran again. weir must release the earlier boot's allocation and keep
+/// host-local's, and never hand host-local's address out a second time.
+#[test]
+fn after_a_reboot_weir_keeps_what_host_local_allocated_in_this_boot() {
+    if !Path::new(HOST_LOCAL).exists() {
+        eprintln!("SKIP: {HOST_LOCAL} is absent (apt-get install containernetworking-plugins)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    // two addresses only, so a wrong release shows up as a duplicate at once
+    let ranges = r#"[[{"subnet":"10.79.0.0/24","rangeStart":"10.79.0.2","rangeEnd":"10.79.0.3"}]]"#;
+    let config = format!(
+        r#"{{"cniVersion":"1.0.0","name":"{NET}","type":"bridge",
+            "ipam":{{"type":"host-local","dataDir":"{}","ranges":{ranges}}}}}"#,
+        tmp.path().display()
+    );
+    let c = conf_in(tmp.path(), ranges);
+    let dir = tmp.path().join(NET);
+
+    // the earlier boot: weir allocated 10.79.0.2 and stamped the store
+    let earlier = Store::open(&c, NET)
+        .unwrap()
+        .with_boot_id(Some("earlier-boot"));
+    assert_eq!(alloc1(&earlier, &c, "old"), ip("10.79.0.2"));
+    from_an_earlier_boot(&dir.join("10.79.0.2"));
+    from_an_earlier_boot(&dir.join(BOOT_ID_FILE));
+
+    // this boot: host-local runs first
+    let hl = host_local_ip(&host_local("ADD", "hl", "eth0", &config).unwrap());
+    assert_eq!(hl, ip("10.79.0.3"));
+
+    // then weir: the earlier boot's address is free again, host-local's is not
+    let now = Store::open(&c, NET)
+        .unwrap()
+        .with_boot_id(Some("this-boot"));
+    assert_eq!(now.lookup("hl", "eth0").unwrap(), vec![hl]);
+    assert_eq!(now.lookup("old", "eth0").unwrap(), Vec::<IpAddr>::new());
+    assert_eq!(alloc1(&now, &c, "w1"), ip("10.79.0.2"));
+    assert!(
+        matches!(
+            now.allocate(&c, "w2", "eth0"),
+            Err(IpamError::Exhausted { .. })
+        ),
+        "10.79.0.3 is host-local's: the range is full"
+    );
+    assert_eq!(
+        fs::read_to_string(dir.join("10.79.0.3")).unwrap(),
+        "hl\r\neth0"
+    );
+    host_local("DEL", "hl", "eth0", &config).unwrap();
 }
 
 // ---------------------------------------------------------------- property test

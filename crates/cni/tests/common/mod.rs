@@ -100,6 +100,30 @@ pub fn run_plugin(
     ifname: &str,
     config: &str,
 ) -> PluginRun {
+    run_plugin_env(
+        plugin,
+        node,
+        command,
+        container_id,
+        netns,
+        ifname,
+        config,
+        &[],
+    )
+}
+
+/// [`run_plugin`] with more environment variables (e.g. `CNI_ARGS`).
+#[allow(clippy::too_many_arguments)]
+pub fn run_plugin_env(
+    plugin: &Path,
+    node: &TestNs,
+    command: &str,
+    container_id: &str,
+    netns: Option<&Path>,
+    ifname: &str,
+    config: &str,
+    extra_env: &[(&str, &str)],
+) -> PluginRun {
     let ns = node.open();
     let mut cmd = Command::new(plugin);
     cmd.env_clear()
@@ -114,6 +138,7 @@ pub fn run_plugin(
     if let Some(n) = netns {
         cmd.env("CNI_NETNS", n);
     }
+    cmd.envs(extra_env.iter().copied());
     ns.spawn_inside(&mut cmd);
     let mut child = cmd.spawn().expect("spawn plugin");
     child

@@ -25,4 +25,4 @@ mod state;
 pub use http::HttpRuntime;
 pub use server::ProxyServers;
 pub use service::{health_check_services, OpenError, ServiceHealthServers, ServiceName};
-pub use state::{go_time, HealthStatus, ProxyHealth};
+pub use state::{go_time, HealthStatus, ProxyHealth, SourceCheck};

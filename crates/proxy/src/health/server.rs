@@ -83,17 +83,23 @@ fn route(
     }
 }
 
-/// Fails also while the node is being deleted, so load balancers drain it. The body is
-/// kube-proxy's, byte for byte in shape; when healthy, `lastUpdated` is the current time (a
-/// kube-proxy compatibility quirk: it used to be the last loop run).
+/// Fails also while the node is being deleted, so load balancers drain it, and while the
+/// object source is not current. The body is kube-proxy's, byte for byte in shape; when the
+/// source is at fault a `reason` field says why. When healthy, `lastUpdated` is the current
+/// time (a kube-proxy compatibility quirk: it used to be the last loop run).
 fn healthz(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
     let s = health.status();
     let ok = s.healthy && s.node_eligible;
     let code = if ok { 200 } else { 503 };
     m.healthz_response(code);
     let last = if ok { Some(s.now) } else { s.last_updated };
+    let reason = s
+        .source_error
+        .as_ref()
+        .map(|r| format!(", \"reason\": {}", serde_json::Value::from(r.as_str())))
+        .unwrap_or_default();
     let body = format!(
-        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}}}"#,
+        r#"{{"lastUpdated": "{}","currentTime": "{}", "nodeEligible": {}{reason}}}"#,
         go_time(last),
         go_time(Some(s.now)),
         s.node_eligible
@@ -101,16 +107,13 @@ fn healthz(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
     respond(code, &json_headers(), body)
 }
 
-/// Liveness of the sync loop only: a node being drained is still alive.
+/// Liveness of the sync loop only: a node being drained is still alive, and so is a loop
+/// that waits for its object source while keeping the rules in the kernel.
 fn livez(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
     let s = health.status();
-    let code = if s.healthy { 200 } else { 503 };
+    let code = if s.alive { 200 } else { 503 };
     m.livez_response(code);
-    let last = if s.healthy {
-        Some(s.now)
-    } else {
-        s.last_updated
-    };
+    let last = if s.alive { Some(s.now) } else { s.last_updated };
     let body = format!(
         r#"{{"lastUpdated": "{}","currentTime": "{}"}}"#,
         go_time(last),

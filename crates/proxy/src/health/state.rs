@@ -9,10 +9,24 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// than the timeout (kube-proxy uses 2 × the sync period). Unlike kube-proxy, weir is not
 /// healthy before its first sync: `/healthz` then tells load balancers and probes that the
 /// node does not forward service traffic yet.
-#[derive(Debug)]
 pub struct ProxyHealth {
     timeout: Duration,
     state: Mutex<State>,
+    source: Mutex<Option<SourceCheck>>,
+}
+
+/// Asked on every health request: `Err(why)` while the object source is not current (no
+/// complete view yet, unreadable, stuck or stale). Evaluated at request time, so a source
+/// that hangs is noticed although it reports nothing.
+pub type SourceCheck = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+impl std::fmt::Debug for ProxyHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyHealth")
+            .field("timeout", &self.timeout)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -23,10 +37,15 @@ struct State {
 }
 
 /// One reading of [`ProxyHealth`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthStatus {
-    /// The sync loop is healthy (node eligibility not considered).
+    /// The sync loop is healthy and its source current (node eligibility not considered).
     pub healthy: bool,
+    /// The sync loop itself is working (`/livez`): nothing is late, and either a sync was
+    /// applied or the loop is deliberately waiting for its source (keeping the kernel's rules).
+    pub alive: bool,
+    /// Why the object source is not current, if it is not.
+    pub source_error: Option<String>,
     pub last_updated: Option<SystemTime>,
     pub now: SystemTime,
     pub node_eligible: bool,
@@ -42,7 +61,18 @@ impl ProxyHealth {
                 // Eligible until a Node event says otherwise (as kube-proxy).
                 node_eligible: true,
             }),
+            source: Mutex::new(None),
         }
+    }
+
+    /// Makes health depend on the object source too (see [`SourceCheck`]).
+    pub fn set_source_check(&self, check: SourceCheck) {
+        *self.source.lock().unwrap_or_else(|p| p.into_inner()) = Some(check);
+    }
+
+    fn source_error(&self) -> Option<String> {
+        let check = self.source.lock().unwrap_or_else(|p| p.into_inner());
+        check.as_ref().and_then(|c| c().err())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -70,12 +100,15 @@ impl ProxyHealth {
     }
 
     pub fn status(&self) -> HealthStatus {
+        let source_error = self.source_error();
         let s = self.lock();
         let late = s
             .oldest_pending
             .is_some_and(|t| t.elapsed() >= self.timeout);
         HealthStatus {
-            healthy: s.last_updated.is_some() && !late,
+            healthy: s.last_updated.is_some() && !late && source_error.is_none(),
+            alive: !late && (s.last_updated.is_some() || source_error.is_some()),
+            source_error,
             last_updated: s.last_updated,
             now: SystemTime::now(),
             node_eligible: s.node_eligible,
@@ -153,6 +186,29 @@ mod tests {
         assert!(!late.is_healthy());
         late.updated();
         assert!(late.is_healthy());
+    }
+
+    #[test]
+    fn a_failing_source_fails_health_but_not_liveness() {
+        let h = ProxyHealth::new(Duration::from_secs(3600));
+        let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let f = failing.clone();
+        h.set_source_check(Box::new(move || {
+            if f.load(std::sync::atomic::Ordering::SeqCst) {
+                Err("manifest source failing: /m: cannot read".into())
+            } else {
+                Ok(())
+            }
+        }));
+        // Before any sync, waiting for the source: not ready, but alive (no restart wanted).
+        let s = h.status();
+        assert!(!s.healthy && s.alive);
+        assert!(s.source_error.unwrap().contains("/m"));
+        h.updated();
+        assert!(!h.is_healthy(), "synced, but the source is failing");
+        failing.store(false, std::sync::atomic::Ordering::SeqCst);
+        let s = h.status();
+        assert!(s.healthy && s.alive && s.source_error.is_none());
     }
 
     #[test]

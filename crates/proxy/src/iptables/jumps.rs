@@ -1,11 +1,12 @@
 //! The rules in built-in chains that hook weir's chains in (kube-proxy's
-//! `iptablesJumpChains`, plus kubelet's jumps to KUBE-FIREWALL). They cannot be part of the
+//! `iptablesJumpChains`; kubelet's jumps to its `KUBE-FIREWALL` are kubelet's, not weir's,
+//! so weir neither adds nor removes them). They cannot be part of the
 //! restore input — that would mean owning all of PREROUTING, FORWARD, … — so the backend
 //! checks each with `iptables -C` and inserts only the missing ones, which keeps them
 //! single across restarts.
 
 use super::render::{
-    KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING,
+    KUBE_EXTERNAL_SERVICES, KUBE_FORWARD, KUBE_NODEPORTS, KUBE_POSTROUTING, KUBE_PROXY_FIREWALL,
     KUBE_SERVICES,
 };
 use super::restore::Table;
@@ -47,7 +48,19 @@ const NEW: &[&str] = &["-m", "conntrack", "--ctstate", "NEW"];
 /// Every jump, in the order they should appear at the head of each built-in chain.
 pub fn jumps() -> Vec<Jump> {
     use Table::{Filter, Nat};
-    vec![
+    let mut v: Vec<Jump> = ["INPUT", "FORWARD", "OUTPUT"]
+        .into_iter()
+        .map(|chain| {
+            Jump::new(
+                Filter,
+                chain,
+                NEW,
+                "kubernetes load balancer firewall",
+                KUBE_PROXY_FIREWALL,
+            )
+        })
+        .collect();
+    v.extend([
         Jump::new(
             Filter,
             "INPUT",
@@ -90,11 +103,6 @@ pub fn jumps() -> Vec<Jump> {
             "kubernetes forwarding rules",
             KUBE_FORWARD,
         ),
-        // kubelet's spelling (no comment), so an existing kubelet jump counts as ours.
-        // FORWARD too: a LoadBalancer IP need not be a local address.
-        Jump::new(Filter, "INPUT", &[], "", KUBE_FIREWALL),
-        Jump::new(Filter, "OUTPUT", &[], "", KUBE_FIREWALL),
-        Jump::new(Filter, "FORWARD", &[], "", KUBE_FIREWALL),
         Jump::new(
             Nat,
             "OUTPUT",
@@ -116,5 +124,6 @@ pub fn jumps() -> Vec<Jump> {
             "kubernetes postrouting rules",
             KUBE_POSTROUTING,
         ),
-    ]
+    ]);
+    v
 }

@@ -12,18 +12,24 @@
 //!   with `-m recent --set` when affinity is on).
 //! * `KUBE-EXT-…`: external frontends; masquerade (policy Cluster) or the policy-Local
 //!   short-circuits (pods and the node itself go to `KUBE-SVC`), then SVC/SVL.
-//! * `KUBE-FW-…`: loadBalancerSourceRanges: allowed sources go on to `KUBE-EXT`, the rest is
-//!   marked with `KUBE-MARK-DROP` and dropped by the filter table's `KUBE-FIREWALL`.
-//! * `KUBE-MARK-MASQ`, `KUBE-MARK-DROP`, `KUBE-POSTROUTING` (masquerades marked packets,
-//!   clearing the mark first so a packet re-entering the stack is not masqueraded twice).
+//! * `KUBE-FW-…`: loadBalancerSourceRanges: allowed sources go on to `KUBE-EXT` (and are
+//!   DNATed); the rest falls through un-DNATed and the filter table's `KUBE-PROXY-FIREWALL`
+//!   drops it (kube-proxy ≥ 1.25's layout: no `KUBE-MARK-DROP`).
+//! * `KUBE-MARK-MASQ`, `KUBE-POSTROUTING` (masquerades marked packets, clearing the mark
+//!   first so a packet re-entering the stack is not masqueraded twice).
 //!
 //! filter: `KUBE-SERVICES` / `KUBE-EXTERNAL-SERVICES` REJECT frontends of services without
 //! endpoints (DROP when endpoints exist but none is local under policy Local); these run
 //! before any DNAT could apply, because no nat rule exists for those frontends.
 //! `KUBE-FORWARD` accepts marked and established traffic (FORWARD policy DROP nodes),
-//! `KUBE-NODEPORTS` accepts health-check node ports, `KUBE-FIREWALL` drops `KUBE-MARK-DROP`ed
-//! packets. `KUBE-PROXY-CANARY` (mangle, nat, filter) is never used by a rule: its
-//! disappearance tells the backend that someone flushed the tables.
+//! `KUBE-NODEPORTS` accepts health-check node ports, `KUBE-PROXY-FIREWALL` drops traffic to
+//! source-range-guarded load balancer IPs that `KUBE-FW-…` did not let through.
+//! `KUBE-PROXY-CANARY` (mangle, nat, filter) is never used by a rule; it is kube-proxy's flush
+//! detector, kept for tools that look for it (weir's own check reads rule contents: see
+//! `IptablesBackend`).
+//!
+//! Not weir's: kubelet's `KUBE-FIREWALL` (its CVE-2020-8558 localnet rule) and the
+//! `KUBE-MARK-DROP` of kubelets before 1.28 — weir neither writes nor deletes them.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -43,10 +49,11 @@ pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
 pub const KUBE_EXTERNAL_SERVICES: &str = "KUBE-EXTERNAL-SERVICES";
 pub const KUBE_NODEPORTS: &str = "KUBE-NODEPORTS";
 pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+/// kubelet's chain (not weir's): weir never writes or deletes it.
 pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
 pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
-pub const KUBE_MARK_DROP: &str = "KUBE-MARK-DROP";
 pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 /// Only with more than one cluster CIDR in a family: "masquerade unless the source is in
 /// one of them" needs a chain (iptables takes one `! -s` per rule). kube-proxy accepts a
@@ -54,20 +61,19 @@ pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 pub const KUBE_MARK_MASQ_OFFCLUSTER: &str = "KUBE-MARK-MASQ-OFFCLUSTER";
 
 /// Every fixed chain weir may create, per table (what cleanup removes besides the
-/// per-service chains).
-pub const STATIC_CHAINS: [(Table, &str); 14] = [
+/// per-service chains). kubelet's `KUBE-FIREWALL` and `KUBE-MARK-DROP` are not among them.
+pub const STATIC_CHAINS: [(Table, &str); 13] = [
     (Table::Mangle, KUBE_PROXY_CANARY),
     (Table::Filter, KUBE_SERVICES),
     (Table::Filter, KUBE_EXTERNAL_SERVICES),
     (Table::Filter, KUBE_FORWARD),
     (Table::Filter, KUBE_NODEPORTS),
-    (Table::Filter, KUBE_FIREWALL),
+    (Table::Filter, KUBE_PROXY_FIREWALL),
     (Table::Filter, KUBE_PROXY_CANARY),
     (Table::Nat, KUBE_SERVICES),
     (Table::Nat, KUBE_NODEPORTS),
     (Table::Nat, KUBE_POSTROUTING),
     (Table::Nat, KUBE_MARK_MASQ),
-    (Table::Nat, KUBE_MARK_DROP),
     (Table::Nat, KUBE_PROXY_CANARY),
     (Table::Nat, KUBE_MARK_MASQ_OFFCLUSTER),
 ];
@@ -84,8 +90,6 @@ pub struct IptablesOptions {
     pub families: Vec<IpFamily>,
     /// Masquerade mark bit (kube-proxy's 0x4000).
     pub masquerade_mark: u32,
-    /// `KUBE-MARK-DROP` mark bit (kube-proxy's 0x8000).
-    pub drop_mark: u32,
 }
 
 impl Default for IptablesOptions {
@@ -93,7 +97,6 @@ impl Default for IptablesOptions {
         IptablesOptions {
             families: vec![IpFamily::V4, IpFamily::V6],
             masquerade_mark: 0x4000,
-            drop_mark: 0x8000,
         }
     }
 }
@@ -304,6 +307,17 @@ impl<'a> Shape<'a> {
                 }
                 (FrontendKind::ExternalIp | FrontendKind::LoadBalancer, Some(addr)) => {
                     let lb = fe.kind == FrontendKind::LoadBalancer;
+                    if let (true, Some(_)) = (lb, self.fw) {
+                        let c = comment(&format!(
+                            "{} traffic not accepted by {}",
+                            self.spn, self.ch.fw
+                        ));
+                        out.push((
+                            Table::Filter,
+                            KUBE_PROXY_FIREWALL,
+                            format!("{c} {} -d {addr} --dport {} -j DROP", self.proto, fe.port),
+                        ));
+                    }
                     if self.ext_used {
                         let what = if lb { "loadbalancer IP" } else { "external IP" };
                         let to = match self.fw {
@@ -388,8 +402,12 @@ impl<'a> Shape<'a> {
                 .filter(|r| IpFamily::of_net(r) == ctx.family)
                 .map(|r| format!("{c} -s {r} -j {}", self.ch.ext))
                 .collect();
-            let c = comment(&format!("other traffic to {} will be dropped", self.spn));
-            rules.push(format!("{c} -j {KUBE_MARK_DROP}"));
+            // No target: what is not let through stays un-DNATed, for KUBE-PROXY-FIREWALL.
+            let c = comment(&format!(
+                "other traffic to {} loadbalancer IP will be dropped by {KUBE_PROXY_FIREWALL}",
+                self.spn
+            ));
+            rules.push(c);
             out.push((self.ch.fw.clone(), rules));
         }
         let mut seps: Vec<&Endpoint> = Vec::new();
@@ -532,6 +550,7 @@ fn listing(r: &mut Restore, view: &Plan, ctx: &Ctx) {
         (Table::Filter, KUBE_SERVICES),
         (Table::Filter, KUBE_EXTERNAL_SERVICES),
         (Table::Filter, KUBE_NODEPORTS),
+        (Table::Filter, KUBE_PROXY_FIREWALL),
         (Table::Nat, KUBE_SERVICES),
         (Table::Nat, KUBE_NODEPORTS),
     ] {
@@ -586,7 +605,6 @@ fn chain_names(k: &ServicePortKey, sp: &ServicePortPlan, ctx: &Ctx) -> BTreeSet<
 /// the cluster CIDRs, never with a service).
 fn fixed(r: &mut Restore, ctx: &Ctx) {
     let masq = format!("{:#x}", ctx.o.masquerade_mark);
-    let drop = format!("{:#x}", ctx.o.drop_mark);
     // Declared in kube-proxy's order (the listing chains are filled by `listing`).
     r.declare(Table::Mangle, KUBE_PROXY_CANARY);
     for c in [
@@ -594,7 +612,7 @@ fn fixed(r: &mut Restore, ctx: &Ctx) {
         KUBE_EXTERNAL_SERVICES,
         KUBE_FORWARD,
         KUBE_NODEPORTS,
-        KUBE_FIREWALL,
+        KUBE_PROXY_FIREWALL,
         KUBE_PROXY_CANARY,
     ] {
         r.declare(Table::Filter, c);
@@ -604,7 +622,6 @@ fn fixed(r: &mut Restore, ctx: &Ctx) {
         KUBE_NODEPORTS,
         KUBE_POSTROUTING,
         KUBE_MARK_MASQ,
-        KUBE_MARK_DROP,
         KUBE_PROXY_CANARY,
     ] {
         r.declare(Table::Nat, c);
@@ -623,14 +640,6 @@ fn fixed(r: &mut Restore, ctx: &Ctx) {
         &format!(
             "{} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
             comment("kubernetes forwarding conntrack rule")
-        ),
-    );
-    r.rule(
-        Table::Filter,
-        KUBE_FIREWALL,
-        &format!(
-            "{} -m mark --mark {drop}/{drop} -j DROP",
-            comment("kubernetes firewall for dropping marked packets")
         ),
     );
     r.rule(
@@ -656,11 +665,6 @@ fn fixed(r: &mut Restore, ctx: &Ctx) {
         Table::Nat,
         KUBE_MARK_MASQ,
         &format!("-j MARK --or-mark {masq}"),
-    );
-    r.rule(
-        Table::Nat,
-        KUBE_MARK_DROP,
-        &format!("-j MARK --or-mark {drop}"),
     );
     if ctx.cidrs.len() > 1 {
         r.declare(Table::Nat, KUBE_MARK_MASQ_OFFCLUSTER);

@@ -144,11 +144,34 @@ pub fn delete_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -
     matches!(rule_op(family, table, "-D", chain, args), Ok(true))
 }
 
-/// Whether `chain` exists in `table` (`iptables -S chain` fails for a missing one).
-pub fn chain_exists(family: IpFamily, table: Table, chain: &str) -> Result<bool> {
+/// `iptables -t table -S chain [rulenum]`: the chain's rules (or rule `rulenum`, 1-based)
+/// in save syntax; `None` if the chain (or that rule) does not exist.
+pub fn list_chain(
+    family: IpFamily,
+    table: Table,
+    chain: &str,
+    rulenum: Option<usize>,
+) -> Result<Option<String>> {
     let bin = binary(family, "iptables");
-    let out = run(&bin, &["-w", "-t", table.name(), "-S", chain], None)?;
-    Ok(out.status.success())
+    let n = rulenum.map(|n| n.to_string());
+    let mut args = vec!["-w", "-t", table.name(), "-S", chain];
+    args.extend(n.as_deref());
+    let out = run(&bin, &args, None)?;
+    match out.status.code() {
+        Some(0) => {
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            // A rule number past the end prints nothing and succeeds (iptables 1.8.9).
+            let missing_rule = rulenum.is_some() && !text.lines().any(|l| l.starts_with("-A "));
+            Ok((!missing_rule).then_some(text))
+        }
+        Some(1) => Ok(None),
+        _ => Err(tool_error(&bin, &out)),
+    }
+}
+
+/// Creates `chain` unless it exists.
+pub fn ensure_chain(family: IpFamily, table: Table, chain: &str) -> Result<()> {
+    rule_op(family, table, "-N", chain, &[]).map(|_| ())
 }
 
 /// Whether `bin` can be started at all (cleanup on a host without it has nothing to do).

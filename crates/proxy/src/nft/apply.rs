@@ -20,7 +20,7 @@ use weir_model::Plan;
 use super::netlink::{NftNetlink, Op, RawData, RawElement};
 use super::render::{
     render_full, render_structure, render_update_parts, ruleset, update, EndpointRefs, NftOptions,
-    Ruleset,
+    Ruleset, Update,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 
@@ -33,6 +33,9 @@ pub struct NftBackend {
     applied: Option<Plan>,
     /// Endpoint address counts of `applied` (hairpin pairs), kept up to date incrementally.
     refs: EndpointRefs,
+    /// Rules per chain that the kernel holds after the last sync (what `intact` compares
+    /// with). Kept up to date by every path that writes chains.
+    expected_rules: HashMap<String, usize>,
     netlink: Option<NftNetlink>,
 }
 
@@ -42,6 +45,7 @@ impl NftBackend {
             opts,
             applied: None,
             refs: EndpointRefs::default(),
+            expected_rules: HashMap::new(),
             netlink: None,
         }
     }
@@ -55,25 +59,55 @@ impl NftBackend {
 
     fn full_sync(&mut self, plan: &Plan) -> Result<()> {
         let rs = ruleset(plan, &self.opts);
+        let expected = rs
+            .chains
+            .iter()
+            .filter(|(_, _, rules)| !rules.is_empty())
+            .map(|(name, _, rules)| (name.clone(), rules.len()))
+            .collect();
         if let Err(e) = nft_script(&render_structure(&rs, &self.opts)) {
             // A declaration that differs from the kernel's (an older weir's table) cannot
             // be changed in place: replace the whole table in one transaction.
             tracing::warn!("in-place structure update failed ({e}); replacing the table");
-            return nft_script(&render_full(plan, &self.opts));
+            nft_script(&render_full(plan, &self.opts))?;
+        } else {
+            let ops = self.reconcile_elements(&rs)?;
+            let table = self.opts.table.clone();
+            for chunk in ops.chunks(COLD_START_CHUNK) {
+                self.netlink()?.apply(&table, chunk)?;
+            }
+            self.remove_stale(&rs)?;
         }
-        let ops = self.reconcile_elements(&rs)?;
-        let table = self.opts.table.clone();
-        for chunk in ops.chunks(COLD_START_CHUNK) {
-            self.netlink()?.apply(&table, chunk)?;
-        }
-        self.remove_stale(&rs)
+        self.refs = rs.refs;
+        self.expected_rules = expected;
+        Ok(())
     }
 
-    /// The canary: the table and its dispatch chain still exist (someone running
-    /// `nft flush ruleset` or deleting the table makes the next sync a full one).
-    fn intact(&mut self) -> Result<bool> {
+    /// The canary: every chain of weir's table holds as many rules as weir wrote. A deleted
+    /// table (`nft flush ruleset`), a flushed table or chain (`nft flush table inet weir`,
+    /// firewall reloads) or a rule someone added or deleted makes it false. One netlink
+    /// dump of the table's rules, whose number does not grow with the number of services.
+    fn canary_intact(&mut self) -> Result<bool> {
         let table = self.opts.table.clone();
-        self.netlink()?.chain_exists(&table, "services")
+        if !self.netlink()?.chain_exists(&table, "services")? {
+            return Ok(false);
+        }
+        let counts = self.netlink()?.rule_counts(&table)?;
+        Ok(counts == self.expected_rules)
+    }
+
+    /// Keeps `expected_rules` in step with an update written with `nft -f`.
+    fn expect_update(&mut self, u: &Update) {
+        for c in u.flush_chains.iter().chain(&u.delete_chains) {
+            self.expected_rules.remove(c);
+        }
+        for (c, rules) in &u.add_chains {
+            if rules.is_empty() {
+                self.expected_rules.remove(c);
+            } else {
+                self.expected_rules.insert(c.clone(), rules.len());
+            }
+        }
     }
 
     /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
@@ -218,7 +252,7 @@ impl Backend for NftBackend {
         let start = Instant::now();
         // Taken out: on any failure `applied` stays None and the next sync is a full one.
         let mut old = self.applied.take();
-        if old.is_some() && !self.intact()? {
+        if old.is_some() && !self.canary_intact()? {
             tracing::warn!("weir's nftables table was changed behind its back: full resync");
             old = None;
         }
@@ -242,13 +276,13 @@ impl Backend for NftBackend {
                     self.netlink()?.apply(&table, &ops)?;
                 } else {
                     nft_script(&render_update_parts(&u, &self.opts))?;
+                    self.expect_update(&u);
                 }
-                self.refs.update(old, plan, &d.touched());
+                self.refs.update(old, plan, &d.touched(), &self.opts);
                 (SyncKind::Partial, u.touched)
             }
             _ => {
                 self.full_sync(plan)?;
-                self.refs = EndpointRefs::of(plan);
                 (SyncKind::Full, plan.services.len())
             }
         };
@@ -258,6 +292,17 @@ impl Backend for NftBackend {
             elapsed: start.elapsed(),
             service_ports_touched: touched,
         })
+    }
+
+    fn intact(&mut self) -> Result<bool> {
+        if self.applied.is_none() {
+            return Ok(true);
+        }
+        self.canary_intact()
+    }
+
+    fn invalidate(&mut self) {
+        self.applied = None;
     }
 
     fn cleanup(&mut self) -> Result<()> {

@@ -7,6 +7,7 @@
 //! small (a batch, one message type, a few nested attributes) and every path is checked
 //! against the `nft` tool's own view of the result in the kernel tests.
 
+use std::collections::HashMap;
 use std::io;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_GETSETELEM: u16 = 13;
@@ -33,6 +35,8 @@ const NFPROTO_INET: u8 = 1;
 const NLA_F_NESTED: u16 = 0x8000;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_SET_TABLE: u16 = 1;
 const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
@@ -333,6 +337,31 @@ impl NftNetlink {
                 };
             }
         }
+    }
+
+    /// The number of rules in each chain of table `table` (family inet; chains without
+    /// rules are absent). One dump of the table's rules: weir's table has a fixed number of
+    /// chains whatever the number of services, so this stays cheap. It is how the backend
+    /// notices that someone flushed its chains (`nft flush table`, `nft flush chain`).
+    pub fn rule_counts(&mut self, table: &str) -> Result<HashMap<String, usize>> {
+        let mut body = Vec::new();
+        attr_str(&mut body, NFTA_RULE_TABLE, table);
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for msg in self.dump_request(NFT_MSG_GETRULE, &body, &format!("list rules of {table}"))? {
+            // The kernel filters the dump by table; check anyway (older kernels did not).
+            let name = |kind| {
+                find(&msg, kind).map(|n| {
+                    String::from_utf8_lossy(n.split(|b| *b == 0).next().unwrap_or(n)).into_owned()
+                })
+            };
+            if name(NFTA_RULE_TABLE).as_deref() != Some(table) {
+                continue;
+            }
+            if let Some(chain) = name(NFTA_RULE_CHAIN) {
+                *counts.entry(chain).or_default() += 1;
+            }
+        }
+        Ok(counts)
     }
 
     /// Every element of set `set` in table `table` (family inet).

@@ -92,7 +92,7 @@ fn ep_literal(ep: &Endpoint) -> String {
 }
 
 /// A shared balancing chain: endpoint map, endpoint count, masquerade policy.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Class {
     family: IpFamily,
     /// `ep`, `scep`, `npep`, `npscep`.
@@ -530,21 +530,41 @@ fn endpoint_ips(sp: &ServicePortPlan) -> impl Iterator<Item = IpAddr> + '_ {
         .map(|e| e.ip)
 }
 
-/// How many endpoint entries of a plan use each address: a hairpin pair exists while its
-/// address is used. Kept by the backend across syncs so that an update finds out whether an
-/// address appeared or vanished from the touched services alone.
+/// Use counts the backend keeps across syncs so that an update finds out, from the touched
+/// service ports alone, what appeared or vanished: how many endpoint entries use each
+/// address (a hairpin pair exists while its address is used) and how many service ports
+/// use each shared balancing chain (a chain exists while it is used).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EndpointRefs(HashMap<IpAddr, u32>);
+pub struct EndpointRefs {
+    addrs: HashMap<IpAddr, u32>,
+    classes: HashMap<Class, u32>,
+}
+
+fn bump<K: std::hash::Hash + Eq>(m: &mut HashMap<K, u32>, k: K, d: i64) {
+    let n = i64::from(m.get(&k).copied().unwrap_or(0)) + d;
+    if n > 0 {
+        m.insert(k, n as u32);
+    } else {
+        m.remove(&k);
+    }
+}
 
 impl EndpointRefs {
-    pub fn of(plan: &Plan) -> Self {
+    pub fn of(plan: &Plan, o: &NftOptions) -> Self {
         let mut refs = EndpointRefs::default();
-        for sp in plan.services.values() {
-            for ip in endpoint_ips(sp) {
-                *refs.0.entry(ip).or_default() += 1;
-            }
+        for (k, sp) in &plan.services {
+            refs.add(sp, &contrib(k, sp, o).classes, 1);
         }
         refs
+    }
+
+    fn add(&mut self, sp: &ServicePortPlan, classes: &BTreeSet<Class>, d: i64) {
+        for ip in endpoint_ips(sp) {
+            bump(&mut self.addrs, ip, d);
+        }
+        for c in classes {
+            bump(&mut self.classes, c.clone(), d);
+        }
     }
 
     /// Per address, the change in use count when `touched` go from `old` to `new`.
@@ -572,13 +592,19 @@ impl EndpointRefs {
     }
 
     /// Moves the counts from `old` to `new` (`self` must be the counts of `old`).
-    pub fn update(&mut self, old: &Plan, new: &Plan, touched: &BTreeSet<&ServicePortKey>) {
-        for (ip, d) in Self::deltas(old, new, touched) {
-            let n = i64::from(self.0.get(&ip).copied().unwrap_or(0)) + d;
-            if n > 0 {
-                self.0.insert(ip, n as u32);
-            } else {
-                self.0.remove(&ip);
+    pub fn update(
+        &mut self,
+        old: &Plan,
+        new: &Plan,
+        touched: &BTreeSet<&ServicePortKey>,
+        o: &NftOptions,
+    ) {
+        for k in touched {
+            if let Some(sp) = old.services.get(*k) {
+                self.add(sp, &contrib(k, sp, o).classes, -1);
+            }
+            if let Some(sp) = new.services.get(*k) {
+                self.add(sp, &contrib(k, sp, o).classes, 1);
             }
         }
     }
@@ -594,7 +620,7 @@ fn hairpin_changes(
 ) -> (Vec<SetElement>, Vec<SetElement>) {
     let (mut gone, mut came) = (BTreeSet::new(), BTreeSet::new());
     for (ip, d) in EndpointRefs::deltas(old, new, touched) {
-        let before = i64::from(refs.0.get(&ip).copied().unwrap_or(0));
+        let before = i64::from(refs.addrs.get(&ip).copied().unwrap_or(0));
         match (before > 0, before + d > 0) {
             (true, false) => gone.insert(ip),
             (false, true) => came.insert(ip),
@@ -640,6 +666,8 @@ pub struct Ruleset {
     /// Frontends claimed by more than one service port (the first in plan order wins).
     pub conflicts: Vec<String>,
     pub service_ports: usize,
+    /// The use counts of the plan (what the backend keeps for its updates).
+    pub refs: EndpointRefs,
 }
 
 impl Ruleset {
@@ -660,8 +688,10 @@ pub fn ruleset(plan: &Plan, o: &NftOptions) -> Ruleset {
     let mut chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut sets: BTreeMap<String, String> = BTreeMap::new();
     let mut classes = BTreeSet::new();
+    let mut refs = EndpointRefs::default();
     for (k, sp) in &plan.services {
         let c = contrib(k, sp, o);
+        refs.add(sp, &c.classes, 1);
         elements.extend(c.elements);
         chains.extend(c.chains);
         sets.extend(c.sets);
@@ -684,6 +714,7 @@ pub fn ruleset(plan: &Plan, o: &NftOptions) -> Ruleset {
         elements,
         conflicts,
         service_ports: plan.services.len(),
+        refs,
     }
 }
 
@@ -824,7 +855,7 @@ pub fn render_update(old: &Plan, new: &Plan, diff: &PlanDiff, o: &NftOptions) ->
     if diff.globals_changed {
         return render_full(new, o);
     }
-    render_update_parts(&update(old, new, diff, o, &EndpointRefs::of(old)), o)
+    render_update_parts(&update(old, new, diff, o, &EndpointRefs::of(old, o)), o)
 }
 
 /// The parts of an incremental update (`diff.globals_changed` must be false).
@@ -843,8 +874,8 @@ pub fn update(
     let mut delete_sets = BTreeSet::new();
     let mut add_sets = BTreeMap::new();
     let mut add_chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut classes = BTreeSet::new();
-    let mut old_classes = BTreeSet::new();
+    // Per balancing chain, the change in the number of service ports using it.
+    let mut users: HashMap<Class, i64> = HashMap::new();
     for k in diff.touched() {
         let oc = old
             .services
@@ -877,17 +908,29 @@ pub fn update(
             }
             add_chains.extend(nc.chains);
         }
-        classes.extend(nc.classes);
-        old_classes.extend(oc.classes);
-    }
-    // A balancing chain the old plan lacked is created (or, if an unused one lingers from
-    // earlier, flushed and refilled) before the elements that jump to it.
-    if !classes.is_subset(&old_classes) {
-        for (k, sp) in &old.services {
-            old_classes.extend(contrib(k, sp, o).classes);
+        for c in oc.classes {
+            *users.entry(c).or_default() -= 1;
         }
-        for c in classes.difference(&old_classes) {
-            add_chains.insert(c.name(), c.rules(o));
+        for c in nc.classes {
+            *users.entry(c).or_default() += 1;
+        }
+    }
+    // Balancing chains are shared: one is created (or, if it lingers from earlier, flushed
+    // and refilled) before the first elements that jump to it, and deleted by the update
+    // that removes its last user, after the elements that jumped to it. `refs` counts the
+    // users in `old`, so this costs the touched service ports only.
+    for (c, d) in users {
+        let before = i64::from(refs.classes.get(&c).copied().unwrap_or(0));
+        match (before > 0, before + d > 0) {
+            (false, true) => {
+                add_chains.insert(c.name(), c.rules(o));
+            }
+            (true, false) => {
+                // Emptied first: older kernels refuse to delete a chain holding rules.
+                flush_chains.insert(c.name());
+                delete_chains.insert(c.name());
+            }
+            _ => {}
         }
     }
     let (gone, came) = hairpin_changes(old, new, &diff.touched(), refs);

@@ -1,6 +1,8 @@
 //! Fixtures and helpers the proxy's test binaries share.
 #![allow(dead_code)]
 
+pub mod lab;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

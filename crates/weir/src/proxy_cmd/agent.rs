@@ -8,7 +8,9 @@ use anyhow::Context;
 use tracing::{info, warn};
 use weir_model::{Plan, Planner, ProxyConfig};
 use weir_proxy::{Backend, SyncKind};
-use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
+use weir_source::{
+    watch_dir, Limits, ManifestDir, PollWatcher, SharedStore, SourceStatus, WatchEvent,
+};
 
 use super::config::Settings;
 
@@ -41,6 +43,8 @@ fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
         cluster_cidrs: s.cluster_cidrs.clone(),
         masquerade_all: s.masquerade_all,
         nodeport_addresses: s.nodeport_addresses.clone(),
+        nodeport_default: s.nodeport_default,
+        localhost_nodeports: s.localhost_nodeports,
         zone: None,
     })
 }
@@ -64,6 +68,84 @@ pub trait SyncObserver {
     /// Whether this node should receive load-balancer traffic (kube-proxy's /healthz
     /// fails while the Node is being deleted or drained by the cluster autoscaler).
     fn node_eligible(&mut self, _eligible: bool) {}
+    /// The object source started: health follows `status` (stale after `stale_after`).
+    fn source_started(&mut self, _status: SourceStatus, _stale_after: Duration) {}
+    /// Called on the source's thread with each of its reports (for metrics).
+    fn source_reporter(&self) -> Box<dyn Fn(&WatchEvent<'_>) + Send> {
+        Box::new(|_| {})
+    }
+}
+
+/// How long the manifest source may go without completing a scan before health reports it
+/// stale: ten polls, and never less than 5 s (a big directory takes a while to parse).
+pub fn source_stale_after(poll: Duration) -> Duration {
+    (10 * poll).max(Duration::from_secs(5))
+}
+
+/// Starts the manifest watcher (with last-known-good copies under the state directory) and
+/// wires its reports into the log and the observer.
+fn start_source(
+    settings: &Settings,
+    store: &SharedStore,
+    observer: &mut dyn SyncObserver,
+) -> PollWatcher {
+    let limits = Limits {
+        max_file_bytes: settings.manifest_max_file_size,
+        ..Limits::default()
+    };
+    let fresh = || ManifestDir::with_limits(&settings.manifests, limits.clone());
+    let dir = match fresh().with_last_good(&settings.state_dir) {
+        Ok(dir) => dir,
+        Err(e) => {
+            warn!(
+                state_dir = %settings.state_dir.display(),
+                "no last-known-good copies (an invalid manifest will not survive a restart): {e}"
+            );
+            fresh()
+        }
+    };
+    let report = observer.source_reporter();
+    let watcher = watch_dir(
+        dir,
+        settings.manifest_poll_interval,
+        store.clone(),
+        move |ev| {
+            match &ev {
+                WatchEvent::Error(e) => warn!("{e}"),
+                WatchEvent::Resolved(e) => info!("resolved: {e}"),
+                // A long scan parsed a lot: hand the parser's garbage back to the kernel.
+                WatchEvent::Scanned { duration, .. } if *duration > Duration::from_millis(100) => {
+                    release_freed_memory()
+                }
+                WatchEvent::Scanned { .. } => {}
+            }
+            report(&ev);
+        },
+    );
+    let stale_after = source_stale_after(settings.manifest_poll_interval);
+    observer.source_started(watcher.status(), stale_after);
+    watcher
+}
+
+/// Blocks until the source has produced a complete first view. Until then nothing is
+/// synced, so whatever rules the kernel holds (from an earlier run) stay in place: an
+/// unreadable or missing directory must never become an empty world.
+fn wait_for_first_view(status: &SourceStatus, stale_after: Duration) {
+    let mut said = false;
+    let started = Instant::now();
+    while !status.ready() {
+        // Quiet during the first scan of an ordinary start.
+        if !said && started.elapsed() > Duration::from_secs(1) {
+            if let Err(why) = status.check(stale_after) {
+                warn!("not syncing yet, the rules in the kernel are kept: {why}");
+                said = true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if said {
+        info!("manifest source ready: syncing");
+    }
 }
 
 /// The EndpointSlice annotation the EndpointSlice controller sets to when the change that
@@ -115,18 +197,11 @@ pub fn run(
     observer: &mut dyn SyncObserver,
 ) -> anyhow::Result<()> {
     let store = SharedStore::new();
-    // The first scan happens here, before any sync: a restart must never apply an empty
-    // object set (that would delete every service's rules) just because the watcher has not
-    // reported yet.
-    let mut dir = ManifestDir::new(&settings.manifests);
-    let report = dir.scan();
-    for e in &report.errors {
-        warn!("{e}");
-    }
-    store.apply(Event::Resync(dir.objects()));
-    let _watcher = watch_dir(dir, settings.manifest_poll_interval, store.clone(), |e| {
-        warn!("{e}")
-    });
+    let watcher = start_source(settings, &store, observer);
+    wait_for_first_view(
+        &watcher.status(),
+        source_stale_after(settings.manifest_poll_interval),
+    );
 
     let mut applied: Option<Plan> = None;
     let mut planner = Planner::default();
@@ -134,6 +209,8 @@ pub fn run(
     let mut programmed: Option<weir_model::Snapshot> = None;
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
+    let mut last_full: Option<Instant> = None;
+    let mut last_check = Instant::now();
     let mut failing = false;
     loop {
         if let Some(last) = last_sync {
@@ -165,9 +242,32 @@ pub fn run(
         for w in &plan.warnings {
             warn!("plan: {w}");
         }
+        // Every --sync-period, even while changes keep coming, check that the kernel still
+        // holds what weir wrote (an outside flush is repaired by a full sync); and every
+        // --full-sync-period rewrite every rule regardless (kube-proxy: hourly).
+        if last_check.elapsed() >= settings.sync_period {
+            last_check = Instant::now();
+            match backend.intact() {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(
+                        mode = backend.mode(),
+                        "weir's rules were changed behind its back (an outside flush?); full resync"
+                    );
+                    backend.invalidate();
+                }
+                Err(e) => warn!(mode = backend.mode(), "checking the rules failed: {e}"),
+            }
+        }
+        if last_full.is_some_and(|t| t.elapsed() >= settings.full_sync_period) {
+            backend.invalidate();
+        }
         match backend.sync(&plan) {
             Ok(report) => {
                 failing = false;
+                if report.kind == SyncKind::Full {
+                    last_full = Some(Instant::now());
+                }
                 if report.kind != SyncKind::Noop {
                     info!(
                         mode = backend.mode(),

@@ -8,6 +8,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use ipnet::IpNet;
 use serde::Deserialize;
+use weir_model::NodePortDefault;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -35,6 +36,12 @@ pub struct ProxyFlags {
     /// How often the manifest directory is checked for changes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub manifest_poll_interval: Option<Duration>,
+    /// Largest manifest file read, in bytes (larger files are reported and keep their objects).
+    #[arg(long, value_name = "BYTES")]
+    pub manifest_max_file_size: Option<u64>,
+    /// Where last-known-good copies of the manifests' objects are kept across restarts.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub proxy_mode: Option<ProxyMode>,
     /// Pod CIDRs of the cluster, comma-separated.
@@ -44,6 +51,8 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
     /// CIDRs whose local addresses serve NodePorts, or `primary` (the node's own IPs).
+    /// Unset: every local address in iptables mode, `primary` in nftables mode (as
+    /// kube-proxy). A loopback CIDR enables localhost NodePorts (iptables mode only).
     #[arg(long, value_name = "CIDR[,CIDR]|primary", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
     /// Masquerade all traffic sent to service IPs.
@@ -52,6 +61,10 @@ pub struct ProxyFlags {
     /// Periodic resync interval (Go duration, e.g. 30s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub sync_period: Option<Duration>,
+    /// Interval of the periodic full resync, which rewrites every rule even when nothing
+    /// seems to have changed (kube-proxy: one hour, fixed).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub full_sync_period: Option<Duration>,
     /// Minimum interval between syncs; changes arriving faster are batched.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_sync_period: Option<Duration>,
@@ -71,13 +84,21 @@ pub struct ProxyFlags {
 pub struct Settings {
     pub manifests: PathBuf,
     pub manifest_poll_interval: Duration,
+    pub manifest_max_file_size: u64,
+    pub state_dir: PathBuf,
     pub mode: ProxyMode,
     pub cluster_cidrs: Vec<IpNet>,
     pub node_name: String,
-    /// Empty: the node's primary addresses.
+    /// Empty: `nodeport_default`.
     pub nodeport_addresses: Vec<IpNet>,
+    pub nodeport_default: NodePortDefault,
+    /// Loopback addresses may serve NodePorts (iptables mode, with `route_localnet`).
+    pub localhost_nodeports: bool,
     pub masquerade_all: bool,
+    /// How often the proxy re-checks its rules (and resyncs if they were changed).
     pub sync_period: Duration,
+    /// How often every rule is rewritten regardless.
+    pub full_sync_period: Duration,
     pub min_sync_period: Duration,
     pub healthz_bind_address: SocketAddr,
     pub metrics_bind_address: SocketAddr,
@@ -228,6 +249,10 @@ impl ProxyFlags {
             )?
             .unwrap_or(Duration::from_secs(30)),
         };
+        let full_sync_period = self.full_sync_period.unwrap_or(Duration::from_secs(3600));
+        if full_sync_period.is_zero() || sync_period.is_zero() {
+            bail!("--sync-period and --full-sync-period must be greater than 0");
+        }
         let min_sync_period = match self.min_sync_period {
             Some(d) => d,
             None => file_duration(
@@ -249,11 +274,39 @@ impl ProxyFlags {
                 .collect();
             parse_cidrs(&items, "config clusterCIDR")?
         };
-        let nodeport_addresses = if !self.nodeport_addresses.is_empty() {
-            parse_cidrs(&self.nodeport_addresses, "--nodeport-addresses")?
+        let (np_items, np_what) = if !self.nodeport_addresses.is_empty() {
+            (&self.nodeport_addresses, "--nodeport-addresses")
         } else {
-            parse_cidrs(&file.node_port_addresses, "config nodePortAddresses")?
+            (&file.node_port_addresses, "config nodePortAddresses")
         };
+        let nodeport_addresses = parse_cidrs(np_items, np_what)?;
+        let explicit_primary = np_items.iter().any(|s| s.trim() == "primary");
+        if explicit_primary && !nodeport_addresses.is_empty() {
+            bail!("{np_what}: \"primary\" cannot be combined with CIDRs");
+        }
+        // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
+        // nftables on the node's primary IPs.
+        let nodeport_default = match (mode, explicit_primary) {
+            (ProxyMode::Iptables, false) => NodePortDefault::AllLocal,
+            _ => NodePortDefault::Primary,
+        };
+        let localhost_nodeports = mode == ProxyMode::Iptables;
+        let loopback: Vec<&IpNet> = nodeport_addresses
+            .iter()
+            .filter(|n| n.network().is_loopback())
+            .collect();
+        for n in &loopback {
+            match (mode, n) {
+                (ProxyMode::Nftables, _) => warn(format!(
+                    "{np_what}: {n}: localhost NodePorts are not supported in nftables mode \
+                     (as in kube-proxy); loopback addresses are ignored"
+                )),
+                (ProxyMode::Iptables, IpNet::V6(_)) => warn(format!(
+                    "{np_what}: {n}: IPv6 localhost NodePorts cannot work; ignored"
+                )),
+                (ProxyMode::Iptables, IpNet::V4(_)) => {}
+            }
+        }
         let node_name = match self.hostname_override.clone().or(file.hostname_override) {
             Some(n) if !n.trim().is_empty() => n.trim().to_lowercase(),
             _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -280,13 +333,21 @@ impl ProxyFlags {
             manifest_poll_interval: self
                 .manifest_poll_interval
                 .unwrap_or(Duration::from_millis(500)),
+            manifest_max_file_size: self.manifest_max_file_size.unwrap_or(4 << 20),
+            state_dir: self
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/var/lib/weir/proxy")),
             mode,
             cluster_cidrs,
             node_name,
             nodeport_addresses,
+            nodeport_default,
+            localhost_nodeports,
             masquerade_all: self.masquerade_all
                 || section.and_then(|s| s.masquerade_all).unwrap_or(false),
             sync_period,
+            full_sync_period,
             min_sync_period,
             healthz_bind_address: addr(
                 self.healthz_bind_address,
@@ -382,5 +443,54 @@ mod tests {
         assert!(e.to_string().contains("syncPeriod"), "{e}");
         let e = settings_from(ProxyFlags::default(), "kind: Pod\n").unwrap_err();
         assert!(e.to_string().contains("Pod"), "{e}");
+    }
+
+    #[test]
+    fn nodeport_defaults_follow_kube_proxy_per_mode() {
+        let flags = |mode, np: &[&str]| ProxyFlags {
+            proxy_mode: Some(mode),
+            nodeport_addresses: np.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let (s, w) = settings_from(flags(ProxyMode::Iptables, &[]), "").unwrap();
+        assert_eq!(s.nodeport_default, NodePortDefault::AllLocal);
+        assert!(s.localhost_nodeports && w.is_empty(), "{w:?}");
+        let (s, _) = settings_from(flags(ProxyMode::Iptables, &["primary"]), "").unwrap();
+        assert_eq!(s.nodeport_default, NodePortDefault::Primary);
+        let (s, _) = settings_from(flags(ProxyMode::Nftables, &[]), "").unwrap();
+        assert_eq!(s.nodeport_default, NodePortDefault::Primary);
+        assert!(!s.localhost_nodeports);
+        // Localhost NodePorts: iptables mode takes them; nftables says it cannot.
+        let (s, w) = settings_from(flags(ProxyMode::Iptables, &["127.0.0.0/8"]), "").unwrap();
+        assert_eq!(s.nodeport_addresses.len(), 1);
+        assert!(w.is_empty(), "{w:?}");
+        let (_, w) = settings_from(flags(ProxyMode::Nftables, &["127.0.0.0/8"]), "").unwrap();
+        assert!(
+            w.len() == 1 && w[0].contains("127.0.0.0/8") && w[0].contains("nftables"),
+            "{w:?}"
+        );
+        let e =
+            settings_from(flags(ProxyMode::Nftables, &["primary", "10.0.0.0/8"]), "").unwrap_err();
+        assert!(e.to_string().contains("primary"), "{e}");
+    }
+
+    #[test]
+    fn full_sync_period_defaults_to_an_hour() {
+        let (s, _) = settings_from(ProxyFlags::default(), "").unwrap();
+        assert_eq!(s.full_sync_period, Duration::from_secs(3600));
+        assert_eq!(s.sync_period, Duration::from_secs(30));
+        let flags = ProxyFlags {
+            full_sync_period: Some(Duration::from_secs(600)),
+            ..Default::default()
+        };
+        assert_eq!(
+            settings_from(flags, "").unwrap().0.full_sync_period,
+            Duration::from_secs(600)
+        );
+        let flags = ProxyFlags {
+            full_sync_period: Some(Duration::ZERO),
+            ..Default::default()
+        };
+        assert!(settings_from(flags, "").is_err());
     }
 }

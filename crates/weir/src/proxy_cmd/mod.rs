@@ -19,6 +19,10 @@ pub use config::{ProxyFlags, ProxyMode};
 pub struct ProxyArgs {
     #[command(subcommand)]
     command: Option<ProxyCommand>,
+    /// Remove weir's proxy rules of every mode (or of --proxy-mode) and exit, like
+    /// `weir proxy cleanup` (kube-proxy's spelling).
+    #[arg(long)]
+    cleanup: bool,
     #[command(flatten)]
     flags: ProxyFlags,
 }
@@ -47,20 +51,24 @@ fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
     }
 }
 
+/// Removes the rules of `mode`, or of every mode.
+fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
+    let modes = match mode {
+        Some(m) => vec![m],
+        None => vec![ProxyMode::Nftables, ProxyMode::Iptables],
+    };
+    for m in modes {
+        backend(m)?.cleanup()?;
+        eprintln!("weir proxy cleanup: {} rules removed", m.as_str());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
     match args.command {
-        Some(ProxyCommand::Cleanup { proxy_mode }) => {
-            let modes = match proxy_mode {
-                Some(m) => vec![m],
-                None => vec![ProxyMode::Nftables, ProxyMode::Iptables],
-            };
-            for m in modes {
-                backend(m)?.cleanup()?;
-                eprintln!("weir proxy cleanup: {} rules removed", m.as_str());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Some(ProxyCommand::Cleanup { proxy_mode }) => cleanup(proxy_mode),
+        None if args.cleanup => cleanup(args.flags.proxy_mode),
         None => {
             let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
             let mut backend = backend(settings.mode)?;

@@ -1,7 +1,7 @@
 //! What happens around each sync: health state and servers, metrics, UDP conntrack cleanup.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::{debug, warn};
 use weir_model::Plan;
@@ -11,6 +11,7 @@ use weir_proxy::health::{
 };
 use weir_proxy::metrics::ProxyMetrics;
 use weir_proxy::{SyncKind, SyncReport};
+use weir_source::{SourceStatus, WatchEvent};
 
 use super::agent::SyncObserver;
 use super::config::Settings;
@@ -137,5 +138,19 @@ impl SyncObserver for Operations {
 
     fn node_eligible(&mut self, eligible: bool) {
         self.health.set_node_eligible(eligible);
+    }
+
+    fn source_started(&mut self, status: SourceStatus, stale_after: Duration) {
+        self.health
+            .set_source_check(Box::new(move || status.check(stale_after)));
+    }
+
+    fn source_reporter(&self) -> Box<dyn Fn(&WatchEvent<'_>) + Send> {
+        let metrics = self.metrics.clone();
+        Box::new(move |ev| match ev {
+            WatchEvent::Error(_) => metrics.source_errors_changed(1),
+            WatchEvent::Resolved(_) => metrics.source_errors_changed(-1),
+            WatchEvent::Scanned { duration, failed } => metrics.source_scanned(*duration, *failed),
+        })
     }
 }
