@@ -325,6 +325,21 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("cni.dev/valid-attachments"));
+        // eni-shared mode likewise (it stops before touching the host)
+        let eni = r#"{"cniVersion":"1.1.0","name":"eni1","type":"weir-cni","mode":"eni-shared",
+            "eniName":"eth1","eniGateway":"10.12.192.1","routeTable":1003,
+            "eniAddresses":["10.12.192.10","10.12.192.11"],"dataDir":"/nonexistent/weir-test"}"#;
+        let (reply, v) = run_env(&[("CNI_COMMAND", "GC")], eni);
+        assert!(!reply.success);
+        assert_eq!(v["code"], 7, "{}", reply.stdout);
+        assert!(
+            v["msg"]
+                .as_str()
+                .unwrap()
+                .contains("cni.dev/valid-attachments"),
+            "{}",
+            reply.stdout
+        );
     }
 
     #[test]

@@ -390,10 +390,16 @@ fn v4s(ips: &[IpAddr]) -> Vec<Ipv4Addr> {
 /// networks' state is never touched: everything is matched by this network's table, addresses
 /// and veth names.
 fn gc(conf: &EniConf) -> CniResult<()> {
-    let valid: Vec<(String, String)> = conf
-        .valid_attachments
+    // Without the list every attachment would look stale: refuse rather than cut off pods.
+    let listed = conf.valid_attachments.as_ref().ok_or_else(|| {
+        CniError::new(
+            ErrorCode::InvalidConfig,
+            "GC needs cni.dev/valid-attachments in the configuration (an empty list if nothing \
+             is valid)",
+        )
+    })?;
+    let valid: Vec<(String, String)> = listed
         .iter()
-        .flatten()
         .map(|a| (a.container_id.clone(), a.ifname.clone()))
         .collect();
     let store = store(conf)?;
