@@ -46,7 +46,7 @@ case "${1:-}" in
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     step "every test (unit, property, kernel, lab end-to-end)"
-    cargo test --workspace --all-targets -- "${@:2}"
+    cargo test --workspace --all-targets --no-fail-fast -- "${@:2}"
     ;;
   bench)
     install_packages

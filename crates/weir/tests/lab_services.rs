@@ -537,7 +537,12 @@ fn lab_manifests_load_and_plan() {
     let state = weir_lab::LabState::simulated(&topo);
     let dir = tempfile::tempdir().unwrap();
     weir_lab::manifests::write(dir.path(), &weir_lab::manifests::render(&topo, &state)).unwrap();
-    let mut md = weir_source::ManifestDir::new(dir.path());
+    // Parse at once: the files were just written (the agent waits for them to settle).
+    let no_settle = weir_source::Limits {
+        settle: std::time::Duration::ZERO,
+        ..Default::default()
+    };
+    let mut md = weir_source::ManifestDir::with_limits(dir.path(), no_settle);
     let report = md.scan();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let mut store = weir_source::Store::new();
