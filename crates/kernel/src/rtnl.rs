@@ -28,6 +28,9 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::NetNs;
 
+/// Address families of dumps (`Inet`, `Inet6`, `Bridge` for forwarding entries).
+pub use netlink_packet_route::AddressFamily as Family;
+
 /// A failed netlink request: the kernel's errno and what we asked for.
 #[derive(Debug, thiserror::Error)]
 #[error("{context}: {source}")]
@@ -323,6 +326,13 @@ impl Rtnl {
     pub fn link_up(&mut self, index: u32, what: &str) -> Result<()> {
         let msg = rtnetlink::LinkUnspec::new_with_index(index).up().build();
         self.link_set(msg, &format!("{what} up"))
+    }
+
+    pub fn link_set_mtu(&mut self, index: u32, mtu: u32, what: &str) -> Result<()> {
+        let msg = rtnetlink::LinkUnspec::new_with_index(index)
+            .mtu(mtu)
+            .build();
+        self.link_set(msg, &format!("{what} mtu {mtu}"))
     }
 
     pub fn link_del(&mut self, index: u32, what: &str) -> Result<()> {
@@ -678,12 +688,14 @@ pub fn vxlan_link_message(
     port: u16,
     underlay: u32,
     mtu: u32,
+    mac: &[u8],
 ) -> LinkMessage {
     let builder = rtnetlink::LinkVxlan::new(name, vni)
         .dev(underlay)
         .port(port)
         .learning(false)
-        .mtu(mtu);
+        .mtu(mtu)
+        .address(mac.to_vec());
     match local {
         IpAddr::V4(a) => builder.local(a).build(),
         IpAddr::V6(a) => builder.local6(a).build(),
