@@ -633,6 +633,15 @@ impl Neighbour {
                 NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
                     n.ip = Some(IpAddr::V6(*a))
                 }
+                // In a Bridge-family (FDB) message the address is not typed by the family:
+                // its length tells.
+                NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
+                    n.ip = match bytes.len() {
+                        4 => <[u8; 4]>::try_from(&bytes[..]).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(&bytes[..]).ok().map(IpAddr::from),
+                        _ => None,
+                    }
+                }
                 NeighbourAttribute::LinkLayerAddress(mac) => n.mac = mac.clone(),
                 _ => {}
             }
