@@ -91,7 +91,10 @@ fn pods_reach_each_other_across_routed_subnets_and_nodes_come_and_go() {
     assert!(again.applied.is_empty(), "{:?}", again.applied);
     assert_eq!(dump(n1), before);
 
-    // node3 leaves: node1 and node2 drop its entries only, and keep working.
+    // node3 leaves: node1 and node2 drop its entries only, and keep working: a TCP stream
+    // between their pods runs throughout the leave and the rejoin.
+    let flow = Flow::start(n1, n2, n2.pod_v4());
+    let flow6 = Flow::start(n2, n1, n1.pod_v6());
     let without3: Vec<_> = objects[..2].to_vec();
     for n in [n1, n2] {
         let r = sync(n, &vxlan(), &without3);
@@ -120,6 +123,15 @@ fn pods_reach_each_other_across_routed_subnets_and_nodes_come_and_go() {
     }
     tcp(n1, n3, n3.pod_v4(), 10_000).unwrap();
     tcp(n3, n2, n2.pod_v6(), 10_000).unwrap();
+    for f in [flow, flow6] {
+        let (bytes, silence) = f.finish().unwrap();
+        // Sent every 5 ms; a lost route would stall it for a retransmission timeout or more.
+        // (1 s leaves room for a busy machine.)
+        assert!(
+            bytes > 0 && silence < std::time::Duration::from_secs(1),
+            "{bytes} B, {silence:?}"
+        );
+    }
 }
 
 #[test]

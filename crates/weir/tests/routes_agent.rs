@@ -232,6 +232,29 @@ fn bad_flags_are_clear_errors_that_change_nothing() {
     assert!(err.contains("--vni 0 is outside 1..16777215"), "{err}");
     let out = p.routes(1, &["--once"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--manifests DIR is required"));
+    let out = p
+        .routes(1, &["--once", "--node-name", "node1", "--iface", "nosuch0"])
+        .arg("--manifests")
+        .arg(p.manifests())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("underlay interface nosuch0: no such device"),
+        "{err}"
+    );
+    // --iface names the underlay explicitly: the VTEP sends from its address.
+    let out = p
+        .routes(1, &["--once", "--node-name", "node1", "--iface", "eth0"])
+        .arg("--manifests")
+        .arg(p.manifests())
+        .output()
+        .unwrap();
+    ok(&out);
+    let link = sh(&format!("ip -n {} -d link show weir.1", p.ns(1)));
+    assert!(link.contains("local 10.78.0.1 dev eth0"), "{link}");
+    p.routes(1, &["cleanup"]).output().unwrap();
     // A manifest directory without this node's Node: nothing is created.
     let out = p
         .routes(1, &["--once", "--node-name", "elsewhere"])

@@ -263,3 +263,86 @@ pub fn dump(n: &SimNode) -> String {
     }
     out
 }
+
+/// A TCP stream from pod `from` to pod `to` that keeps carrying data (4 kB every 5 ms) in the
+/// background until [`Flow::finish`], which says whether every byte arrived intact on the one
+/// connection and how long the longest silence at the receiver was (an outage shows there even
+/// though TCP would hide it by retransmitting).
+pub struct Flow {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writer: std::thread::JoinHandle<std::io::Result<u64>>,
+    reader: std::thread::JoinHandle<std::io::Result<(u64, Duration)>>,
+}
+
+impl Flow {
+    pub fn start(from: &SimNode, to: &SimNode, to_ip: IpAddr) -> Flow {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = NetNs::named(&to.pod_ns)
+            .unwrap()
+            .run(|| TcpListener::bind(SocketAddr::new(to_ip, 0)))
+            .unwrap()
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut client = NetNs::named(&from.pod_ns)
+            .unwrap()
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(3)))
+            .unwrap()
+            .unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        server
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let writer = std::thread::spawn(move || {
+            let mut sent = 0u64;
+            let chunk: Vec<u8> = (0..4096u32).map(|k| (k % 251) as u8).collect();
+            while !stop2.load(Ordering::SeqCst) {
+                client.write_all(&chunk)?;
+                sent += chunk.len() as u64;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            client.shutdown(std::net::Shutdown::Write)?;
+            Ok(sent)
+        });
+        let reader = std::thread::spawn(move || {
+            let mut got = 0u64;
+            let mut buf = vec![0u8; 4096];
+            let mut last = std::time::Instant::now();
+            let mut longest = Duration::ZERO;
+            loop {
+                let n = server.read(&mut buf)?;
+                longest = longest.max(last.elapsed());
+                last = std::time::Instant::now();
+                if n == 0 {
+                    return Ok((got, longest));
+                }
+                for (k, b) in buf[..n].iter().enumerate() {
+                    let expected = (((got as usize + k) % 4096) % 251) as u8;
+                    if *b != expected {
+                        return Err(std::io::Error::other("corrupted byte"));
+                    }
+                }
+                got += n as u64;
+            }
+        });
+        Flow {
+            stop,
+            writer,
+            reader,
+        }
+    }
+
+    /// Stops the flow; Ok((bytes, longest silence)) when all of them arrived.
+    pub fn finish(self) -> Result<(u64, Duration), String> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let sent = self.writer.join().unwrap();
+        let sent = sent.map_err(|e| format!("send: {e}"))?;
+        let received = self.reader.join().unwrap();
+        let (got, longest) = received.map_err(|e| format!("receive: {e}"))?;
+        if sent != got {
+            return Err(format!("sent {sent} bytes, received {got}"));
+        }
+        Ok((got, longest))
+    }
+}
