@@ -4,6 +4,8 @@
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
+#   bash scripts/dev.sh routes-bench  node routes: pod → pod throughput and connection rate
+#                              (host-gw, vxlan, underlay) and convergence with 1,000 nodes
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
 set -euo pipefail
@@ -12,9 +14,10 @@ cd "$(dirname "$0")/.."
 # Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and the
 # reference CNI plugins we compare against, the container runtimes that drive weir-cni in the tests
 # (podman, containerd + runc, a busybox-static rootfs: no image pull), and the test VM for what the
-# host kernel lacks (qemu, busybox for its initramfs, xz to unpack the kernel, ipvsadm; docs/vm.md).
+# host kernel lacks (qemu, busybox for its initramfs, xz to unpack the kernel, ipvsadm; docs/vm.md), and
+# iperf3 for the node-routes benchmark.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
-  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm)
+  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -60,6 +63,11 @@ case "${1:-}" in
     step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
     cargo bench -p weir-proxy --bench scale -- "${@:2}"
     ;;
+  routes-bench)
+    install_packages
+    step "node routes: datapath (iperf3) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
+    cargo bench -p weir-routes --bench routes
+    ;;
   vm)
     install_packages
     shift
@@ -69,7 +77,7 @@ case "${1:-}" in
     exec ./target/debug/weir-vm "$@"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|vm" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|routes-bench|vm" >&2
     exit 2
     ;;
 esac

@@ -9,4 +9,4 @@ pub mod rtnl;
 pub mod sysctl;
 
 pub use netns::NetNs;
-pub use rtnl::{Link, NlError, Rtnl};
+pub use rtnl::{route_message, vxlan_link_message, Link, Neighbour, NlError, Rtnl, VxlanInfo};

@@ -10,16 +10,26 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use netlink_packet_core::{
     NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
-    NLM_F_MULTIPART, NLM_F_REQUEST,
+    NLM_F_MULTIPART, NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
-use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteMessage, RouteProtocol,
+};
 use netlink_packet_route::rule::RuleMessage;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 use crate::NetNs;
+
+/// Address families of dumps (`Inet`, `Inet6`, `Bridge` for forwarding entries).
+pub use netlink_packet_route::AddressFamily as Family;
 
 /// A failed netlink request: the kernel's errno and what we asked for.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +81,37 @@ pub struct Link {
     pub peer_index: Option<u32>,
     /// The interface alias (IFLA_IFALIAS), if one is set.
     pub alias: Option<String>,
+    /// For a vxlan device: its tunnel settings.
+    pub vxlan: Option<VxlanInfo>,
+}
+
+/// The settings of a vxlan device that weir compares.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VxlanInfo {
+    pub vni: Option<u32>,
+    pub local: Option<IpAddr>,
+    pub port: Option<u16>,
+    /// Index of the underlay device (`dev` in `ip link add … type vxlan`).
+    pub underlay: Option<u32>,
+    pub learning: Option<bool>,
+}
+
+impl VxlanInfo {
+    fn from_infos(infos: &[InfoVxlan]) -> Self {
+        let mut v = VxlanInfo::default();
+        for info in infos {
+            match info {
+                InfoVxlan::Id(id) => v.vni = Some(*id),
+                InfoVxlan::Local(a) => v.local = Some(IpAddr::V4(*a)),
+                InfoVxlan::Local6(a) => v.local = Some(IpAddr::V6(*a)),
+                InfoVxlan::Port(p) => v.port = Some(*p),
+                InfoVxlan::Link(l) => v.underlay = Some(*l),
+                InfoVxlan::Learning(l) => v.learning = Some(*l),
+                _ => {}
+            }
+        }
+        v
+    }
 }
 
 impl Link {
@@ -85,6 +126,7 @@ impl Link {
             kind: None,
             peer_index: None,
             alias: None,
+            vxlan: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -96,8 +138,12 @@ impl Link {
                 LinkAttribute::IfAlias(a) if !a.is_empty() => link.alias = Some(a.clone()),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
-                        if let LinkInfo::Kind(kind) = info {
-                            link.kind = Some(kind_name(kind));
+                        match info {
+                            LinkInfo::Kind(kind) => link.kind = Some(kind_name(kind)),
+                            LinkInfo::Data(InfoData::Vxlan(v)) => {
+                                link.vxlan = Some(VxlanInfo::from_infos(v))
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -286,6 +332,13 @@ impl Rtnl {
         self.link_set(msg, &format!("{what} up"))
     }
 
+    pub fn link_set_mtu(&mut self, index: u32, mtu: u32, what: &str) -> Result<()> {
+        let msg = rtnetlink::LinkUnspec::new_with_index(index)
+            .mtu(mtu)
+            .build();
+        self.link_set(msg, &format!("{what} mtu {mtu}"))
+    }
+
     pub fn link_del(&mut self, index: u32, what: &str) -> Result<()> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
@@ -427,6 +480,61 @@ impl Rtnl {
             .collect())
     }
 
+    /// Replaces a route with the same destination, table and metric (`ip route replace`).
+    pub fn route_replace(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+        self.request(
+            RouteNetlinkMessage::NewRoute(msg),
+            flags,
+            &format!("replace route {what}"),
+        )
+        .map(|_| ())
+    }
+
+    // ---- neighbours and bridge/vxlan forwarding entries ----
+
+    /// Adds or replaces a neighbour or FDB entry (`ip neigh replace`, `bridge fdb replace`).
+    pub fn neigh_replace(&mut self, msg: NeighbourMessage, what: &str) -> Result<()> {
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+        self.request(
+            RouteNetlinkMessage::NewNeighbour(msg),
+            flags,
+            &format!("set {what}"),
+        )
+        .map(|_| ())
+    }
+
+    pub fn neigh_del(&mut self, msg: NeighbourMessage, what: &str) -> Result<()> {
+        self.change(
+            RouteNetlinkMessage::DelNeighbour(msg),
+            &format!("delete {what}"),
+        )
+    }
+
+    /// Every neighbour (`Inet`, `Inet6`) or FDB (`Bridge`) entry of a family, optionally of one
+    /// link only.
+    pub fn neighbours(
+        &mut self,
+        family: AddressFamily,
+        index: Option<u32>,
+    ) -> Result<Vec<Neighbour>> {
+        let mut req = NeighbourMessage::default();
+        req.header.family = family;
+        let replies = self.request(
+            RouteNetlinkMessage::GetNeighbour(req),
+            NLM_F_REQUEST | NLM_F_DUMP,
+            "list neighbours",
+        )?;
+        Ok(replies
+            .iter()
+            .filter_map(|r| match r {
+                RouteNetlinkMessage::NewNeighbour(m) => Some(Neighbour::from_message(m)),
+                _ => None,
+            })
+            .filter(|n| index.is_none_or(|i| i == n.index))
+            .collect())
+    }
+
     // ---- policy rules ----
 
     pub fn rule_add(&mut self, msg: RuleMessage, what: &str) -> Result<()> {
@@ -469,6 +577,10 @@ pub struct Route {
     pub gateway: Option<IpAddr>,
     pub oif: Option<u32>,
     pub table: u32,
+    /// Who installed the route (`proto` in `ip route`): 2 kernel, 3 boot, 4 static, …
+    pub protocol: u8,
+    /// The gateway is used without checking it is on a connected subnet (`onlink`).
+    pub onlink: bool,
 }
 
 impl Route {
@@ -478,6 +590,8 @@ impl Route {
             gateway: None,
             oif: None,
             table: m.header.table as u32,
+            protocol: m.header.protocol.into(),
+            onlink: m.header.flags.contains(RouteFlags::Onlink),
         };
         for attr in &m.attributes {
             match attr {
@@ -493,6 +607,145 @@ impl Route {
         }
         route
     }
+}
+
+/// A neighbour (IP → MAC) or, in the `Bridge` family, a forwarding entry (MAC → remote `ip`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Neighbour {
+    pub family: AddressFamily,
+    pub index: u32,
+    /// The neighbour's address; for a vxlan FDB entry, the remote VTEP's underlay address.
+    pub ip: Option<IpAddr>,
+    pub mac: Vec<u8>,
+    pub permanent: bool,
+}
+
+impl Neighbour {
+    fn from_message(m: &NeighbourMessage) -> Self {
+        let mut n = Neighbour {
+            family: m.header.family,
+            index: m.header.ifindex,
+            ip: None,
+            mac: Vec::new(),
+            permanent: m.header.state == NeighbourState::Permanent,
+        };
+        for attr in &m.attributes {
+            match attr {
+                NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                    n.ip = Some(IpAddr::V4(*a))
+                }
+                NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                    n.ip = Some(IpAddr::V6(*a))
+                }
+                // In a Bridge-family (FDB) message the address is not typed by the family:
+                // its length tells.
+                NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
+                    n.ip = match bytes.len() {
+                        4 => <[u8; 4]>::try_from(&bytes[..]).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(&bytes[..]).ok().map(IpAddr::from),
+                        _ => None,
+                    }
+                }
+                NeighbourAttribute::LinkLayerAddress(mac) => n.mac = mac.clone(),
+                _ => {}
+            }
+        }
+        n
+    }
+
+    /// A permanent neighbour entry `ip lladdr mac` on link `index` (`ip neigh replace … nud permanent`).
+    pub fn permanent_message(index: u32, ip: IpAddr, mac: &[u8]) -> NeighbourMessage {
+        let mut m = NeighbourMessage::default();
+        m.header.family = match ip {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        m.header.ifindex = index;
+        m.header.state = NeighbourState::Permanent;
+        m.attributes
+            .push(NeighbourAttribute::Destination(neigh_addr(ip)));
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        m
+    }
+
+    /// A permanent FDB entry of a vxlan device: frames for `mac` go to the VTEP at `remote`
+    /// (`bridge fdb replace <mac> dev <vxlan> dst <remote> self permanent`).
+    pub fn vxlan_fdb_message(index: u32, mac: &[u8], remote: IpAddr) -> NeighbourMessage {
+        let mut m = NeighbourMessage::default();
+        m.header.family = AddressFamily::Bridge;
+        m.header.ifindex = index;
+        m.header.state = NeighbourState::Permanent;
+        m.header.flags = NeighbourFlags::Own;
+        m.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        m.attributes
+            .push(NeighbourAttribute::Destination(neigh_addr(remote)));
+        m
+    }
+}
+
+fn neigh_addr(ip: IpAddr) -> NeighbourAddress {
+    match ip {
+        IpAddr::V4(a) => NeighbourAddress::Inet(a),
+        IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+    }
+}
+
+/// A vxlan device for a point-to-point overlay: unicast only (no group), learning off (the FDB
+/// is programmed), the given local address, UDP port and underlay device.
+pub fn vxlan_link_message(
+    name: &str,
+    vni: u32,
+    local: IpAddr,
+    port: u16,
+    underlay: u32,
+    mtu: u32,
+    mac: &[u8],
+) -> LinkMessage {
+    let builder = rtnetlink::LinkVxlan::new(name, vni)
+        .dev(underlay)
+        .port(port)
+        .learning(false)
+        .mtu(mtu)
+        .address(mac.to_vec());
+    match local {
+        IpAddr::V4(a) => builder.local(a).build(),
+        IpAddr::V6(a) => builder.local6(a).build(),
+    }
+}
+
+/// A route message with weir's usual fields: destination, optional gateway and device,
+/// protocol (who owns it) and the onlink flag.
+pub fn route_message(
+    destination: IpNet,
+    gateway: Option<IpAddr>,
+    oif: Option<u32>,
+    protocol: u8,
+    onlink: bool,
+) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = match destination {
+        IpNet::V4(_) => AddressFamily::Inet,
+        IpNet::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.destination_prefix_length = destination.prefix_len();
+    m.header.table = libc::RT_TABLE_MAIN;
+    m.header.protocol = RouteProtocol::from(protocol);
+    m.header.scope = netlink_packet_route::route::RouteScope::Universe;
+    m.header.kind = netlink_packet_route::route::RouteType::Unicast;
+    if onlink {
+        m.header.flags |= RouteFlags::Onlink;
+    }
+    m.attributes
+        .push(RouteAttribute::Destination(destination.network().into()));
+    if let Some(gw) = gateway {
+        m.attributes.push(RouteAttribute::Gateway(gw.into()));
+    }
+    if let Some(oif) = oif {
+        m.attributes.push(RouteAttribute::Oif(oif));
+    }
+    m
 }
 
 fn route_addr(a: &RouteAddress) -> Option<IpAddr> {

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 mod lab_cmd;
 mod proxy_cmd;
+mod routes_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +23,8 @@ enum Command {
     Lab(lab_cmd::LabArgs),
     /// The service proxy (kube-proxy's job): nftables or iptables mode.
     Proxy(Box<proxy_cmd::ProxyArgs>),
+    /// Routes to the other nodes' pods from Node objects (flanneld's job): host-gw or vxlan.
+    Routes(routes_cmd::RoutesArgs),
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
@@ -40,6 +43,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(*args),
+        Command::Routes(args) => routes_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -12,7 +12,7 @@ use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::Backend;
 
-pub use config::{ProxyFlags, ProxyMode};
+pub use config::{parse_duration, ProxyFlags, ProxyMode};
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]

@@ -1,0 +1,217 @@
+//! `weir routes`: routes to the other nodes' pods (flanneld's job), host-gw or vxlan, and
+//! `weir routes cleanup`.
+//!
+//! Publishing: a manifest source cannot write to the API, so the agent writes what it would
+//! put on its own Node as a patch file (`--publish FILE`, for `kubectl patch node <name>
+//! --patch-file FILE`, or for the lab/operator to merge into the Node manifest) and logs it.
+//! The annotations are flannel's keys under `--annotation-prefix` (default `weir.dev`); when an
+//! API source lands it patches the Node with the same map.
+
+mod publish;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
+use tracing::{info, warn};
+use weir_kernel::Rtnl;
+use weir_routes::annotations::DEFAULT_PREFIX;
+use weir_routes::kernel::{cleanup, reconcile};
+use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
+use weir_routes::{Backend, Config, VxlanConfig};
+use weir_source::{watch_dir, Event, ManifestDir, SharedStore, WatchEvent};
+
+use crate::proxy_cmd::parse_duration;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendName {
+    HostGw,
+    Vxlan,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct RoutesArgs {
+    #[command(subcommand)]
+    command: Option<RoutesCommand>,
+    #[command(flatten)]
+    flags: RoutesFlags,
+}
+
+#[derive(Debug, Subcommand)]
+enum RoutesCommand {
+    /// Remove every route (proto 87) and VTEP device (`weir.*`) weir's routes agent made.
+    Cleanup,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RoutesFlags {
+    /// Directory of Kubernetes YAML manifests (Nodes), watched.
+    #[arg(long, value_name = "DIR")]
+    manifests: Option<PathBuf>,
+    /// This node's name (default: the host name).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    #[arg(long, value_enum, default_value = "vxlan")]
+    backend: BackendName,
+    /// VXLAN network identifier (flannel's default 1).
+    #[arg(long, default_value_t = DEFAULT_VNI)]
+    vni: u32,
+    /// VXLAN UDP port (flannel's default 8472; IANA's is 4789).
+    #[arg(long, default_value_t = DEFAULT_PORT)]
+    port: u16,
+    /// Underlay interface of the VTEP (default: the one holding this node's InternalIP).
+    #[arg(long, value_name = "IF")]
+    iface: Option<String>,
+    /// Prefix of the Node annotations read and published (flannel's is flannel.alpha.coreos.com).
+    #[arg(long, default_value = DEFAULT_PREFIX)]
+    annotation_prefix: String,
+    /// Write this node's annotations here, as a Node patch (YAML).
+    #[arg(long, value_name = "FILE")]
+    publish: Option<PathBuf>,
+    /// Write the per-node status and the overlay MTU here (JSON).
+    #[arg(long, value_name = "FILE")]
+    status: Option<PathBuf>,
+    /// How often the manifest directory is checked for changes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    manifest_poll_interval: Duration,
+    /// Periodic full reconciliation (repairs entries changed behind weir's back).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    resync_period: Duration,
+    /// Reconcile once and exit (non-zero if any operation failed).
+    #[arg(long)]
+    once: bool,
+}
+
+fn config(flags: &RoutesFlags) -> anyhow::Result<Config> {
+    let node_name = match &flags.node_name {
+        Some(n) => n.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("host name")?
+            .trim()
+            .to_string(),
+    };
+    let backend = match flags.backend {
+        BackendName::HostGw => Backend::HostGw,
+        BackendName::Vxlan => {
+            anyhow::ensure!(
+                flags.vni > 0 && flags.vni < 1 << 24,
+                "--vni {} is outside 1..16777215",
+                flags.vni
+            );
+            Backend::Vxlan(VxlanConfig::new(flags.vni, flags.port))
+        }
+    };
+    let mut cfg = Config::new(&node_name, backend);
+    cfg.annotation_prefix = flags.annotation_prefix.clone();
+    Ok(cfg)
+}
+
+pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
+    crate::init_logging();
+    let mut rtnl = Rtnl::new().context("open rtnetlink")?;
+    if let Some(RoutesCommand::Cleanup) = args.command {
+        let cleaned = cleanup(&mut rtnl)?;
+        eprintln!(
+            "weir routes cleanup: {} routes, devices {:?} removed",
+            cleaned.routes, cleaned.devices
+        );
+        for e in &cleaned.errors {
+            eprintln!("weir routes cleanup: {e}");
+        }
+        return Ok(if cleaned.errors.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    let flags = args.flags;
+    let manifests = flags
+        .manifests
+        .clone()
+        .context("--manifests DIR is required (the only object source so far)")?;
+    let cfg = config(&flags)?;
+
+    let store = SharedStore::new();
+    // Nothing is reconciled before the directory has given one complete view (the proxy's
+    // rule): a missing directory or a file still being written is not an empty world.
+    let mut dir = ManifestDir::new(&manifests);
+    let mut said_failed = false;
+    loop {
+        let report = dir.scan();
+        for e in &report.errors {
+            warn!("{e}");
+        }
+        if report.complete() {
+            break;
+        }
+        if let Some(e) = &report.failed {
+            if flags.once {
+                anyhow::bail!("{e}");
+            }
+            if !said_failed {
+                warn!("{e}; waiting for it before touching any route");
+                said_failed = true;
+            }
+        }
+        std::thread::sleep(flags.manifest_poll_interval);
+    }
+    store.apply(Event::Resync(dir.objects()));
+    let _watcher = (!flags.once).then(|| {
+        watch_dir(
+            dir,
+            flags.manifest_poll_interval,
+            store.clone(),
+            |ev| match ev {
+                WatchEvent::Error(e) => warn!("{e}"),
+                WatchEvent::Resolved(e) => info!("resolved: {e}"),
+                WatchEvent::Scanned { .. } => {}
+            },
+        )
+    });
+
+    let mut publisher = publish::Publisher::new(&cfg, flags.publish.clone(), flags.status.clone());
+    let mut seen = 0;
+    loop {
+        let (generation, snapshot) = store.snapshot();
+        seen = seen.max(generation);
+        let started = Instant::now();
+        let outcome = reconcile(&mut rtnl, &cfg, &snapshot, flags.iface.as_deref());
+        let failed = match outcome {
+            Ok(r) => {
+                if !r.applied.is_empty() || !r.failed.is_empty() {
+                    info!(
+                        backend = cfg.backend.type_name(),
+                        applied = r.applied.len(),
+                        failed = r.failed.len(),
+                        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                        "routes reconciled"
+                    );
+                }
+                publisher.report(&r.desired)?;
+                !r.failed.is_empty()
+            }
+            Err(e) => {
+                warn!("routes: reconciliation failed (kernel state left as it was): {e}");
+                true
+            }
+        };
+        if flags.once {
+            return Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            });
+        }
+        let wait = if failed {
+            flags.resync_period.min(Duration::from_secs(1))
+        } else {
+            flags.resync_period
+        };
+        if let Some((g, _)) = store.wait_newer(seen, wait) {
+            seen = g;
+        }
+    }
+}

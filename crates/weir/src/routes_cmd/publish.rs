@@ -1,0 +1,163 @@
+//! What the routes agent tells the world: this node's annotations (a Node patch) and the
+//! per-node status, written atomically and logged when they change.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Serialize;
+use tracing::{info, warn};
+use weir_routes::annotations::{Annotations, VtepData};
+use weir_routes::plan::Desired;
+use weir_routes::{Backend, Config, NodeStatus};
+
+pub struct Publisher {
+    node_name: String,
+    backend: Backend,
+    keys: Annotations,
+    publish: Option<PathBuf>,
+    status: Option<PathBuf>,
+    last_annotations: Option<BTreeMap<String, String>>,
+    last_status: Option<Status>,
+}
+
+/// The status file: the overlay MTU (for the CNI plugin's pod MTU) and every remote node's state.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct Status {
+    node: String,
+    backend: &'static str,
+    /// The VTEP's MTU (vxlan); pods should use it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mtu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    blocked: Option<String>,
+    nodes: BTreeMap<String, NodeReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+struct NodeReport {
+    routed: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    refused: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct NodePatch<'a> {
+    metadata: PatchMetadata<'a>,
+}
+#[derive(Serialize)]
+struct PatchMetadata<'a> {
+    annotations: &'a BTreeMap<String, String>,
+}
+
+impl Publisher {
+    pub fn new(cfg: &Config, publish: Option<PathBuf>, status: Option<PathBuf>) -> Self {
+        Publisher {
+            node_name: cfg.node_name.clone(),
+            backend: cfg.backend.clone(),
+            keys: Annotations::new(&cfg.annotation_prefix),
+            publish,
+            status,
+            last_annotations: None,
+            last_status: None,
+        }
+    }
+
+    pub fn report(&mut self, desired: &Desired) -> anyhow::Result<()> {
+        self.report_status(desired)?;
+        if desired.blocked.is_none() {
+            self.report_annotations(desired)?;
+        }
+        Ok(())
+    }
+
+    fn report_annotations(&mut self, desired: &Desired) -> anyhow::Result<()> {
+        let (vtep, underlay) = match (&self.backend, &desired.vtep) {
+            (Backend::Vxlan(vx), Some(v)) => (
+                Some(VtepData {
+                    vni: Some(vx.vni),
+                    mac: v.mac,
+                }),
+                Some(v.local),
+            ),
+            _ => (None, None),
+        };
+        let annotations = self
+            .keys
+            .publish(self.backend.type_name(), vtep.as_ref(), underlay);
+        if self.last_annotations.as_ref() == Some(&annotations) {
+            return Ok(());
+        }
+        let patch = NodePatch {
+            metadata: PatchMetadata {
+                annotations: &annotations,
+            },
+        };
+        let yaml = serde_yaml::to_string(&patch)?;
+        info!(node = %self.node_name, "publish on this Node: {annotations:?}");
+        if let Some(path) = &self.publish {
+            let text = format!(
+                "# weir routes: this node's overlay annotations\n# kubectl patch node {} --patch-file {}\n{yaml}",
+                self.node_name,
+                path.display()
+            );
+            write_atomic(path, &text)?;
+        }
+        self.last_annotations = Some(annotations);
+        Ok(())
+    }
+
+    fn report_status(&mut self, desired: &Desired) -> anyhow::Result<()> {
+        let nodes = desired
+            .status
+            .iter()
+            .map(|(name, s)| {
+                let report = match s {
+                    NodeStatus::Routed { pod_cidrs } => NodeReport {
+                        routed: pod_cidrs.iter().map(|c| c.to_string()).collect(),
+                        refused: Vec::new(),
+                    },
+                    NodeStatus::Refused { routed, reasons } => NodeReport {
+                        routed: routed.iter().map(|c| c.to_string()).collect(),
+                        refused: reasons.clone(),
+                    },
+                };
+                (name.clone(), report)
+            })
+            .collect();
+        let status = Status {
+            node: self.node_name.clone(),
+            backend: self.backend.type_name(),
+            mtu: desired.vtep.as_ref().map(|v| v.mtu),
+            blocked: desired.blocked.clone(),
+            nodes,
+        };
+        if self.last_status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        if let Some(b) = &status.blocked {
+            warn!("routes: nothing programmed: {b}");
+        }
+        for (name, n) in &status.nodes {
+            let before = self.last_status.as_ref().and_then(|s| s.nodes.get(name));
+            if before != Some(n) && !n.refused.is_empty() {
+                warn!(node = %name, "routes refused: {}", n.refused.join("; "));
+            }
+        }
+        if let Some(path) = &self.status {
+            write_atomic(path, &(serde_json::to_string_pretty(&status)? + "\n"))?;
+        }
+        self.last_status = Some(status);
+        Ok(())
+    }
+}
+
+/// Writes through a temporary file and a rename, so readers never see half a file.
+fn write_atomic(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("rename to {}", path.display()))
+}

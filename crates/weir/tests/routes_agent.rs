@@ -1,0 +1,268 @@
+//! `weir routes` as a process (root only): the real binary in two throwaway network namespaces
+//! joined by a veth, fed by a manifest directory; what it publishes (the Node patch file) goes
+//! back into the Node manifests, as the lab or an operator would do.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{is_root, WEIR};
+
+/// Two namespaces `<tag>-1`, `<tag>-2` (10.78.0.1/24, 10.78.0.2/24), a manifest directory and
+/// any running agent; all removed on drop.
+struct Pair {
+    tag: String,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for i in [1, 2] {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &self.ns(i)])
+                .status();
+        }
+    }
+}
+
+fn sh(cmd: &str) -> String {
+    let out = Command::new("sh").args(["-ec", cmd]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Pair {
+    fn new(tag: &str) -> Pair {
+        let p = Pair {
+            tag: format!("wra-{tag}-{}", std::process::id()),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        std::fs::create_dir(p.manifests()).unwrap();
+        let (a, b) = (p.ns(1), p.ns(2));
+        sh(&format!(
+            "ip netns add {a}; ip netns add {b}
+             ip -n {a} link add eth0 type veth peer name eth0 netns {b}
+             ip -n {a} addr add 10.78.0.1/24 dev eth0; ip -n {a} link set eth0 up
+             ip -n {b} addr add 10.78.0.2/24 dev eth0; ip -n {b} link set eth0 up"
+        ));
+        p
+    }
+
+    fn ns(&self, i: u8) -> String {
+        format!("{}-{i}", self.tag)
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.path().join("manifests")
+    }
+
+    fn file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Writes node<i>'s manifest with these annotations.
+    fn node(&self, i: u8, annotations: &BTreeMap<String, String>) {
+        let node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": format!("node{i}"), "annotations": annotations},
+            "spec": {"podCIDR": format!("10.244.{i}.0/24")},
+            "status": {"addresses": [{"type": "InternalIP", "address": format!("10.78.0.{i}")}]},
+        });
+        let path = self.manifests().join(format!("node{i}.yaml"));
+        std::fs::write(path, serde_yaml::to_string(&node).unwrap()).unwrap();
+    }
+
+    fn routes(&self, i: u8, args: &[&str]) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns(i), WEIR, "routes"]);
+        cmd.args(args);
+        cmd
+    }
+
+    /// `weir routes --once` on node<i>, writing node<i>.patch.yaml and node<i>.status.json.
+    fn once(&self, i: u8) -> Output {
+        let publish = self.file(&format!("node{i}.patch.yaml"));
+        let status = self.file(&format!("node{i}.status.json"));
+        self.routes(i, &["--once", "--node-name", &format!("node{i}")])
+            .arg("--manifests")
+            .arg(self.manifests())
+            .arg("--publish")
+            .arg(publish)
+            .arg("--status")
+            .arg(status)
+            .output()
+            .unwrap()
+    }
+
+    /// The annotations in node<i>'s published patch.
+    fn published(&self, i: u8) -> BTreeMap<String, String> {
+        let text = std::fs::read_to_string(self.file(&format!("node{i}.patch.yaml"))).unwrap();
+        let v: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        serde_yaml::from_value(v["metadata"]["annotations"].clone()).unwrap()
+    }
+
+    fn status(&self, i: u8) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.file(&format!("node{i}.status.json"))).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+}
+
+fn ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "weir routes failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn agent_publishes_its_vtep_programs_peers_follows_manifests_and_cleans_up() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut p = Pair::new("vx");
+    p.node(1, &BTreeMap::new());
+    p.node(2, &BTreeMap::new());
+    ok(&p.once(1));
+    ok(&p.once(2));
+
+    // Published: flannel's keys under weir.dev, the MAC the kernel's VTEP really has.
+    let a1 = p.published(1);
+    assert_eq!(a1["weir.dev/backend-type"], "vxlan");
+    assert_eq!(a1["weir.dev/public-ip"], "10.78.0.1");
+    let link = sh(&format!("ip -n {} -br link show weir.1", p.ns(1)));
+    let mac = link.split_whitespace().nth(2).unwrap();
+    assert_eq!(
+        a1["weir.dev/backend-data"],
+        format!(r#"{{"VNI":1,"VtepMAC":"{mac}"}}"#)
+    );
+    let s1 = p.status(1);
+    assert_eq!(s1["mtu"], 1450);
+    let refused = s1["nodes"]["node2"]["refused"][0].as_str().unwrap();
+    assert!(refused.contains("no VTEP published yet"), "{refused}");
+
+    // The operator puts the annotations on the Nodes; the next run programs the peer.
+    p.node(1, &a1);
+    p.node(2, &p.published(2));
+    ok(&p.once(1));
+    ok(&p.once(2));
+    assert_eq!(p.status(1)["nodes"]["node2"]["routed"][0], "10.244.2.0/24");
+    let routes = sh(&format!("ip -n {} route show proto 87", p.ns(1)));
+    assert_eq!(
+        routes.trim(),
+        "10.244.2.0/24 via 10.244.2.0 dev weir.1 onlink"
+    );
+    // Pod traffic stand-in: node1 reaches node2's VTEP gateway address through the overlay.
+    let ping = sh(&format!(
+        "ip netns exec {} busybox ping -c1 -W2 10.244.2.0",
+        p.ns(1)
+    ));
+    assert!(ping.contains("1 packets received"), "{ping}");
+
+    // The running agent follows the manifest directory: node2 leaves, its route goes.
+    let log = std::fs::File::create(p.file("agent.log")).unwrap();
+    p.child = Some(
+        p.routes(
+            1,
+            &["--node-name", "node1", "--manifest-poll-interval", "100ms"],
+        )
+        .arg("--manifests")
+        .arg(p.manifests())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap(),
+    );
+    std::fs::remove_file(p.manifests().join("node2.yaml")).unwrap();
+    let ns1 = p.ns(1);
+    wait_for("node2's route to go", || {
+        sh(&format!("ip -n {ns1} route show proto 87"))
+            .trim()
+            .is_empty()
+    });
+    let mut child = p.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let log = std::fs::read_to_string(p.file("agent.log")).unwrap();
+    assert!(log.contains("ip route del 10.244.2.0/24"), "{log}");
+
+    // cleanup removes the VTEP (its entries go with it).
+    let out = p.routes(1, &["cleanup"]).output().unwrap();
+    ok(&out);
+    assert!(!sh(&format!("ip -n {ns1} -o link show")).contains("weir.1"));
+}
+
+#[test]
+fn bad_flags_are_clear_errors_that_change_nothing() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let p = Pair::new("bad");
+    p.node(1, &BTreeMap::new());
+    let out = p
+        .routes(1, &["--once", "--node-name", "node1", "--vni", "0"])
+        .arg("--manifests")
+        .arg(p.manifests())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--vni 0 is outside 1..16777215"), "{err}");
+    let out = p.routes(1, &["--once"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--manifests DIR is required"));
+    let out = p
+        .routes(1, &["--once", "--node-name", "node1", "--iface", "nosuch0"])
+        .arg("--manifests")
+        .arg(p.manifests())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("underlay interface nosuch0: no such device"),
+        "{err}"
+    );
+    // --iface names the underlay explicitly: the VTEP sends from its address.
+    let out = p
+        .routes(1, &["--once", "--node-name", "node1", "--iface", "eth0"])
+        .arg("--manifests")
+        .arg(p.manifests())
+        .output()
+        .unwrap();
+    ok(&out);
+    let link = sh(&format!("ip -n {} -d link show weir.1", p.ns(1)));
+    assert!(link.contains("local 10.78.0.1 dev eth0"), "{link}");
+    p.routes(1, &["cleanup"]).output().unwrap();
+    // A manifest directory without this node's Node: nothing is created.
+    let out = p
+        .routes(1, &["--once", "--node-name", "elsewhere"])
+        .arg("--manifests")
+        .arg(p.manifests())
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no Node object named"));
+    assert!(!sh(&format!("ip -n {} -o link show", p.ns(1))).contains("weir.1"));
+}
