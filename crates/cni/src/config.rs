@@ -174,6 +174,8 @@ const KNOWN_KEYS: &[&str] = &[
     "args",
     "capabilities",
     "cni.dev/valid-attachments",
+    // GC's older name for the same list (libcni >= 1.2.3 sends both); valid-attachments is read.
+    "cni.dev/attachments",
 ];
 
 /// The version an input declares, for answering even when the rest is bad.
@@ -398,6 +400,17 @@ mod tests {
             r#"{{"cniVersion":"1.1.0","name":"net1","type":"weir-cni"{extra},
                "ipam":{{"type":"weir-ipam","ranges":[[{{"subnet":"10.244.1.0/24"}}]]}}}}"#
         )
+    }
+
+    #[test]
+    fn gc_as_libcni_sends_it_is_accepted() {
+        // libcni >= 1.2.3 sends the live attachments under both names.
+        let s = conf(
+            r#","cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}],
+                "cni.dev/attachments":[{"containerID":"c1","ifname":"eth0"}]"#,
+        );
+        let c = NetConf::parse(s.as_bytes()).expect("GC's configuration parses");
+        assert_eq!(c.valid_attachments.map(|v| v.len()), Some(1));
     }
 
     #[test]

@@ -129,6 +129,18 @@ impl Env {
             Some(other) => return Err(invalid(format!("CNI_COMMAND: unknown command {other:?}"))),
             None => return Err(invalid("CNI_COMMAND is not set".into())),
         };
+        // VERSION reads nothing else: runtimes probe with placeholders (podman's network
+        // validation sends CNI_NETNS=dummy), and the answer must not depend on them.
+        if command == Command::Version {
+            return Ok(Self {
+                command,
+                container_id: String::new(),
+                netns: None,
+                ifname: String::new(),
+                args: BTreeMap::new(),
+                path: Vec::new(),
+            });
+        }
         let needs_attachment = matches!(command, Command::Add | Command::Del | Command::Check);
         let container_id = get("CNI_CONTAINERID").unwrap_or_default();
         let ifname = get("CNI_IFNAME").unwrap_or_default();
@@ -417,6 +429,19 @@ mod tests {
             env_owned(with("CNI_IFNAME", "abcdefghijklmno")).is_ok(),
             "15 bytes is the limit"
         );
+    }
+
+    #[test]
+    fn version_ignores_the_placeholders_runtimes_probe_with() {
+        // podman 4.3 validates a conflist by running each plugin with these.
+        let probe = env(&[
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_NETNS", "dummy"),
+            ("CNI_CONTAINERID", "dummy"),
+            ("CNI_IFNAME", "dummy"),
+            ("CNI_ARGS", "not-a-pair"),
+        ]);
+        assert_eq!(probe.expect("VERSION is answered").command, Command::Version);
     }
 
     #[test]

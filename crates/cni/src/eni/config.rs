@@ -183,6 +183,8 @@ const KNOWN_KEYS: &[&str] = &[
     "args",
     "capabilities",
     "cni.dev/valid-attachments",
+    // GC's older name for the same list (libcni >= 1.2.3 sends both); valid-attachments is read.
+    "cni.dev/attachments",
 ];
 
 /// The store of an eni-shared network lives where host-local's would: `<dataDir>/<name>/`.
@@ -432,6 +434,17 @@ mod tests {
 
     fn code(s: &str) -> ErrorCode {
         EniConf::parse(s.as_bytes()).unwrap_err().code
+    }
+
+    #[test]
+    fn gc_as_libcni_sends_it_is_accepted() {
+        // libcni >= 1.2.3 sends the live attachments under both names.
+        let s = conf(
+            r#","cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}],
+                "cni.dev/attachments":[{"containerID":"c1","ifname":"eth0"}]"#,
+        );
+        let c = EniConf::parse(s.as_bytes()).expect("GC's configuration parses");
+        assert_eq!(c.valid_attachments.map(|v| v.len()), Some(1));
     }
 
     #[test]
