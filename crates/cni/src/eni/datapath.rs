@@ -255,16 +255,15 @@ pub fn nft_apply(script: &str) -> CniResult<()> {
     Ok(())
 }
 
-/// Whether this network's chain exists in the node-wide table (for CHECK).
+/// Whether this network's chain exists in the node-wide table (every ADD and CHECK ask).
+/// Asked over netlink; if netlink cannot answer, `nft` does.
 pub fn nft_chain_present(network: &str) -> bool {
+    let chain = plan::chain_name(network);
+    if let Ok(present) = super::nft_probe::chain_exists(plan::NFT_TABLE, &chain) {
+        return present;
+    }
     std::process::Command::new("nft")
-        .args([
-            "list",
-            "chain",
-            "inet",
-            plan::NFT_TABLE,
-            &plan::chain_name(network),
-        ])
+        .args(["list", "chain", "inet", plan::NFT_TABLE, &chain])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()

@@ -13,6 +13,7 @@
 pub mod addresses;
 pub mod config;
 pub mod datapath;
+pub mod nft_probe;
 pub mod plan;
 
 use std::net::{IpAddr, Ipv4Addr};
