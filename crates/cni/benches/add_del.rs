@@ -54,13 +54,20 @@ impl Plugin {
     fn prepare(self, node: &TestNs) {
         if self == Plugin::WeirEni {
             let out = std::process::Command::new("sh")
-                .args(["-ec", &format!(
+                .args([
+                    "-ec",
+                    &format!(
                     "ip -n {n} link add eth1 type veth peer name vpc1; ip -n {n} link set vpc1 up",
                     n = node.name
-                )])
+                ),
+                ])
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
     }
     fn config(self, data: &Path, masq: bool) -> String {
@@ -80,9 +87,8 @@ impl Plugin {
                 )
             }
             Plugin::WeirEni => {
-                let addrs: Vec<String> = ENI_ADDRESSES
-                    .map(|i| format!("\"10.98.0.{i}\""))
-                    .collect();
+                let addrs: Vec<String> =
+                    ENI_ADDRESSES.map(|i| format!("\"10.98.0.{i}\"")).collect();
                 format!(
                     r#"{{"cniVersion":"1.0.0","name":"bench","type":"weir-cni","mode":"eni-shared",
                         "eniName":"eth1","eniGateway":"10.98.0.1","routeTable":1003,"mtu":1500,
@@ -270,10 +276,24 @@ fn main() {
     println!("weir-cni vs reference: {rounds} rounds, {seq} sequential pods and {par} concurrent pods per round");
     if which.is_empty() || which == "bridge" {
         for masq in [true, false] {
-            compare(Plugin::WeirBridge, Plugin::ReferenceBridge, masq, rounds, seq, par);
+            compare(
+                Plugin::WeirBridge,
+                Plugin::ReferenceBridge,
+                masq,
+                rounds,
+                seq,
+                par,
+            );
         }
     }
     if which.is_empty() || which == "eni" {
-        compare(Plugin::WeirEni, Plugin::ReferencePtp, false, rounds, seq, par);
+        compare(
+            Plugin::WeirEni,
+            Plugin::ReferencePtp,
+            false,
+            rounds,
+            seq,
+            par,
+        );
     }
 }

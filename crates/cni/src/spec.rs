@@ -441,7 +441,10 @@ mod tests {
             ("CNI_IFNAME", "dummy"),
             ("CNI_ARGS", "not-a-pair"),
         ]);
-        assert_eq!(probe.expect("VERSION is answered").command, Command::Version);
+        assert_eq!(
+            probe.expect("VERSION is answered").command,
+            Command::Version
+        );
     }
 
     #[test]

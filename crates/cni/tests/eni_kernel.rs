@@ -721,7 +721,15 @@ fn del_returns_before_the_veth_is_deleted_and_gc_finishes_a_delete_that_never_ra
         .map(|i| TestNs::new(&format!("{}t{i}", cloud.node.name)))
         .collect();
     let add = |id: &str, pod: &TestNs| {
-        let r = run_plugin(&plugin(), &cloud.node, "ADD", id, Some(&pod.path()), "eth0", &a);
+        let r = run_plugin(
+            &plugin(),
+            &cloud.node,
+            "ADD",
+            id,
+            Some(&pod.path()),
+            "eth0",
+            &a,
+        );
         r.ok();
         pod_ip(&r.json())
     };

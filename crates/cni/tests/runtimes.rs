@@ -76,7 +76,9 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
-    for applet in ["sh", "ip", "cat", "sleep", "httpd", "echo", "wget", "timeout"] {
+    for applet in [
+        "sh", "ip", "cat", "sleep", "httpd", "echo", "wget", "timeout",
+    ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     root
@@ -867,7 +869,11 @@ fn check_eni_container(
         "PATH=/bin; timeout 5 wget -q -O - http://{}:{VPC_PORT}/",
         plan.gateway()
     ));
-    assert_eq!(body.trim(), VPC_GREETING, "container -> VPC through the ENI");
+    assert_eq!(
+        body.trim(),
+        VPC_GREETING,
+        "container -> VPC through the ENI"
+    );
     // Into the container from the VPC, and its reply back out of the ENI.
     let body = eni.vpc.sh(&format!("curl -s -m 3 http://{ip}:80/"));
     assert_eq!(body.trim(), greeting, "VPC -> container through the ENI");
@@ -885,10 +891,7 @@ fn check_eni_removed(node: &TestNs, net: &Network, ip: &str) {
         "rules for {ip} left:\n{rules}"
     );
     let routes = node.sh("ip route");
-    assert!(
-        !routes.contains(ip),
-        "host route to {ip} left:\n{routes}"
-    );
+    assert!(!routes.contains(ip), "host route to {ip} left:\n{routes}");
 }
 
 #[test]
@@ -903,7 +906,9 @@ fn podman_runs_containers_on_an_eni_shared_network() {
     let eni = EniNode::new(&node, &plan, work.path());
     let net = Network {
         name: format!("enipodman{}", std::process::id()),
-        kind: NetKind::Eni(EniPlan { prefix: plan.prefix }),
+        kind: NetKind::Eni(EniPlan {
+            prefix: plan.prefix,
+        }),
         data_dir: work.path().join("ipam"),
     };
     let bin = plugin_dir(work.path());
@@ -930,7 +935,10 @@ fn podman_runs_containers_on_an_eni_shared_network() {
     let (ip, sysctl) = container_view(&exec(VIEW_SCRIPT));
     assert_eq!(sysctl, TUNED_VALUE, "tuning's sysctl was not applied");
     let owner = std::fs::read_to_string(net.ip_file(&ip)).unwrap();
-    assert!(owner.starts_with(&id), "{ip} belongs to {owner:?}, not {id}");
+    assert!(
+        owner.starts_with(&id),
+        "{ip} belongs to {owner:?}, not {id}"
+    );
     let inspect: Value =
         serde_json::from_str(&run_ok(&mut podman.cmd(&["inspect", &name]))).unwrap();
     assert_eq!(
@@ -961,7 +969,9 @@ fn containerd_runs_containers_on_an_eni_shared_network() {
     let eni = EniNode::new(&node, &plan, work.path());
     let net = Network {
         name: format!("enictr{}", std::process::id()),
-        kind: NetKind::Eni(EniPlan { prefix: plan.prefix }),
+        kind: NetKind::Eni(EniPlan {
+            prefix: plan.prefix,
+        }),
         data_dir: work.path().join("ipam"),
     };
     let bin = plugin_dir(work.path());
@@ -997,7 +1007,14 @@ fn containerd_runs_containers_on_an_eni_shared_network() {
     );
     let exec = |script: &str| {
         run_ok(&mut containerd.ctr(&[
-            "task", "exec", "--exec-id", &exec_id(), &id, "/bin/sh", "-c", script,
+            "task",
+            "exec",
+            "--exec-id",
+            &exec_id(),
+            &id,
+            "/bin/sh",
+            "-c",
+            script,
         ]))
     };
     // The runtime may still be running the rest of the chain (tuning) when the address appears.
@@ -1008,11 +1025,27 @@ fn containerd_runs_containers_on_an_eni_shared_network() {
     let cni_id = format!("weirtest-{id}");
     let owner = std::fs::read_to_string(net.ip_file(&ip)).unwrap();
     assert!(owner.starts_with(&cni_id), "{ip} belongs to {owner:?}");
-    check_eni_container(&node, &eni, &plan, &net, &ip, &exec, "hello-from-containerd");
+    check_eni_container(
+        &node,
+        &eni,
+        &plan,
+        &net,
+        &ip,
+        &exec,
+        "hello-from-containerd",
+    );
     assert_eq!(weir_veths(&node, &net).len(), 1);
 
     gc_as_libcni_would(&node, &net, &[(cni_id.clone(), "eth0")]);
-    check_eni_container(&node, &eni, &plan, &net, &ip, &exec, "hello-from-containerd");
+    check_eni_container(
+        &node,
+        &eni,
+        &plan,
+        &net,
+        &ip,
+        &exec,
+        "hello-from-containerd",
+    );
 
     // Removal: the foreground ctr runs DEL (with an empty CNI_NETNS) once the task dies.
     run_ok(&mut containerd.ctr(&["task", "kill", "-s", "SIGKILL", &id]));

@@ -108,7 +108,10 @@ mod tests {
     fn request_is_padded_and_sized() {
         let r = getchain_request("weir-eni", "net-a");
         assert_eq!(r.len() % 4, 0);
-        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()) as usize, r.len());
+        assert_eq!(
+            u32::from_ne_bytes(r[0..4].try_into().unwrap()) as usize,
+            r.len()
+        );
         // "weir-eni\0" is 9 bytes: attribute 13, padded to 16
         assert_eq!(u16::from_ne_bytes([r[20], r[21]]), 13);
         assert_eq!(&r[24..33], b"weir-eni\0");
