@@ -8,7 +8,8 @@
 //! DEL, CHECK, GC and STATUS with bridge mode's error codes and crash safety. Addresses live in the
 //! same store layout as bridge mode's IPAM (file per address under a lock, reboot-reconciled), and
 //! everything a pod gets is derivable from (network, container ID, ifname) and its address, so DEL
-//! and GC clean up after a killed ADD without any other saved state.
+//! and GC clean up after a killed ADD without any other saved state. (DEL leaves the veth's
+//! deletion to a detached child and a tombstone file beside the store until it is done.)
 
 pub mod addresses;
 pub mod config;
