@@ -53,7 +53,7 @@ case "${1:-}" in
     ;;
   bench)
     install_packages
-    step "CNI ADD/DEL latency: weir-cni vs reference bridge+host-local"
+    step "CNI ADD/DEL latency: weir-cni vs reference bridge+host-local and ptp+host-local (BENCH=bridge or eni for one)"
     cargo bench -p weir-cni --bench add_del
     ;;
   proxy-bench)

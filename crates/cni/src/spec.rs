@@ -466,6 +466,22 @@ mod tests {
     }
 
     #[test]
+    fn version_ignores_the_placeholders_runtimes_probe_with() {
+        // podman 4.3 validates a conflist by running each plugin with these.
+        let probe = env(&[
+            ("CNI_COMMAND", "VERSION"),
+            ("CNI_NETNS", "dummy"),
+            ("CNI_CONTAINERID", "dummy"),
+            ("CNI_IFNAME", "dummy"),
+            ("CNI_ARGS", "not-a-pair"),
+        ]);
+        assert_eq!(
+            probe.expect("VERSION is answered").command,
+            Command::Version
+        );
+    }
+
+    #[test]
     fn netns_must_be_absolute_and_is_optional_for_del() {
         assert!(env_owned(with("CNI_NETNS", "relative/ns")).is_err());
         let mut del = with("CNI_COMMAND", "DEL");

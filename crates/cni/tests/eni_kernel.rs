@@ -709,3 +709,69 @@ fn concurrent_adds_then_gc_reclaims_everything_including_orphans() {
     );
     assert_eq!(links.matches(": eni").count(), 2, "{links}");
 }
+
+#[test]
+fn del_returns_before_the_veth_is_deleted_and_gc_finishes_a_delete_that_never_ran() {
+    let cloud = Cloud::new("et");
+    let data = tempfile::tempdir().unwrap();
+    let a = conf_a(data.path(), "");
+    let store = data.path().join("enia");
+    let tomb = |veth: &str| store.join(format!("weir-eni-deleting.{veth}"));
+    let pods: Vec<TestNs> = (0..2)
+        .map(|i| TestNs::new(&format!("{}t{i}", cloud.node.name)))
+        .collect();
+    let add = |id: &str, pod: &TestNs| {
+        let r = run_plugin(
+            &plugin(),
+            &cloud.node,
+            "ADD",
+            id,
+            Some(&pod.path()),
+            "eth0",
+            &a,
+        );
+        r.ok();
+        pod_ip(&r.json())
+    };
+    let ip0 = add("c0", &pods[0]);
+    let ip1 = add("c1", &pods[1]);
+    let veth0 = host_veth_name("eni", "enia", "c0", "eth0");
+    let veth1 = host_veth_name("eni", "enia", "c1", "eth0");
+
+    // DEL: rules, host route and address are gone when it returns; the veth and its tombstone
+    // go a moment later (the detached child).
+    run_plugin(&plugin(), &cloud.node, "DEL", "c0", None, "eth0", &a).ok();
+    assert!(!cloud.node.sh("ip rule").contains(&ip0.to_string()));
+    assert!(!cloud.node.sh("ip route").contains(&ip0.to_string()));
+    assert_eq!(files(data.path(), "enia"), vec![ip1.to_string()]);
+    common::eventually("the veth and its tombstone are gone", || {
+        !cloud.node.sh("ip -o link").contains(&veth0) && !tomb(&veth0).exists()
+    });
+
+    // A DEL whose child never ran: a down veth named by a tombstone. Beside it, a down veth of
+    // ours without a tombstone (another network's business) and a tombstone naming the live
+    // pod's veth (its name owned again by an allocation): GC deletes only the first.
+    cloud.node.sh(&format!(
+        "ip link add {veth0} type veth peer name deadpeer
+         ip link add eniother0000000 type veth peer name otherpeer"
+    ));
+    std::fs::write(tomb(&veth0), b"").unwrap();
+    std::fs::write(tomb(&veth1), b"").unwrap();
+    run_plugin(
+        &plugin(),
+        &cloud.node,
+        "GC",
+        "",
+        None,
+        "",
+        &with_valid(&a, &[("c1", "eth0")]),
+    )
+    .ok();
+    let links = cloud.node.sh("ip -o link");
+    assert!(!links.contains(&veth0), "the unfinished delete: {links}");
+    assert!(links.contains("eniother0000000"), "{links}");
+    assert!(links.contains(&veth1), "the live pod's veth: {links}");
+    assert!(!tomb(&veth0).exists() && !tomb(&veth1).exists());
+    serve_peer(&cloud.backend, 8080);
+    assert_eq!(ok(&pods[1], BACKEND, 8080), ip1.to_string(), "the live pod");
+}

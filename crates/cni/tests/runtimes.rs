@@ -76,7 +76,9 @@ fn busybox_rootfs(dir: &Path) -> PathBuf {
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
-    for applet in ["sh", "ip", "cat", "sleep", "httpd", "echo"] {
+    for applet in [
+        "sh", "ip", "cat", "sleep", "httpd", "echo", "wget", "timeout",
+    ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     root
@@ -110,9 +112,18 @@ fn plugin_dir(dir: &Path) -> PathBuf {
 /// The network: weir-cni, then portmap and tuning (a sysctl the test reads back in the container).
 struct Network {
     name: String,
-    bridge: String,
-    subnet_prefix: &'static str,
+    kind: NetKind,
     data_dir: PathBuf,
+}
+
+enum NetKind {
+    /// Bridge mode on `bridge`, pods from `<subnet_prefix>.0/24`.
+    Bridge {
+        bridge: String,
+        subnet_prefix: &'static str,
+    },
+    /// eni-shared mode on the node's `eth1` (see [`EniNode`]).
+    Eni(EniPlan),
 }
 
 /// A sysctl tuning sets inside the container; the kernel's default is 0.
@@ -120,21 +131,58 @@ const TUNED_SYSCTL: &str = "net.ipv4.conf.eth0.arp_announce";
 const TUNED_VALUE: &str = "2";
 
 impl Network {
+    fn bridge(name: String, bridge: &str, subnet_prefix: &'static str, data_dir: PathBuf) -> Self {
+        Network {
+            name,
+            kind: NetKind::Bridge {
+                bridge: bridge.into(),
+                subnet_prefix,
+            },
+            data_dir,
+        }
+    }
+
     fn gateway(&self) -> String {
-        format!("{}.1", self.subnet_prefix)
+        match &self.kind {
+            NetKind::Bridge { subnet_prefix, .. } => format!("{subnet_prefix}.1"),
+            NetKind::Eni(eni) => eni.gateway(),
+        }
+    }
+
+    /// The prefix of weir's host-side veth names in this network.
+    fn veth_prefix(&self) -> &'static str {
+        match &self.kind {
+            NetKind::Bridge { .. } => "weir",
+            NetKind::Eni(_) => ENI_VETH_PREFIX,
+        }
     }
 
     fn weir_plugin(&self) -> Value {
-        json!({
-            "type": "weir-cni",
-            "bridge": self.bridge,
-            "ipam": {
-                "type": "weir-ipam",
-                "ranges": [[{"subnet": format!("{}.0/24", self.subnet_prefix)}]],
+        match &self.kind {
+            NetKind::Bridge {
+                bridge,
+                subnet_prefix,
+            } => json!({
+                "type": "weir-cni",
+                "bridge": bridge,
+                "ipam": {
+                    "type": "weir-ipam",
+                    "ranges": [[{"subnet": format!("{subnet_prefix}.0/24")}]],
+                    "dataDir": self.data_dir,
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            }),
+            NetKind::Eni(eni) => json!({
+                "type": "weir-cni",
+                "mode": "eni-shared",
+                "eniName": ENI_NAME,
+                "eniGateway": eni.gateway(),
+                "routeTable": ENI_TABLE,
+                "vethPrefix": ENI_VETH_PREFIX,
+                "eniAddresses": eni.addresses(),
                 "dataDir": self.data_dir,
-                "routes": [{"dst": "0.0.0.0/0"}],
-            },
-        })
+            }),
+        }
     }
 
     /// `static_ports`: port mappings written into the conflist for runtimes (ctr) that cannot pass
@@ -175,13 +223,13 @@ impl Network {
     }
 }
 
-/// weir's host-side veths in the node namespace.
-fn weir_veths(node: &TestNs) -> Vec<String> {
+/// weir's host-side veths of `net` in the node namespace.
+fn weir_veths(node: &TestNs, net: &Network) -> Vec<String> {
     node.sh("ip -o link show")
         .lines()
         .filter_map(|l| l.split(": ").nth(1))
         .map(|n| n.split('@').next().unwrap().to_string())
-        .filter(|n| n.starts_with("weir"))
+        .filter(|n| n.starts_with(net.veth_prefix()))
         .collect()
 }
 
@@ -252,7 +300,7 @@ fn gc_as_libcni_would(node: &TestNs, net: &Network, live: &[(String, &str)]) {
         .unwrap()
         .to_string();
     assert!(net.ip_file(&leaked_ip).exists());
-    let veths_before = weir_veths(node).len();
+    let veths_before = weir_veths(node, net).len();
 
     let attachments: Vec<Value> = live
         .iter()
@@ -274,7 +322,7 @@ fn gc_as_libcni_would(node: &TestNs, net: &Network, live: &[(String, &str)]) {
         "GC left the leaked allocation {leaked_ip}"
     );
     common::eventually("GC removed the leaked attachment's veth", || {
-        weir_veths(node).len() == veths_before - 1
+        weir_veths(node, net).len() == veths_before - 1
     });
     drop(leaked_ns);
 }
@@ -356,12 +404,12 @@ fn podman_runs_containers_on_a_weir_network() {
     let node = TestNs::new(&format!("{}-pod", unique("rt")));
     node.sh("ip link set lo up");
     let work = tempfile::tempdir().unwrap();
-    let net = Network {
-        name: format!("weirpodman{}", std::process::id()),
-        bridge: "wrp0".into(),
-        subnet_prefix: "10.123.7",
-        data_dir: work.path().join("ipam"),
-    };
+    let net = Network::bridge(
+        format!("weirpodman{}", std::process::id()),
+        "wrp0",
+        "10.123.7",
+        work.path().join("ipam"),
+    );
     let bin = plugin_dir(work.path());
     let rootfs = busybox_rootfs(work.path());
     let podman = Podman::new(&node, &net, &bin);
@@ -425,7 +473,7 @@ fn podman_runs_containers_on_a_weir_network() {
     let body = http_get(&node, &format!("http://{}:18080/", net.gateway()));
     assert_eq!(body.trim(), "hello-from-podman", "published port 18080");
     assert!(!nat_rules_for(&node, 18080).is_empty());
-    assert_eq!(weir_veths(&node).len(), 1);
+    assert_eq!(weir_veths(&node, &net).len(), 1);
 
     // podman 4.3 has no GC; call it as libcni >= 1.2.3 would, with podman's live container valid.
     gc_as_libcni_would(&node, &net, &[(id.clone(), "eth0")]);
@@ -440,7 +488,7 @@ fn podman_runs_containers_on_a_weir_network() {
     run_ok(&mut podman.cmd(&["rm", "-f", "-t", "0", &name]));
     assert!(net.allocated().is_empty(), "left: {:?}", net.allocated());
     common::eventually("the container's veth is gone", || {
-        weir_veths(&node).is_empty()
+        weir_veths(&node, &net).is_empty()
     });
     assert!(
         nat_rules_for(&node, 18080).is_empty(),
@@ -601,12 +649,12 @@ fn containerd_runs_containers_on_a_weir_network() {
     let node = TestNs::new(&format!("{}-ctd", unique("rt")));
     node.sh("ip link set lo up");
     let work = tempfile::tempdir().unwrap();
-    let net = Network {
-        name: format!("weirctr{}", std::process::id()),
-        bridge: "wrc0".into(),
-        subnet_prefix: "10.123.8",
-        data_dir: work.path().join("ipam"),
-    };
+    let net = Network::bridge(
+        format!("weirctr{}", std::process::id()),
+        "wrc0",
+        "10.123.8",
+        work.path().join("ipam"),
+    );
     let bin = plugin_dir(work.path());
     let rootfs = busybox_rootfs(work.path());
     let netd = work.path().join("net.d");
@@ -663,7 +711,7 @@ fn containerd_runs_containers_on_a_weir_network() {
     assert_eq!(sysctl, TUNED_VALUE, "tuning's sysctl was not applied");
     let body = http_get(&node, &format!("http://{}:18081/", net.gateway()));
     assert_eq!(body.trim(), "hello-from-containerd", "published port 18081");
-    assert_eq!(weir_veths(&node).len(), 1);
+    assert_eq!(weir_veths(&node, &net).len(), 1);
 
     // containerd 1.6 has no GC; call it as libcni >= 1.2.3 would.
     gc_as_libcni_would(&node, &net, &[(cni_id.clone(), "eth0")]);
@@ -683,7 +731,7 @@ fn containerd_runs_containers_on_a_weir_network() {
     }
     assert!(net.allocated().is_empty(), "left: {:?}", net.allocated());
     common::eventually("the container's veth is gone", || {
-        weir_veths(&node).is_empty()
+        weir_veths(&node, &net).is_empty()
     });
     assert!(
         nat_rules_for(&node, 18081).is_empty(),
@@ -701,4 +749,323 @@ fn containerd_runs_containers_on_a_weir_network() {
 /// ctr logs a failed network removal but still exits with the task's status.
 fn run_log_has_cni_error(log: &str) -> bool {
     log.contains("network review") || log.contains("level=error")
+}
+
+// ---------------------------------------------------------------------------------------------
+// eni-shared mode: the same runtimes, pods on an addressless "ENI"
+
+const ENI_NAME: &str = "eth1";
+const ENI_TABLE: u32 = 1003;
+const ENI_VETH_PREFIX: &str = "eni";
+/// The VPC's web server, on the ENI subnet's gateway address.
+const VPC_PORT: u16 = 8080;
+const VPC_GREETING: &str = "hello-from-vpc";
+
+/// The addresses the "cloud" assigned to the ENI: `<prefix>.10` (the ENI's own) to `.14`.
+struct EniPlan {
+    prefix: &'static str,
+}
+
+impl EniPlan {
+    fn gateway(&self) -> String {
+        format!("{}.1", self.prefix)
+    }
+    fn eni_address(&self) -> String {
+        format!("{}.10", self.prefix)
+    }
+    fn addresses(&self) -> Vec<String> {
+        (10..15).map(|i| format!("{}.{i}", self.prefix)).collect()
+    }
+}
+
+/// The node's ENI (`eth1`, no address of its own until weir-cni gives it one) is a veth whose
+/// peer lives in a "VPC" namespace that behaves like the cloud's router: it holds the subnet's
+/// gateway address, delivers every address of the ENI's list to the ENI (static routes and
+/// neighbours: the cloud knows where each address lives) and serves HTTP on the gateway address.
+/// `rp_filter=1` on the node, as on the nodes eni-shared mode is for.
+struct EniNode {
+    vpc: TestNs,
+    _httpd: KillOnDrop,
+}
+
+impl EniNode {
+    fn new(node: &TestNs, plan: &EniPlan, work: &Path) -> Self {
+        let vpc = TestNs::new(&format!("{}-vpc", node.name));
+        let (n, v, gw) = (&node.name, &vpc.name, plan.gateway());
+        let addresses = plan.addresses().join(" ");
+        run_ok(Command::new("sh").args([
+            "-ec",
+            &format!(
+                "ip netns exec {n} sysctl -qw net.ipv4.conf.all.rp_filter=1 net.ipv4.conf.default.rp_filter=1
+                 ip -n {v} link set lo up
+                 ip -n {n} link add {ENI_NAME} type veth peer name eni-port netns {v}
+                 ip -n {v} addr add {gw}/32 dev eni-port
+                 ip -n {v} link set eni-port up
+                 mac=$(ip netns exec {n} cat /sys/class/net/{ENI_NAME}/address)
+                 for a in {addresses}; do
+                   ip -n {v} route add $a/32 dev eni-port
+                   ip -n {v} neigh replace $a lladdr $mac dev eni-port nud permanent
+                 done"
+            ),
+        ]));
+        let www = work.join("vpc-www");
+        std::fs::create_dir_all(&www).unwrap();
+        std::fs::write(www.join("index.html"), format!("{VPC_GREETING}\n")).unwrap();
+        let busybox = ["/usr/bin/busybox", "/bin/busybox"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("busybox is missing: install busybox-static");
+        let httpd = KillOnDrop(
+            Command::new("nsenter")
+                .arg(format!("--net={}", vpc.path().display()))
+                .args([busybox, "httpd", "-f", "-p"])
+                .arg(format!("{gw}:{VPC_PORT}"))
+                .arg("-h")
+                .arg(&www)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("start the VPC's httpd"),
+        );
+        wait_until("the VPC's httpd listens", Duration::from_secs(5), || {
+            vpc.sh("ss -ltn").contains(&format!(":{VPC_PORT}"))
+        });
+        EniNode { vpc, _httpd: httpd }
+    }
+}
+
+/// Everything an eni-shared container must have, read from inside it (`exec` runs a shell
+/// script there) and from the VPC: its address is one of the ENI's (never the ENI's own), it
+/// reaches the VPC's server out of the ENI with that address, and the VPC reaches its server.
+fn check_eni_container(
+    node: &TestNs,
+    eni: &EniNode,
+    plan: &EniPlan,
+    net: &Network,
+    ip: &str,
+    exec: &dyn Fn(&str) -> String,
+    greeting: &str,
+) {
+    assert!(
+        plan.addresses().contains(&ip.to_string()) && ip != plan.eni_address(),
+        "address {ip} inside the container is not one of the ENI's pod addresses {:?}",
+        plan.addresses()
+    );
+    assert_eq!(net.allocated(), vec![ip.to_string()]);
+    let eni_addrs = node.sh(&format!("ip -4 -o addr show dev {ENI_NAME}"));
+    assert!(
+        eni_addrs.contains(&format!("{}/32", plan.eni_address())),
+        "the ENI lacks its own address: {eni_addrs}"
+    );
+    let rules = node.sh("ip rule");
+    for want in [
+        format!("from all to {ip} lookup main"),
+        format!("from {ip} lookup {ENI_TABLE}"),
+    ] {
+        assert!(rules.contains(&want), "no rule `{want}` in:\n{rules}");
+    }
+    // Out of the ENI: the container's default route → host veth → rule → ENI table → eth1.
+    // (`timeout`, not wget's own -T: busybox-static 1.35's wget segfaults with -T.)
+    let body = exec(&format!(
+        "PATH=/bin; timeout 5 wget -q -O - http://{}:{VPC_PORT}/",
+        plan.gateway()
+    ));
+    assert_eq!(
+        body.trim(),
+        VPC_GREETING,
+        "container -> VPC through the ENI"
+    );
+    // Into the container from the VPC, and its reply back out of the ENI.
+    let body = eni.vpc.sh(&format!("curl -s -m 3 http://{ip}:80/"));
+    assert_eq!(body.trim(), greeting, "VPC -> container through the ENI");
+}
+
+/// After removal: no veth, no rule naming the address, no address file.
+fn check_eni_removed(node: &TestNs, net: &Network, ip: &str) {
+    assert!(net.allocated().is_empty(), "left: {:?}", net.allocated());
+    common::eventually("the container's veth is gone", || {
+        weir_veths(node, net).is_empty()
+    });
+    let rules = node.sh("ip rule");
+    assert!(
+        !rules.contains(&format!(" {ip} ")),
+        "rules for {ip} left:\n{rules}"
+    );
+    let routes = node.sh("ip route");
+    assert!(!routes.contains(ip), "host route to {ip} left:\n{routes}");
+}
+
+#[test]
+fn podman_runs_containers_on_an_eni_shared_network() {
+    require("/usr/bin/podman", "podman");
+    require("/usr/sbin/runc", "runc");
+    let started = Instant::now();
+    let node = TestNs::new(&format!("{}-epod", unique("rt")));
+    node.sh("ip link set lo up");
+    let work = tempfile::tempdir().unwrap();
+    let plan = EniPlan { prefix: "10.124.7" };
+    let eni = EniNode::new(&node, &plan, work.path());
+    let net = Network {
+        name: format!("enipodman{}", std::process::id()),
+        kind: NetKind::Eni(EniPlan {
+            prefix: plan.prefix,
+        }),
+        data_dir: work.path().join("ipam"),
+    };
+    let bin = plugin_dir(work.path());
+    let rootfs = busybox_rootfs(work.path());
+    let podman = Podman::new(&node, &net, &bin);
+
+    let name = format!("{}-e1", unique("rt"));
+    let id = run_ok(&mut podman.cmd(&[
+        "run",
+        "-d",
+        "--name",
+        &name,
+        "--network",
+        &net.name,
+        "--rootfs",
+        rootfs.to_str().unwrap(),
+        "/bin/sh",
+        "-c",
+        "echo hello-from-podman > /tmp/index.html; exec /bin/httpd -f -p 80 -h /tmp",
+    ]))
+    .trim()
+    .to_string();
+    let exec = |script: &str| run_ok(&mut podman.cmd(&["exec", &name, "/bin/sh", "-c", script]));
+    let (ip, sysctl) = container_view(&exec(VIEW_SCRIPT));
+    assert_eq!(sysctl, TUNED_VALUE, "tuning's sysctl was not applied");
+    let owner = std::fs::read_to_string(net.ip_file(&ip)).unwrap();
+    assert!(
+        owner.starts_with(&id),
+        "{ip} belongs to {owner:?}, not {id}"
+    );
+    let inspect: Value =
+        serde_json::from_str(&run_ok(&mut podman.cmd(&["inspect", &name]))).unwrap();
+    assert_eq!(
+        inspect[0]["NetworkSettings"]["Networks"][&net.name]["IPAddress"],
+        ip.as_str(),
+        "podman's record of the address differs from the container's"
+    );
+    check_eni_container(&node, &eni, &plan, &net, &ip, &exec, "hello-from-podman");
+    assert_eq!(weir_veths(&node, &net).len(), 1);
+
+    gc_as_libcni_would(&node, &net, &[(id.clone(), "eth0")]);
+    check_eni_container(&node, &eni, &plan, &net, &ip, &exec, "hello-from-podman");
+
+    run_ok(&mut podman.cmd(&["rm", "-f", "-t", "0", &name]));
+    check_eni_removed(&node, &net, &ip);
+    println!("podman eni-shared test took {:?}", started.elapsed());
+}
+
+#[test]
+fn containerd_runs_containers_on_an_eni_shared_network() {
+    require("/usr/bin/containerd", "containerd");
+    require("/usr/sbin/runc", "runc");
+    let started = Instant::now();
+    let node = TestNs::new(&format!("{}-ectd", unique("rt")));
+    node.sh("ip link set lo up");
+    let work = tempfile::tempdir().unwrap();
+    let plan = EniPlan { prefix: "10.124.8" };
+    let eni = EniNode::new(&node, &plan, work.path());
+    let net = Network {
+        name: format!("enictr{}", std::process::id()),
+        kind: NetKind::Eni(EniPlan {
+            prefix: plan.prefix,
+        }),
+        data_dir: work.path().join("ipam"),
+    };
+    let bin = plugin_dir(work.path());
+    let rootfs = busybox_rootfs(work.path());
+    let netd = work.path().join("net.d");
+    std::fs::create_dir_all(&netd).unwrap();
+    std::fs::write(netd.join("10-weir.conflist"), net.conflist(None)).unwrap();
+
+    let containerd = Containerd::start();
+    let id = format!("{}-e1", unique("rt"));
+    let mut ctr_run = containerd.run_with_cni(
+        &node,
+        &netd,
+        &bin,
+        &[
+            "--rootfs",
+            rootfs.to_str().unwrap(),
+            &id,
+            "/bin/sh",
+            "-c",
+            "echo hello-from-containerd > /tmp/index.html; exec /bin/httpd -f -p 80 -h /tmp",
+        ],
+    );
+    wait_until(
+        "ctr run set the network up",
+        Duration::from_secs(15),
+        || {
+            if let Ok(Some(status)) = ctr_run.0.try_wait() {
+                panic!("ctr run exited early ({status}): {}", containerd.run_log());
+            }
+            !net.allocated().is_empty()
+        },
+    );
+    let exec = |script: &str| {
+        run_ok(&mut containerd.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            &exec_id(),
+            &id,
+            "/bin/sh",
+            "-c",
+            script,
+        ]))
+    };
+    // The runtime may still be running the rest of the chain (tuning) when the address appears.
+    wait_until("tuning ran", Duration::from_secs(10), || {
+        container_view(&exec(VIEW_SCRIPT)).1 == TUNED_VALUE
+    });
+    let (ip, _) = container_view(&exec(VIEW_SCRIPT));
+    let cni_id = format!("weirtest-{id}");
+    let owner = std::fs::read_to_string(net.ip_file(&ip)).unwrap();
+    assert!(owner.starts_with(&cni_id), "{ip} belongs to {owner:?}");
+    check_eni_container(
+        &node,
+        &eni,
+        &plan,
+        &net,
+        &ip,
+        &exec,
+        "hello-from-containerd",
+    );
+    assert_eq!(weir_veths(&node, &net).len(), 1);
+
+    gc_as_libcni_would(&node, &net, &[(cni_id.clone(), "eth0")]);
+    check_eni_container(
+        &node,
+        &eni,
+        &plan,
+        &net,
+        &ip,
+        &exec,
+        "hello-from-containerd",
+    );
+
+    // Removal: the foreground ctr runs DEL (with an empty CNI_NETNS) once the task dies.
+    run_ok(&mut containerd.ctr(&["task", "kill", "-s", "SIGKILL", &id]));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ctr_run.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "ctr run did not return");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    check_eni_removed(&node, &net, &ip);
+    assert!(
+        !run_log_has_cni_error(&containerd.run_log()),
+        "ctr reported a CNI error: {}",
+        containerd.run_log()
+    );
+    println!("containerd eni-shared test took {:?}", started.elapsed());
+}
+
+/// A fresh exec id per `ctr task exec` (ids of finished execs may linger briefly).
+fn exec_id() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("x{}", N.fetch_add(1, Ordering::Relaxed))
 }

@@ -438,6 +438,17 @@ mod tests {
     }
 
     #[test]
+    fn gc_as_libcni_sends_it_is_accepted() {
+        // libcni >= 1.2.3 sends the live attachments under both names.
+        let s = conf(
+            r#","cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}],
+                "cni.dev/attachments":[{"containerID":"c1","ifname":"eth0"}]"#,
+        );
+        let c = EniConf::parse(s.as_bytes()).expect("GC's configuration parses");
+        assert_eq!(c.valid_attachments.map(|v| v.len()), Some(1));
+    }
+
+    #[test]
     fn minimal_config_gets_the_documented_defaults() {
         let c = EniConf::parse(conf("").as_bytes()).unwrap();
         assert_eq!(c.eni, EniSelector::Name("eth1".into()));

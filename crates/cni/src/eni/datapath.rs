@@ -255,20 +255,79 @@ pub fn nft_apply(script: &str) -> CniResult<()> {
     Ok(())
 }
 
-/// Whether this network's chain exists in the node-wide table (for CHECK).
+/// Whether this network's chain exists in the node-wide table (every ADD and CHECK ask).
+/// Asked over netlink; if netlink cannot answer, `nft` does.
 pub fn nft_chain_present(network: &str) -> bool {
+    let chain = plan::chain_name(network);
+    if let Ok(present) = super::nft_probe::chain_exists(plan::NFT_TABLE, &chain) {
+        return present;
+    }
     std::process::Command::new("nft")
-        .args([
-            "list",
-            "chain",
-            "inet",
-            plan::NFT_TABLE,
-            &plan::chain_name(network),
-        ])
+        .args(["list", "chain", "inet", plan::NFT_TABLE, &chain])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Sets link `name` down, returning its index (None when it does not exist). IPv4 removes the
+/// routes through a link that goes down, so the pod's host route goes with it.
+pub fn set_down(host: &mut Rtnl, name: &str) -> CniResult<Option<u32>> {
+    let Some(link) = host.link_by_name(name).map_err(netlink_err)? else {
+        return Ok(None);
+    };
+    let down = LinkUnspec::new_with_index(link.index).down().build();
+    match host.link_set(down, name) {
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(netlink_err(e)),
+        Ok(()) => Ok(Some(link.index)),
+    }
+}
+
+/// Forks a child that deletes link `index`, then the tombstone naming it, and exits; the
+/// caller returns without waiting (bridge mode's DEL does the same, without a tombstone).
+pub fn delete_link_in_background(mut host: Rtnl, index: u32, tombstone: &Path) {
+    use nix::unistd::{fork, ForkResult};
+    // SAFETY: the plugin is single-threaded, so the child may do anything the parent could.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            // Let go of the runtime's pipes so it does not wait for us.
+            if let Ok(null) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+            {
+                use std::os::fd::AsRawFd;
+                for fd in 0..3 {
+                    unsafe { libc::dup2(null.as_raw_fd(), fd) };
+                }
+            }
+            if host.link_del(index, "pod veth").is_ok_or_gone() {
+                let _ = std::fs::remove_file(tombstone);
+            }
+            unsafe { libc::_exit(0) };
+        }
+        Ok(ForkResult::Parent { .. }) => {}
+        // Cannot fork: do it ourselves.
+        Err(_) => {
+            if host.link_del(index, "pod veth").is_ok_or_gone() {
+                let _ = std::fs::remove_file(tombstone);
+            }
+        }
+    }
+}
+
+trait OkOrGone {
+    fn is_ok_or_gone(&self) -> bool;
+}
+
+impl OkOrGone for Result<(), NlError> {
+    fn is_ok_or_gone(&self) -> bool {
+        match self {
+            Ok(()) => true,
+            Err(e) => e.is_not_found(),
+        }
+    }
 }
 
 /// Creates the veth pair: host end `host_name` up, pod end `ifname` inside the pod namespace.
