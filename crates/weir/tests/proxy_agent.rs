@@ -237,9 +237,7 @@ fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
         let start = Instant::now();
         a.sh(flush);
         assert!(!cluster_ip(&a), "`{flush}` did not break the service");
-        a.wait_for(&format!("repair of `{flush}`"), || {
-            cluster_ip(&a)
-        });
+        a.wait_for(&format!("repair of `{flush}`"), || cluster_ip(&a));
         let took = start.elapsed();
         // Since the flush: at most one --sync-period plus a sync; the 1 s curl timeout of
         // the check that the flush broke the service is in there too.

@@ -286,7 +286,17 @@ impl Drop for Agent {
 
 fn http(ns: &str, port_path: &str) -> (u16, String) {
     let out = Command::new("ip")
-        .args(["netns", "exec", ns, "curl", "-s", "-m", "2", "-w", "\n%{http_code}"])
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "curl",
+            "-s",
+            "-m",
+            "2",
+            "-w",
+            "\n%{http_code}",
+        ])
         .arg(format!("http://127.0.0.1:{port_path}"))
         .output()
         .unwrap();
@@ -313,6 +323,7 @@ fn health(ns: &str) -> Health {
 
 /// /healthz sampled in the background: each distinct answer and how often it was seen.
 pub struct HealthWatch {
+    ns: String,
     stop: Arc<AtomicBool>,
     seen: Arc<Mutex<BTreeMap<Health, usize>>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -323,27 +334,32 @@ impl HealthWatch {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(BTreeMap::new()));
         let (stopped, record) = (stop.clone(), seen.clone());
+        let inside = ns.clone();
         let thread = std::thread::spawn(move || {
             while !stopped.load(Ordering::Relaxed) {
-                let h = health(&ns);
+                let h = health(&inside);
                 *record.lock().unwrap().entry(h).or_insert(0) += 1;
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
         HealthWatch {
+            ns,
             stop,
             seen,
             thread: Some(thread),
         }
     }
 
-    /// Stops sampling; every distinct answer with its count.
+    /// Stops sampling after one last sample (so the answer of now is always in); every
+    /// distinct answer with its count.
     pub fn finish(mut self) -> BTreeMap<Health, usize> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.seen.lock().unwrap().clone()
+        let mut seen = self.seen.lock().unwrap().clone();
+        *seen.entry(health(&self.ns)).or_insert(0) += 1;
+        seen
     }
 }
 
