@@ -171,6 +171,59 @@ fn directory_removed_and_back(a: &mut Agent) {
     logged_once(a, &["resolved:", "manifests: directory"]);
 }
 
+/// The main outside flush of each mode (breaks every ClusterIP).
+fn main_flush(a: &Agent) -> &'static str {
+    match a.mode {
+        "nftables" => "nft flush table inet weir",
+        _ => "iptables -t nat -F",
+    }
+}
+
+/// Combined: the directory is gone (the agent serves its last view) and then someone
+/// flushes the rules: weir repairs them from the last view, still reporting the source.
+fn flush_while_directory_gone(a: &mut Agent) {
+    let before = normalized(a);
+    let health = a.watch_health();
+    std::fs::rename(a.manifests(), away(a)).unwrap();
+    a.wait_for("503 while the directory is gone", || a.health().code == 503);
+    a.sh_ok(main_flush(a));
+    assert!(!a.solo_answers(), "the flush did not break solo");
+    a.wait_for("repaired from the last view", || {
+        normalized(a) == before && a.solo_answers()
+    });
+    assert_eq!(a.health().code, 503, "the source is still gone");
+    std::fs::rename(away(a), a.manifests()).unwrap();
+    a.wait_for("200 once back", || a.health().code == 200);
+    assert_health(
+        &health.finish(),
+        &[(200, ""), (503, "serving the last complete view")],
+        &[(503, "serving the last complete view")],
+    );
+    logged_once(a, &["behind its back"]);
+}
+
+/// The directory's path becomes a regular file: a failing source, not an empty world.
+fn directory_replaced_by_a_file(a: &mut Agent) {
+    let before = normalized(a);
+    let health = a.watch_health();
+    std::fs::rename(a.manifests(), away(a)).unwrap();
+    std::fs::write(a.manifests(), SOLO).unwrap();
+    a.wait_for("503 while the path is a file", || a.health().code == 503);
+    std::thread::sleep(Duration::from_millis(1500)); // a periodic sync
+    assert_eq!(normalized(a), before);
+    assert!(a.solo_answers());
+    std::fs::remove_file(a.manifests()).unwrap();
+    std::fs::rename(away(a), a.manifests()).unwrap();
+    a.wait_for("200 once back", || a.health().code == 200);
+    let seen = health.finish();
+    eprintln!("{}: the directory replaced by a file: {seen:?}", a.mode);
+    assert_health(
+        &seen,
+        &[(200, ""), (503, "serving the last complete view")],
+        &[(503, "serving the last complete view")],
+    );
+}
+
 /// Which capabilities the unreadable-directory case drops (root reads anything with either).
 const NO_DAC: &str = "-dac_override,-dac_read_search";
 
@@ -754,6 +807,8 @@ macro_rules! faults {
 faults! {
     directory_missing_at_start_keeps_rules_and_says_503: &[], nothing, directory_missing_at_start;
     directory_removed_and_back_keeps_rules_and_says_503: &[], nothing, directory_removed_and_back;
+    a_flush_while_the_directory_is_gone_is_repaired_from_the_last_view: &[], nothing, flush_while_directory_gone;
+    directory_replaced_by_a_file_keeps_rules_and_says_503: &[], nothing, directory_replaced_by_a_file;
     directory_unreadable_without_dac_caps_keeps_rules_and_says_503: &[], without_dac_caps, directory_unreadable;
     fifo_named_yaml_is_reported_and_blocks_nothing: &[], nothing, fifo;
     symlink_loops_are_reported_and_spin_nothing: &[], nothing, symlink_loop;
