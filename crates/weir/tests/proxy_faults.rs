@@ -359,6 +359,41 @@ fn oversized_file(a: &mut Agent) {
     odd_file(a, "mv ../big.tmp big.yaml", "big.yaml", "65536");
 }
 
+/// The file holding `solo` turns unreadable (`chmod 000`, agent without DAC capabilities),
+/// then into a FIFO: each time reported by name, and the file keeps the objects it had
+/// (solo keeps answering through periodic syncs); /healthz stays 200.
+fn service_file_turns_odd(a: &mut Agent) {
+    use std::os::unix::fs::PermissionsExt;
+    let file = a.manifests().join("services.yaml");
+    let health = a.watch_health();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).unwrap();
+    a.wait_for("the unreadable file reported", || {
+        !a.log_lines(&["services.yaml", "Permission denied"])
+            .is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1200)); // a periodic sync
+    assert!(a.solo_answers(), "the unreadable file lost its objects");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    a.wait_for("resolved", || {
+        !a.log_lines(&["resolved:", "Permission denied"]).is_empty()
+    });
+    std::fs::remove_file(&file).unwrap();
+    a.sh_ok(&format!("mkfifo '{}'", file.display()));
+    a.wait_for("the FIFO reported", || {
+        !a.log_lines(&["services.yaml", "a FIFO"]).is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(a.solo_answers(), "the file turned FIFO lost its objects");
+    std::fs::remove_file(&file).unwrap();
+    std::fs::write(&file, SOLO).unwrap();
+    a.wait_for("resolved", || {
+        !a.log_lines(&["resolved:", "a FIFO"]).is_empty()
+    });
+    assert_health(&health.finish(), &[(200, "")], &[(200, "")]);
+    logged_once(a, &["services.yaml", "Permission denied"]);
+    logged_once(a, &["services.yaml", "a FIFO"]);
+}
+
 /// A typo in a service's file: the running agent keeps the old version; after a restart
 /// the service is served from its last-known-good copy and the log says so.
 fn typo_then_restart(a: &mut Agent) {
@@ -810,6 +845,7 @@ faults! {
     a_flush_while_the_directory_is_gone_is_repaired_from_the_last_view: &[], nothing, flush_while_directory_gone;
     directory_replaced_by_a_file_keeps_rules_and_says_503: &[], nothing, directory_replaced_by_a_file;
     directory_unreadable_without_dac_caps_keeps_rules_and_says_503: &[], without_dac_caps, directory_unreadable;
+    a_service_file_turning_unreadable_or_a_fifo_keeps_its_objects: &[], without_dac_caps, service_file_turns_odd;
     fifo_named_yaml_is_reported_and_blocks_nothing: &[], nothing, fifo;
     symlink_loops_are_reported_and_spin_nothing: &[], nothing, symlink_loop;
     a_200k_deep_file_is_refused_quickly: &[], nothing, deep_file;
