@@ -360,8 +360,9 @@ fn oversized_file(a: &mut Agent) {
 }
 
 /// The file holding `solo` turns unreadable (`chmod 000`, agent without DAC capabilities),
-/// then into a FIFO: each time reported by name, and the file keeps the objects it had
-/// (solo keeps answering through periodic syncs); /healthz stays 200.
+/// also across a restart, then into a FIFO: each time reported by name, and the file keeps
+/// the objects it had (solo keeps answering through periodic syncs); /healthz 200 except
+/// across the restart.
 fn service_file_turns_odd(a: &mut Agent) {
     use std::os::unix::fs::PermissionsExt;
     let file = a.manifests().join("services.yaml");
@@ -373,6 +374,21 @@ fn service_file_turns_odd(a: &mut Agent) {
     });
     std::thread::sleep(Duration::from_millis(1200)); // a periodic sync
     assert!(a.solo_answers(), "the unreadable file lost its objects");
+    // And after a restart: served from the file's last-known-good copy.
+    a.kill();
+    a.start();
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(
+        a.solo_answers(),
+        "restarted with the file unreadable: solo lost\n{}",
+        a.log()
+    );
+    assert!(
+        !a.log_lines(&["last-known-good", "Service/default/solo", "services.yaml"])
+            .is_empty(),
+        "{}",
+        a.log()
+    );
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
     a.wait_for("resolved", || {
         !a.log_lines(&["resolved:", "Permission denied"]).is_empty()
@@ -389,8 +405,19 @@ fn service_file_turns_odd(a: &mut Agent) {
     a.wait_for("resolved", || {
         !a.log_lines(&["resolved:", "a FIFO"]).is_empty()
     });
-    assert_health(&health.finish(), &[(200, "")], &[(200, "")]);
-    logged_once(a, &["services.yaml", "Permission denied"]);
+    assert_health(
+        &health.finish(),
+        &[(200, ""), (0, ""), (503, "")],
+        &[(200, "")],
+    );
+    // Once per process.
+    let denied = a.log_lines(&["services.yaml", "Permission denied"]);
+    assert_eq!(
+        denied.iter().filter(|l| !l.contains("resolved:")).count(),
+        2,
+        "{}",
+        a.log()
+    );
     logged_once(a, &["services.yaml", "a FIFO"]);
 }
 
