@@ -713,6 +713,87 @@ fn outside_flushes(a: &mut Agent) {
     assert_eq!(noticed.len(), flushes.len(), "{}", a.log());
 }
 
+/// Someone else's rule refers to weir's chain for solo, then solo is deleted. iptables (a
+/// jump into its `KUBE-SVC-…` from a chain of theirs): the restore that must delete the
+/// chain fails, retried every second until the reference goes; logged once, /healthz 503
+/// once the change is 2 × --sync-period late, the recovery logged once. nftables (a chain of
+/// theirs inside `inet weir` jumping to a balancing chain): weir owns its table, so the
+/// stranger's chain is removed by the full sync its changed rule count triggers.
+fn a_sync_that_keeps_failing(a: &mut Agent) {
+    let extra = a.manifests().join("extra.yaml");
+    std::fs::write(&extra, EXTRA).unwrap();
+    a.wait_for("extra", || a.answers("10.96.7.7", 80));
+    let chain = match a.mode {
+        "nftables" => {
+            let rules = a.sh("nft list table inet weir");
+            let used = rules
+                .split_whitespace()
+                .find(|w| w.starts_with("ep4tcp-n"))
+                .map(|w| w.trim_end_matches(','))
+                .unwrap_or_else(|| panic!("a balancing chain in\n{rules}"))
+                .to_string();
+            a.sh_ok(&format!(
+                "nft add chain inet weir theirs && nft add rule inet weir theirs jump {used}"
+            ));
+            used
+        }
+        _ => {
+            let rules = a.sh("iptables-save -t nat");
+            let svc = rules
+                .lines()
+                .find(|l| l.contains("default/solo") && l.contains("-j KUBE-SVC-"))
+                .and_then(|l| l.split_whitespace().last())
+                .expect("solo's KUBE-SVC chain")
+                .to_string();
+            a.sh_ok(&format!(
+                "iptables -w -t nat -N THEIRS && iptables -w -t nat -A THEIRS -j {svc}"
+            ));
+            svc
+        }
+    };
+    let health = a.watch_health();
+    // extra has one endpoint as solo has: delete solo and extra both, so the chain is unused.
+    std::fs::remove_file(&extra).unwrap();
+    std::fs::write(a.manifests().join("services.yaml"), "").unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    let during = health.finish();
+    let failures = a.log_lines(&["sync failed"]);
+    eprintln!(
+        "{}: {} failed syncs logged in 4 s ({chain}); /healthz said {during:?}\n{}",
+        a.mode,
+        failures.len(),
+        failures.join("\n")
+    );
+    if a.mode == "nftables" {
+        // weir owns its whole table: the stranger's chain goes with the next full sync
+        // (which the changed rule count triggers), and nothing fails.
+        assert!(failures.is_empty(), "{}", a.log());
+        assert!(!a.rules().contains("chain theirs"), "{}", a.rules());
+        assert_health(&during, &[(200, "")], &[(200, "")]);
+        logged_once(a, &["behind its back"]);
+        std::fs::write(a.manifests().join("services.yaml"), SOLO).unwrap();
+        return;
+    }
+    // Retried every second, but the same error is logged once (the retry after the first
+    // failure is a full sync, whose error text differs: at most two lines).
+    assert!(
+        (1..=2).contains(&failures.len()),
+        "{} lines:\n{}",
+        failures.len(),
+        a.log()
+    );
+    // Not healthy once the change has waited 2 × --sync-period (kube-proxy's rule).
+    assert_health(&during, &[(200, ""), (503, "")], &[(503, "")]);
+    a.sh_ok("iptables -w -t nat -F THEIRS && iptables -w -t nat -X THEIRS");
+    a.wait_for("healthy again", || a.health() == healthy());
+    a.wait_for("the recovery logged", || {
+        !a.log_lines(&["sync succeeded after"]).is_empty()
+    });
+    logged_once(a, &["sync succeeded after"]);
+    assert!(!a.rules().contains("10.96.9.9"), "solo was deleted");
+    std::fs::write(a.manifests().join("services.yaml"), SOLO).unwrap();
+}
+
 /// kubelet's chain, as kubelet (≥ 1.19) writes it.
 const KUBELET_FIREWALL: &str = "iptables -w -N KUBE-FIREWALL \
     && iptables -w -A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 \
@@ -880,6 +961,7 @@ faults! {
     a_typo_then_a_restart_serves_the_last_known_good_copy: &[], nothing, typo_then_restart;
     sigkill_during_syncs_then_restart_leaves_the_clean_ruleset: &[], nothing, sigkill_during_sync;
     outside_flushes_are_repaired_within_seconds: &[], nothing, outside_flushes;
+    a_sync_that_keeps_failing_says_so: &[], nothing, a_sync_that_keeps_failing;
     kubelets_firewall_chain_survives_full_syncs_and_cleanup: &["--full-sync-period=1s"], add_kubelet_firewall, kubelet_firewall;
     a_concurrent_second_writer_loses_nothing: &[], nothing, concurrent_writer;
 }
