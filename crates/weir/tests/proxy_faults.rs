@@ -59,11 +59,22 @@ fn run_in(fault: &Fault, mode: &'static str) {
     a.wait_for("solo before the fault", || a.solo_answers());
     (fault.inject)(&mut a);
     a.wait_for("solo after the recovery", || a.solo_answers());
-    assert_eq!(a.health(), healthy(), "after the recovery");
+    a.wait_for("/healthz 200 after the recovery", || {
+        a.health() == healthy()
+    });
     eprintln!("{mode} {}: {:?}", fault.tag, started.elapsed());
 }
 
 fn nothing(_: &mut Agent) {}
+
+/// /healthz's answer while a change has waited 2 × --sync-period for its sync (2 s here):
+/// seen now and then when the machine is loaded (iptables syncs of a debug build take
+/// seconds then). Allowed where the case is not about health; never a source reason.
+const LATE: (u16, &str) = (503, "");
+
+/// No answer from /healthz: only while the test holds the agent stopped ([`Agent::frozen`])
+/// or across a restart.
+const SILENT: (u16, &str) = (0, "");
 
 fn healthy() -> Health {
     Health {
@@ -186,8 +197,10 @@ fn flush_while_directory_gone(a: &mut Agent) {
     let health = a.watch_health();
     std::fs::rename(a.manifests(), away(a)).unwrap();
     a.wait_for("503 while the directory is gone", || a.health().code == 503);
-    a.sh_ok(main_flush(a));
-    assert!(!a.solo_answers(), "the flush did not break solo");
+    a.frozen(|| {
+        a.sh_ok(main_flush(a));
+        assert!(!a.solo_answers(), "the flush did not break solo");
+    });
     a.wait_for("repaired from the last view", || {
         normalized(a) == before && a.solo_answers()
     });
@@ -196,7 +209,12 @@ fn flush_while_directory_gone(a: &mut Agent) {
     a.wait_for("200 once back", || a.health().code == 200);
     assert_health(
         &health.finish(),
-        &[(200, ""), (503, "serving the last complete view")],
+        &[
+            (200, ""),
+            LATE,
+            SILENT,
+            (503, "serving the last complete view"),
+        ],
         &[(503, "serving the last complete view")],
     );
     logged_once(a, &["behind its back"]);
@@ -327,7 +345,7 @@ fn odd_file(a: &mut Agent, make: &str, name: &str, error: &str) {
     a.sh_ok(&format!("cd '{}' && rm -f {name}", dir.display()));
     a.wait_for("resolved", || !a.log_lines(&["resolved:", name]).is_empty());
     assert!(a.solo_answers());
-    assert_health(&health.finish(), &[(200, "")], &[(200, "")]);
+    assert_health(&health.finish(), &[(200, ""), LATE], &[(200, "")]);
     logged_once(a, &[name, error]);
     logged_once(a, &["resolved:", name]);
 }
@@ -393,8 +411,10 @@ fn service_file_turns_odd(a: &mut Agent) {
     a.wait_for("resolved", || {
         !a.log_lines(&["resolved:", "Permission denied"]).is_empty()
     });
-    std::fs::remove_file(&file).unwrap();
-    a.sh_ok(&format!("mkfifo '{}'", file.display()));
+    // Replaced in one rename (a removal first would be seen as the objects' deletion).
+    let fifo = a.manifests().join(".fifo");
+    a.sh_ok(&format!("mkfifo '{}'", fifo.display()));
+    std::fs::rename(&fifo, &file).unwrap();
     a.wait_for("the FIFO reported", || {
         !a.log_lines(&["services.yaml", "a FIFO"]).is_empty()
     });
@@ -597,24 +617,26 @@ fn sigkill_during_sync(a: &mut Agent) {
         std::fs::write(&file, many(MANY, ENDPOINTS[(i + 1) % 2])).unwrap();
         let synced_before = a.log_lines(&["synced"]).len();
         a.spawn();
-        let aim = sync.mul_f64(0.2 + 0.7 * jitter());
-        let deadline = Instant::now() + aim;
-        // Kill at the aim, or as soon as a tool that writes rules runs (a child seen
-        // between fork and exec still shows weir's own command line).
+        // Wait for a tool that writes rules (`iptables-restore`, `nft -f`: a sync is under
+        // way; a child seen between fork and exec still shows weir's own command line),
+        // then kill at a random point of the next 20 ms.
         let writing = |c: &String| c.contains("-restore") || c.starts_with("nft ");
+        let deadline = Instant::now() + Duration::from_secs(15);
         let mut running = children(a);
-        while Instant::now() < deadline && !running.iter().any(writing) {
-            std::thread::sleep(Duration::from_millis(2));
+        while !running.iter().any(writing) {
+            assert!(Instant::now() < deadline, "no sync started:\n{}", a.log());
+            std::thread::sleep(Duration::from_millis(1));
             running = children(a);
         }
-        let in_child = running.iter().any(writing);
-        a.kill();
-        in_tool += usize::from(in_child);
         restores.extend(
             running
                 .into_iter()
                 .filter(|c| c.contains("iptables-restore")),
         );
+        std::thread::sleep(Duration::from_millis(20).mul_f64(jitter()));
+        let in_child = children(a).iter().any(writing);
+        a.kill();
+        in_tool += usize::from(in_child);
         if in_child || a.log_lines(&["synced"]).len() == synced_before {
             mid_sync += 1;
         }
@@ -675,7 +697,8 @@ fn cleanup(a: &Agent) {
 
 /// Each outside flush of this mode's tables breaks solo (where it can), is repaired within
 /// 5 s with nothing changed in the manifests, to exactly the rules of before; /healthz
-/// stays 200 (weir cannot know before its check) and the log says it once per flush.
+/// stays 200 (weir cannot know before its check; no answer while the test holds the agent
+/// stopped to see the flush break solo) and the log says it once per flush.
 fn outside_flushes(a: &mut Agent) {
     let flushes: &[(&str, bool)] = match a.mode {
         "nftables" => &[
@@ -696,11 +719,14 @@ fn outside_flushes(a: &mut Agent) {
     let health = a.watch_health();
     for (flush, breaks) in flushes {
         let start = Instant::now();
-        a.sh_ok(flush);
-        assert_ne!(normalized(a), before, "`{flush}` changed nothing");
-        if *breaks {
-            assert!(!a.solo_answers(), "`{flush}` did not break solo");
-        }
+        // Stopped meanwhile, so it cannot repair before the check.
+        a.frozen(|| {
+            a.sh_ok(flush);
+            assert_ne!(normalized(a), before, "`{flush}` changed nothing");
+            if *breaks {
+                assert!(!a.solo_answers(), "`{flush}` did not break solo");
+            }
+        });
         a.wait_for(&format!("repair of `{flush}`"), || {
             normalized(a) == before && a.solo_answers()
         });
@@ -708,7 +734,7 @@ fn outside_flushes(a: &mut Agent) {
         assert!(took < Duration::from_secs(5), "`{flush}`: {took:?}");
         eprintln!("{}: `{flush}` repaired after {took:?}", a.mode);
     }
-    assert_health(&health.finish(), &[(200, "")], &[(200, "")]);
+    assert_health(&health.finish(), &[(200, ""), LATE, SILENT], &[(200, "")]);
     let noticed = a.log_lines(&["behind its back"]);
     assert_eq!(noticed.len(), flushes.len(), "{}", a.log());
 }
@@ -755,11 +781,11 @@ fn a_sync_that_keeps_failing(a: &mut Agent) {
     // extra has one endpoint as solo has: delete solo and extra both, so the chain is unused.
     std::fs::remove_file(&extra).unwrap();
     std::fs::write(a.manifests().join("services.yaml"), "").unwrap();
-    std::thread::sleep(Duration::from_secs(4));
+    std::thread::sleep(Duration::from_secs(3));
     let during = health.finish();
     let failures = a.log_lines(&["sync failed"]);
     eprintln!(
-        "{}: {} failed syncs logged in 4 s ({chain}); /healthz said {during:?}\n{}",
+        "{}: {} failed syncs logged in 3 s ({chain}); /healthz said {during:?}\n{}",
         a.mode,
         failures.len(),
         failures.join("\n")
@@ -769,7 +795,7 @@ fn a_sync_that_keeps_failing(a: &mut Agent) {
         // (which the changed rule count triggers), and nothing fails.
         assert!(failures.is_empty(), "{}", a.log());
         assert!(!a.rules().contains("chain theirs"), "{}", a.rules());
-        assert_health(&during, &[(200, "")], &[(200, "")]);
+        assert_health(&during, &[(200, ""), LATE], &[(200, "")]);
         logged_once(a, &["behind its back"]);
         std::fs::write(a.manifests().join("services.yaml"), SOLO).unwrap();
         return;
@@ -826,7 +852,7 @@ fn kubelet_firewall(a: &mut Agent) {
     let full_syncs = || a.log_lines(&["kind=Full"]).len();
     a.wait_for("a periodic full resync", || full_syncs() >= 2);
     assert_eq!(kubelets_rules(a), kubelet, "after full syncs");
-    assert_health(&health.finish(), &[(200, "")], &[(200, "")]);
+    assert_health(&health.finish(), &[(200, ""), LATE], &[(200, "")]);
     a.kill();
     cleanup(a);
     assert_eq!(kubelets_rules(a), kubelet, "after cleanup");
@@ -866,8 +892,8 @@ fn concurrent_writer(a: &mut Agent) {
     );
     let health = a.watch_health();
     let extra = a.manifests().join("extra.yaml");
-    // Churn: the service appears, changes endpoints, disappears, appears... 18 syncs.
-    for i in 0..18 {
+    // Churn: the service appears, changes endpoints, disappears, appears... 12 syncs.
+    for i in 0..12 {
         match i % 3 {
             0 => std::fs::write(&extra, EXTRA).unwrap(),
             1 => std::fs::write(&extra, EXTRA.replace("10.244.0.5", "10.244.9.9")).unwrap(),

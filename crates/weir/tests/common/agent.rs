@@ -165,6 +165,17 @@ impl Agent {
         self.answers("10.96.9.9", 80)
     }
 
+    /// Runs `f` with the agent stopped (SIGSTOP … SIGCONT), e.g. to see an outside flush
+    /// break a service before the agent can repair it.
+    pub fn frozen<T>(&self, f: impl FnOnce() -> T) -> T {
+        use nix::sys::signal::{kill, Signal};
+        let pid = nix::unistd::Pid::from_raw(self.pid().expect("running") as i32);
+        kill(pid, Signal::SIGSTOP).unwrap();
+        let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        kill(pid, Signal::SIGCONT).unwrap();
+        out.unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
+
     /// SIGKILL, then reap.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
