@@ -385,7 +385,7 @@ fn service_file_turns_odd(a: &mut Agent) {
     use std::os::unix::fs::PermissionsExt;
     let file = a.manifests().join("services.yaml");
     let health = a.watch_health();
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o000)).unwrap();
     a.wait_for("the unreadable file reported", || {
         !a.log_lines(&["services.yaml", "Permission denied"])
             .is_empty()
