@@ -235,8 +235,11 @@ fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
     a.wait_for("the ClusterIP", || cluster_ip(&a));
     for flush in flushes {
         let start = Instant::now();
-        a.sh(flush);
-        assert!(!cluster_ip(&a), "`{flush}` did not break the service");
+        // Stopped meanwhile, so that it cannot repair the flush before the check.
+        a.frozen(|| {
+            a.sh(flush);
+            assert!(!cluster_ip(&a), "`{flush}` did not break the service");
+        });
         a.wait_for(&format!("repair of `{flush}`"), || cluster_ip(&a));
         let took = start.elapsed();
         // Since the flush: at most one --sync-period plus a sync; the 1 s curl timeout of
