@@ -39,21 +39,22 @@ impl Agent {
 
     /// An agent whose manifest directory holds `services.yaml` = `manifest`.
     pub fn with_manifest(tag: &str, mode: &'static str, manifest: &str) -> Agent {
-        let ns = format!("wpa-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        assert!(Command::new("ip")
-            .args(["netns", "add", &ns])
-            .status()
-            .unwrap()
-            .success());
+        // Files first: once the namespace exists, nothing may panic before the guard
+        // (`Agent`, whose drop deletes it) does, or the namespace leaks (a full /tmp did that).
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("proxy.log");
         let manifests = dir.path().join("manifests");
         std::fs::create_dir(&manifests).unwrap();
         std::fs::write(manifests.join("services.yaml"), manifest).unwrap();
+        let ns = format!("wpa-{tag}-{}", std::process::id());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &ns])
+            .stderr(Stdio::null())
+            .status();
+        let added = Command::new("ip")
+            .args(["netns", "add", &ns])
+            .status()
+            .is_ok_and(|s| s.success());
         let agent = Agent {
             ns,
             dir,
@@ -64,6 +65,7 @@ impl Agent {
             child: None,
             pods: None,
         };
+        assert!(added, "ip netns add {}", agent.ns);
         agent.sh("ip link set lo up");
         agent
     }
