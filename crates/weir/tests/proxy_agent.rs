@@ -2,267 +2,12 @@
 //! fed by a manifest directory, observed through the kernel (`nft`, `iptables-save`) and its
 //! HTTP endpoints (`curl`).
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::agent::{Agent, SOLO};
 use common::{is_root, WEIR};
-
-/// A namespace, a manifest directory and the running agent; all removed on drop.
-struct Agent {
-    ns: String,
-    dir: tempfile::TempDir,
-    log: PathBuf,
-    mode: &'static str,
-    /// Flags besides the ones every test uses.
-    args: Vec<String>,
-    child: Option<Child>,
-    /// The HTTP server standing in for a pod (see `serve_pod`): its stop flag and thread.
-    pod: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
-    /// An HTTP server behind the `solo` service (see [`Agent::serve_solo`]).
-    server: Option<Child>,
-}
-
-impl Agent {
-    fn new(tag: &str, mode: &'static str) -> Agent {
-        let fixture =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/tests/fixtures/v1/services.yaml");
-        Agent::with_manifest(tag, mode, &std::fs::read_to_string(fixture).unwrap())
-    }
-
-    /// An agent whose manifest directory holds `services.yaml` = `manifest`.
-    fn with_manifest(tag: &str, mode: &'static str, manifest: &str) -> Agent {
-        let ns = format!("wpa-{tag}-{}", std::process::id());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &ns])
-            .stderr(Stdio::null())
-            .status();
-        assert!(Command::new("ip")
-            .args(["netns", "add", &ns])
-            .status()
-            .unwrap()
-            .success());
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("proxy.log");
-        let manifests = dir.path().join("manifests");
-        std::fs::create_dir(&manifests).unwrap();
-        std::fs::write(manifests.join("services.yaml"), manifest).unwrap();
-        let agent = Agent {
-            ns,
-            dir,
-            log,
-            mode,
-            args: Vec::new(),
-            child: None,
-            pod: None,
-            server: None,
-        };
-        agent.sh("ip link set lo up");
-        agent
-    }
-
-    fn manifests(&self) -> PathBuf {
-        self.dir.path().join("manifests")
-    }
-
-    fn start(&mut self) {
-        self.spawn();
-        self.wait_for("healthz 200", || self.http("10256/healthz").0 == 200);
-    }
-
-    /// Starts the agent without waiting for it to become healthy.
-    fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.ns,
-                WEIR,
-                "proxy",
-                "--proxy-mode",
-                self.mode,
-            ])
-            .arg("--manifests")
-            .arg(self.manifests())
-            .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
-            .args([
-                "--cluster-cidr=10.244.0.0/16,fd00:244::/48",
-                "--hostname-override=node-a",
-                "--manifest-poll-interval=100ms",
-                "--min-sync-period=0s",
-                "--healthz-bind-address=127.0.0.1:10256",
-                "--metrics-bind-address=127.0.0.1:10249",
-            ])
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-    }
-
-    /// A service `solo` (10.96.9.9:80) whose one endpoint, 10.244.9.9:8080, is weir's lab echo
-    /// server in the namespace; a default route makes the ClusterIP reachable from inside.
-    fn serve_solo(&mut self) {
-        self.sh(
-            "ip link add v0 type veth peer name v1 && ip link set v0 up && ip link set v1 up \
-                 && ip addr add 10.0.0.1/24 dev v0 && ip route add default dev v0 \
-                 && ip addr add 10.244.9.9/32 dev lo",
-        );
-        let server = Command::new("ip")
-            .args(["netns", "exec", &self.ns, WEIR, "lab", "echo-server"])
-            .args(["--name", "solo", "--port", "8080"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.server = Some(server);
-        self.wait_for("the endpoint's server", || {
-            self.sh("ss -ltn").contains(":8080")
-        });
-        std::fs::write(self.manifests().join("solo.yaml"), SOLO).unwrap();
-    }
-
-    /// Whether a real TCP connection to the `solo` ClusterIP gets the echo server's greeting.
-    fn solo_answers(&self) -> bool {
-        self.sh("timeout 2 bash -c 'exec 3<>/dev/tcp/10.96.9.9/80 && head -n1 <&3'")
-            .starts_with("solo ")
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn sh(&self, script: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "sh", "-c", script])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// (status, body) of `http://127.0.0.1:<port/path>` inside the namespace.
-    fn http(&self, port_path: &str) -> (u16, String) {
-        let out = self.sh(&format!(
-            "curl -s -m 2 -w '\\n%{{http_code}}' http://127.0.0.1:{port_path}"
-        ));
-        let (body, code) = out.rsplit_once('\n').unwrap_or(("", "0"));
-        (code.trim().parse().unwrap_or(0), body.to_string())
-    }
-
-    fn rules(&self) -> String {
-        match self.mode {
-            "nftables" => self.sh("nft list table inet weir 2>/dev/null"),
-            _ => self.sh("iptables-save; ip6tables-save"),
-        }
-    }
-
-    /// A "pod" inside the agent's namespace: an HTTP server on 10.244.0.5:8080, on a veth
-    /// (whose peer stays in the namespace) that also carries the node's address 192.168.0.10 and the route to the
-    /// service range (a packet needs a route before nat OUTPUT can rewrite it).
-    fn serve_pod(&mut self) {
-        self.sh(
-            "ip link add pods0 type veth peer name pods1 && ip addr add 10.244.0.5/24 dev pods0 \
-             && ip addr add 192.168.0.10/24 dev pods0 && ip link set pods0 up \
-             && ip link set pods1 up && ip route add 10.96.0.0/16 dev pods0",
-        );
-        let ns = weir_kernel::NetNs::named(&self.ns).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready, listening) = std::sync::mpsc::channel();
-        let stopped = stop.clone();
-        let server = std::thread::spawn(move || {
-            let _inside = ns.enter().unwrap();
-            let l = TcpListener::bind("10.244.0.5:8080").unwrap();
-            l.set_nonblocking(true).unwrap();
-            ready.send(()).unwrap();
-            while !stopped.load(Ordering::Relaxed) {
-                match l.accept() {
-                    Ok((mut c, _)) => {
-                        let _ = c.set_nonblocking(false);
-                        let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
-                        let _ = c.read(&mut [0u8; 1024]);
-                        let _ = c.write_all(b"HTTP/1.0 200 OK\r\ncontent-length: 3\r\n\r\npod");
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        });
-        listening.recv().unwrap();
-        self.pod = Some((stop, server));
-        self.wait_for("the pod's server", || {
-            self.status("http://10.244.0.5:8080/") == 200
-        });
-    }
-
-    /// The HTTP status of `url` fetched inside the namespace (0: no answer within 1 s).
-    fn status(&self, url: &str) -> u16 {
-        let out = self.sh(&format!(
-            "curl -s -o /dev/null -m 1 -w '%{{http_code}}' {url}"
-        ));
-        out.trim().parse().unwrap_or(0)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_for(&self, what: &str, cond: impl Fn() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !cond() {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; proxy log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.kill();
-        if let Some((stop, server)) = self.pod.take() {
-            stop.store(true, Ordering::Relaxed);
-            let _ = server.join();
-        }
-        if let Some(mut s) = self.server.take() {
-            let _ = s.kill();
-            let _ = s.wait();
-        }
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
-    }
-}
-
-const SOLO: &str = "apiVersion: v1
-kind: Service
-metadata: {name: solo, namespace: default}
-spec:
-  clusterIP: 10.96.9.9
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: solo-1, namespace: default, labels: {kubernetes.io/service-name: solo}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints:
-  - {addresses: [10.244.9.9], nodeName: node-a}
-";
 
 const EXTRA: &str = "apiVersion: v1
 kind: Service
@@ -413,7 +158,7 @@ fn iptables_agent_follows_manifests_survives_bad_input_and_restarts() {
     }
 }
 
-/// Seed-style manifests: a NodePort service and its endpoint (the pod of `serve_pod`), and
+/// Seed-style manifests: a NodePort service and its endpoint (a pod of `Agent::serve_pods`), and
 /// no Node object.
 const SEED: &str = "apiVersion: v1
 kind: Service
@@ -432,8 +177,15 @@ endpoints:
   - {addresses: [10.244.0.5], nodeName: node-a}
 ";
 
-const CLUSTER_IP: &str = "http://10.96.5.5/";
-const NODE_PORT: &str = "http://192.168.0.10:30080/";
+/// Whether the seed service answers a real TCP connection on its ClusterIP.
+fn cluster_ip(a: &Agent) -> bool {
+    a.answers("10.96.5.5", 80)
+}
+
+/// Whether the seed service answers on its NodePort at the node's address.
+fn node_port(a: &Agent) -> bool {
+    a.answers("192.168.0.10", 30080)
+}
 
 #[test]
 fn iptables_mode_serves_node_ports_on_local_addresses_without_a_node_object() {
@@ -441,11 +193,11 @@ fn iptables_mode_serves_node_ports_on_local_addresses_without_a_node_object() {
         return;
     }
     let mut a = Agent::with_manifest("npi", "iptables", SEED);
-    a.serve_pod();
+    a.serve_pods();
     a.start();
-    a.wait_for("the ClusterIP", || a.status(CLUSTER_IP) == 200);
+    a.wait_for("the ClusterIP", || cluster_ip(&a));
     // kube-proxy's iptables default: every local address (`-m addrtype --dst-type LOCAL`).
-    assert_eq!(a.status(NODE_PORT), 200, "{}\n{}", a.rules(), a.log());
+    assert!(node_port(&a), "{}\n{}", a.rules(), a.log());
     assert!(!a.log().contains("not served"), "{}", a.log());
 }
 
@@ -455,12 +207,12 @@ fn nftables_mode_says_why_node_ports_are_not_served_without_node_addresses() {
         return;
     }
     let mut a = Agent::with_manifest("npn", "nftables", SEED);
-    a.serve_pod();
+    a.serve_pods();
     a.start();
-    a.wait_for("the ClusterIP", || a.status(CLUSTER_IP) == 200);
+    a.wait_for("the ClusterIP", || cluster_ip(&a));
     // kube-proxy's nftables default is the node's primary IPs, unknown here: no NodePort,
     // and the log says why and what to do.
-    assert_eq!(a.status(NODE_PORT), 0);
+    assert!(!node_port(&a));
     let log = a.log();
     assert!(
         log.contains("Service default/seed: NodePort 30080 not served")
@@ -471,27 +223,24 @@ fn nftables_mode_says_why_node_ports_are_not_served_without_node_addresses() {
     a.kill();
     a.args = vec!["--nodeport-addresses=192.168.0.0/24".into()];
     a.start();
-    a.wait_for("the NodePort", || a.status(NODE_PORT) == 200);
+    a.wait_for("the NodePort", || node_port(&a));
 }
 
 /// Flushes with no object change: the periodic check (every --sync-period) repairs them.
 fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
     let mut a = Agent::with_manifest(&format!("fl{}", &mode[..3]), mode, SEED);
     a.args = vec!["--sync-period=1s".into()];
-    a.serve_pod();
+    a.serve_pods();
     a.start();
-    a.wait_for("the ClusterIP", || a.status(CLUSTER_IP) == 200);
+    a.wait_for("the ClusterIP", || cluster_ip(&a));
     for flush in flushes {
         let start = Instant::now();
-        a.sh(flush);
-        assert_eq!(
-            a.status(CLUSTER_IP),
-            0,
-            "`{flush}` did not break the service"
-        );
-        a.wait_for(&format!("repair of `{flush}`"), || {
-            a.status(CLUSTER_IP) == 200
+        // Stopped meanwhile, so that it cannot repair the flush before the check.
+        a.frozen(|| {
+            a.sh(flush);
+            assert!(!cluster_ip(&a), "`{flush}` did not break the service");
         });
+        a.wait_for(&format!("repair of `{flush}`"), || cluster_ip(&a));
         let took = start.elapsed();
         // Since the flush: at most one --sync-period plus a sync; the 1 s curl timeout of
         // the check that the flush broke the service is in there too.
@@ -518,7 +267,7 @@ fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
     );
     let rules = a.rules();
     assert!(!rules.contains("10.96.5.5"), "{rules}");
-    assert_eq!(a.status(CLUSTER_IP), 0);
+    assert!(!cluster_ip(&a));
 }
 
 #[test]

@@ -52,9 +52,11 @@ impl HttpRuntime {
     }
 }
 
-/// Binds `addr` in the calling thread's network namespace.
+/// Binds `addr` in the calling thread's network namespace. The error names the address
+/// (healthz and metrics each have one; "Address already in use" alone does not say which).
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)?;
+    let l = std::net::TcpListener::bind(addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     l.set_nonblocking(true)?;
     Ok(l)
 }

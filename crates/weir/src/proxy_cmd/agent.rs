@@ -190,6 +190,47 @@ fn node_eligible(snapshot: &weir_model::Snapshot, node_name: &str) -> bool {
     !(deleting || draining)
 }
 
+/// How often a sync failure that keeps repeating word for word is logged again.
+const FAILURE_REMINDER: Duration = Duration::from_secs(300);
+
+/// What the log says about failed syncs. A failing sync is retried every second; the same
+/// error each time would be a line a second (issue 8: one line per distinct error), so an
+/// error is logged when it first occurs or changes, then every [`FAILURE_REMINDER`] with the
+/// number of attempts, and the recovery once.
+#[derive(Default)]
+struct FailureLog {
+    /// The error being repeated, when it was last logged, and attempts since the first.
+    current: Option<(String, Instant, u64)>,
+}
+
+impl FailureLog {
+    /// A sync failed with `error`: the line to log, if any.
+    fn failed(&mut self, error: &str, now: Instant) -> Option<String> {
+        match &mut self.current {
+            Some((same, said, attempts)) if same == error => {
+                *attempts += 1;
+                if now.duration_since(*said) < FAILURE_REMINDER {
+                    return None;
+                }
+                *said = now;
+                Some(format!(
+                    "sync still failing after {attempts} attempts (rules left as they were): {error}"
+                ))
+            }
+            _ => {
+                self.current = Some((error.to_string(), now, 1));
+                Some(format!("sync failed (rules left as they were): {error}"))
+            }
+        }
+    }
+
+    /// A sync succeeded: the line to log if it ends a run of failures.
+    fn succeeded(&mut self) -> Option<String> {
+        let (_, _, attempts) = self.current.take()?;
+        Some(format!("sync succeeded after {attempts} failed attempts"))
+    }
+}
+
 /// Runs forever (until the process is killed).
 pub fn run(
     settings: &Settings,
@@ -212,6 +253,7 @@ pub fn run(
     let mut last_full: Option<Instant> = None;
     let mut last_check = Instant::now();
     let mut failing = false;
+    let mut failures = FailureLog::default();
     loop {
         if let Some(last) = last_sync {
             // Wait for a change, or for the periodic resync (sooner after a failure).
@@ -265,6 +307,9 @@ pub fn run(
         match backend.sync(&plan) {
             Ok(report) => {
                 failing = false;
+                if let Some(line) = failures.succeeded() {
+                    info!(mode = backend.mode(), "{line}");
+                }
                 if report.kind == SyncKind::Full {
                     last_full = Some(Instant::now());
                 }
@@ -292,10 +337,9 @@ pub fn run(
             }
             Err(e) => {
                 failing = true;
-                warn!(
-                    mode = backend.mode(),
-                    "sync failed (rules left as they were): {e}"
-                );
+                if let Some(line) = failures.failed(&e.to_string(), Instant::now()) {
+                    warn!(mode = backend.mode(), "{line}");
+                }
                 observer.failed(&e);
             }
         }
@@ -305,6 +349,40 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_repeated_sync_failure_is_logged_once_then_rarely_and_its_end_once() {
+        let mut log = FailureLog::default();
+        let t0 = Instant::now();
+        let second = |n: u64| t0 + Duration::from_secs(n);
+        assert_eq!(
+            log.failed("busy", t0).as_deref(),
+            Some("sync failed (rules left as they were): busy")
+        );
+        for n in 1..300 {
+            assert_eq!(log.failed("busy", second(n)), None, "retry {n}");
+        }
+        assert_eq!(
+            log.failed("busy", second(300)).as_deref(),
+            Some("sync still failing after 301 attempts (rules left as they were): busy")
+        );
+        assert_eq!(log.failed("busy", second(301)), None);
+        // A different error is news.
+        assert_eq!(
+            log.failed("gone", second(302)).as_deref(),
+            Some("sync failed (rules left as they were): gone")
+        );
+        assert_eq!(
+            log.succeeded().as_deref(),
+            Some("sync succeeded after 1 failed attempts")
+        );
+        assert_eq!(log.succeeded(), None);
+        assert!(
+            log.failed("busy", second(303)).is_some(),
+            "a new run of failures"
+        );
+    }
+
     use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
     use weir_model::Object;
 

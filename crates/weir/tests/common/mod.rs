@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod agent;
+
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
 pub fn is_root() -> bool {
