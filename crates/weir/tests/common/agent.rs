@@ -82,6 +82,12 @@ impl Agent {
 
     /// Starts the agent without waiting for it to become healthy.
     pub fn spawn(&mut self) {
+        // A restart must not race the previous process's listeners (seen once under load:
+        // "Address already in use"); wait until nothing listens on the agent's ports.
+        self.wait_for("the previous agent's ports to be free", || {
+            let listening = self.sh("ss -Hltn 'sport = :10256 or sport = :10249'");
+            listening.trim().is_empty()
+        });
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
