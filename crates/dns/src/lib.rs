@@ -1,0 +1,21 @@
+//! weir-dns: the cluster DNS server (`weir dns`).
+//!
+//! Layers, each usable alone:
+//! * [`zone`]: the pure Kubernetes DNS zone — [`Zone::build`] from a [`weir_model::Snapshot`],
+//!   then [`Zone::lookup`]`(name, type) -> `[`Answer`]; no I/O.
+//! * [`respond`]: a request [`Message`](hickory_proto::op::Message) and an answer → the
+//!   response message and its bytes sized for the transport (EDNS0, TC bit). Pure.
+//! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
+//! * [`server`]: the tokio UDP and TCP serving loops over a [`ZoneHandle`] that the caller
+//!   swaps atomically when objects change.
+
+pub mod forward;
+pub mod respond;
+pub mod server;
+pub mod zone;
+
+pub use server::{ServerConfig, ZoneHandle};
+pub use zone::{Answer, Zone, ZoneConfig, SCHEMA_VERSION};
+
+#[cfg(test)]
+mod zone_tests;
