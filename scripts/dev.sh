@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 # Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and the
 # reference CNI plugins we compare against.
-PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod)
+PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod nsd dnsperf)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 

@@ -249,6 +249,7 @@ impl Forwarder {
                     if matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) =>
                 {
                     *lock(&up.down_until) = None;
+                    tracing::debug!(upstream = %up.addr, rcode = %answer.rcode, "upstream answered");
                     self.lock_cache().put(q, answer.clone(), Instant::now());
                     return Ok(answer);
                 }
@@ -463,5 +464,87 @@ mod tests {
         }
         // The newest entry is always kept.
         assert!(c.get(&q("n9.example."), t0).is_some());
+    }
+}
+
+#[cfg(test)]
+mod exchange_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A UDP upstream on 127.0.0.1 answering every A query with 192.0.2.1 (TTL 60), counting
+    /// queries; `silent` ones count but never answer.
+    async fn upstream(silent: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let (n, peer) = sock.recv_from(&mut buf).await.unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+                if silent {
+                    continue;
+                }
+                let req = Message::from_vec(&buf[..n]).unwrap();
+                let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
+                resp.add_queries(req.queries.iter().cloned());
+                resp.add_answer(Record::from_rdata(
+                    req.queries[0].name().clone(),
+                    60,
+                    RData::A(std::net::Ipv4Addr::new(192, 0, 2, 1).into()),
+                ));
+                sock.send_to(&resp.to_vec().unwrap(), peer).await.unwrap();
+            }
+        });
+        (addr, count)
+    }
+
+    fn q(name: &str) -> Query {
+        Query::query(Name::from_ascii(name).unwrap(), RecordType::A)
+    }
+
+    #[tokio::test]
+    async fn fails_over_marks_down_and_caches() {
+        let (dead, dead_count) = upstream(true).await;
+        let (live, live_count) = upstream(false).await;
+        let mut cfg = ForwarderConfig::new(vec![dead, live]);
+        cfg.attempt_timeout = Duration::from_millis(300);
+        let f = Forwarder::new(cfg);
+        let started = Instant::now();
+        let a = f.resolve(&q("a.example.")).await.unwrap();
+        assert_eq!(a.answers.len(), 1);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(dead_count.load(Ordering::SeqCst), 1);
+        // The silent upstream is now tried last: the next name goes straight to the live one.
+        let started = Instant::now();
+        f.resolve(&q("b.example.")).await.unwrap();
+        assert!(started.elapsed() < Duration::from_millis(300));
+        assert_eq!(dead_count.load(Ordering::SeqCst), 1);
+        assert_eq!(live_count.load(Ordering::SeqCst), 2);
+        // Cached: no upstream query.
+        f.resolve(&q("A.example.")).await.unwrap();
+        assert_eq!(live_count.load(Ordering::SeqCst), 2);
+        assert_eq!(f.cache_len(), 2);
+    }
+
+    #[tokio::test]
+    async fn all_failed_and_overload() {
+        let (dead, _) = upstream(true).await;
+        let mut cfg = ForwarderConfig::new(vec![dead]);
+        cfg.attempt_timeout = Duration::from_millis(100);
+        cfg.max_in_flight = 1;
+        let f = Arc::new(Forwarder::new(cfg));
+        let f2 = f.clone();
+        let first = tokio::spawn(async move { f2.resolve(&q("x.example.")).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // One exchange in flight fills the cap.
+        assert_eq!(
+            f.resolve(&q("y.example.")).await,
+            Err(ForwardError::Overloaded)
+        );
+        assert_eq!(first.await.unwrap(), Err(ForwardError::AllFailed));
     }
 }

@@ -14,7 +14,8 @@ pub mod respond;
 pub mod server;
 pub mod zone;
 
-pub use server::{ServerConfig, ZoneHandle};
+pub use forward::{parse_resolv_conf, Forwarder, ForwarderConfig};
+pub use server::{serve, serve_blocking, Handler, ServerConfig, ZoneHandle};
 pub use zone::{Answer, Zone, ZoneConfig, SCHEMA_VERSION};
 
 #[cfg(test)]

@@ -96,7 +96,9 @@ impl Handler {
         let q = &req.queries[0];
         let zone = self.zone.load();
         let answer = zone.lookup(q.name(), q.query_type());
-        if let (Some(target), Some(_)) = (answer.cname_outside(&zone), &self.forwarder) {
+        if let (Some(target), Some(_)) =
+            (answer.cname_outside(&zone, q.query_type()), &self.forwarder)
+        {
             return Step::Chase(req, answer, target);
         }
         match answer {
@@ -297,4 +299,19 @@ async fn connection(
     // Answers still being worked on are delivered before the connection closes.
     let _ = writer.await;
     Ok(())
+}
+
+/// Runs [`serve`] on a runtime of its own with `threads` workers; returns only on error.
+pub fn serve_blocking(
+    addr: SocketAddr,
+    handler: Handler,
+    config: ServerConfig,
+    threads: usize,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name("weir-dns")
+        .enable_all()
+        .build()?;
+    rt.block_on(serve(addr, handler, config))
 }

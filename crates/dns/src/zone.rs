@@ -78,11 +78,16 @@ pub enum Answer {
 }
 
 impl Answer {
-    /// An out-of-zone CNAME target the server should resolve and append (ExternalName).
-    pub fn cname_outside(&self, zone: &Zone) -> Option<Name> {
+    /// An out-of-zone CNAME target the server should resolve for `qtype` and append
+    /// (ExternalName). None when the client asked for the CNAME itself (or ANY): the CNAME
+    /// is the whole answer then.
+    pub fn cname_outside(&self, zone: &Zone, qtype: RecordType) -> Option<Name> {
         let Answer::Authoritative { answers, .. } = self else {
             return None;
         };
+        if matches!(qtype, RecordType::CNAME | RecordType::ANY) {
+            return None;
+        }
         match answers.last().map(|r| &r.data) {
             Some(RData::CNAME(CNAME(target))) if !zone.origin.zone_of(target) => {
                 Some(target.clone())

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod dns_cmd;
 mod lab_cmd;
 mod proxy_cmd;
 
@@ -22,6 +23,8 @@ enum Command {
     Lab(lab_cmd::LabArgs),
     /// The service proxy (kube-proxy's job): nftables or iptables mode.
     Proxy(proxy_cmd::ProxyArgs),
+    /// The cluster DNS server (CoreDNS's job): the Kubernetes DNS zone, forwarding, cache.
+    Dns(dns_cmd::DnsArgs),
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
@@ -40,6 +43,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Dns(args) => dns_cmd::run(args),
     };
     match result {
         Ok(code) => code,
