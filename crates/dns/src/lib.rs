@@ -6,11 +6,14 @@
 //! * [`respond`]: a request [`Message`](hickory_proto::op::Message) and an answer → the
 //!   response message and its bytes sized for the transport (EDNS0, TC bit). Pure.
 //! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
+//! * [`search`]: recognising a pod's first search-path expansion and the names its resolver
+//!   would try next (pure; the server does not use it yet).
 //! * [`server`]: the tokio UDP and TCP serving loops over a [`ZoneHandle`] that the caller
 //!   swaps atomically when objects change.
 
 pub mod forward;
 pub mod respond;
+pub mod search;
 pub mod server;
 pub mod zone;
 

@@ -116,6 +116,13 @@ impl Zone {
         &self.origin
     }
 
+    /// Whether `<ns>.svc.<zone>` exists, i.e. the namespace has a service.
+    pub fn has_namespace(&self, ns: &str) -> bool {
+        Name::from_labels([ns, "svc"])
+            .and_then(|n| n.append_domain(&self.origin))
+            .is_ok_and(|n| self.names.contains_key(&n))
+    }
+
     /// Number of distinct owner names (for logs and tests).
     pub fn name_count(&self) -> usize {
         self.names.len() + self.reverse.len()

@@ -173,6 +173,13 @@ fn records_per_the_specification() {
 }
 
 #[test]
+fn namespaces_with_services_are_known() {
+    let z = zone();
+    assert!(z.has_namespace("shop") && z.has_namespace("SHOP"));
+    assert!(!z.has_namespace("com") && !z.has_namespace("a.b"));
+}
+
+#[test]
 fn names_outside_the_zone_are_not_ours() {
     let z = zone();
     for name in [
