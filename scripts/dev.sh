@@ -4,11 +4,13 @@
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
+#   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and the
-# reference CNI plugins we compare against.
+# Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and
+# servers (NSD is the DNS tests' upstream and the benchmark's reference), and the reference CNI
+# plugins we compare against.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod nsd dnsperf)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -55,8 +57,15 @@ case "${1:-}" in
     step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
     cargo bench -p weir-proxy --bench scale -- "${@:2}"
     ;;
+  dns-bench)
+    install_packages
+    step "building weir (release)"
+    cargo build --release -p weir
+    step "weir dns vs NSD under dnsperf"
+    exec bash scripts/dns-bench.sh "${@:2}"
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|dns-bench" >&2
     exit 2
     ;;
 esac
