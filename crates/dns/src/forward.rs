@@ -3,7 +3,7 @@
 //! answer is truncated, behind a bounded cache and a cap on queries in flight.
 //!
 //! Health is passive: an upstream that times out or fails is marked down for
-//! [`ForwarderConfig::down_for`] and tried last until then. No active probes, no prefetch,
+//! [`ForwarderConfig::down_for`] and skipped until then (unless every upstream is down). No active probes, no prefetch,
 //! no serve-stale yet.
 
 use std::collections::HashMap;
@@ -265,7 +265,9 @@ impl Forwarder {
         Err(ForwardError::AllFailed)
     }
 
-    /// Healthy upstreams in file order, then those marked down (soonest back first).
+    /// Healthy upstreams in file order; only when every upstream is marked down, all of them,
+    /// soonest back first (a query must not wait for a dead server while a live one has
+    /// already answered, even REFUSED).
     fn attempt_order(&self, now: Instant) -> Vec<usize> {
         let mut order: Vec<(Option<Instant>, usize)> = self
             .upstreams
@@ -273,6 +275,9 @@ impl Forwarder {
             .enumerate()
             .map(|(i, u)| (lock(&u.down_until).filter(|t| *t > now), i))
             .collect();
+        if order.iter().any(|(down, _)| down.is_none()) {
+            order.retain(|(down, _)| down.is_none());
+        }
         order.sort();
         order.into_iter().map(|(_, i)| i).collect()
     }
@@ -518,7 +523,7 @@ mod exchange_tests {
         assert_eq!(a.answers.len(), 1);
         assert!(started.elapsed() >= Duration::from_millis(300));
         assert_eq!(dead_count.load(Ordering::SeqCst), 1);
-        // The silent upstream is now tried last: the next name goes straight to the live one.
+        // The silent upstream is now skipped: the next name goes straight to the live one.
         let started = Instant::now();
         f.resolve(&q("b.example.")).await.unwrap();
         assert!(started.elapsed() < Duration::from_millis(300));
@@ -528,6 +533,19 @@ mod exchange_tests {
         f.resolve(&q("A.example.")).await.unwrap();
         assert_eq!(live_count.load(Ordering::SeqCst), 2);
         assert_eq!(f.cache_len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_down_upstream_is_skipped_while_another_is_up_and_tried_when_all_are_down() {
+        let (dead, dead_count) = upstream(true).await;
+        let f = Forwarder::new(ForwarderConfig::new(vec![dead, dead]));
+        let now = Instant::now();
+        *lock(&f.upstreams[0].down_until) = Some(now + Duration::from_secs(5));
+        assert_eq!(f.attempt_order(now), vec![1]);
+        *lock(&f.upstreams[1].down_until) = Some(now + Duration::from_secs(3));
+        assert_eq!(f.attempt_order(now), vec![1, 0]);
+        assert_eq!(f.attempt_order(now + Duration::from_secs(4)), vec![1]);
+        assert_eq!(dead_count.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]

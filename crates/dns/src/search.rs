@@ -1,5 +1,5 @@
-//! Search-path amplification, answered server-side (pure logic; not yet wired into the
-//! serving path).
+//! Search-path amplification, answered server-side: the pure part (the server's `autopath`
+//! option, [`crate::server::Handler::with_autopath`], drives it).
 //!
 //! A pod's resolv.conf says `search <ns>.svc.<zone> svc.<zone> <zone> [host domains]` and
 //! `options ndots:5`, so glibc turns one lookup of `example.com` (fewer than 5 dots) into

@@ -18,13 +18,16 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use hickory_proto::op::{Message, ResponseCode};
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::rdata::CNAME;
+use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::forward::Forwarder;
 use crate::respond::{encode, parse_request, response, udp_limit, Request};
+use crate::search;
 use crate::zone::{Answer, Zone};
 
 /// The current zone, replaced whole when objects change; readers clone the `Arc` and never
@@ -76,6 +79,7 @@ impl Default for ServerConfig {
 pub struct Handler {
     zone: ZoneHandle,
     forwarder: Option<Arc<Forwarder>>,
+    autopath: bool,
 }
 
 /// A request answered at once, or one that needs the upstreams.
@@ -83,12 +87,27 @@ enum Step {
     Done(Message),
     Forward(Message),
     /// ExternalName: the CNAME from the zone, then the upstream's answer for its target.
-    Chase(Message, Answer, hickory_proto::rr::Name),
+    Chase(Message, Answer, Name),
+    /// A pod's first search-path expansion (autopath): try the names its resolver would
+    /// try next; `Message` is the NXDOMAIN to send if none of them has an answer.
+    Search(Message, Vec<Name>, Message),
 }
 
 impl Handler {
     pub fn new(zone: ZoneHandle, forwarder: Option<Arc<Forwarder>>) -> Self {
-        Handler { zone, forwarder }
+        Handler {
+            zone,
+            forwarder,
+            autopath: false,
+        }
+    }
+
+    /// Answers a pod's first search-path expansion with the first of the names its resolver
+    /// would try next that has records (see [`crate::search`]): a CNAME to it, then its
+    /// records. One query instead of up to five per address family.
+    pub fn with_autopath(mut self, on: bool) -> Self {
+        self.autopath = on;
+        self
     }
 
     /// Decides without I/O: a zone answer, or which query to forward.
@@ -106,7 +125,17 @@ impl Handler {
                 rcode,
                 answers,
                 authority,
-            } => Step::Done(response(&req, rcode, true, answers, authority)),
+            } => {
+                let negative = response(&req, rcode, true, answers, authority);
+                if self.autopath && rcode == ResponseCode::NXDomain {
+                    let has_ns = |ns: &str| zone.has_namespace(ns);
+                    if let Some(e) = search::expansion(q.name(), zone.origin(), has_ns) {
+                        let candidates = e.candidates(zone.origin(), &[]);
+                        return Step::Search(req, candidates, negative);
+                    }
+                }
+                Step::Done(negative)
+            }
             Answer::NotInZone if self.forwarder.is_some() => Step::Forward(req),
             Answer::NotInZone => {
                 Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![]))
@@ -115,13 +144,28 @@ impl Handler {
     }
 
     async fn forward(&self, step: Step) -> Message {
-        let fwd = self
-            .forwarder
-            .as_ref()
-            .expect("only forwarded with a forwarder");
+        let fwd = || {
+            self.forwarder
+                .as_ref()
+                .expect("only forwarded with a forwarder")
+        };
         match step {
             Step::Done(m) => m,
-            Step::Forward(req) => match fwd.resolve(&req.queries[0]).await {
+            Step::Search(req, candidates, negative) => {
+                let q = &req.queries[0];
+                for name in candidates {
+                    let Some(mut answers) = self.positive(&name, q.query_type()).await else {
+                        continue;
+                    };
+                    let zone = self.zone.load();
+                    let cname =
+                        Record::from_rdata(q.name().clone(), zone.ttl(), RData::CNAME(CNAME(name)));
+                    answers.insert(0, cname);
+                    return response(&req, ResponseCode::NoError, false, answers, vec![]);
+                }
+                negative
+            }
+            Step::Forward(req) => match fwd().resolve(&req.queries[0]).await {
                 Ok(up) => response(&req, up.rcode, false, up.answers, up.authority),
                 Err(_) => response(&req, ResponseCode::ServFail, false, vec![], vec![]),
             },
@@ -131,7 +175,7 @@ impl Handler {
                 };
                 let mut q = req.queries[0].clone();
                 q.set_name(target);
-                match fwd.resolve(&q).await {
+                match fwd().resolve(&q).await {
                     Ok(up) => {
                         answers.extend(up.answers);
                         response(&req, up.rcode, false, answers, up.authority)
@@ -141,6 +185,31 @@ impl Handler {
                 }
             }
         }
+    }
+
+    /// The records of `name`/`qtype` if it has some, from the zone (an ExternalName chased)
+    /// or the upstreams; `None` for NXDOMAIN, NODATA and failures (the resolver moves on).
+    async fn positive(&self, name: &Name, qtype: RecordType) -> Option<Vec<Record>> {
+        let zone = self.zone.load();
+        let answer = zone.lookup(name, qtype);
+        let target = answer.cname_outside(&zone, qtype);
+        let (rcode, mut answers) = match answer {
+            Answer::Authoritative { rcode, answers, .. } => (rcode, answers),
+            Answer::NotInZone => {
+                let q = Query::query(name.clone(), qtype);
+                let up = self.forwarder.as_ref()?.resolve(&q).await.ok()?;
+                (up.rcode, up.answers)
+            }
+        };
+        if let (Some(target), Some(fwd)) = (target, &self.forwarder) {
+            if let Ok(up) = fwd.resolve(&Query::query(target, qtype)).await {
+                answers.extend(up.answers);
+            }
+        }
+        let answered = answers
+            .iter()
+            .any(|r| qtype == RecordType::ANY || r.record_type() == qtype);
+        (rcode == ResponseCode::NoError && answered).then_some(answers)
     }
 
     /// The reply to `bytes` (`udp`: sized to the client's EDNS0 limit), or none.

@@ -101,6 +101,7 @@ impl Answer {
 #[derive(Debug, Clone)]
 pub struct Zone {
     origin: Name,
+    ttl: u32,
     soa: Record,
     /// Every name in the zone, including empty non-terminals (`<ns>.svc.<zone>`), which
     /// answer NODATA rather than NXDOMAIN.
@@ -114,6 +115,11 @@ pub struct Zone {
 impl Zone {
     pub fn origin(&self) -> &Name {
         &self.origin
+    }
+
+    /// The TTL of the zone's records.
+    pub fn ttl(&self) -> u32 {
+        self.ttl
     }
 
     /// Whether `<ns>.svc.<zone>` exists, i.e. the namespace has a service.
@@ -428,6 +434,7 @@ impl<'c> Builder<'c> {
             .clone();
         Zone {
             origin: self.config.origin.clone(),
+            ttl: self.config.ttl,
             soa,
             names: self.names,
             reverse: self.reverse,

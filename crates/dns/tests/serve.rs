@@ -196,3 +196,46 @@ async fn tcp_connections_beyond_the_cap_are_closed_at_once() {
         .unwrap();
     assert_eq!(read_answer(&mut s).await.unwrap().answers.len(), 2);
 }
+
+async fn udp_ask(handler: Handler, names: &[&str]) -> Vec<Message> {
+    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = sock.local_addr().unwrap();
+    tokio::spawn(serve_udp(sock, handler));
+    let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    client.connect(addr).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 2048];
+    for name in names {
+        client.send(&query(name, RecordType::A)).await.unwrap();
+        let n = client.recv(&mut buf).await.unwrap();
+        out.push(Message::from_vec(&buf[..n]).unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn autopath_answers_the_first_search_expansion() {
+    let names = [
+        // A pod in `shop` looking up `web.shop` (the svc.ns form): its first query.
+        "web.shop.shop.svc.cluster.local.",
+        // No candidate has records; an unknown namespace is not rewritten.
+        "nothing.shop.svc.cluster.local.",
+        "web.shop.nons.svc.cluster.local.",
+    ];
+    let on = udp_ask(handler().with_autopath(true), &names).await;
+    let data: Vec<String> = on[0].answers.iter().map(|r| r.to_string()).collect();
+    assert_eq!(
+        data,
+        vec![
+            "web.shop.shop.svc.cluster.local. 5 IN CNAME web.shop.svc.cluster.local.",
+            "web.shop.svc.cluster.local. 5 IN A 10.96.0.20",
+        ]
+    );
+    assert_eq!(on[0].metadata.response_code, ResponseCode::NoError);
+    for m in &on[1..] {
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    }
+    // Off (the default): the first expansion is just NXDOMAIN.
+    let off = udp_ask(handler(), &names[..1]).await;
+    assert_eq!(off[0].metadata.response_code, ResponseCode::NXDomain);
+}

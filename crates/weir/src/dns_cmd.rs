@@ -37,6 +37,10 @@ pub struct DnsArgs {
     /// How often the manifest directory is checked for changes (`250ms`, `1s`).
     #[arg(long, default_value = "250ms", value_parser = parse_interval)]
     manifest_poll_interval: Duration,
+    /// Answer a pod's first search-path expansion (`<name>.<ns>.svc.<zone>`, NXDOMAIN in the
+    /// zone) with a CNAME to the first name its resolver would try next that has records.
+    #[arg(long)]
+    autopath: bool,
     /// Worker threads of the serving runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -139,7 +143,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     info!(listen = %args.listen, zone = %args.zone, "serving");
     weir_dns::serve_blocking(
         args.listen,
-        Handler::new(handle, forwarder),
+        Handler::new(handle, forwarder).with_autopath(args.autopath),
         ServerConfig::default(),
         args.threads,
     )

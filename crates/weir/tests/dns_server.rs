@@ -138,6 +138,7 @@ impl Env {
                 "cluster.local",
                 "--manifest-poll-interval",
                 "100ms",
+                "--autopath",
             ])
             .env("RUST_LOG", "info,weir_dns=debug")
             .stdout(Stdio::null())
@@ -320,19 +321,6 @@ fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
         soa.raw
     );
 
-    // NXDOMAIN vs NODATA, both with the SOA for negative caching.
-    let nodata = env.dig(&["db-0.db.shop.svc.cluster.local", "AAAA"]);
-    assert_eq!(
-        (nodata.status.as_str(), nodata.answers.len()),
-        ("NOERROR", 0),
-        "{}",
-        nodata.raw
-    );
-    assert_eq!(nodata.authority, vec!["SOA"]);
-    let nx = env.dig(&["nope.shop.svc.cluster.local", "A"]);
-    assert_eq!(nx.status, "NXDOMAIN", "{}", nx.raw);
-    assert_eq!(nx.authority, vec!["SOA"]);
-
     // TCP gives the same answers.
     let tcp = env.dig(&["+tcp", "db.shop.svc.cluster.local", "A"]);
     assert_eq!(tcp.data(), vec!["10.244.1.5", "10.244.2.6"], "{}", tcp.raw);
@@ -346,7 +334,7 @@ fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
     assert!(!www.flags.contains(&"aa".to_string()) && www.flags.contains(&"ra".to_string()));
     // It cannot be faster than the attempt timeout (1.5 s) at the dead upstream: this
     // proves the dead one was tried first and failed over, and that no earlier query had
-    // been forwarded (in-zone answers never are).
+    // been forwarded (positive in-zone answers never are).
     assert!(
         started.elapsed() >= Duration::from_millis(1400),
         "{:?}\n{}",
@@ -361,6 +349,20 @@ fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
         "the dead upstream is skipped once marked down: {:?}",
         started.elapsed()
     );
+    // NXDOMAIN vs NODATA, both with the SOA for negative caching. (With autopath, the
+    // NXDOMAIN name is first tried as a search expansion: `nope.` goes upstream too.)
+    let nodata = env.dig(&["db-0.db.shop.svc.cluster.local", "AAAA"]);
+    assert_eq!(
+        (nodata.status.as_str(), nodata.answers.len()),
+        ("NOERROR", 0),
+        "{}",
+        nodata.raw
+    );
+    assert_eq!(nodata.authority, vec!["SOA"]);
+    let nx = env.dig(&["nope.shop.svc.cluster.local", "A"]);
+    assert_eq!(nx.status, "NXDOMAIN", "{}", nx.raw);
+    assert_eq!(nx.authority, vec!["SOA"]);
+
     // 100 records: NSD truncates over UDP, the forwarder retries over TCP, and weir's own
     // UDP answer is truncated to 1232 bytes with TC; dig retries over TCP and gets them all.
     let big = env.dig(&["+bufsize=1232", "big.example.test", "A"]);
@@ -384,6 +386,19 @@ fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
         "{}",
         chased.raw
     );
+
+    // Autopath: a pod in `shop` looking up `www.example.test` (fewer dots than ndots:5)
+    // first asks for it under its namespace's search domain; one answer ends the search.
+    let first = env.dig(&["www.example.test.shop.svc.cluster.local", "A"]);
+    assert_eq!(first.status, "NOERROR", "{}", first.raw);
+    assert_eq!(
+        first.data(),
+        vec!["192.0.2.80", "www.example.test."],
+        "{}",
+        first.raw
+    );
+    let none = env.dig(&["nothing.example.test.shop.svc.cluster.local", "A"]);
+    assert_eq!(none.status, "NXDOMAIN", "{}", none.raw);
 
     // Garbage on the wire changes nothing.
     env.sh(
