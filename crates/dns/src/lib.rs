@@ -7,7 +7,7 @@
 //!   response message and its bytes sized for the transport (EDNS0, TC bit). Pure.
 //! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
 //! * [`search`]: recognising a pod's first search-path expansion and the names its resolver
-//!   would try next (pure; the server does not use it yet).
+//!   would try next (pure; the server's autopath option uses it).
 //! * [`server`]: the tokio UDP and TCP serving loops over a [`ZoneHandle`] that the caller
 //!   swaps atomically when objects change.
 
