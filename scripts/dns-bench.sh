@@ -24,7 +24,7 @@ cleanup() {
   ip netns del "$NS" 2>/dev/null || true
   rm -rf "$DIR"
 }
-trap cleanup EXIT
+trap cleanup EXIT INT TERM
 ip netns add "$NS"
 ip -n "$NS" link set lo up
 in_ns() { ip netns exec "$NS" "$@"; }
@@ -67,9 +67,10 @@ zone:
   zonefile: "$DIR/cluster.local.zone"
 EOF
 
-in_ns "$WEIR" dns --listen 127.0.0.1:5301 --manifests "$DIR/manifests" --threads 1 2>"$DIR/weir.log" &
+# Started with `ip netns exec` directly (not through a function) so that $! is the server.
+ip netns exec "$NS" "$WEIR" dns --listen 127.0.0.1:5301 --manifests "$DIR/manifests" --threads 1 2>"$DIR/weir.log" &
 PIDS+=($!)
-in_ns nsd -d -c "$DIR/nsd.conf" &
+ip netns exec "$NS" nsd -d -c "$DIR/nsd.conf" &
 PIDS+=($!)
 ready() { in_ns dig @127.0.0.1 -p "$1" +short +time=1 +tries=1 svc-0.bench.svc.cluster.local | grep -q 10.96.0.1; }
 for port in 5301 5302; do
@@ -77,8 +78,10 @@ for port in 5301 5302; do
   ready $port || { echo "server on $port did not come up" >&2; cat "$DIR/weir.log" >&2; exit 1; }
 done
 
-rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
-server_pid() { pgrep -f -n "$1" ; }
+WEIR_PID=${PIDS[0]} NSD_PID=${PIDS[1]}
+# Resident memory in MB of a process and all its descendants (NSD forks xfrd and servers).
+tree() { echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
+rss_mb() { ps -o rss= -p "$(tree "$1" | paste -sd,)" | awk '{s += $1} END {printf "%.1f", s / 1024}'; }
 
 printf '%-6s %9s %9s %9s %9s %9s %9s %8s\n' server qps avg_ms p50_ms p90_ms p99_ms p999_ms rss_mb
 for pair in weir:5301 nsd:5302; do
@@ -91,8 +94,7 @@ for pair in weir:5301 nsd:5302; do
   in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$DIR/queries" -l "$SECS" -Q "$RATE" -c 4 -v 2>/dev/null |
     awk '$1 == ">" {print $NF}' | sort -g >"$DIR/lat.$name"
   pct() { awk -v p="$1" '{a[NR] = $1} END {i = int(NR * p); if (i < 1) i = 1; printf "%.3f", a[i] * 1000}' "$DIR/lat.$name"; }
-  if [ "$name" = weir ]; then pid=$(pgrep -n -f "dns --listen 127.0.0.1:5301"); else pid=$(cat "$DIR/nsd.pid" 2>/dev/null || pgrep -n -f "$DIR/nsd.conf"); fi
-  rss=$(awk '{printf "%.1f", $1 / 1024}' <<<"$(rss_kb "$pid")")
+  if [ "$name" = weir ]; then rss=$(rss_mb "$WEIR_PID"); else rss=$(rss_mb "$NSD_PID"); fi
   printf '%-6s %9s %9.3f %9s %9s %9s %9s %8s  (lost %s)\n' "$name" "$qps" "$avg" "$(pct 0.5)" "$(pct 0.9)" "$(pct 0.99)" "$(pct 0.999)" "$rss" "$lost"
 done
 echo "services: $N; $(nproc) cores shared with whatever else runs; dnsperf: 4 clients, ${SECS}s per run, percentiles at ${RATE} QPS"
