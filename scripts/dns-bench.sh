@@ -39,7 +39,7 @@ mkdir -p "$DIR/manifests"
 } >"$DIR/cluster.local.zone"
 : >"$DIR/queries"
 for ((i = 0; i < N; i++)); do
-  ip="10.96.$((i / 250)).$((i % 250 + 1))"
+  ip="10.$((96 + i / 62500)).$((i / 250 % 250)).$((i % 250 + 1))"
   printf 'apiVersion: v1\nkind: Service\nmetadata: {name: svc-%d, namespace: bench}\nspec: {clusterIP: %s}\n---\n' "$i" "$ip"
   printf 'svc-%d.bench.svc IN A %s\n' "$i" "$ip" >>"$DIR/cluster.local.zone"
   printf 'svc-%d.bench.svc.cluster.local A\n' "$i" >>"$DIR/queries"
