@@ -6,18 +6,20 @@
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
 #   bash scripts/dev.sh routes-bench  node routes: pod → pod throughput and connection rate
 #                              (host-gw, vxlan, underlay) and convergence with 1,000 nodes
+#   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and the
-# reference CNI plugins we compare against, the container runtimes that drive weir-cni in the tests
-# (podman, containerd + runc, a busybox-static rootfs: no image pull), and the test VM for what the
-# host kernel lacks (qemu, busybox for its initramfs, xz to unpack the kernel, ipvsadm; docs/vm.md), and
-# iperf3 for the node-routes benchmark.
+# Debian packages weir and its tests drive: the kernel's user-space tools, real DNS clients and
+# servers (NSD is the DNS tests' upstream and the benchmark's reference), the reference CNI plugins
+# we compare against, the container runtimes that drive weir-cni in the tests (podman, containerd +
+# runc, a busybox-static rootfs: no image pull), the test VM for what the host kernel lacks (qemu,
+# busybox for its initramfs, xz to unpack the kernel, ipvsadm; docs/vm.md), and iperf3 for the
+# node-routes benchmark.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
-  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3)
+  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3 nsd dnsperf)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -29,7 +31,15 @@ install_packages() {
   if ((${#missing[@]})); then
     step "installing Debian packages: ${missing[*]}"
     apt-get update -qq
+    # The tests start their own nsd/containerd inside namespaces: keep the packages' services
+    # from starting on the host (Debian's policy-rc.d hook; an existing one is left alone).
+    local policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      policy=/usr/sbin/policy-rc.d
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    [ -z "$policy" ] || rm -f "$policy"
   fi
   command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
   [ "$(id -u)" = 0 ] || { echo "run as root: weir creates network namespaces" >&2; exit 1; }
@@ -76,8 +86,15 @@ case "${1:-}" in
     cargo build -q -p weir-vmtest --bin weir-vm
     exec ./target/debug/weir-vm "$@"
     ;;
+  dns-bench)
+    install_packages
+    step "building weir (release)"
+    cargo build --release -p weir
+    step "weir dns vs NSD under dnsperf"
+    exec bash scripts/dns-bench.sh "${@:2}"
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|routes-bench|vm" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|routes-bench|dns-bench|vm" >&2
     exit 2
     ;;
 esac

@@ -2,7 +2,9 @@
 
 use clap::{Parser, Subcommand};
 
+mod dns_cmd;
 mod lab_cmd;
+mod manifest_view;
 mod proxy_cmd;
 mod routes_cmd;
 
@@ -25,6 +27,8 @@ enum Command {
     Proxy(Box<proxy_cmd::ProxyArgs>),
     /// Routes to the other nodes' pods from Node objects (flanneld's job): host-gw or vxlan.
     Routes(routes_cmd::RoutesArgs),
+    /// The cluster DNS server (CoreDNS's job): the Kubernetes DNS zone, forwarding, cache.
+    Dns(dns_cmd::DnsArgs),
 }
 
 /// Logs to stderr; `RUST_LOG` filters (default `info`).
@@ -44,6 +48,7 @@ fn main() -> std::process::ExitCode {
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(*args),
         Command::Routes(args) => routes_cmd::run(args),
+        Command::Dns(args) => dns_cmd::run(args),
     };
     match result {
         Ok(code) => code,

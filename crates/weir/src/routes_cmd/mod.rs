@@ -21,7 +21,7 @@ use weir_routes::annotations::DEFAULT_PREFIX;
 use weir_routes::kernel::{cleanup, reconcile};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
 use weir_routes::{Backend, Config, VxlanConfig};
-use weir_source::{watch_dir, Event, ManifestDir, SharedStore, WatchEvent};
+use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
 
 use crate::proxy_cmd::parse_duration;
 
@@ -135,40 +135,20 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
     let cfg = config(&flags)?;
 
     let store = SharedStore::new();
-    // Nothing is reconciled before the directory has given one complete view (the proxy's
-    // rule): a missing directory or a file still being written is not an empty world.
+    // Nothing is reconciled before one complete view: an empty world would remove routes.
     let mut dir = ManifestDir::new(&manifests);
-    let mut said_failed = false;
-    loop {
-        let report = dir.scan();
-        for e in &report.errors {
-            warn!("{e}");
-        }
-        if report.complete() {
-            break;
-        }
-        if let Some(e) = &report.failed {
-            if flags.once {
-                anyhow::bail!("{e}");
-            }
-            if !said_failed {
-                warn!("{e}; waiting for it before touching any route");
-                said_failed = true;
-            }
-        }
-        std::thread::sleep(flags.manifest_poll_interval);
-    }
+    crate::manifest_view::wait_for_complete_view(
+        &mut dir,
+        flags.manifest_poll_interval,
+        flags.once,
+    )?;
     store.apply(Event::Resync(dir.objects()));
     let _watcher = (!flags.once).then(|| {
         watch_dir(
             dir,
             flags.manifest_poll_interval,
             store.clone(),
-            |ev| match ev {
-                WatchEvent::Error(e) => warn!("{e}"),
-                WatchEvent::Resolved(e) => info!("resolved: {e}"),
-                WatchEvent::Scanned { .. } => {}
-            },
+            crate::manifest_view::log_watch_event,
         )
     });
 

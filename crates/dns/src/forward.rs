@@ -1,0 +1,568 @@
+//! Names outside the cluster zone: upstream servers from a resolv.conf-style file, tried in
+//! turn (a server that timed out is skipped for a while), over UDP with a TCP retry when the
+//! answer is truncated, behind a bounded cache and a cap on queries in flight.
+//!
+//! Health is passive: an upstream that times out or fails is marked down for
+//! [`ForwarderConfig::down_for`] and skipped until then (unless every upstream is down). No active probes, no prefetch,
+//! no serve-stale yet.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::Semaphore;
+
+/// Upstream addresses from resolv.conf text: every `nameserver` line (port 53). As an
+/// extension, `nameserver 192.0.2.1:5353` / `nameserver [2001:db8::1]:5353` name a port.
+pub fn parse_resolv_conf(text: &str) -> Result<Vec<SocketAddr>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split(['#', ';']).next().unwrap_or_default().trim();
+        let mut words = line.split_whitespace();
+        if words.next() != Some("nameserver") {
+            continue;
+        }
+        let Some(value) = words.next() else {
+            return Err(format!("line {}: nameserver without an address", n + 1));
+        };
+        let addr = if let Ok(sa) = value.parse::<SocketAddr>() {
+            sa
+        } else if let Ok(ip) = value.parse::<IpAddr>() {
+            SocketAddr::new(ip, 53)
+        } else {
+            return Err(format!("line {}: {value:?} is not an address", n + 1));
+        };
+        out.push(addr);
+    }
+    if out.is_empty() {
+        return Err("no nameserver lines".into());
+    }
+    Ok(out)
+}
+
+/// Forwarding and cache limits.
+#[derive(Debug, Clone)]
+pub struct ForwarderConfig {
+    pub upstreams: Vec<SocketAddr>,
+    /// How long one attempt at one upstream may take.
+    pub attempt_timeout: Duration,
+    /// How long an upstream that failed is tried only after the others.
+    pub down_for: Duration,
+    /// Upstream exchanges in flight at most; beyond, clients get SERVFAIL at once.
+    pub max_in_flight: usize,
+    /// Cache entries at most.
+    pub cache_entries: usize,
+    /// Positive answers are cached for their smallest TTL, at most this.
+    pub max_ttl: Duration,
+    /// Negative answers (NXDOMAIN, NODATA) for the SOA minimum, at most this.
+    pub max_negative_ttl: Duration,
+}
+
+impl ForwarderConfig {
+    pub fn new(upstreams: Vec<SocketAddr>) -> Self {
+        ForwarderConfig {
+            upstreams,
+            attempt_timeout: Duration::from_millis(1500),
+            down_for: Duration::from_secs(10),
+            max_in_flight: 1000,
+            cache_entries: 10_000,
+            max_ttl: Duration::from_secs(3600),
+            max_negative_ttl: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a forwarded query got no answer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ForwardError {
+    /// Too many upstream exchanges in flight.
+    Overloaded,
+    /// Every upstream failed or timed out.
+    AllFailed,
+}
+
+/// An upstream's answer as the cache keeps it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Upstream {
+    pub rcode: ResponseCode,
+    pub answers: Vec<Record>,
+    pub authority: Vec<Record>,
+}
+
+type CacheKey = (Name, RecordType, DNSClass);
+
+#[derive(Debug)]
+struct Entry {
+    answer: Upstream,
+    stored: Instant,
+    expires: Instant,
+}
+
+/// A bounded TTL cache. Pure (the caller passes the time), so it is tested without sleeping.
+#[derive(Debug)]
+pub struct Cache {
+    entries: HashMap<CacheKey, Entry>,
+    capacity: usize,
+    max_ttl: Duration,
+    max_negative_ttl: Duration,
+}
+
+impl Cache {
+    pub fn new(capacity: usize, max_ttl: Duration, max_negative_ttl: Duration) -> Self {
+        Cache {
+            entries: HashMap::new(),
+            capacity,
+            max_ttl,
+            max_negative_ttl,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn key(q: &Query) -> CacheKey {
+        (q.name().to_lowercase(), q.query_type(), q.query_class())
+    }
+
+    /// The cached answer with TTLs counted down to what is left, or `None`.
+    pub fn get(&mut self, q: &Query, now: Instant) -> Option<Upstream> {
+        let key = Self::key(q);
+        let e = self.entries.get(&key)?;
+        if now >= e.expires {
+            self.entries.remove(&key);
+            return None;
+        }
+        let elapsed = u32::try_from(now.duration_since(e.stored).as_secs()).unwrap_or(u32::MAX);
+        let left = u32::try_from(e.expires.duration_since(now).as_secs()).unwrap_or(u32::MAX);
+        let mut answer = e.answer.clone();
+        for r in answer.answers.iter_mut().chain(answer.authority.iter_mut()) {
+            r.ttl = r.ttl.saturating_sub(elapsed).min(left.max(1));
+        }
+        Some(answer)
+    }
+
+    /// Caches NOERROR and NXDOMAIN answers (others are not cached) for their TTL within the
+    /// caps. When full, expired entries go first, then arbitrary ones: memory stays bounded.
+    pub fn put(&mut self, q: &Query, answer: Upstream, now: Instant) {
+        let Some(ttl) = self.ttl_of(&answer) else {
+            return;
+        };
+        if ttl.is_zero() || self.capacity == 0 {
+            return;
+        }
+        if self.entries.len() >= self.capacity {
+            self.entries.retain(|_, e| e.expires > now);
+        }
+        while self.entries.len() >= self.capacity {
+            let Some(k) = self.entries.keys().next().cloned() else {
+                break;
+            };
+            self.entries.remove(&k);
+        }
+        self.entries.insert(
+            Self::key(q),
+            Entry {
+                answer,
+                stored: now,
+                expires: now + ttl,
+            },
+        );
+    }
+
+    fn ttl_of(&self, a: &Upstream) -> Option<Duration> {
+        let negative = a.rcode == ResponseCode::NXDomain || a.answers.is_empty();
+        match a.rcode {
+            ResponseCode::NoError | ResponseCode::NXDomain => {}
+            _ => return None,
+        }
+        if negative {
+            // RFC 2308: the SOA's minimum, bounded by the SOA record's own TTL.
+            let soa_ttl = a.authority.iter().find_map(|r| match &r.data {
+                RData::SOA(soa) => Some(soa.minimum.min(r.ttl)),
+                _ => None,
+            });
+            let secs = soa_ttl.unwrap_or(5);
+            return Some(Duration::from_secs(secs.into()).min(self.max_negative_ttl));
+        }
+        let secs = a.answers.iter().map(|r| r.ttl).min().unwrap_or(0);
+        Some(Duration::from_secs(secs.into()).min(self.max_ttl))
+    }
+}
+
+struct UpstreamState {
+    addr: SocketAddr,
+    down_until: Mutex<Option<Instant>>,
+}
+
+/// The forwarder; share it behind an `Arc`.
+pub struct Forwarder {
+    config: ForwarderConfig,
+    upstreams: Vec<UpstreamState>,
+    cache: Mutex<Cache>,
+    in_flight: Semaphore,
+}
+
+impl Forwarder {
+    pub fn new(config: ForwarderConfig) -> Self {
+        Forwarder {
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|a| UpstreamState {
+                    addr: *a,
+                    down_until: Mutex::new(None),
+                })
+                .collect(),
+            cache: Mutex::new(Cache::new(
+                config.cache_entries,
+                config.max_ttl,
+                config.max_negative_ttl,
+            )),
+            in_flight: Semaphore::new(config.max_in_flight),
+            config,
+        }
+    }
+
+    /// Resolves `q` from the cache or the upstreams.
+    pub async fn resolve(&self, q: &Query) -> Result<Upstream, ForwardError> {
+        if let Some(hit) = self.lock_cache().get(q, Instant::now()) {
+            return Ok(hit);
+        }
+        let _permit = self
+            .in_flight
+            .try_acquire()
+            .map_err(|_| ForwardError::Overloaded)?;
+        for i in self.attempt_order(Instant::now()) {
+            let up = &self.upstreams[i];
+            match exchange(up.addr, q, self.config.attempt_timeout).await {
+                Ok(answer)
+                    if matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) =>
+                {
+                    *lock(&up.down_until) = None;
+                    tracing::debug!(upstream = %up.addr, rcode = %answer.rcode, "upstream answered");
+                    self.lock_cache().put(q, answer.clone(), Instant::now());
+                    return Ok(answer);
+                }
+                Ok(answer) => {
+                    tracing::debug!(upstream = %up.addr, rcode = %answer.rcode, "upstream refused or failed");
+                }
+                Err(e) => {
+                    tracing::debug!(upstream = %up.addr, "upstream failed: {e}");
+                    *lock(&up.down_until) = Some(Instant::now() + self.config.down_for);
+                }
+            }
+        }
+        Err(ForwardError::AllFailed)
+    }
+
+    /// Healthy upstreams in file order; only when every upstream is marked down, all of them,
+    /// soonest back first (a query must not wait for a dead server while a live one has
+    /// already answered, even REFUSED).
+    fn attempt_order(&self, now: Instant) -> Vec<usize> {
+        let mut order: Vec<(Option<Instant>, usize)> = self
+            .upstreams
+            .iter()
+            .enumerate()
+            .map(|(i, u)| (lock(&u.down_until).filter(|t| *t > now), i))
+            .collect();
+        if order.iter().any(|(down, _)| down.is_none()) {
+            order.retain(|(down, _)| down.is_none());
+        }
+        order.sort();
+        order.into_iter().map(|(_, i)| i).collect()
+    }
+
+    fn lock_cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        lock(&self.cache)
+    }
+
+    pub fn cache_len(&self) -> usize {
+        self.lock_cache().len()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn upstream_query(q: &Query) -> Message {
+    let mut m = Message::query();
+    m.metadata.recursion_desired = true;
+    m.add_query(q.clone());
+    let mut e = Edns::new();
+    e.set_max_payload(crate::respond::SERVER_UDP_PAYLOAD);
+    m.set_edns(e);
+    m
+}
+
+/// Whether `reply` answers `req` (same ID and question): anything else on the socket is
+/// ignored, which defeats blind spoofing with a wrong ID.
+fn matches(req: &Message, reply: &Message) -> bool {
+    reply.metadata.message_type == MessageType::Response
+        && reply.metadata.id == req.metadata.id
+        && reply.queries == req.queries
+}
+
+/// One exchange with one upstream: UDP, then TCP if the UDP answer was truncated.
+async fn exchange(addr: SocketAddr, q: &Query, timeout: Duration) -> std::io::Result<Upstream> {
+    let req = upstream_query(q);
+    let bytes = req
+        .to_vec()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let reply = tokio::time::timeout_at(deadline, udp_exchange(addr, &req, &bytes))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let reply = if reply.metadata.truncation {
+        tokio::time::timeout_at(deadline, tcp_exchange(addr, &req, &bytes))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??
+    } else {
+        reply
+    };
+    Ok(Upstream {
+        rcode: reply.metadata.response_code,
+        answers: reply.answers,
+        authority: reply.authorities,
+    })
+}
+
+async fn udp_exchange(addr: SocketAddr, req: &Message, bytes: &[u8]) -> std::io::Result<Message> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    let sock = UdpSocket::bind(bind).await?;
+    sock.connect(addr).await?;
+    sock.send(bytes).await?;
+    let mut buf = vec![0u8; 65535];
+    loop {
+        let n = sock.recv(&mut buf).await?;
+        if let Ok(reply) = Message::from_vec(&buf[..n]) {
+            if matches(req, &reply) {
+                return Ok(reply);
+            }
+        }
+    }
+}
+
+async fn tcp_exchange(addr: SocketAddr, req: &Message, bytes: &[u8]) -> std::io::Result<Message> {
+    let mut stream = TcpStream::connect(addr).await?;
+    let len = u16::try_from(bytes.len()).map_err(std::io::Error::other)?;
+    let mut framed = len.to_be_bytes().to_vec();
+    framed.extend_from_slice(bytes);
+    stream.write_all(&framed).await?;
+    let mut len = [0u8; 2];
+    stream.read_exact(&mut len).await?;
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut buf).await?;
+    let reply = Message::from_vec(&buf).map_err(|e| std::io::Error::other(e.to_string()))?;
+    if !matches(req, &reply) {
+        return Err(std::io::Error::other("TCP reply does not match the query"));
+    }
+    Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::rr::rdata::SOA;
+
+    #[test]
+    fn resolv_conf() {
+        let text = "# comment\nsearch x\nnameserver 10.0.0.2\nnameserver fd00::53 # tail\n\
+                    nameserver 192.0.2.1:5353\noptions ndots:5\n";
+        assert_eq!(
+            parse_resolv_conf(text).unwrap(),
+            vec![
+                "10.0.0.2:53".parse().unwrap(),
+                "[fd00::53]:53".parse().unwrap(),
+                "192.0.2.1:5353".parse().unwrap()
+            ]
+        );
+        assert!(parse_resolv_conf("search a\n").is_err());
+        assert!(parse_resolv_conf("nameserver nope\n")
+            .unwrap_err()
+            .contains("line 1"));
+    }
+
+    fn q(name: &str) -> Query {
+        Query::query(Name::from_ascii(name).unwrap(), RecordType::A)
+    }
+
+    fn a(ttl: u32) -> Upstream {
+        Upstream {
+            rcode: ResponseCode::NoError,
+            answers: vec![Record::from_rdata(
+                Name::from_ascii("x.example.").unwrap(),
+                ttl,
+                RData::A(std::net::Ipv4Addr::new(192, 0, 2, 1).into()),
+            )],
+            authority: vec![],
+        }
+    }
+
+    fn nx(soa_min: u32) -> Upstream {
+        let n = Name::from_ascii("example.").unwrap();
+        Upstream {
+            rcode: ResponseCode::NXDomain,
+            answers: vec![],
+            authority: vec![Record::from_rdata(
+                n.clone(),
+                3600,
+                RData::SOA(SOA::new(n.clone(), n, 1, 1, 1, 1, soa_min)),
+            )],
+        }
+    }
+
+    #[test]
+    fn cache_counts_ttls_down_and_caps_them() {
+        let mut c = Cache::new(10, Duration::from_secs(60), Duration::from_secs(30));
+        let t0 = Instant::now();
+        c.put(&q("x.example."), a(300), t0);
+        // Case-insensitive key; TTL capped at 60 s and counted down.
+        let hit = c
+            .get(&q("X.Example."), t0 + Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(hit.answers[0].ttl, 50);
+        assert!(c
+            .get(&q("x.example."), t0 + Duration::from_secs(60))
+            .is_none());
+        // Negative: the SOA minimum, capped at 30 s.
+        c.put(&q("nx.example."), nx(900), t0);
+        assert!(c
+            .get(&q("nx.example."), t0 + Duration::from_secs(29))
+            .is_some());
+        assert!(c
+            .get(&q("nx.example."), t0 + Duration::from_secs(30))
+            .is_none());
+        c.put(&q("nx2.example."), nx(2), t0);
+        assert!(c
+            .get(&q("nx2.example."), t0 + Duration::from_secs(2))
+            .is_none());
+        // SERVFAIL and zero TTLs are not cached.
+        let mut fail = a(300);
+        fail.rcode = ResponseCode::ServFail;
+        c.put(&q("f.example."), fail, t0);
+        c.put(&q("z.example."), a(0), t0);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn cache_stays_within_its_entry_bound() {
+        let mut c = Cache::new(3, Duration::from_secs(60), Duration::from_secs(30));
+        let t0 = Instant::now();
+        for i in 0..10 {
+            c.put(&q(&format!("n{i}.example.")), a(60), t0);
+            assert!(c.len() <= 3);
+        }
+        // The newest entry is always kept.
+        assert!(c.get(&q("n9.example."), t0).is_some());
+    }
+}
+
+#[cfg(test)]
+mod exchange_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A UDP upstream on 127.0.0.1 answering every A query with 192.0.2.1 (TTL 60), counting
+    /// queries; `silent` ones count but never answer.
+    async fn upstream(silent: bool) -> (SocketAddr, Arc<AtomicUsize>) {
+        let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = sock.local_addr().unwrap();
+        let count = Arc::new(AtomicUsize::new(0));
+        let seen = count.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let (n, peer) = sock.recv_from(&mut buf).await.unwrap();
+                seen.fetch_add(1, Ordering::SeqCst);
+                if silent {
+                    continue;
+                }
+                let req = Message::from_vec(&buf[..n]).unwrap();
+                let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
+                resp.add_queries(req.queries.iter().cloned());
+                resp.add_answer(Record::from_rdata(
+                    req.queries[0].name().clone(),
+                    60,
+                    RData::A(std::net::Ipv4Addr::new(192, 0, 2, 1).into()),
+                ));
+                sock.send_to(&resp.to_vec().unwrap(), peer).await.unwrap();
+            }
+        });
+        (addr, count)
+    }
+
+    fn q(name: &str) -> Query {
+        Query::query(Name::from_ascii(name).unwrap(), RecordType::A)
+    }
+
+    #[tokio::test]
+    async fn fails_over_marks_down_and_caches() {
+        let (dead, dead_count) = upstream(true).await;
+        let (live, live_count) = upstream(false).await;
+        let mut cfg = ForwarderConfig::new(vec![dead, live]);
+        cfg.attempt_timeout = Duration::from_millis(300);
+        let f = Forwarder::new(cfg);
+        let started = Instant::now();
+        let a = f.resolve(&q("a.example.")).await.unwrap();
+        assert_eq!(a.answers.len(), 1);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(dead_count.load(Ordering::SeqCst), 1);
+        // The silent upstream is now skipped: the next name goes straight to the live one.
+        let started = Instant::now();
+        f.resolve(&q("b.example.")).await.unwrap();
+        assert!(started.elapsed() < Duration::from_millis(300));
+        assert_eq!(dead_count.load(Ordering::SeqCst), 1);
+        assert_eq!(live_count.load(Ordering::SeqCst), 2);
+        // Cached: no upstream query.
+        f.resolve(&q("A.example.")).await.unwrap();
+        assert_eq!(live_count.load(Ordering::SeqCst), 2);
+        assert_eq!(f.cache_len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_down_upstream_is_skipped_while_another_is_up_and_tried_when_all_are_down() {
+        let (dead, dead_count) = upstream(true).await;
+        let f = Forwarder::new(ForwarderConfig::new(vec![dead, dead]));
+        let now = Instant::now();
+        *lock(&f.upstreams[0].down_until) = Some(now + Duration::from_secs(5));
+        assert_eq!(f.attempt_order(now), vec![1]);
+        *lock(&f.upstreams[1].down_until) = Some(now + Duration::from_secs(3));
+        assert_eq!(f.attempt_order(now), vec![1, 0]);
+        assert_eq!(f.attempt_order(now + Duration::from_secs(4)), vec![1]);
+        assert_eq!(dead_count.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn all_failed_and_overload() {
+        let (dead, _) = upstream(true).await;
+        let mut cfg = ForwarderConfig::new(vec![dead]);
+        cfg.attempt_timeout = Duration::from_millis(100);
+        cfg.max_in_flight = 1;
+        let f = Arc::new(Forwarder::new(cfg));
+        let f2 = f.clone();
+        let first = tokio::spawn(async move { f2.resolve(&q("x.example.")).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // One exchange in flight fills the cap.
+        assert_eq!(
+            f.resolve(&q("y.example.")).await,
+            Err(ForwardError::Overloaded)
+        );
+        assert_eq!(first.await.unwrap(), Err(ForwardError::AllFailed));
+    }
+}

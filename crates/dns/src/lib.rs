@@ -1,0 +1,25 @@
+//! weir-dns: the cluster DNS server (`weir dns`).
+//!
+//! Layers, each usable alone:
+//! * [`zone`]: the pure Kubernetes DNS zone — [`Zone::build`] from a [`weir_model::Snapshot`],
+//!   then [`Zone::lookup`]`(name, type) -> `[`Answer`]; no I/O.
+//! * [`respond`]: a request [`Message`](hickory_proto::op::Message) and an answer → the
+//!   response message and its bytes sized for the transport (EDNS0, TC bit). Pure.
+//! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
+//! * [`search`]: recognising a pod's first search-path expansion and the names its resolver
+//!   would try next (pure; the server's autopath option uses it).
+//! * [`server`]: the tokio UDP and TCP serving loops over a [`ZoneHandle`] that the caller
+//!   swaps atomically when objects change.
+
+pub mod forward;
+pub mod respond;
+pub mod search;
+pub mod server;
+pub mod zone;
+
+pub use forward::{parse_resolv_conf, Forwarder, ForwarderConfig};
+pub use server::{serve, serve_blocking, Handler, ServerConfig, ZoneHandle};
+pub use zone::{Answer, Zone, ZoneConfig, SCHEMA_VERSION};
+
+#[cfg(test)]
+mod zone_tests;

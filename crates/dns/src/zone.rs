@@ -1,0 +1,457 @@
+//! The cluster zone: every record the Kubernetes DNS-based service discovery specification
+//! (schema 1.0.1, github.com/kubernetes/dns docs/specification.md) asks for, built once per
+//! object change from a [`Snapshot`] and then only read. [`Zone::lookup`] is pure.
+//!
+//! What is built, for a zone `<zone>` (e.g. `cluster.local`):
+//! * ClusterIP service: `<svc>.<ns>.svc.<zone>` A/AAAA for each cluster IP, PTR for each IP.
+//! * Headless service (clusterIP `None`): the service name gets one A/AAAA per ready endpoint,
+//!   and `<hostname>.<svc>.<ns>.svc.<zone>` the endpoint's own; PTR of the endpoint IP points
+//!   there. `<hostname>` is the endpoint's `hostname`, else its address with `.`/`:` as `-`
+//!   (the spec leaves the system-assigned form open; CoreDNS uses the same dashed address).
+//! * SRV `_<port>._<proto>.<svc>.<ns>.svc.<zone>` for named ports: to the service name
+//!   (ClusterIP) or to each ready endpoint's hostname with the endpoint's port (headless).
+//! * ExternalName: CNAME to the external name.
+//! * `dns-version.<zone>` TXT `1.0.1`; SOA and NS at the apex.
+//!
+//! Ready: an endpoint whose `ready` condition is not false (the API reads nil as ready), or any
+//! endpoint of a service with `publishNotReadyAddresses`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::rdata::{CNAME, NS, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use weir_model::k8s_openapi::api::core::v1::Service;
+use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
+use weir_model::Snapshot;
+
+/// The schema version served in `dns-version.<zone>`.
+pub const SCHEMA_VERSION: &str = "1.0.1";
+
+/// The label tying an EndpointSlice to its Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// How the zone is built.
+#[derive(Debug, Clone)]
+pub struct ZoneConfig {
+    /// The cluster domain, e.g. `cluster.local.`.
+    pub origin: Name,
+    /// TTL of every record, and the SOA minimum (negative-answer TTL).
+    pub ttl: u32,
+    /// SOA serial; the caller bumps it on every rebuild (e.g. from the clock).
+    pub serial: u32,
+    /// Addresses of this DNS server, published as the A/AAAA of the apex NS target
+    /// `ns.dns.<zone>` (none: the NS name has no address records).
+    pub ns_addresses: Vec<IpAddr>,
+}
+
+impl ZoneConfig {
+    /// `origin` as text (`cluster.local`); TTL 5 s as the issue asks.
+    pub fn new(origin: &str) -> Result<Self, String> {
+        let mut origin = Name::from_ascii(origin).map_err(|e| format!("zone {origin:?}: {e}"))?;
+        origin.set_fqdn(true);
+        if origin.is_root() {
+            return Err("the cluster zone cannot be the root".into());
+        }
+        Ok(ZoneConfig {
+            origin: origin.to_lowercase(),
+            ttl: 5,
+            serial: 1,
+            ns_addresses: Vec::new(),
+        })
+    }
+}
+
+/// What a lookup decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    /// The zone is authoritative for the name: NOERROR with answers, NODATA (NOERROR, no
+    /// answers, SOA in authority) or NXDOMAIN (SOA in authority).
+    Authoritative {
+        rcode: ResponseCode,
+        answers: Vec<Record>,
+        authority: Vec<Record>,
+    },
+    /// Not ours: forward it (names outside the zone, and reverse names of no cluster IP).
+    NotInZone,
+}
+
+impl Answer {
+    /// An out-of-zone CNAME target the server should resolve for `qtype` and append
+    /// (ExternalName). None when the client asked for the CNAME itself (or ANY): the CNAME
+    /// is the whole answer then.
+    pub fn cname_outside(&self, zone: &Zone, qtype: RecordType) -> Option<Name> {
+        let Answer::Authoritative { answers, .. } = self else {
+            return None;
+        };
+        if matches!(qtype, RecordType::CNAME | RecordType::ANY) {
+            return None;
+        }
+        match answers.last().map(|r| &r.data) {
+            Some(RData::CNAME(CNAME(target))) if !zone.origin.zone_of(target) => {
+                Some(target.clone())
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The immutable zone. Names are compared case-insensitively ([`Name`]'s own `Eq`/`Hash`).
+#[derive(Debug, Clone)]
+pub struct Zone {
+    origin: Name,
+    ttl: u32,
+    soa: Record,
+    /// Every name in the zone, including empty non-terminals (`<ns>.svc.<zone>`), which
+    /// answer NODATA rather than NXDOMAIN.
+    names: HashMap<Name, Vec<Record>>,
+    /// PTR records of cluster IPs and endpoint IPs, keyed by the reverse name.
+    reverse: HashMap<Name, Vec<Record>>,
+    /// Objects skipped because a name or value could not be a DNS name.
+    pub warnings: Vec<String>,
+}
+
+impl Zone {
+    pub fn origin(&self) -> &Name {
+        &self.origin
+    }
+
+    /// The TTL of the zone's records.
+    pub fn ttl(&self) -> u32 {
+        self.ttl
+    }
+
+    /// Whether `<ns>.svc.<zone>` exists, i.e. the namespace has a service.
+    pub fn has_namespace(&self, ns: &str) -> bool {
+        Name::from_labels([ns, "svc"])
+            .and_then(|n| n.append_domain(&self.origin))
+            .is_ok_and(|n| self.names.contains_key(&n))
+    }
+
+    /// Number of distinct owner names (for logs and tests).
+    pub fn name_count(&self) -> usize {
+        self.names.len() + self.reverse.len()
+    }
+
+    /// Answers `qname`/`qtype`. Answer owner names are the query's own spelling (case kept,
+    /// so resolvers that randomise case still match).
+    pub fn lookup(&self, qname: &Name, qtype: RecordType) -> Answer {
+        let mut fqdn = qname.clone();
+        fqdn.set_fqdn(true);
+        if self.origin.zone_of(&fqdn) {
+            return match self.names.get(&fqdn) {
+                None => self.negative(ResponseCode::NXDomain),
+                Some(records) => self.positive(&fqdn, qtype, records),
+            };
+        }
+        match self.reverse.get(&fqdn) {
+            Some(records) => self.positive(&fqdn, qtype, records),
+            None => Answer::NotInZone,
+        }
+    }
+
+    fn positive(&self, qname: &Name, qtype: RecordType, records: &[Record]) -> Answer {
+        let cname = records
+            .iter()
+            .find(|r| r.record_type() == RecordType::CNAME);
+        let answers: Vec<Record> = match cname {
+            Some(c) if qtype != RecordType::CNAME => vec![c.clone()],
+            _ => records
+                .iter()
+                .filter(|r| qtype == RecordType::ANY || r.record_type() == qtype)
+                .cloned()
+                .collect(),
+        };
+        if answers.is_empty() {
+            return self.negative(ResponseCode::NoError);
+        }
+        let answers = answers
+            .into_iter()
+            .map(|mut r| {
+                r.name = qname.clone();
+                r
+            })
+            .collect();
+        Answer::Authoritative {
+            rcode: ResponseCode::NoError,
+            answers,
+            authority: Vec::new(),
+        }
+    }
+
+    fn negative(&self, rcode: ResponseCode) -> Answer {
+        Answer::Authoritative {
+            rcode,
+            answers: Vec::new(),
+            authority: vec![self.soa.clone()],
+        }
+    }
+
+    /// Builds the zone from the objects. Objects whose names cannot be DNS names are
+    /// skipped with a warning; the rest of the zone is unaffected.
+    pub fn build(snapshot: &Snapshot, config: &ZoneConfig) -> Zone {
+        let mut b = Builder::new(config);
+        let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+        for ((ns, _), slice) in &snapshot.endpoint_slices {
+            let labels = slice.metadata.labels.as_ref();
+            if let Some(svc) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) {
+                slices
+                    .entry((ns.as_str(), svc.as_str()))
+                    .or_default()
+                    .push(slice);
+            }
+        }
+        for ((ns, name), svc) in &snapshot.services {
+            let svc_slices = slices
+                .get(&(ns.as_str(), name.as_str()))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if let Err(e) = b.service(ns, name, svc, svc_slices) {
+                b.warnings.push(format!("service {ns}/{name}: {e}"));
+            }
+        }
+        b.finish()
+    }
+}
+
+struct Builder<'c> {
+    config: &'c ZoneConfig,
+    names: HashMap<Name, Vec<Record>>,
+    reverse: HashMap<Name, Vec<Record>>,
+    warnings: Vec<String>,
+}
+
+type BuildResult = Result<(), String>;
+
+fn name_err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// An endpoint address as a DNS label: `10.0.0.1` → `10-0-0-1`, `fd00::1` → `fd00--1`.
+fn dashed(ip: IpAddr) -> String {
+    ip.to_string().replace(['.', ':'], "-")
+}
+
+impl<'c> Builder<'c> {
+    fn new(config: &'c ZoneConfig) -> Self {
+        let mut b = Builder {
+            config,
+            names: HashMap::new(),
+            reverse: HashMap::new(),
+            warnings: Vec::new(),
+        };
+        let origin = &config.origin;
+        let ns_name = Name::from_ascii("ns.dns")
+            .and_then(|n| n.append_domain(origin))
+            .expect("a valid zone has room for ns.dns");
+        b.add(origin.clone(), RData::SOA(b.soa_rdata(&ns_name)));
+        b.add(origin.clone(), RData::NS(NS(ns_name.clone())));
+        for ip in &config.ns_addresses {
+            b.add(ns_name.clone(), address(*ip));
+        }
+        let version = Name::from_ascii("dns-version")
+            .and_then(|n| n.append_domain(origin))
+            .expect("a valid zone has room for dns-version");
+        b.add(
+            version,
+            RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_string()])),
+        );
+        b
+    }
+
+    fn soa_rdata(&self, ns_name: &Name) -> SOA {
+        let rname = Name::from_ascii("hostmaster")
+            .and_then(|n| n.append_domain(&self.config.origin))
+            .expect("a valid zone has room for hostmaster");
+        // Refresh/retry/expire as CoreDNS publishes them; they matter only to secondaries.
+        SOA::new(
+            ns_name.clone(),
+            rname,
+            self.config.serial,
+            7200,
+            1800,
+            86400,
+            self.config.ttl,
+        )
+    }
+
+    /// Adds a record (once) and makes every name between it and the origin exist.
+    fn add(&mut self, name: Name, data: RData) {
+        let record = Record::from_rdata(name.clone(), self.config.ttl, data);
+        let mut parent = name.base_name();
+        let records = self.names.entry(name).or_default();
+        if !records.contains(&record) {
+            records.push(record);
+        }
+        while parent.num_labels() > self.config.origin.num_labels() {
+            let next = parent.base_name();
+            self.names.entry(parent).or_default();
+            parent = next;
+        }
+    }
+
+    /// Makes a name exist with no records (a headless service without ready endpoints
+    /// answers NODATA, not NXDOMAIN: the service exists).
+    fn touch(&mut self, name: Name) {
+        let mut n = name;
+        while n.num_labels() > self.config.origin.num_labels() {
+            let next = n.base_name();
+            self.names.entry(n).or_default();
+            n = next;
+        }
+    }
+
+    fn add_ptr(&mut self, ip: IpAddr, target: &Name) {
+        let owner = Name::from(ip);
+        let record = Record::from_rdata(
+            owner.clone(),
+            self.config.ttl,
+            RData::PTR(PTR(target.clone())),
+        );
+        let records = self.reverse.entry(owner).or_default();
+        if !records.contains(&record) {
+            records.push(record);
+        }
+    }
+
+    fn service(
+        &mut self,
+        ns: &str,
+        name: &str,
+        svc: &Service,
+        slices: &[&EndpointSlice],
+    ) -> BuildResult {
+        let base = Name::from_labels([name, ns, "svc"])
+            .and_then(|n| n.append_domain(&self.config.origin))
+            .map_err(name_err)?;
+        let Some(spec) = svc.spec.as_ref() else {
+            return Err("no spec".into());
+        };
+        if spec.type_.as_deref() == Some("ExternalName") {
+            let ext = spec.external_name.as_deref().unwrap_or_default();
+            let mut target =
+                Name::from_ascii(ext).map_err(|e| format!("externalName {ext:?}: {e}"))?;
+            target.set_fqdn(true);
+            if target.is_root() {
+                return Err("externalName is empty".into());
+            }
+            self.add(base, RData::CNAME(CNAME(target)));
+            return Ok(());
+        }
+        let cluster_ips: Vec<&str> = match (&spec.cluster_ips, &spec.cluster_ip) {
+            (Some(ips), _) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
+            (_, Some(ip)) => vec![ip.as_str()],
+            _ => Vec::new(),
+        };
+        if cluster_ips.contains(&"None") {
+            return self.headless(&base, svc, slices);
+        }
+        self.touch(base.clone());
+        for ip in cluster_ips {
+            let ip: IpAddr = match ip.parse() {
+                Ok(ip) => ip,
+                Err(_) => {
+                    self.warnings.push(format!(
+                        "service {ns}/{name}: clusterIP {ip:?} is not an IP"
+                    ));
+                    continue;
+                }
+            };
+            self.add(base.clone(), address(ip));
+            self.add_ptr(ip, &base);
+        }
+        for port in spec.ports.iter().flatten() {
+            let Some(pname) = port.name.as_deref().filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let proto = port.protocol.as_deref().unwrap_or("TCP");
+            let Ok(number) = u16::try_from(port.port) else {
+                continue;
+            };
+            let owner = srv_name(pname, proto, &base).map_err(name_err)?;
+            self.add(owner, RData::SRV(SRV::new(0, 100, number, base.clone())));
+        }
+        Ok(())
+    }
+
+    fn headless(&mut self, base: &Name, svc: &Service, slices: &[&EndpointSlice]) -> BuildResult {
+        self.touch(base.clone());
+        let publish_not_ready = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.publish_not_ready_addresses)
+            .unwrap_or(false);
+        for slice in slices {
+            if slice.address_type == "FQDN" {
+                continue;
+            }
+            for ep in slice.endpoints.iter().flatten() {
+                let ready = ep.conditions.as_ref().and_then(|c| c.ready) != Some(false);
+                if !(ready || publish_not_ready) {
+                    continue;
+                }
+                for addr in &ep.addresses {
+                    let Ok(ip) = addr.parse::<IpAddr>() else {
+                        self.warnings
+                            .push(format!("endpoint address {addr:?} is not an IP"));
+                        continue;
+                    };
+                    let label = ep.hostname.clone().unwrap_or_else(|| dashed(ip));
+                    let host = match base.prepend_label(label.as_str()) {
+                        Ok(h) => h,
+                        Err(e) => {
+                            self.warnings
+                                .push(format!("endpoint hostname {label:?}: {e}"));
+                            continue;
+                        }
+                    };
+                    self.add(base.clone(), address(ip));
+                    self.add(host.clone(), address(ip));
+                    self.add_ptr(ip, &host);
+                    for port in slice.ports.iter().flatten() {
+                        let (Some(pname), Some(number)) = (
+                            port.name.as_deref().filter(|n| !n.is_empty()),
+                            port.port.and_then(|p| u16::try_from(p).ok()),
+                        ) else {
+                            continue;
+                        };
+                        let proto = port.protocol.as_deref().unwrap_or("TCP");
+                        let owner = srv_name(pname, proto, base).map_err(name_err)?;
+                        self.add(owner, RData::SRV(SRV::new(0, 100, number, host.clone())));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Zone {
+        let soa = self.names[&self.config.origin]
+            .iter()
+            .find(|r| r.record_type() == RecordType::SOA)
+            .expect("the builder adds the SOA first")
+            .clone();
+        Zone {
+            origin: self.config.origin.clone(),
+            ttl: self.config.ttl,
+            soa,
+            names: self.names,
+            reverse: self.reverse,
+            warnings: self.warnings,
+        }
+    }
+}
+
+fn address(ip: IpAddr) -> RData {
+    match ip {
+        IpAddr::V4(v4) => RData::A(v4.into()),
+        IpAddr::V6(v6) => RData::AAAA(v6.into()),
+    }
+}
+
+/// `_<port>._<proto>.<base>`, protocol lower-cased (`TCP` → `_tcp`).
+fn srv_name(port: &str, proto: &str, base: &Name) -> Result<Name, hickory_proto::ProtoError> {
+    base.prepend_label(format!("_{}", proto.to_ascii_lowercase()).as_str())?
+        .prepend_label(format!("_{port}").as_str())
+}

@@ -1,0 +1,241 @@
+//! The serving loops over real sockets on 127.0.0.1 (no root needed): UDP answers and
+//! errors, TCP pipelining, and the TCP bounds (trickle, idle, per-connection queries,
+//! connection cap) that keep a misbehaving client from holding the server.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{Name, RecordType};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use weir_dns::server::{serve_tcp, serve_udp};
+use weir_dns::{Handler, ServerConfig, Zone, ZoneConfig, ZoneHandle};
+
+fn handler() -> Handler {
+    let yaml = include_str!("fixtures/cluster.yaml");
+    let parsed = weir_source::parse_manifest(Path::new("cluster.yaml"), yaml);
+    let snapshot = weir_model::Snapshot::from_objects(&parsed.objects);
+    let zone = Zone::build(&snapshot, &ZoneConfig::new("cluster.local").unwrap());
+    Handler::new(ZoneHandle::new(zone), None)
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        max_tcp_connections: 2,
+        tcp_idle_timeout: Duration::from_millis(500),
+        tcp_message_timeout: Duration::from_millis(200),
+        tcp_queries_per_connection: 3,
+        tcp_in_flight_per_connection: 4,
+        udp_workers: 1,
+    }
+}
+
+async fn tcp_server() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(serve_tcp(l, handler(), config()));
+    addr
+}
+
+fn query(name: &str, qtype: RecordType) -> Vec<u8> {
+    let mut m = Message::query();
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    m.to_vec().unwrap()
+}
+
+fn framed(msg: &[u8]) -> Vec<u8> {
+    let mut v = (msg.len() as u16).to_be_bytes().to_vec();
+    v.extend_from_slice(msg);
+    v
+}
+
+async fn read_answer(s: &mut TcpStream) -> Option<Message> {
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).await.ok()?;
+    let mut buf = vec![0u8; u16::from_be_bytes(len).into()];
+    s.read_exact(&mut buf).await.ok()?;
+    Some(Message::from_vec(&buf).unwrap())
+}
+
+/// Waits (bounded) for the server to close the connection.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(limit, s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test]
+async fn udp_answers_and_rejects() {
+    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = sock.local_addr().unwrap();
+    tokio::spawn(serve_udp(sock, handler()));
+    let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    client.connect(addr).await.unwrap();
+    let mut buf = vec![0u8; 2048];
+
+    client
+        .send(&query("web.shop.svc.cluster.local.", RecordType::A))
+        .await
+        .unwrap();
+    let n = client.recv(&mut buf).await.unwrap();
+    let m = Message::from_vec(&buf[..n]).unwrap();
+    assert_eq!(m.answers.len(), 1);
+    assert!(m.metadata.authoritative);
+
+    // Outside the zone without a forwarder: REFUSED.
+    client
+        .send(&query("example.com.", RecordType::A))
+        .await
+        .unwrap();
+    let n = client.recv(&mut buf).await.unwrap();
+    assert_eq!(
+        Message::from_vec(&buf[..n]).unwrap().metadata.response_code,
+        ResponseCode::Refused
+    );
+
+    // A broken question: FORMERR, and the server keeps serving.
+    let mut bad = query("web.shop.svc.cluster.local.", RecordType::A);
+    bad.truncate(20);
+    client.send(&bad).await.unwrap();
+    let n = client.recv(&mut buf).await.unwrap();
+    assert_eq!(
+        Message::from_vec(&buf[..n]).unwrap().metadata.response_code,
+        ResponseCode::FormErr
+    );
+    client
+        .send(&query("db.shop.svc.cluster.local.", RecordType::A))
+        .await
+        .unwrap();
+    let n = client.recv(&mut buf).await.unwrap();
+    assert_eq!(Message::from_vec(&buf[..n]).unwrap().answers.len(), 2);
+}
+
+#[tokio::test]
+async fn tcp_pipelined_queries_then_the_per_connection_cap() {
+    let addr = tcp_server().await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    // Four queries in one write; the connection serves three, then closes.
+    let mut all = Vec::new();
+    for name in ["web", "db", "peers", "empty"] {
+        all.extend(framed(&query(
+            &format!("{name}.shop.svc.cluster.local."),
+            RecordType::A,
+        )));
+    }
+    s.write_all(&all).await.unwrap();
+    let mut ids = 0;
+    while let Some(m) = tokio::time::timeout(Duration::from_secs(2), read_answer(&mut s))
+        .await
+        .unwrap()
+    {
+        assert_eq!(m.metadata.response_code, ResponseCode::NoError);
+        ids += 1;
+    }
+    assert_eq!(ids, 3);
+}
+
+#[tokio::test]
+async fn tcp_trickle_and_idle_connections_are_cut() {
+    let addr = tcp_server().await;
+    // Half a length prefix, then nothing: cut after the message timeout (200 ms).
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    s.write_all(&[0]).await.unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(2)).await);
+    assert!(started.elapsed() < Duration::from_millis(1500));
+
+    // A message trickled a byte at a time slower than the timeout allows.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let msg = framed(&query("web.shop.svc.cluster.local.", RecordType::A));
+    let mut cut = false;
+    for b in msg {
+        if s.write_all(&[b]).await.is_err() {
+            cut = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert!(cut || closed_within(&mut s, Duration::from_secs(2)).await);
+
+    // Idle: closed after the idle timeout (500 ms).
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    assert!(closed_within(&mut s, Duration::from_secs(3)).await);
+    assert!(started.elapsed() >= Duration::from_millis(400));
+}
+
+#[tokio::test]
+async fn tcp_connections_beyond_the_cap_are_closed_at_once() {
+    let addr = tcp_server().await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // Prove each is being served (and so holds a slot).
+        s.write_all(&framed(&query(
+            "web.shop.svc.cluster.local.",
+            RecordType::A,
+        )))
+        .await
+        .unwrap();
+        assert!(read_answer(&mut s).await.is_some());
+        held.push(s);
+    }
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    assert!(closed_within(&mut third, Duration::from_millis(300)).await);
+    // A slot frees when a connection ends.
+    drop(held.pop());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&framed(&query("db.shop.svc.cluster.local.", RecordType::A)))
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut s).await.unwrap().answers.len(), 2);
+}
+
+async fn udp_ask(handler: Handler, names: &[&str]) -> Vec<Message> {
+    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
+    let addr = sock.local_addr().unwrap();
+    tokio::spawn(serve_udp(sock, handler));
+    let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    client.connect(addr).await.unwrap();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 2048];
+    for name in names {
+        client.send(&query(name, RecordType::A)).await.unwrap();
+        let n = client.recv(&mut buf).await.unwrap();
+        out.push(Message::from_vec(&buf[..n]).unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn autopath_answers_the_first_search_expansion() {
+    let names = [
+        // A pod in `shop` looking up `web.shop` (the svc.ns form): its first query.
+        "web.shop.shop.svc.cluster.local.",
+        // No candidate has records; an unknown namespace is not rewritten.
+        "nothing.shop.svc.cluster.local.",
+        "web.shop.nons.svc.cluster.local.",
+    ];
+    let on = udp_ask(handler().with_autopath(true), &names).await;
+    let data: Vec<String> = on[0].answers.iter().map(|r| r.to_string()).collect();
+    assert_eq!(
+        data,
+        vec![
+            "web.shop.shop.svc.cluster.local. 5 IN CNAME web.shop.svc.cluster.local.",
+            "web.shop.svc.cluster.local. 5 IN A 10.96.0.20",
+        ]
+    );
+    assert_eq!(on[0].metadata.response_code, ResponseCode::NoError);
+    for m in &on[1..] {
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    }
+    // Off (the default): the first expansion is just NXDOMAIN.
+    let off = udp_ask(handler(), &names[..1]).await;
+    assert_eq!(off[0].metadata.response_code, ResponseCode::NXDomain);
+}

@@ -1,0 +1,166 @@
+//! `weir dns`: the cluster DNS server. Objects come from the same watched manifest
+//! directory as `weir proxy`; the zone is rebuilt on every change and swapped in whole.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use clap::Args;
+use tracing::{info, warn};
+use weir_dns::{
+    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, ServerConfig, Zone, ZoneConfig,
+    ZoneHandle,
+};
+use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
+
+#[derive(Debug, Args)]
+pub struct DnsArgs {
+    /// Directory of Kubernetes YAML manifests (Services, EndpointSlices), watched.
+    #[arg(long, default_value = "/etc/weir/manifests")]
+    manifests: PathBuf,
+    /// Address to serve on, UDP and TCP.
+    #[arg(long, default_value = "0.0.0.0:53")]
+    listen: SocketAddr,
+    /// The cluster domain.
+    #[arg(long, default_value = "cluster.local")]
+    zone: String,
+    /// resolv.conf-style file naming the upstream servers for names outside the zone
+    /// (without it, such names are REFUSED).
+    #[arg(long)]
+    upstream_resolv_conf: Option<PathBuf>,
+    /// TTL of the cluster zone's records, in seconds.
+    #[arg(long, default_value_t = 5)]
+    ttl: u32,
+    /// How often the manifest directory is checked for changes (`250ms`, `1s`).
+    #[arg(long, default_value = "250ms", value_parser = parse_interval)]
+    manifest_poll_interval: Duration,
+    /// Answer a pod's first search-path expansion (`<name>.<ns>.svc.<zone>`, NXDOMAIN in the
+    /// zone) with a CNAME to the first name its resolver would try next that has records.
+    #[arg(long)]
+    autopath: bool,
+    /// Worker threads of the serving runtime.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+/// `<n>ms` or `<n>s`.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let bad = || format!("{s:?}: expected e.g. 250ms or 1s");
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms.parse().map(Duration::from_millis).map_err(|_| bad());
+    }
+    let secs: f64 = s
+        .strip_suffix('s')
+        .ok_or_else(bad)?
+        .parse()
+        .map_err(|_| bad())?;
+    Duration::try_from_secs_f64(secs).map_err(|_| bad())
+}
+
+/// A serial that grows with every rebuild and across restarts (the clock), like CoreDNS's.
+fn next_serial(previous: u32) -> u32 {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(0);
+    now.max(previous.wrapping_add(1))
+}
+
+fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
+    let Some(path) = &args.upstream_resolv_conf else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut upstreams =
+        parse_resolv_conf(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    // Forwarding to ourselves would loop each query until it timed out.
+    upstreams.retain(|u| {
+        let own = *u == args.listen;
+        if own {
+            warn!("upstream {u} is this server's own address: ignored");
+        }
+        !own
+    });
+    anyhow::ensure!(
+        !upstreams.is_empty(),
+        "{}: no usable upstream",
+        path.display()
+    );
+    info!(?upstreams, "forwarding names outside the zone");
+    Ok(Some(Arc::new(Forwarder::new(ForwarderConfig::new(
+        upstreams,
+    )))))
+}
+
+pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
+    crate::init_logging();
+    let mut config = ZoneConfig::new(&args.zone).map_err(anyhow::Error::msg)?;
+    config.ttl = args.ttl;
+    let forwarder = forwarder(&args)?;
+
+    let store = SharedStore::new();
+    // One complete view before serving: a restart never answers NXDOMAIN for every service
+    // because the directory is missing or a file is still being written.
+    let mut dir = ManifestDir::new(&args.manifests);
+    crate::manifest_view::wait_for_complete_view(&mut dir, args.manifest_poll_interval, false)?;
+    store.apply(Event::Resync(dir.objects()));
+    let _watcher = watch_dir(
+        dir,
+        args.manifest_poll_interval,
+        store.clone(),
+        crate::manifest_view::log_watch_event,
+    );
+
+    let build = |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
+        config.serial = next_serial(config.serial);
+        let zone = Zone::build(snapshot, config);
+        for w in &zone.warnings {
+            warn!("zone: {w}");
+        }
+        info!(
+            services = snapshot.services.len(),
+            names = zone.name_count(),
+            serial = config.serial,
+            "zone built"
+        );
+        zone
+    };
+    let (mut seen, snapshot) = store.snapshot();
+    let handle = ZoneHandle::new(build(&mut config, &snapshot));
+    let updater = handle.clone();
+    std::thread::Builder::new()
+        .name("weir-dns-zone".into())
+        .spawn(move || loop {
+            if let Some((generation, snapshot)) = store.wait_newer(seen, Duration::from_secs(60)) {
+                seen = generation;
+                updater.store(build(&mut config, &snapshot));
+            }
+        })
+        .context("spawn the zone updater")?;
+
+    info!(listen = %args.listen, zone = %args.zone, "serving");
+    weir_dns::serve_blocking(
+        args.listen,
+        Handler::new(handle, forwarder).with_autopath(args.autopath),
+        ServerConfig::default(),
+        args.threads,
+    )
+    .with_context(|| format!("serve on {}", args.listen))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals() {
+        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert!(parse_interval("5").is_err());
+        assert!(parse_interval("-1s").is_err());
+    }
+}

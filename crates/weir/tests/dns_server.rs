@@ -1,0 +1,443 @@
+//! `weir dns` as a process (root only): the real binary in a throwaway network namespace,
+//! asked by the real `dig`, forwarding to a real NSD in a second namespace joined by a veth
+//! pair. Names: `wdn-<s|u>-<tag>-<pid>`; everything is removed on drop, even after a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{is_root, WEIR};
+
+const SERVER_IP: &str = "10.53.0.1";
+const UPSTREAM_IP: &str = "10.53.0.2";
+/// Nobody answers here: the forwarder's failover must skip it.
+const DEAD_UPSTREAM_IP: &str = "10.53.0.9";
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+struct Env {
+    server_ns: String,
+    upstream_ns: String,
+    dir: tempfile::TempDir,
+    children: Vec<Child>,
+}
+
+impl Env {
+    fn new(tag: &str) -> Env {
+        let pid = std::process::id();
+        let env = Env {
+            server_ns: format!("wdn-s-{tag}-{pid}"),
+            upstream_ns: format!("wdn-u-{tag}-{pid}"),
+            dir: tempfile::tempdir().unwrap(),
+            children: Vec::new(),
+        };
+        for ns in [&env.server_ns, &env.upstream_ns] {
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
+            run(Command::new("ip").args(["netns", "add", ns]));
+        }
+        // The veth pair is created inside the namespaces: the host's interfaces are never
+        // involved, and the names only need to be unique per namespace.
+        env.sh(
+            &env.server_ns,
+            &format!(
+                "ip link set lo up && ip link add up0 type veth peer name up0 netns {u} && \
+                 ip addr add {SERVER_IP}/24 dev up0 && ip link set up0 up && \
+                 ip -n {u} link set lo up && ip -n {u} addr add {UPSTREAM_IP}/24 dev up0 && \
+                 ip -n {u} link set up0 up",
+                u = env.upstream_ns
+            ),
+        );
+        env
+    }
+
+    fn sh(&self, ns: &str, script: &str) -> Output {
+        run(Command::new("ip").args(["netns", "exec", ns, "sh", "-c", script]))
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// NSD serving `example.test` (one A, and 100 A records that need TCP) on UPSTREAM_IP:53.
+    fn start_upstream(&mut self) {
+        let d = self.path("nsd");
+        std::fs::create_dir(&d).unwrap();
+        let mut zone = String::from(
+            "$ORIGIN example.test.\n$TTL 300\n\
+             @ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n\
+             @ IN NS ns\nns IN A 10.53.0.2\nwww IN A 192.0.2.80\n",
+        );
+        for i in 1..=100 {
+            zone.push_str(&format!("big IN A 198.51.100.{i}\n"));
+        }
+        std::fs::write(d.join("example.test.zone"), zone).unwrap();
+        let d = d.display();
+        std::fs::write(
+            self.path("nsd/nsd.conf"),
+            format!(
+                "server:\n  ip-address: {UPSTREAM_IP}\n  port: 53\n  username: \"\"\n  \
+                 chroot: \"\"\n  zonesdir: \"{d}\"\n  pidfile: \"{d}/nsd.pid\"\n  \
+                 database: \"\"\n  zonelistfile: \"{d}/zone.list\"\n  \
+                 xfrdfile: \"{d}/xfrd.state\"\n  xfrdir: \"{d}\"\n  logfile: \"{d}/nsd.log\"\n  \
+                 server-count: 1\nremote-control:\n  control-enable: no\n\
+                 zone:\n  name: example.test\n  zonefile: \"{d}/example.test.zone\"\n"
+            ),
+        )
+        .unwrap();
+        let conf = self.path("nsd/nsd.conf");
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.upstream_ns, "nsd", "-d", "-c"])
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nsd (Debian package nsd) must be installed");
+        self.children.push(child);
+        let ns = self.upstream_ns.clone();
+        wait_until("nsd answers", || {
+            dig_in(&ns, UPSTREAM_IP, &["www.example.test", "A"]).status == "NOERROR"
+        });
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.path("manifests")
+    }
+
+    fn start_weir_dns(&mut self) {
+        std::fs::create_dir(self.manifests()).unwrap();
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../dns/tests/fixtures/cluster.yaml");
+        std::fs::copy(fixture, self.manifests().join("cluster.yaml")).unwrap();
+        std::fs::write(
+            self.path("resolv.conf"),
+            format!("search example.test\nnameserver {DEAD_UPSTREAM_IP}\nnameserver {UPSTREAM_IP}\noptions ndots:5\n"),
+        )
+        .unwrap();
+        let log = std::fs::File::create(self.path("weir-dns.log")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.server_ns, WEIR, "dns", "--listen"])
+            .arg(format!("{SERVER_IP}:53"))
+            .arg("--manifests")
+            .arg(self.manifests())
+            .arg("--upstream-resolv-conf")
+            .arg(self.path("resolv.conf"))
+            .args([
+                "--zone",
+                "cluster.local",
+                "--manifest-poll-interval",
+                "100ms",
+                "--autopath",
+            ])
+            .env("RUST_LOG", "info,weir_dns=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+        wait_until("weir dns answers", || {
+            self.dig(&["dns-version.cluster.local", "TXT"]).status == "NOERROR"
+        });
+    }
+
+    fn dig(&self, args: &[&str]) -> Dig {
+        dig_in(&self.server_ns, SERVER_IP, args)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("weir-dns.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in [&self.server_ns, &self.upstream_ns] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// What dig printed, parsed.
+#[derive(Debug)]
+struct Dig {
+    status: String,
+    flags: Vec<String>,
+    /// (owner, ttl, type, data) of the answer section.
+    answers: Vec<(String, u32, String, String)>,
+    /// Types in the authority section.
+    authority: Vec<String>,
+    raw: String,
+}
+
+impl Dig {
+    fn data(&self) -> Vec<String> {
+        let mut d: Vec<String> = self.answers.iter().map(|a| a.3.clone()).collect();
+        d.sort();
+        d
+    }
+}
+
+fn dig_in(ns: &str, server: &str, args: &[&str]) -> Dig {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "dig",
+            &format!("@{server}"),
+            "+time=4",
+            "+tries=1",
+        ])
+        .args(args)
+        .output()
+        .expect("dig (bind9-dnsutils) must be installed");
+    let raw = String::from_utf8_lossy(&out.stdout).to_string();
+    let status = raw
+        .split("status: ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or("NO-ANSWER")
+        .to_string();
+    let flags = raw
+        .split(";; flags: ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .map(|s| s.split_whitespace().map(String::from).collect())
+        .unwrap_or_default();
+    let section = |title: &str| -> Vec<Vec<String>> {
+        raw.split(title)
+            .nth(1)
+            .map(|s| {
+                s.lines()
+                    .skip(1)
+                    .take_while(|l| !l.trim().is_empty())
+                    .map(|l| l.split_whitespace().map(String::from).collect())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let answers = section(";; ANSWER SECTION:")
+        .into_iter()
+        .map(|f| {
+            (
+                f[0].clone(),
+                f[1].parse().unwrap(),
+                f[3].clone(),
+                f[4..].join(" "),
+            )
+        })
+        .collect();
+    let authority = section(";; AUTHORITY SECTION:")
+        .into_iter()
+        .map(|f| f[3].clone())
+        .collect();
+    Dig {
+        status,
+        flags,
+        answers,
+        authority,
+        raw,
+    }
+}
+
+#[test]
+fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
+    if !is_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let mut env = Env::new("a");
+    env.start_upstream();
+    env.start_weir_dns();
+
+    // Every record type of the specification, as dig sees them over UDP.
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["web.shop.svc.cluster.local", "A"], &["10.96.0.20"]),
+        (&["WEB.shop.svc.Cluster.Local", "AAAA"], &["fd00:96::20"]),
+        (
+            &["db.shop.svc.cluster.local", "A"],
+            &["10.244.1.5", "10.244.2.6"],
+        ),
+        (&["db-0.db.shop.svc.cluster.local", "A"], &["10.244.1.5"]),
+        (
+            &["_http._tcp.web.shop.svc.cluster.local", "SRV"],
+            &["0 100 80 web.shop.svc.cluster.local."],
+        ),
+        (
+            &["_pg._tcp.db.shop.svc.cluster.local", "SRV"],
+            &[
+                "0 100 5432 10-244-2-6.db.shop.svc.cluster.local.",
+                "0 100 5432 db-0.db.shop.svc.cluster.local.",
+                "0 100 5432 db-9.db.shop.svc.cluster.local.",
+            ],
+        ),
+        (&["-x", "10.96.0.20"], &["web.shop.svc.cluster.local."]),
+        (&["-x", "10.244.1.5"], &["db-0.db.shop.svc.cluster.local."]),
+        (
+            &["ext.shop.svc.cluster.local", "CNAME"],
+            &["db.example.com."],
+        ),
+        (&["dns-version.cluster.local", "TXT"], &["\"1.0.1\""]),
+        (&["cluster.local", "NS"], &["ns.dns.cluster.local."]),
+    ];
+    for (args, want) in cases {
+        let d = env.dig(args);
+        assert_eq!(d.status, "NOERROR", "{args:?}\n{}", d.raw);
+        assert!(
+            d.flags.contains(&"aa".to_string()),
+            "{args:?}: {:?}",
+            d.flags
+        );
+        assert_eq!(d.data(), *want, "{args:?}\n{}", d.raw);
+        assert!(d.answers.iter().all(|a| a.1 == 5), "TTL 5: {}", d.raw);
+    }
+    let soa = env.dig(&["cluster.local", "SOA"]);
+    assert!(
+        soa.data()[0].starts_with("ns.dns.cluster.local. hostmaster.cluster.local. "),
+        "{}",
+        soa.raw
+    );
+
+    // TCP gives the same answers.
+    let tcp = env.dig(&["+tcp", "db.shop.svc.cluster.local", "A"]);
+    assert_eq!(tcp.data(), vec!["10.244.1.5", "10.244.2.6"], "{}", tcp.raw);
+
+    // Outside the zone: forwarded to NSD, past the dead first upstream (one timeout, then it
+    // is skipped), not authoritative, recursion available.
+    let started = Instant::now();
+    let www = env.dig(&["www.example.test", "A"]);
+    assert_eq!(www.status, "NOERROR", "{}\n{}", www.raw, env.log());
+    assert_eq!(www.data(), vec!["192.0.2.80"]);
+    assert!(!www.flags.contains(&"aa".to_string()) && www.flags.contains(&"ra".to_string()));
+    // It cannot be faster than the attempt timeout (1.5 s) at the dead upstream: this
+    // proves the dead one was tried first and failed over, and that no earlier query had
+    // been forwarded (positive in-zone answers never are).
+    assert!(
+        started.elapsed() >= Duration::from_millis(1400),
+        "{:?}\n{}",
+        started.elapsed(),
+        env.log()
+    );
+    let started = Instant::now();
+    let nx_out = env.dig(&["missing.example.test", "A"]);
+    assert_eq!(nx_out.status, "NXDOMAIN", "{}", nx_out.raw);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the dead upstream is skipped once marked down: {:?}",
+        started.elapsed()
+    );
+    // NXDOMAIN vs NODATA, both with the SOA for negative caching. (With autopath, the
+    // NXDOMAIN name is first tried as a search expansion: `nope.` goes upstream too.)
+    let nodata = env.dig(&["db-0.db.shop.svc.cluster.local", "AAAA"]);
+    assert_eq!(
+        (nodata.status.as_str(), nodata.answers.len()),
+        ("NOERROR", 0),
+        "{}",
+        nodata.raw
+    );
+    assert_eq!(nodata.authority, vec!["SOA"]);
+    let nx = env.dig(&["nope.shop.svc.cluster.local", "A"]);
+    assert_eq!(nx.status, "NXDOMAIN", "{}", nx.raw);
+    assert_eq!(nx.authority, vec!["SOA"]);
+
+    // 100 records: NSD truncates over UDP, the forwarder retries over TCP, and weir's own
+    // UDP answer is truncated to 1232 bytes with TC; dig retries over TCP and gets them all.
+    let big = env.dig(&["+bufsize=1232", "big.example.test", "A"]);
+    assert_eq!(big.answers.len(), 100, "{}", big.raw);
+    let cut = env.dig(&["+bufsize=1232", "+ignore", "big.example.test", "A"]);
+    assert!(cut.flags.contains(&"tc".to_string()), "{}", cut.raw);
+    // The ExternalName chased through the forwarder: CNAME, then the target's addresses.
+    std::fs::write(
+        env.manifests().join("ext2.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: ext2, namespace: shop}\n\
+         spec: {type: ExternalName, externalName: www.example.test}\n",
+    )
+    .unwrap();
+    wait_until("ext2 appears", || {
+        env.dig(&["ext2.shop.svc.cluster.local", "A"]).status == "NOERROR"
+    });
+    let chased = env.dig(&["ext2.shop.svc.cluster.local", "A"]);
+    assert_eq!(
+        chased.data(),
+        vec!["192.0.2.80", "www.example.test."],
+        "{}",
+        chased.raw
+    );
+
+    // Autopath: a pod in `shop` looking up `www.example.test` (fewer dots than ndots:5)
+    // first asks for it under its namespace's search domain; one answer ends the search.
+    let first = env.dig(&["www.example.test.shop.svc.cluster.local", "A"]);
+    assert_eq!(first.status, "NOERROR", "{}", first.raw);
+    assert_eq!(
+        first.data(),
+        vec!["192.0.2.80", "www.example.test."],
+        "{}",
+        first.raw
+    );
+    let none = env.dig(&["nothing.example.test.shop.svc.cluster.local", "A"]);
+    assert_eq!(none.status, "NXDOMAIN", "{}", none.raw);
+
+    // Garbage on the wire changes nothing.
+    env.sh(
+        &env.server_ns,
+        &format!(
+            "bash -c 'for i in 1 2 3 4 5 6 7 8; do head -c $((i * 40)) /dev/urandom > /dev/udp/{SERVER_IP}/53; done'"
+        ),
+    );
+
+    // A zone change is served within one second of the file being written.
+    let written = Instant::now();
+    std::fs::write(
+        env.manifests().join("late.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: late, namespace: shop}\n\
+         spec: {clusterIP: 10.96.0.77}\n",
+    )
+    .unwrap();
+    loop {
+        let d = env.dig(&["late.shop.svc.cluster.local", "A"]);
+        if d.data() == vec!["10.96.0.77"] {
+            break;
+        }
+        assert!(
+            written.elapsed() < Duration::from_secs(1),
+            "change not served within 1 s: {}\n{}",
+            d.raw,
+            env.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("zone change served after {:?}", written.elapsed());
+    // And a deletion.
+    std::fs::remove_file(env.manifests().join("late.yaml")).unwrap();
+    wait_until("late is gone", || {
+        env.dig(&["late.shop.svc.cluster.local", "A"]).status == "NXDOMAIN"
+    });
+    // Still alive after all of it.
+    assert_eq!(
+        env.dig(&["web.shop.svc.cluster.local", "A"]).data(),
+        vec!["10.96.0.20"]
+    );
+}
