@@ -727,9 +727,14 @@ fn outside_flushes(a: &mut Agent) {
                 assert!(!a.solo_answers(), "`{flush}` did not break solo");
             }
         });
-        a.wait_for(&format!("repair of `{flush}`"), || {
-            normalized(a) == before && a.solo_answers()
-        });
+        let repaired = || normalized(a) == before && a.solo_answers();
+        if !a.wait_until(Duration::from_secs(15), repaired) {
+            panic!(
+                "`{flush}` not repaired within 15 s\nbefore:\n{before}\nnow:\n{}\nproxy log:\n{}",
+                normalized(a),
+                a.log()
+            );
+        }
         let took = start.elapsed();
         assert!(took < Duration::from_secs(5), "`{flush}`: {took:?}");
         eprintln!("{}: `{flush}` repaired after {took:?}", a.mode);

@@ -260,6 +260,18 @@ impl Agent {
     }
 
     /// Polls `cond` every 50 ms for up to 15 s; panics with the proxy's log on timeout.
+    /// Polls `cond` every 50 ms until it holds (true) or `limit` passes (false).
+    pub fn wait_until(&self, limit: Duration, cond: impl Fn() -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        while !cond() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
+    }
+
     pub fn wait_for(&self, what: &str, cond: impl Fn() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(15);
         while !cond() {
