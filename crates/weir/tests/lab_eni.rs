@@ -1,6 +1,7 @@
 //! End-to-end tests of the `eni` lab topology (weir_lab::ENI_TOPOLOGY): pods of two nodes on
 //! addressless secondary ENIs behind a VPC router with a source check, strict rp_filter on every
-//! node interface, `weir proxy` on every node. With weir's fix the whole matrix and every service
+//! node interface, `weir proxy` on every node (or upstream kube-proxy's iptables or nftables rule
+//! shapes, `--proxy-mode kube-proxy-*`). With weir's fix the whole matrix and every service
 //! probe pass and nothing is dropped; with `eniFix: false` the brief's failure happens and the
 //! counters show where. Needs root.
 //!
@@ -119,15 +120,39 @@ fn eni_lab_with_the_fix_passes_everything_iptables() {
 }
 
 #[test]
+fn eni_lab_with_the_fix_passes_everything_kube_proxy_iptables() {
+    with_the_fix("ekpi", "kube-proxy-iptables");
+}
+
+#[test]
+fn eni_lab_with_the_fix_passes_everything_kube_proxy_nftables() {
+    with_the_fix("ekpn", "kube-proxy-nftables");
+}
+
+#[test]
 fn eni_lab_without_the_fix_fails_as_the_brief_says() {
+    without_the_fix("eoff", "nftables");
+}
+
+#[test]
+fn eni_lab_without_the_fix_fails_as_the_brief_says_kube_proxy_iptables() {
+    without_the_fix("eoffi", "kube-proxy-iptables");
+}
+
+#[test]
+fn eni_lab_without_the_fix_fails_as_the_brief_says_kube_proxy_nftables() {
+    without_the_fix("eoffn", "kube-proxy-nftables");
+}
+
+fn without_the_fix(tag: &str, mode: &str) {
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
     }
     weir_cni();
-    let lab = Lab::new("eoff");
+    let lab = Lab::new(tag);
     let topo = topology(&lab, false);
-    let up = lab.ok(&["lab", "up", topo.to_str().unwrap()]);
+    let up = lab.ok(&["lab", "up", topo.to_str().unwrap(), "--proxy-mode", mode]);
     assert!(
         String::from_utf8_lossy(&up.stderr).contains("weir's fix removed"),
         "{}",
