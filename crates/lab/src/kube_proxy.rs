@@ -619,9 +619,14 @@ pub fn install(mode: Mode, input: &Input) -> anyhow::Result<()> {
             run_in(netns, &["ip", "-b", "-"], &links)?;
             run_in(netns, &["ipset", "restore"], &r.ipset)?;
             run_in(netns, &["ipvsadm", "-R"], &r.ipvsadm)?;
-            for (key, value) in &r.sysctls {
-                run_in(netns, &["sysctl", "-qw", &format!("{key}={value}")], "")?;
-            }
+            // one process for all of them: every exec counts in the test VM
+            let mut args = vec!["sysctl".to_string(), "-qw".to_string()];
+            args.extend(r.sysctls.iter().map(|(k, v)| format!("{k}={v}")));
+            run_in(
+                netns,
+                &args.iter().map(String::as_str).collect::<Vec<_>>(),
+                "",
+            )?;
             run_in(netns, &["iptables-restore", "--noflush"], &r.iptables)
         }
     }

@@ -924,8 +924,9 @@ pub(crate) mod tests {
         assert_eq!(count("dns"), 4);
         // shop: cluster-ip ×2, hairpin, host, node-port-local on a and b.
         assert_eq!(count("shop"), 6);
-        // api: cluster-ip ×2, hairpin, host, node-port on a and b, lb from outside and a pod.
-        assert_eq!(count("api"), 8);
+        // api: cluster-ip ×2, hairpin, host, node-port on a and b, lb from outside and a pod,
+        // a pod to the NodePort of a and of b.
+        assert_eq!(count("api"), 10);
         // gone: cluster-ip and node port, both rejected.
         assert_eq!(count("gone"), 2);
 

@@ -107,6 +107,45 @@ fn with_the_fix(tag: &str, mode: &str) {
         "net.ipv4.conf.eth1.rp_filter",
     ]);
     assert_eq!(String::from_utf8_lossy(&rp.stdout), "1\n1\n");
+    assert_kube_proxy_shapes(&lab, mode, &json);
+}
+
+/// With a kube-proxy kind no `weir proxy` runs: the rules the probes went through are the static
+/// kube-proxy-shaped ones.
+fn assert_kube_proxy_shapes(lab: &Lab, mode: &str, json: &Value) {
+    let ruleset = |args: &[&str]| {
+        let mut all = vec!["lab", "exec", &lab.name, "a", "--"];
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&lab.ok(&all).stdout).into_owned()
+    };
+    match mode {
+        "kube-proxy-iptables" => {
+            assert_eq!(
+                json["proxies"],
+                serde_json::json!([]),
+                "{}",
+                json["proxies"]
+            );
+            let nat = ruleset(&["iptables-save", "-t", "nat"]);
+            assert!(
+                nat.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"),
+                "{nat}"
+            );
+            assert!(nat.contains("-j KUBE-EXT-"), "{nat}");
+        }
+        "kube-proxy-nftables" => {
+            assert_eq!(
+                json["proxies"],
+                serde_json::json!([]),
+                "{}",
+                json["proxies"]
+            );
+            let t = ruleset(&["nft", "list", "table", "ip", "kube-proxy"]);
+            assert!(t.contains("map service-ips"), "{t}");
+            assert!(t.contains("masquerade fully-random"), "{t}");
+        }
+        _ => {}
+    }
 }
 
 #[test]

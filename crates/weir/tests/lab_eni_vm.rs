@@ -53,6 +53,9 @@ exit 0
     assert_eq!(out.status, 0, "script failed:\n{stderr}\n{stdout}");
     let json: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("check --json: {e}\nstdout:\n{stdout}\nstderr:\n{stderr}"));
+    // `lab up`'s progress (with per-step timings), check's status, ipvsadm -Ln: shown with
+    // --nocapture, and in every assertion message below
+    eprintln!("{tag}:\n{stderr}");
     Some((stderr.contains("check status 0"), json, stderr))
 }
 
