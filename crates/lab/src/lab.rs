@@ -127,10 +127,16 @@ fn build(
     std::fs::write(dir.topology(), topo.to_yaml())?;
 
     let pod_count = topo.pods().count();
-    let proxy_mode = topo.proxy.mode();
+    let proxy_mode = topo.proxy.weir_mode();
     let mut steps = Steps {
         done: 0,
-        total: 2 + topo.nodes.len() + 1 + pod_count + 1 + 1 + usize::from(proxy_mode.is_some()),
+        total: 2
+            + topo.nodes.len()
+            + 1
+            + pod_count
+            + 1
+            + 1
+            + usize::from(topo.proxy.mode().is_some()),
         out: progress,
     };
     let allocations = topo.allocate()?;
@@ -405,6 +411,26 @@ fn build(
             ms(t)
         ));
     }
+    // Or upstream kube-proxy's rule shapes, written once on every node.
+    if let Some(mode) = topo.proxy.kube_proxy() {
+        let t = Instant::now();
+        for node in &state.nodes {
+            let input = crate::kube_proxy::Input {
+                state: &state,
+                node,
+                cluster_cidr: topo.cluster_cidr,
+                service_cidr: topo.service_cidr,
+            };
+            crate::kube_proxy::install(mode, &input)
+                .with_context(|| format!("node {}: {}", node.name, topo.proxy.describe()))?;
+        }
+        steps.step(&format!(
+            "proxies: {} on {} nodes ({} ms)",
+            topo.proxy.describe(),
+            state.nodes.len(),
+            ms(t)
+        ));
+    }
     Ok(state)
 }
 
@@ -452,8 +478,11 @@ pub fn restart_proxy(
     let mut state = load_state(lab, root)?;
     let topo = Topology::parse(&std::fs::read_to_string(dir.topology())?)
         .map_err(|e| anyhow!("{}: {e}", dir.topology().display()))?;
-    let Some(mode) = state.proxy.mode() else {
-        bail!("lab {lab} runs no proxy (proxy: none)");
+    let Some(mode) = state.proxy.weir_mode() else {
+        bail!(
+            "lab {lab} runs no weir proxy ({}): nothing to restart",
+            state.proxy.describe()
+        );
     };
     let node_state = state
         .nodes

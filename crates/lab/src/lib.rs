@@ -10,6 +10,7 @@
 pub mod cni;
 pub mod echo;
 pub mod eni;
+pub mod kube_proxy;
 pub mod lab;
 pub mod manifests;
 pub mod matrix;

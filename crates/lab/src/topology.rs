@@ -148,41 +148,90 @@ impl CniKind {
 
 /// Which service proxy the lab runs on every node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum ProxyKind {
     /// `weir proxy --proxy-mode nftables`.
     #[default]
     Nftables,
     /// `weir proxy --proxy-mode iptables`.
     Iptables,
+    /// No `weir proxy`: upstream kube-proxy's iptables-mode rules, written once
+    /// ([`crate::kube_proxy`]).
+    KubeProxyIptables,
+    /// Upstream kube-proxy's nftables-mode rules (table `ip kube-proxy`), written once.
+    KubeProxyNftables,
+    /// Upstream kube-proxy's ipvs-mode rules (`kube-ipvs0`, ipsets, IPVS virtual servers);
+    /// needs a kernel with IPVS and `dummy`.
+    KubeProxyIpvs,
     /// No proxy: services are written as manifests but nothing serves them.
     None,
 }
 
 impl ProxyKind {
+    pub const ALL: [ProxyKind; 6] = [
+        ProxyKind::Nftables,
+        ProxyKind::Iptables,
+        ProxyKind::KubeProxyIptables,
+        ProxyKind::KubeProxyNftables,
+        ProxyKind::KubeProxyIpvs,
+        ProxyKind::None,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ProxyKind::Nftables => "nftables",
             ProxyKind::Iptables => "iptables",
+            ProxyKind::KubeProxyIptables => "kube-proxy-iptables",
+            ProxyKind::KubeProxyNftables => "kube-proxy-nftables",
+            ProxyKind::KubeProxyIpvs => "kube-proxy-ipvs",
             ProxyKind::None => "none",
         }
     }
 
-    /// The `--proxy-mode` of `weir proxy`, if a proxy runs.
+    /// The proxy's name if something serves the lab's services.
     pub fn mode(self) -> Option<&'static str> {
         (self != ProxyKind::None).then(|| self.as_str())
+    }
+
+    /// The `--proxy-mode` of `weir proxy`, if the lab runs it.
+    pub fn weir_mode(self) -> Option<&'static str> {
+        matches!(self, ProxyKind::Nftables | ProxyKind::Iptables).then(|| self.as_str())
+    }
+
+    /// The upstream kube-proxy mode whose rules the lab writes instead of running a proxy.
+    pub fn kube_proxy(self) -> Option<crate::kube_proxy::Mode> {
+        use crate::kube_proxy::Mode;
+        match self {
+            ProxyKind::KubeProxyIptables => Some(Mode::Iptables),
+            ProxyKind::KubeProxyNftables => Some(Mode::Nftables),
+            ProxyKind::KubeProxyIpvs => Some(Mode::Ipvs),
+            _ => None,
+        }
+    }
+
+    /// For humans: "weir proxy, nftables mode" / "kube-proxy-shaped ipvs rules".
+    pub fn describe(self) -> String {
+        match (self.weir_mode(), self.kube_proxy()) {
+            (Some(m), _) => format!("weir proxy, {m} mode"),
+            (None, Some(_)) => format!(
+                "upstream kube-proxy's {} rules, static",
+                self.as_str().trim_start_matches("kube-proxy-")
+            ),
+            _ => "no proxy".into(),
+        }
     }
 }
 
 impl std::str::FromStr for ProxyKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "nftables" => Ok(ProxyKind::Nftables),
-            "iptables" => Ok(ProxyKind::Iptables),
-            "none" => Ok(ProxyKind::None),
-            _ => Err(format!("unknown proxy {s:?} (nftables, iptables or none)")),
-        }
+        ProxyKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = ProxyKind::ALL.iter().map(|k| k.as_str()).collect();
+                format!("unknown proxy {s:?} ({})", names.join(", "))
+            })
     }
 }
 

@@ -35,6 +35,12 @@ enum TopologyArg {
 enum ProxyArg {
     Nftables,
     Iptables,
+    /// Upstream kube-proxy's iptables-mode rule shapes, written once (no weir proxy).
+    KubeProxyIptables,
+    /// Upstream kube-proxy's nftables-mode rule shapes (table `ip kube-proxy`).
+    KubeProxyNftables,
+    /// Upstream kube-proxy's ipvs-mode rule shapes (needs IPVS and dummy in the kernel).
+    KubeProxyIpvs,
     None,
 }
 
@@ -43,6 +49,9 @@ impl From<ProxyArg> for ProxyKind {
         match p {
             ProxyArg::Nftables => ProxyKind::Nftables,
             ProxyArg::Iptables => ProxyKind::Iptables,
+            ProxyArg::KubeProxyIptables => ProxyKind::KubeProxyIptables,
+            ProxyArg::KubeProxyNftables => ProxyKind::KubeProxyNftables,
+            ProxyArg::KubeProxyIpvs => ProxyKind::KubeProxyIpvs,
             ProxyArg::None => ProxyKind::None,
         }
     }
@@ -326,13 +335,14 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 )
             }
             None => {}
-            Some(mode) => {
+            Some(_) => {
                 if !svc_results.is_empty() {
                     print!("{}", services::render(state, &svc_results));
                 }
                 println!(
-                    "{} (weir proxy, {mode} mode)",
-                    services::summary(&svc_results)
+                    "{} ({})",
+                    services::summary(&svc_results),
+                    state.proxy.describe()
                 );
             }
         }

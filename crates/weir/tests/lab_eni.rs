@@ -1,6 +1,7 @@
 //! End-to-end tests of the `eni` lab topology (weir_lab::ENI_TOPOLOGY): pods of two nodes on
 //! addressless secondary ENIs behind a VPC router with a source check, strict rp_filter on every
-//! node interface, `weir proxy` on every node. With weir's fix the whole matrix and every service
+//! node interface, `weir proxy` on every node (or upstream kube-proxy's iptables or nftables rule
+//! shapes, `--proxy-mode kube-proxy-*`). With weir's fix the whole matrix and every service
 //! probe pass and nothing is dropped; with `eniFix: false` the brief's failure happens and the
 //! counters show where. Needs root.
 //!
@@ -106,6 +107,45 @@ fn with_the_fix(tag: &str, mode: &str) {
         "net.ipv4.conf.eth1.rp_filter",
     ]);
     assert_eq!(String::from_utf8_lossy(&rp.stdout), "1\n1\n");
+    assert_kube_proxy_shapes(&lab, mode, &json);
+}
+
+/// With a kube-proxy kind no `weir proxy` runs: the rules the probes went through are the static
+/// kube-proxy-shaped ones.
+fn assert_kube_proxy_shapes(lab: &Lab, mode: &str, json: &Value) {
+    let ruleset = |args: &[&str]| {
+        let mut all = vec!["lab", "exec", &lab.name, "a", "--"];
+        all.extend_from_slice(args);
+        String::from_utf8_lossy(&lab.ok(&all).stdout).into_owned()
+    };
+    match mode {
+        "kube-proxy-iptables" => {
+            assert_eq!(
+                json["proxies"],
+                serde_json::json!([]),
+                "{}",
+                json["proxies"]
+            );
+            let nat = ruleset(&["iptables-save", "-t", "nat"]);
+            assert!(
+                nat.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"),
+                "{nat}"
+            );
+            assert!(nat.contains("-j KUBE-EXT-"), "{nat}");
+        }
+        "kube-proxy-nftables" => {
+            assert_eq!(
+                json["proxies"],
+                serde_json::json!([]),
+                "{}",
+                json["proxies"]
+            );
+            let t = ruleset(&["nft", "list", "table", "ip", "kube-proxy"]);
+            assert!(t.contains("map service-ips"), "{t}");
+            assert!(t.contains("masquerade fully-random"), "{t}");
+        }
+        _ => {}
+    }
 }
 
 #[test]
@@ -119,15 +159,39 @@ fn eni_lab_with_the_fix_passes_everything_iptables() {
 }
 
 #[test]
+fn eni_lab_with_the_fix_passes_everything_kube_proxy_iptables() {
+    with_the_fix("ekpi", "kube-proxy-iptables");
+}
+
+#[test]
+fn eni_lab_with_the_fix_passes_everything_kube_proxy_nftables() {
+    with_the_fix("ekpn", "kube-proxy-nftables");
+}
+
+#[test]
 fn eni_lab_without_the_fix_fails_as_the_brief_says() {
+    without_the_fix("eoff", "nftables");
+}
+
+#[test]
+fn eni_lab_without_the_fix_fails_as_the_brief_says_kube_proxy_iptables() {
+    without_the_fix("eoffi", "kube-proxy-iptables");
+}
+
+#[test]
+fn eni_lab_without_the_fix_fails_as_the_brief_says_kube_proxy_nftables() {
+    without_the_fix("eoffn", "kube-proxy-nftables");
+}
+
+fn without_the_fix(tag: &str, mode: &str) {
     if !is_root() {
         eprintln!("skipped: needs root");
         return;
     }
     weir_cni();
-    let lab = Lab::new("eoff");
+    let lab = Lab::new(tag);
     let topo = topology(&lab, false);
-    let up = lab.ok(&["lab", "up", topo.to_str().unwrap()]);
+    let up = lab.ok(&["lab", "up", topo.to_str().unwrap(), "--proxy-mode", mode]);
     assert!(
         String::from_utf8_lossy(&up.stderr).contains("weir's fix removed"),
         "{}",
