@@ -20,6 +20,14 @@ fn config(br: &str, subnet: &str, data_dir: &Path, extra: &str) -> String {
     )
 }
 
+/// `ip -d` details of container `id`'s host veth: its bridge port flags (isolated, hairpin).
+fn bridge_port(node: &TestNs, id: &str) -> String {
+    node.sh(&format!(
+        "ip -d -o link show {}",
+        host_veth_name("rk", id, "eth0")
+    ))
+}
+
 /// The addresses the store holds for network "rk".
 fn address_files(data_dir: &Path) -> Vec<String> {
     allocated_addresses(data_dir, "rk")
@@ -138,10 +146,7 @@ fn reference_bridge_keys_take_effect() {
     // promiscMode on the bridge, and (as in the reference) no hairpin with it
     let br = node.sh("ip -o link show br-rb");
     assert!(br.contains("PROMISC"), "{br}");
-    let port = node.sh(&format!(
-        "ip -d -o link show {}",
-        host_veth_name("rk", "rb-one", "eth0")
-    ));
+    let port = bridge_port(&node, "rb-one");
     assert!(
         port.contains("isolated on") && port.contains("hairpin off"),
         "{port}"
@@ -175,10 +180,7 @@ fn without_force_address_the_old_bridge_address_stays() {
         addrs.contains("10.96.1.1/24") && addrs.contains("10.96.1.9/24"),
         "{addrs}"
     );
-    let port = node.sh(&format!(
-        "ip -d -o link show {}",
-        host_veth_name("rk", "rf", "eth0")
-    ));
+    let port = bridge_port(&node, "rf");
     assert!(
         port.contains("isolated off") && port.contains("hairpin on"),
         "{port}"
