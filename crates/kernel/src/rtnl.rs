@@ -267,13 +267,27 @@ impl Rtnl {
             .map(|_| ())
     }
 
+    /// Creates the object, or replaces the one with the same key (`ip … replace`).
+    fn replace(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+        self.request(message, flags, context).map(|_| ())
+    }
+
+    /// Every object a Get request's dump returns (`what` names them in errors).
+    fn dump(
+        &mut self,
+        request: RouteNetlinkMessage,
+        what: &str,
+    ) -> Result<Vec<RouteNetlinkMessage>> {
+        self.request(request, NLM_F_REQUEST | NLM_F_DUMP, &format!("list {what}"))
+    }
+
     // ---- links ----
 
     pub fn links(&mut self) -> Result<Vec<Link>> {
-        let replies = self.request(
+        let replies = self.dump(
             RouteNetlinkMessage::GetLink(LinkMessage::default()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list links",
+            "links",
         )?;
         Ok(replies
             .iter()
@@ -360,54 +374,30 @@ impl Rtnl {
     // ---- addresses ----
 
     pub fn addr_add(&mut self, index: u32, net: IpNet) -> Result<()> {
-        let msg = match net {
-            IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-            IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-        };
         self.create(
-            RouteNetlinkMessage::NewAddress(msg),
+            RouteNetlinkMessage::NewAddress(address_message(index, net)),
             &format!("add address {net}"),
         )
     }
 
     /// Removes an address from a link.
     pub fn addr_del(&mut self, index: u32, net: IpNet) -> Result<()> {
-        let msg = match net {
-            IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-            IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-        };
         self.change(
-            RouteNetlinkMessage::DelAddress(msg),
+            RouteNetlinkMessage::DelAddress(address_message(index, net)),
             &format!("delete address {net}"),
         )
     }
 
     /// Adds an address unless the link already has it.
     pub fn addr_ensure(&mut self, index: u32, net: IpNet) -> Result<()> {
-        match self.addr_add(index, net) {
-            Err(e) if e.is_exists() => Ok(()),
-            other => other,
-        }
+        exists_is_ok(self.addr_add(index, net))
     }
 
     /// All addresses, or those of one link.
     pub fn addrs(&mut self, index: Option<u32>) -> Result<Vec<Address>> {
-        let replies = self.request(
+        let replies = self.dump(
             RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list addresses",
+            "addresses",
         )?;
         let mut out = Vec::new();
         for reply in replies {
@@ -449,10 +439,7 @@ impl Rtnl {
 
     /// Adds a route unless an identical one exists.
     pub fn route_ensure(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
-        match self.route_add(msg, what) {
-            Err(e) if e.is_exists() => Ok(()),
-            other => other,
-        }
+        exists_is_ok(self.route_add(msg, what))
     }
 
     pub fn route_del(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
@@ -466,11 +453,7 @@ impl Rtnl {
     pub fn routes(&mut self, family: AddressFamily) -> Result<Vec<Route>> {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
-        let replies = self.request(
-            RouteNetlinkMessage::GetRoute(req),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list routes",
-        )?;
+        let replies = self.dump(RouteNetlinkMessage::GetRoute(req), "routes")?;
         Ok(replies
             .iter()
             .filter_map(|r| match r {
@@ -482,26 +465,20 @@ impl Rtnl {
 
     /// Replaces a route with the same destination, table and metric (`ip route replace`).
     pub fn route_replace(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
-        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
-        self.request(
+        self.replace(
             RouteNetlinkMessage::NewRoute(msg),
-            flags,
             &format!("replace route {what}"),
         )
-        .map(|_| ())
     }
 
     // ---- neighbours and bridge/vxlan forwarding entries ----
 
     /// Adds or replaces a neighbour or FDB entry (`ip neigh replace`, `bridge fdb replace`).
     pub fn neigh_replace(&mut self, msg: NeighbourMessage, what: &str) -> Result<()> {
-        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
-        self.request(
+        self.replace(
             RouteNetlinkMessage::NewNeighbour(msg),
-            flags,
             &format!("set {what}"),
         )
-        .map(|_| ())
     }
 
     pub fn neigh_del(&mut self, msg: NeighbourMessage, what: &str) -> Result<()> {
@@ -520,11 +497,7 @@ impl Rtnl {
     ) -> Result<Vec<Neighbour>> {
         let mut req = NeighbourMessage::default();
         req.header.family = family;
-        let replies = self.request(
-            RouteNetlinkMessage::GetNeighbour(req),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list neighbours",
-        )?;
+        let replies = self.dump(RouteNetlinkMessage::GetNeighbour(req), "neighbours")?;
         Ok(replies
             .iter()
             .filter_map(|r| match r {
@@ -554,11 +527,7 @@ impl Rtnl {
     pub fn rules(&mut self, family: AddressFamily) -> Result<Vec<RuleMessage>> {
         let mut req = RuleMessage::default();
         req.header.family = family;
-        let replies = self.request(
-            RouteNetlinkMessage::GetRule(req),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list rules",
-        )?;
+        let replies = self.dump(RouteNetlinkMessage::GetRule(req), "rules")?;
         Ok(replies
             .into_iter()
             .filter_map(|r| match r {
@@ -656,10 +625,7 @@ impl Neighbour {
     /// A permanent neighbour entry `ip lladdr mac` on link `index` (`ip neigh replace … nud permanent`).
     pub fn permanent_message(index: u32, ip: IpAddr, mac: &[u8]) -> NeighbourMessage {
         let mut m = NeighbourMessage::default();
-        m.header.family = match ip {
-            IpAddr::V4(_) => AddressFamily::Inet,
-            IpAddr::V6(_) => AddressFamily::Inet6,
-        };
+        m.header.family = family_of(ip);
         m.header.ifindex = index;
         m.header.state = NeighbourState::Permanent;
         m.attributes
@@ -682,6 +648,35 @@ impl Neighbour {
         m.attributes
             .push(NeighbourAttribute::Destination(neigh_addr(remote)));
         m
+    }
+}
+
+/// For the `…_ensure` calls: what is to be added being there already is success.
+fn exists_is_ok(result: Result<()>) -> Result<()> {
+    match result {
+        Err(e) if e.is_exists() => Ok(()),
+        other => other,
+    }
+}
+
+/// The message that adds or deletes address `net` on link `index`.
+fn address_message(index: u32, net: IpNet) -> AddressMessage {
+    match net {
+        IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+            .index(index)
+            .address(n.addr(), n.prefix_len())
+            .build(),
+        IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+            .index(index)
+            .address(n.addr(), n.prefix_len())
+            .build(),
+    }
+}
+
+fn family_of(ip: IpAddr) -> AddressFamily {
+    match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
     }
 }
 
@@ -725,10 +720,7 @@ pub fn route_message(
     onlink: bool,
 ) -> RouteMessage {
     let mut m = RouteMessage::default();
-    m.header.address_family = match destination {
-        IpNet::V4(_) => AddressFamily::Inet,
-        IpNet::V6(_) => AddressFamily::Inet6,
-    };
+    m.header.address_family = family_of(destination.addr());
     m.header.destination_prefix_length = destination.prefix_len();
     m.header.table = libc::RT_TABLE_MAIN;
     m.header.protocol = RouteProtocol::from(protocol);
