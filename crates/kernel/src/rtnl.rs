@@ -180,6 +180,25 @@ pub struct Address {
     pub net: IpNet,
 }
 
+impl Address {
+    fn from_message(m: &AddressMessage) -> Option<Self> {
+        // IFA_LOCAL is the interface's own address on point-to-point links; IFA_ADDRESS otherwise.
+        let mut addr = None;
+        for attr in &m.attributes {
+            match attr {
+                AddressAttribute::Local(a) => addr = Some(*a),
+                AddressAttribute::Address(a) if addr.is_none() => addr = Some(*a),
+                _ => {}
+            }
+        }
+        let net = IpNet::new(addr?, m.header.prefix_len).ok()?;
+        Some(Address {
+            index: m.header.index,
+            net,
+        })
+    }
+}
+
 pub struct Rtnl {
     socket: Socket,
     sequence: u32,
@@ -273,29 +292,28 @@ impl Rtnl {
         self.request(message, flags, context).map(|_| ())
     }
 
-    /// Every object a Get request's dump returns (`what` names them in errors).
-    fn dump(
+    /// The replies to a Get request's dump that `pick` keeps (`what` names them in errors).
+    fn dump<T>(
         &mut self,
         request: RouteNetlinkMessage,
         what: &str,
-    ) -> Result<Vec<RouteNetlinkMessage>> {
-        self.request(request, NLM_F_REQUEST | NLM_F_DUMP, &format!("list {what}"))
+        pick: impl FnMut(RouteNetlinkMessage) -> Option<T>,
+    ) -> Result<Vec<T>> {
+        let replies = self.request(request, NLM_F_REQUEST | NLM_F_DUMP, &format!("list {what}"))?;
+        Ok(replies.into_iter().filter_map(pick).collect())
     }
 
     // ---- links ----
 
     pub fn links(&mut self) -> Result<Vec<Link>> {
-        let replies = self.dump(
+        self.dump(
             RouteNetlinkMessage::GetLink(LinkMessage::default()),
             "links",
-        )?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+            |r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(&m)),
                 _ => None,
-            })
-            .collect())
+            },
+        )
     }
 
     /// The link called `name`, or None when there is none.
@@ -395,37 +413,13 @@ impl Rtnl {
 
     /// All addresses, or those of one link.
     pub fn addrs(&mut self, index: Option<u32>) -> Result<Vec<Address>> {
-        let replies = self.dump(
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            "addresses",
-        )?;
-        let mut out = Vec::new();
-        for reply in replies {
-            let RouteNetlinkMessage::NewAddress(m) = reply else {
-                continue;
-            };
-            if index.is_some_and(|i| i != m.header.index) {
-                continue;
+        let request = RouteNetlinkMessage::GetAddress(AddressMessage::default());
+        self.dump(request, "addresses", |r| match r {
+            RouteNetlinkMessage::NewAddress(m) if index.is_none_or(|i| i == m.header.index) => {
+                Address::from_message(&m)
             }
-            // IFA_LOCAL is the interface's own address on point-to-point links; IFA_ADDRESS otherwise.
-            let mut addr = None;
-            for attr in &m.attributes {
-                match attr {
-                    AddressAttribute::Local(a) => addr = Some(*a),
-                    AddressAttribute::Address(a) if addr.is_none() => addr = Some(*a),
-                    _ => {}
-                }
-            }
-            if let Some(a) = addr {
-                if let Ok(net) = IpNet::new(a, m.header.prefix_len) {
-                    out.push(Address {
-                        index: m.header.index,
-                        net,
-                    });
-                }
-            }
-        }
-        Ok(out)
+            _ => None,
+        })
     }
 
     // ---- routes ----
@@ -453,14 +447,10 @@ impl Rtnl {
     pub fn routes(&mut self, family: AddressFamily) -> Result<Vec<Route>> {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
-        let replies = self.dump(RouteNetlinkMessage::GetRoute(req), "routes")?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewRoute(m) => Some(Route::from_message(m)),
-                _ => None,
-            })
-            .collect())
+        self.dump(RouteNetlinkMessage::GetRoute(req), "routes", |r| match r {
+            RouteNetlinkMessage::NewRoute(m) => Some(Route::from_message(&m)),
+            _ => None,
+        })
     }
 
     /// Replaces a route with the same destination, table and metric (`ip route replace`).
@@ -497,15 +487,16 @@ impl Rtnl {
     ) -> Result<Vec<Neighbour>> {
         let mut req = NeighbourMessage::default();
         req.header.family = family;
-        let replies = self.dump(RouteNetlinkMessage::GetNeighbour(req), "neighbours")?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewNeighbour(m) => Some(Neighbour::from_message(m)),
+        self.dump(
+            RouteNetlinkMessage::GetNeighbour(req),
+            "neighbours",
+            |r| match r {
+                RouteNetlinkMessage::NewNeighbour(m) => {
+                    Some(Neighbour::from_message(&m)).filter(|n| index.is_none_or(|i| i == n.index))
+                }
                 _ => None,
-            })
-            .filter(|n| index.is_none_or(|i| i == n.index))
-            .collect())
+            },
+        )
     }
 
     // ---- policy rules ----
@@ -527,14 +518,10 @@ impl Rtnl {
     pub fn rules(&mut self, family: AddressFamily) -> Result<Vec<RuleMessage>> {
         let mut req = RuleMessage::default();
         req.header.family = family;
-        let replies = self.dump(RouteNetlinkMessage::GetRule(req), "rules")?;
-        Ok(replies
-            .into_iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewRule(m) => Some(m),
-                _ => None,
-            })
-            .collect())
+        self.dump(RouteNetlinkMessage::GetRule(req), "rules", |r| match r {
+            RouteNetlinkMessage::NewRule(m) => Some(m),
+            _ => None,
+        })
     }
 }
 
