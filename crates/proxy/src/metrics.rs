@@ -335,10 +335,11 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 mod tests {
     use super::*;
 
-    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+    /// The value on the sample line `name value` of the exposition `text`.
+    fn value<'a>(text: &'a str, name: &str) -> &'a str {
         text.lines()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no line {prefix:?} in\n{text}"))
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no sample {name:?} in\n{text}"))
     }
 
     #[test]
@@ -348,12 +349,12 @@ mod tests {
         m.record_changes(2, 5);
         let t = m.encode();
         assert_eq!(
-            line(&t, "kubeproxy_sync_proxy_rules_service_changes_pending "),
-            "kubeproxy_sync_proxy_rules_service_changes_pending 2"
+            value(&t, "kubeproxy_sync_proxy_rules_service_changes_pending"),
+            "2"
         );
         assert_eq!(
-            line(&t, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
-            "kubeproxy_sync_proxy_rules_endpoint_changes_total 5"
+            value(&t, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+            "5"
         );
         m.observe_sync(SyncKind::Full, Duration::from_millis(3));
         m.observe_sync(SyncKind::Partial, Duration::from_millis(1));
@@ -378,10 +379,7 @@ mod tests {
         ] {
             assert!(t.lines().any(|x| x == l), "missing {l:?} in\n{t}");
         }
-        let ts: f64 = line(&t, "kubeproxy_sync_proxy_rules_last_timestamp_seconds ")
-            .rsplit(' ')
-            .next()
-            .unwrap()
+        let ts: f64 = value(&t, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
             .parse()
             .unwrap();
         assert!(ts > 1.6e9, "{ts}");
@@ -456,33 +454,21 @@ mod tests {
         m.source_errors_changed(2);
         m.source_errors_changed(-1);
         let t = m.encode();
-        assert_eq!(
-            line(&t, "weir_source_scan_failures_total"),
-            "weir_source_scan_failures_total 1"
-        );
-        assert_eq!(
-            line(&t, "weir_source_scan_duration_seconds_count"),
-            "weir_source_scan_duration_seconds_count 2"
-        );
-        assert_eq!(
-            line(&t, "weir_source_manifest_errors "),
-            "weir_source_manifest_errors 1"
-        );
-        let ts: f64 = line(&t, "weir_source_last_successful_scan_timestamp_seconds ")
-            .split(' ')
-            .nth(1)
-            .unwrap()
+        assert_eq!(value(&t, "weir_source_scan_failures_total"), "1");
+        assert_eq!(value(&t, "weir_source_scan_duration_seconds_count"), "2");
+        assert_eq!(value(&t, "weir_source_manifest_errors"), "1");
+        let ts: f64 = value(&t, "weir_source_last_successful_scan_timestamp_seconds")
             .parse()
             .unwrap();
         assert!((now_seconds() - ts).abs() < 60.0, "{ts}");
         for name in [
-            "process_resident_memory_bytes ",
-            "process_open_fds ",
-            "process_start_time_seconds ",
-            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+            "process_cpu_seconds_total",
         ] {
-            let v: f64 = line(&t, name).split(' ').nth(1).unwrap().parse().unwrap();
-            assert!(v > 0.0 || name.starts_with("process_cpu"), "{name}{v}");
+            let v: f64 = value(&t, name).parse().unwrap();
+            assert!(v > 0.0 || name.starts_with("process_cpu"), "{name} {v}");
         }
     }
 }
