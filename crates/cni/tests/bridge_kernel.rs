@@ -4,9 +4,12 @@
 mod common;
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::{eventually, fetch, run_plugin, serve_once, unique, TestNs};
+use common::{
+    allocated_addresses, assert_connects, eventually, fetch, pod_ip, with_libcni_attachments,
+    with_prev_result, with_valid_attachments, Node, TestNs,
+};
 
 /// The host veth of (container, ifname) on the tests' network "kt".
 fn veth(container_id: &str, ifname: &str) -> String {
@@ -28,31 +31,6 @@ fn config_for(network: &str, bridge: &str, subnet: &str, data_dir: &Path, extra:
         .replace(r#""bridge":"cni0""#, &format!(r#""bridge":"{bridge}""#))
 }
 
-/// `conf` as a GC request listing `valid` (container ID, ifname) pairs.
-fn gc_config(conf: &str, valid: &[(&str, &str)]) -> String {
-    let list: Vec<String> = valid
-        .iter()
-        .map(|(id, ifname)| format!(r#"{{"containerID":"{id}","ifname":"{ifname}"}}"#))
-        .collect();
-    let list = list.join(",");
-    // libcni >= 1.2.3 sends the list under both keys
-    conf.replacen(
-        '{',
-        &format!(r#"{{"cni.dev/valid-attachments":[{list}],"cni.dev/attachments":[{list}],"#),
-        1,
-    )
-}
-
-fn link_names(ns: &TestNs) -> String {
-    ns.sh("ip -o link show")
-}
-
-fn mac_of(ns: &TestNs, ifname: &str) -> String {
-    ns.sh(&format!("cat /sys/class/net/{ifname}/address"))
-        .trim()
-        .to_string()
-}
-
 /// Whether `addr` answers a TCP connection attempt from inside `ns` within 3 s (a refusal is an
 /// answer: it proves the packets get there and back).
 fn answers(ns: &TestNs, addr: IpAddr) -> bool {
@@ -71,10 +49,6 @@ fn answers(ns: &TestNs, addr: IpAddr) -> bool {
     })
 }
 
-fn plugin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_weir-cni"))
-}
-
 fn config(version: &str, subnet: &str, data_dir: &Path, extra: &str) -> String {
     format!(
         r#"{{"cniVersion":"{version}","name":"kt","type":"weir-cni","bridge":"cni0","mtu":1400,
@@ -85,56 +59,20 @@ fn config(version: &str, subnet: &str, data_dir: &Path, extra: &str) -> String {
     )
 }
 
-fn pod_ip(result: &serde_json::Value) -> IpAddr {
-    let addr = result["ips"][0]["address"]
-        .as_str()
-        .expect("ips[0].address");
-    addr.split('/').next().unwrap().parse().unwrap()
-}
-
+/// The addresses the store holds for network "kt".
 fn allocation_files(data_dir: &Path) -> Vec<String> {
-    let dir = data_dir.join("kt");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.retain(|n| n.parse::<IpAddr>().is_ok());
-    names.sort();
-    names
+    allocated_addresses(data_dir, "kt")
 }
 
 #[test]
 fn add_check_del_roundtrip_with_traffic() {
-    let p = unique("rt");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod1 = TestNs::new(&format!("{p}-p1"));
-    let pod2 = TestNs::new(&format!("{p}-p2"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.1.0/24", data.path(), "");
+    let node = Node::new("rt");
+    let (pod1, pod2) = (node.pod("p1"), node.pod("p2"));
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.1.0/24", node.data(), "");
 
-    let r1 = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "pod-one",
-        Some(&pod1.path()),
-        "eth0",
-        &conf,
-    );
-    let res1 = r1.ok().json();
-    let r2 = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "pod-two",
-        Some(&pod2.path()),
-        "eth0",
-        &conf,
-    );
-    let res2 = r2.ok().json();
+    let res1 = cni.add("pod-one", &pod1, &conf).ok().json();
+    let res2 = cni.add("pod-two", &pod2, &conf).ok().json();
 
     // The result follows the spec: bridge, host veth, pod interface (with sandbox and 1.1's mtu).
     assert_eq!(res1["cniVersion"], "1.1.0");
@@ -152,7 +90,7 @@ fn add_check_del_roundtrip_with_traffic() {
     assert_ne!(ip1, ip2);
 
     // What the kernel holds.
-    let links = node.sh("ip -o link show");
+    let links = node.links();
     assert!(links.contains("cni0"), "{links}");
     let veth = veth("pod-one", "eth0");
     let veth_info = node.sh(&format!("ip -d -o link show {veth}"));
@@ -174,128 +112,48 @@ fn add_check_del_roundtrip_with_traffic() {
     );
 
     // Pod to pod over the bridge, and pod to node (gateway).
-    let server = serve_once(&pod2, 7001, "pod-two");
-    assert_eq!(fetch(&pod1, ip2, 7001).unwrap(), "pod-two");
-    server.join().unwrap();
-    let server = serve_once(&node, 7002, "node");
-    assert_eq!(
-        fetch(&pod1, "10.99.1.1".parse().unwrap(), 7002).unwrap(),
-        "node"
-    );
-    server.join().unwrap();
+    assert_connects(&pod1, &pod2, ip2, 7001);
+    assert_connects(&pod1, &node, "10.99.1.1", 7002);
 
     // CHECK passes with the prevResult ADD returned.
-    let with_prev = conf.replacen('{', &format!("{{\"prevResult\":{},", res1), 1);
-    run_plugin(
-        &plugin(),
-        &node,
-        "CHECK",
-        "pod-one",
-        Some(&pod1.path()),
-        "eth0",
-        &with_prev,
-    )
-    .ok();
+    cni.check("pod-one", &pod1, &with_prev_result(&conf, &res1))
+        .ok();
 
     // DEL removes the veth, the address and the masquerade element; a second DEL is still success.
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "pod-one",
-        Some(&pod1.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    cni.del("pod-one", &pod1, &conf).ok();
     // The pod is cut off at once (host end down, address free); the veth is deleted right after.
-    eventually("the veth is deleted", || {
-        !node.sh("ip -o link show").contains(&veth)
-    });
+    eventually("the veth is deleted", || !node.links().contains(&veth));
     assert!(!node.sh(&list_pods4()).contains(&ip1.to_string()));
-    assert_eq!(allocation_files(data.path()), vec![ip2.to_string()]);
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "pod-one",
-        Some(&pod1.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    assert_eq!(allocation_files(node.data()), vec![ip2.to_string()]);
+    cni.del("pod-one", &pod1, &conf).ok();
     // DEL with the namespace already gone is success too.
     drop(pod2);
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "pod-two",
-        Some(Path::new("/run/netns/gone-already")),
-        "eth0",
-        &conf,
-    )
-    .ok();
-    assert!(allocation_files(data.path()).is_empty());
+    let gone = Path::new("/run/netns/gone-already");
+    cni.run("DEL", "pod-two", Some(gone), "eth0", &conf).ok();
+    assert!(allocation_files(node.data()).is_empty());
 }
 
 #[test]
 fn check_notices_what_was_broken() {
-    let p = unique("ck");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.0.0", "10.99.2.0/24", data.path(), "");
-    let res = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "ck",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok()
-    .json();
+    let node = Node::new("ck");
+    let pod = node.pod("p");
+    let cni = node.cni();
+    let conf = config("1.0.0", "10.99.2.0/24", node.data(), "");
+    let res = cni.add("ck", &pod, &conf).ok().json();
     assert!(
         res["interfaces"][2].get("mtu").is_none(),
         "mtu is a 1.1 field"
     );
-    let with_prev = conf.replacen('{', &format!("{{\"prevResult\":{res},"), 1);
-    run_plugin(
-        &plugin(),
-        &node,
-        "CHECK",
-        "ck",
-        Some(&pod.path()),
-        "eth0",
-        &with_prev,
-    )
-    .ok();
+    let with_prev = with_prev_result(&conf, &res);
+    cni.check("ck", &pod, &with_prev).ok();
 
     pod.sh("ip route del default");
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "CHECK",
-        "ck",
-        Some(&pod.path()),
-        "eth0",
-        &with_prev,
-    );
+    let r = cni.check("ck", &pod, &with_prev);
     assert_eq!(r.error_code(), 103, "{}", r.stdout);
     assert!(r.json()["msg"].as_str().unwrap().contains("route"));
 
     node.sh(&format!("ip link set {} nomaster", veth("ck", "eth0")));
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "CHECK",
-        "ck",
-        Some(&pod.path()),
-        "eth0",
-        &with_prev,
-    );
+    let r = cni.check("ck", &pod, &with_prev);
     assert!(
         r.json()["msg"].as_str().unwrap().contains("not a port"),
         "{}",
@@ -303,107 +161,50 @@ fn check_notices_what_was_broken() {
     );
 
     // CHECK without prevResult is a config error.
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "CHECK",
-        "ck",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    );
-    assert_eq!(r.error_code(), 7);
+    assert_eq!(cni.check("ck", &pod, &conf).error_code(), 7);
 }
 
 #[test]
 fn failed_adds_leave_nothing_behind() {
-    let p = unique("fa");
-    let node = TestNs::new(&format!("{p}-node"));
-    let data = tempfile::tempdir().unwrap();
+    let node = Node::new("fa");
+    let cni = node.cni();
 
     // A missing namespace: code 3, no allocation.
-    let conf = config("1.1.0", "10.99.3.0/24", data.path(), "");
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "ghost",
-        Some(Path::new("/run/netns/does-not-exist")),
-        "eth0",
-        &conf,
-    );
+    let conf = config("1.1.0", "10.99.3.0/24", node.data(), "");
+    let missing = Path::new("/run/netns/does-not-exist");
+    let r = cni.run("ADD", "ghost", Some(missing), "eth0", &conf);
     assert_eq!(r.error_code(), 3, "{}", r.stdout);
-    assert!(allocation_files(data.path()).is_empty());
+    assert!(allocation_files(node.data()).is_empty());
 
     // The interface name is already taken inside the pod: the ADD fails after allocating, and
     // must give the address back and remove the host veth.
-    let pod = TestNs::new(&format!("{p}-p"));
+    let pod = node.pod("p");
     pod.sh("ip link add eth0 type veth peer name eth0peer");
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "clash",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    );
+    let r = cni.add("clash", &pod, &conf);
     assert_ne!(r.code, Some(0));
-    assert!(allocation_files(data.path()).is_empty(), "address leaked");
-    assert!(!node.sh("ip -o link show").contains(&veth("clash", "eth0")));
+    assert!(allocation_files(node.data()).is_empty(), "address leaked");
+    assert!(!node.links().contains(&veth("clash", "eth0")));
 
     // An exhausted range: a /30 has one usable address besides the gateway.
-    let small = config("1.1.0", "10.99.4.0/30", data.path(), "");
-    let pod_a = TestNs::new(&format!("{p}-a"));
-    let pod_b = TestNs::new(&format!("{p}-b"));
-    run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "first",
-        Some(&pod_a.path()),
-        "eth0",
-        &small,
-    )
-    .ok();
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "second",
-        Some(&pod_b.path()),
-        "eth0",
-        &small,
-    );
+    let small = config("1.1.0", "10.99.4.0/30", node.data(), "");
+    let (pod_a, pod_b) = (node.pod("a"), node.pod("b"));
+    cni.add("first", &pod_a, &small).ok();
+    let r = cni.add("second", &pod_b, &small);
     assert_eq!(r.error_code(), 100, "{}", r.stdout);
-    assert_eq!(
-        pod_b.sh("ip -o link show").lines().count(),
-        1,
-        "only lo in the pod"
-    );
-    assert!(!node.sh("ip -o link show").contains(&veth("second", "eth0")));
+    assert_eq!(pod_b.links().lines().count(), 1, "only lo in the pod");
+    assert!(!node.links().contains(&veth("second", "eth0")));
 }
 
 #[test]
 fn bad_input_gets_the_right_codes() {
-    let p = unique("bi");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.5.0/24", data.path(), "");
-    let add = |c: &str, id: &str, ifname: &str| {
-        run_plugin(&plugin(), &node, "ADD", id, Some(&pod.path()), ifname, c)
-    };
+    let node = Node::new("bi");
+    let pod = node.pod("p");
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.5.0/24", node.data(), "");
+    let add = |c: &str, id: &str, ifname: &str| cni.run("ADD", id, Some(&pod.path()), ifname, c);
     assert_eq!(add("{oops", "x", "eth0").error_code(), 6);
-    assert_eq!(
-        add(
-            &config("1.1.0", "10.99.5.0/24", data.path(), r#","color":"blue""#),
-            "x",
-            "eth0"
-        )
-        .error_code(),
-        2
-    );
+    let unknown_key = config("1.1.0", "10.99.5.0/24", node.data(), r#","color":"blue""#);
+    assert_eq!(add(&unknown_key, "x", "eth0").error_code(), 2);
     assert_eq!(
         add(&conf.replace("1.1.0", "9.9.9"), "x", "eth0").error_code(),
         1
@@ -415,21 +216,14 @@ fn bad_input_gets_the_right_codes() {
         add(&conf.replace("10.99.5.0/24", "10.99.5.0/99"), "x", "eth0").error_code(),
         7
     );
-    assert!(allocation_files(data.path()).is_empty());
-    assert_eq!(pod.sh("ip -o link show").lines().count(), 1);
+    assert!(allocation_files(node.data()).is_empty());
+    assert_eq!(pod.links().lines().count(), 1);
 
     // VERSION answers with every supported version.
-    let v = run_plugin(
-        &plugin(),
-        &node,
-        "VERSION",
-        "",
-        None,
-        "",
-        r#"{"cniVersion":"1.1.0"}"#,
-    )
-    .ok()
-    .json();
+    let v = cni
+        .network("VERSION", r#"{"cniVersion":"1.1.0"}"#)
+        .ok()
+        .json();
     assert_eq!(v["cniVersion"], "1.1.0");
     assert!(v["supportedVersions"]
         .as_array()
@@ -438,91 +232,42 @@ fn bad_input_gets_the_right_codes() {
         .any(|x| x == "0.4.0"));
     // GC and STATUS need 1.1.0; CHECK needs 0.4.0.
     let old = conf.replace("1.1.0", "0.3.1");
-    assert_eq!(
-        run_plugin(&plugin(), &node, "GC", "", None, "", &old).error_code(),
-        1
-    );
-    assert_eq!(
-        run_plugin(
-            &plugin(),
-            &node,
-            "CHECK",
-            "x",
-            Some(&pod.path()),
-            "eth0",
-            &old
-        )
-        .error_code(),
-        1
-    );
+    assert_eq!(cni.network("GC", &old).error_code(), 1);
+    assert_eq!(cni.check("x", &pod, &old).error_code(), 1);
     // 0.3.1 results carry ips[].version.
-    let res = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "old",
-        Some(&pod.path()),
-        "eth0",
-        &old,
-    )
-    .ok()
-    .json();
+    let res = cni.add("old", &pod, &old).ok().json();
     assert_eq!(res["ips"][0]["version"], "4");
 }
 
 #[test]
 fn status_reports_an_unwritable_store() {
-    let p = unique("st");
-    let node = TestNs::new(&format!("{p}-node"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.6.0/24", data.path(), "");
-    run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf).ok();
+    let node = Node::new("st");
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.6.0/24", node.data(), "");
+    cni.network("STATUS", &conf).ok();
     // /proc/sys is not writable for anyone, root included: the store cannot live there.
     let ro = config("1.1.0", "10.99.6.0/24", Path::new("/proc/sys/weir-ro"), "");
-    let r = run_plugin(&plugin(), &node, "STATUS", "", None, "", &ro);
+    let r = cni.network("STATUS", &ro);
     assert_eq!(r.error_code(), 50, "{}", r.stdout);
-    let pod = TestNs::new(&format!("{p}-p"));
-    let r = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "ro",
-        Some(&pod.path()),
-        "eth0",
-        &ro,
-    );
+    let pod = node.pod("p");
+    let r = cni.add("ro", &pod, &ro);
     assert_eq!(r.error_code(), 5, "{}", r.stdout);
-    assert_eq!(pod.sh("ip -o link show").lines().count(), 1);
+    assert_eq!(pod.links().lines().count(), 1);
 }
 
 #[test]
 fn fifty_concurrent_adds_then_gc() {
-    let p = unique("cc");
-    let node = TestNs::new(&format!("{p}-node"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.7.0/24", data.path(), "");
-    let pods: Vec<TestNs> = (0..50).map(|i| TestNs::new(&format!("{p}-{i}"))).collect();
+    let node = Node::new("cc");
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.7.0/24", node.data(), "");
+    let pods: Vec<TestNs> = (0..50).map(|i| node.pod(&i.to_string())).collect();
     let results: Vec<IpAddr> = std::thread::scope(|s| {
         let handles: Vec<_> = pods
             .iter()
             .enumerate()
             .map(|(i, pod)| {
-                let (node, conf) = (&node, &conf);
-                s.spawn(move || {
-                    pod_ip(
-                        &run_plugin(
-                            &plugin(),
-                            node,
-                            "ADD",
-                            &format!("c{i}"),
-                            Some(&pod.path()),
-                            "eth0",
-                            conf,
-                        )
-                        .ok()
-                        .json(),
-                    )
-                })
+                let (cni, conf) = (&cni, &conf);
+                s.spawn(move || pod_ip(&cni.add(&format!("c{i}"), pod, conf).ok().json()))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -531,20 +276,15 @@ fn fifty_concurrent_adds_then_gc() {
     unique_ips.sort();
     unique_ips.dedup();
     assert_eq!(unique_ips.len(), 50, "an address was handed out twice");
-    assert_eq!(allocation_files(data.path()).len(), 50);
+    assert_eq!(allocation_files(node.data()).len(), 50);
 
     // GC keeps the first ten and removes everything of the rest, veths included.
-    let valid: Vec<String> = (0..10)
-        .map(|i| format!(r#"{{"containerID":"c{i}","ifname":"eth0"}}"#))
-        .collect();
-    let gc_conf = conf.replacen(
-        '{',
-        &format!("{{\"cni.dev/valid-attachments\":[{}],", valid.join(",")),
-        1,
-    );
-    run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
-    assert_eq!(allocation_files(data.path()).len(), 10);
-    let links = node.sh("ip -o link show");
+    let ids: Vec<String> = (0..10).map(|i| format!("c{i}")).collect();
+    let valid: Vec<(&str, &str)> = ids.iter().map(|id| (id.as_str(), "eth0")).collect();
+    cni.network("GC", &with_valid_attachments(&conf, &valid))
+        .ok();
+    assert_eq!(allocation_files(node.data()).len(), 10);
+    let links = node.links();
     assert!(links.contains(&veth("c3", "eth0")));
     assert!(!links.contains(&veth("c30", "eth0")));
     let set = node.sh(&list_pods4());
@@ -558,10 +298,9 @@ fn fifty_concurrent_adds_then_gc() {
 fn what_a_killed_add_leaves_is_reclaimed() {
     // A process killed between allocation and interface creation leaves an allocation file and,
     // at worst, a host veth. Reproduce exactly that state, then let DEL and GC reclaim it.
-    let p = unique("kl");
-    let node = TestNs::new(&format!("{p}-node"));
-    let data = tempfile::tempdir().unwrap();
-    let conf_text = config("1.1.0", "10.99.8.0/24", data.path(), "");
+    let node = Node::new("kl");
+    let cni = node.cni();
+    let conf_text = config("1.1.0", "10.99.8.0/24", node.data(), "");
     let conf = weir_cni::config::NetConf::parse(conf_text.as_bytes()).unwrap();
     let store = weir_cni::ipam::Store::open(&conf.ipam, &conf.name).unwrap();
     store.allocate(&conf.ipam, "killed-del", "eth0").unwrap();
@@ -572,22 +311,11 @@ fn what_a_killed_add_leaves_is_reclaimed() {
             veth(id, "eth0")
         ));
     }
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "killed-del",
-        None,
-        "eth0",
-        &conf_text,
-    )
-    .ok();
-    let gc_conf = conf_text.replacen('{', "{\"cni.dev/valid-attachments\":[],", 1);
-    run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
-    assert!(allocation_files(data.path()).is_empty());
-    eventually("no weir veth is left", || {
-        !node.sh("ip -o link show").contains("weir")
-    });
+    cni.run("DEL", "killed-del", None, "eth0", &conf_text).ok();
+    let gc_conf = with_valid_attachments(&conf_text, &[]);
+    cni.network("GC", &gc_conf).ok();
+    assert!(allocation_files(node.data()).is_empty());
+    eventually("no weir veth is left", || !node.links().contains("weir"));
 
     // A veth named like ours, marked as this network's, that no allocation accounts for is swept
     // by GC; one marked as another network's, or unmarked and not on this network's bridge, stays.
@@ -596,8 +324,8 @@ fn what_a_killed_add_leaves_is_reclaimed() {
     node.sh("ip link add weir0123456789b type veth peer name otherpeer");
     node.sh("ip link set weir0123456789b alias weir-cni/another");
     node.sh("ip link add weir0123456789c type veth peer name unmarkedpeer");
-    run_plugin(&plugin(), &node, "GC", "", None, "", &gc_conf).ok();
-    let links = node.sh("ip -o link show");
+    cni.network("GC", &gc_conf).ok();
+    let links = node.links();
     assert!(!links.contains("weir0123456789a"), "{links}");
     assert!(links.contains("weir0123456789b"), "{links}");
     assert!(links.contains("weir0123456789c"), "{links}");
@@ -607,28 +335,12 @@ fn what_a_killed_add_leaves_is_reclaimed() {
 fn add_in_a_conflist_extends_the_previous_result() {
     // In a conflist the runtime hands each plugin the result so far as prevResult; weir appends its
     // interfaces and addresses, pointing its ips at its own interface's index in the merged list.
-    let p = unique("cl");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
-    let data = tempfile::tempdir().unwrap();
+    let node = Node::new("cl");
+    let pod = node.pod("p");
     let prev = r#"{"cniVersion":"1.0.0","interfaces":[{"name":"lo","sandbox":"/x"}],
                   "ips":[{"address":"127.0.0.1/8","interface":0}],"dns":{"nameservers":["10.96.0.10"]}}"#;
-    let conf = config("1.0.0", "10.99.9.0/24", data.path(), "").replacen(
-        '{',
-        &format!("{{\"prevResult\":{prev},"),
-        1,
-    );
-    let res = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "chained",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok()
-    .json();
+    let conf = with_prev_result(&config("1.0.0", "10.99.9.0/24", node.data(), ""), prev);
+    let res = node.cni().add("chained", &pod, &conf).ok().json();
     let names: Vec<&str> = res["interfaces"]
         .as_array()
         .unwrap()
@@ -647,58 +359,32 @@ fn deleting_the_pod_with_the_lowest_mac_keeps_the_gateway_mac() {
     // The issue's reproduction: pod a's host veth gets the lowest MAC on the bridge, pod b talks
     // to the gateway (caching its MAC), pod a goes. An unpinned bridge would now take b's veth MAC
     // and b's cached neighbour entry would black-hole its traffic for 30-40 s.
-    let p = unique("mac");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod_a = TestNs::new(&format!("{p}-a"));
-    let pod_b = TestNs::new(&format!("{p}-b"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.10.0/24", data.path(), "");
-    let add = |id: &str, pod: &TestNs| {
-        run_plugin(
-            &plugin(),
-            &node,
-            "ADD",
-            id,
-            Some(&pod.path()),
-            "eth0",
-            &conf,
-        )
-        .ok()
-        .json()
-    };
-    let res = add("mac-a", &pod_a);
-    add("mac-b", &pod_b);
+    let node = Node::new("mac");
+    let (pod_a, pod_b) = (node.pod("a"), node.pod("b"));
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.10.0/24", node.data(), "");
+    let res = cni.add("mac-a", &pod_a, &conf).ok().json();
+    cni.add("mac-b", &pod_b, &conf).ok();
     node.sh(&format!(
         "ip link set {} address 02:00:00:00:00:01",
         veth("mac-a", "eth0")
     ));
-    let bridge_mac = mac_of(&node, "cni0");
+    let bridge_mac = node.mac("cni0");
 
     let gateway: IpAddr = "10.99.10.1".parse().unwrap();
-    let server = serve_once(&node, 7010, "gw");
-    assert_eq!(fetch(&pod_b, gateway, 7010).unwrap(), "gw");
-    server.join().unwrap();
+    assert_connects(&pod_b, &node, gateway, 7010);
     let neigh = pod_b.sh("ip neigh show 10.99.10.1");
     assert!(neigh.contains(&bridge_mac), "b cached the gateway: {neigh}");
 
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "mac-a",
-        Some(&pod_a.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    cni.del("mac-a", &pod_a, &conf).ok();
     eventually("pod a's veth is deleted", || {
-        !link_names(&node).contains(&veth("mac-a", "eth0"))
+        !node.links().contains(&veth("mac-a", "eth0"))
     });
     // Within a short window (3 s), b still reaches the gateway: a closed port answers with a
     // reset at once, while a black-holed gateway lets the connection attempt time out.
     assert!(answers(&pod_b, gateway), "pod b lost its gateway");
     assert_eq!(
-        mac_of(&node, "cni0"),
+        node.mac("cni0"),
         bridge_mac,
         "deleting a port moved the bridge's MAC"
     );
@@ -710,37 +396,26 @@ fn deleting_the_pod_with_the_lowest_mac_keeps_the_gateway_mac() {
 #[test]
 fn an_existing_unpinned_bridge_gets_its_mac_pinned() {
     // A bridge made by an older release (or by the operator) follows its ports' MACs until set.
-    let p = unique("pin");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
+    let node = Node::new("pin");
+    let pod = node.pod("p");
     node.sh("ip link add cni0 type bridge && ip link set cni0 up");
     node.sh("ip link add lowport address 02:00:00:00:00:02 type veth peer name lowpeer");
     node.sh("ip link set lowport master cni0");
     assert_eq!(
-        mac_of(&node, "cni0"),
+        node.mac("cni0"),
         "02:00:00:00:00:02",
         "unpinned: follows the port"
     );
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.11.0/24", data.path(), "");
-    run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "pin",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    let conf = config("1.1.0", "10.99.11.0/24", node.data(), "");
+    node.cni().add("pin", &pod, &conf).ok();
     assert_eq!(
-        mac_of(&node, "cni0"),
+        node.mac("cni0"),
         "02:00:00:00:00:02",
         "pinning keeps the MAC it had"
     );
     node.sh("ip link del lowport");
     assert_eq!(
-        mac_of(&node, "cni0"),
+        node.mac("cni0"),
         "02:00:00:00:00:02",
         "the MAC no longer follows ports"
     );
@@ -748,22 +423,20 @@ fn an_existing_unpinned_bridge_gets_its_mac_pinned() {
 
 #[test]
 fn gc_touches_only_its_own_network() {
-    let p = unique("gcn");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod1 = TestNs::new(&format!("{p}-1"));
-    let pod2 = TestNs::new(&format!("{p}-2"));
-    let data = tempfile::tempdir().unwrap();
-    let net_a = config_for("net-a", "bra", "10.99.12.0/24", data.path(), "");
-    let net_b = config_for("net-b", "brb", "10.99.13.0/24", data.path(), "");
+    let node = Node::new("gcn");
+    let (pod1, pod2) = (node.pod("1"), node.pod("2"));
+    let cni = node.cni();
+    let net_a = config_for("net-a", "bra", "10.99.12.0/24", node.data(), "");
+    let net_b = config_for("net-b", "brb", "10.99.13.0/24", node.data(), "");
     let add = |conf: &str, id: &str, pod: &TestNs, ifname: &str| {
-        run_plugin(&plugin(), &node, "ADD", id, Some(&pod.path()), ifname, conf).ok();
+        cni.run("ADD", id, Some(&pod.path()), ifname, conf).ok();
     };
     // Two networks attach the same container under different ifnames (Multus, podman).
     add(&net_b, "shared", &pod1, "eth0");
     add(&net_a, "shared", &pod1, "net1");
     add(&net_a, "only-a", &pod2, "eth0");
     let files = |net: &str| {
-        std::fs::read_dir(data.path().join(net))
+        std::fs::read_dir(node.data().join(net))
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| n.parse::<IpAddr>().is_ok())
@@ -778,75 +451,48 @@ fn gc_touches_only_its_own_network() {
         .contains("alias weir-cni/net-b"));
 
     // No list at all is an error, not "nothing is valid": everything stays.
-    let r = run_plugin(&plugin(), &node, "GC", "", None, "", &net_a);
+    let r = cni.network("GC", &net_a);
     assert_eq!(r.error_code(), 7, "{}", r.stdout);
     assert_eq!((files("net-a"), files("net-b")), (2, 1));
 
     // GC of net-a keeps what the list names and removes the rest of net-a only.
-    let r = run_plugin(
-        &plugin(),
-        &node,
+    cni.network(
         "GC",
-        "",
-        None,
-        "",
-        &gc_config(&net_a, &[("shared", "net1")]),
-    );
-    r.ok();
+        &with_libcni_attachments(&net_a, &[("shared", "net1")]),
+    )
+    .ok();
     assert_eq!((files("net-a"), files("net-b")), (1, 1));
-    let links = link_names(&node);
+    let links = node.links();
     assert!(
         links.contains(&b_veth) && links.contains(&a_shared),
         "{links}"
     );
     eventually("net-a's stale veth is gone", || {
-        !link_names(&node).contains(&a_only)
+        !node.links().contains(&a_only)
     });
 
     // A GC of net-a with nothing valid (or of a network never used) leaves net-b's pod working.
-    run_plugin(
-        &plugin(),
-        &node,
-        "GC",
-        "",
-        None,
-        "",
-        &gc_config(&net_a, &[]),
-    )
-    .ok();
-    let never_used = config_for("net-c", "brc", "10.99.14.0/24", data.path(), "");
-    run_plugin(
-        &plugin(),
-        &node,
-        "GC",
-        "",
-        None,
-        "",
-        &gc_config(&never_used, &[]),
-    )
-    .ok();
+    cni.network("GC", &with_libcni_attachments(&net_a, &[]))
+        .ok();
+    let never_used = config_for("net-c", "brc", "10.99.14.0/24", node.data(), "");
+    cni.network("GC", &with_libcni_attachments(&never_used, &[]))
+        .ok();
     assert_eq!((files("net-a"), files("net-b")), (0, 1));
-    let links = link_names(&node);
+    let links = node.links();
     assert!(
         links.contains(&b_veth) && !links.contains(&a_shared),
         "{links}"
     );
-    let server = serve_once(&node, 7012, "b");
-    assert_eq!(
-        fetch(&pod1, "10.99.13.1".parse().unwrap(), 7012).unwrap(),
-        "b"
-    );
-    server.join().unwrap();
-    assert!(pod1.sh("ip -o link show").contains("eth0"));
+    assert_connects(&pod1, &node, "10.99.13.1", 7012);
+    assert!(pod1.links().contains("eth0"));
 }
 
 #[test]
 fn legacy_named_veths_still_del_and_are_not_stolen() {
     // A pod attached by a release that named host veths from (container ID, ifname) only.
-    let p = unique("leg");
-    let node = TestNs::new(&format!("{p}-node"));
-    let data = tempfile::tempdir().unwrap();
-    let conf_text = config("1.1.0", "10.99.15.0/24", data.path(), "");
+    let node = Node::new("leg");
+    let cni = node.cni();
+    let conf_text = config("1.1.0", "10.99.15.0/24", node.data(), "");
     let conf = weir_cni::config::NetConf::parse(conf_text.as_bytes()).unwrap();
     let store = weir_cni::ipam::Store::open(&conf.ipam, &conf.name).unwrap();
     store.allocate(&conf.ipam, "old-pod", "eth0").unwrap();
@@ -860,44 +506,24 @@ fn legacy_named_veths_still_del_and_are_not_stolen() {
     node.sh(&format!(
         "ip link add {other} type veth peer name othpeer; ip link set {other} master brother up"
     ));
-    run_plugin(&plugin(), &node, "DEL", "old-pod", None, "eth0", &conf_text).ok();
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "elsewhere",
-        None,
-        "eth0",
-        &conf_text,
-    )
-    .ok();
+    cni.run("DEL", "old-pod", None, "eth0", &conf_text).ok();
+    cni.run("DEL", "elsewhere", None, "eth0", &conf_text).ok();
     eventually("the legacy veth is deleted", || {
-        !link_names(&node).contains(&legacy)
+        !node.links().contains(&legacy)
     });
-    assert!(link_names(&node).contains(&other));
-    assert!(allocation_files(data.path()).is_empty());
+    assert!(node.links().contains(&other));
+    assert!(allocation_files(node.data()).is_empty());
 }
 
 #[test]
 fn add_twice_is_refused_and_del_then_add_works() {
-    let p = unique("twice");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.16.0/24", data.path(), "");
-    let add = || {
-        run_plugin(
-            &plugin(),
-            &node,
-            "ADD",
-            "twice",
-            Some(&pod.path()),
-            "eth0",
-            &conf,
-        )
-    };
+    let node = Node::new("twice");
+    let pod = node.pod("p");
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.16.0/24", node.data(), "");
+    let add = || cni.add("twice", &pod, &conf);
     let first = add().ok().json();
-    let mac = mac_of(&pod, "eth0");
+    let mac = pod.mac("eth0");
     let again = add();
     assert_eq!(again.error_code(), 105, "{}", again.stdout);
     assert!(
@@ -909,42 +535,32 @@ fn add_twice_is_refused_and_del_then_add_works() {
         again.stdout
     );
     // The first attachment is untouched: same interface, same address, still allocated.
-    assert_eq!(mac_of(&pod, "eth0"), mac);
+    assert_eq!(pod.mac("eth0"), mac);
     assert_eq!(
-        allocation_files(data.path()),
+        allocation_files(node.data()),
         vec![pod_ip(&first).to_string()]
     );
-    assert!(link_names(&node).contains(&veth("twice", "eth0")));
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "twice",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    assert!(node.links().contains(&veth("twice", "eth0")));
+    cni.del("twice", &pod, &conf).ok();
     let second = add().ok().json();
-    assert_eq!(allocation_files(data.path()).len(), 1);
+    assert_eq!(allocation_files(node.data()).len(), 1);
     assert_eq!(second["interfaces"][2]["name"], "eth0");
 }
 
 #[test]
 fn a_netns_that_is_not_a_namespace_fails_fast() {
     use std::time::{Duration, Instant};
-    let p = unique("fifo");
-    let node = TestNs::new(&format!("{p}-node"));
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.17.0/24", data.path(), "");
-    let fifo = data.path().join("not-a-netns");
+    let node = Node::new("fifo");
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.17.0/24", node.data(), "");
+    let fifo = node.data().join("not-a-netns");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     // A writer-less FIFO would block open(2) forever; hold the test to a deadline instead.
     let (tx, rx) = std::sync::mpsc::channel();
     let started = Instant::now();
     std::thread::scope(|s| {
         s.spawn(|| {
-            let r = run_plugin(&plugin(), &node, "ADD", "fifo", Some(&fifo), "eth0", &conf);
+            let r = cni.run("ADD", "fifo", Some(&fifo), "eth0", &conf);
             let _ = tx.send(r);
         });
         let r = match rx.recv_timeout(Duration::from_secs(10)) {
@@ -963,76 +579,42 @@ fn a_netns_that_is_not_a_namespace_fails_fast() {
     });
     assert!(started.elapsed() < Duration::from_secs(5));
     // a regular file and a directory are refused the same way
-    let file = data.path().join("plain");
+    let file = node.data().join("plain");
     std::fs::write(&file, "x").unwrap();
-    for path in [file.as_path(), data.path()] {
-        let r = run_plugin(&plugin(), &node, "ADD", "plain", Some(path), "eth0", &conf);
+    for path in [file.as_path(), node.data()] {
+        let r = cni.run("ADD", "plain", Some(path), "eth0", &conf);
         assert_eq!(r.error_code(), 4, "{}", r.stdout);
     }
-    assert!(allocation_files(data.path()).is_empty());
+    assert!(allocation_files(node.data()).is_empty());
 }
 
 #[test]
 fn status_reports_an_exhausted_range() {
-    let p = unique("sx");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
-    let data = tempfile::tempdir().unwrap();
+    let node = Node::new("sx");
+    let pod = node.pod("p");
+    let cni = node.cni();
     // a /30 has one usable address besides the gateway
-    let conf = config("1.1.0", "10.99.18.0/30", data.path(), "");
-    run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf).ok();
-    run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "only",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
-    let r = run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf);
+    let conf = config("1.1.0", "10.99.18.0/30", node.data(), "");
+    cni.network("STATUS", &conf).ok();
+    cni.add("only", &pod, &conf).ok();
+    let r = cni.network("STATUS", &conf);
     assert_eq!(r.error_code(), 50, "{}", r.stdout);
     assert!(
         r.json()["msg"].as_str().unwrap().contains("10.99.18.2"),
         "{}",
         r.stdout
     );
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "only",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
-    run_plugin(&plugin(), &node, "STATUS", "", None, "", &conf).ok();
+    cni.del("only", &pod, &conf).ok();
+    cni.network("STATUS", &conf).ok();
 }
 
 #[test]
 fn a_deleted_masquerade_table_is_rebuilt_from_the_store() {
-    let p = unique("mq");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pods: Vec<TestNs> = (0..3).map(|i| TestNs::new(&format!("{p}-{i}"))).collect();
-    let data = tempfile::tempdir().unwrap();
-    let conf = config("1.1.0", "10.99.19.0/24", data.path(), "");
-    let add = |i: usize| {
-        pod_ip(
-            &run_plugin(
-                &plugin(),
-                &node,
-                "ADD",
-                &format!("mq{i}"),
-                Some(&pods[i].path()),
-                "eth0",
-                &conf,
-            )
-            .ok()
-            .json(),
-        )
-    };
+    let node = Node::new("mq");
+    let pods: Vec<TestNs> = (0..3).map(|i| node.pod(&i.to_string())).collect();
+    let cni = node.cni();
+    let conf = config("1.1.0", "10.99.19.0/24", node.data(), "");
+    let add = |i: usize| pod_ip(&cni.add(&format!("mq{i}"), &pods[i], &conf).ok().json());
     let set = || node.sh(&list_pods4());
     let (ip0, ip1) = (add(0), add(1));
 
@@ -1048,16 +630,7 @@ fn a_deleted_masquerade_table_is_rebuilt_from_the_store() {
     }
     // So does DEL (without the deleted pod).
     node.sh("nft delete table inet weir-cni");
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "mq2",
-        Some(&pods[2].path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    cni.del("mq2", &pods[2], &conf).ok();
     let now = set();
     assert!(
         now.contains(&ip0.to_string()) && now.contains(&ip1.to_string()),
@@ -1066,16 +639,9 @@ fn a_deleted_masquerade_table_is_rebuilt_from_the_store() {
     assert!(!now.contains(&ip2.to_string()), "{now}");
     // And GC, which resyncs the network's objects in any case.
     node.sh("nft delete table inet weir-cni");
-    run_plugin(
-        &plugin(),
-        &node,
-        "GC",
-        "",
-        None,
-        "",
-        &gc_config(&conf, &[("mq0", "eth0"), ("mq1", "eth0")]),
-    )
-    .ok();
+    let valid = [("mq0", "eth0"), ("mq1", "eth0")];
+    cni.network("GC", &with_libcni_attachments(&conf, &valid))
+        .ok();
     let now = set();
     assert!(
         now.contains(&ip0.to_string()) && now.contains(&ip1.to_string()),
@@ -1085,37 +651,17 @@ fn a_deleted_masquerade_table_is_rebuilt_from_the_store() {
 
 #[test]
 fn networks_do_not_share_masquerade_destinations() {
-    let p = unique("md");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod_a = TestNs::new(&format!("{p}-a"));
-    let pod_b = TestNs::new(&format!("{p}-b"));
-    let data = tempfile::tempdir().unwrap();
-    let net_a = config_for("mnet-a", "bma", "10.99.20.0/24", data.path(), "");
+    let node = Node::new("md");
+    let (pod_a, pod_b) = (node.pod("a"), node.pod("b"));
+    let cni = node.cni();
+    let net_a = config_for("mnet-a", "bma", "10.99.20.0/24", node.data(), "");
     // net-b's clusterCIDR is far wider and must not exempt net-a's traffic to 10.50.0.0/16.
-    let net_b = config_for("mnet-b", "bmb", "10.99.21.0/24", data.path(), "").replace(
+    let net_b = config_for("mnet-b", "bmb", "10.99.21.0/24", node.data(), "").replace(
         r#""clusterCIDR":"10.99.0.0/16""#,
         r#""clusterCIDR":"10.0.0.0/8""#,
     );
-    run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "a",
-        Some(&pod_a.path()),
-        "eth0",
-        &net_a,
-    )
-    .ok();
-    run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "b",
-        Some(&pod_b.path()),
-        "eth0",
-        &net_b,
-    )
-    .ok();
+    cni.add("a", &pod_a, &net_a).ok();
+    cni.add("b", &pod_b, &net_b).ok();
     let (sa, sb) = (
         weir_cni::masq::Scope::for_network("mnet-a"),
         weir_cni::masq::Scope::for_network("mnet-b"),
@@ -1141,7 +687,7 @@ fn networks_do_not_share_masquerade_destinations() {
 
     // Traffic: net-a's pod reaching 10.50.0.1 (outside its clusterCIDR, inside net-b's) is
     // masqueraded to the node's address on that link; net-b's pod is not.
-    let outside = TestNs::new(&format!("{p}-o"));
+    let outside = node.pod("o");
     node.sh("ip link add upl type veth peer name upl-o");
     node.sh(&format!("ip link set upl-o netns {}", outside.name));
     node.sh("ip addr add 10.50.0.2/24 dev upl && ip link set upl up");

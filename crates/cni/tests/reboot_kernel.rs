@@ -4,16 +4,11 @@
 
 mod common;
 
-use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use common::{run_plugin, unique, TestNs};
+use common::{pod_ip, with_valid_attachments, Node};
 use weir_cni::bridge::host_veth_name;
-
-fn plugin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_weir-cni"))
-}
 
 /// This boot's start by the wall clock, minus a day: how a file from an earlier boot looks.
 fn before_this_boot() -> SystemTime {
@@ -39,38 +34,19 @@ fn age(path: &Path) {
 
 #[test]
 fn the_first_gc_after_a_reboot_keeps_valid_attachments() {
-    let p = unique("rg");
-    let node = TestNs::new(&format!("{p}-node"));
-    let pod = TestNs::new(&format!("{p}-p"));
-    let data = tempfile::tempdir().unwrap();
+    let node = Node::new("rg");
+    let pod = node.pod("p");
+    let cni = node.cni();
     let conf = format!(
         r#"{{"cniVersion":"1.1.0","name":"rg","type":"weir-cni","bridge":"br-rg",
             "ipam":{{"type":"host-local","subnet":"10.95.1.0/24","dataDir":"{}"}}}}"#,
-        data.path().display()
+        node.data().display()
     );
-    let res = run_plugin(
-        &plugin(),
-        &node,
-        "ADD",
-        "live",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok()
-    .json();
-    let live: IpAddr = res["ips"][0]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let live = pod_ip(&cni.add("live", &pod, &conf).ok().json());
 
     // Make the store look as if weir last ran in an earlier boot, with a dead pod's allocation
     // and the live pod's file both dated before this boot.
-    let dir = data.path().join("rg");
+    let dir = node.data().join("rg");
     std::fs::write(dir.join("weir-boot-id"), "an-earlier-boot").unwrap();
     std::fs::write(dir.join("10.95.1.50"), "dead\r\neth0").unwrap();
     for f in [
@@ -81,12 +57,8 @@ fn the_first_gc_after_a_reboot_keeps_valid_attachments() {
         age(&dir.join(f));
     }
 
-    let gc = conf.replacen(
-        '{',
-        r#"{"cni.dev/valid-attachments":[{"containerID":"live","ifname":"eth0"}],"#,
-        1,
-    );
-    run_plugin(&plugin(), &node, "GC", "", None, "", &gc).ok();
+    let gc = with_valid_attachments(&conf, &[("live", "eth0")]);
+    cni.network("GC", &gc).ok();
 
     assert!(
         !dir.join("10.95.1.50").exists(),
@@ -102,14 +74,5 @@ fn the_first_gc_after_a_reboot_keeps_valid_attachments() {
         node.sh(&format!("ip -o link show {veth}")).contains(&veth),
         "and its interface"
     );
-    run_plugin(
-        &plugin(),
-        &node,
-        "DEL",
-        "live",
-        Some(&pod.path()),
-        "eth0",
-        &conf,
-    )
-    .ok();
+    cni.del("live", &pod, &conf).ok();
 }

@@ -180,6 +180,25 @@ pub struct Address {
     pub net: IpNet,
 }
 
+impl Address {
+    fn from_message(m: &AddressMessage) -> Option<Self> {
+        // IFA_LOCAL is the interface's own address on point-to-point links; IFA_ADDRESS otherwise.
+        let mut addr = None;
+        for attr in &m.attributes {
+            match attr {
+                AddressAttribute::Local(a) => addr = Some(*a),
+                AddressAttribute::Address(a) if addr.is_none() => addr = Some(*a),
+                _ => {}
+            }
+        }
+        let net = IpNet::new(addr?, m.header.prefix_len).ok()?;
+        Some(Address {
+            index: m.header.index,
+            net,
+        })
+    }
+}
+
 pub struct Rtnl {
     socket: Socket,
     sequence: u32,
@@ -267,21 +286,34 @@ impl Rtnl {
             .map(|_| ())
     }
 
+    /// Creates the object, or replaces the one with the same key (`ip … replace`).
+    fn replace(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {
+        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+        self.request(message, flags, context).map(|_| ())
+    }
+
+    /// The replies to a Get request's dump that `pick` keeps (`what` names them in errors).
+    fn dump<T>(
+        &mut self,
+        request: RouteNetlinkMessage,
+        what: &str,
+        pick: impl FnMut(RouteNetlinkMessage) -> Option<T>,
+    ) -> Result<Vec<T>> {
+        let replies = self.request(request, NLM_F_REQUEST | NLM_F_DUMP, &format!("list {what}"))?;
+        Ok(replies.into_iter().filter_map(pick).collect())
+    }
+
     // ---- links ----
 
     pub fn links(&mut self) -> Result<Vec<Link>> {
-        let replies = self.request(
+        self.dump(
             RouteNetlinkMessage::GetLink(LinkMessage::default()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list links",
-        )?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(m)),
+            "links",
+            |r| match r {
+                RouteNetlinkMessage::NewLink(m) => Some(Link::from_message(&m)),
                 _ => None,
-            })
-            .collect())
+            },
+        )
     }
 
     /// The link called `name`, or None when there is none.
@@ -360,82 +392,34 @@ impl Rtnl {
     // ---- addresses ----
 
     pub fn addr_add(&mut self, index: u32, net: IpNet) -> Result<()> {
-        let msg = match net {
-            IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-            IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-        };
         self.create(
-            RouteNetlinkMessage::NewAddress(msg),
+            RouteNetlinkMessage::NewAddress(address_message(index, net)),
             &format!("add address {net}"),
         )
     }
 
     /// Removes an address from a link.
     pub fn addr_del(&mut self, index: u32, net: IpNet) -> Result<()> {
-        let msg = match net {
-            IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-            IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
-                .index(index)
-                .address(n.addr(), n.prefix_len())
-                .build(),
-        };
         self.change(
-            RouteNetlinkMessage::DelAddress(msg),
+            RouteNetlinkMessage::DelAddress(address_message(index, net)),
             &format!("delete address {net}"),
         )
     }
 
     /// Adds an address unless the link already has it.
     pub fn addr_ensure(&mut self, index: u32, net: IpNet) -> Result<()> {
-        match self.addr_add(index, net) {
-            Err(e) if e.is_exists() => Ok(()),
-            other => other,
-        }
+        exists_is_ok(self.addr_add(index, net))
     }
 
     /// All addresses, or those of one link.
     pub fn addrs(&mut self, index: Option<u32>) -> Result<Vec<Address>> {
-        let replies = self.request(
-            RouteNetlinkMessage::GetAddress(AddressMessage::default()),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list addresses",
-        )?;
-        let mut out = Vec::new();
-        for reply in replies {
-            let RouteNetlinkMessage::NewAddress(m) = reply else {
-                continue;
-            };
-            if index.is_some_and(|i| i != m.header.index) {
-                continue;
+        let request = RouteNetlinkMessage::GetAddress(AddressMessage::default());
+        self.dump(request, "addresses", |r| match r {
+            RouteNetlinkMessage::NewAddress(m) if index.is_none_or(|i| i == m.header.index) => {
+                Address::from_message(&m)
             }
-            // IFA_LOCAL is the interface's own address on point-to-point links; IFA_ADDRESS otherwise.
-            let mut addr = None;
-            for attr in &m.attributes {
-                match attr {
-                    AddressAttribute::Local(a) => addr = Some(*a),
-                    AddressAttribute::Address(a) if addr.is_none() => addr = Some(*a),
-                    _ => {}
-                }
-            }
-            if let Some(a) = addr {
-                if let Ok(net) = IpNet::new(a, m.header.prefix_len) {
-                    out.push(Address {
-                        index: m.header.index,
-                        net,
-                    });
-                }
-            }
-        }
-        Ok(out)
+            _ => None,
+        })
     }
 
     // ---- routes ----
@@ -449,10 +433,7 @@ impl Rtnl {
 
     /// Adds a route unless an identical one exists.
     pub fn route_ensure(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
-        match self.route_add(msg, what) {
-            Err(e) if e.is_exists() => Ok(()),
-            other => other,
-        }
+        exists_is_ok(self.route_add(msg, what))
     }
 
     pub fn route_del(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
@@ -466,42 +447,28 @@ impl Rtnl {
     pub fn routes(&mut self, family: AddressFamily) -> Result<Vec<Route>> {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
-        let replies = self.request(
-            RouteNetlinkMessage::GetRoute(req),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list routes",
-        )?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewRoute(m) => Some(Route::from_message(m)),
-                _ => None,
-            })
-            .collect())
+        self.dump(RouteNetlinkMessage::GetRoute(req), "routes", |r| match r {
+            RouteNetlinkMessage::NewRoute(m) => Some(Route::from_message(&m)),
+            _ => None,
+        })
     }
 
     /// Replaces a route with the same destination, table and metric (`ip route replace`).
     pub fn route_replace(&mut self, msg: RouteMessage, what: &str) -> Result<()> {
-        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
-        self.request(
+        self.replace(
             RouteNetlinkMessage::NewRoute(msg),
-            flags,
             &format!("replace route {what}"),
         )
-        .map(|_| ())
     }
 
     // ---- neighbours and bridge/vxlan forwarding entries ----
 
     /// Adds or replaces a neighbour or FDB entry (`ip neigh replace`, `bridge fdb replace`).
     pub fn neigh_replace(&mut self, msg: NeighbourMessage, what: &str) -> Result<()> {
-        let flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
-        self.request(
+        self.replace(
             RouteNetlinkMessage::NewNeighbour(msg),
-            flags,
             &format!("set {what}"),
         )
-        .map(|_| ())
     }
 
     pub fn neigh_del(&mut self, msg: NeighbourMessage, what: &str) -> Result<()> {
@@ -520,19 +487,16 @@ impl Rtnl {
     ) -> Result<Vec<Neighbour>> {
         let mut req = NeighbourMessage::default();
         req.header.family = family;
-        let replies = self.request(
+        self.dump(
             RouteNetlinkMessage::GetNeighbour(req),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list neighbours",
-        )?;
-        Ok(replies
-            .iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewNeighbour(m) => Some(Neighbour::from_message(m)),
+            "neighbours",
+            |r| match r {
+                RouteNetlinkMessage::NewNeighbour(m) => {
+                    Some(Neighbour::from_message(&m)).filter(|n| index.is_none_or(|i| i == n.index))
+                }
                 _ => None,
-            })
-            .filter(|n| index.is_none_or(|i| i == n.index))
-            .collect())
+            },
+        )
     }
 
     // ---- policy rules ----
@@ -554,18 +518,10 @@ impl Rtnl {
     pub fn rules(&mut self, family: AddressFamily) -> Result<Vec<RuleMessage>> {
         let mut req = RuleMessage::default();
         req.header.family = family;
-        let replies = self.request(
-            RouteNetlinkMessage::GetRule(req),
-            NLM_F_REQUEST | NLM_F_DUMP,
-            "list rules",
-        )?;
-        Ok(replies
-            .into_iter()
-            .filter_map(|r| match r {
-                RouteNetlinkMessage::NewRule(m) => Some(m),
-                _ => None,
-            })
-            .collect())
+        self.dump(RouteNetlinkMessage::GetRule(req), "rules", |r| match r {
+            RouteNetlinkMessage::NewRule(m) => Some(m),
+            _ => None,
+        })
     }
 }
 
@@ -656,10 +612,7 @@ impl Neighbour {
     /// A permanent neighbour entry `ip lladdr mac` on link `index` (`ip neigh replace … nud permanent`).
     pub fn permanent_message(index: u32, ip: IpAddr, mac: &[u8]) -> NeighbourMessage {
         let mut m = NeighbourMessage::default();
-        m.header.family = match ip {
-            IpAddr::V4(_) => AddressFamily::Inet,
-            IpAddr::V6(_) => AddressFamily::Inet6,
-        };
+        m.header.family = family_of(ip);
         m.header.ifindex = index;
         m.header.state = NeighbourState::Permanent;
         m.attributes
@@ -682,6 +635,35 @@ impl Neighbour {
         m.attributes
             .push(NeighbourAttribute::Destination(neigh_addr(remote)));
         m
+    }
+}
+
+/// For the `…_ensure` calls: what is to be added being there already is success.
+fn exists_is_ok(result: Result<()>) -> Result<()> {
+    match result {
+        Err(e) if e.is_exists() => Ok(()),
+        other => other,
+    }
+}
+
+/// The message that adds or deletes address `net` on link `index`.
+fn address_message(index: u32, net: IpNet) -> AddressMessage {
+    match net {
+        IpNet::V4(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv4Addr>::new()
+            .index(index)
+            .address(n.addr(), n.prefix_len())
+            .build(),
+        IpNet::V6(n) => rtnetlink::AddressMessageBuilder::<std::net::Ipv6Addr>::new()
+            .index(index)
+            .address(n.addr(), n.prefix_len())
+            .build(),
+    }
+}
+
+fn family_of(ip: IpAddr) -> AddressFamily {
+    match ip {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
     }
 }
 
@@ -725,10 +707,7 @@ pub fn route_message(
     onlink: bool,
 ) -> RouteMessage {
     let mut m = RouteMessage::default();
-    m.header.address_family = match destination {
-        IpNet::V4(_) => AddressFamily::Inet,
-        IpNet::V6(_) => AddressFamily::Inet6,
-    };
+    m.header.address_family = family_of(destination.addr());
     m.header.destination_prefix_length = destination.prefix_len();
     m.header.table = libc::RT_TABLE_MAIN;
     m.header.protocol = RouteProtocol::from(protocol);

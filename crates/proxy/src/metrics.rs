@@ -76,6 +76,15 @@ struct ProcessMetrics {
     start_time: FloatGauge,
 }
 
+/// `registry.register(name, help, handle.clone())` for each `name => handle, help;` entry: the
+/// registry keeps a clone sharing the handle's atomics. Counters are named without `_total`: the
+/// encoder appends it.
+macro_rules! register_all {
+    ($registry:expr; $($name:literal => $handle:expr, $help:literal;)+) => {
+        $($registry.register($name, $help, $handle.clone());)+
+    };
+}
+
 /// kube-proxy's sync latency buckets: 1 ms doubling 15 times (to ~16 s).
 fn sync_buckets() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
@@ -126,129 +135,58 @@ impl ProxyMetrics {
             },
             process: ProcessMetrics::default(),
         };
-        // Counters are registered without `_total`: the encoder appends it.
         let r = &mut m.registry;
-        r.register(
-            "kubeproxy_sync_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds",
-            m.sync.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_full_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds for full resyncs",
-            m.sync_full.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
-            "SyncProxyRules latency in seconds for partial resyncs",
-            m.sync_partial.clone(),
-        );
-        r.register(
-            "kubeproxy_network_programming_duration_seconds",
-            "In Cluster Network Programming Latency in seconds",
-            m.network_programming.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "The last time proxy rules were successfully synced",
-            m.last_synced.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-            "The last time a sync of proxy rules was queued",
-            m.last_queued.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-            "Pending proxy rules Endpoint changes",
-            m.endpoint_changes_pending.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_endpoint_changes",
-            "Cumulative proxy rules Endpoint changes",
-            m.endpoint_changes.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_service_changes_pending",
-            "Pending proxy rules Service changes",
-            m.service_changes_pending.clone(),
-        );
-        r.register(
-            "kubeproxy_sync_proxy_rules_service_changes",
-            "Cumulative proxy rules Service changes",
-            m.service_changes.clone(),
-        );
-        // A gauge despite the name, as in kube-proxy.
-        r.register(
-            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-            "Number of services with a Local traffic policy and no endpoints",
-            m.no_local_endpoints.clone(),
-        );
-        r.register(
-            "kubeproxy_proxy_healthz",
-            "Cumulative proxy healthz HTTP status",
-            m.healthz.clone(),
-        );
-        r.register(
-            "kubeproxy_proxy_livez",
-            "Cumulative proxy livez HTTP status",
-            m.livez.clone(),
-        );
-        r.register(
-            "kubeproxy_conntrack_reconciler_deleted_entries",
-            "Cumulative conntrack flows deleted by conntrack reconciler",
-            m.conntrack_deleted.clone(),
-        );
-        r.register(
-            "weir_proxy_sync_failures",
-            "Cumulative failed syncs of proxy rules (any mode); the previous rules stay in place",
-            m.sync_failures.clone(),
-        );
-        r.register(
-            "weir_source_last_successful_scan_timestamp_seconds",
-            "When the manifest source last read its directory (alert when it falls behind)",
-            m.source.last_success.clone(),
-        );
-        r.register(
-            "weir_source_scan_duration_seconds",
-            "Duration of manifest directory scans",
-            m.source.scan_duration.clone(),
-        );
-        r.register(
-            "weir_source_scan_failures",
-            "Cumulative manifest scans that could not read the directory (the last view stays)",
-            m.source.scan_failures.clone(),
-        );
-        r.register(
-            "weir_source_manifest_errors",
-            "Manifest errors standing now (invalid files or objects, duplicates, unreadable paths)",
-            m.source.manifest_errors.clone(),
-        );
-        r.register(
-            "process_resident_memory_bytes",
-            "Resident memory size in bytes",
-            m.process.resident.clone(),
-        );
-        r.register(
-            "process_virtual_memory_bytes",
-            "Virtual memory size in bytes",
-            m.process.virtual_memory.clone(),
-        );
-        r.register(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds",
-            m.process.cpu.clone(),
-        );
-        r.register(
-            "process_open_fds",
-            "Number of open file descriptors",
-            m.process.open_fds.clone(),
-        );
-        r.register(
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds",
-            m.process.start_time.clone(),
-        );
+        register_all! { r;
+            "kubeproxy_sync_proxy_rules_duration_seconds" => m.sync,
+                "SyncProxyRules latency in seconds";
+            "kubeproxy_sync_full_proxy_rules_duration_seconds" => m.sync_full,
+                "SyncProxyRules latency in seconds for full resyncs";
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds" => m.sync_partial,
+                "SyncProxyRules latency in seconds for partial resyncs";
+            "kubeproxy_network_programming_duration_seconds" => m.network_programming,
+                "In Cluster Network Programming Latency in seconds";
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds" => m.last_synced,
+                "The last time proxy rules were successfully synced";
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds" => m.last_queued,
+                "The last time a sync of proxy rules was queued";
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending" => m.endpoint_changes_pending,
+                "Pending proxy rules Endpoint changes";
+            "kubeproxy_sync_proxy_rules_endpoint_changes" => m.endpoint_changes,
+                "Cumulative proxy rules Endpoint changes";
+            "kubeproxy_sync_proxy_rules_service_changes_pending" => m.service_changes_pending,
+                "Pending proxy rules Service changes";
+            "kubeproxy_sync_proxy_rules_service_changes" => m.service_changes,
+                "Cumulative proxy rules Service changes";
+            // A gauge despite the name, as in kube-proxy.
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total" => m.no_local_endpoints,
+                "Number of services with a Local traffic policy and no endpoints";
+            "kubeproxy_proxy_healthz" => m.healthz,
+                "Cumulative proxy healthz HTTP status";
+            "kubeproxy_proxy_livez" => m.livez,
+                "Cumulative proxy livez HTTP status";
+            "kubeproxy_conntrack_reconciler_deleted_entries" => m.conntrack_deleted,
+                "Cumulative conntrack flows deleted by conntrack reconciler";
+            "weir_proxy_sync_failures" => m.sync_failures,
+                "Cumulative failed syncs of proxy rules (any mode); the previous rules stay in place";
+            "weir_source_last_successful_scan_timestamp_seconds" => m.source.last_success,
+                "When the manifest source last read its directory (alert when it falls behind)";
+            "weir_source_scan_duration_seconds" => m.source.scan_duration,
+                "Duration of manifest directory scans";
+            "weir_source_scan_failures" => m.source.scan_failures,
+                "Cumulative manifest scans that could not read the directory (the last view stays)";
+            "weir_source_manifest_errors" => m.source.manifest_errors,
+                "Manifest errors standing now (invalid files or objects, duplicates, unreadable paths)";
+            "process_resident_memory_bytes" => m.process.resident,
+                "Resident memory size in bytes";
+            "process_virtual_memory_bytes" => m.process.virtual_memory,
+                "Virtual memory size in bytes";
+            "process_cpu_seconds" => m.process.cpu,
+                "Total user and system CPU time spent in seconds";
+            "process_open_fds" => m.process.open_fds,
+                "Number of open file descriptors";
+            "process_start_time_seconds" => m.process.start_time,
+                "Start time of the process since unix epoch in seconds";
+        }
         let mode_counter = match mode {
             "nftables" => Some((
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures",
@@ -397,10 +335,11 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 mod tests {
     use super::*;
 
-    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
+    /// The value on the sample line `name value` of the exposition `text`.
+    fn value<'a>(text: &'a str, name: &str) -> &'a str {
         text.lines()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no line {prefix:?} in\n{text}"))
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no sample {name:?} in\n{text}"))
     }
 
     #[test]
@@ -410,12 +349,12 @@ mod tests {
         m.record_changes(2, 5);
         let t = m.encode();
         assert_eq!(
-            line(&t, "kubeproxy_sync_proxy_rules_service_changes_pending "),
-            "kubeproxy_sync_proxy_rules_service_changes_pending 2"
+            value(&t, "kubeproxy_sync_proxy_rules_service_changes_pending"),
+            "2"
         );
         assert_eq!(
-            line(&t, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
-            "kubeproxy_sync_proxy_rules_endpoint_changes_total 5"
+            value(&t, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+            "5"
         );
         m.observe_sync(SyncKind::Full, Duration::from_millis(3));
         m.observe_sync(SyncKind::Partial, Duration::from_millis(1));
@@ -440,10 +379,7 @@ mod tests {
         ] {
             assert!(t.lines().any(|x| x == l), "missing {l:?} in\n{t}");
         }
-        let ts: f64 = line(&t, "kubeproxy_sync_proxy_rules_last_timestamp_seconds ")
-            .rsplit(' ')
-            .next()
-            .unwrap()
+        let ts: f64 = value(&t, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
             .parse()
             .unwrap();
         assert!(ts > 1.6e9, "{ts}");
@@ -518,33 +454,21 @@ mod tests {
         m.source_errors_changed(2);
         m.source_errors_changed(-1);
         let t = m.encode();
-        assert_eq!(
-            line(&t, "weir_source_scan_failures_total"),
-            "weir_source_scan_failures_total 1"
-        );
-        assert_eq!(
-            line(&t, "weir_source_scan_duration_seconds_count"),
-            "weir_source_scan_duration_seconds_count 2"
-        );
-        assert_eq!(
-            line(&t, "weir_source_manifest_errors "),
-            "weir_source_manifest_errors 1"
-        );
-        let ts: f64 = line(&t, "weir_source_last_successful_scan_timestamp_seconds ")
-            .split(' ')
-            .nth(1)
-            .unwrap()
+        assert_eq!(value(&t, "weir_source_scan_failures_total"), "1");
+        assert_eq!(value(&t, "weir_source_scan_duration_seconds_count"), "2");
+        assert_eq!(value(&t, "weir_source_manifest_errors"), "1");
+        let ts: f64 = value(&t, "weir_source_last_successful_scan_timestamp_seconds")
             .parse()
             .unwrap();
         assert!((now_seconds() - ts).abs() < 60.0, "{ts}");
         for name in [
-            "process_resident_memory_bytes ",
-            "process_open_fds ",
-            "process_start_time_seconds ",
-            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+            "process_cpu_seconds_total",
         ] {
-            let v: f64 = line(&t, name).split(' ').nth(1).unwrap().parse().unwrap();
-            assert!(v > 0.0 || name.starts_with("process_cpu"), "{name}{v}");
+            let v: f64 = value(&t, name).parse().unwrap();
+            assert!(v > 0.0 || name.starts_with("process_cpu"), "{name} {v}");
         }
     }
 }

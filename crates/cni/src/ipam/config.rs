@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 /// host-local's default store location; the store of network `n` is `<dataDir>/<n>/`.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
 
+// serde reads a missing `Option` field as None, so only the other defaults need saying.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IpamConf {
@@ -20,22 +21,16 @@ pub struct IpamConf {
     pub ranges: Vec<Vec<RangeConf>>,
     /// host-local's legacy single-range form: one more range set, placed before `ranges`, with its
     /// own `rangeStart`, `rangeEnd` and `gateway` beside `subnet`.
-    #[serde(default)]
     pub subnet: Option<IpNet>,
-    #[serde(default)]
     pub range_start: Option<IpAddr>,
-    #[serde(default)]
     pub range_end: Option<IpAddr>,
-    #[serde(default)]
     pub gateway: Option<IpAddr>,
     /// host-local's `resolvConf`: a resolv.conf-format file whose nameservers, domain, search list
     /// and options become the result's `dns` (unless the network configuration has its own `dns`).
-    #[serde(default)]
     pub resolv_conf: Option<PathBuf>,
     /// Addresses never handed out (in addition to each range's gateway).
     #[serde(default)]
     pub reserved: Vec<IpAddr>,
-    #[serde(default)]
     pub data_dir: Option<PathBuf>,
     #[serde(default)]
     pub routes: Vec<RouteConf>,
@@ -45,11 +40,8 @@ pub struct IpamConf {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RangeConf {
     pub subnet: IpNet,
-    #[serde(default)]
     pub range_start: Option<IpAddr>,
-    #[serde(default)]
     pub range_end: Option<IpAddr>,
-    #[serde(default)]
     pub gateway: Option<IpAddr>,
 }
 
@@ -57,7 +49,6 @@ pub struct RangeConf {
 #[serde(deny_unknown_fields)]
 pub struct RouteConf {
     pub dst: IpNet,
-    #[serde(default)]
     pub gw: Option<IpAddr>,
 }
 

@@ -555,46 +555,24 @@ fn requested_addresses_are_given_or_refused_with_the_reason() {
 
 #[test]
 fn host_local_honours_what_weir_allocated_on_request_and_vice_versa() {
-    if !Path::new(HOST_LOCAL).exists() {
-        eprintln!("SKIP: {HOST_LOCAL} is absent (apt-get install containernetworking-plugins)");
+    let Some(net) = SharedWithHostLocal::new(r#"[[{"subnet":"10.78.0.0/28"}]]"#) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let ranges = r#"[[{"subnet":"10.78.0.0/28"}]]"#;
-    let config = |extra: &str| {
-        format!(
-            r#"{{"cniVersion":"1.0.0","name":"{NET}","type":"bridge"{extra},
-                "ipam":{{"type":"host-local","dataDir":"{}","ranges":{ranges}}}}}"#,
-            tmp.path().display()
-        )
     };
-    let c = conf_in(tmp.path(), ranges);
-    let s = store(&c);
+    let c = &net.conf;
+    let s = store(c);
     // host-local takes a requested address; weir refuses it to another container
-    let hl = host_local_ip(
-        &host_local(
-            "ADD",
-            "hl",
-            "eth0",
-            &config(r#","runtimeConfig":{"ips":["10.78.0.9"]}"#),
-        )
-        .unwrap(),
-    );
+    let hl = net.host_local_add("hl", r#","runtimeConfig":{"ips":["10.78.0.9"]}"#);
     assert_eq!(hl, ip("10.78.0.9"));
     assert!(matches!(
-        s.allocate_requested(&c, "w", "eth0", &[hl]),
+        s.allocate_requested(c, "w", "eth0", &[hl]),
         Err(IpamError::Taken(_))
     ));
     // weir takes a requested address; host-local refuses it
-    s.allocate_requested(&c, "w", "eth0", &[ip("10.78.0.7")])
+    s.allocate_requested(c, "w", "eth0", &[ip("10.78.0.7")])
         .unwrap();
-    let err = host_local(
-        "ADD",
-        "hl2",
-        "eth0",
-        &config(r#","args":{"cni":{"ips":["10.78.0.7"]}}"#),
-    )
-    .unwrap_err();
+    let err = net
+        .host_local("ADD", "hl2", r#","args":{"cni":{"ips":["10.78.0.7"]}}"#)
+        .unwrap_err();
     assert!(err.contains("10.78.0.7"), "{err}");
 }
 
@@ -872,87 +850,114 @@ fn fifty_processes_never_share_an_address() {
 
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 
-fn host_local(cmd: &str, id: &str, ifname: &str, config: &str) -> Result<String, String> {
-    use std::io::Write;
-    let mut child = Command::new(HOST_LOCAL)
-        .env_clear()
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", id)
-        .env("CNI_NETNS", "/proc/self/ns/net")
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", "/usr/lib/cni")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(config.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if out.status.success() {
-        Ok(stdout)
-    } else {
-        Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
-    }
+/// A network weir and host-local share: one store directory, `ranges` read by weir as `conf` and
+/// by host-local from the network configuration it is sent.
+struct SharedWithHostLocal {
+    tmp: tempfile::TempDir,
+    ranges: &'static str,
+    conf: IpamConf,
 }
 
-fn host_local_ip(result: &str) -> IpAddr {
-    let v: serde_json::Value = serde_json::from_str(result).unwrap();
-    let addr: ipnet::IpNet = v["ips"][0]["address"].as_str().unwrap().parse().unwrap();
-    addr.addr()
+impl SharedWithHostLocal {
+    /// None, after a SKIP line, when host-local is not installed.
+    fn new(ranges: &'static str) -> Option<Self> {
+        if !Path::new(HOST_LOCAL).exists() {
+            eprintln!("SKIP: {HOST_LOCAL} is absent (apt-get install containernetworking-plugins)");
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = conf_in(tmp.path(), ranges);
+        Some(Self { tmp, ranges, conf })
+    }
+
+    /// The network's store directory.
+    fn dir(&self) -> std::path::PathBuf {
+        self.tmp.path().join(NET)
+    }
+
+    /// Runs host-local's `cmd` for (`id`, eth0), with `extra` top-level keys in the network
+    /// configuration; its stdout, or its stdout and stderr as the error.
+    fn host_local(&self, cmd: &str, id: &str, extra: &str) -> Result<String, String> {
+        use std::io::Write;
+        let config = format!(
+            r#"{{"cniVersion":"1.0.0","name":"{NET}","type":"bridge"{extra},
+                "ipam":{{"type":"host-local","dataDir":"{}","ranges":{}}}}}"#,
+            self.tmp.path().display(),
+            self.ranges
+        );
+        let mut child = Command::new(HOST_LOCAL)
+            .env_clear()
+            .env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", id)
+            .env("CNI_NETNS", "/proc/self/ns/net")
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", "/usr/lib/cni")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(config.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)))
+        }
+    }
+
+    /// A successful host-local ADD's address.
+    fn host_local_add(&self, id: &str, extra: &str) -> IpAddr {
+        let result = self.host_local("ADD", id, extra).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&result).unwrap();
+        let addr: ipnet::IpNet = v["ips"][0]["address"].as_str().unwrap().parse().unwrap();
+        addr.addr()
+    }
 }
 
 #[test]
 fn host_local_and_weir_read_each_others_stores() {
-    if !Path::new(HOST_LOCAL).exists() {
-        eprintln!("SKIP: {HOST_LOCAL} is absent (apt-get install containernetworking-plugins)");
+    let Some(net) = SharedWithHostLocal::new(r#"[[{"subnet":"10.77.0.0/28"}]]"#) else {
         return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let ranges = r#"[[{"subnet":"10.77.0.0/28"}]]"#;
-    let config = format!(
-        r#"{{"cniVersion":"1.0.0","name":"{NET}","type":"bridge",
-            "ipam":{{"type":"host-local","dataDir":"{}","ranges":{ranges}}}}}"#,
-        tmp.path().display()
-    );
-    let c = conf_in(tmp.path(), ranges);
-    let dir = tmp.path().join(NET);
+    };
+    let (c, dir) = (&net.conf, net.dir());
 
     // host-local allocates first; weir finds it, in host-local's own file format
-    let hl1 = host_local_ip(&host_local("ADD", "hl1", "eth0", &config).unwrap());
+    let hl1 = net.host_local_add("hl1", "");
     assert_eq!(hl1, ip("10.77.0.2"));
     assert_eq!(
         fs::read_to_string(dir.join("10.77.0.2")).unwrap(),
         "hl1\r\neth0"
     );
-    let s = store(&c);
+    let s = store(c);
     assert_eq!(s.lookup("hl1", "eth0").unwrap(), vec![hl1]);
     assert_eq!(
         s.allocations().unwrap(),
         vec![(hl1, "hl1".into(), "eth0".into())]
     );
     assert_eq!(
-        ips(&s.allocate(&c, "hl1", "eth0").unwrap()),
+        ips(&s.allocate(c, "hl1", "eth0").unwrap()),
         vec![hl1],
         "weir sees host-local's allocation as held"
     );
 
     // weir continues host-local's round-robin and does not collide
-    let w1 = alloc1(&s, &c, "w1");
+    let w1 = alloc1(&s, c, "w1");
     assert_eq!(w1, ip("10.77.0.3"));
     // host-local continues weir's round-robin, and refuses a second address for weir's container
-    let hl2 = host_local_ip(&host_local("ADD", "hl2", "eth0", &config).unwrap());
+    let hl2 = net.host_local_add("hl2", "");
     assert_eq!(hl2, ip("10.77.0.4"));
-    let dup = host_local("ADD", "w1", "eth0", &config).unwrap_err();
+    let dup = net.host_local("ADD", "w1", "").unwrap_err();
     assert!(dup.contains("duplicate allocation"), "{dup}");
 
     // host-local's DEL releases weir's file; weir's release removes host-local's
-    host_local("DEL", "w1", "eth0", &config).unwrap();
+    net.host_local("DEL", "w1", "").unwrap();
     assert_eq!(s.lookup("w1", "eth0").unwrap(), Vec::<IpAddr>::new());
     assert_eq!(s.release("hl2", "eth0").unwrap(), vec![hl2]);
     assert_eq!(
@@ -964,9 +969,9 @@ fn host_local_and_weir_read_each_others_stores() {
         vec![(hl1, "hl1".into(), "eth0".into())]
     );
     // host-local still works on the store weir has written to (lock, cursor, boot id file)
-    let hl3 = host_local_ip(&host_local("ADD", "hl3", "eth0", &config).unwrap());
+    let hl3 = net.host_local_add("hl3", "");
     assert_eq!(hl3, ip("10.77.0.5"));
-    host_local("DEL", "hl1", "eth0", &config).unwrap();
+    net.host_local("DEL", "hl1", "").unwrap();
     assert_eq!(
         s.allocations().unwrap(),
         vec![(hl3, "hl3".into(), "eth0".into())]
@@ -978,43 +983,33 @@ fn host_local_and_weir_read_each_others_stores() {
 /// host-local's, and never hand host-local's address out a second time.
 #[test]
 fn after_a_reboot_weir_keeps_what_host_local_allocated_in_this_boot() {
-    if !Path::new(HOST_LOCAL).exists() {
-        eprintln!("SKIP: {HOST_LOCAL} is absent (apt-get install containernetworking-plugins)");
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
     // two addresses only, so a wrong release shows up as a duplicate at once
     let ranges = r#"[[{"subnet":"10.79.0.0/24","rangeStart":"10.79.0.2","rangeEnd":"10.79.0.3"}]]"#;
-    let config = format!(
-        r#"{{"cniVersion":"1.0.0","name":"{NET}","type":"bridge",
-            "ipam":{{"type":"host-local","dataDir":"{}","ranges":{ranges}}}}}"#,
-        tmp.path().display()
-    );
-    let c = conf_in(tmp.path(), ranges);
-    let dir = tmp.path().join(NET);
+    let Some(net) = SharedWithHostLocal::new(ranges) else {
+        return;
+    };
+    let (c, dir) = (&net.conf, net.dir());
 
     // the earlier boot: weir allocated 10.79.0.2 and stamped the store
-    let earlier = Store::open(&c, NET)
+    let earlier = Store::open(c, NET)
         .unwrap()
         .with_boot_id(Some("earlier-boot"));
-    assert_eq!(alloc1(&earlier, &c, "old"), ip("10.79.0.2"));
+    assert_eq!(alloc1(&earlier, c, "old"), ip("10.79.0.2"));
     from_an_earlier_boot(&dir.join("10.79.0.2"));
     from_an_earlier_boot(&dir.join(BOOT_ID_FILE));
 
     // this boot: host-local runs first
-    let hl = host_local_ip(&host_local("ADD", "hl", "eth0", &config).unwrap());
+    let hl = net.host_local_add("hl", "");
     assert_eq!(hl, ip("10.79.0.3"));
 
     // then weir: the earlier boot's address is free again, host-local's is not
-    let now = Store::open(&c, NET)
-        .unwrap()
-        .with_boot_id(Some("this-boot"));
+    let now = Store::open(c, NET).unwrap().with_boot_id(Some("this-boot"));
     assert_eq!(now.lookup("hl", "eth0").unwrap(), vec![hl]);
     assert_eq!(now.lookup("old", "eth0").unwrap(), Vec::<IpAddr>::new());
-    assert_eq!(alloc1(&now, &c, "w1"), ip("10.79.0.2"));
+    assert_eq!(alloc1(&now, c, "w1"), ip("10.79.0.2"));
     assert!(
         matches!(
-            now.allocate(&c, "w2", "eth0"),
+            now.allocate(c, "w2", "eth0"),
             Err(IpamError::Exhausted { .. })
         ),
         "10.79.0.3 is host-local's: the range is full"
@@ -1023,7 +1018,7 @@ fn after_a_reboot_weir_keeps_what_host_local_allocated_in_this_boot() {
         fs::read_to_string(dir.join("10.79.0.3")).unwrap(),
         "hl\r\neth0"
     );
-    host_local("DEL", "hl", "eth0", &config).unwrap();
+    net.host_local("DEL", "hl", "").unwrap();
 }
 
 // ---------------------------------------------------------------- property test

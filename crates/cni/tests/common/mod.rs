@@ -2,11 +2,15 @@
 //! a CNI plugin inside the node's namespace exactly as a container runtime would (env + stdin).
 #![allow(dead_code)]
 
+mod cni;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use weir_kernel::NetNs;
+
+pub use cni::*;
 
 /// A named namespace that is deleted on drop (even when the test panics).
 pub struct TestNs {
@@ -42,6 +46,15 @@ impl TestNs {
             .output()
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    /// `ip -o link show`: one line a link.
+    pub fn links(&self) -> String {
+        self.sh("ip -o link show")
+    }
+    pub fn mac(&self, ifname: &str) -> String {
+        self.sh(&format!("cat /sys/class/net/{ifname}/address"))
+            .trim()
+            .to_string()
     }
 }
 
@@ -100,64 +113,13 @@ pub fn run_plugin(
     ifname: &str,
     config: &str,
 ) -> PluginRun {
-    run_plugin_env(
-        plugin,
-        node,
-        command,
-        container_id,
-        netns,
-        ifname,
-        config,
-        &[],
-    )
-}
-
-/// [`run_plugin`] with more environment variables (e.g. `CNI_ARGS`).
-#[allow(clippy::too_many_arguments)]
-pub fn run_plugin_env(
-    plugin: &Path,
-    node: &TestNs,
-    command: &str,
-    container_id: &str,
-    netns: Option<&Path>,
-    ifname: &str,
-    config: &str,
-    extra_env: &[(&str, &str)],
-) -> PluginRun {
-    let ns = node.open();
-    let mut cmd = Command::new(plugin);
-    cmd.env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", container_id)
-        .env("CNI_IFNAME", ifname)
-        .env("CNI_PATH", plugin.parent().unwrap())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(n) = netns {
-        cmd.env("CNI_NETNS", n);
-    }
-    cmd.envs(extra_env.iter().copied());
-    ns.spawn_inside(&mut cmd);
-    let mut child = cmd.spawn().expect("spawn plugin");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(config.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    PluginRun {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Cni::new(plugin, node).run(command, container_id, netns, ifname, config)
 }
 
 /// Inside `ns`, accepts one TCP connection on `port` and answers `reply` (in a background thread).
-pub fn serve_once(ns: &TestNs, port: u16, reply: &'static str) -> std::thread::JoinHandle<()> {
+pub fn serve_once(ns: &TestNs, port: u16, reply: &str) -> std::thread::JoinHandle<()> {
     let handle = ns.open();
+    let reply = reply.to_owned();
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         let _g = handle.enter().unwrap();
@@ -189,6 +151,22 @@ pub fn fetch(ns: &TestNs, addr: std::net::IpAddr, port: u16) -> std::io::Result<
         .join()
         .unwrap()
     })
+}
+
+/// Asserts that a TCP connection from `client` to `addr:port` reaches a listener in `server`
+/// (which answers with its namespace's name, so the answer proves where it landed).
+pub fn assert_connects(client: &TestNs, server: &TestNs, addr: impl std::fmt::Display, port: u16) {
+    let addr: std::net::IpAddr = addr.to_string().parse().unwrap();
+    let listener = serve_once(server, port, &server.name);
+    let answer = fetch(client, addr, port);
+    assert_eq!(
+        answer.unwrap(),
+        server.name,
+        "{} → {addr}:{port} did not reach {}",
+        client.name,
+        server.name
+    );
+    listener.join().unwrap();
 }
 
 /// Polls `cond` for up to three seconds (DEL removes the pod's veth in the background).
