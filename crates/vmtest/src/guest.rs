@@ -17,7 +17,7 @@
 //! VM at the same time. When the host closes its end (the test process exited), `read` returns
 //! end-of-file and the agent powers the VM off.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::cpio::Entry;
 
@@ -145,10 +145,39 @@ pub fn is_static_elf(bytes: &[u8]) -> bool {
     })
 }
 
+/// Directories the guest's fresh tmpfs mounts hide from the host's root.
+const HIDDEN_IN_GUEST: &[&str] = &["/tmp", "/run", "/var/tmp"];
+
+/// Of `host_dirs` (e.g. the checkout and its target directory), those the guest would not see
+/// because they live under a directory it mounts a fresh tmpfs on; [`init_script`] binds them
+/// back from the host's view, read-only.
+pub fn hidden_dirs(host_dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut hidden: Vec<PathBuf> = host_dirs
+        .iter()
+        .filter(|d| HIDDEN_IN_GUEST.iter().any(|h| d.starts_with(h)))
+        .cloned()
+        .collect();
+    hidden.sort();
+    hidden.dedup();
+    // A directory inside another one already bound needs no bind of its own.
+    let all = hidden.clone();
+    hidden.retain(|d| !all.iter().any(|o| o != d && d.starts_with(o)));
+    hidden
+}
+
 /// The `/init` script. `kernel_root` is the cached package tree, which the guest sees at the same
-/// path through the host's root; the host's `modprobe` runs against it.
-pub fn init_script(kernel_root: &Path, early_modules: &[String]) -> String {
+/// path through the host's root; the host's `modprobe` runs against it. `rebind`: host
+/// directories under /tmp, /run or /var/tmp (see [`hidden_dirs`]) the guest must still see — the
+/// build tree when the checkout lives there.
+pub fn init_script(kernel_root: &Path, early_modules: &[String], rebind: &[PathBuf]) -> String {
     let kdir = kernel_root.display();
+    let rebind: String = rebind
+        .iter()
+        .map(|d| {
+            let d = d.display();
+            format!("mkdir -p /mnt{d} && mount -o bind,ro /host{d} /mnt{d} || fail \"bind {d}\"\n")
+        })
+        .collect();
     let early = early_modules.join(" ");
     let modules = MODULES.join(" ");
     format!(
@@ -171,7 +200,7 @@ mount -t proc proc /mnt/proc; mount -t sysfs sys /mnt/sys; mount -t devtmpfs dev
 mkdir -p /mnt/dev/pts /mnt/dev/shm; mount -t devpts devpts /mnt/dev/pts; mount -t tmpfs shm /mnt/dev/shm
 mount -t tmpfs -o mode=1777 tmp /mnt/tmp; mount -t tmpfs -o mode=755 run /mnt/run
 mount -t tmpfs -o mode=1777 vartmp /mnt/var/tmp
-mkdir -p /mnt{GUEST_IO_DIR}
+{rebind}mkdir -p /mnt{GUEST_IO_DIR}
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none {IO_TAG} /mnt{GUEST_IO_DIR} || fail "mount the I/O directory"
 hostname weir-vm; ip link set lo up
 stamp mounted
@@ -303,7 +332,7 @@ mod tests {
 
     #[test]
     fn the_init_loads_the_early_modules_and_names_the_cached_module_tree() {
-        let init = init_script(Path::new("/c/k_1"), &["a.ko".into(), "b.ko".into()]);
+        let init = init_script(Path::new("/c/k_1"), &["a.ko".into(), "b.ko".into()], &[]);
         assert!(init.starts_with("#!/bin/busybox sh\n"));
         assert!(init.contains("for m in a.ko b.ko; do insmod"));
         // From the host's view (/host): the guest's /tmp and /run hide a cache kept there.
@@ -313,5 +342,26 @@ mod tests {
         assert!(init.contains("chroot /mnt /sbin/modprobe -a ip_vs ip_vs_rr"));
         assert!(init.contains("echo \"READY $(uname -r) ${missing:--}\" >&3"));
         assert!(init.contains("mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144,cache=none weirio /mnt/run/weir-vm/io"));
+    }
+
+    #[test]
+    fn a_build_tree_under_tmp_is_bound_back_into_the_guest() {
+        let dirs = [
+            PathBuf::from("/tmp/ci/checkout"),
+            PathBuf::from("/tmp/ci/checkout/target"),
+            PathBuf::from("/work/main"),
+        ];
+        let hidden = hidden_dirs(&dirs);
+        assert_eq!(hidden, [PathBuf::from("/tmp/ci/checkout")]);
+        let init = init_script(Path::new("/c/k_1"), &[], &hidden);
+        let bind = init
+            .find("mount -o bind,ro /host/tmp/ci/checkout /mnt/tmp/ci/checkout")
+            .expect("the checkout is bound back");
+        // after the guest's own tmpfs on /tmp, or the tmpfs would hide the bind again
+        assert!(
+            bind > init
+                .find("mount -t tmpfs -o mode=1777 tmp /mnt/tmp")
+                .unwrap()
+        );
     }
 }

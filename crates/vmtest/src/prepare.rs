@@ -56,7 +56,7 @@ fn initramfs(kernel: &Kernel) -> anyhow::Result<PathBuf> {
     }
     let files = early_module_files(kernel)?;
     let names: Vec<String> = files.iter().map(|(name, _)| name.clone()).collect();
-    let init = guest::init_script(&kernel.root, &names);
+    let init = guest::init_script(&kernel.root, &names, &guest::hidden_dirs(&build_tree()));
     let entries = guest::initramfs_entries(busybox, &files, &init);
     let bytes = cpio::archive(&entries);
     let hash = Sha256::digest(&bytes);
@@ -68,6 +68,26 @@ fn initramfs(kernel: &Kernel) -> anyhow::Result<PathBuf> {
         fs::rename(&partial, &path)?;
     }
     Ok(path)
+}
+
+/// Where the binaries under test live: this checkout and the running executable's profile
+/// directory (`target/debug`, or a `CARGO_TARGET_DIR` elsewhere). Guest scripts run them by
+/// their host paths.
+fn build_tree() -> Vec<PathBuf> {
+    let mut dirs = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")];
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            let profile = if dir.ends_with("deps") {
+                dir.parent()
+            } else {
+                Some(dir)
+            };
+            dirs.extend(profile.map(Path::to_path_buf));
+        }
+    }
+    dirs.into_iter()
+        .filter_map(|d| d.canonicalize().ok())
+        .collect()
 }
 
 /// The early modules' files (and their dependencies'), named by file name.
