@@ -185,50 +185,57 @@ pub fn declared_version(stdin: &[u8]) -> Option<String> {
     v.get("cniVersion")?.as_str().map(str::to_string)
 }
 
-impl NetConf {
-    pub fn parse(stdin: &[u8]) -> CniResult<Self> {
-        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
-            CniError::new(ErrorCode::Decode, "network configuration is not valid JSON")
-                .with_details(e)
-        })?;
-        let object = value.as_object().ok_or_else(|| {
+/// Decodes a network configuration in the order the spec's error codes ask for: JSON syntax (6),
+/// cniVersion (1), keys outside `known` and the reserved `cni.dev/*` prefix (2, named with their
+/// value), then field values (7). `what` names the configuration in messages. Both modes use it.
+pub(crate) fn decode_in_steps<T: serde::de::DeserializeOwned>(
+    stdin: &[u8],
+    known: &[&str],
+    what: &str,
+) -> CniResult<T> {
+    let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+        CniError::new(ErrorCode::Decode, format!("{what} is not valid JSON")).with_details(e)
+    })?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| CniError::new(ErrorCode::Decode, format!("{what} must be a JSON object")))?;
+    let version = object
+        .get("cniVersion")
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
             CniError::new(
-                ErrorCode::Decode,
-                "network configuration must be a JSON object",
+                ErrorCode::InvalidConfig,
+                format!("{what} has no cniVersion string"),
             )
         })?;
-        let version = object
-            .get("cniVersion")
-            .and_then(Value::as_str)
-            .ok_or_else(|| {
-                CniError::new(
-                    ErrorCode::InvalidConfig,
-                    "network configuration has no cniVersion string",
-                )
-            })?;
-        check_version(version)?;
-        for (key, val) in object {
-            // The spec reserves `cni.dev/*` for runtimes (libcni >= 1.2.3 sends cni.dev/attachments
-            // beside cni.dev/valid-attachments in GC): accept them all.
-            if !KNOWN_KEYS.contains(&key.as_str()) && !key.starts_with(RESERVED_PREFIX) {
-                return Err(CniError::new(
-                    ErrorCode::UnsupportedField,
-                    format!(
-                        "unsupported field in network configuration: {:?} = {}",
-                        abbreviate(key, 200),
-                        abbreviate(&val.to_string(), 200)
-                    ),
-                ));
-            }
+    check_version(version)?;
+    for (key, val) in object {
+        // The spec reserves `cni.dev/*` for runtimes (libcni >= 1.2.3 sends cni.dev/attachments
+        // beside cni.dev/valid-attachments in GC): accept them all.
+        if !known.contains(&key.as_str()) && !key.starts_with(RESERVED_PREFIX) {
+            return Err(CniError::new(
+                ErrorCode::UnsupportedField,
+                format!(
+                    "unsupported field in {what}: {:?} = {}",
+                    abbreviate(key, 200),
+                    abbreviate(&val.to_string(), 200)
+                ),
+            ));
         }
-        let mut conf: NetConf = serde_json::from_value(value).map_err(|e| {
-            let code = if e.to_string().contains("unknown field") {
-                ErrorCode::UnsupportedField
-            } else {
-                ErrorCode::InvalidConfig
-            };
-            CniError::new(code, format!("invalid network configuration: {e}"))
-        })?;
+    }
+    serde_json::from_value(value).map_err(|e| {
+        let code = if e.to_string().contains("unknown field") {
+            ErrorCode::UnsupportedField
+        } else {
+            ErrorCode::InvalidConfig
+        };
+        CniError::new(code, format!("invalid {what}: {e}"))
+    })
+}
+
+impl NetConf {
+    pub fn parse(stdin: &[u8]) -> CniResult<Self> {
+        let mut conf: NetConf = decode_in_steps(stdin, KNOWN_KEYS, "network configuration")?;
         if conf.mtu == Some(0) {
             conf.mtu = None;
         }

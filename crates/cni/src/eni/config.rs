@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::config::Attachment;
-use crate::spec::{abbreviate, check_version, CniError, CniResult, ErrorCode};
+use crate::config::{decode_in_steps, Attachment};
+use crate::spec::{CniError, CniResult, ErrorCode};
 
 /// How the node's secondary ENI is found: NICs are not always eth0/eth1, a MAC is stable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,42 +222,7 @@ pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
 
 impl EniConf {
     pub fn parse(stdin: &[u8]) -> CniResult<Self> {
-        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
-            CniError::new(ErrorCode::Decode, "network configuration is not valid JSON")
-                .with_details(e)
-        })?;
-        let object = value.as_object().ok_or_else(|| {
-            CniError::new(
-                ErrorCode::Decode,
-                "network configuration must be a JSON object",
-            )
-        })?;
-        let version = object
-            .get("cniVersion")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid("network configuration has no cniVersion string".into()))?;
-        check_version(version)?;
-        for (key, val) in object {
-            // keys under cni.dev/ are reserved by the spec for runtimes: accept them all
-            if !KNOWN_KEYS.contains(&key.as_str()) && !key.starts_with("cni.dev/") {
-                return Err(CniError::new(
-                    ErrorCode::UnsupportedField,
-                    format!(
-                        "unsupported field in eni-shared network configuration: {:?} = {}",
-                        abbreviate(key, 200),
-                        abbreviate(&val.to_string(), 200)
-                    ),
-                ));
-            }
-        }
-        let raw: Raw = serde_json::from_value(value).map_err(|e| {
-            let code = if e.to_string().contains("unknown field") {
-                ErrorCode::UnsupportedField
-            } else {
-                ErrorCode::InvalidConfig
-            };
-            CniError::new(code, format!("invalid eni-shared configuration: {e}"))
-        })?;
+        let raw: Raw = decode_in_steps(stdin, KNOWN_KEYS, "eni-shared network configuration")?;
         Self::from_raw(raw)
     }
 
