@@ -4,8 +4,8 @@ use crate::bridge::{ipam_err, Attachment};
 use crate::config::{declared_version, NetConf};
 use crate::ipam::Store;
 use crate::spec::{
-    parse_command, version_at_least, CniError, CniResult, Command, Env, ErrorCode, Outcome,
-    CURRENT_VERSION, SUPPORTED_VERSIONS,
+    parse_command, CniError, CniResult, Command, Env, ErrorCode, Outcome, CURRENT_VERSION,
+    SUPPORTED_VERSIONS,
 };
 
 /// What the process prints and how it exits.
@@ -54,19 +54,7 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
     if env.command == Command::Add {
         conf.read_requests(&env.args)?;
     }
-    let needs = |min: &str, what: &str| {
-        if version_at_least(&conf.cni_version, min) {
-            Ok(())
-        } else {
-            Err(CniError::new(
-                ErrorCode::IncompatibleVersion,
-                format!(
-                    "{what} needs cniVersion {min} or later, the configuration says {}",
-                    conf.cni_version
-                ),
-            ))
-        }
-    };
+    let needs = |min: &str, what: &str| crate::spec::require_version(&conf.cni_version, min, what);
     let attachment = Attachment {
         conf: &conf,
         container_id: &env.container_id,

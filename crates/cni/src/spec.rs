@@ -284,6 +284,18 @@ pub fn check_version(version: &str) -> CniResult<()> {
     }
 }
 
+/// `what` (a verb) needs cniVersion `min`; the configuration declares `have`.
+pub fn require_version(have: &str, min: &str, what: &str) -> CniResult<()> {
+    if version_at_least(have, min) {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            ErrorCode::IncompatibleVersion,
+            format!("{what} needs cniVersion {min} or later, the configuration says {have}"),
+        ))
+    }
+}
+
 /// True when `version` is at least `min` (both from SUPPORTED_VERSIONS or well-formed x.y.z).
 pub fn version_at_least(version: &str, min: &str) -> bool {
     fn parts(v: &str) -> (u32, u32, u32) {

@@ -25,8 +25,7 @@ use weir_kernel::{Link, Rtnl};
 use crate::bridge::{ipam_err, open_netns};
 use crate::ipam::Store;
 use crate::spec::{
-    version_at_least, CniError, CniResult, Command, Env, ErrorCode, Interface, IpConfig, Outcome,
-    Route,
+    CniError, CniResult, Command, Env, ErrorCode, Interface, IpConfig, Outcome, Route,
 };
 use addresses::{plan_addresses, source_for, AddressPlan};
 use config::EniConf;
@@ -42,19 +41,7 @@ const TOMBSTONE_PREFIX: &str = "weir-eni-deleting.";
 /// Runs one command of an eni-shared network (the plugin's dispatch hook calls this).
 pub fn dispatch(env: &Env, stdin: &[u8]) -> CniResult<String> {
     let conf = EniConf::parse(stdin)?;
-    let needs = |min: &str, what: &str| {
-        if version_at_least(&conf.cni_version, min) {
-            Ok(())
-        } else {
-            Err(CniError::new(
-                ErrorCode::IncompatibleVersion,
-                format!(
-                    "{what} needs cniVersion {min} or later, the configuration says {}",
-                    conf.cni_version
-                ),
-            ))
-        }
-    };
+    let needs = |min: &str, what: &str| crate::spec::require_version(&conf.cni_version, min, what);
     let pod = Pod {
         conf: &conf,
         container_id: &env.container_id,
