@@ -85,12 +85,18 @@ fn localhost0() -> Option<SocketAddr> {
     Some("127.0.0.1:0".parse().unwrap())
 }
 
+/// A port free now, below the kernel's ephemeral range (32768+), so that no other test's
+/// outgoing connection takes it as its source port before the test binds it (an ephemeral
+/// port was taken that way once in CI). Successive calls return different ports.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 5_000) as u16;
+    loop {
+        let port = base + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 5_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn start(health: &Arc<ProxyHealth>) -> (HttpRuntime, ProxyServers, Arc<ProxyMetrics>) {
@@ -333,7 +339,8 @@ fn a_taken_port_is_reported_and_retried() {
     health.updated();
     let rt = HttpRuntime::new().unwrap();
     let mut hc = ServiceHealthServers::new(&rt, vec!["127.0.0.1".parse().unwrap()], health);
-    let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+    // Not an ephemeral port: see `free_port`.
+    let squatter = TcpListener::bind(("127.0.0.1", free_port())).unwrap();
     let port = squatter.local_addr().unwrap().port();
     let errors = hc.sync(&want(&[("lb", port, 1)]));
     assert_eq!(errors.len(), 1);
