@@ -256,8 +256,13 @@ fn leave_legacy_sets(pods: &[IpAddr]) {
     }
 }
 
-/// Runs one nft transaction.
+/// Runs one nft transaction of the masquerade table.
 pub fn apply(script: &str) -> CniResult<()> {
+    nft_transaction(script, "the masquerade update")
+}
+
+/// Runs `script` as one `nft -f -` transaction; `what` names it in the error.
+pub(crate) fn nft_transaction(script: &str, what: &str) -> CniResult<()> {
     let fail = |m: String| CniError::new(ErrorCode::Nftables, m);
     let mut child = Command::new("nft")
         .args(["-f", "-"])
@@ -276,7 +281,7 @@ pub fn apply(script: &str) -> CniResult<()> {
         .wait_with_output()
         .map_err(|e| fail(format!("waiting for nft: {e}")))?;
     if !out.status.success() {
-        return Err(fail("nft rejected the masquerade update".into())
+        return Err(fail(format!("nft rejected {what}"))
             .with_details(String::from_utf8_lossy(&out.stderr).trim()));
     }
     Ok(())

@@ -227,34 +227,6 @@ pub fn node_sysctls() -> CniResult<()> {
     Ok(())
 }
 
-/// Runs one nft transaction.
-pub fn nft_apply(script: &str) -> CniResult<()> {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let fail = |m: String| CniError::new(ErrorCode::Nftables, m);
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(format!("cannot run nft (install package nftables): {e}")))?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(script.as_bytes())
-        .map_err(|e| fail(format!("writing to nft: {e}")))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| fail(format!("waiting for nft: {e}")))?;
-    if !out.status.success() {
-        return Err(fail("nft rejected the eni-shared connmark table".into())
-            .with_details(String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(())
-}
-
 /// Whether this network's chain exists in the node-wide table (every ADD and CHECK ask).
 /// Asked over netlink; if netlink cannot answer, `nft` does.
 pub fn nft_chain_present(network: &str) -> bool {

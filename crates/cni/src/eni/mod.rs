@@ -119,7 +119,10 @@ fn setup_node(conf: &EniConf, host: &mut Rtnl, store_dir: &Path) -> CniResult<(L
     let current = std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp)
         && dp::nft_chain_present(&conf.name);
     if !current {
-        dp::nft_apply(&plan::node_nft_script(conf, &eni.name))?;
+        crate::masq::nft_transaction(
+            &plan::node_nft_script(conf, &eni.name),
+            "the eni-shared connmark table",
+        )?;
         dp::write_stamp(&stamp_path, &stamp);
     }
     Ok((eni, addrs))
