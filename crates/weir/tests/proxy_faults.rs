@@ -76,6 +76,9 @@ const LATE: (u16, &str) = (503, "");
 /// or across a restart.
 const SILENT: (u16, &str) = (0, "");
 
+/// /healthz's answer between a restart and the new process's first complete view.
+const STARTING: (u16, &str) = (503, "has not produced a complete view yet");
+
 fn healthy() -> Health {
     Health {
         code: 200,
@@ -150,7 +153,7 @@ fn directory_missing_at_start(a: &mut Agent) {
     a.wait_for("200 once the directory is back", || a.health().code == 200);
     assert_health(
         &health.finish(),
-        &[(0, ""), (503, ""), (503, "cannot read"), (200, "")],
+        &[SILENT, LATE, (503, "cannot read"), (200, "")],
         &[(503, "cannot read"), (200, "")],
     );
     logged_once(a, &["not syncing yet, the rules in the kernel are kept"]);
@@ -297,8 +300,8 @@ fn directory_unreadable(a: &mut Agent) {
         &health.finish(),
         &[
             (200, ""),
-            (0, ""),
-            (503, ""),
+            SILENT,
+            LATE,
             (503, "cannot read"),
             (503, "serving the last complete view"),
         ],
@@ -427,7 +430,7 @@ fn service_file_turns_odd(a: &mut Agent) {
     });
     assert_health(
         &health.finish(),
-        &[(200, ""), (0, ""), (503, "")],
+        &[(200, ""), SILENT, LATE, STARTING],
         &[(200, "")],
     );
     // Once per process.
@@ -457,12 +460,7 @@ fn typo_then_restart(a: &mut Agent) {
     assert!(a.solo_answers(), "served from the last-known-good copy");
     assert_health(
         &health.finish(),
-        &[
-            (200, ""),
-            (0, ""),
-            (503, ""),
-            (503, "has not produced a complete view yet"),
-        ],
+        &[(200, ""), SILENT, LATE, STARTING],
         &[(200, "")],
     );
     let log = a.log();
@@ -666,12 +664,7 @@ fn sigkill_during_sync(a: &mut Agent) {
     }
     assert_health(
         &health.finish(),
-        &[
-            (200, ""),
-            (0, ""),
-            (503, ""),
-            (503, "has not produced a complete view yet"),
-        ],
+        &[(200, ""), SILENT, LATE, STARTING],
         &[(200, "")],
     );
     // What a clean start writes.
