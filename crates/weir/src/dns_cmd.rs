@@ -80,7 +80,7 @@ fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
     upstreams.retain(|u| {
         let own = *u == args.listen;
         if own {
-            warn!("upstream {u} is this server's own address: ignored");
+            warn!(upstream = %u, "upstream is this server's own address: ignored");
         }
         !own
     });

@@ -1,6 +1,6 @@
 //! `weir`: the node agent's command line. Each subcommand lives in its own module.
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 mod dns_cmd;
 mod lab_cmd;
@@ -11,13 +11,25 @@ mod routes_cmd;
 #[derive(Parser)]
 #[command(
     name = "weir",
-    version,
+    version = env!("WEIR_VERSION_LINE"),
     about = "Kubernetes node networking: CNI, service proxy, DNS, diagnostics, lab"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as text for people or as JSON objects (one per line) for log collectors.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Set once from the command line before any subcommand starts logging.
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 #[derive(Subcommand)]
 enum Command {
@@ -31,19 +43,25 @@ enum Command {
     Dns(dns_cmd::DnsArgs),
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
+/// Logs to stderr in `--log-format`; `RUST_LOG` filters (default `info`).
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
+        // Fields stay fields (`"fields":{"node":"n1",...}`), not words in the message.
+        LogFormat::Json => builder.json().with_current_span(false).try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+    };
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let _ = LOG_FORMAT.set(cli.log_format);
     let result = match cli.command {
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(*args),

@@ -174,7 +174,7 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
                 !r.failed.is_empty()
             }
             Err(e) => {
-                warn!("routes: reconciliation failed (kernel state left as it was): {e}");
+                warn!(error = %e, "routes: reconciliation failed (kernel state left as it was)");
                 true
             }
         };

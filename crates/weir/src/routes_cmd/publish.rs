@@ -94,7 +94,7 @@ impl Publisher {
             },
         };
         let yaml = serde_yaml::to_string(&patch)?;
-        info!(node = %self.node_name, "publish on this Node: {annotations:?}");
+        info!(node = %self.node_name, ?annotations, "publish on this Node");
         if let Some(path) = &self.publish {
             let text = format!(
                 "# weir routes: this node's overlay annotations\n# kubectl patch node {} --patch-file {}\n{yaml}",
@@ -136,12 +136,12 @@ impl Publisher {
             return Ok(());
         }
         if let Some(b) = &status.blocked {
-            warn!("routes: nothing programmed: {b}");
+            warn!(reason = %b, "routes: nothing programmed");
         }
         for (name, n) in &status.nodes {
             let before = self.last_status.as_ref().and_then(|s| s.nodes.get(name));
             if before != Some(n) && !n.refused.is_empty() {
-                warn!(node = %name, "routes refused: {}", n.refused.join("; "));
+                warn!(node = %name, reasons = ?n.refused, "routes refused");
             }
         }
         if let Some(path) = &self.status {
