@@ -20,6 +20,14 @@ cd "$(dirname "$0")/.."
 # node-routes benchmark.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
   podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3 nsd dnsperf)
+# deploy/'s CNI install step uses jq (its test runs it); python3-venv holds kubernetes-validate.
+PACKAGES+=(jq python3-venv)
+
+# The deploy/ manifests are validated offline against Kubernetes' OpenAPI schemas, as PyPI's
+# kubernetes-validate ships them (crates/weir/tests/deploy.rs), from a venv of its own: Debian's
+# Python is externally managed. The test looks for it there ($WEIR_TOOLS) or on PATH.
+KUBERNETES_VALIDATE_VERSION=1.37.0
+WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -40,6 +48,12 @@ install_packages() {
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     [ -z "$policy" ] || rm -f "$policy"
+  fi
+  local venv="$WEIR_TOOLS/venv"
+  if ! "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE_VERSION"; then
+    step "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION (PyPI) into $venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
   fi
   command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
   [ "$(id -u)" = 0 ] || { echo "run as root: weir creates network namespaces" >&2; exit 1; }

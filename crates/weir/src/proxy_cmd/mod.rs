@@ -23,6 +23,10 @@ pub struct ProxyArgs {
     /// `weir proxy cleanup` (kube-proxy's spelling).
     #[arg(long)]
     cleanup: bool,
+    /// Read the flags and --config, report the fields weir does not apply, print the settings
+    /// the agent would run with, and exit without touching anything (checks a deployment).
+    #[arg(long, conflicts_with = "cleanup")]
+    validate: bool,
     #[command(flatten)]
     flags: ProxyFlags,
 }
@@ -69,6 +73,11 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         Some(ProxyCommand::Cleanup { proxy_mode }) => cleanup(proxy_mode),
         None if args.cleanup => cleanup(args.flags.proxy_mode),
+        None if args.validate => {
+            let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
+            println!("{settings:#?}");
+            Ok(ExitCode::SUCCESS)
+        }
         None => {
             let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
             let mut backend = backend(settings.mode)?;
