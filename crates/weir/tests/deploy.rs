@@ -1,0 +1,806 @@
+//! deploy/ and the Containerfile, checked against what they name: the Kubernetes OpenAPI
+//! schemas (offline, kubernetes-validate), the real `weir` binary's parser and configuration
+//! loader, the real CNI install step and plugin, and the repository the image is built from.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_yaml::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn deploy_dir() -> PathBuf {
+    repo().join("deploy")
+}
+
+/// The manifests an operator applies (kustomization.yaml is kustomize's, not the API's).
+fn manifest_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    files
+}
+
+/// Every object of every manifest, by (kind, name).
+fn objects() -> BTreeMap<(String, String), Value> {
+    let mut all = BTreeMap::new();
+    for file in manifest_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap();
+            let key = (
+                v["kind"].as_str().unwrap().to_string(),
+                v["metadata"]["name"].as_str().unwrap().to_string(),
+            );
+            assert!(all.insert(key.clone(), v).is_none(), "{key:?} twice");
+        }
+    }
+    all
+}
+
+use serde::Deserialize;
+
+fn object(kind: &str, name: &str) -> Value {
+    objects()
+        .remove(&(kind.to_string(), name.to_string()))
+        .unwrap_or_else(|| panic!("no {kind} {name} in deploy/"))
+}
+
+fn daemonset() -> Value {
+    object("DaemonSet", "weir")
+}
+
+fn pod_spec() -> Value {
+    daemonset()["spec"]["template"]["spec"].clone()
+}
+
+fn containers() -> Vec<Value> {
+    let spec = pod_spec();
+    let mut all = spec["initContainers"].as_sequence().unwrap().clone();
+    all.extend(spec["containers"].as_sequence().unwrap().iter().cloned());
+    all
+}
+
+fn container(name: &str) -> Value {
+    containers()
+        .into_iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| s.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+// ---- the Kubernetes OpenAPI schemas -------------------------------------------------------
+
+/// kubernetes-validate, installed by scripts/dev.sh's install step.
+fn kubernetes_validate() -> PathBuf {
+    let tools = std::env::var("WEIR_TOOLS").unwrap_or_else(|_| "/opt/weir-tools".into());
+    let venv = Path::new(&tools).join("venv/bin/kubernetes-validate");
+    if venv.exists() {
+        return venv;
+    }
+    let on_path = Command::new("kubernetes-validate")
+        .arg("--version")
+        .output();
+    assert!(
+        on_path.is_ok_and(|o| o.status.success()),
+        "kubernetes-validate is missing ({} nor on PATH): run `bash scripts/dev.sh test` \
+         (its install step puts it there)",
+        venv.display()
+    );
+    PathBuf::from("kubernetes-validate")
+}
+
+/// The oldest Kubernetes release weir targets and the newest the schemas know.
+const KUBERNETES: [&str; 2] = ["1.30.0", "1.37.0"];
+
+/// Strict validation (unknown fields are errors) against each of `versions`.
+fn validate(files: &[PathBuf], versions: &[&str]) -> Vec<Output> {
+    let tool = kubernetes_validate();
+    versions
+        .iter()
+        .map(|version| {
+            Command::new(&tool)
+                .args(["--strict", "--no-warn", "-k", version])
+                .args(files)
+                .output()
+                .expect("run kubernetes-validate")
+        })
+        .collect()
+}
+
+#[test]
+fn every_manifest_matches_the_kubernetes_openapi_schemas() {
+    let files = manifest_files();
+    for out in validate(&files, &KUBERNETES) {
+        assert!(out.status.success(), "{}", text(&out));
+        // One "passed" line per object: an empty or skipped document would not count.
+        let passed = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .chain(String::from_utf8_lossy(&out.stderr).lines())
+            .filter(|l| l.contains(" passed for resource "))
+            .count();
+        assert_eq!(passed, objects().len(), "{}", text(&out));
+    }
+}
+
+#[test]
+fn the_schema_check_rejects_a_wrong_field_and_a_wrong_type() {
+    let original = std::fs::read_to_string(deploy_dir().join("daemonset.yaml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("hostNetwork: true", "hostNetwrk: true", "hostNetwrk"),
+        (
+            "containerPort: 10256",
+            "containerPort: \"healthz\"",
+            "containerPort",
+        ),
+        (
+            "terminationGracePeriodSeconds: 10",
+            "terminationGracePeriodSeconds: ten",
+            "terminationGracePeriodSeconds",
+        ),
+    ];
+    for (from, to, named) in cases {
+        assert!(original.contains(from), "{from}");
+        let broken = dir.path().join("daemonset.yaml");
+        std::fs::write(&broken, original.replacen(from, to, 1)).unwrap();
+        for out in validate(&[broken], &KUBERNETES[1..]) {
+            assert!(!out.status.success(), "{to}: accepted\n{}", text(&out));
+            assert!(text(&out).contains(named), "{to}: {}", text(&out));
+        }
+    }
+}
+
+#[test]
+fn kustomization_lists_every_manifest_and_names_the_image_once() {
+    let k: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap(),
+    )
+    .unwrap();
+    let resources: BTreeSet<String> = strings(&k["resources"]).into_iter().collect();
+    let files: BTreeSet<String> = manifest_files()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(resources, files);
+    let images = k["images"].as_sequence().unwrap();
+    assert_eq!(images.len(), 1);
+    let image = images[0]["name"].as_str().unwrap();
+    for c in containers() {
+        assert_eq!(c["image"], image, "container {:?}", c["name"]);
+    }
+}
+
+// ---- the DaemonSet against the real binary ------------------------------------------------
+
+/// The downward API values a node would give.
+const NODE: &str = "node-1";
+
+/// `$(VAR)` references in args resolved as kubelet does from the container's env.
+fn expand(arg: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = arg.to_string();
+    for (k, v) in env {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    assert!(!out.contains("$("), "unresolved reference in {arg:?}");
+    out
+}
+
+fn container_env(c: &Value) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for e in c["env"].as_sequence().into_iter().flatten() {
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("spec.nodeName") => NODE.to_string(),
+            Some(other) => panic!("fieldRef {other} not simulated"),
+            None => e["value"].as_str().unwrap().to_string(),
+        };
+        env.insert(e["name"].as_str().unwrap().to_string(), value);
+    }
+    for from in c["envFrom"].as_sequence().into_iter().flatten() {
+        let cm = object("ConfigMap", from["configMapRef"]["name"].as_str().unwrap());
+        for (k, v) in cm["data"].as_mapping().unwrap() {
+            env.insert(
+                k.as_str().unwrap().to_string(),
+                v.as_str().unwrap().to_string(),
+            );
+        }
+    }
+    env
+}
+
+/// The container's ConfigMap volumes written to a temporary directory, and the args with
+/// their mount paths pointing there: what the process would read in the pod.
+fn mounted_config(c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
+    let spec = pod_spec();
+    let mut mounts = Vec::new();
+    for m in c["volumeMounts"].as_sequence().into_iter().flatten() {
+        let name = m["name"].as_str().unwrap();
+        let volume = spec["volumes"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("volumeMount {name} has no volume"));
+        let Some(cm) = volume["configMap"]["name"].as_str() else {
+            continue;
+        };
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (k, v) in object("ConfigMap", cm)["data"].as_mapping().unwrap() {
+            std::fs::write(dir.join(k.as_str().unwrap()), v.as_str().unwrap()).unwrap();
+        }
+        mounts.push((m["mountPath"].as_str().unwrap().to_string(), dir));
+    }
+    mounts
+}
+
+/// The container's args as the process would get them, config paths moved to `root`.
+fn args_in(c: &Value, root: &Path) -> Vec<String> {
+    let env = container_env(c);
+    let mounts = mounted_config(c, root);
+    strings(&c["args"])
+        .iter()
+        .map(|a| {
+            let mut a = expand(a, &env);
+            for (path, dir) in &mounts {
+                a = a.replace(path.as_str(), dir.to_str().unwrap());
+            }
+            a
+        })
+        .collect()
+}
+
+#[test]
+fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
+    let proxy = container("proxy");
+    assert_eq!(strings(&proxy["command"]), ["weir"]);
+    let root = tempfile::tempdir().unwrap();
+    let args = args_in(&proxy, root.path());
+    assert_eq!(args[0], "proxy");
+    // The config file the args name is one of the ConfigMap's keys, mounted.
+    let config = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--config="))
+        .expect("--config");
+    assert!(Path::new(config).starts_with(root.path()), "{config}");
+    assert!(
+        Path::new(config).is_file(),
+        "{config} is not in the ConfigMap"
+    );
+
+    let out = Command::new(common::WEIR)
+        .args(&args)
+        .arg("--validate")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    // Only fields weir applies: no "not applied" warning.
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("not applied"),
+        "{}",
+        text(&out)
+    );
+    let settings = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "node_name: \"node-1\"",
+        "mode: Nftables",
+        "10.244.0.0/16",
+        "healthz_bind_address: 0.0.0.0:10256",
+        "metrics_bind_address: 0.0.0.0:10249",
+    ] {
+        assert!(settings.contains(expected), "{expected}: {settings}");
+    }
+    // The probes and the scrape annotation use the ports the configuration binds.
+    assert_eq!(proxy["livenessProbe"]["httpGet"]["port"], 10256);
+    assert_eq!(proxy["readinessProbe"]["httpGet"]["port"], 10256);
+    assert_eq!(proxy["livenessProbe"]["httpGet"]["path"], "/livez");
+    assert_eq!(proxy["readinessProbe"]["httpGet"]["path"], "/healthz");
+    let annotations = &daemonset()["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/port"], "10249");
+    assert_eq!(annotations["prometheus.io/scrape"], "true");
+}
+
+#[test]
+fn validate_fails_on_a_configuration_weir_cannot_load() {
+    // The same check with one wrong value: --validate is the loader, not a formality.
+    let root = tempfile::tempdir().unwrap();
+    let args = args_in(&container("proxy"), root.path());
+    let config = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--config="))
+        .unwrap();
+    let original = std::fs::read_to_string(config).unwrap();
+    assert!(original.contains("clusterCIDR: 10.244.0.0/16"));
+    std::fs::write(
+        config,
+        original.replace("clusterCIDR: 10.244.0.0/16", "clusterCIDR: 10.244.0.0/33"),
+    )
+    .unwrap();
+    let out = Command::new(common::WEIR)
+        .args(&args)
+        .arg("--validate")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("clusterCIDR"), "{}", text(&out));
+    // A field weir does not apply is reported by name.
+    std::fs::write(config, format!("{original}conntrack:\n  maxPerCore: 0\n")).unwrap();
+    let out = Command::new(common::WEIR)
+        .args(&args)
+        .arg("--validate")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(r#"field \"conntrack\" is not applied"#),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn every_weir_container_parses_its_args_and_every_reference_resolves() {
+    let spec = pod_spec();
+    assert_eq!(spec["hostNetwork"], true);
+    assert_eq!(spec["priorityClassName"], "system-node-critical");
+    let sa = spec["serviceAccountName"].as_str().unwrap();
+    object("ServiceAccount", sa);
+    let binding = object("ClusterRoleBinding", "weir");
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    object("ClusterRole", binding["roleRef"]["name"].as_str().unwrap());
+    let root = tempfile::tempdir().unwrap();
+    let mut weir_containers = 0;
+    for c in containers() {
+        // Every mount names a volume and every envFrom a ConfigMap (container_env panics).
+        let _ = container_env(&c);
+        let _ = mounted_config(&c, &root.path().join(c["name"].as_str().unwrap()));
+        if strings(&c["command"]) != ["weir"] {
+            continue;
+        }
+        weir_containers += 1;
+        // clap checks every flag and value before it acts on --help: an unknown flag or a
+        // bad value fails here (the proxy's configuration is loaded by the test above).
+        let args = args_in(&c, &root.path().join(c["name"].as_str().unwrap()));
+        let out = Command::new(common::WEIR)
+            .args(&args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        assert!(
+            args.iter().any(|a| a.ends_with(NODE)),
+            "{args:?} does not pass the node name"
+        );
+    }
+    assert_eq!(weir_containers, 2);
+    // The same trick refuses a wrong flag (so the loop above can fail).
+    let out = Command::new(common::WEIR)
+        .args(["routes", "--backend=hostgw", "--help"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+// ---- the CNI install step -----------------------------------------------------------------
+
+struct Install {
+    dir: tempfile::TempDir,
+}
+
+impl Install {
+    /// A host's /opt/cni/bin and /etc/cni/net.d, the ConfigMap's template, a service account
+    /// and an API answer listing this Node with `pod_cidr`.
+    fn new(pod_cidr: Option<&str>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path();
+        for d in ["bin", "net.d", "template", "sa"] {
+            std::fs::create_dir_all(p.join(d)).unwrap();
+        }
+        let cm = object("ConfigMap", "weir-cni-config");
+        for (k, v) in cm["data"].as_mapping().unwrap() {
+            std::fs::write(
+                p.join("template").join(k.as_str().unwrap()),
+                v.as_str().unwrap(),
+            )
+            .unwrap();
+        }
+        std::fs::write(p.join("sa/token"), "t0ken").unwrap();
+        std::fs::write(p.join("sa/ca.crt"), "").unwrap();
+        let spec = match pod_cidr {
+            Some(c) => serde_json::json!({ "podCIDR": c, "podCIDRs": [c] }),
+            None => serde_json::json!({}),
+        };
+        let list = serde_json::json!({
+            "kind": "NodeList", "apiVersion": "v1",
+            "items": [{ "metadata": { "name": NODE }, "spec": spec }],
+        });
+        std::fs::write(p.join("nodes.json"), list.to_string()).unwrap();
+        Install { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Runs deploy/install-cni.sh with the init container's env, pointed at the temp dirs.
+    fn run(&self) -> Output {
+        let init = container("install-cni");
+        let mut cmd = Command::new("sh");
+        cmd.arg(deploy_dir().join("install-cni.sh"));
+        cmd.envs(container_env(&init))
+            .env(
+                "WEIR_NODE_URL",
+                format!("file://{}", self.path("nodes.json").display()),
+            )
+            .env("WEIR_SA_DIR", self.path("sa"))
+            .env("WEIR_CNI_BINARY", common::weir_cni())
+            .env("CNI_BIN_DIR", self.path("bin"))
+            .env("CNI_NET_DIR", self.path("net.d"))
+            .env("CNI_CONF_TEMPLATE", self.path("template/10-weir.conflist"))
+            .env("WEIR_POD_CIDR_WAIT", "0");
+        cmd.output().unwrap()
+    }
+
+    fn files(&self, rel: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path(rel))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+}
+
+#[test]
+fn install_cni_puts_the_plugin_and_a_conflist_weir_cni_accepts_in_place() {
+    use std::os::unix::fs::PermissionsExt;
+    let host = Install::new(Some("10.244.7.0/24"));
+    let out = host.run();
+    assert!(out.status.success(), "{}", text(&out));
+    // Exactly the plugin and the configuration, no temporary file left behind.
+    assert_eq!(host.files("bin"), ["weir-cni"]);
+    assert_eq!(host.files("net.d"), ["10-weir.conflist"]);
+    let installed = host.path("bin/weir-cni");
+    assert_eq!(
+        std::fs::read(&installed).unwrap(),
+        std::fs::read(common::weir_cni()).unwrap()
+    );
+    let mode = std::fs::metadata(&installed).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o755);
+
+    let conflist: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(host.path("net.d/10-weir.conflist")).unwrap(),
+    )
+    .unwrap();
+    let mut plugin = conflist["plugins"][0].clone();
+    assert_eq!(plugin["type"], "weir-cni");
+    assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.244.7.0/24");
+
+    // The installed plugin accepts the configuration: STATUS decodes every key and checks the
+    // IPAM store and nft. (STATUS is a CNI 1.1 verb: the version is raised for this check
+    // only; the conflist stays at 1.0.0 for containerd 1.6's libcni.)
+    let store = host.path("ipam");
+    plugin["name"] = conflist["name"].clone();
+    plugin["cniVersion"] = "1.1.0".into();
+    plugin["ipam"]["dataDir"] = store.to_str().unwrap().into();
+    let mut child = Command::new(&installed)
+        .env("CNI_COMMAND", "STATUS")
+        .env("CNI_PATH", host.path("bin"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(plugin.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "STATUS: {}", text(&out));
+}
+
+#[test]
+fn install_cni_changes_nothing_when_it_cannot_finish() {
+    let host = Install::new(Some("10.244.7.0/24"));
+    std::fs::write(host.path("net.d/10-weir.conflist"), "working\n").unwrap();
+    std::fs::write(host.path("bin/weir-cni"), "old plugin\n").unwrap();
+    let unchanged = |host: &Install| {
+        assert_eq!(host.files("net.d"), ["10-weir.conflist"]);
+        assert_eq!(host.files("bin"), ["weir-cni"]);
+        assert_eq!(
+            std::fs::read_to_string(host.path("net.d/10-weir.conflist")).unwrap(),
+            "working\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(host.path("bin/weir-cni")).unwrap(),
+            "old plugin\n"
+        );
+    };
+    // A template that is not JSON once filled in.
+    let template = host.path("template/10-weir.conflist");
+    let good = std::fs::read_to_string(&template).unwrap();
+    std::fs::write(&template, good.replacen('{', "", 1)).unwrap();
+    let out = host.run();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("not a conflist"), "{}", text(&out));
+    unchanged(&host);
+
+    // A Node the controller manager has not given a pod CIDR yet.
+    std::fs::write(&template, &good).unwrap();
+    let host2 = Install::new(None);
+    std::fs::write(host2.path("net.d/10-weir.conflist"), "working\n").unwrap();
+    std::fs::write(host2.path("bin/weir-cni"), "old plugin\n").unwrap();
+    let out = host2.run();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("has no spec.podCIDR"), "{}", text(&out));
+    unchanged(&host2);
+
+    // The ConfigMap's API address left as shipped: the message says where to set it.
+    let out = Command::new("sh")
+        .arg(deploy_dir().join("install-cni.sh"))
+        .envs(container_env(&container("install-cni")))
+        .env("WEIR_POD_CIDR_WAIT", "0")
+        .env("CNI_BIN_DIR", host.path("bin"))
+        .env("CNI_NET_DIR", host.path("net.d"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("weir-apiserver ConfigMap"),
+        "{}",
+        text(&out)
+    );
+    unchanged(&host);
+}
+
+#[test]
+fn install_cni_warns_when_another_configuration_comes_first() {
+    let host = Install::new(Some("10.244.7.0/24"));
+    std::fs::write(host.path("net.d/05-other.conflist"), "{}").unwrap();
+    std::fs::write(host.path("net.d/99-later.conf"), "{}").unwrap();
+    let out = host.run();
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("05-other.conflist sorts before"), "{err}");
+    assert!(!err.contains("99-later.conf"), "{err}");
+}
+
+// ---- the Containerfile against the repository ---------------------------------------------
+
+struct Containerfile {
+    /// FROM lines, in order.
+    from: Vec<String>,
+    /// (source, destination) of `COPY` lines from the build context.
+    context_copies: Vec<(Vec<String>, String)>,
+    /// (sources, destination) of `COPY --from=build` lines.
+    build_copies: Vec<(Vec<String>, String)>,
+    /// The whole text of RUN instructions (continuations joined).
+    runs: Vec<String>,
+}
+
+fn containerfile() -> Containerfile {
+    let text = std::fs::read_to_string(repo().join("Containerfile")).unwrap();
+    let joined = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("\\\n", " ");
+    let mut cf = Containerfile {
+        from: Vec::new(),
+        context_copies: Vec::new(),
+        build_copies: Vec::new(),
+        runs: Vec::new(),
+    };
+    for line in joined.lines() {
+        let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        match words.first().map(String::as_str) {
+            Some("FROM") => cf.from.push(words[1].clone()),
+            Some("RUN") => cf.runs.push(words[1..].join(" ")),
+            Some("COPY") if words[1].starts_with("--from=") => {
+                let (dst, srcs) = words[2..].split_last().unwrap();
+                cf.build_copies.push((srcs.to_vec(), dst.clone()));
+            }
+            Some("COPY") => {
+                let (dst, srcs) = words[1..].split_last().unwrap();
+                cf.context_copies.push((srcs.to_vec(), dst.clone()));
+            }
+            _ => {}
+        }
+    }
+    cf
+}
+
+/// Where a COPY puts `src` (a destination ending in / is a directory).
+fn copied_to(src: &str, dst: &str) -> String {
+    if dst.ends_with('/') {
+        format!(
+            "{dst}{}",
+            Path::new(src).file_name().unwrap().to_string_lossy()
+        )
+    } else {
+        dst.to_string()
+    }
+}
+
+#[test]
+fn the_containerfile_builds_and_copies_what_the_repository_provides() {
+    let cf = containerfile();
+    assert_eq!(cf.from.len(), 2, "{:?}", cf.from);
+    // The build stage's Rust is at least the workspace's rust-version.
+    let rust = cf.from[0]
+        .split(':')
+        .nth(1)
+        .and_then(|t| t.split('-').next())
+        .unwrap();
+
+    // The cargo build line's packages, and their binaries (cargo metadata: no build).
+    let build = cf
+        .runs
+        .iter()
+        .find(|r| r.starts_with("cargo build"))
+        .expect("a cargo build");
+    assert!(
+        build.contains("--release") && build.contains("--locked"),
+        "{build}"
+    );
+    let packages: Vec<&str> = build
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "-p")
+        .map(|w| w[1])
+        .collect();
+    let meta = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(meta.status.success(), "{}", text(&meta));
+    let meta: serde_json::Value = serde_json::from_slice(&meta.stdout).unwrap();
+    let manifest = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let wanted = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = "))
+        .expect("the workspace's rust-version")
+        .trim_matches('"');
+    let num = |v: &str| -> Vec<u32> { v.split('.').map(|x| x.parse().unwrap()).collect() };
+    assert!(
+        num(rust) >= num(wanted),
+        "rust {rust} < rust-version {wanted}"
+    );
+    let mut bins = BTreeSet::new();
+    for p in meta["packages"].as_array().unwrap() {
+        if packages.contains(&p["name"].as_str().unwrap()) {
+            for t in p["targets"].as_array().unwrap() {
+                if t["kind"][0] == "bin" {
+                    bins.insert(format!(
+                        "/src/target/release/{}",
+                        t["name"].as_str().unwrap()
+                    ));
+                }
+            }
+        }
+    }
+    assert_eq!(packages.len(), 2, "{build}");
+    let mut installed = BTreeSet::new();
+    for (srcs, dst) in &cf.build_copies {
+        for src in srcs {
+            assert!(
+                bins.contains(src),
+                "{src} is not built by `{build}` ({bins:?})"
+            );
+            installed.insert(copied_to(src, dst));
+        }
+    }
+
+    // Context copies exist in the repository and are not excluded by .containerignore.
+    let ignored: Vec<String> = std::fs::read_to_string(repo().join(".containerignore"))
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    for (srcs, dst) in &cf.context_copies {
+        for src in srcs {
+            if src == "." {
+                continue;
+            }
+            assert!(
+                repo().join(src).exists(),
+                "COPY {src}: not in the repository"
+            );
+            let first = src.split('/').next().unwrap();
+            assert!(!ignored.iter().any(|i| i == first), "COPY {src}: ignored");
+            installed.insert(copied_to(src, dst));
+        }
+    }
+    for must in ["target", ".git"] {
+        assert!(
+            ignored.iter().any(|i| i == must),
+            "{must} not in .containerignore"
+        );
+    }
+
+    // What the DaemonSet runs is in the image: `weir` on PATH (/usr/local/bin), the install
+    // step and the plugin at the paths the install step uses.
+    for c in containers() {
+        let command = strings(&c["command"]);
+        let path = if command[0].starts_with('/') {
+            command[0].clone()
+        } else {
+            format!("/usr/local/bin/{}", command[0])
+        };
+        assert!(
+            installed.contains(&path),
+            "{path} not in the image: {installed:?}"
+        );
+    }
+    let script = std::fs::read_to_string(deploy_dir().join("install-cni.sh")).unwrap();
+    assert!(script.contains("WEIR_CNI_BINARY:=/usr/local/bin/weir-cni"));
+    assert!(installed.contains("/usr/local/bin/weir-cni"));
+
+    // The runtime's Debian packages are real package names of this Debian release, and the
+    // ones the tests run these tools from (scripts/dev.sh installs them).
+    let apt = cf
+        .runs
+        .iter()
+        .find(|r| r.contains("apt-get install"))
+        .expect("apt-get install");
+    let debs: Vec<&str> = apt
+        .split("&&")
+        .find(|part| part.contains("apt-get install"))
+        .unwrap()
+        .split_whitespace()
+        .skip_while(|w| *w != "--no-install-recommends")
+        .skip(1)
+        .collect();
+    for needed in ["nftables", "iptables", "ipset", "conntrack", "curl", "jq"] {
+        assert!(debs.contains(&needed), "{needed} missing from {debs:?}");
+    }
+    for deb in debs {
+        let out = Command::new("dpkg-query")
+            .args(["-W", "-f=${Status}", deb])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("ok installed"),
+            "{deb}: not a package installed here ({})",
+            text(&out)
+        );
+    }
+}
