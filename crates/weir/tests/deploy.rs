@@ -292,9 +292,11 @@ fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
         "{config} is not in the ConfigMap"
     );
 
+    // In the pod's environment (KUBERNETES_SERVICE_HOST from the weir-apiserver ConfigMap).
     let out = Command::new(common::WEIR)
         .args(&args)
         .arg("--validate")
+        .envs(container_env(&proxy))
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
@@ -305,6 +307,11 @@ fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
         text(&out)
     );
     let settings = String::from_utf8_lossy(&out.stdout);
+    // Once weir proxy has an API source, the pod's environment must select it (in-cluster),
+    // not the manifest directory.
+    if settings.contains("api:") {
+        assert!(settings.contains("api: Some("), "{settings}");
+    }
     for expected in [
         "node_name: \"node-1\"",
         "mode: Nftables",
