@@ -16,7 +16,7 @@
 #   WEIR_POD_CIDR_WAIT seconds to wait for the controller manager to assign the pod CIDR
 set -eu
 
-: "${NODE_NAME:?NODE_NAME (the pod's spec.nodeName) is required}"
+: "${NODE_NAME:?NODE_NAME (from the downward API: spec.nodeName) is required}"
 : "${WEIR_CNI_BINARY:=/usr/local/bin/weir-cni}"
 : "${CNI_BIN_DIR:=/host/opt/cni/bin}"
 : "${CNI_CONF_TEMPLATE:=/etc/weir/cni/10-weir.conflist}"

@@ -588,6 +588,17 @@ fn install_cni_changes_nothing_when_it_cannot_finish() {
 }
 
 #[test]
+fn install_cni_passes_shellcheck_as_posix_sh() {
+    // The image runs it with dash: no bashisms, no quoting slips.
+    let out = Command::new("shellcheck")
+        .args(["--shell=sh", "--severity=info"])
+        .arg(deploy_dir().join("install-cni.sh"))
+        .output()
+        .expect("shellcheck (scripts/dev.sh installs it)");
+    assert!(out.status.success(), "{}", text(&out));
+}
+
+#[test]
 fn install_cni_warns_when_another_configuration_comes_first() {
     let host = Install::new(Some("10.244.7.0/24"));
     std::fs::write(host.path("net.d/05-other.conflist"), "{}").unwrap();
