@@ -20,9 +20,10 @@ cd "$(dirname "$0")/.."
 # node-routes benchmark.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
   podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3 nsd dnsperf)
-# deploy/'s CNI install step uses jq (its test runs it and shellcheck on it); python3-venv
+# deploy/'s CNI install step uses jq and curl (its test runs it, and shellcheck on it; the
+# Containerfile test checks the image's packages against these); python3-venv
 # holds kubernetes-validate.
-PACKAGES+=(jq shellcheck python3-venv)
+PACKAGES+=(jq shellcheck python3-venv ca-certificates)
 
 # The deploy/ manifests are validated offline against Kubernetes' OpenAPI schemas, as PyPI's
 # kubernetes-validate ships them (crates/weir/tests/deploy.rs), from a venv of its own: Debian's
