@@ -1,0 +1,1 @@
+//! Checks (written next).
