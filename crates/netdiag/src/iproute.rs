@@ -137,7 +137,10 @@ fn parse_prefix(s: &str, len: Option<u8>) -> Result<Option<IpNet>, String> {
 }
 
 fn fwmark(mark: &str, mask: Option<&str>) -> Option<(u32, u32)> {
-    Some((parse_u32(mark)?, mask.map(parse_u32).unwrap_or(Some(u32::MAX))?))
+    Some((
+        parse_u32(mark)?,
+        mask.map(parse_u32).unwrap_or(Some(u32::MAX))?,
+    ))
 }
 
 /// `ip rule` or `ip -j rule`.
@@ -214,7 +217,9 @@ fn render_rule(r: &PolicyRule) -> String {
     }
     out.push_str(&format!(
         "from {}",
-        r.src.map(|n| host_or_net(&n)).unwrap_or_else(|| "all".into())
+        r.src
+            .map(|n| host_or_net(&n))
+            .unwrap_or_else(|| "all".into())
     ));
     if let Some(d) = r.dst {
         out.push_str(&format!(" to {}", host_or_net(&d)));
@@ -305,8 +310,19 @@ fn rule_from_text(line: &str) -> Result<PolicyRule, String> {
             a @ ("blackhole" | "unreachable" | "prohibit" | "nop") => r.action = a.to_string(),
             // Qualifiers the walk does not use (tos, ipproto, sport, dport, uidrange, proto,
             // suppress_prefixlength, [detached], realms): skip their value when they have one.
-            "tos" | "dsfield" | "ipproto" | "sport" | "dport" | "uidrange" | "proto" | "protocol"
-            | "suppress_prefixlength" | "suppress_ifgroup" | "realms" | "l3mdev" | "pref"
+            "tos"
+            | "dsfield"
+            | "ipproto"
+            | "sport"
+            | "dport"
+            | "uidrange"
+            | "proto"
+            | "protocol"
+            | "suppress_prefixlength"
+            | "suppress_ifgroup"
+            | "realms"
+            | "l3mdev"
+            | "pref"
             | "priority" => i += 1,
             _ => {}
         }
@@ -358,7 +374,11 @@ pub fn parse_routes(text: &str) -> Parsed<Vec<Route>> {
                 continue;
             }
             if line.starts_with(char::is_whitespace) {
-                skipped.push(Skipped::new(i + 1, line, "multipath next hop (not modelled)"));
+                skipped.push(Skipped::new(
+                    i + 1,
+                    line,
+                    "multipath next hop (not modelled)",
+                ));
                 continue;
             }
             match route_from_text(line) {
@@ -384,7 +404,11 @@ fn route_from_json(v: &Value) -> Result<Route, String> {
     let flags: Vec<String> = v
         .get("flags")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default();
     let mut r = Route {
         table: s(v, "table").unwrap_or_else(|| "main".into()),
@@ -553,7 +577,10 @@ fn link_from_json(v: &Value) -> Result<Link, String> {
         _ => None,
     };
     Ok(Link {
-        index: v.get("ifindex").and_then(Value::as_u64).ok_or("no ifindex")? as u32,
+        index: v
+            .get("ifindex")
+            .and_then(Value::as_u64)
+            .ok_or("no ifindex")? as u32,
         name: s(v, "ifname").ok_or("no ifname")?,
         mtu: v.get("mtu").and_then(Value::as_u64).ok_or("no mtu")? as u32,
         up: v
@@ -602,7 +629,8 @@ fn stray_lines(text: &str) -> Vec<Skipped> {
     for (i, line) in text.lines().enumerate() {
         if starts_block(line) {
             seen_block = true;
-        } else if !line.trim().is_empty() && (!line.starts_with(char::is_whitespace) || !seen_block) {
+        } else if !line.trim().is_empty() && (!line.starts_with(char::is_whitespace) || !seen_block)
+        {
             out.push(Skipped::new(i + 1, line, "not part of an interface block"));
         }
     }
@@ -612,7 +640,12 @@ fn stray_lines(text: &str) -> Vec<Skipped> {
 /// `5: eth1@eth1p: <BROADCAST,…,UP,LOWER_UP> mtu 1500 … master cni0 state UP …`
 fn link_header(line: &str) -> Result<(u32, String, bool, u32, Option<String>), String> {
     let mut parts = line.splitn(3, ": ");
-    let index = parts.next().unwrap_or_default().trim().parse().map_err(|_| "bad index")?;
+    let index = parts
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .map_err(|_| "bad index")?;
     let name_full = parts.next().ok_or("no name")?;
     let name = name_full.split('@').next().unwrap_or(name_full).to_string();
     let rest = parts.next().ok_or("no flags")?;
@@ -630,13 +663,34 @@ fn link_header(line: &str) -> Result<(u32, String, bool, u32, Option<String>), S
             .and_then(|p| words.get(p + 1))
             .map(|s| s.to_string())
     };
-    let mtu = after("mtu").ok_or("no mtu")?.parse().map_err(|_| "bad mtu")?;
+    let mtu = after("mtu")
+        .ok_or("no mtu")?
+        .parse()
+        .map_err(|_| "bad mtu")?;
     Ok((index, name, up, mtu, after("master")))
 }
 
 const LINK_KINDS: &[&str] = &[
-    "veth", "bridge", "vxlan", "dummy", "ipvlan", "macvlan", "vlan", "bond", "tun", "geneve",
-    "wireguard", "ipip", "gre", "sit", "vrf", "team", "nlmon", "ifb", "macvtap", "ip6tnl",
+    "veth",
+    "bridge",
+    "vxlan",
+    "dummy",
+    "ipvlan",
+    "macvlan",
+    "vlan",
+    "bond",
+    "tun",
+    "geneve",
+    "wireguard",
+    "ipip",
+    "gre",
+    "sit",
+    "vrf",
+    "team",
+    "nlmon",
+    "ifb",
+    "macvtap",
+    "ip6tnl",
 ];
 
 fn link_from_text(lines: &[String]) -> Result<Link, String> {
@@ -688,12 +742,21 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
                         skipped.push(Skipped::new(i, v.to_string(), "no ifname"));
                         continue;
                     };
-                    for a in v.get("addr_info").and_then(Value::as_array).into_iter().flatten() {
+                    for a in v
+                        .get("addr_info")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
                         let parsed = s(a, "local").and_then(|l| l.parse::<IpAddr>().ok());
                         let (Some(addr), Some(len)) =
                             (parsed, a.get("prefixlen").and_then(Value::as_u64))
                         else {
-                            skipped.push(Skipped::new(i, a.to_string(), "address without local/prefixlen"));
+                            skipped.push(Skipped::new(
+                                i,
+                                a.to_string(),
+                                "address without local/prefixlen",
+                            ));
                             continue;
                         };
                         addrs.push(Address {
@@ -716,7 +779,11 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
     }
     for block in text_blocks(text) {
         let Ok((_, name, ..)) = link_header(&block.lines[0]) else {
-            skipped.push(Skipped::new(block.first_line, &block.lines[0], "bad interface line"));
+            skipped.push(Skipped::new(
+                block.first_line,
+                &block.lines[0],
+                "bad interface line",
+            ));
             continue;
         };
         for (k, l) in block.lines.iter().enumerate().skip(1) {
@@ -726,7 +793,11 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
             }
             let Some((a, len)) = words.get(1).and_then(|w| w.split_once('/')) else {
                 // `inet 10.0.0.1 peer …` without a prefix: rare, skip.
-                skipped.push(Skipped::new(block.first_line + k, l, "address without /prefix"));
+                skipped.push(Skipped::new(
+                    block.first_line + k,
+                    l,
+                    "address without /prefix",
+                ));
                 continue;
             };
             let (Ok(addr), Ok(prefix_len)) = (a.parse::<IpAddr>(), len.parse::<u8>()) else {

@@ -118,7 +118,11 @@ impl Rule {
 
 impl Dump {
     pub fn chain(&self, table: &str, chain: &str) -> Option<&Chain> {
-        self.tables.get(table)?.chains.iter().find(|c| c.name == chain)
+        self.tables
+            .get(table)?
+            .chains
+            .iter()
+            .find(|c| c.name == chain)
     }
 
     /// Every rule of every table, with its table and chain.
@@ -174,7 +178,14 @@ pub fn infer_table(chain: &str, target: Option<&str>) -> &'static str {
         "POSTROUTING",
         "PREROUTING",
     ];
-    let nat_prefixes = ["KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT-", "KUBE-SVL-", "KUBE-FW-", "KUBE-XLB-"];
+    let nat_prefixes = [
+        "KUBE-SVC-",
+        "KUBE-SEP-",
+        "KUBE-EXT-",
+        "KUBE-SVL-",
+        "KUBE-FW-",
+        "KUBE-XLB-",
+    ];
     if nat_chains.contains(&chain) || nat_prefixes.iter().any(|p| chain.starts_with(p)) {
         "nat"
     } else {
@@ -228,7 +239,10 @@ fn is_option(w: &str) -> bool {
 }
 
 /// Parses the words after `-A CHAIN`: options, `-m` modules and the `-j`/`-g` target.
-fn parse_rule_words(words: &[String]) -> Result<(Vec<String>, Vec<Arg>, Option<Target>), String> {
+/// A rule's `-m` modules, options and target.
+type RuleParts = (Vec<String>, Vec<Arg>, Option<Target>);
+
+fn parse_rule_words(words: &[String]) -> Result<RuleParts, String> {
     let mut modules = Vec::new();
     let mut args = Vec::new();
     let mut target: Option<Target> = None;
@@ -282,8 +296,16 @@ fn parse_rule_words(words: &[String]) -> Result<(Vec<String>, Vec<Arg>, Option<T
         // Base options (`-s`, `-p`, `-i`, …) belong to no module even after a `-m`.
         let base = matches!(
             w.as_str(),
-            "-s" | "-d" | "-p" | "-i" | "-o" | "-f" | "--source" | "--destination" | "--protocol"
-                | "--in-interface" | "--out-interface"
+            "-s" | "-d"
+                | "-p"
+                | "-i"
+                | "-o"
+                | "-f"
+                | "--source"
+                | "--destination"
+                | "--protocol"
+                | "--in-interface"
+                | "--out-interface"
         );
         let arg = Arg {
             module: if base || target.is_some() {
@@ -349,7 +371,11 @@ pub fn parse(text: &str) -> Parsed<Dump> {
             // `:KUBE-SERVICES - [0:0]` or `:FORWARD DROP [12:345]`
             let mut parts = decl.split_whitespace();
             let (Some(name), Some(policy)) = (parts.next(), parts.next()) else {
-                skipped.push(Skipped::new(lineno, raw, "chain declaration without a policy"));
+                skipped.push(Skipped::new(
+                    lineno,
+                    raw,
+                    "chain declaration without a policy",
+                ));
                 continue;
             };
             let t = table.clone().unwrap_or_else(|| {
@@ -407,7 +433,12 @@ pub fn parse(text: &str) -> Parsed<Dump> {
                     args,
                     target,
                 };
-                dump.tables.entry(t).or_default().chain_mut(chain).rules.push(rule);
+                dump.tables
+                    .entry(t)
+                    .or_default()
+                    .chain_mut(chain)
+                    .rules
+                    .push(rule);
             }
             _ => skipped.push(Skipped::new(lineno, raw, "not an iptables-save line")),
         }
@@ -451,7 +482,19 @@ mod tests {
     #[test]
     fn words_keep_quoted_comments_whole() {
         let w = split_words(r#"-A X -m comment --comment "a \"b\" c" -j Y"#).unwrap();
-        assert_eq!(w, ["-A", "X", "-m", "comment", "--comment", "a \"b\" c", "-j", "Y"]);
+        assert_eq!(
+            w,
+            [
+                "-A",
+                "X",
+                "-m",
+                "comment",
+                "--comment",
+                "a \"b\" c",
+                "-j",
+                "Y"
+            ]
+        );
         assert!(split_words(r#"-A X --comment "open"#).is_err());
     }
 
@@ -485,7 +528,10 @@ mod tests {
         let p = parse("-P FORWARD DROP\n-N KUBE-FORWARD\n-A FORWARD -j KUBE-FORWARD\n-A KUBE-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n");
         assert!(p.skipped.is_empty());
         let d = p.value;
-        assert_eq!(d.chain("filter", "FORWARD").unwrap().policy.as_deref(), Some("DROP"));
+        assert_eq!(
+            d.chain("filter", "FORWARD").unwrap().policy.as_deref(),
+            Some("DROP")
+        );
         assert_eq!(d.chain("filter", "KUBE-FORWARD").unwrap().rules.len(), 1);
         assert_eq!(d.assumptions.len(), 1, "{:?}", d.assumptions);
     }

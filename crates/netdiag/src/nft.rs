@@ -113,18 +113,12 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
         Ok(v) => v,
         Err(e) => {
             skipped.push(Skipped::new(0, text, format!("not JSON: {e}")));
-            return Parsed {
-                value: rs,
-                skipped,
-            };
+            return Parsed { value: rs, skipped };
         }
     };
     let Some(items) = doc.get("nftables").and_then(Value::as_array) else {
         skipped.push(Skipped::new(0, text, "no top-level \"nftables\" array"));
-        return Parsed {
-            value: rs,
-            skipped,
-        };
+        return Parsed { value: rs, skipped };
     };
     for (i, item) in items.iter().enumerate() {
         let Some((kind, obj)) = item.as_object().and_then(|o| o.iter().next()) else {
@@ -138,14 +132,25 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
             "metainfo" => rs.version = str_field(obj, "version"),
             "table" => match (family, name) {
                 (Some(family), Some(name)) => rs.tables.push(TableRef { family, name }),
-                _ => skipped.push(Skipped::new(i, item.to_string(), "table without family/name")),
+                _ => skipped.push(Skipped::new(
+                    i,
+                    item.to_string(),
+                    "table without family/name",
+                )),
             },
             "chain" => {
                 let (Some(family), Some(table), Some(name)) = (family, table, name) else {
-                    skipped.push(Skipped::new(i, item.to_string(), "chain without family/table/name"));
+                    skipped.push(Skipped::new(
+                        i,
+                        item.to_string(),
+                        "chain without family/table/name",
+                    ));
                     continue;
                 };
-                let hook = match (str_field(obj, "hook"), obj.get("prio").and_then(Value::as_i64)) {
+                let hook = match (
+                    str_field(obj, "hook"),
+                    obj.get("prio").and_then(Value::as_i64),
+                ) {
                     (Some(hook), Some(priority)) => Some(Hook {
                         kind: str_field(obj, "type").unwrap_or_else(|| "filter".into()),
                         hook,
@@ -165,7 +170,11 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
                 let (Some(family), Some(table), Some(chain)) =
                     (family, table, str_field(obj, "chain"))
                 else {
-                    skipped.push(Skipped::new(i, item.to_string(), "rule without family/table/chain"));
+                    skipped.push(Skipped::new(
+                        i,
+                        item.to_string(),
+                        "rule without family/table/chain",
+                    ));
                     continue;
                 };
                 let expr = obj
@@ -192,7 +201,11 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
             }
             "set" | "map" => {
                 let (Some(family), Some(table), Some(name)) = (family, table, name) else {
-                    skipped.push(Skipped::new(i, item.to_string(), "set without family/table/name"));
+                    skipped.push(Skipped::new(
+                        i,
+                        item.to_string(),
+                        "set without family/table/name",
+                    ));
                     continue;
                 };
                 rs.sets.push(Set {
@@ -211,13 +224,14 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
             // Objects the walk does not use yet; not an error.
             "counter" | "quota" | "ct helper" | "limit" | "flowtable" | "ct timeout"
             | "ct expectation" | "secmark" | "synproxy" | "element" => {}
-            other => skipped.push(Skipped::new(i, item.to_string(), format!("unknown element {other:?}"))),
+            other => skipped.push(Skipped::new(
+                i,
+                item.to_string(),
+                format!("unknown element {other:?}"),
+            )),
         }
     }
-    Parsed {
-        value: rs,
-        skipped,
-    }
+    Parsed { value: rs, skipped }
 }
 
 /// A rule's expressions in nft's syntax, space-separated.
@@ -254,7 +268,11 @@ fn render_stmt(stmt: &Value) -> String {
             s
         }
         "jump" | "goto" => format!("{k} {}", v["target"].as_str().unwrap_or("?")),
-        "mangle" => format!("{} set {}", render_value(&v["key"]), render_value(&v["value"])),
+        "mangle" => format!(
+            "{} set {}",
+            render_value(&v["key"]),
+            render_value(&v["value"])
+        ),
         "snat" | "dnat" => {
             let mut s = format!("{k} to {}", render_value(&v["addr"]));
             if let Some(p) = v.get("port") {
@@ -263,7 +281,11 @@ fn render_stmt(stmt: &Value) -> String {
             }
             s
         }
-        "vmap" => format!("{} vmap {}", render_value(&v["key"]), render_value(&v["data"])),
+        "vmap" => format!(
+            "{} vmap {}",
+            render_value(&v["key"]),
+            render_value(&v["data"])
+        ),
         "reject" => "reject".into(),
         "log" => "log".into(),
         "xt" => format!(
@@ -292,7 +314,9 @@ pub fn render_value(v: &Value) -> String {
                     let key = inner.get("key").and_then(Value::as_str).unwrap_or("?");
                     match k.as_str() {
                         // nft prints these meta keys bare.
-                        "meta" if matches!(key, "iifname" | "oifname" | "iif" | "oif") => key.to_string(),
+                        "meta" if matches!(key, "iifname" | "oifname" | "iif" | "oif") => {
+                            key.to_string()
+                        }
                         _ => format!("{k} {key}"),
                     }
                 }
@@ -317,7 +341,11 @@ pub fn render_value(v: &Value) -> String {
                 "set" => match inner {
                     Value::Array(items) => format!(
                         "{{ {} }}",
-                        items.iter().map(render_value).collect::<Vec<_>>().join(", ")
+                        items
+                            .iter()
+                            .map(render_value)
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                     other => format!("{{ {} }}", render_value(other)),
                 },
@@ -338,8 +366,15 @@ pub fn render_value(v: &Value) -> String {
                     inner.get("mode").and_then(Value::as_str).unwrap_or("?"),
                     inner.get("mod").and_then(Value::as_u64).unwrap_or(0)
                 ),
-                "jhash" | "symhash" => format!("{k} mod {}", inner.get("mod").and_then(Value::as_u64).unwrap_or(0)),
-                "map" => format!("{} map {}", render_value(&inner["key"]), render_value(&inner["data"])),
+                "jhash" | "symhash" => format!(
+                    "{k} mod {}",
+                    inner.get("mod").and_then(Value::as_u64).unwrap_or(0)
+                ),
+                "map" => format!(
+                    "{} map {}",
+                    render_value(&inner["key"]),
+                    render_value(&inner["data"])
+                ),
                 "jump" | "goto" => format!("{k} {}", inner["target"].as_str().unwrap_or("?")),
                 "accept" | "drop" | "return" | "continue" => k.clone(),
                 "elem" => render_value(&inner["val"]),
@@ -356,7 +391,9 @@ mod tests {
     #[test]
     fn garbage_is_one_skip_and_unknown_elements_are_skipped() {
         assert_eq!(parse("not json").skipped.len(), 1);
-        let p = parse(r#"{"nftables":[{"table":{"family":"ip","name":"t"}},{"frobnicator":{}},{"chain":{"family":"ip"}}]}"#);
+        let p = parse(
+            r#"{"nftables":[{"table":{"family":"ip","name":"t"}},{"frobnicator":{}},{"chain":{"family":"ip"}}]}"#,
+        );
         assert_eq!(p.value.tables.len(), 1);
         assert_eq!(p.skipped.len(), 2, "{:?}", p.skipped);
         assert_eq!(p.skipped[0].line, 1);

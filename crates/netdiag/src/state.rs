@@ -70,12 +70,33 @@ impl Output {
     /// command line with spaces or dashes, as people name their pastes.
     fn stems(self) -> &'static [&'static str] {
         match self {
-            Output::IptablesSave => &["iptables-save", "iptables", "iptables-nft-save", "iptables-legacy-save", "iptables-S"],
-            Output::Ip6tablesSave => &["ip6tables-save", "ip6tables", "ip6tables-nft-save", "ip6tables-legacy-save"],
-            Output::NftRuleset => &["nft-ruleset", "nft", "nft-list-ruleset", "nft-j-list-ruleset"],
+            Output::IptablesSave => &[
+                "iptables-save",
+                "iptables",
+                "iptables-nft-save",
+                "iptables-legacy-save",
+                "iptables-S",
+            ],
+            Output::Ip6tablesSave => &[
+                "ip6tables-save",
+                "ip6tables",
+                "ip6tables-nft-save",
+                "ip6tables-legacy-save",
+            ],
+            Output::NftRuleset => &[
+                "nft-ruleset",
+                "nft",
+                "nft-list-ruleset",
+                "nft-j-list-ruleset",
+            ],
             Output::IpsetList => &["ipset-list", "ipset"],
             Output::IpRule => &["ip-rule", "ip-rule-show", "ip-j-rule"],
-            Output::IpRoute => &["ip-route", "ip-route-show-table-all", "ip-j-route", "ip-route-show"],
+            Output::IpRoute => &[
+                "ip-route",
+                "ip-route-show-table-all",
+                "ip-j-route",
+                "ip-route-show",
+            ],
             Output::IpLink => &["ip-link", "ip-d-link", "ip-j-d-link", "ip-link-show"],
             Output::IpAddr => &["ip-addr", "ip-a", "ip-j-addr", "ip-addr-show"],
             Output::IpNeigh => &["ip-neigh", "ip-n", "ip-j-neigh"],
@@ -232,9 +253,11 @@ impl NodeState {
 
     pub fn is_local_address(&self, ip: IpAddr) -> bool {
         self.local_addresses().any(|a| a.addr == ip)
-            || self.routes.iter().flatten().any(|r| {
-                r.kind == "local" && r.table == "local" && r.dst.contains(&ip)
-            })
+            || self
+                .routes
+                .iter()
+                .flatten()
+                .any(|r| r.kind == "local" && r.table == "local" && r.dst.contains(&ip))
     }
 
     pub fn link(&self, name: &str) -> Option<&Link> {
@@ -272,8 +295,14 @@ mod tests {
         for o in Output::ALL {
             assert_eq!(Output::for_file_name(o.file_name()), Some(o));
         }
-        assert_eq!(Output::for_file_name("ip route show table all.txt"), Some(Output::IpRoute));
-        assert_eq!(Output::for_file_name("iptables.txt"), Some(Output::IptablesSave));
+        assert_eq!(
+            Output::for_file_name("ip route show table all.txt"),
+            Some(Output::IpRoute)
+        );
+        assert_eq!(
+            Output::for_file_name("iptables.txt"),
+            Some(Output::IptablesSave)
+        );
         assert_eq!(Output::for_file_name("notes.md"), None);
     }
 }

@@ -54,7 +54,10 @@ impl Sysctls {
     /// The reverse-path filter mode the kernel applies on `iface`: the larger of `conf/all` and
     /// `conf/<iface>` (0 off, 1 strict, 2 loose). `None` when neither is known.
     pub fn effective_rp_filter(&self, iface: &str) -> Option<i64> {
-        match (self.conf("ipv4", "all", "rp_filter"), self.conf("ipv4", iface, "rp_filter")) {
+        match (
+            self.conf("ipv4", "all", "rp_filter"),
+            self.conf("ipv4", iface, "rp_filter"),
+        ) {
             (None, None) => None,
             (a, b) => Some(a.unwrap_or(0).max(b.unwrap_or(0))),
         }
