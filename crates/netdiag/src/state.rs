@@ -230,7 +230,7 @@ impl NodeState {
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !e.file_type()?.is_file() {
+            if !e.file_type()?.is_file() || name == crate::live::MANIFEST_FILE {
                 continue;
             }
             match Output::for_file_name(&name) {
