@@ -17,6 +17,7 @@ pub mod live;
 pub mod nft;
 pub mod state;
 pub mod sysctl;
+pub mod trace;
 
 use serde::Serialize;
 

@@ -253,7 +253,11 @@ fn render_stmt(stmt: &Value) -> String {
             let op = v.get("op").and_then(Value::as_str).unwrap_or("==");
             let left = render_value(&v["left"]);
             let right = render_value(&v["right"]);
+            let binary = v["left"]
+                .as_object()
+                .is_some_and(|o| o.keys().any(|k| matches!(k.as_str(), "&" | "|" | "^")));
             match op {
+                "==" if binary => format!("{left} == {right}"),
                 "==" | "in" => format!("{left} {right}"),
                 _ => format!("{left} {op} {right}"),
             }
