@@ -78,6 +78,13 @@ fn forwarding_off_then_on() {
 
 #[test]
 fn bridge_nf_call_off_then_on() {
+    if !std::path::Path::new("/proc/sys/net/bridge").exists() {
+        let _ = Command::new("modprobe").arg("br_netfilter").status();
+    }
+    if !std::path::Path::new("/proc/sys/net/bridge").exists() {
+        eprintln!("SKIP: br_netfilter is not available on this kernel (no /proc/sys/net/bridge)");
+        return;
+    }
     let ns = Ns::new("brnf");
     ns.sh("ip link add br0 type bridge");
     ns.sh("sysctl -qw net.bridge.bridge-nf-call-iptables=0");
