@@ -566,7 +566,10 @@ pub fn pod_dns(pod: Option<&PodDns>) -> Check {
             Some(Err(e)) => {
                 c.found(
                     Status::Fail,
-                    format!("nameserver {ip} does not answer from the pod's namespace: {e}"),
+                    format!(
+                        "nameserver {ip} (from {}) does not answer from the pod's namespace: {e}",
+                        pod.source
+                    ),
                 );
                 c.add_fix("point the pod at a live server (the cluster DNS ClusterIP); a resolv.conf copied from a DHCP-managed host may name a server that has since gone");
             }

@@ -335,3 +335,36 @@ fn eni_fix_on_both_directions_pass_for_the_documented_reasons() {
         "out eth0"
     ));
 }
+
+#[test]
+fn the_path_as_an_svg_picture() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-off")).unwrap();
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eni69381f0634bc",
+    );
+    let svg = trace::svg(&t);
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<rect ").count(), t.hops.len());
+    // The last box (the reverse-path drop) is the red one, and only it.
+    assert_eq!(svg.matches("stroke=\"#c0392b\"").count(), 1);
+    let last_rect = svg.rfind("<rect ").unwrap();
+    assert!(svg[last_rect..].starts_with("<rect") && svg[last_rect..].contains("#c0392b"));
+    // Rule text is escaped: the comment quotes become entities, no raw `"` inside text.
+    assert!(svg.contains("&quot;default/edge:echo"));
+    for text in svg.split("<text").skip(1) {
+        let body = text
+            .split_once('>')
+            .unwrap()
+            .1
+            .split("</text>")
+            .next()
+            .unwrap();
+        assert!(!body.contains('<') && !body.contains('"'), "{body}");
+    }
+    assert!(svg.contains("fix 1: give eth1 an IPv4 address"));
+}

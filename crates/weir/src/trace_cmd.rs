@@ -53,6 +53,9 @@ struct WalkArgs {
     /// Print JSON instead of the hop list.
     #[arg(long)]
     json: bool,
+    /// Also draw the path as an SVG picture into this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -148,6 +151,10 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
         iif,
     };
     let t = trace::trace(&st, &packet);
+    if let Some(path) = &a.svg {
+        std::fs::write(path, trace::svg(&t))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     let mut out = std::io::stdout();
     if a.json {
         let doc =
