@@ -3,10 +3,12 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod dns_cmd;
+mod doctor_cmd;
 mod lab_cmd;
 mod manifest_view;
 mod proxy_cmd;
 mod routes_cmd;
+mod trace_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -41,6 +43,10 @@ enum Command {
     Routes(routes_cmd::RoutesArgs),
     /// The cluster DNS server (CoreDNS's job): the Kubernetes DNS zone, forwarding, cache.
     Dns(dns_cmd::DnsArgs),
+    /// Checks a node (or a lab node, or a collected directory) for known networking faults.
+    Doctor(doctor_cmd::DoctorArgs),
+    /// Saves a node's state for diagnosis (`weir trace collect DIR`).
+    Trace(trace_cmd::TraceArgs),
 }
 
 /// Logs to stderr in `--log-format`; `RUST_LOG` filters (default `info`).
@@ -67,6 +73,8 @@ fn main() -> std::process::ExitCode {
         Command::Proxy(args) => proxy_cmd::run(*args),
         Command::Routes(args) => routes_cmd::run(args),
         Command::Dns(args) => dns_cmd::run(args),
+        Command::Doctor(args) => doctor_cmd::run(args),
+        Command::Trace(args) => trace_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,892 @@
+//! `weir doctor`'s checks: pure functions over a [`NodeState`] (and, for a pod's DNS, what was
+//! probed from its namespace). Each returns a [`Check`] with a status, the evidence it rests on
+//! (quoting the dump where it can) and the fix. A check whose inputs are missing says `skip`
+//! and which output it needed, rather than guessing.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use crate::iptables::{Dump, Rule as IptRule};
+use crate::nft::Ruleset;
+use crate::state::NodeState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Skip,
+    Warn,
+    Fail,
+}
+
+impl Status {
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Skip => "skip",
+            Status::Warn => "warn",
+            Status::Fail => "FAIL",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub id: &'static str,
+    pub title: &'static str,
+    pub status: Status,
+    pub evidence: Vec<String>,
+    /// What to do; `None` when there is nothing to fix.
+    pub fix: Option<String>,
+}
+
+impl Check {
+    fn new(id: &'static str, title: &'static str) -> Check {
+        Check {
+            id,
+            title,
+            status: Status::Ok,
+            evidence: Vec::new(),
+            fix: None,
+        }
+    }
+
+    fn skip(mut self, why: impl Into<String>) -> Check {
+        self.status = Status::Skip;
+        self.evidence.push(why.into());
+        self
+    }
+
+    /// Raises the status to `s` (never lowers it) and records why.
+    fn found(&mut self, s: Status, evidence: impl Into<String>) {
+        self.status = self.status.max(s);
+        self.evidence.push(evidence.into());
+    }
+
+    fn note(&mut self, evidence: impl Into<String>) {
+        self.evidence.push(evidence.into());
+    }
+
+    fn add_fix(&mut self, fix: impl Into<String>) {
+        let fix = fix.into();
+        match &mut self.fix {
+            Some(f) if !f.contains(&fix) => {
+                f.push_str("; ");
+                f.push_str(&fix);
+            }
+            Some(_) => {}
+            None => self.fix = Some(fix),
+        }
+    }
+}
+
+/// A pod's DNS configuration and what answered from inside its namespace.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PodDns {
+    /// Where the resolv.conf came from (a path).
+    pub source: String,
+    pub resolv_conf: String,
+    /// Each nameserver probed from the pod's namespace: `Ok(())` when it answered a query.
+    pub probes: Vec<(IpAddr, Result<(), String>)>,
+}
+
+/// Every check, in a fixed order.
+pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
+    vec![
+        br_netfilter(st),
+        forwarding(st),
+        forward_policy(st),
+        stale_dnat(st),
+        pod_dns(pod),
+        conntrack(st),
+        mtu(st),
+        eni_asymmetric(st),
+    ]
+}
+
+/// True when any check failed (the command's exit status).
+pub fn any_failed(checks: &[Check]) -> bool {
+    checks.iter().any(|c| c.status == Status::Fail)
+}
+
+/// br_netfilter loaded and `bridge-nf-call-ip(6)tables` on: without them, traffic between two
+/// pods on one bridge skips iptables, so a ClusterIP reply from a same-bridge backend is not
+/// de-NATed (scenario 1 of the brief).
+pub fn br_netfilter(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "br-netfilter",
+        "br_netfilter and bridge-nf-call-ip(6)tables",
+    );
+    let Some(s) = &st.sysctls else {
+        return c.skip("no sysctl output");
+    };
+    let bridges: Vec<&str> = st
+        .links
+        .iter()
+        .flatten()
+        .filter(|l| l.kind.as_deref() == Some("bridge"))
+        .map(|l| l.name.as_str())
+        .collect();
+    let loaded = s.0.keys().any(|k| k.starts_with("net.bridge."));
+    if !loaded {
+        let status = if bridges.is_empty() {
+            Status::Warn
+        } else {
+            Status::Fail
+        };
+        c.found(
+            status,
+            "no net.bridge.* sysctls: the br_netfilter module is not loaded",
+        );
+        if !bridges.is_empty() {
+            c.note(format!("bridges on this node: {}", bridges.join(", ")));
+        }
+        c.add_fix("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.bridge-nf-call-iptables=1 net.bridge.bridge-nf-call-ip6tables=1");
+        return c;
+    }
+    for key in [
+        "net.bridge.bridge-nf-call-iptables",
+        "net.bridge.bridge-nf-call-ip6tables",
+    ] {
+        match s.int(key) {
+            Some(1) => c.note(format!("{key} = 1")),
+            Some(v) => {
+                c.found(Status::Fail, format!("{key} = {v}"));
+                c.add_fix(format!("sysctl -w {key}=1 (persist it in /etc/sysctl.d/)"));
+            }
+            None => c.found(Status::Warn, format!("{key} not in the sysctl output")),
+        }
+    }
+    c
+}
+
+/// IPv4 forwarding (pods' traffic is routed through the node) and IPv6 forwarding.
+pub fn forwarding(st: &NodeState) -> Check {
+    let mut c = Check::new("forwarding", "ip_forward and IPv6 forwarding");
+    let Some(s) = &st.sysctls else {
+        return c.skip("no sysctl output");
+    };
+    for key in ["net.ipv4.ip_forward", "net.ipv4.conf.all.forwarding"] {
+        match s.int(key) {
+            Some(1) => c.note(format!("{key} = 1")),
+            Some(v) => {
+                c.found(
+                    Status::Fail,
+                    format!("{key} = {v}: the node drops every pod packet it should route"),
+                );
+                c.add_fix("sysctl -w net.ipv4.ip_forward=1 (persist it in /etc/sysctl.d/)");
+            }
+            None => c.found(Status::Warn, format!("{key} not in the sysctl output")),
+        }
+    }
+    match s.int("net.ipv6.conf.all.forwarding") {
+        Some(1) => c.note("net.ipv6.conf.all.forwarding = 1"),
+        Some(v) => {
+            // Only IPv6/dual-stack pods need it, and this check cannot tell whether they exist.
+            c.found(Status::Warn, format!("net.ipv6.conf.all.forwarding = {v}: IPv6 pod traffic is not routed (fine for IPv4-only clusters)"));
+            c.add_fix("for IPv6 or dual-stack pods: sysctl -w net.ipv6.conf.all.forwarding=1");
+        }
+        None => c.note("net.ipv6.conf.all.forwarding not in the sysctl output (IPv6 disabled?)"),
+    }
+    c
+}
+
+/// What the accept rules reachable from a forward chain let through.
+#[derive(Debug, Default)]
+struct Accepts {
+    /// kube-proxy's masquerade-marked traffic (`--mark 0x4000/0x4000 -j ACCEPT`).
+    marked: Option<String>,
+    /// Replies (`--ctstate RELATED,ESTABLISHED -j ACCEPT`).
+    established: Option<String>,
+    /// An ACCEPT with no condition at all.
+    everything: Option<String>,
+}
+
+fn iptables_accepts(d: &Dump, table: &str, chain: &str, depth: usize, acc: &mut Accepts) {
+    let Some(ch) = d.chain(table, chain) else {
+        return;
+    };
+    if depth > 8 {
+        return;
+    }
+    for r in &ch.rules {
+        match r.target_name() {
+            Some("ACCEPT") => classify_iptables_accept(r, acc),
+            Some(t) if d.chain(table, t).is_some() => iptables_accepts(d, table, t, depth + 1, acc),
+            _ => {}
+        }
+    }
+}
+
+fn classify_iptables_accept(r: &IptRule, acc: &mut Accepts) {
+    let conditions: Vec<_> = r
+        .args
+        .iter()
+        .filter(|a| a.module.as_deref() != Some("comment"))
+        .collect();
+    if conditions.is_empty() {
+        acc.everything.get_or_insert(r.text.clone());
+    }
+    if let Some(m) = r.module_arg("mark", "--mark") {
+        let v = m.values.first().map(String::as_str).unwrap_or("");
+        if !m.negated && mark_covers(v, 0x4000) {
+            acc.marked.get_or_insert(r.text.clone());
+        }
+    }
+    let state = r
+        .module_arg("conntrack", "--ctstate")
+        .or_else(|| r.module_arg("state", "--state"));
+    if let Some(s) = state {
+        if !s.negated && s.values.iter().any(|v| v.contains("ESTABLISHED")) {
+            acc.established.get_or_insert(r.text.clone());
+        }
+    }
+}
+
+/// `0x4000/0x4000` or `0x4000` matches packets carrying `bit`.
+fn mark_covers(v: &str, bit: u32) -> bool {
+    let parse = |s: &str| {
+        s.strip_prefix("0x")
+            .map(|h| u32::from_str_radix(h, 16).ok())
+            .unwrap_or_else(|| s.parse().ok())
+    };
+    let (m, mask) = match v.split_once('/') {
+        Some((m, k)) => (parse(m), parse(k)),
+        None => (parse(v), Some(u32::MAX)),
+    };
+    matches!((m, mask), (Some(m), Some(k)) if m & k == bit && k & bit == bit)
+}
+
+fn nft_accepts(
+    rs: &Ruleset,
+    family: &str,
+    table: &str,
+    chain: &str,
+    depth: usize,
+    acc: &mut Accepts,
+) {
+    if depth > 8 {
+        return;
+    }
+    for r in rs
+        .rules
+        .iter()
+        .filter(|r| r.family == family && r.table == table && r.chain == chain)
+    {
+        let t = r.text.trim_start_matches("counter ").trim();
+        if t == "accept" || t == "counter accept" {
+            acc.everything.get_or_insert(r.text.clone());
+        }
+        if t.ends_with("accept")
+            && t.contains("mark")
+            && (t.contains("0x4000") || t.contains("16384"))
+        {
+            acc.marked.get_or_insert(r.text.clone());
+        }
+        if t.ends_with("accept") && t.contains("ct state") && t.contains("established") {
+            acc.established.get_or_insert(r.text.clone());
+        }
+        for word in ["jump ", "goto "] {
+            if let Some(target) = t
+                .split(word)
+                .nth(1)
+                .and_then(|s| s.split_whitespace().next())
+            {
+                nft_accepts(rs, family, table, target, depth + 1, acc);
+            }
+        }
+    }
+}
+
+/// A FORWARD policy of DROP (iptables, or an nft filter chain on the forward hook) needs
+/// kube-proxy's accept rules: masquerade-marked traffic (NodePort/LB traffic DNATed to a
+/// backend elsewhere, including hostNetwork backends) and replies. firewalld's own table is
+/// reported because its zones drop forwarded traffic unless configured.
+pub fn forward_policy(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "forward-policy",
+        "FORWARD drop policy without the proxy's accept rules",
+    );
+    if st.iptables.is_none() && st.nft.is_none() {
+        return c.skip("neither iptables-save nor nft -j list ruleset output");
+    }
+    let judge = |c: &mut Check, what: String, acc: &Accepts| {
+        if let Some(e) = &acc.everything {
+            c.note(format!(
+                "{what} has policy drop, but accepts everything first: {e}"
+            ));
+            return;
+        }
+        let mut missing = Vec::new();
+        match &acc.marked {
+            Some(r) => c.note(format!("{what}: marked (0x4000) traffic accepted by `{r}`")),
+            None => missing.push("masquerade-marked (0x4000) traffic: NodePort/LoadBalancer traffic to a backend elsewhere, hostNetwork backends included"),
+        }
+        match &acc.established {
+            Some(r) => c.note(format!("{what}: replies accepted by `{r}`")),
+            None => missing.push("RELATED,ESTABLISHED replies"),
+        }
+        if !missing.is_empty() {
+            c.found(
+                Status::Fail,
+                format!(
+                    "{what} has policy drop and no accept for {}",
+                    missing.join(", nor ")
+                ),
+            );
+            c.add_fix("let the proxy install its forward accept rules (kube-proxy's KUBE-FORWARD: `-m mark --mark 0x4000/0x4000 -j ACCEPT` and `-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`; is it running with the same --iptables-masquerade-bit?), or add them, or set the policy to ACCEPT");
+        }
+    };
+    if let Some(d) = &st.iptables {
+        match d.chain("filter", "FORWARD") {
+            Some(ch) if ch.policy.as_deref() == Some("DROP") => {
+                let mut acc = Accepts::default();
+                iptables_accepts(d, "filter", "FORWARD", 0, &mut acc);
+                judge(&mut c, "iptables filter FORWARD".into(), &acc);
+            }
+            Some(ch) => c.note(format!(
+                "iptables filter FORWARD policy {}",
+                ch.policy
+                    .as_deref()
+                    .unwrap_or("unknown (declaration cut away)")
+            )),
+            None => c.note("no iptables filter FORWARD chain in the dump"),
+        }
+    }
+    if let Some(rs) = &st.nft {
+        for ch in rs.base_chains("forward", &["ip", "inet"]) {
+            let hook = ch.hook.as_ref().expect("base chain");
+            // iptables-nft's own chains are judged from iptables-save above.
+            let compat = rs
+                .rules
+                .iter()
+                .any(|r| r.family == ch.family && r.table == ch.table && r.uses_xt);
+            if compat || (st.iptables.is_some() && ch.family == "ip" && ch.table == "filter") {
+                continue;
+            }
+            if hook.policy == "drop" {
+                let mut acc = Accepts::default();
+                nft_accepts(rs, &ch.family, &ch.table, &ch.name, 0, &mut acc);
+                judge(
+                    &mut c,
+                    format!("nft chain {} {} {}", ch.family, ch.table, ch.name),
+                    &acc,
+                );
+            }
+        }
+        if rs.tables.iter().any(|t| t.name == "firewalld") {
+            c.found(Status::Warn, "firewalld is active (table inet firewalld): its zones drop forwarded traffic unless pod and service traffic is allowed");
+            c.add_fix("put the pod interfaces (cni0, veths) in a trusted zone or allow forwarding between zones, or stop firewalld");
+        }
+    }
+    c
+}
+
+/// DNAT targets from iptables (`--to-destination`) and nft (`dnat to ADDR`), each with the rule.
+pub fn dnat_targets(st: &NodeState) -> Vec<(IpAddr, String)> {
+    let mut out = Vec::new();
+    for d in [&st.iptables, &st.ip6tables].into_iter().flatten() {
+        for (_, _, r) in d.rules() {
+            if r.target_name() != Some("DNAT") {
+                continue;
+            }
+            if let Some(to) = r.target_arg("--to-destination") {
+                if let Some(ip) = parse_nat_addr(to) {
+                    out.push((ip, r.text.clone()));
+                }
+            }
+        }
+    }
+    if let Some(rs) = &st.nft {
+        for r in &rs.rules {
+            for e in &r.expr {
+                let Some(addr) = e
+                    .get("dnat")
+                    .and_then(|d| d.get("addr"))
+                    .and_then(|a| a.as_str())
+                else {
+                    continue;
+                };
+                if let Ok(ip) = addr.parse() {
+                    out.push((
+                        ip,
+                        format!("{} {} {}: {}", r.family, r.table, r.chain, r.text),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `10.0.0.1:80`, `10.0.0.1`, `[fd00::1]:80`, `10.0.0.1-10.0.0.3:80` (the first address).
+fn parse_nat_addr(to: &str) -> Option<IpAddr> {
+    if let Some(rest) = to.strip_prefix('[') {
+        return rest.split(']').next()?.parse().ok();
+    }
+    if let Ok(ip) = to.parse() {
+        return Some(ip);
+    }
+    let host = to.rsplit_once(':').map(|(h, _)| h).unwrap_or(to);
+    host.split('-').next()?.parse().ok()
+}
+
+/// A DNAT target is **dead** when this node can tell nobody has it: no route to it, a
+/// blackhole/unreachable/prohibit route, a directly connected route through an interface that
+/// is missing or down, or a neighbour entry in state FAILED/INCOMPLETE. A target behind a
+/// gateway is not verifiable from this node (reported, not judged); a directly connected one
+/// with no neighbour entry is idle or gone (reported). Lookups use the main table: the proxy's
+/// DNAT happens before policy routing sees the packet's source, so this is the common case.
+pub fn stale_dnat(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "stale-dnat",
+        "DNAT targets that are no longer anyone's address",
+    );
+    if st.iptables.is_none() && st.nft.is_none() {
+        return c.skip("neither iptables-save nor nft -j list ruleset output");
+    }
+    if st.routes.is_none() {
+        return c.skip("no ip route output to look the targets up in");
+    }
+    let targets = dnat_targets(st);
+    let mut seen = BTreeSet::new();
+    let (mut local, mut remote, mut verified, mut idle) = (0, 0, 0, Vec::new());
+    for (ip, rule) in &targets {
+        if !seen.insert(*ip) {
+            continue;
+        }
+        if st.is_local_address(*ip) {
+            local += 1;
+            continue;
+        }
+        let Some(route) = st.lookup("main", *ip) else {
+            c.found(
+                Status::Fail,
+                format!("{ip}: no route in table main; rule `{rule}`"),
+            );
+            continue;
+        };
+        if matches!(
+            route.kind.as_str(),
+            "blackhole" | "unreachable" | "prohibit"
+        ) {
+            c.found(
+                Status::Fail,
+                format!("{ip}: route `{}`; rule `{rule}`", route.text),
+            );
+            continue;
+        }
+        if route.gateway.is_some() {
+            remote += 1;
+            continue;
+        }
+        let dev = route.dev.clone().unwrap_or_default();
+        match (&st.links, st.link(&dev)) {
+            (Some(_), None) => {
+                c.found(
+                    Status::Fail,
+                    format!(
+                        "{ip}: its route `{}` names {dev}, which does not exist; rule `{rule}`",
+                        route.text
+                    ),
+                );
+                continue;
+            }
+            (_, Some(l)) if !l.up => {
+                c.found(
+                    Status::Fail,
+                    format!(
+                        "{ip}: its route `{}` goes through {dev}, which is down; rule `{rule}`",
+                        route.text
+                    ),
+                );
+                continue;
+            }
+            _ => {}
+        }
+        let neigh = st
+            .neighbours
+            .iter()
+            .flatten()
+            .find(|n| n.dst == *ip && n.dev == dev);
+        match neigh.map(|n| n.state.as_str()) {
+            Some(s @ ("FAILED" | "INCOMPLETE")) => c.found(
+                Status::Fail,
+                format!("{ip}: on {dev}'s link, neighbour entry {s} (nobody answers ARP/ND for it); rule `{rule}`"),
+            ),
+            Some(_) => verified += 1,
+            None => idle.push(ip.to_string()),
+        }
+    }
+    c.note(format!(
+        "{} DNAT target(s): {local} local, {verified} answering on a local link, {remote} behind a gateway (not verifiable from this node)",
+        seen.len()
+    ));
+    if !idle.is_empty() {
+        c.note(format!(
+            "on a local link without a neighbour entry (idle, or gone; send traffic and re-check): {}",
+            idle.join(", ")
+        ));
+    }
+    if st.neighbours.is_none() {
+        c.note("no ip neigh output: neighbour states not checked");
+    }
+    if c.status == Status::Fail {
+        c.add_fix("the rules point at endpoints that left (a host whose IP changed, a deleted pod): make the proxy resync (check its logs and the Service's EndpointSlices), or remove the stale rules");
+    }
+    c
+}
+
+/// The pod's resolv.conf nameservers: present, not host-only (a loopback address inside the
+/// pod's namespace is the pod itself: resolv.conf copied from a host running systemd-resolved
+/// or dnsmasq), and answering a query sent from the pod's namespace.
+pub fn pod_dns(pod: Option<&PodDns>) -> Check {
+    let mut c = Check::new("pod-dns", "pod resolv.conf nameservers dead or host-only");
+    let Some(pod) = pod else {
+        return c.skip("no --pod-netns given");
+    };
+    let servers = nameservers(&pod.resolv_conf);
+    if servers.is_empty() {
+        c.found(Status::Fail, format!("{}: no nameserver line", pod.source));
+        c.add_fix(
+            "give the pod a resolv.conf with the cluster DNS ClusterIP (dnsPolicy ClusterFirst)",
+        );
+        return c;
+    }
+    for ip in servers {
+        if ip.is_loopback() {
+            c.found(Status::Fail, format!("{}: nameserver {ip} is host-only: in the pod's namespace it is the pod's own loopback", pod.source));
+            c.add_fix("do not copy the host's resolv.conf into pods (kubelet --resolv-conf=/run/systemd/resolve/resolv.conf on systemd-resolved hosts); use the cluster DNS ClusterIP");
+            continue;
+        }
+        match pod.probes.iter().find(|(p, _)| *p == ip).map(|(_, r)| r) {
+            Some(Ok(())) => c.note(format!("nameserver {ip} answers from the pod's namespace")),
+            Some(Err(e)) => {
+                c.found(
+                    Status::Fail,
+                    format!(
+                        "nameserver {ip} (from {}) does not answer from the pod's namespace: {e}",
+                        pod.source
+                    ),
+                );
+                c.add_fix("point the pod at a live server (the cluster DNS ClusterIP); a resolv.conf copied from a DHCP-managed host may name a server that has since gone");
+            }
+            None => c.found(Status::Warn, format!("nameserver {ip} was not probed")),
+        }
+    }
+    c
+}
+
+/// `nameserver` addresses of a resolv.conf, in order.
+pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            (w.next() == Some("nameserver")).then(|| w.next()).flatten()
+        })
+        .filter_map(|a| a.split('%').next().and_then(|a| a.parse().ok()))
+        .collect()
+}
+
+/// Conntrack table pressure: entries against `nf_conntrack_max` (new connections are dropped
+/// at the limit: "nf_conntrack: table full, dropping packet"), and `conntrack -S` drop counters.
+pub fn conntrack(st: &NodeState) -> Check {
+    let mut c = Check::new("conntrack", "conntrack table pressure");
+    let Some(s) = &st.sysctls else {
+        return c.skip("no sysctl output");
+    };
+    let (Some(count), Some(max)) = (
+        s.int("net.netfilter.nf_conntrack_count"),
+        s.int("net.netfilter.nf_conntrack_max"),
+    ) else {
+        return c
+            .skip("nf_conntrack_count/max not in the sysctl output (nf_conntrack not loaded?)");
+    };
+    let pct = if max > 0 { count * 100 / max } else { 100 };
+    let line = format!("{count} of {max} entries ({pct}%)");
+    if pct >= 90 {
+        c.found(Status::Fail, line);
+    } else if pct >= 75 {
+        c.found(Status::Warn, line);
+    } else {
+        c.note(line);
+    }
+    if let Some(stats) = &st.conntrack_stats {
+        let total = |key: &str| -> u64 {
+            stats
+                .split_whitespace()
+                .filter_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+                .filter_map(|v| v.parse::<u64>().ok())
+                .sum()
+        };
+        let (drop, early, failed) = (total("drop"), total("early_drop"), total("insert_failed"));
+        if drop + early > 0 {
+            c.found(Status::Warn, format!("conntrack -S: drop={drop} early_drop={early} insert_failed={failed} (summed over CPUs)"));
+        } else {
+            c.note(format!(
+                "conntrack -S: drop=0 early_drop=0 insert_failed={failed}"
+            ));
+        }
+    }
+    if c.status >= Status::Warn {
+        c.add_fix("raise net.netfilter.nf_conntrack_max (and nf_conntrack_buckets), or find what opens so many connections (conntrack -L | sort by source)");
+    }
+    c
+}
+
+/// Overlay MTU: a VXLAN device must fit in its underlay (50 bytes of IPv4 encapsulation), and the
+/// pod side (bridges and their veth ports) must not exceed the VXLAN MTU, or large packets from
+/// pods to other nodes are dropped or depend on PMTU discovery.
+pub fn mtu(st: &NodeState) -> Check {
+    let mut c = Check::new("mtu", "MTU mismatches between overlay and pods");
+    let Some(links) = &st.links else {
+        return c.skip("no ip -d link output");
+    };
+    let vxlans: Vec<_> = links
+        .iter()
+        .filter(|l| l.kind.as_deref() == Some("vxlan"))
+        .collect();
+    if vxlans.is_empty() {
+        if links.iter().all(|l| l.kind.is_none()) {
+            return c.skip("ip link output without -d: device kinds unknown");
+        }
+        return c.skip("no VXLAN device: no overlay");
+    }
+    let pod_side: Vec<_> = links
+        .iter()
+        .filter(|l| {
+            l.kind.as_deref() == Some("bridge")
+                && links.iter().any(|p| {
+                    p.master.as_deref() == Some(&l.name) && p.kind.as_deref() == Some("veth")
+                })
+                || (l.kind.as_deref() == Some("veth") && l.master.is_some())
+        })
+        .collect();
+    for vx in &vxlans {
+        c.note(format!("{}: mtu {}", vx.name, vx.mtu));
+        if let Some(under) = vx
+            .vxlan
+            .as_ref()
+            .and_then(|v| v.dev.as_deref())
+            .and_then(|d| st.link(d))
+        {
+            if vx.mtu + 50 > under.mtu {
+                c.found(
+                    Status::Fail,
+                    format!(
+                        "{} mtu {} + 50 bytes of VXLAN encapsulation > its underlay {} mtu {}",
+                        vx.name, vx.mtu, under.name, under.mtu
+                    ),
+                );
+                c.add_fix(format!(
+                    "ip link set {} mtu {}",
+                    vx.name,
+                    under.mtu.saturating_sub(50)
+                ));
+            }
+        }
+        let too_big: Vec<String> = pod_side
+            .iter()
+            .filter(|l| l.mtu > vx.mtu)
+            .map(|l| format!("{} mtu {}", l.name, l.mtu))
+            .collect();
+        if !too_big.is_empty() {
+            c.found(
+                Status::Fail,
+                format!(
+                    "pod-side devices larger than {} (mtu {}): {}",
+                    vx.name,
+                    vx.mtu,
+                    too_big.join(", ")
+                ),
+            );
+            c.add_fix(format!("set the CNI network's MTU to {} (the pods' eth0 and the host veths and bridge), then recreate the pods", vx.mtu));
+        }
+    }
+    if pod_side.is_empty() {
+        c.note("no bridge with veth ports found: pod-side MTUs not compared");
+    }
+    c
+}
+
+/// The eni-shared failure (docs/eni.md): a policy rule sends a pod's traffic through a table
+/// whose default route leaves by an interface with no IPv4 address, so MASQUERADE takes another
+/// interface's address and the reply comes back there, where strict rp_filter drops it; and
+/// requests that arrive on the primary interface and are DNATed to such a pod fail the same
+/// check unless a fwmark rule (with `src_valid_mark`) routes them through main.
+pub fn eni_asymmetric(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "eni-asymmetric",
+        "asymmetric routing that strict rp_filter punishes",
+    );
+    let (Some(rules), Some(_)) = (&st.rules, &st.routes) else {
+        return c.skip("needs ip rule and ip route output");
+    };
+    let Some(primary) = st
+        .lookup("main", "0.0.0.0".parse().unwrap())
+        .filter(|r| r.dst.prefix_len() == 0)
+    else {
+        return c.skip("no IPv4 default route in table main");
+    };
+    let Some(primary_dev) = primary.dev.clone() else {
+        return c.skip("the main default route names no device");
+    };
+    let primary_src = primary
+        .prefsrc
+        .or_else(|| st.ipv4_on(&primary_dev).first().map(|a| a.addr));
+    let rp = st
+        .sysctls
+        .as_ref()
+        .and_then(|s| s.effective_rp_filter(&primary_dev));
+    let svm = st
+        .sysctls
+        .as_ref()
+        .and_then(|s| s.effective_src_valid_mark(&primary_dev));
+    let mut seen_tables = BTreeSet::new();
+    let mut pods = 0;
+    for r in rules {
+        let (Some(src), Some(table)) = (r.src, r.table.as_deref()) else {
+            continue;
+        };
+        if r.not
+            || r.action != "lookup"
+            || !src.addr().is_ipv4()
+            || matches!(table, "main" | "local" | "default" | "253" | "254" | "255")
+        {
+            continue;
+        }
+        let Some(out) = st
+            .lookup(table, "0.0.0.0".parse().unwrap())
+            .filter(|x| x.dst.prefix_len() == 0)
+        else {
+            continue;
+        };
+        let Some(out_dev) = out.dev.clone() else {
+            continue;
+        };
+        if out_dev == primary_dev {
+            continue;
+        }
+        pods += 1;
+        // Requests entering by the primary interface, DNATed to this pod: the reverse-path
+        // lookup uses the pod's address as source. A fwmark rule before this one rescues it
+        // when the mark is honoured by the check (src_valid_mark).
+        let fwmark_rescue = rules.iter().find(|f| {
+            f.priority < r.priority
+                && f.fwmark.is_some()
+                && f.src.is_none()
+                && matches!(f.table.as_deref(), Some("main" | "254"))
+        });
+        if seen_tables.insert(table.to_string()) {
+            let addrs = st.ipv4_on(&out_dev);
+            if addrs.is_empty() {
+                let masq = primary_src
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| format!("{primary_dev}'s address"));
+                let ev = format!(
+                    "rule `{}` sends the pod's traffic to table {table} (`{}`), and {out_dev} has no IPv4 address: MASQUERADE (a Service's DNAT marks it) takes {masq} from {primary_dev}, the reply comes back on {primary_dev}, and the reverse-path check for {} points at {out_dev}",
+                    r.text, out.text, src.addr()
+                );
+                match rp {
+                    Some(1) => c.found(Status::Fail, format!("{ev}; rp_filter on {primary_dev} is strict (1): the reply is dropped (TcpExtIPReversePathFilter rises)")),
+                    Some(v) => c.found(Status::Warn, format!("{ev}; rp_filter on {primary_dev} is {v}, so the reply passes, but the SYN leaves {out_dev} with {masq}: a cloud's source/destination check drops it")),
+                    None => c.found(Status::Warn, format!("{ev}; rp_filter unknown (no sysctl output; the kernel default is 0, most distributions set 1 or 2)")),
+                }
+                c.add_fix(format!("give {out_dev} an IPv4 address of its own (weir-cni eni-shared: eniAddress, /32 noprefixroute) so masquerade picks it and the path stays symmetric; or loose rp_filter (sysctl -w net.ipv4.conf.{primary_dev}.rp_filter=2; the effective value is the max of conf/all and conf/{primary_dev}), which still leaves the cloud's source check"));
+            } else {
+                c.note(format!(
+                    "{out_dev} (table {table}) has {}: masquerade picks it",
+                    addrs[0].addr
+                ));
+            }
+        }
+        match (rp, fwmark_rescue) {
+            (Some(1), None) => {
+                c.found(Status::Fail, format!("outside → NodePort/LB → pod {}: the request arrives on {primary_dev}, is DNATed to the pod, and the reverse-path lookup from {} follows rule `{}` to {out_dev}: strict rp_filter drops the request", src.addr(), src.addr(), r.text));
+                c.add_fix(format!("connmark connections that enter by {primary_dev} and route their packets with a fwmark rule before pref {} through main (weir-cni eni-shared's `fwmark 0x80/0x80 lookup main` and table inet weir-eni), with net.ipv4.conf.all.src_valid_mark=1", r.priority));
+            }
+            (Some(1), Some(f)) if svm != Some(true) => {
+                c.found(Status::Fail, format!("rule `{}` would route marked requests through main, but src_valid_mark is off on {primary_dev}: the reverse-path check ignores the mark and drops requests DNATed to {}", f.text, src.addr()));
+                c.add_fix("sysctl -w net.ipv4.conf.all.src_valid_mark=1");
+            }
+            (Some(1), Some(f)) => c.note(format!("requests DNATed to {}: rule `{}` with src_valid_mark routes marked ones through main (the mark itself is set by a connmark rule this check does not verify)", src.addr(), f.text)),
+            _ => {}
+        }
+    }
+    if pods == 0 {
+        c.note(format!(
+            "no source policy rule sends traffic out of an interface other than {primary_dev}"
+        ));
+    } else {
+        c.note(format!("{pods} source rule(s) route out of an interface other than {primary_dev}; rp_filter on {primary_dev}: {}", rp.map(|v| v.to_string()).unwrap_or_else(|| "unknown".into())));
+    }
+    c
+}
+
+/// The checks as a table for people: status, check, evidence and fix, one block per check.
+pub fn render_table(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        out.push_str(&format!(
+            "{:<5} {:<15} {}\n",
+            c.status.label(),
+            c.id,
+            c.title
+        ));
+        for e in &c.evidence {
+            out.push_str(&format!("{:<21}- {e}\n", ""));
+        }
+        if let Some(f) = &c.fix {
+            out.push_str(&format!("{:<21}fix: {f}\n", ""));
+        }
+    }
+    let count = |s| checks.iter().filter(|c| c.status == s).count();
+    out.push_str(&format!(
+        "{} ok, {} warn, {} fail, {} skipped\n",
+        count(Status::Ok),
+        count(Status::Warn),
+        count(Status::Fail),
+        count(Status::Skip)
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks() {
+        assert!(mark_covers("0x4000/0x4000", 0x4000));
+        assert!(mark_covers("0x4000", 0x4000));
+        assert!(!mark_covers("0x8000/0x8000", 0x4000));
+        assert!(!mark_covers("0x0/0x4000", 0x4000));
+    }
+
+    #[test]
+    fn nat_addresses() {
+        assert_eq!(parse_nat_addr("10.0.0.1:80"), "10.0.0.1".parse().ok());
+        assert_eq!(parse_nat_addr("10.0.0.1"), "10.0.0.1".parse().ok());
+        assert_eq!(parse_nat_addr("[fd00::1]:80"), "fd00::1".parse().ok());
+        assert_eq!(
+            parse_nat_addr("10.0.0.1-10.0.0.3:80"),
+            "10.0.0.1".parse().ok()
+        );
+    }
+
+    #[test]
+    fn resolv_conf_nameservers() {
+        assert_eq!(
+            nameservers(
+                "# x\nsearch a\nnameserver 10.96.0.10\nnameserver fe80::1%eth0\noptions ndots:5\n"
+            ),
+            vec![
+                "10.96.0.10".parse::<IpAddr>().unwrap(),
+                "fe80::1".parse().unwrap()
+            ]
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! Agreement with the kernel (root): small topologies in network namespaces, a real TCP
+//! connection from a client namespace, and `trace` on the node's live state must give the same
+//! verdict. Each case also flips the one setting that decides it, so a walk that always said
+//! "delivered" (or always "dropped") fails.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use weir_kernel::NetNs;
+use weir_netdiag::live::Target;
+use weir_netdiag::state::NodeState;
+use weir_netdiag::trace::{self, Packet, Proto, Verdict};
+
+/// A network namespace for one test, deleted on drop (also when the test panics).
+struct Ns(String);
+
+impl Ns {
+    fn new(tag: &str) -> Ns {
+        let name = format!("wdt-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        assert!(Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap()
+            .success());
+        let ns = Ns(name);
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    fn sh(&self, cmd: &str) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", cmd])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn handle(&self) -> NetNs {
+        NetNs::named(&self.0).unwrap()
+    }
+
+    /// A TCP listener inside the namespace (kept open while the value lives).
+    fn listen(&self, port: u16) -> TcpListener {
+        self.handle()
+            .run(|| TcpListener::bind(("0.0.0.0", port)).unwrap())
+            .unwrap()
+    }
+
+    /// Whether a TCP connection from inside the namespace completes within a second.
+    fn connects(&self, to: &str) -> bool {
+        let addr: SocketAddr = to.parse().unwrap();
+        self.handle()
+            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok())
+            .unwrap()
+    }
+
+    fn trace(&self, src: &str, dst: &str, dport: u16, iif: &str) -> trace::Trace {
+        let target = Target {
+            netns: Some(self.0.clone()),
+        };
+        let st = NodeState::from_outputs(
+            target
+                .collect()
+                .into_iter()
+                .filter_map(|r| r.result.ok().map(|t| (r.output, t))),
+        );
+        let t = trace::trace(
+            &st,
+            &Packet {
+                src: src.parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                proto: Proto::Tcp,
+                sport: 40000,
+                dport,
+                iif: iif.into(),
+            },
+        );
+        eprintln!("{}", trace::render(&t));
+        t
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+    }
+}
+
+/// Client — node — backend; NodePort 30080 on the node DNATs to a hostNetwork-style backend on
+/// another host (10.60.0.2:8080) and masquerades (kube-proxy's shapes). FORWARD policy DROP,
+/// first without kube-proxy's accept rules, then with them.
+#[test]
+fn nodeport_to_a_backend_elsewhere_under_forward_drop() {
+    let client = Ns::new("cl");
+    let node = Ns::new("nd");
+    let backend = Ns::new("be");
+    node.sh(&format!(
+        "ip link add eth0 type veth peer name c0 netns {} && ip link add eth1 type veth peer name b0 netns {}",
+        client.0, backend.0
+    ));
+    node.sh(
+        "ip addr add 10.50.0.1/24 dev eth0 && ip addr add 10.60.0.1/24 dev eth1 \
+             && ip link set eth0 up && ip link set eth1 up && sysctl -qw net.ipv4.ip_forward=1",
+    );
+    client.sh("ip addr add 10.50.0.2/24 dev c0 && ip link set c0 up");
+    backend.sh("ip addr add 10.60.0.2/24 dev b0 && ip link set b0 up");
+    let _listener = backend.listen(8080);
+    node.sh(r#"iptables-restore <<'EOF'
+*nat
+:PREROUTING ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SEP-HOSTNET - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A POSTROUTING -j KUBE-POSTROUTING
+-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -p tcp -m tcp --dport 30080 -j KUBE-MARK-MASQ
+-A KUBE-NODEPORTS -p tcp -m tcp --dport 30080 -j KUBE-SEP-HOSTNET
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-SEP-HOSTNET -p tcp -m tcp -j DNAT --to-destination 10.60.0.2:8080
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -j MASQUERADE
+COMMIT
+*filter
+:FORWARD DROP [0:0]
+COMMIT
+EOF"#);
+    let kernel = client.connects("10.50.0.1:30080");
+    let t = node.trace("10.50.0.2", "10.50.0.1", 30080, "eth0");
+    assert!(!kernel, "the kernel must drop it under FORWARD DROP");
+    assert_eq!(t.verdict, Verdict::Dropped);
+    assert!(t.cause.as_deref().unwrap().starts_with("FORWARD"));
+
+    node.sh(
+        "iptables -N KUBE-FORWARD && iptables -A FORWARD -j KUBE-FORWARD \
+             && iptables -A KUBE-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT \
+             && iptables -A KUBE-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    );
+    let kernel = client.connects("10.50.0.1:30080");
+    let t = node.trace("10.50.0.2", "10.50.0.1", 30080, "eth0");
+    assert!(
+        kernel,
+        "the kernel must forward it with KUBE-FORWARD's accepts"
+    );
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+}
+
+/// The eni-shared NodePort direction: a client on eth0 → NodePort → a pod whose `from` rule
+/// sends its traffic to the ENI's table; strict rp_filter drops the request. Then weir-cni's
+/// connmark table, fwmark rule and src_valid_mark: both kernel and trace let it through.
+#[test]
+fn eni_nodeport_to_a_local_pod_strict_rp_filter_then_connmark() {
+    let client = Ns::new("ecl");
+    let node = Ns::new("end");
+    let pod = Ns::new("epd");
+    let vpc = Ns::new("evp");
+    node.sh(&format!(
+        "ip link add eth0 type veth peer name c0 netns {} && ip link add eth1 type veth peer name v0 netns {} \
+         && ip link add enipod1 type veth peer name eth0 netns {}",
+        client.0, vpc.0, pod.0
+    ));
+    node.sh("ip addr add 10.12.97.49/24 dev eth0 && for l in eth0 eth1 enipod1; do ip link set $l up; done \
+             && ip route add default via 10.12.97.1 dev eth0 \
+             && ip route add default via 10.12.192.1 dev eth1 onlink table 1003 \
+             && ip route add 10.12.192.44 dev enipod1 scope link \
+             && ip rule add pref 512 to 10.12.192.44 lookup main \
+             && ip rule add pref 1536 from 10.12.192.44 lookup 1003 \
+             && sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=1 net.ipv4.conf.eth0.rp_filter=1 \
+             && sysctl -qw net.ipv4.conf.enipod1.proxy_arp=1");
+    client.sh("ip addr add 10.12.97.7/24 dev c0 && ip link set c0 up");
+    vpc.sh("ip link set v0 up");
+    pod.sh("ip addr add 10.12.192.44/32 dev eth0 && ip link set eth0 up \
+            && ip route add 169.254.1.1 dev eth0 scope link && ip route add default via 169.254.1.1 dev eth0");
+    let _listener = pod.listen(8080);
+    node.sh("iptables -t nat -A PREROUTING -p tcp --dport 30080 -m addrtype --dst-type LOCAL -j DNAT --to-destination 10.12.192.44:8080");
+
+    let kernel = client.connects("10.12.97.49:30080");
+    let t = node.trace("10.12.97.7", "10.12.97.49", 30080, "eth0");
+    assert!(!kernel, "strict rp_filter must drop the request");
+    assert_eq!(t.verdict, Verdict::Dropped);
+    assert!(
+        t.cause
+            .as_deref()
+            .unwrap()
+            .contains("strict reverse-path filter on eth0"),
+        "{:?}",
+        t.cause
+    );
+
+    // weir-cni's connmark shape (docs/eni.md), the fwmark rule and src_valid_mark.
+    node.sh(r#"nft -f - <<'EOF'
+table inet weir-eni {
+  set pod_ifaces { type ifname; flags interval; elements = { "eni*" } }
+  set enis { type ifname; elements = { "eth1" } }
+  chain net-eni-eth1 { type filter hook prerouting priority mangle; policy accept;
+    iifname @pod_ifaces ct mark & 0x80 == 0x80 meta mark set meta mark | 0x80
+    iifname @pod_ifaces return
+    iifname @enis return
+    ct state new ct mark set ct mark | 0x80
+    ct mark & 0x80 == 0x80 meta mark set meta mark | 0x80
+  }
+}
+EOF"#);
+    node.sh("ip rule add pref 1024 fwmark 0x80/0x80 lookup main && sysctl -qw net.ipv4.conf.all.src_valid_mark=1");
+    let kernel = client.connects("10.12.97.49:30080");
+    let t = node.trace("10.12.97.7", "10.12.97.49", 30080, "eth0");
+    assert!(kernel, "the connmark fix must let the kernel deliver it");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+}

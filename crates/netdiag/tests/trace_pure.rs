@@ -1,0 +1,370 @@
+//! `weir trace`'s walk on collected directories, without root: the eni-shared failure (fix off)
+//! from a real lab node, and a NodePort to a hostNetwork backend on another node dropped by a
+//! FORWARD DROP policy.
+
+use std::path::PathBuf;
+
+use weir_netdiag::state::{NodeState, Output};
+use weir_netdiag::trace::{self, Packet, Proto, Trace, Verdict};
+
+fn dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn walk(st: &NodeState, src: &str, dst: &str, dport: u16, iif: &str) -> Trace {
+    let t = trace::trace(
+        st,
+        &Packet {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: Proto::Tcp,
+            sport: 40000,
+            dport,
+            iif: iif.into(),
+        },
+    );
+    eprintln!("{}", trace::render(&t));
+    t
+}
+
+fn has_hop(t: &Trace, stage: &str, rule_part: &str, note_part: &str) -> bool {
+    t.hops.iter().any(|h| {
+        h.stage == stage
+            && h.rule.as_deref().unwrap_or("").contains(rule_part)
+            && h.note.contains(note_part)
+    })
+}
+
+/// `weir lab demo --topology eni --no-eni-fix --proxy-mode kube-proxy-iptables`, node a,
+/// collected with `weir trace collect --netns`: pod a1 (10.12.192.18, veth eni69381f0634bc) to
+/// the LoadBalancer IP of `edge`, whose only backend is b2 (10.12.192.35) on node b.
+#[test]
+fn eni_pod_to_lb_ip_fix_off_is_the_reply_failing_strict_rp_filter() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-off")).unwrap();
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eni69381f0634bc",
+    );
+    assert_eq!(t.verdict, Verdict::Dropped);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "-j DNAT --to-destination 10.12.192.35:8080",
+        "DNAT to 10.12.192.35:8080"
+    ));
+    assert!(has_hop(
+        &t,
+        "routing",
+        "1536: from 10.12.192.18 lookup 1003",
+        "out eth1"
+    ));
+    assert!(has_hop(
+        &t,
+        "POSTROUTING",
+        "-j MASQUERADE",
+        "10.12.192.18 → 10.12.97.11"
+    ));
+    assert!(t
+        .hops
+        .iter()
+        .any(|h| h.stage == "send" && h.note.contains("source/destination check")));
+    assert!(has_hop(
+        &t,
+        "reply routing",
+        "1536: from 10.12.192.18 lookup 1003",
+        "strict rp_filter drops it"
+    ));
+    let cause = t.cause.as_deref().unwrap();
+    assert!(
+        cause.starts_with("reply routing: strict reverse-path filter on eth0"),
+        "{cause}"
+    );
+    assert!(
+        t.fixes[0].contains("give eth1 an IPv4 address"),
+        "{:?}",
+        t.fixes
+    );
+    assert!(t.assumptions.iter().any(|a| a.contains("inet_select_addr")));
+}
+
+#[test]
+fn eni_outside_to_nodeport_of_a_local_pod_fix_off_is_the_request_failing() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-off")).unwrap();
+    let t = walk(&st, "10.12.97.1", "10.12.97.11", 30080, "eth0");
+    assert_eq!(t.verdict, Verdict::Dropped);
+    assert!(has_hop(&t, "PREROUTING", "--dport 30080", "jump KUBE-EXT-"));
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "--to-destination 10.12.192.18:8080",
+        "DNAT"
+    ));
+    let cause = t.cause.as_deref().unwrap();
+    assert!(
+        cause.starts_with(
+            "routing: strict reverse-path filter on eth0 drops 10.12.97.1 → 10.12.192.18"
+        ),
+        "{cause}"
+    );
+    assert!(t.fixes[0].contains("connmark"), "{:?}", t.fixes);
+    // Pod → pod on the same node does not involve the ENI's table: it works.
+    let t = walk(&st, "10.12.192.18", "10.12.192.19", 8080, "eni69381f0634bc");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+}
+
+/// The captured eni-node, made into a plain node: no nft tables, forwarding on, the first
+/// endpoint of NodePort 30443 a hostNetwork pod on another node (10.12.97.50:10250), and
+/// KUBE-FORWARD's accept rules present or not.
+fn nodeport_node(with_kube_forward: bool) -> NodeState {
+    let (mut st, _) = NodeState::from_dir(&dir("eni-node")).unwrap();
+    let text = std::fs::read_to_string(dir("eni-node/iptables-save.txt")).unwrap();
+    let text: String = text
+        .replace(
+            "--to-destination 10.12.200.5:8443",
+            "--to-destination 10.12.97.50:10250",
+        )
+        .lines()
+        .filter(|l| with_kube_forward || !l.starts_with("-A KUBE-FORWARD"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let sysctl = std::fs::read_to_string(dir("eni-node/sysctl.txt"))
+        .unwrap()
+        .replace("net.ipv4.ip_forward = 0", "net.ipv4.ip_forward = 1");
+    let fresh = NodeState::from_outputs([(Output::IptablesSave, text), (Output::Sysctl, sysctl)]);
+    st.iptables = fresh.iptables;
+    st.sysctls = fresh.sysctls;
+    st.nft = None;
+    st
+}
+
+#[test]
+fn nodeport_to_a_host_network_backend_dropped_by_forward_drop() {
+    let st = nodeport_node(false);
+    let t = walk(&st, "192.0.2.7", "10.12.97.49", 30443, "eth0");
+    assert_eq!(t.verdict, Verdict::Dropped);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "-m addrtype --dst-type LOCAL -j KUBE-NODEPORTS",
+        "jump KUBE-NODEPORTS"
+    ));
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "--to-destination 10.12.97.50:10250",
+        "DNAT to 10.12.97.50:10250"
+    ));
+    // The statistic cascade is reported as a choice among the three endpoints.
+    assert_eq!(t.choices.len(), 1, "{:?}", t.choices);
+    let c = &t.choices[0];
+    assert!(
+        c.contains("KUBE-SEP-AAAAAAAAAAAAAAAA (DNAT 10.12.97.50:10250) p=0.33333333349"),
+        "{c}"
+    );
+    assert!(
+        c.contains("KUBE-SEP-CCCCCCCCCCCCCCCC (DNAT 10.12.200.7:8443)"),
+        "{c}"
+    );
+    assert!(has_hop(&t, "FORWARD", ":FORWARD DROP (policy)", "policy"));
+    assert!(t
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("FORWARD: dropped in iptables filter FORWARD"));
+    assert!(
+        t.fixes[0].contains("--mark 0x4000/0x4000 -j ACCEPT") && t.fixes[0].contains("0x4000)"),
+        "{:?}",
+        t.fixes
+    );
+
+    let st = nodeport_node(true);
+    let t = walk(&st, "192.0.2.7", "10.12.97.49", 30443, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "FORWARD",
+        "--mark 0x4000/0x4000 -j ACCEPT",
+        "accepted"
+    ));
+    assert!(has_hop(
+        &t,
+        "POSTROUTING",
+        "MASQUERADE",
+        "192.0.2.7 → 10.12.97.49"
+    ));
+    assert!(has_hop(
+        &t,
+        "reply FORWARD",
+        "--ctstate RELATED,ESTABLISHED -j ACCEPT",
+        "accepted"
+    ));
+}
+
+#[test]
+fn nft_rules_are_walked_by_hook_priority() {
+    // The captured node's `ip kube-proxy` table: ClusterIP 10.96.0.10:53 through the
+    // service-ips verdict map, a mark-for-masquerade jump and a DNAT, seen from cni0.
+    let (mut st, _) = NodeState::from_dir(&dir("eni-node")).unwrap();
+    st.iptables = None;
+    let t = walk(&st, "10.244.0.5", "10.96.0.10", 53, "cni0");
+    assert!(
+        has_hop(
+            &t,
+            "PREROUTING",
+            "vmap @service-ips",
+            "vmap → goto service-dns"
+        ),
+        "{:?}",
+        t.hops
+    );
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "jump mark-for-masquerade",
+        "jump"
+    ));
+    // weir-eni's chain gave the connection (from cni0: neither a pod veth nor an ENI) 0x80.
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "ct state new ct mark set ct mark | 128",
+        "ct mark 0x80"
+    ));
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "meta mark set meta mark | 16384",
+        "mark 0x4080"
+    ));
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "dnat to 10.244.1.5:53",
+        "DNAT to 10.244.1.5:53"
+    ));
+    // net-eni-eth1 (mangle, −150) runs before nat-prerouting (dstnat, −100).
+    let eni = t
+        .hops
+        .iter()
+        .position(|h| h.place.contains("weir-eni"))
+        .unwrap_or(usize::MAX);
+    let nat = t
+        .hops
+        .iter()
+        .position(|h| h.place.contains("nat-prerouting"))
+        .unwrap();
+    assert!(eni == usize::MAX || eni < nat);
+}
+
+#[test]
+fn a_hand_made_directory_with_one_grep_cut_file_says_what_it_assumed() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        dir("iptables-grep-cut.txt"),
+        tmp.path().join("iptables.txt"),
+    )
+    .unwrap();
+    let (st, ignored) = NodeState::from_dir(tmp.path()).unwrap();
+    assert!(ignored.is_empty());
+    let t = walk(&st, "10.12.192.44", "10.96.0.50", 443, "eni0");
+    let all = t.assumptions.join("\n");
+    assert!(all.contains("no ip rule output"), "{all}");
+    assert!(all.contains("no sysctl output: rp_filter 0"), "{all}");
+    assert!(
+        st.assumptions
+            .iter()
+            .any(|a| a.contains("no `*table` header")),
+        "{:?}",
+        st.assumptions
+    );
+    // Without routes nothing is reachable: said as the drop's cause, not hidden.
+    assert_eq!(t.verdict, Verdict::Dropped);
+}
+
+/// The same lab with weir-cni's fix (`weir lab demo --topology eni --proxy-mode
+/// kube-proxy-iptables`, node a; pod a1's veth is eniccaff4a074a3 there): both paths delivered,
+/// for the reasons docs/eni.md gives.
+#[test]
+fn eni_fix_on_both_directions_pass_for_the_documented_reasons() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-on")).unwrap();
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eniccaff4a074a3",
+    );
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    // Masquerade takes the ENI's own address, so the reply returns on the ENI.
+    assert!(has_hop(
+        &t,
+        "POSTROUTING",
+        "-j MASQUERADE",
+        "10.12.192.18 → 10.12.192.17"
+    ));
+    assert!(t
+        .hops
+        .iter()
+        .any(|h| h.stage == "reply" && h.note.contains("arrives on eth1")));
+
+    let t = walk(&st, "10.12.97.1", "10.12.97.11", 30080, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    // The connmark table marks the connection; with src_valid_mark the request's check and the
+    // reply's route use `fwmark 0x80/0x80 lookup main`.
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "ct state new ct mark set ct mark | 128",
+        "ct mark 0x80"
+    ));
+    assert!(has_hop(
+        &t,
+        "routing",
+        "fwmark 0x80/0x80 lookup main",
+        "passes (rp_filter 1)"
+    ));
+    assert!(has_hop(
+        &t,
+        "reply routing",
+        "fwmark 0x80/0x80 lookup main",
+        "out eth0"
+    ));
+}
+
+#[test]
+fn the_path_as_an_svg_picture() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-off")).unwrap();
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eni69381f0634bc",
+    );
+    let svg = trace::svg(&t);
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(svg.trim_end().ends_with("</svg>"));
+    assert_eq!(svg.matches("<rect ").count(), t.hops.len());
+    // The last box (the reverse-path drop) is the red one, and only it.
+    assert_eq!(svg.matches("stroke=\"#c0392b\"").count(), 1);
+    let last_rect = svg.rfind("<rect ").unwrap();
+    assert!(svg[last_rect..].starts_with("<rect") && svg[last_rect..].contains("#c0392b"));
+    // Rule text is escaped: the comment quotes become entities, no raw `"` inside text.
+    assert!(svg.contains("&quot;default/edge:echo"));
+    for text in svg.split("<text").skip(1) {
+        let body = text
+            .split_once('>')
+            .unwrap()
+            .1
+            .split("</text>")
+            .next()
+            .unwrap();
+        assert!(!body.contains('<') && !body.contains('"'), "{body}");
+    }
+    assert!(svg.contains("fix 1: give eth1 an IPv4 address"));
+}

@@ -1,0 +1,122 @@
+//! `weir doctor`: the checks of `weir_netdiag::doctor` on this node, a lab node (`--netns`) or a
+//! collected directory (`--dir`), with a pod's DNS checked from its namespace (`--pod-netns`).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use weir_netdiag::doctor::{self, PodDns};
+use weir_netdiag::live::Target;
+use weir_netdiag::state::NodeState;
+
+#[derive(Args)]
+pub struct DoctorArgs {
+    /// Check the node inside this network namespace (a name under /run/netns, or a path).
+    #[arg(long, conflicts_with = "dir")]
+    netns: Option<String>,
+    /// Check a directory of saved outputs (`weir trace collect`, or files saved by hand).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Also check this pod's DNS: its network namespace (name or path).
+    #[arg(long)]
+    pod_netns: Option<String>,
+    /// The pod's resolv.conf (default: read through a process living in --pod-netns).
+    #[arg(long, requires = "pod_netns")]
+    resolv_conf: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
+    let mut notes = Vec::new();
+    let st = match &args.dir {
+        Some(dir) => {
+            let (st, ignored) = NodeState::from_dir(dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?;
+            if !ignored.is_empty() {
+                notes.push(format!("ignored files: {}", ignored.join(", ")));
+            }
+            st
+        }
+        None => {
+            let target = Target {
+                netns: args.netns.clone(),
+            };
+            let runs = target.collect();
+            let mut outputs = Vec::new();
+            for r in runs {
+                match r.result {
+                    Ok(text) => outputs.push((r.output, text)),
+                    Err(e) => notes.push(format!("{}: {e}", r.command)),
+                }
+            }
+            NodeState::from_outputs(outputs)
+        }
+    };
+    let pod = match &args.pod_netns {
+        Some(ns) => Some(pod_dns(ns, args.resolv_conf.as_ref())?),
+        None => None,
+    };
+    let checks = doctor::run_all(&st, pod.as_ref());
+    if args.json {
+        let doc = serde_json::json!({
+            "checks": checks,
+            "notes": notes,
+            "assumptions": st.assumptions,
+            "skipped": st.skipped.iter().map(|(o, s)| serde_json::json!({
+                "file": o.file_name(), "line": s.line, "text": s.text, "reason": s.reason,
+            })).collect::<Vec<_>>(),
+        });
+        // A closed pipe (`| head`) is not an error worth a panic.
+        let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        let mut text = doctor::render_table(&checks);
+        for n in &notes {
+            text.push_str(&format!("note: {n}\n"));
+        }
+        for a in &st.assumptions {
+            text.push_str(&format!("assumed: {a}\n"));
+        }
+        if !st.skipped.is_empty() {
+            text.push_str(&format!(
+                "{} unreadable line(s) left out (see --json)\n",
+                st.skipped.len()
+            ));
+        }
+        let _ = write!(std::io::stdout(), "{text}");
+    }
+    Ok(if doctor::any_failed(&checks) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// The pod's resolv.conf and a probe of each nameserver from inside its namespace.
+fn pod_dns(ns: &str, resolv_conf: Option<&PathBuf>) -> anyhow::Result<PodDns> {
+    let target = Target {
+        netns: Some(ns.to_string()),
+    };
+    let (source, text) = match resolv_conf {
+        Some(p) => (
+            p.display().to_string(),
+            std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))?,
+        ),
+        None => target
+            .resolv_conf_of_a_process()
+            .map_err(anyhow::Error::msg)?,
+    };
+    let probes = doctor::nameservers(&text)
+        .into_iter()
+        .filter(|ip| !ip.is_loopback())
+        .map(|ip| (ip, target.probe_dns(ip)))
+        .collect();
+    Ok(PodDns {
+        source,
+        resolv_conf: text,
+        probes,
+    })
+}

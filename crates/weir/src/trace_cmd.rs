@@ -1,0 +1,207 @@
+//! `weir trace`: walks a packet through a node's state (live, a lab node's namespace, or a
+//! collected directory) and explains where it goes or why it is dropped; `weir trace collect DIR`
+//! saves a node's state as the outputs operators paste, with a manifest.
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand, ValueEnum};
+use weir_netdiag::live::{self, Target};
+use weir_netdiag::state::NodeState;
+use weir_netdiag::trace::{self, Packet, Proto, Verdict};
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct TraceArgs {
+    #[command(subcommand)]
+    command: Option<TraceCommand>,
+    #[command(flatten)]
+    walk: WalkArgs,
+}
+
+#[derive(Args)]
+struct WalkArgs {
+    /// The packet's source address (default with --pod: the pod's address).
+    #[arg(long)]
+    from: Option<Ipv4Addr>,
+    /// The packet's destination address.
+    #[arg(long, required = true)]
+    to: Option<Ipv4Addr>,
+    #[arg(long, value_enum, default_value = "tcp")]
+    proto: ProtoArg,
+    /// Destination port.
+    #[arg(long, required = true)]
+    dport: Option<u16>,
+    /// Source port.
+    #[arg(long, default_value_t = 40000)]
+    sport: u16,
+    /// The interface the packet arrives on.
+    #[arg(long, conflicts_with = "pod")]
+    iif: Option<String>,
+    /// The packet comes from this pod (its network namespace: a name under /run/netns or a
+    /// path); its host-side veth is the input interface.
+    #[arg(long)]
+    pod: Option<String>,
+    /// A directory of saved outputs (`weir trace collect`, or files saved by hand).
+    dir: Option<PathBuf>,
+    /// Walk the live state of this network namespace instead.
+    #[arg(long, conflicts_with = "dir")]
+    netns: Option<String>,
+    /// Print JSON instead of the hop list.
+    #[arg(long)]
+    json: bool,
+    /// Also draw the path as an SVG picture into this file.
+    #[arg(long)]
+    svg: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProtoArg {
+    Tcp,
+    Udp,
+}
+
+#[derive(Subcommand)]
+enum TraceCommand {
+    /// Save iptables-save, ip6tables-save, nft -j list ruleset, ipset list, ip rule/route/link/
+    /// addr/neigh, ipvsadm -Ln, the relevant sysctls and conntrack counters into DIR.
+    Collect {
+        /// A new or empty directory (existing files are never overwritten).
+        dir: PathBuf,
+        /// Collect from this network namespace (a name under /run/netns, or a path).
+        #[arg(long)]
+        netns: Option<String>,
+    },
+}
+
+pub fn run(args: TraceArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        Some(TraceCommand::Collect { dir, netns }) => collect(dir, netns),
+        None => walk(args.walk),
+    }
+}
+
+fn collect(dir: PathBuf, netns: Option<String>) -> anyhow::Result<ExitCode> {
+    let target = Target { netns };
+    let runs = target.collect();
+    let manifest = live::write_collection(&dir, &target, &runs)
+        .with_context(|| format!("cannot collect into {}", dir.display()))?;
+    for e in &manifest.entries {
+        match (&e.file, &e.error) {
+            (Some(f), _) => println!("{:<22} {:>8} bytes  {}", f, e.bytes, e.command),
+            (None, Some(err)) => println!("{:<22} {:>8}        {}: {err}", "-", "", e.command),
+            (None, None) => {}
+        }
+    }
+    println!("manifest: {}", dir.join(live::MANIFEST_FILE).display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
+    let (Some(to), Some(dport)) = (a.to, a.dport) else {
+        bail!("--to and --dport are required");
+    };
+    let mut notes = Vec::new();
+    let st = match &a.dir {
+        Some(dir) => {
+            let (st, ignored) = NodeState::from_dir(dir)
+                .with_context(|| format!("cannot read {}", dir.display()))?;
+            if !ignored.is_empty() {
+                notes.push(format!("ignored files: {}", ignored.join(", ")));
+            }
+            st
+        }
+        None => {
+            let target = Target {
+                netns: a.netns.clone(),
+            };
+            let mut outputs = Vec::new();
+            for r in target.collect() {
+                match r.result {
+                    Ok(t) => outputs.push((r.output, t)),
+                    Err(e) => notes.push(format!("{}: {e}", r.command)),
+                }
+            }
+            NodeState::from_outputs(outputs)
+        }
+    };
+    let (from, iif) = match (&a.pod, &a.iif) {
+        (Some(pod), _) => {
+            let (ip, iif) = pod_side(pod, &st)?;
+            (a.from.unwrap_or(ip), iif)
+        }
+        (None, Some(iif)) => (
+            a.from.context("--from is required without --pod")?,
+            iif.clone(),
+        ),
+        (None, None) => bail!("say where the packet comes from: --iif IFACE or --pod NETNS"),
+    };
+    let packet = Packet {
+        src: from,
+        dst: to,
+        proto: match a.proto {
+            ProtoArg::Tcp => Proto::Tcp,
+            ProtoArg::Udp => Proto::Udp,
+        },
+        sport: a.sport,
+        dport,
+        iif,
+    };
+    let t = trace::trace(&st, &packet);
+    if let Some(path) = &a.svg {
+        std::fs::write(path, trace::svg(&t))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let mut out = std::io::stdout();
+    if a.json {
+        let doc =
+            serde_json::json!({ "trace": t, "notes": notes, "input_assumptions": st.assumptions });
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        let mut text = trace::render(&t);
+        for n in notes.iter().chain(&st.assumptions) {
+            text.push_str(&format!("note: {n}\n"));
+        }
+        let _ = write!(out, "{text}");
+    }
+    Ok(match t.verdict {
+        Verdict::Delivered => ExitCode::SUCCESS,
+        Verdict::Dropped => ExitCode::FAILURE,
+    })
+}
+
+/// A pod's address and its host-side veth: the pod's `eth0` names its peer's ifindex
+/// (`link_index`), which is the host interface with that index.
+fn pod_side(pod: &str, st: &NodeState) -> anyhow::Result<(Ipv4Addr, String)> {
+    let target = Target {
+        netns: Some(pod.to_string()),
+    };
+    let link = target
+        .run(&["ip", "-j", "link", "show", "eth0"])
+        .map_err(anyhow::Error::msg)?;
+    let v: serde_json::Value = serde_json::from_str(&link)?;
+    let peer = v[0]["link_index"]
+        .as_u64()
+        .context("the pod's eth0 has no peer (not a veth?)")?;
+    let addr = target
+        .run(&["ip", "-j", "-4", "addr", "show", "eth0"])
+        .map_err(anyhow::Error::msg)?;
+    let v: serde_json::Value = serde_json::from_str(&addr)?;
+    let ip: Ipv4Addr = v[0]["addr_info"][0]["local"]
+        .as_str()
+        .context("the pod's eth0 has no IPv4 address")?
+        .parse()?;
+    let iif = st
+        .links
+        .iter()
+        .flatten()
+        .find(|l| l.index as u64 == peer)
+        .map(|l| l.name.clone())
+        .context(
+            "no host interface with the pod's peer index (is the node's ip link output there?)",
+        )?;
+    Ok((ip, iif))
+}

@@ -1,0 +1,159 @@
+//! `weir doctor` and `weir trace` as commands: exit status, table and `--json`, on the collected
+//! directories of crates/netdiag/tests/data, and `weir trace collect` on a scratch namespace
+//! (root) read back by `weir doctor --dir`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../netdiag/tests/data")
+        .join(name)
+}
+
+fn weir(args: &[&str]) -> Output {
+    Command::new(WEIR).args(args).output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn doctor_on_a_directory_fails_with_evidence_and_json() {
+    let dir = data("eni-node");
+    let o = weir(&["doctor", "--dir", dir.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(text.contains("FAIL  eni-asymmetric"), "{text}");
+    assert!(text.contains("fix: "), "{text}");
+
+    let o = weir(&["doctor", "--dir", dir.to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let checks = v["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), 8);
+    let eni = checks.iter().find(|c| c["id"] == "eni-asymmetric").unwrap();
+    assert_eq!(eni["status"], "fail");
+    assert!(eni["evidence"][0]
+        .as_str()
+        .unwrap()
+        .contains("eth1 has no IPv4 address"));
+
+    // The lab node with weir-cni's fix has nothing the checks fail on.
+    let o = weir(&[
+        "doctor",
+        "--dir",
+        data("lab-eni-a-fix-on").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[test]
+fn trace_on_a_directory_exit_status_follows_the_verdict() {
+    let off = data("lab-eni-a-fix-off");
+    let args = |d: &PathBuf, iif: &'static str| {
+        vec![
+            "trace".to_string(),
+            "--from".into(),
+            "10.12.192.18".into(),
+            "--iif".into(),
+            iif.into(),
+            "--to".into(),
+            "10.12.115.102".into(),
+            "--dport".into(),
+            "8443".into(),
+            d.to_str().unwrap().into(),
+        ]
+    };
+    let o = Command::new(WEIR)
+        .args(args(&off, "eni69381f0634bc"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stdout(&o).contains("verdict: DROPPED: reply routing: strict reverse-path filter on eth0"),
+        "{}",
+        stdout(&o)
+    );
+
+    let mut json = args(&data("lab-eni-a-fix-on"), "eniccaff4a074a3");
+    json.push("--json".into());
+    let o = Command::new(WEIR).args(json).output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["trace"]["verdict"], "delivered");
+
+    // Bad input: a clear error, not a walk over nothing.
+    let o = weir(&[
+        "trace",
+        "--to",
+        "10.0.0.1",
+        "--dport",
+        "80",
+        off.to_str().unwrap(),
+    ]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--iif IFACE or --pod NETNS"));
+    let o = weir(&["doctor", "--dir", "/nonexistent/weir-diag"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read /nonexistent/weir-diag"));
+}
+
+#[test]
+fn collect_a_namespace_then_doctor_reads_it_back() {
+    let ns = format!("wdc-col-{}", std::process::id());
+    let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+    assert!(Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .unwrap()
+        .success());
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _guard = Del(ns.clone());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    let o = weir(&["trace", "collect", dir.to_str().unwrap(), "--netns", &ns]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in [
+        "iptables-save.txt",
+        "nft-ruleset.json",
+        "ip-rule.json",
+        "ip-route.json",
+        "ip-link.json",
+        "ip-addr.json",
+        "sysctl.txt",
+        "manifest.json",
+    ] {
+        assert!(dir.join(f).exists(), "{f} missing");
+    }
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["netns"], ns.as_str());
+    // A second collection into the same directory is refused and changes nothing.
+    let before = std::fs::read_to_string(dir.join("ip-link.json")).unwrap();
+    let o = weir(&["trace", "collect", dir.to_str().unwrap(), "--netns", &ns]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already exists"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("ip-link.json")).unwrap(),
+        before
+    );
+    // A fresh namespace does not forward: doctor says so from the directory.
+    let o = weir(&["doctor", "--dir", dir.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let fwd = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "forwarding")
+        .unwrap();
+    assert_eq!(fwd["status"], "fail");
+}
