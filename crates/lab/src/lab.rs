@@ -17,9 +17,10 @@ use crate::eni;
 use crate::manifests;
 use crate::ns;
 use crate::proxy::{self, Launch};
+use crate::routes;
 use crate::state::{EchoState, LabDir, LabState, NodeState, PodState, ProxyState, ServiceState};
 use crate::topology::names::{self, NsRole};
-use crate::topology::{Network, Topology};
+use crate::topology::{Network, Overlay, Topology};
 
 /// The programs a lab runs: `weir` (for echo servers) and `weir-cni`.
 #[derive(Debug, Clone)]
@@ -156,9 +157,8 @@ fn build(
             .map(|(s, a)| ServiceState::new(s, a))
             .collect(),
         proxies: Vec::new(),
+        routes: Vec::new(),
     };
-    let underlay_net =
-        |ip: Ipv4Addr| Ipv4Net::new(ip, topo.underlay.prefix_len()).expect("valid prefix");
 
     // The underlay switch.
     let t = Instant::now();
@@ -193,7 +193,8 @@ fn build(
     ns::add(&out_name)?;
     let out = open(&out_name)?;
     plug(&mut sw_rt, "out", &out)?;
-    setup_eth0(&out, underlay_net(topo.router_ip()), None)?;
+    let out_net = Ipv4Net::new(topo.router_ip(), topo.outside_net().prefix_len())?;
+    setup_eth0(&out, out_net, None)?;
     {
         let mut rt = Rtnl::in_netns(&out)?;
         let lo = rt.require_link("lo")?;
@@ -214,8 +215,17 @@ fn build(
         let ip = topo.underlay_ip(i).expect("validated");
         ns::add(&name)?;
         let node_ns = open(&name)?;
-        plug(&mut sw_rt, &format!("n-{}", node.name), &node_ns)?;
-        setup_eth0(&node_ns, underlay_net(ip), Some(topo.router_ip()))?;
+        if topo.routed_underlay {
+            wire_routed(topo, i, &out, &node_ns)?;
+        } else {
+            plug(&mut sw_rt, &format!("n-{}", node.name), &node_ns)?;
+        }
+        let subnet = topo.node_subnet(i).expect("validated");
+        setup_eth0(
+            &node_ns,
+            Ipv4Net::new(ip, subnet.prefix_len())?,
+            topo.node_router(i),
+        )?;
         if topo.network == Network::Eni {
             eni::strict_rp_filter(&node_ns)?;
             eni::attach(topo, node, &node_ns, &out, &out_name)?;
@@ -226,6 +236,9 @@ fn build(
             netns: name.clone(),
             underlay_ip: ip,
             pod_gateway: cni::gateway(node),
+            annotations: Default::default(),
+            vtep_ip: (topo.network == Network::Bridge && topo.overlay == Overlay::Vxlan)
+                .then(|| node.pod_cidr.network()),
         });
         steps.step(&format!(
             "node {}: {name} eth0 {ip}, podCIDR {} ({} ms)",
@@ -236,10 +249,8 @@ fn build(
     }
     state.save(&dir.state())?;
 
-    // host-gw routes: every node reaches every other node's pod CIDR via that node. In an eni
-    // network the VPC router routes pod addresses instead, and may check sources.
+    // In an eni network the VPC router routes pod addresses, and may check sources.
     let t = Instant::now();
-    let mut count = 0;
     if topo.network == Network::Eni {
         if topo.source_check {
             eni::source_check(topo, &state)?;
@@ -250,28 +261,19 @@ fn build(
             ms(t)
         ));
     }
-    for (i, node) in topo.nodes.iter().enumerate() {
-        if topo.network == Network::Eni {
-            break;
-        }
-        let mut rt = Rtnl::in_netns(&open(&names::node(lab, &node.name))?)?;
-        for (j, other) in topo.nodes.iter().enumerate() {
-            if i == j {
-                continue;
-            }
-            let gw = topo.underlay_ip(j).expect("validated");
-            let cidr = other.pod_cidr;
-            let route = RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(cidr.network(), cidr.prefix_len())
-                .gateway(gw)
-                .build();
-            rt.route_ensure(route, &format!("{cidr} via {gw}"))?;
-            count += 1;
-        }
-    }
+    // Pod routes between the nodes: `weir routes` on every node, as in a real cluster.
     if topo.network == Network::Bridge {
+        std::fs::create_dir_all(dir.manifests())?;
+        let took = start_routes(topo, bins, &dir, &mut state, None)?;
+        let took: Vec<String> = took
+            .iter()
+            .map(|(n, d)| format!("{n} {} ms", d.as_millis()))
+            .collect();
         steps.step(&format!(
-            "routes: {count} host-gw routes between pod CIDRs ({} ms)",
+            "routes: weir routes --backend {} on {} nodes, every other node routed ({}; {} ms)",
+            topo.overlay.as_str(),
+            state.nodes.len(),
+            took.join(", "),
             ms(t)
         ));
     }
@@ -434,6 +436,89 @@ fn build(
     Ok(state)
 }
 
+/// Wires node `index` to the outside (the underlay router) on its own subnet: a veth
+/// `n-<node>` in the outside holding the node's router address, `eth0` in the node.
+fn wire_routed(topo: &Topology, index: usize, out: &NetNs, node_ns: &NetNs) -> anyhow::Result<()> {
+    let node = &topo.nodes[index];
+    let subnet = topo.node_subnet(index).expect("validated");
+    let router = topo.node_router(index).expect("validated");
+    let port = format!("n-{}", node.name);
+    let mut rt = Rtnl::in_netns(out)?;
+    veth_between(&mut rt, &port, node_ns, "eth0")?;
+    let link = rt.require_link(&port)?;
+    rt.addr_ensure(
+        link.index,
+        IpNet::V4(Ipv4Net::new(router, subnet.prefix_len())?),
+    )?;
+    rt.link_up(link.index, &port)?;
+    Ok(())
+}
+
+/// How the lab runs `weir routes` on `node`.
+pub fn routes_launch(topo: &Topology, bins: &Binaries, dir: &LabDir, node: &str) -> routes::Launch {
+    let files = dir.routes_dir(node);
+    routes::Launch {
+        weir: bins.weir.clone(),
+        backend: topo.overlay,
+        manifests: dir.manifests(),
+        node: node.to_string(),
+        netns: names::node(&topo.name, node),
+        log: dir.routes_log(node),
+        publish: files.join("node.patch.yaml"),
+        status: files.join("status.json"),
+        mtu_file: files.join("mtu"),
+    }
+}
+
+/// Starts `weir routes` on the nodes of `state` (or only on `only`), merges what each
+/// publishes into its Node object, rewrites `nodes.yaml` and waits until every node's agent
+/// routes every other node. Returns, per started agent, how long convergence took.
+fn start_routes(
+    topo: &Topology,
+    bins: &Binaries,
+    dir: &LabDir,
+    state: &mut LabState,
+    only: Option<&str>,
+) -> anyhow::Result<Vec<(String, std::time::Duration)>> {
+    // The Nodes first (without VTEPs): an agent does nothing before it sees its own Node.
+    manifests::write(&dir.manifests(), &[manifests::render_nodes(topo, state)])?;
+    let mut started = Vec::new();
+    for node in &state.nodes {
+        if only.is_some_and(|o| o != node.name) {
+            continue;
+        }
+        let launch = routes_launch(topo, bins, dir, &node.name);
+        let pid = launch.spawn()?;
+        state.routes.push(ProxyState {
+            node: node.name.clone(),
+            netns: node.netns.clone(),
+            pid,
+        });
+        started.push((launch, pid));
+    }
+    state.save(&dir.state())?;
+    let published = routes::wait_all_published(&started)?;
+    for node in &mut state.nodes {
+        if let Some(a) = published.get(&node.name) {
+            node.annotations = a.clone();
+        }
+    }
+    manifests::write(&dir.manifests(), &[manifests::render_nodes(topo, state)])?;
+    state.save(&dir.state())?;
+    // Every agent, old and new, must now route every node.
+    let all: Vec<(routes::Launch, u32)> = state
+        .routes
+        .iter()
+        .map(|r| (routes_launch(topo, bins, dir, &r.node), r.pid))
+        .collect();
+    let names = state.nodes.iter().map(|n| n.name.clone()).collect();
+    let took = routes::wait_all_converged(&all, &names)?;
+    Ok(took
+        .into_iter()
+        .filter(|(n, _)| only.is_none_or(|o| o == n))
+        .collect())
+}
+
 /// How the lab runs `weir proxy` on `node`.
 pub fn proxy_launch(
     topo: &Topology,
@@ -567,6 +652,11 @@ pub fn down(
         for p in &state.proxies {
             if proxy::is_weir_proxy(p.pid, &dir.manifests()) && !pids.contains(&p.pid) {
                 pids.push(p.pid);
+            }
+        }
+        for r in &state.routes {
+            if routes::is_weir_routes(r.pid, &dir.manifests()) && !pids.contains(&r.pid) {
+                pids.push(r.pid);
             }
         }
     }

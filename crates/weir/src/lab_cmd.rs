@@ -24,11 +24,15 @@ enum CniArg {
 /// The built-in topologies `weir lab demo` can run.
 #[derive(Clone, Copy, ValueEnum)]
 enum TopologyArg {
-    /// Two nodes, bridge mode, host-gw routes (weir_lab::DEFAULT_TOPOLOGY).
+    /// Two nodes on one segment, bridge mode, `weir routes --backend host-gw` on each
+    /// (weir_lab::DEFAULT_TOPOLOGY).
     Default,
     /// Two nodes whose pods share an addressless secondary ENI behind a VPC router with a source
     /// check (weir_lab::ENI_TOPOLOGY).
     Eni,
+    /// Two nodes on different routed underlay subnets, `weir routes --backend vxlan` on each
+    /// (weir_lab::VXLAN_TOPOLOGY).
+    Vxlan,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -265,6 +269,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             let mut topo = match topology {
                 TopologyArg::Default => Topology::default_demo(),
                 TopologyArg::Eni => Topology::eni_demo(),
+                TopologyArg::Vxlan => Topology::vxlan_demo(),
             };
             if no_eni_fix {
                 if topo.network != Network::Eni {
