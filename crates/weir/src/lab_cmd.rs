@@ -99,6 +99,22 @@ enum LabCommand {
         #[arg(long)]
         hard: bool,
     },
+    /// Add a node (with pods) to a running lab: its namespace, Node object, `weir routes`, pods,
+    /// echo servers and proxy; returns once every node's agent routes it.
+    AddNode {
+        lab: String,
+        /// The node's name ([a-z0-9], at most 10).
+        node: String,
+        /// The node's pod CIDR (inside the lab's clusterCIDR, overlapping no other node's).
+        #[arg(long, value_name = "CIDR")]
+        pod_cidr: ipnet::Ipv4Net,
+        /// Pods to create on it.
+        #[arg(long, value_delimiter = ',', value_name = "POD,...")]
+        pods: Vec<String>,
+    },
+    /// Remove a node from a running lab: its Node object first (every other node's `weir
+    /// routes` drops its entries, waited for), then its pods, processes and namespaces.
+    RemoveNode { lab: String, node: String },
     /// Probe the connectivity matrix and the services (exit code 1 if any probe fails).
     Check {
         lab: String,
@@ -252,6 +268,32 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 .args(&command[1..])
                 .exec();
             bail!("exec {}: {err}", command[0])
+        }
+        LabCommand::AddNode {
+            lab: name,
+            node,
+            pod_cidr,
+            pods,
+        } => {
+            let t = std::time::Instant::now();
+            let n = lab::add_node(&name, &node, pod_cidr, &pods, &binaries()?, &root)?;
+            eprintln!(
+                "lab {name}: node {node} joined ({} eth0 {}, podCIDR {pod_cidr}, {} pods); every node routes it ({} ms)",
+                n.netns,
+                n.underlay_ip,
+                pods.len(),
+                t.elapsed().as_millis()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::RemoveNode { lab: name, node } => {
+            let t = std::time::Instant::now();
+            lab::remove_node(&name, &node, &binaries()?, &root)?;
+            eprintln!(
+                "lab {name}: node {node} left; no other node routes it any more ({} ms)",
+                t.elapsed().as_millis()
+            );
+            Ok(ExitCode::SUCCESS)
         }
         LabCommand::Check { lab: name, json } => {
             let state = lab::load_state(&name, &root)?;
