@@ -20,6 +20,7 @@ cd "$(dirname "$0")/.."
 # node-routes benchmark.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
   podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3 nsd dnsperf)
+PACKAGES+=(iputils-ping) # lab_e2e: DF pings (ping -M do) across the vxlan overlay
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 

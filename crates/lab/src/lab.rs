@@ -437,7 +437,7 @@ fn add_pod(
     pod: &str,
 ) -> anyhow::Result<(PodState, std::time::Duration)> {
     let node_ns = open(&names::node(&topo.name, &node.name))?;
-    let conf = cni::net_conf(topo, node, &dir.ipam(&node.name));
+    let conf = cni::net_conf(topo, node, dir);
     let pod_ns_name = names::pod(&topo.name, &node.name, pod);
     ns::add(&pod_ns_name)?;
     {
@@ -506,7 +506,7 @@ pub fn routes_launch(topo: &Topology, bins: &Binaries, dir: &LabDir, node: &str)
         log: dir.routes_log(node),
         publish: files.join("node.patch.yaml"),
         status: files.join("status.json"),
-        mtu_file: files.join("mtu"),
+        mtu_file: dir.routes_mtu(node),
     }
 }
 
@@ -719,7 +719,7 @@ pub fn remove_node(lab: &str, name: &str, bins: &Binaries, root: &Path) -> anyho
     // Then the machine: pods (CNI DEL), every process in its namespaces, the namespaces.
     let node_ns_name = names::node(lab, name);
     let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
-    let conf = cni::net_conf(&topo, &node, &dir.ipam(name));
+    let conf = cni::net_conf(&topo, &node, &dir);
     let mut namespaces: Vec<String> = node.pods.iter().map(|p| names::pod(lab, name, p)).collect();
     let node_ns = open(&node_ns_name)?;
     for pod_ns in &namespaces {
@@ -905,7 +905,7 @@ pub fn down(
             continue;
         };
         let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
-        let conf = cni::net_conf(topo, node_conf, &dir.ipam(node));
+        let conf = cni::net_conf(topo, node_conf, &dir);
         let netns = ns::path(pod_ns);
         match cni::invoke(
             &plugin,

@@ -63,6 +63,10 @@ impl LabDir {
     pub fn routes_dir(&self, node: &str) -> PathBuf {
         self.dir.join("routes").join(node)
     }
+    /// The pod MTU a node's `weir routes` writes (vxlan) and weir-cni reads there.
+    pub fn routes_mtu(&self, node: &str) -> PathBuf {
+        self.routes_dir(node).join("mtu")
+    }
     /// The Kubernetes objects every node's proxy watches (the lab's "API server").
     pub fn manifests(&self) -> PathBuf {
         self.dir.join("manifests")

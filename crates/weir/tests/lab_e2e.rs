@@ -395,6 +395,55 @@ fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
         fdb.contains(&format!("{mac} dst {} self permanent", ROUTED[1])),
         "{fdb}"
     );
+
+    // Pod MTU = the VTEP's (1500 − 50), read by weir-cni from the file weir routes wrote.
+    let vtep = exec(&lab, "a", &["ip", "-o", "link", "show", "weir.1"]);
+    assert!(vtep.contains("mtu 1450 "), "{vtep}");
+    for pod in ["a/a1", "b/b2"] {
+        let eth0 = exec(&lab, pod, &["ip", "-o", "link", "show", "eth0"]);
+        assert!(eth0.contains("mtu 1450 "), "{pod}: {eth0}");
+    }
+    // A 1400-byte DF ping crosses the overlay; one that does not fit fails at once with the
+    // MTU named (not a silent loss somewhere on the way).
+    let ping = exec(
+        &lab,
+        "a/a1",
+        &[
+            "ping",
+            "-M",
+            "do",
+            "-s",
+            "1400",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "10.244.2.3",
+        ],
+    );
+    assert!(ping.contains("1 received"), "{ping}");
+    let t = std::time::Instant::now();
+    let big = lab.weir(&[
+        "lab",
+        "exec",
+        &lab.name,
+        "a/a1",
+        "--",
+        "ping",
+        "-M",
+        "do",
+        "-s",
+        "1423",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "10.244.2.3",
+    ]);
+    assert!(!big.status.success());
+    let err = String::from_utf8_lossy(&big.stderr);
+    assert!(err.contains("message too long, mtu=1450"), "{err}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(1), "{err}");
 }
 
 /// Pod a1 → b1 over a TCP stream (iperf3, 4 s in 0.5 s intervals) while node c joins (with a
