@@ -76,7 +76,7 @@ case "${1:-}" in
     ;;
   routes-bench)
     install_packages
-    step "node routes: datapath (iperf3) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
+    step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
     cargo bench -p weir-routes --bench routes
     ;;
   vm)

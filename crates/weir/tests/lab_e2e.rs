@@ -403,8 +403,8 @@ fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
         let eth0 = exec(&lab, pod, &["ip", "-o", "link", "show", "eth0"]);
         assert!(eth0.contains("mtu 1450 "), "{pod}: {eth0}");
     }
-    // A 1400-byte DF ping crosses the overlay; one that does not fit fails at once with the
-    // MTU named (not a silent loss somewhere on the way).
+    // A 1400-byte DF ping crosses the overlay; one that does not fit fails in the pod, with the
+    // MTU named (not a silent loss somewhere on the way, which would only show as a timeout).
     let ping = exec(
         &lab,
         "a/a1",
@@ -422,7 +422,6 @@ fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
         ],
     );
     assert!(ping.contains("1 received"), "{ping}");
-    let t = std::time::Instant::now();
     let big = lab.weir(&[
         "lab",
         "exec",
@@ -442,8 +441,10 @@ fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
     ]);
     assert!(!big.status.success());
     let err = String::from_utf8_lossy(&big.stderr);
-    assert!(err.contains("message too long, mtu=1450"), "{err}");
-    assert!(t.elapsed() < std::time::Duration::from_secs(1), "{err}");
+    assert!(
+        err.contains("local error: message too long, mtu=1450"),
+        "{err}"
+    );
 }
 
 /// Pod a1 → b1 over a TCP stream (iperf3, 4 s in 0.5 s intervals) while node c joins (with a
