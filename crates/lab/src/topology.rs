@@ -701,6 +701,15 @@ impl Topology {
                 }
             }
         }
+        if self.routed_underlay
+            && self.overlay == Overlay::HostGw
+            && self.network == Network::Bridge
+        {
+            return Err(err(
+                "overlay",
+                "host-gw needs the nodes on one segment; with routedUnderlay use overlay: vxlan",
+            ));
+        }
         if self.network == Network::Eni {
             if self.cni != CniKind::Weir {
                 return Err(err(

@@ -334,7 +334,7 @@ fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {
 }
 
 /// The matrix and the service probes, run at the same time; table or JSON
-/// (`{"matrix": [...], "services": [...], "proxies": [...]}`).
+/// (`{"matrix": [...], "services": [...], "proxies": [...], "routes": [...]}`).
 fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
     let probes = matrix::plan(state);
     let svc_probes = services::plan(state);
@@ -355,6 +355,18 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         })
         .collect();
     let proxies_ok = proxies.iter().all(|p| p["alive"] == true);
+    let routes: Vec<serde_json::Value> = state
+        .routes
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "node": r.node,
+                "pid": r.pid,
+                "alive": weir_lab::ns::alive(r.pid),
+            })
+        })
+        .collect();
+    let routes_ok = routes.iter().all(|r| r["alive"] == true);
     // eni network: what strict rp_filter and the VPC's source check dropped so far.
     let counters = (state.network == Network::Eni).then(|| eni::counters(state));
     if json {
@@ -362,6 +374,7 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             "matrix": results,
             "services": svc_results,
             "proxies": proxies,
+            "routes": routes,
         });
         if let Some(c) = &counters {
             out["eni"] = serde_json::to_value(c).expect("counters serialize");
@@ -413,8 +426,16 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 );
             }
         }
+        for r in &routes {
+            if r["alive"] != true {
+                println!(
+                    "FAIL: weir routes on node {} (pid {}) is not running",
+                    r["node"], r["pid"]
+                );
+            }
+        }
     }
-    if results.iter().all(|r| r.ok) && svc_results.iter().all(|r| r.ok) && proxies_ok {
+    if results.iter().all(|r| r.ok) && svc_results.iter().all(|r| r.ok) && proxies_ok && routes_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

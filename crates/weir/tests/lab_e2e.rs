@@ -309,6 +309,11 @@ fn demo_runs_end_to_end() {
     for p in json["proxies"].as_array().unwrap() {
         assert_eq!(p["alive"], true, "{p}");
     }
+    let agents = json["routes"].as_array().unwrap();
+    assert_eq!(agents.len(), 2, "weir routes on both nodes");
+    for r in agents {
+        assert_eq!(r["alive"], true, "{r}");
+    }
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("torn down"), "{stderr}");
     assert_eq!(lab.namespaces(), Vec::<String>::new());
