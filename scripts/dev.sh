@@ -30,6 +30,7 @@ PACKAGES+=(jq shellcheck python3-venv ca-certificates)
 # Python is externally managed. The test looks for it there ($WEIR_TOOLS) or on PATH.
 KUBERNETES_VALIDATE_VERSION=1.37.0
 WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
+PACKAGES+=(iputils-ping) # lab_e2e: DF pings (ping -M do) across the vxlan overlay
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -91,7 +92,7 @@ case "${1:-}" in
     ;;
   routes-bench)
     install_packages
-    step "node routes: datapath (iperf3) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
+    step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
     cargo bench -p weir-routes --bench routes
     ;;
   vm)

@@ -19,6 +19,18 @@ pub use crate::requests::Requested;
 use crate::resolv::parse_resolv_conf;
 use crate::spec::{abbreviate, check_version, CniError, CniResult, ErrorCode};
 
+/// Where `weir routes` writes its overlay's pod MTU (weir_routes::MTU_FILE; not a dependency:
+/// the plugin stays small and starts fast).
+pub const OVERLAY_MTU_FILE: &str = "/run/weir/routes/mtu";
+
+/// An MTU file's content: one decimal number, 68 to 65535.
+pub fn parse_mtu(text: &str) -> Option<u32> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|m| (68..=65535).contains(m))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
@@ -47,9 +59,14 @@ pub struct NetConf {
     pub mode: Mode,
     #[serde(default = "default_bridge")]
     pub bridge: String,
-    /// None: 1500. The reference's `0` ("the kernel's default") reads as None too.
+    /// None: the overlay's ([`NetConf::resolve_mtu`], on ADD), else 1500. The reference's `0`
+    /// ("the kernel's default") reads as None too.
     #[serde(default)]
     pub mtu: Option<u32>,
+    /// Where `weir routes` writes the pod MTU of its overlay (default [`OVERLAY_MTU_FILE`]),
+    /// read on ADD when `mtu` is not set.
+    #[serde(default)]
+    pub mtu_file: Option<std::path::PathBuf>,
     /// Give the bridge the gateway address of each range set.
     #[serde(default = "yes")]
     pub is_gateway: bool,
@@ -150,6 +167,7 @@ const KNOWN_KEYS: &[&str] = &[
     "mode",
     "bridge",
     "mtu",
+    "mtuFile",
     "isGateway",
     "isDefaultGateway",
     "ipMasq",
@@ -249,6 +267,56 @@ impl NetConf {
             }
         }
         Ok(conf)
+    }
+
+    /// The pod MTU when the configuration sets no `mtu` (ADD only, so that a DEL never depends
+    /// on the file): the one `weir routes` wrote to `mtuFile` (default [`OVERLAY_MTU_FILE`]) —
+    /// the VTEP's MTU, underlay − 50 (IPv4) or − 70 (IPv6) — as flannel's CNI reads
+    /// `FLANNEL_MTU` from `/run/flannel/subnet.env`. No file at the default path: no overlay on
+    /// this node (host-gw, or no weir routes), so 1500. A configured `mtuFile` that is missing
+    /// is an error (the agent has not started yet: the runtime retries, and the pod never gets
+    /// an MTU its packets cannot cross the overlay with); so is an unreadable value.
+    pub fn resolve_mtu(&mut self) -> CniResult<()> {
+        if self.mtu.is_some() {
+            return Ok(());
+        }
+        let (path, configured) = match &self.mtu_file {
+            Some(p) => (p.clone(), true),
+            None => (std::path::PathBuf::from(OVERLAY_MTU_FILE), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !configured => return Ok(()),
+            Err(e) => {
+                // Missing: the spec's "try again later" (the agent is starting).
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    ErrorCode::TryAgainLater
+                } else {
+                    ErrorCode::Io
+                };
+                return Err(CniError::new(
+                    code,
+                    format!(
+                        "mtuFile {}: {e} (weir routes writes it once its overlay is up; is it running?)",
+                        path.display()
+                    ),
+                ));
+            }
+        };
+        match parse_mtu(&text) {
+            Some(mtu) => {
+                self.mtu = Some(mtu);
+                Ok(())
+            }
+            None => Err(CniError::new(
+                ErrorCode::InvalidConfig,
+                format!(
+                    "mtuFile {}: {:?} is not an MTU (68 to 65535)",
+                    path.display(),
+                    abbreviate(text.trim(), 64)
+                ),
+            )),
+        }
     }
 
     /// Fills [`NetConf::requested`] for an ADD from the configuration (`runtimeConfig`, `args`) and
@@ -403,6 +471,64 @@ pub fn unimplemented_keys(conf: &NetConf) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod mtu_tests {
+    use super::*;
+
+    fn conf(extra: &str) -> NetConf {
+        NetConf::parse(
+            format!(
+                r#"{{"cniVersion":"1.1.0","name":"n","type":"weir-cni"{extra},
+                "ipam":{{"type":"weir-ipam","ranges":[[{{"subnet":"10.244.1.0/24"}}]]}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn parse_mtu_takes_one_number_in_range() {
+        assert_eq!(parse_mtu("1450\n"), Some(1450));
+        assert_eq!(parse_mtu(" 8950 "), Some(8950));
+        assert_eq!(parse_mtu("67"), None);
+        assert_eq!(parse_mtu("70000"), None);
+        assert_eq!(parse_mtu("FLANNEL_MTU=1450"), None);
+        assert_eq!(parse_mtu(""), None);
+    }
+
+    #[test]
+    fn the_overlay_file_gives_the_mtu_unless_the_conf_sets_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mtu");
+        std::fs::write(&file, "1450\n").unwrap();
+        let with_file = format!(r#","mtuFile":"{}""#, file.display());
+        let mut c = conf(&with_file);
+        c.resolve_mtu().unwrap();
+        assert_eq!(c.mtu, Some(1450));
+        // An explicit mtu wins; the file is not even read.
+        let mut c = conf(&format!(r#","mtu":9000{with_file}"#));
+        std::fs::write(&file, "garbage").unwrap();
+        c.resolve_mtu().unwrap();
+        assert_eq!(c.mtu, Some(9000));
+        // A bad value is a clear error naming the file.
+        let mut c = conf(&with_file);
+        let e = c.resolve_mtu().unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert!(
+            e.msg.contains("garbage") && e.msg.contains("mtuFile"),
+            "{}",
+            e.msg
+        );
+        // A configured file that does not exist (the agent is not up yet) fails the ADD.
+        std::fs::remove_file(&file).unwrap();
+        let mut c = conf(&with_file);
+        let e = c.resolve_mtu().unwrap_err();
+        assert!(e.msg.contains("is it running"), "{}", e.msg);
+        assert_eq!(e.code, ErrorCode::TryAgainLater);
+        assert_eq!(c.mtu, None);
+    }
 }
 
 #[cfg(test)]

@@ -53,6 +53,7 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
     let mut conf = NetConf::parse(stdin)?;
     if env.command == Command::Add {
         conf.read_requests(&env.args)?;
+        conf.resolve_mtu()?;
     }
     let needs = |min: &str, what: &str| crate::spec::require_version(&conf.cni_version, min, what);
     let attachment = Attachment {

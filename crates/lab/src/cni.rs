@@ -12,43 +12,57 @@ use ipnet::Ipv4Net;
 use serde_json::{json, Value};
 use weir_kernel::NetNs;
 
-use crate::topology::{CniKind, Network, Node, Topology};
+use crate::state::LabDir;
+use crate::topology::{CniKind, Network, Node, Overlay, Topology};
 
 /// Where Debian's reference plugins live.
 pub const REFERENCE_CNI_DIR: &str = "/usr/lib/cni";
 
 /// The network configuration fed to the plugin on stdin for pods of `node`.
-pub fn net_conf(topo: &Topology, node: &Node, ipam_dir: &Path) -> Value {
+///
+/// The pod MTU: on a vxlan overlay weir-cni is given no `mtu` but the node's `weir routes`
+/// MTU file (`mtuFile`, the VTEP's MTU, docs/cni.md); the reference plugin cannot read it, so it
+/// gets the VTEP's MTU (underlay 1500 − 50) in its `mtu`; host-gw pods keep the underlay's 1500.
+pub fn net_conf(topo: &Topology, node: &Node, dir: &LabDir) -> Value {
+    let ipam_dir = dir.ipam(&node.name);
     if topo.network == Network::Eni {
-        return eni_conf(topo, node, ipam_dir);
+        return eni_conf(topo, node, &ipam_dir);
     }
+    let vxlan = topo.overlay == Overlay::Vxlan;
     let ranges = json!([[{ "subnet": node.pod_cidr.to_string() }]]);
     let routes = json!([{ "dst": "0.0.0.0/0" }]);
     match topo.cni {
-        CniKind::Weir => json!({
-            "cniVersion": "1.1.0",
-            "name": "weir-lab",
-            "type": "weir-cni",
-            "mode": "bridge",
-            "bridge": "cni0",
-            "mtu": 1500,
-            "isGateway": true,
-            "ipMasq": true,
-            "hairpinMode": true,
-            "clusterCIDR": topo.cluster_cidr.to_string(),
-            "ipam": {
-                "type": "weir-ipam",
-                "ranges": ranges,
-                "dataDir": ipam_dir,
-                "routes": routes,
-            },
-        }),
+        CniKind::Weir => {
+            let mut conf = json!({
+                "cniVersion": "1.1.0",
+                "name": "weir-lab",
+                "type": "weir-cni",
+                "mode": "bridge",
+                "bridge": "cni0",
+                "isGateway": true,
+                "ipMasq": true,
+                "hairpinMode": true,
+                "clusterCIDR": topo.cluster_cidr.to_string(),
+                "ipam": {
+                    "type": "weir-ipam",
+                    "ranges": ranges,
+                    "dataDir": ipam_dir,
+                    "routes": routes,
+                },
+            });
+            if vxlan {
+                conf["mtuFile"] = json!(dir.routes_mtu(&node.name));
+            } else {
+                conf["mtu"] = json!(UNDERLAY_MTU);
+            }
+            conf
+        }
         CniKind::Reference => json!({
             "cniVersion": "1.0.0",
             "name": "weir-lab",
             "type": "bridge",
             "bridge": "cni0",
-            "mtu": 1500,
+            "mtu": if vxlan { UNDERLAY_MTU - VXLAN_OVERHEAD_V4 } else { UNDERLAY_MTU },
             "isGateway": true,
             "ipMasq": true,
             "hairpinMode": true,
@@ -61,6 +75,11 @@ pub fn net_conf(topo: &Topology, node: &Node, ipam_dir: &Path) -> Value {
         }),
     }
 }
+
+/// The MTU of the lab's underlay links (veth's default).
+pub const UNDERLAY_MTU: u32 = 1500;
+/// VXLAN's overhead on an IPv4 underlay (outer IPv4 20 + UDP 8 + VXLAN 8 + Ethernet 14).
+pub const VXLAN_OVERHEAD_V4: u32 = 50;
 
 /// The ENI every lab node has (eni network), and its route table.
 pub const ENI_NAME: &str = "eth1";
@@ -213,7 +232,8 @@ mod tests {
     #[test]
     fn weir_config_matches_the_contract() {
         let t = Topology::default_demo();
-        let c = net_conf(&t, &t.nodes[0], Path::new("/s/nodes/a/cni/ipam"));
+        let dir = LabDir { dir: "/s".into() };
+        let c = net_conf(&t, &t.nodes[0], &dir);
         assert_eq!(
             c,
             serde_json::from_str::<Value>(
@@ -229,12 +249,24 @@ mod tests {
     fn reference_config_drops_weir_keys() {
         let mut t = Topology::default_demo();
         t.cni = CniKind::Reference;
-        let c = net_conf(&t, &t.nodes[1], Path::new("/x"));
+        let c = net_conf(&t, &t.nodes[1], &LabDir { dir: "/x".into() });
         assert_eq!(c["type"], "bridge");
+        assert_eq!(c["mtu"], 1500);
         assert_eq!(c["cniVersion"], "1.0.0");
         assert_eq!(c["ipam"]["type"], "host-local");
         assert_eq!(c["ipam"]["ranges"][0][0]["subnet"], "10.244.2.0/24");
         assert!(c.get("mode").is_none() && c.get("clusterCIDR").is_none());
+    }
+
+    #[test]
+    fn vxlan_pods_take_the_overlay_mtu() {
+        let mut t = Topology::vxlan_demo();
+        let dir = LabDir { dir: "/s".into() };
+        let c = net_conf(&t, &t.nodes[1], &dir);
+        assert!(c.get("mtu").is_none(), "{c}");
+        assert_eq!(c["mtuFile"], "/s/routes/b/mtu");
+        t.cni = CniKind::Reference;
+        assert_eq!(net_conf(&t, &t.nodes[1], &dir)["mtu"], 1450);
     }
 
     #[test]

@@ -17,9 +17,10 @@ use crate::eni;
 use crate::manifests;
 use crate::ns;
 use crate::proxy::{self, Launch};
+use crate::routes;
 use crate::state::{EchoState, LabDir, LabState, NodeState, PodState, ProxyState, ServiceState};
 use crate::topology::names::{self, NsRole};
-use crate::topology::{Network, Topology};
+use crate::topology::{Network, Overlay, Topology};
 
 /// The programs a lab runs: `weir` (for echo servers) and `weir-cni`.
 #[derive(Debug, Clone)]
@@ -156,9 +157,8 @@ fn build(
             .map(|(s, a)| ServiceState::new(s, a))
             .collect(),
         proxies: Vec::new(),
+        routes: Vec::new(),
     };
-    let underlay_net =
-        |ip: Ipv4Addr| Ipv4Net::new(ip, topo.underlay.prefix_len()).expect("valid prefix");
 
     // The underlay switch.
     let t = Instant::now();
@@ -167,21 +167,8 @@ fn build(
     let sw = open(&sw_name)?;
     let mut sw_rt = Rtnl::in_netns(&sw)?;
     sw_rt.link_add(LinkBridge::new(UNDERLAY_BRIDGE).up().build(), "bridge br0")?;
-    let br = sw_rt.require_link(UNDERLAY_BRIDGE)?;
     let lo = sw_rt.require_link("lo")?;
     sw_rt.link_up(lo.index, "lo")?;
-    let plug = |sw_rt: &mut Rtnl, port: &str, peer: &NetNs| -> anyhow::Result<()> {
-        veth_between(sw_rt, port, peer, "eth0")?;
-        let link = sw_rt.require_link(port)?;
-        sw_rt.link_set(
-            LinkUnspec::new_with_index(link.index)
-                .controller(br.index)
-                .up()
-                .build(),
-            port,
-        )?;
-        Ok(())
-    };
     steps.step(&format!(
         "switch {sw_name}: bridge {UNDERLAY_BRIDGE} ({} ms)",
         ms(t)
@@ -192,8 +179,9 @@ fn build(
     let out_name = names::outside(lab);
     ns::add(&out_name)?;
     let out = open(&out_name)?;
-    plug(&mut sw_rt, "out", &out)?;
-    setup_eth0(&out, underlay_net(topo.router_ip()), None)?;
+    plug_into_switch(lab, "out", &out)?;
+    let out_net = Ipv4Net::new(topo.router_ip(), topo.outside_net().prefix_len())?;
+    setup_eth0(&out, out_net, None)?;
     {
         let mut rt = Rtnl::in_netns(&out)?;
         let lo = rt.require_link("lo")?;
@@ -210,36 +198,26 @@ fn build(
     // Nodes.
     for (i, node) in topo.nodes.iter().enumerate() {
         let t = Instant::now();
-        let name = names::node(lab, &node.name);
-        let ip = topo.underlay_ip(i).expect("validated");
-        ns::add(&name)?;
-        let node_ns = open(&name)?;
-        plug(&mut sw_rt, &format!("n-{}", node.name), &node_ns)?;
-        setup_eth0(&node_ns, underlay_net(ip), Some(topo.router_ip()))?;
+        let node_state = create_node(topo, i, node, &out, &dir)?;
         if topo.network == Network::Eni {
+            let node_ns = open(&node_state.netns)?;
             eni::strict_rp_filter(&node_ns)?;
             eni::attach(topo, node, &node_ns, &out, &out_name)?;
         }
-        std::fs::create_dir_all(dir.ipam(&node.name))?;
-        state.nodes.push(NodeState {
-            name: node.name.clone(),
-            netns: name.clone(),
-            underlay_ip: ip,
-            pod_gateway: cni::gateway(node),
-        });
         steps.step(&format!(
-            "node {}: {name} eth0 {ip}, podCIDR {} ({} ms)",
+            "node {}: {} eth0 {}, podCIDR {} ({} ms)",
             node.name,
+            node_state.netns,
+            node_state.underlay_ip,
             node.pod_cidr,
             ms(t)
         ));
+        state.nodes.push(node_state);
     }
     state.save(&dir.state())?;
 
-    // host-gw routes: every node reaches every other node's pod CIDR via that node. In an eni
-    // network the VPC router routes pod addresses instead, and may check sources.
+    // In an eni network the VPC router routes pod addresses, and may check sources.
     let t = Instant::now();
-    let mut count = 0;
     if topo.network == Network::Eni {
         if topo.source_check {
             eni::source_check(topo, &state)?;
@@ -250,72 +228,35 @@ fn build(
             ms(t)
         ));
     }
-    for (i, node) in topo.nodes.iter().enumerate() {
-        if topo.network == Network::Eni {
-            break;
-        }
-        let mut rt = Rtnl::in_netns(&open(&names::node(lab, &node.name))?)?;
-        for (j, other) in topo.nodes.iter().enumerate() {
-            if i == j {
-                continue;
-            }
-            let gw = topo.underlay_ip(j).expect("validated");
-            let cidr = other.pod_cidr;
-            let route = RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(cidr.network(), cidr.prefix_len())
-                .gateway(gw)
-                .build();
-            rt.route_ensure(route, &format!("{cidr} via {gw}"))?;
-            count += 1;
-        }
-    }
+    // Pod routes between the nodes: `weir routes` on every node, as in a real cluster.
     if topo.network == Network::Bridge {
+        std::fs::create_dir_all(dir.manifests())?;
+        let took = start_routes(topo, bins, &dir, &mut state, None)?;
+        let took: Vec<String> = took
+            .iter()
+            .map(|(n, d)| format!("{n} {} ms", d.as_millis()))
+            .collect();
         steps.step(&format!(
-            "routes: {count} host-gw routes between pod CIDRs ({} ms)",
+            "routes: weir routes --backend {} on {} nodes, every other node routed ({}; {} ms)",
+            topo.overlay.as_str(),
+            state.nodes.len(),
+            took.join(", "),
             ms(t)
         ));
     }
 
     // Pods, through the CNI plugin.
     for node in &topo.nodes {
-        let node_ns = open(&names::node(lab, &node.name))?;
-        let conf = cni::net_conf(topo, node, &dir.ipam(&node.name));
         for pod in &node.pods {
-            let pod_ns_name = names::pod(lab, &node.name, pod);
-            ns::add(&pod_ns_name)?;
-            {
-                let mut rt = Rtnl::in_netns(&open(&pod_ns_name)?)?;
-                let lo = rt.require_link("lo")?;
-                rt.link_up(lo.index, "lo")?;
-            }
-            let netns_path = ns::path(&pod_ns_name);
-            let outcome = cni::invoke(
-                plugin,
-                &Invocation {
-                    command: "ADD",
-                    container_id: &pod_ns_name,
-                    netns: &netns_path,
-                    ifname: "eth0",
-                    config: &conf,
-                    node_ns: &node_ns,
-                },
-            )
-            .with_context(|| format!("node {}: pod {pod}", node.name))?;
-            let ip = cni::result_ipv4(&outcome.stdout)?;
-            state.pods.push(PodState {
-                node: node.name.clone(),
-                name: pod.clone(),
-                netns: pod_ns_name.clone(),
-                ip: ip.addr(),
-                prefix_len: ip.prefix_len(),
-            });
-            state.save(&dir.state())?;
+            let (pod_state, took) = add_pod(topo, plugin, &dir, node, pod)?;
             steps.step(&format!(
                 "node {}: pod {pod} {} (ADD {} ms)",
                 node.name,
-                ip.addr(),
-                outcome.elapsed.as_millis()
+                pod_state.ip,
+                took.as_millis()
             ));
+            state.pods.push(pod_state);
+            state.save(&dir.state())?;
         }
     }
 
@@ -434,6 +375,190 @@ fn build(
     Ok(state)
 }
 
+/// Plugs `peer`'s `eth0` into the lab's underlay switch as port `port`.
+fn plug_into_switch(lab: &str, port: &str, peer: &NetNs) -> anyhow::Result<()> {
+    let mut sw_rt = Rtnl::in_netns(&open(&names::switch(lab))?)?;
+    let br = sw_rt.require_link(UNDERLAY_BRIDGE)?;
+    veth_between(&mut sw_rt, port, peer, "eth0")?;
+    let link = sw_rt.require_link(port)?;
+    sw_rt.link_set(
+        LinkUnspec::new_with_index(link.index)
+            .controller(br.index)
+            .up()
+            .build(),
+        port,
+    )?;
+    Ok(())
+}
+
+/// Makes `node` in node slot `index` of `topo` (which decides its underlay address and,
+/// routed, its subnet): its namespace, wired to the underlay (the shared switch, or its own
+/// subnet to the outside), `eth0` addressed with a default route, its IPAM directory.
+fn create_node(
+    topo: &Topology,
+    index: usize,
+    node: &crate::topology::Node,
+    out: &NetNs,
+    dir: &LabDir,
+) -> anyhow::Result<NodeState> {
+    let name = names::node(&topo.name, &node.name);
+    let ip = topo.underlay_ip(index).expect("validated");
+    ns::add(&name)?;
+    let node_ns = open(&name)?;
+    if topo.routed_underlay {
+        wire_routed(topo, index, &node.name, out, &node_ns)?;
+    } else {
+        plug_into_switch(&topo.name, &format!("n-{}", node.name), &node_ns)?;
+    }
+    let subnet = topo.node_subnet(index).expect("validated");
+    setup_eth0(
+        &node_ns,
+        Ipv4Net::new(ip, subnet.prefix_len())?,
+        topo.node_router(index),
+    )?;
+    std::fs::create_dir_all(dir.ipam(&node.name))?;
+    Ok(NodeState {
+        name: node.name.clone(),
+        netns: name,
+        underlay_ip: ip,
+        pod_gateway: cni::gateway(node),
+        annotations: Default::default(),
+        vtep_ip: (topo.network == Network::Bridge && topo.overlay == Overlay::Vxlan)
+            .then(|| node.pod_cidr.network()),
+    })
+}
+
+/// Makes pod `pod` of `node`: its namespace with `lo` up, and `eth0` from the CNI plugin (ADD).
+fn add_pod(
+    topo: &Topology,
+    plugin: &Plugin,
+    dir: &LabDir,
+    node: &crate::topology::Node,
+    pod: &str,
+) -> anyhow::Result<(PodState, std::time::Duration)> {
+    let node_ns = open(&names::node(&topo.name, &node.name))?;
+    let conf = cni::net_conf(topo, node, dir);
+    let pod_ns_name = names::pod(&topo.name, &node.name, pod);
+    ns::add(&pod_ns_name)?;
+    {
+        let mut rt = Rtnl::in_netns(&open(&pod_ns_name)?)?;
+        let lo = rt.require_link("lo")?;
+        rt.link_up(lo.index, "lo")?;
+    }
+    let netns_path = ns::path(&pod_ns_name);
+    let outcome = cni::invoke(
+        plugin,
+        &Invocation {
+            command: "ADD",
+            container_id: &pod_ns_name,
+            netns: &netns_path,
+            ifname: "eth0",
+            config: &conf,
+            node_ns: &node_ns,
+        },
+    )
+    .with_context(|| format!("node {}: pod {pod}", node.name))?;
+    let ip = cni::result_ipv4(&outcome.stdout)?;
+    Ok((
+        PodState {
+            node: node.name.clone(),
+            name: pod.to_string(),
+            netns: pod_ns_name,
+            ip: ip.addr(),
+            prefix_len: ip.prefix_len(),
+        },
+        outcome.elapsed,
+    ))
+}
+
+/// Wires node `index` to the outside (the underlay router) on its own subnet: a veth
+/// `n-<node>` in the outside holding the node's router address, `eth0` in the node.
+fn wire_routed(
+    topo: &Topology,
+    index: usize,
+    node: &str,
+    out: &NetNs,
+    node_ns: &NetNs,
+) -> anyhow::Result<()> {
+    let subnet = topo.node_subnet(index).expect("validated");
+    let router = topo.node_router(index).expect("validated");
+    let port = format!("n-{node}");
+    let mut rt = Rtnl::in_netns(out)?;
+    veth_between(&mut rt, &port, node_ns, "eth0")?;
+    let link = rt.require_link(&port)?;
+    rt.addr_ensure(
+        link.index,
+        IpNet::V4(Ipv4Net::new(router, subnet.prefix_len())?),
+    )?;
+    rt.link_up(link.index, &port)?;
+    Ok(())
+}
+
+/// How the lab runs `weir routes` on `node`.
+pub fn routes_launch(topo: &Topology, bins: &Binaries, dir: &LabDir, node: &str) -> routes::Launch {
+    let files = dir.routes_dir(node);
+    routes::Launch {
+        weir: bins.weir.clone(),
+        backend: topo.overlay,
+        manifests: dir.manifests(),
+        node: node.to_string(),
+        netns: names::node(&topo.name, node),
+        log: dir.routes_log(node),
+        publish: files.join("node.patch.yaml"),
+        status: files.join("status.json"),
+        mtu_file: dir.routes_mtu(node),
+    }
+}
+
+/// Starts `weir routes` on the nodes of `state` (or only on `only`), merges what each
+/// publishes into its Node object, rewrites `nodes.yaml` and waits until every node's agent
+/// routes every other node. Returns, per started agent, how long convergence took.
+fn start_routes(
+    topo: &Topology,
+    bins: &Binaries,
+    dir: &LabDir,
+    state: &mut LabState,
+    only: Option<&str>,
+) -> anyhow::Result<Vec<(String, std::time::Duration)>> {
+    // The Nodes first (without VTEPs): an agent does nothing before it sees its own Node.
+    manifests::write(&dir.manifests(), &[manifests::render_nodes(topo, state)])?;
+    let mut started = Vec::new();
+    for node in &state.nodes {
+        if only.is_some_and(|o| o != node.name) {
+            continue;
+        }
+        let launch = routes_launch(topo, bins, dir, &node.name);
+        let pid = launch.spawn()?;
+        state.routes.push(ProxyState {
+            node: node.name.clone(),
+            netns: node.netns.clone(),
+            pid,
+        });
+        started.push((launch, pid));
+    }
+    state.save(&dir.state())?;
+    let published = routes::wait_all_published(&started)?;
+    for node in &mut state.nodes {
+        if let Some(a) = published.get(&node.name) {
+            node.annotations = a.clone();
+        }
+    }
+    manifests::write(&dir.manifests(), &[manifests::render_nodes(topo, state)])?;
+    state.save(&dir.state())?;
+    // Every agent, old and new, must now route every node.
+    let all: Vec<(routes::Launch, u32)> = state
+        .routes
+        .iter()
+        .map(|r| (routes_launch(topo, bins, dir, &r.node), r.pid))
+        .collect();
+    let names = state.nodes.iter().map(|n| n.name.clone()).collect();
+    let took = routes::wait_all_converged(&all, &names)?;
+    Ok(took
+        .into_iter()
+        .filter(|(n, _)| only.is_none_or(|o| o == n))
+        .collect())
+}
+
 /// How the lab runs `weir proxy` on `node`.
 pub fn proxy_launch(
     topo: &Topology,
@@ -453,6 +578,180 @@ pub fn proxy_launch(
         log: dir.proxy_log(&node.name),
         state_dir: dir.proxy_state(&node.name),
     }
+}
+
+/// Adds node `name` with pod CIDR `pod_cidr` and pods `pods` to the running lab `lab` (bridge
+/// network), as a node joining a cluster: its namespace on the underlay (the first free node
+/// address), its Node object, `weir routes` on it, then — once every node's agent routes every
+/// other node — its pods (CNI ADD), their echo servers and its `weir proxy`.
+pub fn add_node(
+    lab: &str,
+    name: &str,
+    pod_cidr: Ipv4Net,
+    pods: &[String],
+    bins: &Binaries,
+    root: &Path,
+) -> anyhow::Result<NodeState> {
+    let dir = LabDir::new(root, lab);
+    let mut state = load_state(lab, root)?;
+    let mut topo = Topology::parse(&std::fs::read_to_string(dir.topology())?)
+        .map_err(|e| anyhow!("{}: {e}", dir.topology().display()))?;
+    if topo.network != Network::Bridge {
+        bail!("lab {lab}: nodes join bridge-network labs only");
+    }
+    // The first node slot whose underlay address no running node holds (removed nodes leave
+    // holes; the slot decides the address and, routed, the subnet).
+    let index = (0..)
+        .find(|&i| {
+            topo.underlay_ip(i)
+                .is_none_or(|ip| state.nodes.iter().all(|n| n.underlay_ip != ip))
+        })
+        .expect("an unbounded search ends");
+    let new = crate::topology::Node {
+        name: name.to_string(),
+        pod_cidr,
+        pods: pods.to_vec(),
+    };
+    if topo.underlay_ip(index).is_none() {
+        bail!(
+            "lab {lab}: no node address left on underlay {}",
+            topo.underlay
+        );
+    }
+    // Validated as part of the whole topology (name, pod CIDR overlaps).
+    topo.nodes.push(new.clone());
+    topo.validate()?;
+    let out = open(&names::outside(lab))?;
+    let node_state = create_node(&topo, index, &new, &out, &dir)?;
+    state.nodes.push(node_state.clone());
+    state.save(&dir.state())?;
+    std::fs::write(dir.topology(), topo.to_yaml())?;
+
+    start_routes(&topo, bins, &dir, &mut state, Some(name))?;
+
+    let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
+    for pod in pods {
+        let (pod_state, _) = add_pod(&topo, &plugin, &dir, &new, pod)?;
+        let pid = echo::spawn(
+            &bins.weir,
+            &ns::path(&pod_state.netns),
+            pod,
+            &dir.log(&pod_state.netns),
+        )?;
+        state.echo.push(EchoState {
+            netns: pod_state.netns.clone(),
+            name: pod.clone(),
+            pid,
+        });
+        state.pods.push(pod_state);
+        state.save(&dir.state())?;
+    }
+    let pid = echo::spawn(
+        &bins.weir,
+        &ns::path(&node_state.netns),
+        name,
+        &dir.log(&node_state.netns),
+    )?;
+    state.echo.push(EchoState {
+        netns: node_state.netns.clone(),
+        name: name.to_string(),
+        pid,
+    });
+    state.save(&dir.state())?;
+    if let Some(mode) = topo.proxy.weir_mode() {
+        let launch = proxy_launch(&topo, bins, &dir, &node_state, mode);
+        let pid = launch.spawn()?;
+        state.proxies.push(ProxyState {
+            node: name.to_string(),
+            netns: node_state.netns.clone(),
+            pid,
+        });
+        state.save(&dir.state())?;
+        proxy::wait_ready(&launch, pid, proxy::READY_TIMEOUT)?;
+    }
+    Ok(node_state)
+}
+
+/// Removes node `name` from the running lab `lab`, as a node leaving a cluster: its Node
+/// object goes first and every other node's `weir routes` drops its routes, neighbour and FDB
+/// entries (waited for), then its pods (CNI DEL), processes and namespaces. A node hosting a
+/// service backend is refused (its endpoints would dangle).
+pub fn remove_node(lab: &str, name: &str, bins: &Binaries, root: &Path) -> anyhow::Result<()> {
+    let dir = LabDir::new(root, lab);
+    let mut state = load_state(lab, root)?;
+    let mut topo = Topology::parse(&std::fs::read_to_string(dir.topology())?)
+        .map_err(|e| anyhow!("{}: {e}", dir.topology().display()))?;
+    let Some((_, node)) = topo.node(name) else {
+        bail!("lab {lab} has no node {name}");
+    };
+    let node = node.clone();
+    if let Some(svc) = state
+        .services
+        .iter()
+        .find(|s| s.backends.iter().any(|b| node.pods.contains(b)))
+    {
+        bail!(
+            "node {name} hosts a backend of service {}: not removed",
+            svc.name
+        );
+    }
+    if state.nodes.len() == 1 {
+        bail!("node {name} is the lab's last node: use `weir lab down {lab}`");
+    }
+    topo.nodes.retain(|n| n.name != name);
+    state.nodes.retain(|n| n.name != name);
+    let gone: Vec<u32> = state
+        .routes
+        .iter()
+        .filter(|r| r.node == name)
+        .map(|r| r.pid)
+        .collect();
+    state.routes.retain(|r| r.node != name);
+    // The Node object goes: the other agents remove its entries.
+    manifests::write(&dir.manifests(), &[manifests::render_nodes(&topo, &state)])?;
+    let others: Vec<(routes::Launch, u32)> = state
+        .routes
+        .iter()
+        .map(|r| (routes_launch(&topo, bins, &dir, &r.node), r.pid))
+        .collect();
+    let names = state.nodes.iter().map(|n| n.name.clone()).collect();
+    routes::wait_all_converged(&others, &names)?;
+    // Then the machine: pods (CNI DEL), every process in its namespaces, the namespaces.
+    let node_ns_name = names::node(lab, name);
+    let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
+    let conf = cni::net_conf(&topo, &node, &dir);
+    let mut namespaces: Vec<String> = node.pods.iter().map(|p| names::pod(lab, name, p)).collect();
+    let node_ns = open(&node_ns_name)?;
+    for pod_ns in &namespaces {
+        cni::invoke(
+            &plugin,
+            &Invocation {
+                command: "DEL",
+                container_id: pod_ns,
+                netns: &ns::path(pod_ns),
+                ifname: "eth0",
+                config: &conf,
+                node_ns: &node_ns,
+            },
+        )
+        .with_context(|| format!("node {name}: CNI DEL of {pod_ns}"))?;
+    }
+    namespaces.push(node_ns_name.clone());
+    let mut pids: Vec<u32> = namespaces.iter().flat_map(|n| ns::pids(n)).collect();
+    pids.extend(
+        gone.iter()
+            .filter(|&&p| routes::is_weir_routes(p, &dir.manifests())),
+    );
+    ns::kill_all(&pids);
+    for n in &namespaces {
+        ns::del(n)?;
+    }
+    state.pods.retain(|p| p.node != name);
+    state.echo.retain(|e| !namespaces.contains(&e.netns));
+    state.proxies.retain(|p| p.node != name);
+    state.save(&dir.state())?;
+    std::fs::write(dir.topology(), topo.to_yaml())?;
+    Ok(())
 }
 
 /// What [`restart_proxy`] did.
@@ -569,6 +868,11 @@ pub fn down(
                 pids.push(p.pid);
             }
         }
+        for r in &state.routes {
+            if routes::is_weir_routes(r.pid, &dir.manifests()) && !pids.contains(&r.pid) {
+                pids.push(r.pid);
+            }
+        }
     }
     ns::kill_all(&pids);
     report.killed = pids;
@@ -601,7 +905,7 @@ pub fn down(
             continue;
         };
         let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
-        let conf = cni::net_conf(topo, node_conf, &dir.ipam(node));
+        let conf = cni::net_conf(topo, node_conf, &dir);
         let netns = ns::path(pod_ns);
         match cni::invoke(
             &plugin,

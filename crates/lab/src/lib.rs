@@ -16,6 +16,7 @@ pub mod manifests;
 pub mod matrix;
 pub mod ns;
 pub mod proxy;
+pub mod routes;
 pub mod services;
 pub mod state;
 pub mod topology;
@@ -23,5 +24,6 @@ pub mod topology;
 pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
 pub use state::{state_root, LabState};
 pub use topology::{
-    CniKind, Network, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, ENI_TOPOLOGY,
+    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, ENI_TOPOLOGY,
+    VXLAN_TOPOLOGY,
 };

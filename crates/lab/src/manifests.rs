@@ -2,6 +2,7 @@
 //! `weir proxy --manifests` watches, rendered from the topology and the running lab (pure), and
 //! written atomically into `<lab>/manifests/`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
@@ -20,12 +21,22 @@ pub const PORT_NAME: &str = "echo";
 /// kube-apiserver's default ClientIP affinity timeout.
 pub const AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
-/// A Node with its underlay address as InternalIP (what the proxy takes as the node's IP).
-pub fn node_object(name: &str, internal_ip: &str, pod_cidr: &str) -> Value {
+/// A Node with its underlay address as InternalIP (what the proxy takes as the node's IP) and
+/// the annotations its routes agent published (its VTEP, for the other nodes' agents).
+pub fn node_object(
+    name: &str,
+    internal_ip: &str,
+    pod_cidr: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Value {
+    let mut metadata = json!({ "name": name, "labels": { "kubernetes.io/hostname": name } });
+    if !annotations.is_empty() {
+        metadata["annotations"] = json!(annotations);
+    }
     json!({
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": { "name": name, "labels": { "kubernetes.io/hostname": name } },
+        "metadata": metadata,
         "spec": { "podCIDR": pod_cidr, "podCIDRs": [pod_cidr] },
         "status": {
             "addresses": [
@@ -129,9 +140,8 @@ fn documents(docs: &[Value]) -> String {
         .join("---\n")
 }
 
-/// Every manifest file of the lab: `nodes.yaml` and one `service-<name>.yaml` (Service +
-/// EndpointSlice) per service. Pure.
-pub fn render(topo: &Topology, state: &LabState) -> Vec<(String, String)> {
+/// `nodes.yaml`: every node of the lab. Pure.
+pub fn render_nodes(topo: &Topology, state: &LabState) -> (String, String) {
     let nodes: Vec<Value> = state
         .nodes
         .iter()
@@ -140,13 +150,19 @@ pub fn render(topo: &Topology, state: &LabState) -> Vec<(String, String)> {
                 .node(&n.name)
                 .map(|(_, t)| t.pod_cidr.to_string())
                 .unwrap_or_default();
-            node_object(&n.name, &n.underlay_ip.to_string(), &cidr)
+            node_object(&n.name, &n.underlay_ip.to_string(), &cidr, &n.annotations)
         })
         .collect();
-    let mut files = vec![(
+    (
         "nodes.yaml".to_string(),
         format!("# written by weir lab\n{}", documents(&nodes)),
-    )];
+    )
+}
+
+/// Every manifest file of the lab: `nodes.yaml` and one `service-<name>.yaml` (Service +
+/// EndpointSlice) per service. Pure.
+pub fn render(topo: &Topology, state: &LabState) -> Vec<(String, String)> {
+    let mut files = vec![render_nodes(topo, state)];
     for svc in &state.services {
         files.push((
             format!("service-{}.yaml", svc.name),

@@ -358,6 +358,8 @@ mod tests {
             netns: format!("wl-t-{name}"),
             underlay_ip: ip.into(),
             pod_gateway: Ipv4Addr::UNSPECIFIED,
+            annotations: Default::default(),
+            vtep_ip: None,
         };
         LabState {
             lab: "t".into(),
@@ -374,6 +376,7 @@ mod tests {
             proxy: Default::default(),
             services: vec![],
             proxies: vec![],
+            routes: vec![],
         }
     }
 

@@ -77,43 +77,54 @@ impl Launch {
     /// Starts the proxy inside the node's namespace, detached (own session), its stdout and
     /// stderr appended to the log. Does not wait for readiness ([`wait_ready`]). Returns its pid.
     pub fn spawn(&self) -> anyhow::Result<u32> {
-        if let Some(dir) = self.log.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let mut out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("open {}", self.log.display()))?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default();
-        writeln!(
-            out,
-            "--- weir lab: starting {} (unix time {now})",
-            self.command_line()
-        )?;
-        let err = out.try_clone()?;
-        let netns =
-            NetNs::named(&self.netns).with_context(|| format!("open netns {}", self.netns))?;
-        let mut cmd = Command::new(&self.weir);
-        cmd.args(self.args())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        crate::ns::detach(&mut cmd);
-        netns.spawn_inside(&mut cmd);
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("spawn {}", self.command_line()))?;
-        let pid = child.id();
-        // The child stays ours until we exit; a reaper thread avoids zombies meanwhile.
-        std::thread::spawn(move || {
-            let _ = child.wait();
-        });
-        Ok(pid)
+        spawn_detached(&self.weir, &self.args(), &self.netns, &self.log)
     }
+}
+
+/// Starts `weir <args>` inside the namespace `netns`, detached (own session), its stdout and
+/// stderr appended to `log` after a line with the command. Returns its pid.
+pub(crate) fn spawn_detached(
+    weir: &Path,
+    args: &[String],
+    netns: &str,
+    log: &Path,
+) -> anyhow::Result<u32> {
+    let command_line = format!(
+        "ip netns exec {netns} {} {}",
+        weir.display(),
+        args.join(" ")
+    );
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("open {}", log.display()))?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "--- weir lab: starting {command_line} (unix time {now})"
+    )?;
+    let err = out.try_clone()?;
+    let ns = NetNs::named(netns).with_context(|| format!("open netns {netns}"))?;
+    let mut cmd = Command::new(weir);
+    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
+    crate::ns::detach(&mut cmd);
+    ns.spawn_inside(&mut cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("spawn {command_line}"))?;
+    let pid = child.id();
+    // The child stays ours until we exit; a reaper thread avoids zombies meanwhile.
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
 }
 
 /// The last `lines` lines of a file (for error messages).
@@ -195,7 +206,7 @@ pub fn wait_ready(launch: &Launch, pid: u32, timeout: Duration) -> anyhow::Resul
     }
 }
 
-fn indent(text: &str) -> String {
+pub(crate) fn indent(text: &str) -> String {
     text.lines()
         .map(|l| format!("    {l}"))
         .collect::<Vec<_>>()

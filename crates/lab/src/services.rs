@@ -152,10 +152,12 @@ impl<'a> Clients<'a> {
     fn node(&self, name: &str) -> Option<&'a NodeState> {
         self.state.nodes.iter().find(|n| n.name == name)
     }
-    /// The addresses a node masquerades to: its underlay address (towards other nodes) and its
-    /// pods' gateway (towards its own pods).
+    /// The addresses a node masquerades to: its underlay address (towards other nodes), its
+    /// VTEP address (towards other nodes' pods over a vxlan overlay) and its pods' gateway
+    /// (towards its own pods).
     fn node_sources(&self, node: &NodeState) -> Vec<Ipv4Addr> {
         let mut v = vec![node.underlay_ip];
+        v.extend(node.vtep_ip);
         if !node.pod_gateway.is_unspecified() {
             v.push(node.pod_gateway);
         }
@@ -820,7 +822,7 @@ fn label(state: &LabState, p: &SvcProbe, ip: Ipv4Addr) -> String {
     if let Some(n) = state
         .nodes
         .iter()
-        .find(|n| n.underlay_ip == ip || n.pod_gateway == ip)
+        .find(|n| n.underlay_ip == ip || n.pod_gateway == ip || n.vtep_ip == Some(ip))
     {
         return format!("node {}", n.name);
     }

@@ -1,5 +1,6 @@
 //! What a running lab is made of, as recorded in `<state dir>/<lab>/state.json`.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
@@ -54,6 +55,18 @@ impl LabDir {
     pub fn proxy_state(&self, node: &str) -> PathBuf {
         self.dir.join("proxy-state").join(node)
     }
+    /// `weir routes`' log on a node.
+    pub fn routes_log(&self, node: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("routes-{node}.log"))
+    }
+    /// What a node's `weir routes` writes: its Node patch, status and the pod MTU file.
+    pub fn routes_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("routes").join(node)
+    }
+    /// The pod MTU a node's `weir routes` writes (vxlan) and weir-cni reads there.
+    pub fn routes_mtu(&self, node: &str) -> PathBuf {
+        self.routes_dir(node).join("mtu")
+    }
     /// The Kubernetes objects every node's proxy watches (the lab's "API server").
     pub fn manifests(&self) -> PathBuf {
         self.dir.join("manifests")
@@ -68,6 +81,14 @@ pub struct NodeState {
     /// The pods' gateway (cni0's address): the source of traffic masqueraded towards local pods.
     #[serde(default = "unspecified")]
     pub pod_gateway: Ipv4Addr,
+    /// What the node's `weir routes` published (its VTEP), merged into its Node object.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// vxlan overlay: the node's address on its VTEP (the first address of its pod CIDR, as
+    /// flannel's `10.244.1.0` on `flannel.1`), the source it masquerades to towards other
+    /// nodes' pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vtep_ip: Option<Ipv4Addr>,
 }
 
 fn unspecified() -> Ipv4Addr {
@@ -160,6 +181,9 @@ pub struct LabState {
     pub services: Vec<ServiceState>,
     #[serde(default)]
     pub proxies: Vec<ProxyState>,
+    /// The `weir routes` agents (bridge network), one per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<ProxyState>,
 }
 
 impl LabState {
@@ -177,6 +201,10 @@ impl LabState {
                 netns: names::node(&topo.name, &n.name),
                 underlay_ip: topo.underlay_ip(i).unwrap_or(Ipv4Addr::UNSPECIFIED),
                 pod_gateway: crate::cni::gateway(n),
+                annotations: BTreeMap::new(),
+                vtep_ip: (topo.overlay == crate::topology::Overlay::Vxlan
+                    && topo.network == Network::Bridge)
+                    .then(|| n.pod_cidr.network()),
             })
             .collect();
         let mut pods = Vec::new();
@@ -210,6 +238,7 @@ impl LabState {
                 .map(|(s, a)| ServiceState::new(s, a))
                 .collect(),
             proxies: vec![],
+            routes: vec![],
         }
     }
 

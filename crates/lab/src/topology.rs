@@ -106,6 +106,74 @@ services:
     backends: []
 ";
 
+/// The routed-underlay topology `weir lab demo --topology vxlan` uses: every node on its own
+/// underlay subnet (a /28 of `underlay` each), wired to the outside namespace, which routes
+/// between them, so no node shares a segment with another and host-gw cannot work; `weir routes
+/// --backend vxlan` on every node builds the overlay from the Node objects.
+pub const VXLAN_TOPOLOGY: &str = "\
+name: vxlan
+underlay: 172.31.0.0/24
+routedUnderlay: true  # node i on the (i+1)-th /28 of underlay, the outside routing between them
+overlay: vxlan        # weir routes --backend vxlan on every node
+clusterCIDR: 10.244.0.0/16
+outside: 198.51.100.1
+cni: weir
+proxy: nftables
+serviceCIDR: 10.96.0.0/16
+loadBalancerCIDR: 203.0.113.0/24
+nodes:
+  - name: a
+    podCIDR: 10.244.1.0/24
+    pods: [a1, a2]
+  - name: b
+    podCIDR: 10.244.2.0/24
+    pods: [b1, b2]
+services:
+  - name: web           # ClusterIP over pods on both nodes
+    port: 80
+    backends: [a1, b1]
+  - name: dns           # UDP
+    port: 53
+    protocol: UDP
+    backends: [a2, b2]
+  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
+    type: NodePort
+    port: 80
+    nodePort: 30080
+    externalTrafficPolicy: Local
+    backends: [a1]
+  - name: api           # LoadBalancer (IP from loadBalancerCIDR, routed by the outside via a node)
+    type: LoadBalancer
+    port: 443
+    backends: [a2, b1]
+  - name: gone          # no endpoints: rejected at once
+    type: NodePort
+    port: 80
+    backends: []
+";
+
+/// How nodes reach each other's pods: the backend of the `weir routes` agent every node runs
+/// (bridge network only; in an eni network the VPC router delivers pod addresses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overlay {
+    /// Plain routes `<podCIDR> via <nodeIP>`: the nodes must share a segment.
+    #[default]
+    HostGw,
+    /// A flannel-shaped VXLAN overlay (VNI 1, UDP 8472): any routed underlay.
+    Vxlan,
+}
+
+impl Overlay {
+    /// `weir routes --backend` (and flannel's backend-type).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overlay::HostGw => "host-gw",
+            Overlay::Vxlan => "vxlan",
+        }
+    }
+}
+
 /// How pods are wired to the network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -270,6 +338,13 @@ pub struct Topology {
     /// The proxy every node runs (default nftables).
     #[serde(default)]
     pub proxy: ProxyKind,
+    /// The `weir routes` backend every node runs (bridge network; default host-gw).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub overlay: Overlay,
+    /// Each node on its own underlay subnet (the (i+1)-th /28 of `underlay`, wired to the
+    /// outside namespace, which routes between them) instead of one shared segment.
+    #[serde(rename = "routedUnderlay", default, skip_serializing_if = "is_default")]
+    pub routed_underlay: bool,
     /// Where ClusterIPs come from.
     #[serde(rename = "serviceCIDR", default = "default_service_cidr")]
     pub service_cidr: Ipv4Net,
@@ -486,6 +561,11 @@ impl Topology {
         Self::parse(ENI_TOPOLOGY).expect("the embedded eni topology is valid")
     }
 
+    /// The embedded routed-underlay vxlan topology.
+    pub fn vxlan_demo() -> Self {
+        Self::parse(VXLAN_TOPOLOGY).expect("the embedded vxlan topology is valid")
+    }
+
     /// The ENI subnet's gateway (eni network): the first host of clusterCIDR, on the VPC router.
     pub fn eni_gateway(&self) -> Ipv4Addr {
         nth_host(self.cluster_cidr, 1).expect("a validated clusterCIDR has .1")
@@ -621,11 +701,26 @@ impl Topology {
                 }
             }
         }
+        if self.routed_underlay
+            && self.overlay == Overlay::HostGw
+            && self.network == Network::Bridge
+        {
+            return Err(err(
+                "overlay",
+                "host-gw needs the nodes on one segment; with routedUnderlay use overlay: vxlan",
+            ));
+        }
         if self.network == Network::Eni {
             if self.cni != CniKind::Weir {
                 return Err(err(
                     "cni",
                     "network eni needs cni weir (the reference plugins have no eni-shared mode)",
+                ));
+            }
+            if self.overlay != Overlay::HostGw || self.routed_underlay {
+                return Err(err(
+                    "overlay",
+                    "network eni routes pod addresses in the VPC: no overlay, no routedUnderlay",
                 ));
             }
             let gw = self.eni_gateway();
@@ -871,14 +966,53 @@ impl Topology {
         self.nodes.iter().find(|n| n.pods.iter().any(|p| p == pod))
     }
 
-    /// The outside router's underlay address: the first host of the underlay (`.1`).
+    /// The outside's address on the switch: the first host of the underlay (`.1`); with a
+    /// shared underlay also every node's default router.
     pub fn router_ip(&self) -> Ipv4Addr {
-        nth_host(self.underlay, 1).expect("a validated underlay has .1")
+        nth_host(self.outside_net(), 1).expect("a validated underlay has .1")
     }
 
-    /// Node `index`'s (0-based) underlay address: host number 11, 12, … of the underlay.
+    /// The subnet of the outside's switch port: the whole underlay, or (routed) its first /28.
+    pub fn outside_net(&self) -> Ipv4Net {
+        if self.routed_underlay {
+            self.routed_block(0).unwrap_or(self.underlay)
+        } else {
+            self.underlay
+        }
+    }
+
+    /// The `n`-th /28 of the underlay.
+    fn routed_block(&self, n: usize) -> Option<Ipv4Net> {
+        self.underlay.subnets(28).ok()?.nth(n)
+    }
+
+    /// The underlay subnet node `index` sits on: the shared underlay, or (routed) the
+    /// (index+1)-th /28 of it, its own.
+    pub fn node_subnet(&self, index: usize) -> Option<Ipv4Net> {
+        if self.routed_underlay {
+            self.routed_block(index + 1)
+        } else {
+            Some(self.underlay)
+        }
+    }
+
+    /// Node `index`'s (0-based) underlay address: host number 11, 12, … of the shared underlay,
+    /// or (routed) host 2 of its own subnet.
     pub fn underlay_ip(&self, index: usize) -> Option<Ipv4Addr> {
-        nth_host(self.underlay, 11 + index as u32)
+        if self.routed_underlay {
+            nth_host(self.node_subnet(index)?, 2)
+        } else {
+            nth_host(self.underlay, 11 + index as u32)
+        }
+    }
+
+    /// Node `index`'s default router: the outside's address on the node's subnet.
+    pub fn node_router(&self, index: usize) -> Option<Ipv4Addr> {
+        if self.routed_underlay {
+            nth_host(self.node_subnet(index)?, 1)
+        } else {
+            Some(self.router_ip())
+        }
     }
 
     pub fn node(&self, name: &str) -> Option<(usize, &Node)> {
@@ -1219,6 +1353,30 @@ mod tests {
         let small = with("172.30.0.0/24", "172.30.0.0/28").unwrap();
         assert_eq!(small.underlay_ip(3), Some(Ipv4Addr::new(172, 30, 0, 14)));
         assert_eq!(small.underlay_ip(4), None, ".15 is the broadcast address");
+    }
+
+    #[test]
+    fn routed_underlay_gives_every_node_its_own_subnet() {
+        let t = Topology::vxlan_demo();
+        assert_eq!(t.overlay, Overlay::Vxlan);
+        assert_eq!(t.outside_net().to_string(), "172.31.0.0/28");
+        assert_eq!(t.router_ip(), Ipv4Addr::new(172, 31, 0, 1));
+        assert_eq!(t.node_subnet(0).unwrap().to_string(), "172.31.0.16/28");
+        assert_eq!(t.underlay_ip(0), Some(Ipv4Addr::new(172, 31, 0, 18)));
+        assert_eq!(t.node_router(0), Some(Ipv4Addr::new(172, 31, 0, 17)));
+        assert_eq!(t.underlay_ip(1), Some(Ipv4Addr::new(172, 31, 0, 34)));
+        assert_eq!(t.node_router(1), Some(Ipv4Addr::new(172, 31, 0, 33)));
+        assert_eq!(Topology::parse(&t.to_yaml()).unwrap(), t);
+        // A /24 holds 15 nodes after the outside's block; a /27 only one.
+        let small = Topology::parse(&VXLAN_TOPOLOGY.replace("172.31.0.0/24", "172.31.0.0/27"));
+        assert_eq!(small.unwrap_err().field, "nodes[1].name");
+        // The default topology is unchanged: one segment, host-gw.
+        let d = Topology::default_demo();
+        assert_eq!((d.overlay, d.routed_underlay), (Overlay::HostGw, false));
+        assert!(!d.to_yaml().contains("overlay"), "{}", d.to_yaml());
+        let e =
+            Topology::parse(&ENI_TOPOLOGY.replace("network: eni", "network: eni\noverlay: vxlan"));
+        assert_eq!(e.unwrap_err().field, "overlay");
     }
 
     #[test]

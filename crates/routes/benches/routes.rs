@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Environment: `WEIR_BENCH_NODES` (default 1000), `WEIR_BENCH_SECONDS` (iperf3 duration, 3),
-//! `WEIR_BENCH_ROUNDS` (join/leave rounds, 10). The two "nodes" share one machine, so the
+//! `WEIR_BENCH_RUNS` (datapath rounds, medians taken, 5), `WEIR_BENCH_ROUNDS` (join/leave
+//! rounds, 10). Pods get the MTU weir-cni gives them: 1500 on host-gw, the VTEP's 1450 on vxlan. The two "nodes" share one machine, so the
 //! throughput figures compare encapsulation costs on this CPU, not a network.
 
 use std::collections::BTreeMap;
@@ -105,7 +106,8 @@ impl Pair {
     }
 }
 
-/// Two nodes on one segment (10.91.0.1/.2), each with a pod 10.244.<i>.2 behind a veth.
+/// Two nodes on one segment (10.91.0.1/.2), each with a pod 10.244.<i>.2 behind a veth (its
+/// MTU set per backend before each measurement).
 fn pair() -> Pair {
     let tag = format!("wrb{}", std::process::id());
     let names: Vec<String> = ["n1", "n2", "p1", "p2"]
@@ -223,22 +225,72 @@ fn connection_rate(from: &str, to: &str, ip: IpAddr) -> f64 {
     rate
 }
 
-fn datapath() -> Value {
-    let seconds = env("WEIR_BENCH_SECONDS", 3);
-    let p = pair();
-    let mut rows = Vec::new();
-    let underlay_gbps = iperf(&p.ns("n1"), &p.ns("n2"), "10.91.0.2", seconds);
-    let underlay_rate = connection_rate(&p.ns("n1"), &p.ns("n2"), "10.91.0.2".parse().unwrap());
-    rows.push(
-        json!({"path": "underlay node → node", "gbps": underlay_gbps, "conn_per_s": underlay_rate}),
-    );
+/// The pod MTU weir-cni gives pods on each backend: the underlay's, or the VTEP's.
+fn pod_mtu(backend: &Backend) -> u32 {
+    match backend {
+        Backend::HostGw => 1500,
+        Backend::Vxlan(_) => 1450,
+    }
+}
+
+/// One measurement of every path, in the same round so that load drifting on the shared
+/// machine hits them alike: underlay node → node, then pod → pod over host-gw and vxlan.
+fn datapath_round(p: &Pair, seconds: u64) -> Vec<(String, f64, f64)> {
+    let mut out = Vec::new();
+    let gbps = iperf(&p.ns("n1"), &p.ns("n2"), "10.91.0.2", seconds);
+    let rate = connection_rate(&p.ns("n1"), &p.ns("n2"), "10.91.0.2".parse().unwrap());
+    out.push(("underlay node → node".to_string(), gbps, rate));
     for backend in [Backend::HostGw, Backend::Vxlan(VxlanConfig::default())] {
-        bring_up(&p, &backend);
+        for pod in ["p1", "p2"] {
+            sh(&format!(
+                "ip -n {} link set eth0 mtu {}",
+                p.ns(pod),
+                pod_mtu(&backend)
+            ));
+        }
+        bring_up(p, &backend);
         let gbps = iperf(&p.ns("p1"), &p.ns("p2"), "10.244.2.2", seconds);
         let rate = connection_rate(&p.ns("p1"), &p.ns("p2"), "10.244.2.2".parse().unwrap());
-        rows.push(json!({"path": format!("pod → pod, {}", backend.type_name()), "gbps": gbps, "conn_per_s": rate}));
-        tear_down(&p);
+        out.push((format!("pod → pod, {}", backend.type_name()), gbps, rate));
+        tear_down(p);
     }
+    out
+}
+
+/// `WEIR_BENCH_RUNS` rounds of [`datapath_round`]: per path every sample, the medians and the
+/// medians' ratio to the underlay's.
+fn datapath() -> Value {
+    let seconds = env("WEIR_BENCH_SECONDS", 3);
+    let runs = env("WEIR_BENCH_RUNS", 5).max(1);
+    let p = pair();
+    let mut samples: BTreeMap<String, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    let mut order = Vec::new();
+    for round in 0..runs {
+        for (path, gbps, rate) in datapath_round(&p, seconds) {
+            eprintln!("round {round}: {path}: {gbps:.2} Gbit/s, {rate:.0} conn/s");
+            if !order.contains(&path) {
+                order.push(path.clone());
+            }
+            let e = samples.entry(path).or_default();
+            e.0.push(gbps);
+            e.1.push(rate);
+        }
+    }
+    let base = &samples[&order[0]];
+    let (base_gbps, base_rate) = (median(base.0.clone()), median(base.1.clone()));
+    let rows = order
+        .iter()
+        .map(|path| {
+            let (g, r) = &samples[path];
+            let (mg, mr) = (median(g.clone()), median(r.clone()));
+            json!({
+                "path": path, "runs": runs,
+                "gbps_median": mg, "conn_per_s_median": mr,
+                "gbps_vs_underlay": mg / base_gbps, "conn_vs_underlay": mr / base_rate,
+                "gbps_samples": g, "conn_per_s_samples": r,
+            })
+        })
+        .collect();
     Value::Array(rows)
 }
 

@@ -28,6 +28,10 @@ pub use plan::{desire, Backend, Config, Desired, Local, NodeStatus, Underlay, Vx
 /// are known to use (Calico's 80), so `ip route show proto 87` lists exactly weir's routes.
 pub const ROUTE_PROTOCOL: u8 = 87;
 
+/// Where `weir routes` writes the pod MTU (the VTEP's, one decimal line) and weir-cni reads it
+/// when its conflist sets no `mtu`: like flannel's `/run/flannel/subnet.env` (`FLANNEL_MTU`).
+pub const MTU_FILE: &str = "/run/weir/routes/mtu";
+
 /// A MAC address.
 pub type Mac = [u8; 6];
 

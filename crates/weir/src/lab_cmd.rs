@@ -24,11 +24,15 @@ enum CniArg {
 /// The built-in topologies `weir lab demo` can run.
 #[derive(Clone, Copy, ValueEnum)]
 enum TopologyArg {
-    /// Two nodes, bridge mode, host-gw routes (weir_lab::DEFAULT_TOPOLOGY).
+    /// Two nodes on one segment, bridge mode, `weir routes --backend host-gw` on each
+    /// (weir_lab::DEFAULT_TOPOLOGY).
     Default,
     /// Two nodes whose pods share an addressless secondary ENI behind a VPC router with a source
     /// check (weir_lab::ENI_TOPOLOGY).
     Eni,
+    /// Two nodes on different routed underlay subnets, `weir routes --backend vxlan` on each
+    /// (weir_lab::VXLAN_TOPOLOGY).
+    Vxlan,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -95,6 +99,22 @@ enum LabCommand {
         #[arg(long)]
         hard: bool,
     },
+    /// Add a node (with pods) to a running lab: its namespace, Node object, `weir routes`, pods,
+    /// echo servers and proxy; returns once every node's agent routes it.
+    AddNode {
+        lab: String,
+        /// The node's name ([a-z0-9], at most 10).
+        node: String,
+        /// The node's pod CIDR (inside the lab's clusterCIDR, overlapping no other node's).
+        #[arg(long, value_name = "CIDR")]
+        pod_cidr: ipnet::Ipv4Net,
+        /// Pods to create on it.
+        #[arg(long, value_delimiter = ',', value_name = "POD,...")]
+        pods: Vec<String>,
+    },
+    /// Remove a node from a running lab: its Node object first (every other node's `weir
+    /// routes` drops its entries, waited for), then its pods, processes and namespaces.
+    RemoveNode { lab: String, node: String },
     /// Probe the connectivity matrix and the services (exit code 1 if any probe fails).
     Check {
         lab: String,
@@ -249,6 +269,32 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 .exec();
             bail!("exec {}: {err}", command[0])
         }
+        LabCommand::AddNode {
+            lab: name,
+            node,
+            pod_cidr,
+            pods,
+        } => {
+            let t = std::time::Instant::now();
+            let n = lab::add_node(&name, &node, pod_cidr, &pods, &binaries()?, &root)?;
+            eprintln!(
+                "lab {name}: node {node} joined ({} eth0 {}, podCIDR {pod_cidr}, {} pods); every node routes it ({} ms)",
+                n.netns,
+                n.underlay_ip,
+                pods.len(),
+                t.elapsed().as_millis()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::RemoveNode { lab: name, node } => {
+            let t = std::time::Instant::now();
+            lab::remove_node(&name, &node, &binaries()?, &root)?;
+            eprintln!(
+                "lab {name}: node {node} left; no other node routes it any more ({} ms)",
+                t.elapsed().as_millis()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         LabCommand::Check { lab: name, json } => {
             let state = lab::load_state(&name, &root)?;
             Ok(check(&state, json))
@@ -265,6 +311,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             let mut topo = match topology {
                 TopologyArg::Default => Topology::default_demo(),
                 TopologyArg::Eni => Topology::eni_demo(),
+                TopologyArg::Vxlan => Topology::vxlan_demo(),
             };
             if no_eni_fix {
                 if topo.network != Network::Eni {
@@ -287,7 +334,7 @@ fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {
 }
 
 /// The matrix and the service probes, run at the same time; table or JSON
-/// (`{"matrix": [...], "services": [...], "proxies": [...]}`).
+/// (`{"matrix": [...], "services": [...], "proxies": [...], "routes": [...]}`).
 fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
     let probes = matrix::plan(state);
     let svc_probes = services::plan(state);
@@ -308,6 +355,18 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         })
         .collect();
     let proxies_ok = proxies.iter().all(|p| p["alive"] == true);
+    let routes: Vec<serde_json::Value> = state
+        .routes
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "node": r.node,
+                "pid": r.pid,
+                "alive": weir_lab::ns::alive(r.pid),
+            })
+        })
+        .collect();
+    let routes_ok = routes.iter().all(|r| r["alive"] == true);
     // eni network: what strict rp_filter and the VPC's source check dropped so far.
     let counters = (state.network == Network::Eni).then(|| eni::counters(state));
     if json {
@@ -315,6 +374,7 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             "matrix": results,
             "services": svc_results,
             "proxies": proxies,
+            "routes": routes,
         });
         if let Some(c) = &counters {
             out["eni"] = serde_json::to_value(c).expect("counters serialize");
@@ -366,8 +426,16 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 );
             }
         }
+        for r in &routes {
+            if r["alive"] != true {
+                println!(
+                    "FAIL: weir routes on node {} (pid {}) is not running",
+                    r["node"], r["pid"]
+                );
+            }
+        }
     }
-    if results.iter().all(|r| r.ok) && svc_results.iter().all(|r| r.ok) && proxies_ok {
+    if results.iter().all(|r| r.ok) && svc_results.iter().all(|r| r.ok) && proxies_ok && routes_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

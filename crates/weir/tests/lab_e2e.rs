@@ -55,16 +55,16 @@ fn expected_namespaces(lab: &str) -> Vec<String> {
     v
 }
 
-/// Asserts every cell of the matrix of a two-node topology (pods named after their node).
-fn assert_matrix(results: &[Value], cni: &str, pods: &[&str]) {
+/// The underlay addresses of nodes a and b in the shared-segment topologies.
+const SHARED: [&str; 2] = ["172.30.0.11", "172.30.0.12"];
+/// ... and in the routed-underlay one (each node on its own /28).
+const ROUTED: [&str; 2] = ["172.31.0.18", "172.31.0.34"];
+
+/// Asserts every cell of the matrix of a two-node topology (pods named after their node),
+/// whose nodes a and b have the underlay addresses `nodes`.
+fn assert_matrix(results: &[Value], cni: &str, pods: &[&str], nodes: [&str; 2]) {
     let node_of = |pod: &str| if pod.starts_with('a') { "a" } else { "b" };
-    let underlay = |node: &str| {
-        if node == "a" {
-            "172.30.0.11"
-        } else {
-            "172.30.0.12"
-        }
-    };
+    let underlay = |node: &str| if node == "a" { nodes[0] } else { nodes[1] };
     let mut expected = BTreeSet::new();
     for &from in pods {
         for proto in ["tcp", "udp"] {
@@ -184,7 +184,21 @@ fn lifecycle(tag: &str, cni: &str) {
             String::from_utf8_lossy(&check.stdout)
         )
     });
-    assert_matrix(out["matrix"].as_array().unwrap(), cni, &["a1", "a2", "b1"]);
+    assert_matrix(
+        out["matrix"].as_array().unwrap(),
+        cni,
+        &["a1", "a2", "b1"],
+        SHARED,
+    );
+    // The cross-node routes are weir routes' (proto 87, host-gw on the shared segment), not
+    // the lab's.
+    let routes = lab.ok(&[
+        "lab", "exec", &lab.name, "a", "--", "ip", "route", "show", "proto", "87",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&routes.stdout).trim(),
+        "10.244.2.0/24 via 172.30.0.12 dev eth0"
+    );
     assert_eq!(
         out["services"],
         Value::Array(vec![]),
@@ -284,6 +298,7 @@ fn demo_runs_end_to_end() {
         json["matrix"].as_array().unwrap(),
         "weir",
         &["a1", "a2", "b1", "b2"],
+        SHARED,
     );
     // The demo's services (tests/lab_services.rs checks them in detail).
     let services = json["services"].as_array().unwrap();
@@ -293,6 +308,11 @@ fn demo_runs_end_to_end() {
     }
     for p in json["proxies"].as_array().unwrap() {
         assert_eq!(p["alive"], true, "{p}");
+    }
+    let agents = json["routes"].as_array().unwrap();
+    assert_eq!(agents.len(), 2, "weir routes on both nodes");
+    for r in agents {
+        assert_eq!(r["alive"], true, "{r}");
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("torn down"), "{stderr}");
@@ -321,4 +341,239 @@ fn up_rejects_a_bad_topology_naming_the_field() {
         "{stderr}"
     );
     assert!(lab.namespaces().is_empty());
+}
+
+/// `weir lab exec <lab> <target> -- <command…>`: its stdout.
+fn exec(lab: &Lab, target: &str, command: &[&str]) -> String {
+    let mut args = vec!["lab", "exec", &lab.name, target, "--"];
+    args.extend_from_slice(command);
+    String::from_utf8_lossy(&lab.ok(&args).stdout).into_owned()
+}
+
+#[test]
+fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("vx");
+    let out = lab.ok(&[
+        "lab",
+        "demo",
+        "--topology",
+        "vxlan",
+        "--name",
+        &lab.name,
+        "--json",
+        "--keep",
+    ]);
+    let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_matrix(
+        json["matrix"].as_array().unwrap(),
+        "weir",
+        &["a1", "a2", "b1", "b2"],
+        ROUTED,
+    );
+    let services = json["services"].as_array().unwrap();
+    assert!(services.len() >= 20, "{services:?}");
+    for r in services {
+        assert_eq!(r["ok"], true, "service probe failed: {r}");
+    }
+    // The nodes share no segment: b is reached through a's router …
+    let get = exec(&lab, "a", &["ip", "route", "get", ROUTED[1]]);
+    assert!(get.contains("via 172.31.0.17 dev eth0"), "{get}");
+    // … and b's pods through the overlay weir routes built: route, permanent neighbour, FDB.
+    let routes = exec(&lab, "a", &["ip", "route", "show", "proto", "87"]);
+    assert_eq!(
+        routes.trim(),
+        "10.244.2.0/24 via 10.244.2.0 dev weir.1 onlink"
+    );
+    let neigh = exec(&lab, "a", &["ip", "neigh", "show", "dev", "weir.1"]);
+    let mac = neigh
+        .strip_prefix("10.244.2.0 lladdr ")
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("neighbour of b's gateway: {neigh}"));
+    assert!(neigh.contains("PERMANENT"), "{neigh}");
+    let fdb = exec(&lab, "a", &["bridge", "fdb", "show", "dev", "weir.1"]);
+    assert!(
+        fdb.contains(&format!("{mac} dst {} self permanent", ROUTED[1])),
+        "{fdb}"
+    );
+
+    // Pod MTU = the VTEP's (1500 − 50), read by weir-cni from the file weir routes wrote.
+    let vtep = exec(&lab, "a", &["ip", "-o", "link", "show", "weir.1"]);
+    assert!(vtep.contains("mtu 1450 "), "{vtep}");
+    for pod in ["a/a1", "b/b2"] {
+        let eth0 = exec(&lab, pod, &["ip", "-o", "link", "show", "eth0"]);
+        assert!(eth0.contains("mtu 1450 "), "{pod}: {eth0}");
+    }
+    // A 1400-byte DF ping crosses the overlay; one that does not fit fails in the pod, with the
+    // MTU named (not a silent loss somewhere on the way, which would only show as a timeout).
+    let ping = exec(
+        &lab,
+        "a/a1",
+        &[
+            "ping",
+            "-M",
+            "do",
+            "-s",
+            "1400",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "10.244.2.3",
+        ],
+    );
+    assert!(ping.contains("1 received"), "{ping}");
+    let big = lab.weir(&[
+        "lab",
+        "exec",
+        &lab.name,
+        "a/a1",
+        "--",
+        "ping",
+        "-M",
+        "do",
+        "-s",
+        "1423",
+        "-c",
+        "1",
+        "-W",
+        "2",
+        "10.244.2.3",
+    ]);
+    assert!(!big.status.success());
+    let err = String::from_utf8_lossy(&big.stderr);
+    assert!(
+        err.contains("local error: message too long, mtu=1450"),
+        "{err}"
+    );
+}
+
+/// Pod a1 → b1 over a TCP stream (iperf3, 4 s in 0.5 s intervals) while node c joins (with a
+/// pod every node then reaches) and leaves again: the stream never stalls, and c's routes,
+/// neighbours and FDB entries are gone from a and b afterwards.
+#[test]
+fn a_node_joins_and_leaves_while_traffic_flows() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("jl");
+    let topo = lab.state.path().join("topology-input.yaml");
+    std::fs::write(
+        &topo,
+        format!(
+            "name: {}\nunderlay: 172.31.0.0/24\nroutedUnderlay: true\noverlay: vxlan\n\
+             clusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\nproxy: none\n\
+             nodes:\n  - name: a\n    podCIDR: 10.244.1.0/24\n    pods: [a1]\n\
+             \x20 - name: b\n    podCIDR: 10.244.2.0/24\n    pods: [b1]\n",
+            lab.name
+        ),
+    )
+    .unwrap();
+    lab.ok(&["lab", "up", topo.to_str().unwrap()]);
+    let b1 = format!("wl-{}-b-b1", lab.name);
+    let a1 = format!("wl-{}-a-a1", lab.name);
+    let mut server = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &b1,
+            "iperf3",
+            "-s",
+            "-1",
+            "-B",
+            "10.244.2.2",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let client = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &a1,
+            "iperf3",
+            "-c",
+            "10.244.2.2",
+            "-t",
+            "4",
+        ])
+        .args(["-i", "0.5", "-b", "50M", "-J"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+
+    lab.ok(&[
+        "lab",
+        "add-node",
+        &lab.name,
+        "c",
+        "--pod-cidr",
+        "10.244.3.0/24",
+        "--pods",
+        "c1",
+    ]);
+    let check = lab.weir(&["lab", "check", &lab.name, "--json"]);
+    let results: Value = serde_json::from_slice(&check.stdout).unwrap();
+    let matrix = results["matrix"].as_array().unwrap();
+    assert_eq!(matrix.len(), 24, "3 pods × 8 probes");
+    for r in matrix {
+        assert_eq!(r["ok"], true, "with c joined: {r}");
+    }
+    for node in ["a", "b"] {
+        let routes = exec(&lab, node, &["ip", "route", "show", "proto", "87"]);
+        assert!(
+            routes.contains("10.244.3.0/24 via 10.244.3.0 dev weir.1 onlink"),
+            "{node}: {routes}"
+        );
+        let fdb = exec(&lab, node, &["bridge", "fdb", "show", "dev", "weir.1"]);
+        assert!(
+            fdb.contains("dst 172.31.0.50 self permanent"),
+            "{node}: {fdb}"
+        );
+    }
+
+    lab.ok(&["lab", "remove-node", &lab.name, "c"]);
+    for node in ["a", "b"] {
+        let routes = exec(&lab, node, &["ip", "route", "show", "proto", "87"]);
+        assert!(!routes.contains("10.244.3.0"), "{node}: {routes}");
+        assert_eq!(routes.lines().count(), 1, "{node}: {routes}");
+        let neigh = exec(&lab, node, &["ip", "neigh", "show", "dev", "weir.1"]);
+        assert!(!neigh.contains("10.244.3.0"), "{node}: {neigh}");
+        assert_eq!(neigh.lines().count(), 1, "{node}: {neigh}");
+        let fdb = exec(&lab, node, &["bridge", "fdb", "show", "dev", "weir.1"]);
+        assert!(!fdb.contains("172.31.0.50"), "{node}: {fdb}");
+    }
+    assert!(!namespaces_of(&lab.name)
+        .iter()
+        .any(|n| n.ends_with("-c") || n.contains("-c-")));
+
+    let done = client.wait_with_output().unwrap();
+    let _ = server.wait();
+    assert!(
+        done.status.success(),
+        "iperf3: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let report: Value = serde_json::from_slice(&done.stdout).unwrap();
+    let intervals = report["intervals"].as_array().unwrap();
+    assert!(intervals.len() >= 7, "{report}");
+    for i in intervals {
+        let bytes = i["sum"]["bytes"].as_f64().unwrap();
+        assert!(bytes > 0.0, "the stream stalled: {i}");
+    }
+    let check = lab.weir(&["lab", "check", &lab.name, "--json"]);
+    let results: Value = serde_json::from_slice(&check.stdout).unwrap();
+    for r in results["matrix"].as_array().unwrap() {
+        assert_eq!(r["ok"], true, "after c left: {r}");
+    }
 }

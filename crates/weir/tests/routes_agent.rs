@@ -84,11 +84,20 @@ impl Pair {
         std::fs::write(path, serde_yaml::to_string(&node).unwrap()).unwrap();
     }
 
+    /// `weir routes <args>` in node<i>; the agent's pod MTU file is node<i>.mtu in the test's
+    /// directory (never the host's /run/weir/routes/mtu).
     fn routes(&self, i: u8, args: &[&str]) -> Command {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns(i), WEIR, "routes"]);
         cmd.args(args);
+        if args.first() != Some(&"cleanup") {
+            cmd.arg("--mtu-file").arg(self.mtu_file(i));
+        }
         cmd
+    }
+
+    fn mtu_file(&self, i: u8) -> PathBuf {
+        self.file(&format!("node{i}.mtu"))
     }
 
     /// `weir routes --once` on node<i>, writing node<i>.patch.yaml and node<i>.status.json.
@@ -159,6 +168,8 @@ fn agent_publishes_its_vtep_programs_peers_follows_manifests_and_cleans_up() {
     );
     let s1 = p.status(1);
     assert_eq!(s1["mtu"], 1450);
+    // The pod MTU for weir-cni: the VTEP's (underlay 1500 − 50).
+    assert_eq!(std::fs::read_to_string(p.mtu_file(1)).unwrap(), "1450\n");
     let refused = s1["nodes"]["node2"]["refused"][0].as_str().unwrap();
     assert!(refused.contains("no VTEP published yet"), "{refused}");
 

@@ -74,6 +74,10 @@ pub struct RoutesFlags {
     /// Write the per-node status and the overlay MTU here (JSON).
     #[arg(long, value_name = "FILE")]
     status: Option<PathBuf>,
+    /// Write the pod MTU here (the VTEP's, vxlan) for weir-cni, which reads it when its
+    /// conflist sets no `mtu`; removed under host-gw (pods keep the underlay's MTU).
+    #[arg(long, value_name = "FILE", default_value = weir_routes::MTU_FILE)]
+    mtu_file: PathBuf,
     /// How often the manifest directory is checked for changes.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     manifest_poll_interval: Duration,
@@ -152,7 +156,12 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         )
     });
 
-    let mut publisher = publish::Publisher::new(&cfg, flags.publish.clone(), flags.status.clone());
+    let mut publisher = publish::Publisher::new(
+        &cfg,
+        flags.publish.clone(),
+        flags.status.clone(),
+        flags.mtu_file.clone(),
+    );
     let mut seen = 0;
     loop {
         let (generation, snapshot) = store.snapshot();

@@ -17,6 +17,9 @@ pub struct Publisher {
     keys: Annotations,
     publish: Option<PathBuf>,
     status: Option<PathBuf>,
+    mtu_file: PathBuf,
+    /// What the MTU file holds as far as this process knows (None: not written yet).
+    last_mtu: Option<Option<u32>>,
     last_annotations: Option<BTreeMap<String, String>>,
     last_status: Option<Status>,
 }
@@ -51,13 +54,20 @@ struct PatchMetadata<'a> {
 }
 
 impl Publisher {
-    pub fn new(cfg: &Config, publish: Option<PathBuf>, status: Option<PathBuf>) -> Self {
+    pub fn new(
+        cfg: &Config,
+        publish: Option<PathBuf>,
+        status: Option<PathBuf>,
+        mtu_file: PathBuf,
+    ) -> Self {
         Publisher {
             node_name: cfg.node_name.clone(),
             backend: cfg.backend.clone(),
             keys: Annotations::new(&cfg.annotation_prefix),
             publish,
             status,
+            mtu_file,
+            last_mtu: None,
             last_annotations: None,
             last_status: None,
         }
@@ -66,8 +76,33 @@ impl Publisher {
     pub fn report(&mut self, desired: &Desired) -> anyhow::Result<()> {
         self.report_status(desired)?;
         if desired.blocked.is_none() {
+            self.report_mtu(desired)?;
             self.report_annotations(desired)?;
         }
+        Ok(())
+    }
+
+    /// The pod MTU file: the VTEP's MTU (vxlan), one decimal line; absent under host-gw, where
+    /// pods keep the MTU their conflist (or weir-cni's default) gives them.
+    fn report_mtu(&mut self, desired: &Desired) -> anyhow::Result<()> {
+        let mtu = desired.vtep.as_ref().map(|v| v.mtu);
+        if self.last_mtu == Some(mtu) {
+            return Ok(());
+        }
+        match mtu {
+            Some(m) => {
+                write_atomic(&self.mtu_file, &format!("{m}\n"))?;
+                info!(mtu = m, file = %self.mtu_file.display(), "pod MTU for weir-cni");
+            }
+            None => match std::fs::remove_file(&self.mtu_file) {
+                Ok(()) => info!(file = %self.mtu_file.display(), "host-gw: pod MTU file removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).with_context(|| format!("remove {}", self.mtu_file.display()))
+                }
+            },
+        }
+        self.last_mtu = Some(mtu);
         Ok(())
     }
 
