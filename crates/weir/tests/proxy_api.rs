@@ -215,3 +215,33 @@ fn an_unreachable_api_server_keeps_the_rules_and_healthz_says_stale() {
     api.apply_yaml(EXTRA).unwrap();
     a.wait_for("changes after the recovery", || a.answers("10.96.7.7", 80));
 }
+
+/// A watch connection that hangs (headers, then silence, not even bookmarks) is abandoned
+/// after the watch timeout plus 5 s and resumed; the change made meanwhile is programmed.
+#[test]
+fn a_hanging_watch_is_abandoned_and_resumed() {
+    if !is_root() {
+        return;
+    }
+    let (mut a, api) = setup("hang", "nftables", SOLO);
+    a.args.push("--api-watch-timeout=2s".into());
+    a.start();
+    a.wait_for("solo", || a.solo_answers());
+    api.set_faults(|f| f.hang_watches = true);
+    api.drop_connections();
+    // Let every kind's re-watch reach the server and hang.
+    std::thread::sleep(Duration::from_millis(1500));
+    api.set_faults(|f| f.hang_watches = false);
+    let hung_at = std::time::Instant::now();
+    api.apply_yaml(EXTRA).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !a.answers("10.96.7.7", 80),
+        "the hung watch delivered nothing (else this test proves nothing)"
+    );
+    a.wait_for("the change, after the hung watch is given up", || {
+        a.answers("10.96.7.7", 80)
+    });
+    eprintln!("programmed {:?} after the hang", hung_at.elapsed());
+    assert!(a.solo_answers());
+}
