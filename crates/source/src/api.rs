@@ -92,11 +92,13 @@ pub enum ApiReport {
     Listed { kind: Kind, objects: usize },
     /// The number of objects of `kind` now (after any event).
     Objects { kind: Kind, objects: usize },
-    /// A list or watch of `kind` failed; it is retried after `retry_in`.
+    /// A list or watch of `kind` failed; it is retried after `retry_in`. `first`: the kind
+    /// was working until now or fails differently (the same error repeated: `first` false).
     Failed {
         kind: Kind,
         error: String,
         retry_in: Duration,
+        first: bool,
     },
     /// `kind` works again after failing.
     Recovered { kind: Kind },
@@ -153,12 +155,13 @@ impl ApiStatus {
         self.lock().kinds.entry(kind).or_default().listed = Some(SystemTime::now());
     }
 
-    /// Records a failure; returns whether it is news (the kind was working).
+    /// Records a failure; returns whether it is news (the kind was working, or it fails
+    /// differently now: e.g. the server is back but says 410 Gone).
     fn failed(&self, kind: Kind, error: String) -> bool {
         let mut s = self.lock();
         let state = s.kinds.entry(kind).or_default();
         let since = state.failing.as_ref().map_or_else(Instant::now, |f| f.1);
-        let news = state.failing.is_none();
+        let news = state.failing.as_ref().is_none_or(|(e, _)| *e != error);
         state.failing = Some((error, since));
         news
     }
@@ -449,11 +452,12 @@ where
             Err(e) => {
                 let retry_in = backoff.next_delay(jitter());
                 let error = e.to_string();
-                ctx.status.failed(my_kind, error.clone());
+                let first = ctx.status.failed(my_kind, error.clone());
                 (ctx.report)(&ApiReport::Failed {
                     kind: my_kind,
                     error,
                     retry_in,
+                    first,
                 });
                 tokio::time::sleep(retry_in).await;
                 continue;
@@ -464,11 +468,11 @@ where
         let sent = match event {
             watcher::Event::Init => {
                 listing.clear();
-                true
+                continue;
             }
             watcher::Event::InitApply(o) => {
                 listing.push(Object::from(o));
-                true
+                continue;
             }
             watcher::Event::InitDone => {
                 let list = std::mem::take(&mut listing);
@@ -576,7 +580,11 @@ mod tests {
         assert_eq!(s.check_at(t0), Ok(()));
 
         assert!(s.failed(Kind::EndpointSlice, "watch stream failed".into()));
-        assert!(!s.failed(Kind::EndpointSlice, "again".into()), "not news");
+        assert!(
+            !s.failed(Kind::EndpointSlice, "watch stream failed".into()),
+            "the same error again is not news"
+        );
+        assert!(s.failed(Kind::EndpointSlice, "again".into()), "another is");
         // A dropped watch that resumes within the grace is not staleness.
         assert_eq!(s.check_at(Instant::now() + Duration::from_secs(2)), Ok(()));
         let e = s

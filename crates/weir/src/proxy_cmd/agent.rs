@@ -161,14 +161,26 @@ fn start_api(
             ApiReport::Listed { kind, objects } => {
                 info!(kind = kind.as_str(), objects, "listed")
             }
+            // Each distinct error once per kind; its repetitions (retries) at debug level.
             ApiReport::Failed {
                 kind,
                 error,
                 retry_in,
+                first: true,
             } => warn!(
                 kind = kind.as_str(),
                 retry_in_ms = retry_in.as_millis() as u64,
                 "API watch failed (the last objects are kept): {error}"
+            ),
+            ApiReport::Failed {
+                kind,
+                error,
+                retry_in,
+                first: false,
+            } => tracing::debug!(
+                kind = kind.as_str(),
+                retry_in_ms = retry_in.as_millis() as u64,
+                "API watch still failing: {error}"
             ),
             ApiReport::Recovered { kind } => info!(kind = kind.as_str(), "API watch recovered"),
             ApiReport::Objects { .. } => {}
