@@ -33,6 +33,11 @@ struct PolicyLabel {
     traffic_policy: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 pub struct ProxyMetrics {
@@ -64,6 +69,10 @@ struct SourceMetrics {
     scan_duration: Histogram,
     scan_failures: Counter,
     manifest_errors: Gauge,
+    /// The Kubernetes API source, per kind.
+    objects: Family<KindLabel, Gauge>,
+    watch_restarts: Family<KindLabel, Counter>,
+    last_list: Family<KindLabel, FloatGauge>,
 }
 
 /// Prometheus's standard `process_*` metrics, refreshed from `/proc/self` on every scrape.
@@ -132,6 +141,9 @@ impl ProxyMetrics {
                 scan_duration: sync_buckets(),
                 scan_failures: Counter::default(),
                 manifest_errors: Gauge::default(),
+                objects: Family::default(),
+                watch_restarts: Family::default(),
+                last_list: Family::default(),
             },
             process: ProcessMetrics::default(),
         };
@@ -176,6 +188,12 @@ impl ProxyMetrics {
                 "Cumulative manifest scans that could not read the directory (the last view stays)";
             "weir_source_manifest_errors" => m.source.manifest_errors,
                 "Manifest errors standing now (invalid files or objects, duplicates, unreadable paths)";
+            "weir_source_objects" => m.source.objects,
+                "Objects the Kubernetes API source holds, per kind";
+            "weir_source_watch_restarts" => m.source.watch_restarts,
+                "Cumulative failed lists or watches of the Kubernetes API source, each retried after a backoff";
+            "weir_source_last_successful_list_timestamp_seconds" => m.source.last_list,
+                "When the Kubernetes API source last completed a list of the kind (start, or re-list after 410 Gone)";
             "process_resident_memory_bytes" => m.process.resident,
                 "Resident memory size in bytes";
             "process_virtual_memory_bytes" => m.process.virtual_memory,
@@ -304,6 +322,34 @@ impl ProxyMetrics {
         self.source.manifest_errors.inc_by(delta);
     }
 
+    /// The API source completed a list of `kind` with `objects` objects.
+    pub fn source_listed(&self, kind: &str, objects: usize) {
+        let label = KindLabel { kind: kind.into() };
+        self.source
+            .last_list
+            .get_or_create(&label)
+            .set(now_seconds());
+        self.source
+            .objects
+            .get_or_create(&label)
+            .set(objects as i64);
+    }
+
+    /// The API source holds `objects` objects of `kind` now.
+    pub fn source_objects(&self, kind: &str, objects: usize) {
+        let label = KindLabel { kind: kind.into() };
+        self.source
+            .objects
+            .get_or_create(&label)
+            .set(objects as i64);
+    }
+
+    /// A list or watch of `kind` failed and will be retried.
+    pub fn source_watch_restarted(&self, kind: &str) {
+        let label = KindLabel { kind: kind.into() };
+        self.source.watch_restarts.get_or_create(&label).inc();
+    }
+
     fn refresh_process(&self) {
         let Some(s) = crate::process_stats::ProcessStats::read() else {
             return;
@@ -340,6 +386,31 @@ mod tests {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
             .unwrap_or_else(|| panic!("no sample {name:?} in\n{text}"))
+    }
+
+    #[test]
+    fn api_source_figures_per_kind() {
+        let m = ProxyMetrics::new("nftables");
+        m.source_listed("Service", 3);
+        m.source_objects("Service", 4);
+        m.source_listed("Node", 1);
+        m.source_watch_restarted("EndpointSlice");
+        m.source_watch_restarted("EndpointSlice");
+        let t = m.encode();
+        for l in [
+            "weir_source_objects{kind=\"Service\"} 4",
+            "weir_source_objects{kind=\"Node\"} 1",
+            "weir_source_watch_restarts_total{kind=\"EndpointSlice\"} 2",
+        ] {
+            assert!(t.lines().any(|x| x == l), "missing {l:?} in\n{t}");
+        }
+        let listed: f64 = value(
+            &t,
+            "weir_source_last_successful_list_timestamp_seconds{kind=\"Service\"}",
+        )
+        .parse()
+        .unwrap();
+        assert!(listed > 1.7e9, "{listed}");
     }
 
     #[test]

@@ -8,9 +8,13 @@
 //! * [`watch_dir`]: a polling watcher (mtime, ctime, size, inode) that sends a full
 //!   [`Event::Resync`] only when something changed, never before it has a complete view and
 //!   never because the directory vanished; its [`SourceStatus`] says when it is stale.
+//! * [`api`] (cargo feature `kube`): the same objects from the Kubernetes API with kube-rs
+//!   watchers (initial list, watch with bookmarks, resume, re-list on 410 Gone, backoff).
 //! * Bounded reading ([`Limits`]): regular files only, sizes, directory depth and YAML
 //!   nesting capped, never a blocking open; optional last-known-good copies on disk.
 
+#[cfg(feature = "kube")]
+pub mod api;
 mod dir;
 mod last_good;
 mod manifest;

@@ -3,7 +3,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use weir_model::{Object, ObjectKey, Snapshot};
+use weir_model::{Kind, Object, ObjectKey, Snapshot};
 
 /// A change from any source. The manifest watcher sends `Resync`; a Kubernetes API watcher
 /// (kube-rs `watcher::Event`: Apply/Delete/Init…InitDone) maps onto the same three.
@@ -13,6 +13,9 @@ pub enum Event {
     Deleted(ObjectKey),
     /// The complete set of objects: everything else is deleted.
     Resync(Vec<Object>),
+    /// The complete set of objects of one kind (an API watcher's initial list or re-list):
+    /// every other object of that kind is deleted, other kinds are untouched.
+    Listed(Kind, Vec<Object>),
 }
 
 /// Where sources push events.
@@ -58,6 +61,7 @@ impl Store {
                 }
             }
             Event::Deleted(k) => self.objects.remove(&k).is_some(),
+            Event::Listed(kind, list) => self.replace_kind(kind, list),
             Event::Resync(list) => {
                 let new: BTreeMap<ObjectKey, Object> =
                     list.into_iter().map(|o| (o.key(), o)).collect();
@@ -71,6 +75,26 @@ impl Store {
         };
         if changed {
             self.generation += 1;
+        }
+        changed
+    }
+
+    /// Makes `list` the objects of `kind`; returns whether anything changed.
+    fn replace_kind(&mut self, kind: Kind, list: Vec<Object>) -> bool {
+        let new: BTreeMap<ObjectKey, Object> = list
+            .into_iter()
+            .filter(|o| o.kind() == kind)
+            .map(|o| (o.key(), o))
+            .collect();
+        let before = self.objects.len();
+        self.objects
+            .retain(|k, _| k.kind != kind || new.contains_key(k));
+        let mut changed = self.objects.len() != before;
+        for (k, o) in new {
+            if self.objects.get(&k) != Some(&o) {
+                self.objects.insert(k, o);
+                changed = true;
+            }
         }
         changed
     }

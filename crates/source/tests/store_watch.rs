@@ -154,3 +154,36 @@ fn watcher_sends_nothing_until_the_directory_exists_and_never_an_empty_world_whe
     );
     w.stop();
 }
+
+fn node(name: &str) -> Object {
+    let yaml = format!("apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n");
+    weir_source::parse_manifest(std::path::Path::new("t.yaml"), &yaml)
+        .objects
+        .remove(0)
+}
+
+/// An API watcher's (re-)list replaces one kind only: objects of that kind missing from the
+/// list are deleted (a deletion missed while the watch was down), other kinds stay.
+#[test]
+fn a_listed_kind_replaces_only_that_kind() {
+    let mut s = Store::new();
+    s.apply(Event::Applied(svc("a", "10.96.0.1")));
+    s.apply(Event::Applied(svc("b", "10.96.0.2")));
+    s.apply(Event::Applied(node("n1")));
+    let g = s.generation();
+    assert!(!s.apply(Event::Listed(
+        Kind::Service,
+        vec![svc("a", "10.96.0.1"), svc("b", "10.96.0.2")]
+    )));
+    assert_eq!(s.generation(), g, "the same list is no change");
+    assert!(s.apply(Event::Listed(Kind::Service, vec![svc("b", "10.96.0.9")])));
+    let snap = s.snapshot();
+    assert_eq!(
+        snap.services.keys().cloned().collect::<Vec<_>>(),
+        [("ns".to_string(), "b".to_string())]
+    );
+    assert_eq!(snap.nodes.len(), 1, "other kinds untouched");
+    assert!(s.apply(Event::Listed(Kind::Node, vec![])));
+    assert!(s.snapshot().nodes.is_empty());
+    assert_eq!(s.snapshot().services.len(), 1);
+}

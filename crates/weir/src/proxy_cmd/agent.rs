@@ -7,10 +7,10 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context;
 use tracing::{info, warn};
 use weir_model::{Plan, Planner, ProxyConfig};
+use weir_proxy::health::SourceCheck;
 use weir_proxy::{Backend, SyncKind};
-use weir_source::{
-    watch_dir, Limits, ManifestDir, PollWatcher, SharedStore, SourceStatus, WatchEvent,
-};
+use weir_source::api::{start_api_source, ApiReport, ApiSource};
+use weir_source::{watch_dir, Limits, ManifestDir, PollWatcher, SharedStore, WatchEvent};
 
 use super::config::Settings;
 
@@ -68,10 +68,15 @@ pub trait SyncObserver {
     /// Whether this node should receive load-balancer traffic (kube-proxy's /healthz
     /// fails while the Node is being deleted or drained by the cluster autoscaler).
     fn node_eligible(&mut self, _eligible: bool) {}
-    /// The object source started: health follows `status` (stale after `stale_after`).
-    fn source_started(&mut self, _status: SourceStatus, _stale_after: Duration) {}
-    /// Called on the source's thread with each of its reports (for metrics).
+    /// The object source started: health follows `check` (`Err`: why the source is not
+    /// current).
+    fn source_started(&mut self, _check: SourceCheck) {}
+    /// Called on the manifest source's thread with each of its reports (for metrics).
     fn source_reporter(&self) -> Box<dyn Fn(&WatchEvent<'_>) + Send> {
+        Box::new(|_| {})
+    }
+    /// Called on the API source's thread with each of its reports (for metrics).
+    fn api_reporter(&self) -> Box<dyn Fn(&ApiReport) + Send + Sync> {
         Box::new(|_| {})
     }
 }
@@ -82,9 +87,119 @@ pub fn source_stale_after(poll: Duration) -> Duration {
     (10 * poll).max(Duration::from_secs(5))
 }
 
+/// The running object source: a manifest directory or the Kubernetes API.
+enum Source {
+    Manifests(PollWatcher, Duration),
+    Api(ApiSource),
+}
+
+impl Source {
+    /// Every kind's complete first view is in the store.
+    fn ready(&self) -> bool {
+        match self {
+            Source::Manifests(w, _) => w.status().ready(),
+            Source::Api(a) => a.status().ready(),
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        match self {
+            Source::Manifests(w, stale_after) => w.status().check(*stale_after),
+            Source::Api(a) => a.status().check(),
+        }
+    }
+
+    fn check_fn(&self) -> SourceCheck {
+        match self {
+            Source::Manifests(w, stale_after) => {
+                let (status, stale_after) = (w.status(), *stale_after);
+                Box::new(move || status.check(stale_after))
+            }
+            Source::Api(a) => {
+                let status = a.status();
+                Box::new(move || status.check())
+            }
+        }
+    }
+}
+
+/// Starts the configured source: the Kubernetes API when one is configured, else the
+/// manifest directory.
+fn start_source(
+    settings: &Settings,
+    store: &SharedStore,
+    observer: &mut dyn SyncObserver,
+) -> anyhow::Result<Source> {
+    let source = match &settings.api {
+        Some(api) => Source::Api(start_api(settings, api, store, observer)?),
+        None => Source::Manifests(
+            start_manifests(settings, store, observer),
+            source_stale_after(settings.manifest_poll_interval),
+        ),
+    };
+    observer.source_started(source.check_fn());
+    Ok(source)
+}
+
+/// Starts the API watchers; their reports go to the log and the observer.
+fn start_api(
+    settings: &Settings,
+    api: &super::config::ApiSettings,
+    store: &SharedStore,
+    observer: &mut dyn SyncObserver,
+) -> anyhow::Result<ApiSource> {
+    let opts = weir_source::api::ApiOptions {
+        kubeconfig: api.kubeconfig.clone(),
+        master: api.master.clone(),
+        node_name: Some(settings.node_name.clone()),
+        watch_timeout: api.watch_timeout,
+        ..Default::default()
+    };
+    let report = observer.api_reporter();
+    let source = start_api_source(opts, store.clone(), move |r| {
+        match r {
+            ApiReport::Listed { kind, objects } => {
+                info!(kind = kind.as_str(), objects, "listed")
+            }
+            // Each distinct error once per kind; its repetitions (retries) at debug level.
+            ApiReport::Failed {
+                kind,
+                error,
+                retry_in,
+                first: true,
+            } => warn!(
+                kind = kind.as_str(),
+                retry_in_ms = retry_in.as_millis() as u64,
+                "API watch failed (the last objects are kept): {error}"
+            ),
+            ApiReport::Failed {
+                kind,
+                error,
+                retry_in,
+                first: false,
+            } => tracing::debug!(
+                kind = kind.as_str(),
+                retry_in_ms = retry_in.as_millis() as u64,
+                "API watch still failing: {error}"
+            ),
+            ApiReport::Recovered { kind } => info!(kind = kind.as_str(), "API watch recovered"),
+            ApiReport::Objects { .. } => {}
+        }
+        report(r);
+    })?;
+    info!(
+        server = api
+            .master
+            .as_deref()
+            .unwrap_or("(from kubeconfig or in-cluster)"),
+        "watching the Kubernetes API"
+    );
+    Ok(source)
+}
+
 /// Starts the manifest watcher (with last-known-good copies under the state directory) and
 /// wires its reports into the log and the observer.
-fn start_source(
+fn start_manifests(
     settings: &Settings,
     store: &SharedStore,
     observer: &mut dyn SyncObserver,
@@ -105,7 +220,7 @@ fn start_source(
         }
     };
     let report = observer.source_reporter();
-    let watcher = watch_dir(
+    watch_dir(
         dir,
         settings.manifest_poll_interval,
         store.clone(),
@@ -121,22 +236,20 @@ fn start_source(
             }
             report(&ev);
         },
-    );
-    let stale_after = source_stale_after(settings.manifest_poll_interval);
-    observer.source_started(watcher.status(), stale_after);
-    watcher
+    )
 }
 
-/// Blocks until the source has produced a complete first view. Until then nothing is
-/// synced, so whatever rules the kernel holds (from an earlier run) stay in place: an
-/// unreadable or missing directory must never become an empty world.
-fn wait_for_first_view(status: &SourceStatus, stale_after: Duration) {
+/// Blocks until the source has produced a complete first view (for the API: every kind's
+/// initial list). Until then nothing is synced, so whatever rules the kernel holds (from an
+/// earlier run) stay in place: an unreadable or missing directory, or an API server that
+/// does not answer, must never become an empty or partial world.
+fn wait_for_first_view(source: &Source) {
     let mut said = false;
     let started = Instant::now();
-    while !status.ready() {
+    while !source.ready() {
         // Quiet during the first scan of an ordinary start.
         if !said && started.elapsed() > Duration::from_secs(1) {
-            if let Err(why) = status.check(stale_after) {
+            if let Err(why) = source.check() {
                 warn!("not syncing yet, the rules in the kernel are kept: {why}");
                 said = true;
             }
@@ -144,7 +257,7 @@ fn wait_for_first_view(status: &SourceStatus, stale_after: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
     if said {
-        info!("manifest source ready: syncing");
+        info!("object source ready: syncing");
     }
 }
 
@@ -238,11 +351,8 @@ pub fn run(
     observer: &mut dyn SyncObserver,
 ) -> anyhow::Result<()> {
     let store = SharedStore::new();
-    let watcher = start_source(settings, &store, observer);
-    wait_for_first_view(
-        &watcher.status(),
-        source_stale_after(settings.manifest_poll_interval),
-    );
+    let source = start_source(settings, &store, observer)?;
+    wait_for_first_view(&source);
 
     let mut applied: Option<Plan> = None;
     let mut planner = Planner::default();

@@ -77,6 +77,26 @@ pub struct ProxyFlags {
     /// Address of /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_bind_address: Option<SocketAddr>,
+    /// kubeconfig file of the Kubernetes API to watch (instead of --manifests).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of the Kubernetes API server (overrides the kubeconfig's), e.g.
+    /// https://10.0.0.1:6443.
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
+    /// Server-side timeout of each API watch request; a silent watch is abandoned after it
+    /// (plus 5 s), a hung response after it plus 10 s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, hide = true)]
+    pub api_watch_timeout: Option<Duration>,
+}
+
+/// Where the Kubernetes API is (the source when set).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiSettings {
+    /// None with `master` None: the in-cluster service account.
+    pub kubeconfig: Option<PathBuf>,
+    pub master: Option<String>,
+    pub watch_timeout: Duration,
 }
 
 /// The settings the agent runs with.
@@ -102,6 +122,8 @@ pub struct Settings {
     pub min_sync_period: Duration,
     pub healthz_bind_address: SocketAddr,
     pub metrics_bind_address: SocketAddr,
+    /// The Kubernetes API source; `None`: the manifest directory.
+    pub api: Option<ApiSettings>,
 }
 
 /// The KubeProxyConfiguration fields weir applies. Other fields of the kind are accepted and
@@ -122,6 +144,7 @@ struct KubeProxyConfiguration {
     min_sync_period: Option<String>,
     iptables: Option<ModeSection>,
     nftables: Option<ModeSection>,
+    client_connection: Option<ClientConnection>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_yaml::Value>,
 }
@@ -132,6 +155,14 @@ struct ModeSection {
     masquerade_all: Option<bool>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClientConnection {
+    kubeconfig: Option<String>,
+    #[serde(flatten)]
+    other: std::collections::BTreeMap<String, serde_yaml::Value>,
 }
 
 /// Parses a Go duration (`300ms`, `30s`, `1m30s`, `1h`).
@@ -181,7 +212,51 @@ fn parse_cidrs(items: &[String], what: &str) -> anyhow::Result<Vec<IpNet>> {
         .collect()
 }
 
+/// Running in a pod: the kubelet sets KUBERNETES_SERVICE_HOST in every container.
+fn in_cluster() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
+}
+
 impl ProxyFlags {
+    /// The API source, as kube-proxy finds its API server: `--kubeconfig` (or the config
+    /// file's `clientConnection.kubeconfig`) and/or `--master`; with neither, in a pod (and
+    /// without `--manifests`), the in-cluster service account. Outside a cluster with none of
+    /// them, `None`: the manifest directory.
+    fn api_settings(
+        &self,
+        file: &KubeProxyConfiguration,
+        in_cluster: bool,
+    ) -> anyhow::Result<Option<ApiSettings>> {
+        let kubeconfig = self.kubeconfig.clone().or_else(|| {
+            file.client_connection
+                .as_ref()
+                .and_then(|c| c.kubeconfig.as_deref())
+                .filter(|k| !k.trim().is_empty())
+                .map(PathBuf::from)
+        });
+        let master = self.master.clone().filter(|m| !m.trim().is_empty());
+        let explicit = kubeconfig.is_some() || master.is_some();
+        if explicit && self.manifests.is_some() {
+            bail!(
+                "--manifests and the Kubernetes API (--kubeconfig, --master or \
+                 clientConnection.kubeconfig) are two sources: choose one"
+            );
+        }
+        let in_pod_by_default = in_cluster && self.manifests.is_none();
+        if !(explicit || in_pod_by_default) {
+            return Ok(None);
+        }
+        let watch_timeout = self.api_watch_timeout.unwrap_or(Duration::from_secs(290));
+        if watch_timeout < Duration::from_secs(1) {
+            bail!("--api-watch-timeout must be at least 1s");
+        }
+        Ok(Some(ApiSettings {
+            kubeconfig,
+            master,
+            watch_timeout,
+        }))
+    }
+
     /// Merges flags over the configuration file (if any) over defaults. `warn` receives one
     /// line per configuration field that is valid but not applied by weir.
     pub fn settings(&self, warn: &mut dyn FnMut(String)) -> anyhow::Result<Settings> {
@@ -214,6 +289,12 @@ impl ProxyFlags {
                 for k in cfg.other.keys() {
                     warn(format!(
                         "{}: field {k:?} is not applied by weir",
+                        path.display()
+                    ));
+                }
+                for k in cfg.client_connection.iter().flat_map(|c| c.other.keys()) {
+                    warn(format!(
+                        "{}: field \"clientConnection.{k}\" is not applied by weir",
                         path.display()
                     ));
                 }
@@ -307,6 +388,7 @@ impl ProxyFlags {
                 (ProxyMode::Iptables, IpNet::V4(_)) => {}
             }
         }
+        let api = self.api_settings(&file, in_cluster())?;
         let node_name = match self.hostname_override.clone().or(file.hostname_override) {
             Some(n) if !n.trim().is_empty() => n.trim().to_lowercase(),
             _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -326,6 +408,7 @@ impl ProxyFlags {
                 _ => Ok(default.parse().expect("valid default")),
             };
         Ok(Settings {
+            api,
             manifests: self
                 .manifests
                 .clone()
@@ -368,6 +451,7 @@ impl ProxyFlags {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn go_durations() {
@@ -472,6 +556,56 @@ mod tests {
         let e =
             settings_from(flags(ProxyMode::Nftables, &["primary", "10.0.0.0/8"]), "").unwrap_err();
         assert!(e.to_string().contains("primary"), "{e}");
+    }
+
+    #[test]
+    fn the_api_source_is_chosen_as_kube_proxy_finds_its_server() {
+        let none = KubeProxyConfiguration::default();
+        let flags = ProxyFlags::default();
+        assert_eq!(flags.api_settings(&none, false).unwrap(), None);
+        // In a pod without any flag: the in-cluster service account.
+        let api = flags.api_settings(&none, true).unwrap().unwrap();
+        assert_eq!((api.kubeconfig, api.master), (None, None));
+        assert_eq!(api.watch_timeout, Duration::from_secs(290));
+        // ... unless a manifest directory is asked for.
+        let manifests = ProxyFlags {
+            manifests: Some("/m".into()),
+            ..Default::default()
+        };
+        assert_eq!(manifests.api_settings(&none, true).unwrap(), None);
+        let master = ProxyFlags {
+            master: Some("http://127.0.0.1:6443".into()),
+            ..Default::default()
+        };
+        let api = master.api_settings(&none, false).unwrap().unwrap();
+        assert_eq!(api.master.as_deref(), Some("http://127.0.0.1:6443"));
+        let both = ProxyFlags {
+            manifests: Some("/m".into()),
+            ..master
+        };
+        let e = both.api_settings(&none, false).unwrap_err();
+        assert!(e.to_string().contains("choose one"), "{e}");
+    }
+
+    #[test]
+    fn client_connection_kubeconfig_comes_from_the_config_file_and_the_flag_wins() {
+        let yaml = "kind: KubeProxyConfiguration\nclientConnection:\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\n  qps: 5\n";
+        let (s, w) = settings_from(ProxyFlags::default(), yaml).unwrap();
+        let api = s.api.unwrap();
+        assert_eq!(
+            api.kubeconfig.as_deref(),
+            Some(Path::new("/var/lib/kube-proxy/kubeconfig.conf"))
+        );
+        assert!(
+            w.len() == 1 && w[0].contains("clientConnection.qps"),
+            "{w:?}"
+        );
+        let flags = ProxyFlags {
+            kubeconfig: Some("/k".into()),
+            ..Default::default()
+        };
+        let (s, _) = settings_from(flags, yaml).unwrap();
+        assert_eq!(s.api.unwrap().kubeconfig.as_deref(), Some(Path::new("/k")));
     }
 
     #[test]

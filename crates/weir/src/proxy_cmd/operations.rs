@@ -1,17 +1,19 @@
 //! What happens around each sync: health state and servers, metrics, UDP conntrack cleanup.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Instant, SystemTime};
 
 use tracing::{debug, warn};
 use weir_model::Plan;
 use weir_proxy::conntrack::{stale_udp_flows, Conntrack};
+use weir_proxy::health::SourceCheck;
 use weir_proxy::health::{
     health_check_services, HttpRuntime, ProxyHealth, ProxyServers, ServiceHealthServers,
 };
 use weir_proxy::metrics::ProxyMetrics;
 use weir_proxy::{SyncKind, SyncReport};
-use weir_source::{SourceStatus, WatchEvent};
+use weir_source::api::ApiReport;
+use weir_source::WatchEvent;
 
 use super::agent::SyncObserver;
 use super::config::Settings;
@@ -140,9 +142,18 @@ impl SyncObserver for Operations {
         self.health.set_node_eligible(eligible);
     }
 
-    fn source_started(&mut self, status: SourceStatus, stale_after: Duration) {
-        self.health
-            .set_source_check(Box::new(move || status.check(stale_after)));
+    fn source_started(&mut self, check: SourceCheck) {
+        self.health.set_source_check(check);
+    }
+
+    fn api_reporter(&self) -> Box<dyn Fn(&ApiReport) + Send + Sync> {
+        let metrics = self.metrics.clone();
+        Box::new(move |r| match r {
+            ApiReport::Listed { kind, objects } => metrics.source_listed(kind.as_str(), *objects),
+            ApiReport::Objects { kind, objects } => metrics.source_objects(kind.as_str(), *objects),
+            ApiReport::Failed { kind, .. } => metrics.source_watch_restarted(kind.as_str()),
+            ApiReport::Recovered { .. } => {}
+        })
     }
 
     fn source_reporter(&self) -> Box<dyn Fn(&WatchEvent<'_>) + Send> {

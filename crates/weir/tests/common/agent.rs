@@ -24,6 +24,8 @@ pub struct Agent {
     pub args: Vec<String>,
     /// A command the agent is started through (after `ip netns exec`), e.g. `setpriv …`.
     pub wrapper: Vec<String>,
+    /// Pass `--manifests <dir>` (false when the test gives another source, e.g. `--master`).
+    pub use_manifests: bool,
     child: Option<Child>,
     /// The echo server standing in for every pod (see [`Agent::serve_pods`]).
     pods: Option<Child>,
@@ -62,6 +64,7 @@ impl Agent {
             mode,
             args: Vec::new(),
             wrapper: Vec::new(),
+            use_manifests: true,
             child: None,
             pods: None,
         };
@@ -93,12 +96,15 @@ impl Agent {
             .append(true)
             .open(&self.log)
             .unwrap();
+        let source = match self.use_manifests {
+            true => vec!["--manifests".into(), self.manifests()],
+            false => vec![],
+        };
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
             .args(&self.wrapper)
             .args([WEIR, "proxy", "--proxy-mode", self.mode])
-            .arg("--manifests")
-            .arg(self.manifests())
+            .args(source)
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))
             .args([

@@ -1,0 +1,383 @@
+//! HTTP/1.1 serving: routes, list and watch responses (chunked JSON lines), and the faults
+//! a test turns on.
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame};
+use hyper::{Request, Response, StatusCode};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, watch};
+
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::state::{Query, Resource, State, Status};
+
+/// Faults and pacing a test sets.
+#[derive(Debug, Clone)]
+pub struct Faults {
+    /// List requests wait until this is false again.
+    pub hold_lists: bool,
+    /// Every list response is delayed this long.
+    pub list_delay: Duration,
+    /// New watches get their headers and then nothing, not even bookmarks.
+    pub hang_watches: bool,
+    /// How often open watches that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            hold_lists: false,
+            list_delay: Duration::ZERO,
+            hang_watches: false,
+            bookmark_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// What connections share.
+pub struct Shared {
+    pub state: Mutex<State>,
+    /// Bumped (to the new resourceVersion) on every change.
+    pub changed: watch::Sender<u64>,
+    pub faults: watch::Sender<Faults>,
+    /// Bumped to drop every open connection at once (a dropped network, a restart).
+    pub kill: watch::Sender<u64>,
+    /// Every request served: `GET <path>?<query>`.
+    pub requests: Mutex<Vec<String>>,
+}
+
+impl Shared {
+    pub fn new() -> Self {
+        Shared {
+            state: Mutex::new(State::default()),
+            changed: watch::channel(0).0,
+            faults: watch::channel(Faults::default()).0,
+            kill: watch::channel(0).0,
+            requests: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn full(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|e: Infallible| match e {})
+                .boxed_unsync(),
+        )
+        .expect("valid response")
+}
+
+fn status_response(s: &Status) -> Response<Body> {
+    full(
+        StatusCode::from_u16(s.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        s.to_json(),
+    )
+}
+
+/// `%XX` and `+` decoding of a query component.
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(v) => {
+                        out.push(v);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn params(query: Option<&str>) -> Vec<(String, String)> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// The collection and namespace a path names.
+fn route(path: &str) -> Option<(Resource, Option<String>)> {
+    for r in Resource::ALL {
+        if path == r.path(None) {
+            return Some((r, None));
+        }
+        if r.namespaced() {
+            let prefix = r.path(Some("\u{0}"));
+            let (head, tail) = prefix.split_once('\u{0}')?;
+            if let Some(ns) = path.strip_prefix(head).and_then(|p| p.strip_suffix(tail)) {
+                if !ns.is_empty() && !ns.contains('/') {
+                    return Some((r, Some(ns.to_string())));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn version() -> Value {
+    json!({
+        "major": "1", "minor": "37", "gitVersion": "v1.37.0-weir-fakeapi",
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25", "compiler": "gc",
+        "platform": "linux/amd64"
+    })
+}
+
+pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    shared
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(format!("{} {}", req.method(), req.uri()));
+    if req.method() != hyper::Method::GET {
+        return status_response(&Status {
+            code: 405,
+            reason: "MethodNotAllowed",
+            message: "the fake API server serves GET only".into(),
+        });
+    }
+    if path == "/version" {
+        return full(StatusCode::OK, version());
+    }
+    let Some((resource, namespace)) = route(&path) else {
+        return status_response(&Status {
+            code: 404,
+            reason: "NotFound",
+            message: format!("the server could not find the requested resource ({path})"),
+        });
+    };
+    let p = params(req.uri().query());
+    let get = |k: &str| p.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let labels = match LabelSelector::parse(get("labelSelector").unwrap_or("")) {
+        Ok(l) => l,
+        Err(e) => return status_response(&Status::bad_request(e)),
+    };
+    let fields = match FieldSelector::parse(get("fieldSelector").unwrap_or("")) {
+        Ok(f) => f,
+        Err(e) => return status_response(&Status::bad_request(e)),
+    };
+    let query = Query {
+        namespace,
+        labels,
+        fields,
+        limit: get("limit").and_then(|l| l.parse().ok()),
+        continue_token: get("continue")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
+    };
+    if matches!(get("watch"), Some("true" | "1")) {
+        let from = get("resourceVersion").unwrap_or("");
+        let bookmarks = get("allowWatchBookmarks") == Some("true");
+        let timeout = get("timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .map_or(Duration::from_secs(1800), Duration::from_secs);
+        return watch_response(shared, resource, query, from, bookmarks, timeout);
+    }
+    list_response(&shared, resource, &query).await
+}
+
+async fn list_response(shared: &Shared, resource: Resource, q: &Query) -> Response<Body> {
+    let mut faults = shared.faults.subscribe();
+    loop {
+        let (hold, delay) = {
+            let f = faults.borrow_and_update();
+            (f.hold_lists, f.list_delay)
+        };
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if !hold {
+            break;
+        }
+        if faults.changed().await.is_err() {
+            break;
+        }
+    }
+    let result = shared.state().list(resource, q);
+    match result {
+        Ok(list) => full(StatusCode::OK, list),
+        Err(s) => status_response(&s),
+    }
+}
+
+type Chunk = Result<Frame<Bytes>, std::io::Error>;
+
+fn line(v: &Value) -> Chunk {
+    let mut s = v.to_string();
+    s.push('\n');
+    Ok(Frame::data(Bytes::from(s)))
+}
+
+fn event(kind: &str, object: Value) -> Value {
+    json!({ "type": kind, "object": object })
+}
+
+/// A 200 whose chunked body carries the watch's events, one JSON object per line.
+fn watch_response(
+    shared: Arc<Shared>,
+    resource: Resource,
+    q: Query,
+    from: &str,
+    bookmarks: bool,
+    timeout: Duration,
+) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Chunk>(64);
+    let from = from.to_string();
+    tokio::spawn(async move {
+        let _ = stream_watch(&shared, resource, &q, &from, bookmarks, timeout, &tx).await;
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(StreamBody::new(stream).boxed_unsync())
+        .expect("valid response")
+}
+
+/// Feeds one watch until its timeout (a clean end), the client leaves, or the connection is
+/// killed (an abrupt end: the body fails, so the client sees a broken chunked stream).
+async fn stream_watch(
+    shared: &Shared,
+    resource: Resource,
+    q: &Query,
+    from: &str,
+    bookmarks: bool,
+    timeout: Duration,
+    tx: &mpsc::Sender<Chunk>,
+) -> Result<(), mpsc::error::SendError<Chunk>> {
+    let mut kill = shared.kill.subscribe();
+    kill.borrow_and_update();
+    let mut changed = shared.changed.subscribe();
+    let faults = shared.faults.borrow().clone();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let abort = || {
+        Err(std::io::Error::other(
+            "connection dropped by the fake API server",
+        ))
+    };
+    if faults.hang_watches {
+        // Headers went out; nothing else ever does.
+        let _ = kill.changed().await;
+        return tx.send(abort()).await;
+    }
+    let mut at: u64 = match from {
+        "" | "0" => {
+            let (events, rv) = {
+                let s = shared.state();
+                (s.current_as_added(resource, q), s.resource_version())
+            };
+            for (t, o) in events {
+                tx.send(line(&event(t, o))).await?;
+            }
+            rv
+        }
+        rv => match rv.parse() {
+            Ok(rv) => rv,
+            Err(_) => {
+                let s = Status::bad_request(format!("invalid resourceVersion {rv:?}"));
+                return tx.send(line(&event("ERROR", s.to_json()))).await;
+            }
+        },
+    };
+    loop {
+        changed.borrow_and_update();
+        let result = shared.state().events_since(resource, q, at);
+        match result {
+            Ok((events, rv)) => {
+                for (t, o) in events {
+                    tx.send(line(&event(t, o))).await?;
+                }
+                at = rv;
+            }
+            Err(gone) => {
+                // The real API server answers a too-old resourceVersion on a watch with a
+                // 200 and one ERROR event carrying the 410 Status.
+                return tx.send(line(&event("ERROR", gone.to_json()))).await;
+            }
+        }
+        let interval = shared.faults.borrow().bookmark_interval;
+        tokio::select! {
+            _ = changed.changed() => {}
+            _ = tokio::time::sleep(interval), if bookmarks => {
+                let mark = json!({
+                    "kind": resource.kind(),
+                    "apiVersion": resource.api_version(),
+                    "metadata": {
+                        "resourceVersion": at.to_string(),
+                        "annotations": {}
+                    }
+                });
+                tx.send(line(&event("BOOKMARK", mark))).await?;
+            }
+            _ = tokio::time::sleep_until(deadline) => return Ok(()),
+            _ = kill.changed() => return tx.send(abort()).await,
+            _ = tx.closed() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_cluster_wide_and_namespaced_collections() {
+        assert_eq!(route("/api/v1/services"), Some((Resource::Services, None)));
+        assert_eq!(
+            route("/apis/discovery.k8s.io/v1/namespaces/kube-system/endpointslices"),
+            Some((Resource::EndpointSlices, Some("kube-system".into())))
+        );
+        assert_eq!(route("/api/v1/nodes"), Some((Resource::Nodes, None)));
+        assert_eq!(route("/api/v1/namespaces/x/nodes"), None);
+        assert_eq!(route("/api/v1/pods"), None);
+    }
+
+    #[test]
+    fn query_components_are_percent_decoded() {
+        let p = params(Some(
+            "labelSelector=%21service.kubernetes.io%2Fheadless&fieldSelector=spec.clusterIP%21%3DNone&watch=true",
+        ));
+        assert_eq!(p[0].1, "!service.kubernetes.io/headless");
+        assert_eq!(p[1].1, "spec.clusterIP!=None");
+        assert_eq!(decode("a+b%2"), "a b%2");
+    }
+}

@@ -1,0 +1,425 @@
+//! The fake API server's storage: objects with resourceVersions, the change history watches
+//! replay, compaction (watches from before it get `410 Gone`), and consistent paged lists.
+//! Pure: the HTTP side is in `server`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{json, Value};
+
+use crate::selector::{FieldSelector, LabelSelector};
+
+/// The collections the fake serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    Services,
+    EndpointSlices,
+    Nodes,
+}
+
+impl Resource {
+    pub const ALL: [Resource; 3] = [
+        Resource::Services,
+        Resource::EndpointSlices,
+        Resource::Nodes,
+    ];
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            Resource::Services => "Service",
+            Resource::EndpointSlices => "EndpointSlice",
+            Resource::Nodes => "Node",
+        }
+    }
+
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Resource::EndpointSlices => "discovery.k8s.io/v1",
+            _ => "v1",
+        }
+    }
+
+    pub fn namespaced(self) -> bool {
+        self != Resource::Nodes
+    }
+
+    /// The collection's URL path (cluster-wide, or in `namespace`).
+    pub fn path(self, namespace: Option<&str>) -> String {
+        let prefix = match self {
+            Resource::EndpointSlices => "/apis/discovery.k8s.io/v1",
+            _ => "/api/v1",
+        };
+        let plural = match self {
+            Resource::Services => "services",
+            Resource::EndpointSlices => "endpointslices",
+            Resource::Nodes => "nodes",
+        };
+        match namespace {
+            Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}"),
+            None => format!("{prefix}/{plural}"),
+        }
+    }
+
+    pub fn from_kind(kind: &str) -> Option<Resource> {
+        Resource::ALL.into_iter().find(|r| r.kind() == kind)
+    }
+}
+
+/// A `Status` object as the API server sends for errors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Status {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        })
+    }
+
+    pub fn gone(message: impl Into<String>) -> Status {
+        Status {
+            code: 410,
+            reason: "Expired",
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Status {
+        Status {
+            code: 400,
+            reason: "BadRequest",
+            message: message.into(),
+        }
+    }
+}
+
+/// What a list or watch asks for.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub limit: Option<usize>,
+    pub continue_token: Option<String>,
+}
+
+impl Query {
+    fn matches(&self, object: &Value) -> bool {
+        let ns_ok = self.namespace.as_deref().is_none_or(|ns| {
+            object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                == Some(ns)
+        });
+        ns_ok && self.labels.matches(object) && self.fields.matches(object)
+    }
+}
+
+/// One change: the object before (none when created) and after (none when deleted).
+#[derive(Debug, Clone)]
+struct Change {
+    rv: u64,
+    resource: Resource,
+    old: Option<Value>,
+    new: Option<Value>,
+}
+
+type Key = (Resource, String, String);
+
+/// A watch event: its type (`ADDED`, `MODIFIED`, `DELETED`) and object.
+pub type WatchEvent = (&'static str, Value);
+
+#[derive(Debug, Default)]
+pub struct State {
+    rv: u64,
+    uid: u64,
+    objects: BTreeMap<Key, Value>,
+    history: Vec<Change>,
+    /// Watches from a resourceVersion older than this get 410 Gone.
+    compacted: u64,
+    /// Paged lists in progress: a token's snapshot (its resourceVersion and items).
+    pages: HashMap<u64, (u64, Vec<Value>)>,
+    next_page: u64,
+}
+
+fn key_of(resource: Resource, object: &Value) -> Result<Key, String> {
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or("object without metadata.name")?;
+    let ns = if resource.namespaced() {
+        object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+    } else {
+        ""
+    };
+    Ok((resource, ns.to_string(), name.to_string()))
+}
+
+impl State {
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// Creates or replaces an object (its `kind` says which collection); returns its new
+    /// resourceVersion.
+    pub fn apply(&mut self, mut object: Value) -> Result<u64, String> {
+        let kind = object
+            .get("kind")
+            .and_then(Value::as_str)
+            .ok_or("object without kind")?;
+        let resource = Resource::from_kind(kind).ok_or(format!("kind {kind} is not served"))?;
+        let key = key_of(resource, &object)?;
+        self.rv += 1;
+        let old = self.objects.get(&key).cloned();
+        let meta = object
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or("object without metadata")?;
+        if resource.namespaced() {
+            meta.insert("namespace".into(), key.1.clone().into());
+        }
+        meta.insert("resourceVersion".into(), self.rv.to_string().into());
+        let uid = match old.as_ref().and_then(|o| o.pointer("/metadata/uid")) {
+            Some(u) => u.clone(),
+            None => {
+                self.uid += 1;
+                format!("00000000-0000-4000-8000-{:012}", self.uid).into()
+            }
+        };
+        meta.insert("uid".into(), uid);
+        meta.entry("creationTimestamp")
+            .or_insert_with(|| "2026-01-01T00:00:00Z".into());
+        object["apiVersion"] = resource.api_version().into();
+        self.objects.insert(key, object.clone());
+        self.history.push(Change {
+            rv: self.rv,
+            resource,
+            old,
+            new: Some(object),
+        });
+        Ok(self.rv)
+    }
+
+    /// Deletes an object; its resourceVersion of deletion, or `None` if there was none.
+    pub fn delete(&mut self, resource: Resource, namespace: &str, name: &str) -> Option<u64> {
+        let ns = if resource.namespaced() { namespace } else { "" };
+        let old = self
+            .objects
+            .remove(&(resource, ns.to_string(), name.to_string()))?;
+        self.rv += 1;
+        self.history.push(Change {
+            rv: self.rv,
+            resource,
+            old: Some(old),
+            new: None,
+        });
+        Some(self.rv)
+    }
+
+    /// Forgets the history up to now (etcd compaction): a watch that resumes from an older
+    /// resourceVersion gets 410 Gone and must list again.
+    pub fn compact(&mut self) {
+        self.compacted = self.rv;
+        self.history.clear();
+    }
+
+    /// Drops every paged list in progress: their continue tokens get 410 Gone.
+    pub fn expire_continue_tokens(&mut self) {
+        self.pages.clear();
+    }
+
+    /// A list response (`<Kind>List`), paged when `limit` is set.
+    pub fn list(&mut self, resource: Resource, q: &Query) -> Result<Value, Status> {
+        let (rv, items, offset, page) = match &q.continue_token {
+            Some(token) => {
+                let (id, offset) = token
+                    .split_once(':')
+                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<usize>().ok()?)))
+                    .ok_or_else(|| Status::bad_request(format!("invalid continue {token:?}")))?;
+                let (rv, items) = self.pages.get(&id).cloned().ok_or_else(|| {
+                    Status::gone("The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.")
+                })?;
+                (rv, items, offset, Some(id))
+            }
+            None => {
+                let items: Vec<Value> = self
+                    .objects
+                    .iter()
+                    .filter(|((r, _, _), o)| *r == resource && q.matches(o))
+                    .map(|(_, o)| list_item(o))
+                    .collect();
+                (self.rv, items, 0, None)
+            }
+        };
+        let end = q
+            .limit
+            .filter(|l| *l > 0)
+            .map_or(items.len(), |l| (offset + l).min(items.len()));
+        let page_items = items[offset.min(items.len())..end].to_vec();
+        let mut metadata = json!({ "resourceVersion": rv.to_string() });
+        if end < items.len() {
+            let id = page.unwrap_or_else(|| {
+                self.next_page += 1;
+                self.pages.insert(self.next_page, (rv, items.clone()));
+                self.next_page
+            });
+            metadata["continue"] = format!("{id}:{end}").into();
+            metadata["remainingItemCount"] = (items.len() - end).into();
+        } else if let Some(id) = page {
+            self.pages.remove(&id);
+        }
+        Ok(json!({
+            "kind": format!("{}List", resource.kind()),
+            "apiVersion": resource.api_version(),
+            "metadata": metadata,
+            "items": page_items,
+        }))
+    }
+
+    /// The watch events (type, object) after `from` for `q`, and the resourceVersion they
+    /// bring the watcher to; 410 Gone when `from` is older than the compacted history.
+    /// An object that stops (starts) matching the selectors is DELETED (ADDED), as the API
+    /// server does.
+    pub fn events_since(
+        &self,
+        resource: Resource,
+        q: &Query,
+        from: u64,
+    ) -> Result<(Vec<WatchEvent>, u64), Status> {
+        if from < self.compacted {
+            return Err(Status::gone(format!(
+                "too old resource version: {from} ({})",
+                self.compacted
+            )));
+        }
+        let mut out = Vec::new();
+        for c in self
+            .history
+            .iter()
+            .filter(|c| c.rv > from && c.resource == resource)
+        {
+            let was = c.old.as_ref().filter(|o| q.matches(o));
+            let is = c.new.as_ref().filter(|o| q.matches(o));
+            let event = match (was, is) {
+                (None, Some(n)) => ("ADDED", n.clone()),
+                (Some(_), Some(n)) => ("MODIFIED", n.clone()),
+                (Some(o), None) => {
+                    let mut o = c.new.clone().unwrap_or_else(|| o.clone());
+                    o["metadata"]["resourceVersion"] = c.rv.to_string().into();
+                    ("DELETED", o)
+                }
+                (None, None) => continue,
+            };
+            out.push((event.0, with_type(resource, event.1)));
+        }
+        Ok((out, self.rv))
+    }
+
+    /// Every current object of `q` as ADDED events (a watch from resourceVersion "0" or "").
+    pub fn current_as_added(&self, resource: Resource, q: &Query) -> Vec<WatchEvent> {
+        self.objects
+            .iter()
+            .filter(|((r, _, _), o)| *r == resource && q.matches(o))
+            .map(|(_, o)| ("ADDED", with_type(resource, o.clone())))
+            .collect()
+    }
+}
+
+/// Items of a typed list carry no kind/apiVersion (as the real API server sends them).
+fn list_item(o: &Value) -> Value {
+    let mut o = o.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("kind");
+        m.remove("apiVersion");
+    }
+    o
+}
+
+/// Watch event objects carry kind and apiVersion.
+fn with_type(resource: Resource, mut o: Value) -> Value {
+    o["kind"] = resource.kind().into();
+    o["apiVersion"] = resource.api_version().into();
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(name: &str, ip: &str) -> Value {
+        json!({"kind": "Service", "apiVersion": "v1",
+               "metadata": {"name": name, "namespace": "ns"},
+               "spec": {"clusterIP": ip}})
+    }
+
+    #[test]
+    fn paged_lists_are_consistent_and_expire_with_410() {
+        let mut s = State::default();
+        for i in 0..5 {
+            s.apply(svc(&format!("s{i}"), "10.96.0.1")).unwrap();
+        }
+        let q = |limit, cont: Option<&str>| Query {
+            limit: Some(limit),
+            continue_token: cont.map(str::to_string),
+            ..Query::default()
+        };
+        let first = s.list(Resource::Services, &q(2, None)).unwrap();
+        assert_eq!(first["items"].as_array().unwrap().len(), 2);
+        assert!(first["items"][0].get("kind").is_none());
+        assert_eq!(first["metadata"]["resourceVersion"], "5");
+        let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+        // A change after the first page does not show in later pages.
+        s.delete(Resource::Services, "ns", "s4");
+        let second = s.list(Resource::Services, &q(10, Some(&token))).unwrap();
+        assert_eq!(second["items"].as_array().unwrap().len(), 3);
+        assert_eq!(second["metadata"]["resourceVersion"], "5");
+        assert!(second["metadata"].get("continue").is_none());
+
+        let first = s.list(Resource::Services, &q(2, None)).unwrap();
+        let token = first["metadata"]["continue"].as_str().unwrap().to_string();
+        s.expire_continue_tokens();
+        let gone = s.list(Resource::Services, &q(2, Some(&token))).unwrap_err();
+        assert_eq!((gone.code, gone.reason), (410, "Expired"));
+    }
+
+    #[test]
+    fn watch_replays_history_applies_selectors_and_expires_after_compaction() {
+        let mut s = State::default();
+        s.apply(svc("a", "10.96.0.1")).unwrap();
+        s.apply(svc("h", "None")).unwrap();
+        let q = Query {
+            fields: FieldSelector::parse("spec.clusterIP!=None").unwrap(),
+            ..Query::default()
+        };
+        let (ev, rv) = s.events_since(Resource::Services, &q, 0).unwrap();
+        assert_eq!(rv, 2);
+        assert_eq!(ev.len(), 1, "the headless one is filtered: {ev:?}");
+        assert_eq!(ev[0].0, "ADDED");
+        assert_eq!(ev[0].1["kind"], "Service");
+        s.apply(svc("a", "None")).unwrap();
+        s.apply(svc("h", "10.96.0.8")).unwrap();
+        s.delete(Resource::Services, "ns", "h");
+        let (ev, _) = s.events_since(Resource::Services, &q, 2).unwrap();
+        let types: Vec<&str> = ev.iter().map(|e| e.0).collect();
+        assert_eq!(types, ["DELETED", "ADDED", "DELETED"]);
+        assert_eq!(ev[2].1["metadata"]["resourceVersion"], "5");
+        s.compact();
+        let gone = s.events_since(Resource::Services, &q, 2).unwrap_err();
+        assert_eq!(gone.code, 410);
+        assert!(s.events_since(Resource::Services, &q, 5).is_ok());
+    }
+}

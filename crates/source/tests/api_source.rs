@@ -1,0 +1,394 @@
+//! The Kubernetes API source (kube-rs) against weir's fake API server: lists, watches,
+//! selectors, pagination, 410 Gone, restarts and staleness, without root.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use weir_fakeapi::FakeApi;
+use weir_source::api::{start_api_source, ApiOptions, ApiReport, ApiSource};
+use weir_source::{Event, Kind, Object};
+
+const WORLD: &str = "
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other-proxy, namespace: shop, labels: {service.kubernetes.io/service-proxy-name: foo}}
+spec: {clusterIP: 10.96.0.11, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: headless, namespace: shop}
+spec: {clusterIP: None, ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [10.244.0.5]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: headless-1, namespace: shop, labels: {kubernetes.io/service-name: headless, service.kubernetes.io/headless: ''}}
+addressType: IPv4
+endpoints: [{addresses: [10.244.0.6]}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b}
+";
+
+fn server() -> FakeApi {
+    let api = FakeApi::start(None, "127.0.0.1:0".parse().unwrap()).unwrap();
+    api.set_faults(|f| f.bookmark_interval = Duration::from_millis(200));
+    api
+}
+
+fn options(api: &FakeApi) -> ApiOptions {
+    ApiOptions {
+        master: Some(api.url()),
+        node_name: Some("node-a".into()),
+        backoff_min: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(400),
+        stale_after: Duration::from_millis(500),
+        ..ApiOptions::default()
+    }
+}
+
+struct Running {
+    source: ApiSource,
+    events: mpsc::Receiver<Event>,
+    reports: mpsc::Receiver<ApiReport>,
+}
+
+fn start(api: &FakeApi) -> Running {
+    start_with(options(api))
+}
+
+fn start_with(opts: ApiOptions) -> Running {
+    let (tx, events) = mpsc::channel();
+    let (rtx, reports) = mpsc::channel();
+    let rtx = std::sync::Mutex::new(rtx);
+    let source = start_api_source(opts, tx, move |r| {
+        let _ = rtx.lock().unwrap().send(r.clone());
+    })
+    .unwrap();
+    Running {
+        source,
+        events,
+        reports,
+    }
+}
+
+fn names(list: &[Object]) -> Vec<String> {
+    let mut n: Vec<String> = list.iter().map(|o| o.key().to_string()).collect();
+    n.sort();
+    n
+}
+
+/// The next event matching `f`, within 10 s.
+fn next_event(r: &Running, what: &str, f: impl Fn(&Event) -> bool) -> Event {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match r.events.recv_timeout(left) {
+            Ok(ev) if f(&ev) => return ev,
+            Ok(_) => {}
+            Err(_) => panic!("no {what} within 10s"),
+        }
+    }
+}
+
+fn listed(r: &Running, kind: Kind) -> Vec<Object> {
+    match next_event(
+        r,
+        &format!("list of {kind:?}"),
+        |e| matches!(e, Event::Listed(k, _) if *k == kind),
+    ) {
+        Event::Listed(_, l) => l,
+        _ => unreachable!(),
+    }
+}
+
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn initial_lists_honour_kube_proxys_selectors_and_then_changes_stream() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    let r = start(&api);
+    let mut lists = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        match next_event(&r, "a list", |e| matches!(e, Event::Listed(..))) {
+            Event::Listed(k, l) => lists.insert(k, names(&l)),
+            _ => unreachable!(),
+        };
+    }
+    assert_eq!(lists[&Kind::Service], ["Service/shop/web"]);
+    assert_eq!(lists[&Kind::EndpointSlice], ["EndpointSlice/shop/web-1"]);
+    assert_eq!(lists[&Kind::Node], ["Node/node-a"], "only this node");
+    wait_until("ready", || r.source.status().ready());
+    assert_eq!(r.source.status().check(), Ok(()));
+    let reqs = api.requests();
+    assert!(
+        reqs.iter().any(|q| q.contains("/api/v1/services?")
+            && q.contains("labelSelector=%21service.kubernetes.io%2Fservice-proxy-name")
+            && q.contains("fieldSelector=spec.clusterIP%21%3DNone")),
+        "{reqs:#?}"
+    );
+
+    // Changes arrive as single events once the watches run.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: new, namespace: shop}\n\
+         spec: {clusterIP: 10.96.0.12, ports: [{port: 81}]}\n",
+    )
+    .unwrap();
+    let ev = next_event(&r, "the new service", |e| matches!(e, Event::Applied(_)));
+    let Event::Applied(o) = ev else {
+        unreachable!()
+    };
+    assert_eq!(o.key().to_string(), "Service/shop/new");
+    assert!(api.delete("EndpointSlice", "shop", "web-1"));
+    let ev = next_event(&r, "the deletion", |e| matches!(e, Event::Deleted(_)));
+    assert_eq!(
+        ev,
+        Event::Deleted(weir_source::ObjectKey::new(
+            Kind::EndpointSlice,
+            "shop",
+            "web-1"
+        ))
+    );
+    // A service that becomes headless leaves the selection: a deletion, as the API server
+    // sends it.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: new, namespace: shop}\n\
+         spec: {clusterIP: None, ports: [{port: 81}]}\n",
+    )
+    .unwrap();
+    next_event(
+        &r,
+        "the now headless service's deletion",
+        |e| matches!(e, Event::Deleted(k) if k.name == "new"),
+    );
+    wait_until("the object count report", || {
+        r.reports.try_iter().any(|rep| {
+            rep == ApiReport::Objects {
+                kind: Kind::EndpointSlice,
+                objects: 0,
+            }
+        })
+    });
+}
+
+#[test]
+fn a_large_list_arrives_in_pages_as_one_complete_list() {
+    let api = server();
+    let mut yaml = String::new();
+    for i in 0..1203 {
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: big}}\n\
+             spec: {{clusterIP: 10.96.{}.{}, ports: [{{port: 80}}]}}\n",
+            i / 250,
+            i % 250 + 1
+        ));
+    }
+    api.apply_yaml(&yaml).unwrap();
+    let r = start(&api);
+    assert_eq!(listed(&r, Kind::Service).len(), 1203);
+    let pages = api
+        .requests()
+        .iter()
+        .filter(|q| q.starts_with("GET /api/v1/services?") && !q.contains("watch=true"))
+        .count();
+    assert_eq!(pages, 3, "kube-rs pages by 500: {:#?}", api.requests());
+}
+
+#[test]
+fn no_view_until_every_initial_list_is_complete() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    api.set_faults(|f| f.hold_lists = true);
+    let r = start(&api);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(r.events.try_recv().is_err(), "nothing before the lists");
+    assert!(!r.source.status().ready());
+    let why = r.source.status().check().unwrap_err();
+    assert!(why.contains("initial list"), "{why}");
+    api.set_faults(|f| f.hold_lists = false);
+    wait_until("ready", || r.source.status().ready());
+}
+
+#[test]
+fn a_dropped_watch_and_a_restarted_server_resume_without_a_relist() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    let r = start(&api);
+    wait_until("ready", || r.source.status().ready());
+    let lists_before = api
+        .requests()
+        .iter()
+        .filter(|q| !q.contains("watch=true") && !q.contains("/version"))
+        .count();
+    api.drop_connections();
+    api.apply_yaml("apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {seen: once}}\n")
+        .unwrap();
+    next_event(
+        &r,
+        "the change after a dropped watch",
+        |e| matches!(e, Event::Applied(o) if o.key().name == "node-a"),
+    );
+    let before_restart = api.requests().len();
+    api.restart().unwrap();
+    assert!(api.delete("Node", "", "node-a"));
+    next_event(
+        &r,
+        "the deletion after a restart",
+        |e| matches!(e, Event::Deleted(k) if k.name == "node-a"),
+    );
+    // Every kind watches again, from where it was (a resourceVersion, not a new list).
+    wait_until("every kind's watch resumed", || {
+        let since = api.requests().split_off(before_restart);
+        ["/api/v1/services?", "/endpointslices?", "/api/v1/nodes?"]
+            .iter()
+            .all(|p| {
+                since
+                    .iter()
+                    .any(|q| q.contains(p) && q.contains("watch=true"))
+            })
+    });
+    let lists_after = api
+        .requests()
+        .iter()
+        .filter(|q| !q.contains("watch=true") && !q.contains("/version"))
+        .count();
+    assert_eq!(lists_before, lists_after, "resumed, not listed again");
+}
+
+#[test]
+fn an_expired_resource_version_relists_and_applies_deletions_missed_in_the_gap() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    let r = start(&api);
+    for k in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
+        listed(&r, k);
+    }
+    api.stop();
+    // While weir cannot see it: web goes, another comes, and etcd compacts the history.
+    assert!(api.delete("Service", "shop", "web"));
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: shop}\n\
+         spec: {clusterIP: 10.96.0.20, ports: [{port: 443}]}\n",
+    )
+    .unwrap();
+    api.compact();
+    api.restart().unwrap();
+    let relisted = listed(&r, Kind::Service);
+    assert_eq!(names(&relisted), ["Service/shop/api"]);
+    // The watch was told 410 Gone (a failure report naming it), hence the list.
+    let failures: Vec<String> = r
+        .reports
+        .try_iter()
+        .filter_map(|x| match x {
+            ApiReport::Failed {
+                kind: Kind::Service,
+                error,
+                ..
+            } => Some(error),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        failures
+            .iter()
+            .any(|e| e.contains("too old resource version")),
+        "{failures:?}"
+    );
+}
+
+#[test]
+fn an_unreachable_server_is_stale_after_the_grace_and_recovers() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    let r = start(&api);
+    wait_until("ready", || r.source.status().ready());
+    api.stop();
+    wait_until("stale", || {
+        r.source
+            .status()
+            .check()
+            .is_err_and(|e| e.contains("stale"))
+    });
+    assert!(r.source.status().ready(), "the last view stands");
+    api.restart().unwrap();
+    wait_until("recovered", || r.source.status().check().is_ok());
+}
+
+#[test]
+fn a_bad_kubeconfig_is_a_clear_error_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, "clusters: [oops").unwrap();
+    let (tx, _rx) = mpsc::channel::<Event>();
+    let err = start_api_source(
+        ApiOptions {
+            kubeconfig: Some(path.clone()),
+            ..ApiOptions::default()
+        },
+        tx,
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    let (tx, _rx) = mpsc::channel::<Event>();
+    let err = start_api_source(
+        ApiOptions {
+            master: Some("not a url".into()),
+            ..ApiOptions::default()
+        },
+        tx,
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("--master"), "{err}");
+}
+
+/// A kubeconfig pointing at the fake server works like --master.
+#[test]
+fn a_kubeconfig_file_names_the_server() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: '{}'}}}}]\n\
+             users: [{{name: u, user: {{token: abc}}}}]\n\
+             contexts: [{{name: x, context: {{cluster: c, user: u}}}}]\ncurrent-context: x\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+    let r = start_with(ApiOptions {
+        kubeconfig: Some(path),
+        master: None,
+        ..options(&api)
+    });
+    wait_until("ready", || r.source.status().ready());
+}
