@@ -32,3 +32,5 @@
 //! Modules:
 //! * [`netlink`]: IPVS over generic netlink (encoders pure and byte-tested, plus a client).
 pub mod netlink;
+pub mod render;
+pub mod diff;
