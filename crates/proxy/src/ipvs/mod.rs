@@ -34,3 +34,6 @@
 pub mod netlink;
 pub mod render;
 pub mod diff;
+mod apply;
+pub use apply::{conn_reuse_mode, node_port_ips, IpvsBackend};
+pub use render::{check_scheduler, IpvsOptions, SCHEDULERS};
