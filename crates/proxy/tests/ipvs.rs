@@ -26,7 +26,8 @@ fn dump(d: &Desired, family: IpFamily) -> String {
         "# kube-ipvs0\n{}\n# ipvsadm -Sn\n{}# ipset restore\n{}{}",
         addrs.join("\n"),
         ipvsadm_save(&d.services),
-        ipset_full(&d.ipsets, family).replace(&format!("weir-{}-", std::process::id()), "weir-tmp-"),
+        ipset_full(&d.ipsets, family)
+            .replace(&format!("weir-{}-", std::process::id()), "weir-tmp-"),
         d.iptables
     )
 }
@@ -71,8 +72,14 @@ fn traffic_policies_and_affinity_follow_kube_proxy() {
     let save = ipvsadm_save(&d.services);
     // externalTrafficPolicy Local with no endpoint on this node: the NodePort and
     // externalIP virtual servers have no real server (IPVS rejects), the cluster IP does.
-    assert!(save.contains(&format!("-A -t {NODE}:30081 -s sh\n-A")), "{save}");
-    assert!(save.contains("-a -t 10.96.2.2:80 -r 10.244.1.11:8080 -m -w 1"), "{save}");
+    assert!(
+        save.contains(&format!("-A -t {NODE}:30081 -s sh\n-A")),
+        "{save}"
+    );
+    assert!(
+        save.contains("-a -t 10.96.2.2:80 -r 10.244.1.11:8080 -m -w 1"),
+        "{save}"
+    );
     let np_local = &d.ipsets["KUBE-NODE-PORT-LOCAL-TCP"].entries;
     assert!(np_local.contains("30081"), "{np_local:?}");
     let ext_local = &d.ipsets["KUBE-EXTERNAL-IP-LOCAL"].entries;
@@ -96,6 +103,8 @@ fn an_endpoint_change_updates_only_its_entries() {
     let v2 = rendered(&load("v2"), IpFamily::V4, &IpvsOptions::default());
     let script = ipset_update(&v1.ipsets, &v2.ipsets);
     golden("ipvs-v1-to-v2-ipset.txt", &script);
-    assert!(script.lines().all(|l| l.starts_with("add ") || l.starts_with("del ")));
+    assert!(script
+        .lines()
+        .all(|l| l.starts_with("add ") || l.starts_with("del ")));
     assert!(ipset_update(&v2.ipsets, &v2.ipsets).is_empty());
 }

@@ -58,7 +58,13 @@ impl IpvsBackend {
             ensure_sysctls(&self.opts)?;
         }
         let mut ipvs = Ipvs::open()?;
-        if full && (self.opts.tcp_timeout, self.opts.tcp_fin_timeout, self.opts.udp_timeout) != (0, 0, 0) {
+        if full
+            && (
+                self.opts.tcp_timeout,
+                self.opts.tcp_fin_timeout,
+                self.opts.udp_timeout,
+            ) != (0, 0, 0)
+        {
             ipvs.send_payload(set_timeouts(
                 self.opts.tcp_timeout,
                 self.opts.tcp_fin_timeout,
@@ -105,17 +111,31 @@ impl IpvsBackend {
             // and those with real servers still draining.
             let mut look: BTreeSet<ServiceKey> = BTreeSet::new();
             match &old {
-                None => look.extend(observed_keys.iter().map(|(k, _)| *k).filter(|k| k.family() == family)),
+                None => look.extend(
+                    observed_keys
+                        .iter()
+                        .map(|(k, _)| *k)
+                        .filter(|k| k.family() == family),
+                ),
                 Some(o) => {
                     for (k, vs) in &desired.services {
                         if o.services.get(k) != Some(vs) {
                             look.insert(*k);
                         }
                     }
-                    look.extend(o.services.keys().filter(|k| !desired.services.contains_key(k)));
+                    look.extend(
+                        o.services
+                            .keys()
+                            .filter(|k| !desired.services.contains_key(k)),
+                    );
                 }
             }
-            look.extend(self.draining.keys().map(|(k, _, _)| *k).filter(|k| k.family() == family));
+            look.extend(
+                self.draining
+                    .keys()
+                    .map(|(k, _, _)| *k)
+                    .filter(|k| k.family() == family),
+            );
             let mut observed = BTreeMap::new();
             for (k, spec) in observed_keys.iter().filter(|(k, _)| look.contains(k)) {
                 let real_servers = ipvs
@@ -141,7 +161,9 @@ impl IpvsBackend {
                 .unwrap_or_default();
             // Weir's virtual servers: on its dummy, on a node address, or ones it made.
             let owned = |k: &ServiceKey| {
-                dummy_addrs.contains(&k.addr) || node_addrs.contains(&k.addr) || previous.contains(&k.addr)
+                dummy_addrs.contains(&k.addr)
+                    || node_addrs.contains(&k.addr)
+                    || previous.contains(&k.addr)
             };
             let reqs = requests(
                 &wanted,
@@ -154,14 +176,17 @@ impl IpvsBackend {
             let changed: BTreeSet<ServiceKey> = reqs.iter().map(request_key).collect();
             touched += changed.len();
             for r in &reqs {
-                ipvs.request(r).map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
+                ipvs.request(r)
+                    .map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
             }
             all_addresses.extend(desired.addresses.iter().copied());
-            kinds.push(match (&old, reqs.is_empty() && old.as_ref() == Some(&desired)) {
-                (None, _) => SyncKind::Full,
-                (Some(_), true) => SyncKind::Noop,
-                (Some(_), false) => SyncKind::Partial,
-            });
+            kinds.push(
+                match (&old, reqs.is_empty() && old.as_ref() == Some(&desired)) {
+                    (None, _) => SyncKind::Full,
+                    (Some(_), true) => SyncKind::Noop,
+                    (Some(_), false) => SyncKind::Partial,
+                },
+            );
             self.applied.insert(family, desired);
         }
         // Addresses last: a VIP appears once its virtual server exists, and goes after it.
@@ -219,7 +244,7 @@ pub fn conn_reuse_mode(release: &str) -> Option<&'static str> {
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|p| p.parse::<u32>().ok());
     let v = (it.next()?, it.next().unwrap_or(0));
-    (v >= (4, 1) && v < (5, 9)).then_some("0")
+    ((4, 1)..(5, 9)).contains(&v).then_some("0")
 }
 
 fn ensure_sysctls(_opts: &IpvsOptions) -> Result<()> {
@@ -255,10 +280,20 @@ fn ensure_dummy(rtnl: &mut Rtnl) -> Result<u32> {
     Ok(rtnl.require_link(DUMMY)?.index)
 }
 
+/// Inserts the missing jumps. One `iptables-save` per table tells which exist (a process
+/// start per rule, as `iptables -C` would need, costs seconds on a slow machine).
 fn ensure_jumps(family: IpFamily) -> Result<()> {
+    let mut saved: BTreeMap<Table, String> = BTreeMap::new();
     for (table, chain, comment, target) in JUMPS.iter().rev() {
-        let args = ["-m", "comment", "--comment", comment, "-j", target];
-        if !tools::has_rule(family, *table, chain, &args)? {
+        let text = match saved.get(table) {
+            Some(t) => t,
+            None => saved
+                .entry(*table)
+                .or_insert(tools::save(family, Some(*table))?),
+        };
+        let line = format!("-A {chain} -m comment --comment \"{comment}\" -j {target}");
+        if !text.lines().any(|l| l.trim_end() == line) {
+            let args = ["-m", "comment", "--comment", comment, "-j", target];
             tools::insert_rule(family, *table, chain, &args)?;
         }
     }
@@ -276,7 +311,11 @@ fn run_tool(bin: &str, args: &[&str], stdin: &str) -> Result<()> {
             tool: bin.into(),
             detail: format!("cannot start: {e}"),
         })?;
-    child.stdin.take().expect("piped").write_all(stdin.as_bytes())?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(stdin.as_bytes())?;
     let out = child.wait_with_output()?;
     if out.status.success() {
         Ok(())
@@ -357,14 +396,21 @@ impl Backend for IpvsBackend {
         let mut rtnl = Rtnl::new()?;
         let dummy = rtnl.link_by_name(DUMMY)?;
         let dummy_addrs: BTreeSet<IpAddr> = match &dummy {
-            Some(l) => rtnl.addrs(Some(l.index))?.iter().map(|a| a.net.addr()).collect(),
+            Some(l) => rtnl
+                .addrs(Some(l.index))?
+                .iter()
+                .map(|a| a.net.addr())
+                .collect(),
             None => BTreeSet::new(),
         };
         // No IPVS in the kernel: no virtual servers to remove.
         if let Ok(mut ipvs) = Ipvs::open() {
             let node: BTreeSet<IpAddr> = rtnl.addrs(None)?.iter().map(|a| a.net.addr()).collect();
             for (k, _) in ipvs.services().map_err(|e| Error::Netlink(e.to_string()))? {
-                if dummy_addrs.contains(&k.addr) || previous.contains(&k.addr) || node.contains(&k.addr) {
+                if dummy_addrs.contains(&k.addr)
+                    || previous.contains(&k.addr)
+                    || node.contains(&k.addr)
+                {
                     ipvs.request(&Request::DelService(k))
                         .map_err(|e| Error::Netlink(format!("IPVS delete {k}: {e}")))?;
                 }
@@ -378,7 +424,9 @@ impl Backend for IpvsBackend {
                 let args = ["-m", "comment", "--comment", comment, "-j", target];
                 while tools::delete_rule(family, *table, chain, &args) {}
             }
-            let Ok(saved) = tools::save(family, None) else { continue };
+            let Ok(saved) = tools::save(family, None) else {
+                continue;
+            };
             let present = tools::chains_in_save(&saved);
             let mut r = Restore::default();
             let mut any = false;
@@ -435,10 +483,16 @@ mod tests {
 
     #[test]
     fn node_ports_skip_loopback_link_local_and_the_other_family() {
-        let local: Vec<IpAddr> = ["127.0.0.1", "10.0.0.5", "fe80::1", "2001:db8::5", "10.0.0.5"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
+        let local: Vec<IpAddr> = [
+            "127.0.0.1",
+            "10.0.0.5",
+            "fe80::1",
+            "2001:db8::5",
+            "10.0.0.5",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
         let v4 = node_port_ips(&NodePortAddresses::AllLocal, &local, IpFamily::V4);
         assert_eq!(v4, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
         let v6 = node_port_ips(&NodePortAddresses::AllLocal, &local, IpFamily::V6);

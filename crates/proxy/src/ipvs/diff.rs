@@ -87,7 +87,10 @@ pub fn requests(
         }
     }
     out.extend(deletes);
-    for key in observed.keys().filter(|k| !desired.contains_key(k) && owned(k)) {
+    for key in observed
+        .keys()
+        .filter(|k| !desired.contains_key(k) && owned(k))
+    {
         out.push(Request::DelService(*key));
         draining.retain(|(k, _, _), _| k != key);
     }
@@ -196,7 +199,14 @@ mod tests {
         let desired = BTreeMap::new();
         let observed = BTreeMap::from([(key(80), obs(&[])), (key(81), obs(&[]))]);
         let mut d = Draining::new();
-        let r = requests(&desired, &observed, |k| k.port == 80, &mut d, Instant::now(), T);
+        let r = requests(
+            &desired,
+            &observed,
+            |k| k.port == 80,
+            &mut d,
+            Instant::now(),
+            T,
+        );
         assert_eq!(r, vec![Request::DelService(key(80))]);
     }
 }

@@ -31,9 +31,9 @@
 //!
 //! Modules:
 //! * [`netlink`]: IPVS over generic netlink (encoders pure and byte-tested, plus a client).
+mod apply;
+pub mod diff;
 pub mod netlink;
 pub mod render;
-pub mod diff;
-mod apply;
 pub use apply::{conn_reuse_mode, node_port_ips, IpvsBackend};
 pub use render::{check_scheduler, IpvsOptions, SCHEDULERS};

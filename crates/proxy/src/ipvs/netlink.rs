@@ -263,9 +263,18 @@ impl Request {
             Request::NewService(k, s) => (CMD_NEW_SERVICE, service_attr(k, Some(s))),
             Request::SetService(k, s) => (CMD_SET_SERVICE, service_attr(k, Some(s))),
             Request::DelService(k) => (CMD_DEL_SERVICE, service_attr(k, None)),
-            Request::NewDest(k, r) => (CMD_NEW_DEST, [service_attr(k, None), dest_attr(r, true)].concat()),
-            Request::SetDest(k, r) => (CMD_SET_DEST, [service_attr(k, None), dest_attr(r, true)].concat()),
-            Request::DelDest(k, r) => (CMD_DEL_DEST, [service_attr(k, None), dest_attr(r, false)].concat()),
+            Request::NewDest(k, r) => (
+                CMD_NEW_DEST,
+                [service_attr(k, None), dest_attr(r, true)].concat(),
+            ),
+            Request::SetDest(k, r) => (
+                CMD_SET_DEST,
+                [service_attr(k, None), dest_attr(r, true)].concat(),
+            ),
+            Request::DelDest(k, r) => (
+                CMD_DEL_DEST,
+                [service_attr(k, None), dest_attr(r, false)].concat(),
+            ),
         };
         IpvsPayload { cmd, attrs }
     }
@@ -285,12 +294,10 @@ pub fn set_timeouts(tcp: u32, tcp_fin: u32, udp: u32) -> IpvsPayload {
 }
 
 fn attrs(buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    NlasIterator::new(buf)
-        .filter_map(|n| n.ok())
-        .map(|n| {
-            let (kind, len) = (n.kind() & 0x3fff, n.length() as usize);
-            (kind, &n.into_inner()[4..len])
-        })
+    NlasIterator::new(buf).filter_map(|n| n.ok()).map(|n| {
+        let (kind, len) = (n.kind() & 0x3fff, n.length() as usize);
+        (kind, &n.into_inner()[4..len])
+    })
 }
 
 fn u16_ne(v: &[u8]) -> Option<u16> {
@@ -410,12 +417,17 @@ impl Ipvs {
             cmd: GenlCtrlCmd::GetFamily,
             nlas: vec![GenlCtrlAttrs::FamilyName("IPVS".into())],
         };
-        me.exchange(GenlMessage::from_payload(ctrl), libc::GENL_ID_CTRL as u16, 0, |p| {
-            // CTRL_ATTR_FAMILY_ID (1), a u16.
-            if let Some((_, v)) = attrs(p).find(|(k, _)| *k == 1) {
-                id = u16_ne(v);
-            }
-        })
+        me.exchange(
+            GenlMessage::from_payload(ctrl),
+            libc::GENL_ID_CTRL as u16,
+            0,
+            |p| {
+                // CTRL_ATTR_FAMILY_ID (1), a u16.
+                if let Some((_, v)) = attrs(p).find(|(k, _)| *k == 1) {
+                    id = u16_ne(v);
+                }
+            },
+        )
         .map_err(|e| {
             Error::Netlink(format!(
                 "IPVS generic netlink family: {e} (is the ip_vs module loaded?)"
@@ -431,7 +443,12 @@ impl Ipvs {
     }
 
     pub fn send_payload(&mut self, p: IpvsPayload) -> io::Result<()> {
-        self.exchange(GenlMessage::from_payload(p), self.family_id, NLM_F_ACK, |_| {})
+        self.exchange(
+            GenlMessage::from_payload(p),
+            self.family_id,
+            NLM_F_ACK,
+            |_| {},
+        )
     }
 
     /// Every virtual server (fwmark ones left out).
@@ -441,9 +458,14 @@ impl Ipvs {
             cmd: CMD_GET_SERVICE,
             attrs: vec![],
         };
-        self.exchange(GenlMessage::from_payload(p), self.family_id, NLM_F_DUMP, |b| {
-            out.extend(parse_service(b));
-        })?;
+        self.exchange(
+            GenlMessage::from_payload(p),
+            self.family_id,
+            NLM_F_DUMP,
+            |b| {
+                out.extend(parse_service(b));
+            },
+        )?;
         Ok(out)
     }
 
@@ -455,9 +477,14 @@ impl Ipvs {
             attrs: service_attr(key, None),
         };
         let family = key.family();
-        self.exchange(GenlMessage::from_payload(p), self.family_id, NLM_F_DUMP, |b| {
-            out.extend(parse_dest(b, family));
-        })?;
+        self.exchange(
+            GenlMessage::from_payload(p),
+            self.family_id,
+            NLM_F_DUMP,
+            |b| {
+                out.extend(parse_dest(b, family));
+            },
+        )?;
         Ok(out)
     }
 

@@ -11,7 +11,9 @@ use super::netlink::{RealServer, ServiceKey, ServiceSpec};
 use crate::iptables::Table;
 
 /// kube-proxy's `--ipvs-scheduler` values (`ip_vs_<name>` kernel modules).
-pub const SCHEDULERS: &[&str] = &["rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"];
+pub const SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
+];
 
 /// The dummy link holding the service addresses.
 pub const DUMMY: &str = "kube-ipvs0";
@@ -107,22 +109,86 @@ pub const IPVS_IPS: &str = "KUBE-IPVS-IPS";
 
 /// Every set: name, type, comment (kube-proxy's `ipsetInfo`).
 const SETS: &[(&str, &str, &str)] = &[
-    (LOOP_BACK, "hash:ip,port,ip", "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
-    (CLUSTER_IP, "hash:ip,port", "Kubernetes service cluster ip + port for masquerade purpose"),
-    (EXTERNAL_IP, "hash:ip,port", "Kubernetes service external ip + port for masquerade and filter purpose"),
-    (EXTERNAL_IP_LOCAL, "hash:ip,port", "Kubernetes service external ip + port with externalTrafficPolicy=local"),
-    (LOAD_BALANCER, "hash:ip,port", "Kubernetes service lb portal"),
-    (LOAD_BALANCER_FW, "hash:ip,port", "Kubernetes service load balancer ip + port for load balancer with sourceRange"),
-    (LOAD_BALANCER_LOCAL, "hash:ip,port", "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"),
-    (LOAD_BALANCER_SOURCE_IP, "hash:ip,port,ip", "Kubernetes service load balancer ip + port + source IP for packet filter purpose"),
-    (LOAD_BALANCER_SOURCE_CIDR, "hash:ip,port,net", "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"),
-    (NODE_PORT_TCP, "bitmap:port", "Kubernetes nodeport TCP port for masquerade purpose"),
-    (NODE_PORT_LOCAL_TCP, "bitmap:port", "Kubernetes nodeport TCP port with externalTrafficPolicy=local"),
-    (NODE_PORT_UDP, "bitmap:port", "Kubernetes nodeport UDP port for masquerade purpose"),
-    (NODE_PORT_LOCAL_UDP, "bitmap:port", "Kubernetes nodeport UDP port with externalTrafficPolicy=local"),
-    (NODE_PORT_SCTP, "hash:ip,port", "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"),
-    (NODE_PORT_LOCAL_SCTP, "hash:ip,port", "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'"),
-    (HEALTH_CHECK_NODE_PORT, "bitmap:port", "Kubernetes health check node port"),
+    (
+        LOOP_BACK,
+        "hash:ip,port,ip",
+        "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose",
+    ),
+    (
+        CLUSTER_IP,
+        "hash:ip,port",
+        "Kubernetes service cluster ip + port for masquerade purpose",
+    ),
+    (
+        EXTERNAL_IP,
+        "hash:ip,port",
+        "Kubernetes service external ip + port for masquerade and filter purpose",
+    ),
+    (
+        EXTERNAL_IP_LOCAL,
+        "hash:ip,port",
+        "Kubernetes service external ip + port with externalTrafficPolicy=local",
+    ),
+    (
+        LOAD_BALANCER,
+        "hash:ip,port",
+        "Kubernetes service lb portal",
+    ),
+    (
+        LOAD_BALANCER_FW,
+        "hash:ip,port",
+        "Kubernetes service load balancer ip + port for load balancer with sourceRange",
+    ),
+    (
+        LOAD_BALANCER_LOCAL,
+        "hash:ip,port",
+        "Kubernetes service load balancer ip + port with externalTrafficPolicy=local",
+    ),
+    (
+        LOAD_BALANCER_SOURCE_IP,
+        "hash:ip,port,ip",
+        "Kubernetes service load balancer ip + port + source IP for packet filter purpose",
+    ),
+    (
+        LOAD_BALANCER_SOURCE_CIDR,
+        "hash:ip,port,net",
+        "Kubernetes service load balancer ip + port + source cidr for packet filter purpose",
+    ),
+    (
+        NODE_PORT_TCP,
+        "bitmap:port",
+        "Kubernetes nodeport TCP port for masquerade purpose",
+    ),
+    (
+        NODE_PORT_LOCAL_TCP,
+        "bitmap:port",
+        "Kubernetes nodeport TCP port with externalTrafficPolicy=local",
+    ),
+    (
+        NODE_PORT_UDP,
+        "bitmap:port",
+        "Kubernetes nodeport UDP port for masquerade purpose",
+    ),
+    (
+        NODE_PORT_LOCAL_UDP,
+        "bitmap:port",
+        "Kubernetes nodeport UDP port with externalTrafficPolicy=local",
+    ),
+    (
+        NODE_PORT_SCTP,
+        "hash:ip,port",
+        "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'",
+    ),
+    (
+        NODE_PORT_LOCAL_SCTP,
+        "hash:ip,port",
+        "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'",
+    ),
+    (
+        HEALTH_CHECK_NODE_PORT,
+        "bitmap:port",
+        "Kubernetes health check node port",
+    ),
     (IPVS_IPS, "hash:ip", "Kubernetes service IP addresses"),
 ];
 
@@ -173,15 +239,60 @@ pub const CHAINS: &[(Table, &str)] = &[
 /// The jumps from built-in chains (kube-proxy's `iptablesJumpChain`), in order:
 /// (table, built-in chain, comment, target).
 pub const JUMPS: &[(Table, &str, &str, &str)] = &[
-    (Table::Nat, "OUTPUT", "kubernetes service portals", KUBE_SERVICES),
-    (Table::Nat, "PREROUTING", "kubernetes service portals", KUBE_SERVICES),
-    (Table::Nat, "POSTROUTING", "kubernetes postrouting rules", KUBE_POSTROUTING),
-    (Table::Filter, "FORWARD", "kubernetes forwarding rules", KUBE_FORWARD),
-    (Table::Filter, "INPUT", "kubernetes health check rules", KUBE_NODE_PORT),
-    (Table::Filter, "INPUT", "kube-proxy firewall rules", KUBE_PROXY_FIREWALL),
-    (Table::Filter, "FORWARD", "kube-proxy firewall rules", KUBE_PROXY_FIREWALL),
-    (Table::Filter, "INPUT", "kubernetes ipvs access filter", KUBE_IPVS_FILTER),
-    (Table::Filter, "OUTPUT", "kubernetes ipvs access filter", KUBE_IPVS_OUT_FILTER),
+    (
+        Table::Nat,
+        "OUTPUT",
+        "kubernetes service portals",
+        KUBE_SERVICES,
+    ),
+    (
+        Table::Nat,
+        "PREROUTING",
+        "kubernetes service portals",
+        KUBE_SERVICES,
+    ),
+    (
+        Table::Nat,
+        "POSTROUTING",
+        "kubernetes postrouting rules",
+        KUBE_POSTROUTING,
+    ),
+    (
+        Table::Filter,
+        "FORWARD",
+        "kubernetes forwarding rules",
+        KUBE_FORWARD,
+    ),
+    (
+        Table::Filter,
+        "INPUT",
+        "kubernetes health check rules",
+        KUBE_NODE_PORT,
+    ),
+    (
+        Table::Filter,
+        "INPUT",
+        "kube-proxy firewall rules",
+        KUBE_PROXY_FIREWALL,
+    ),
+    (
+        Table::Filter,
+        "FORWARD",
+        "kube-proxy firewall rules",
+        KUBE_PROXY_FIREWALL,
+    ),
+    (
+        Table::Filter,
+        "INPUT",
+        "kubernetes ipvs access filter",
+        KUBE_IPVS_FILTER,
+    ),
+    (
+        Table::Filter,
+        "OUTPUT",
+        "kubernetes ipvs access filter",
+        KUBE_IPVS_OUT_FILTER,
+    ),
 ];
 
 fn ip_port(ip: IpAddr, proto: Protocol, port: u16) -> String {
@@ -218,7 +329,10 @@ pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOpt
                 Verdict::Reject | Verdict::Drop => BTreeSet::new(),
             };
             for rs in &real_servers {
-                add(LOOP_BACK, format!("{},{}:{},{}", rs.addr, proto.as_str(), rs.port, rs.addr));
+                add(
+                    LOOP_BACK,
+                    format!("{},{}:{},{}", rs.addr, proto.as_str(), rs.port, rs.addr),
+                );
             }
             let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
             let mut vips = Vec::new();
@@ -232,7 +346,14 @@ pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOpt
                 }
                 FrontendKind::ExternalIp => {
                     let Some(ip) = fe.addr else { continue };
-                    add(if local { EXTERNAL_IP_LOCAL } else { EXTERNAL_IP }, ip_port(ip, proto, fe.port));
+                    add(
+                        if local {
+                            EXTERNAL_IP_LOCAL
+                        } else {
+                            EXTERNAL_IP
+                        },
+                        ip_port(ip, proto, fe.port),
+                    );
                     add(IPVS_IPS, ip.to_string());
                     d.addresses.insert(ip);
                     vips.push(ip);
@@ -315,7 +436,11 @@ pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOpt
 /// kube-proxy's `writeIptablesRules`: rules for the non-empty sets only.
 fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions) -> String {
     let name = |base: &str| set_name(base, family);
-    let full = |base: &str| d.ipsets.get(&name(base)).is_some_and(|s| !s.entries.is_empty());
+    let full = |base: &str| {
+        d.ipsets
+            .get(&name(base))
+            .is_some_and(|s| !s.entries.is_empty())
+    };
     let comment = |base: &str| {
         SETS.iter()
             .find(|(n, _, _)| *n == base)
@@ -324,7 +449,11 @@ fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions
     };
     let (mut nat, mut filter) = (String::new(), String::new());
     let set_rule = |out: &mut String, chain: &str, proto: &str, base: &str, m: &str, to: &str| {
-        let p = if proto.is_empty() { String::new() } else { format!("-p {proto} ") };
+        let p = if proto.is_empty() {
+            String::new()
+        } else {
+            format!("-p {proto} ")
+        };
         let _ = writeln!(
             out,
             "-A {chain} {p}-m comment --comment \"{}\" -m set --match-set {} {m} -j {to}",
@@ -338,22 +467,110 @@ fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions
     }
     // kube-proxy's ipsetWithIptablesChain, in its order.
     let table: &[(Table, &str, &str, &str, &str, &str)] = &[
-        (Table::Nat, LOOP_BACK, KUBE_POSTROUTING, "MASQUERADE", "dst,dst,src", ""),
-        (Table::Nat, LOAD_BALANCER, KUBE_SERVICES, KUBE_LOAD_BALANCER, "dst,dst", ""),
-        (Table::Nat, LOAD_BALANCER_LOCAL, KUBE_LOAD_BALANCER, "RETURN", "dst,dst", ""),
-        (Table::Nat, NODE_PORT_LOCAL_TCP, KUBE_NODE_PORT, "RETURN", "dst", "tcp"),
-        (Table::Nat, NODE_PORT_TCP, KUBE_NODE_PORT, KUBE_MARK_MASQ, "dst", "tcp"),
-        (Table::Nat, NODE_PORT_LOCAL_UDP, KUBE_NODE_PORT, "RETURN", "dst", "udp"),
-        (Table::Nat, NODE_PORT_UDP, KUBE_NODE_PORT, KUBE_MARK_MASQ, "dst", "udp"),
-        (Table::Nat, NODE_PORT_LOCAL_SCTP, KUBE_NODE_PORT, "RETURN", "dst,dst", "sctp"),
-        (Table::Nat, NODE_PORT_SCTP, KUBE_NODE_PORT, KUBE_MARK_MASQ, "dst,dst", "sctp"),
-        (Table::Filter, LOAD_BALANCER_FW, KUBE_PROXY_FIREWALL, KUBE_SOURCE_RANGES_FIREWALL, "dst,dst", ""),
-        (Table::Filter, LOAD_BALANCER_SOURCE_CIDR, KUBE_SOURCE_RANGES_FIREWALL, "RETURN", "dst,dst,src", ""),
-        (Table::Filter, LOAD_BALANCER_SOURCE_IP, KUBE_SOURCE_RANGES_FIREWALL, "RETURN", "dst,dst,src", ""),
+        (
+            Table::Nat,
+            LOOP_BACK,
+            KUBE_POSTROUTING,
+            "MASQUERADE",
+            "dst,dst,src",
+            "",
+        ),
+        (
+            Table::Nat,
+            LOAD_BALANCER,
+            KUBE_SERVICES,
+            KUBE_LOAD_BALANCER,
+            "dst,dst",
+            "",
+        ),
+        (
+            Table::Nat,
+            LOAD_BALANCER_LOCAL,
+            KUBE_LOAD_BALANCER,
+            "RETURN",
+            "dst,dst",
+            "",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_LOCAL_TCP,
+            KUBE_NODE_PORT,
+            "RETURN",
+            "dst",
+            "tcp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_TCP,
+            KUBE_NODE_PORT,
+            KUBE_MARK_MASQ,
+            "dst",
+            "tcp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_LOCAL_UDP,
+            KUBE_NODE_PORT,
+            "RETURN",
+            "dst",
+            "udp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_UDP,
+            KUBE_NODE_PORT,
+            KUBE_MARK_MASQ,
+            "dst",
+            "udp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_LOCAL_SCTP,
+            KUBE_NODE_PORT,
+            "RETURN",
+            "dst,dst",
+            "sctp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_SCTP,
+            KUBE_NODE_PORT,
+            KUBE_MARK_MASQ,
+            "dst,dst",
+            "sctp",
+        ),
+        (
+            Table::Filter,
+            LOAD_BALANCER_FW,
+            KUBE_PROXY_FIREWALL,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            "dst,dst",
+            "",
+        ),
+        (
+            Table::Filter,
+            LOAD_BALANCER_SOURCE_CIDR,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            "RETURN",
+            "dst,dst,src",
+            "",
+        ),
+        (
+            Table::Filter,
+            LOAD_BALANCER_SOURCE_IP,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            "RETURN",
+            "dst,dst,src",
+            "",
+        ),
     ];
     for (t, set, from, to, m, proto) in table {
         if full(set) {
-            let out = if *t == Table::Nat { &mut nat } else { &mut filter };
+            let out = if *t == Table::Nat {
+                &mut nat
+            } else {
+                &mut filter
+            };
             set_rule(out, from, proto, set, m, to);
         }
     }
@@ -363,7 +580,10 @@ fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions
             comment(CLUSTER_IP),
             name(CLUSTER_IP)
         );
-        let cidr = plan.cluster_cidrs.iter().find(|c| weir_model::IpFamily::of_net(c) == family);
+        let cidr = plan
+            .cluster_cidrs
+            .iter()
+            .find(|c| weir_model::IpFamily::of_net(c) == family);
         match (plan.masquerade_all, cidr) {
             (true, _) => {
                 let _ = writeln!(nat, "{head} dst,dst -j {KUBE_MARK_MASQ}");
@@ -403,13 +623,20 @@ fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions
         );
         external(&mut nat, &args);
     }
-    let _ = writeln!(nat, "-A {KUBE_SERVICES} -m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}");
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_SERVICES} -m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}"
+    );
     let _ = writeln!(nat, "-A {KUBE_LOAD_BALANCER} -j {KUBE_MARK_MASQ}");
     let _ = writeln!(filter, "-A {KUBE_SOURCE_RANGES_FIREWALL} -j DROP");
     // Accept what IPVS will take, in case later rules would drop it.
     for set in [CLUSTER_IP, LOAD_BALANCER] {
         if full(set) {
-            let _ = writeln!(nat, "-A {KUBE_SERVICES} -m set --match-set {} dst,dst -j ACCEPT", name(set));
+            let _ = writeln!(
+                nat,
+                "-A {KUBE_SERVICES} -m set --match-set {} dst,dst -j ACCEPT",
+                name(set)
+            );
         }
     }
     let mark = format!("{:#x}/{:#x}", opts.masquerade_mark, opts.masquerade_mark);
@@ -436,20 +663,35 @@ fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions
         (EXTERNAL_IP_LOCAL, "dst,dst"),
         (HEALTH_CHECK_NODE_PORT, "dst"),
     ] {
-        let _ = writeln!(filter, "-A {KUBE_IPVS_FILTER} -m set --match-set {} {m} -j RETURN", name(set));
+        let _ = writeln!(
+            filter,
+            "-A {KUBE_IPVS_FILTER} -m set --match-set {} {m} -j RETURN",
+            name(set)
+        );
     }
     let _ = writeln!(
         filter,
         "-A {KUBE_IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
         name(IPVS_IPS)
     );
-    let _ = writeln!(nat, "-A {KUBE_POSTROUTING} -m mark ! --mark {mark} -j RETURN");
-    let _ = writeln!(nat, "-A {KUBE_POSTROUTING} -j MARK --xor-mark {:#x}", opts.masquerade_mark);
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark} -j RETURN"
+    );
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {:#x}",
+        opts.masquerade_mark
+    );
     let _ = writeln!(
         nat,
         "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
     );
-    let _ = writeln!(nat, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {:#x}", opts.masquerade_mark);
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_MARK_MASQ} -j MARK --or-mark {:#x}",
+        opts.masquerade_mark
+    );
 
     let mut out = String::from("# weir ipvs mode\n");
     for (t, body) in [(Table::Filter, filter), (Table::Nat, nat)] {

@@ -157,13 +157,17 @@ struct ModeSection {
     udp_timeout: Option<String>,
 }
 
-fn ipvs_settings(flag: Option<&str>, section: Option<&ModeSection>) -> anyhow::Result<IpvsSettings> {
+fn ipvs_settings(
+    flag: Option<&str>,
+    section: Option<&ModeSection>,
+) -> anyhow::Result<IpvsSettings> {
     let scheduler = flag
         .or(section.and_then(|s| s.scheduler.as_deref()))
         .filter(|s| !s.is_empty())
         .unwrap_or("rr")
         .to_string();
-    weir_proxy::ipvs::check_scheduler(&scheduler).map_err(|e| anyhow::anyhow!("--ipvs-scheduler: {e}"))?;
+    weir_proxy::ipvs::check_scheduler(&scheduler)
+        .map_err(|e| anyhow::anyhow!("--ipvs-scheduler: {e}"))?;
     let timeout = |v: Option<&Option<String>>, name: &str| -> anyhow::Result<Duration> {
         match v.and_then(|o| o.as_deref()) {
             Some(t) => parse_duration(t).map_err(|e| anyhow::anyhow!("config ipvs.{name}: {e}")),
