@@ -116,7 +116,7 @@ start_proxy() {{
   inn $N sh -c 'echo $$ > '$D/proxy.pid'; exec "$@"' sh $WEIR proxy --proxy-mode ipvs "$@" \
     --manifests $D/m --state-dir $D/state --cluster-cidr 10.244.0.0/16 \
     --hostname-override node-a --manifest-poll-interval 100ms --min-sync-period 0s \
-    --sync-period 2s >>$D/proxy.log 2>&1 </dev/null &
+    >>$D/proxy.log 2>&1 </dev/null &
   wait_for "[ -s $D/proxy.pid ]"
 }}
 # gone, or a zombie: the guest's init does not reap the orphans of finished scripts
@@ -483,10 +483,14 @@ echo '## ipvs'; inn $N ipvsadm -Sn
 echo '## link'; inn $N ip link show kube-ipvs0 2>&1 || true
 echo '## sets'; inn $N ipset list -n
 echo '## rules'; inn $N iptables-save | grep -c KUBE- || true
+echo '## rules6'; inn $N ip6tables-save | grep -c KUBE- || true
 "#,
     );
     eprintln!("{out}");
     assert!(out.contains("## ipvs\n## link"), "{out}");
     assert!(out.contains("does not exist"), "{out}");
-    assert!(out.contains("## sets\n## rules\n0\n"), "{out}");
+    assert!(
+        out.contains("## sets\n## rules\n0\n## rules6\n0\n"),
+        "{out}"
+    );
 }
