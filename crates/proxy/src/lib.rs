@@ -11,6 +11,7 @@ pub mod backend;
 pub mod conntrack;
 pub mod health;
 pub mod iptables;
+pub mod ipvs;
 pub mod metrics;
 pub mod nft;
 pub mod process_stats;

@@ -11,8 +11,8 @@ mod apply;
 mod jumps;
 pub mod names;
 mod render;
-mod restore;
-mod tools;
+pub(crate) mod restore;
+pub(crate) mod tools;
 
 pub use apply::IptablesBackend;
 pub use jumps::{jumps, Jump};

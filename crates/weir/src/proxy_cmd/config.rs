@@ -15,6 +15,7 @@ use weir_model::NodePortDefault;
 pub enum ProxyMode {
     Nftables,
     Iptables,
+    Ipvs,
 }
 
 impl ProxyMode {
@@ -22,6 +23,7 @@ impl ProxyMode {
         match self {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Iptables => "iptables",
+            ProxyMode::Ipvs => "ipvs",
         }
     }
 }
@@ -44,6 +46,10 @@ pub struct ProxyFlags {
     pub state_dir: Option<PathBuf>,
     #[arg(long, value_enum)]
     pub proxy_mode: Option<ProxyMode>,
+    /// IPVS scheduler in ipvs mode: rr (default), wrr, lc, wlc, lblc, lblcr, sh, dh, sed,
+    /// nq, mh.
+    #[arg(long, value_name = "NAME")]
+    pub ipvs_scheduler: Option<String>,
     /// Pod CIDRs of the cluster, comma-separated.
     #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]
     pub cluster_cidr: Vec<IpNet>,
@@ -124,6 +130,17 @@ pub struct Settings {
     pub metrics_bind_address: SocketAddr,
     /// The Kubernetes API source; `None`: the manifest directory.
     pub api: Option<ApiSettings>,
+    pub ipvs: IpvsSettings,
+}
+
+/// ipvs mode's settings (`--ipvs-scheduler`, the configuration file's `ipvs:` section).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IpvsSettings {
+    pub scheduler: String,
+    /// IPVS connection timeouts; zero leaves the kernel's.
+    pub tcp_timeout: Duration,
+    pub tcp_fin_timeout: Duration,
+    pub udp_timeout: Duration,
 }
 
 /// The KubeProxyConfiguration fields weir applies. Other fields of the kind are accepted and
@@ -145,6 +162,7 @@ struct KubeProxyConfiguration {
     iptables: Option<ModeSection>,
     nftables: Option<ModeSection>,
     client_connection: Option<ClientConnection>,
+    ipvs: Option<ModeSection>,
     #[serde(flatten)]
     other: std::collections::BTreeMap<String, serde_yaml::Value>,
 }
@@ -155,6 +173,36 @@ struct ModeSection {
     masquerade_all: Option<bool>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
+    // ipvs: only.
+    scheduler: Option<String>,
+    tcp_timeout: Option<String>,
+    tcp_fin_timeout: Option<String>,
+    udp_timeout: Option<String>,
+}
+
+fn ipvs_settings(
+    flag: Option<&str>,
+    section: Option<&ModeSection>,
+) -> anyhow::Result<IpvsSettings> {
+    let scheduler = flag
+        .or(section.and_then(|s| s.scheduler.as_deref()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or("rr")
+        .to_string();
+    weir_proxy::ipvs::check_scheduler(&scheduler)
+        .map_err(|e| anyhow::anyhow!("--ipvs-scheduler: {e}"))?;
+    let timeout = |v: Option<&Option<String>>, name: &str| -> anyhow::Result<Duration> {
+        match v.and_then(|o| o.as_deref()) {
+            Some(t) => parse_duration(t).map_err(|e| anyhow::anyhow!("config ipvs.{name}: {e}")),
+            None => Ok(Duration::ZERO),
+        }
+    };
+    Ok(IpvsSettings {
+        scheduler,
+        tcp_timeout: timeout(section.map(|s| &s.tcp_timeout), "tcpTimeout")?,
+        tcp_fin_timeout: timeout(section.map(|s| &s.tcp_fin_timeout), "tcpFinTimeout")?,
+        udp_timeout: timeout(section.map(|s| &s.udp_timeout), "udpTimeout")?,
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -307,13 +355,15 @@ impl ProxyFlags {
             (None, None | Some("")) => ProxyMode::Nftables,
             (None, Some("nftables")) => ProxyMode::Nftables,
             (None, Some("iptables")) => ProxyMode::Iptables,
+            (None, Some("ipvs")) => ProxyMode::Ipvs,
             (None, Some(other)) => {
-                bail!("config mode {other:?}: weir supports nftables and iptables")
+                bail!("config mode {other:?}: weir supports nftables, iptables and ipvs")
             }
         };
         let section = match mode {
             ProxyMode::Nftables => file.nftables.as_ref(),
             ProxyMode::Iptables => file.iptables.as_ref(),
+            ProxyMode::Ipvs => file.ipvs.as_ref(),
         };
         let file_duration = |top: &Option<String>, sect: Option<&Option<String>>, name: &str| {
             top.as_ref()
@@ -368,7 +418,7 @@ impl ProxyFlags {
         // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
         // nftables on the node's primary IPs.
         let nodeport_default = match (mode, explicit_primary) {
-            (ProxyMode::Iptables, false) => NodePortDefault::AllLocal,
+            (ProxyMode::Iptables | ProxyMode::Ipvs, false) => NodePortDefault::AllLocal,
             _ => NodePortDefault::Primary,
         };
         let localhost_nodeports = mode == ProxyMode::Iptables;
@@ -378,9 +428,10 @@ impl ProxyFlags {
             .collect();
         for n in &loopback {
             match (mode, n) {
-                (ProxyMode::Nftables, _) => warn(format!(
-                    "{np_what}: {n}: localhost NodePorts are not supported in nftables mode \
-                     (as in kube-proxy); loopback addresses are ignored"
+                (ProxyMode::Nftables | ProxyMode::Ipvs, _) => warn(format!(
+                    "{np_what}: {n}: localhost NodePorts are not supported in {} mode \
+                     (as in kube-proxy); loopback addresses are ignored",
+                    mode.as_str()
                 )),
                 (ProxyMode::Iptables, IpNet::V6(_)) => warn(format!(
                     "{np_what}: {n}: IPv6 localhost NodePorts cannot work; ignored"
@@ -407,8 +458,10 @@ impl ProxyFlags {
                     .with_context(|| format!("config {name}: {s:?} is not ip:port")),
                 _ => Ok(default.parse().expect("valid default")),
             };
+        let ipvs = ipvs_settings(self.ipvs_scheduler.as_deref(), file.ipvs.as_ref())?;
         Ok(Settings {
             api,
+            ipvs,
             manifests: self
                 .manifests
                 .clone()
@@ -510,13 +563,39 @@ mod tests {
     }
 
     #[test]
+    fn ipvs_mode_takes_its_section_and_scheduler_flag() {
+        let file = "mode: ipvs\nipvs:\n  scheduler: sh\n  tcpTimeout: 15m\n  udpTimeout: 30s\n  syncPeriod: 20s\n";
+        let (s, _) = settings_from(ProxyFlags::default(), file).unwrap();
+        assert_eq!(s.mode, ProxyMode::Ipvs);
+        assert_eq!(s.ipvs.scheduler, "sh");
+        assert_eq!(s.ipvs.tcp_timeout, Duration::from_secs(900));
+        assert_eq!(s.ipvs.udp_timeout, Duration::from_secs(30));
+        assert_eq!(s.sync_period, Duration::from_secs(20));
+        assert_eq!(s.nodeport_default, NodePortDefault::AllLocal);
+        let flags = ProxyFlags {
+            ipvs_scheduler: Some("mh".into()),
+            ..Default::default()
+        };
+        let (s, _) = settings_from(flags, file).unwrap();
+        assert_eq!(s.ipvs.scheduler, "mh");
+        let (s, _) = settings_from(ProxyFlags::default(), "mode: ipvs\n").unwrap();
+        assert_eq!(s.ipvs.scheduler, "rr");
+        let bad = ProxyFlags {
+            ipvs_scheduler: Some("fastest".into()),
+            ..Default::default()
+        };
+        let e = settings_from(bad, "mode: ipvs\n").unwrap_err();
+        assert!(e.to_string().contains("fastest"), "{e}");
+    }
+
+    #[test]
     fn config_errors_name_the_field() {
         let e = settings_from(
             ProxyFlags::default(),
-            "kind: KubeProxyConfiguration\nmode: ipvs\n",
+            "kind: KubeProxyConfiguration\nmode: kernelspace\n",
         )
         .unwrap_err();
-        assert!(e.to_string().contains("ipvs"), "{e}");
+        assert!(e.to_string().contains("kernelspace"), "{e}");
         let e = settings_from(ProxyFlags::default(), "clusterCIDR: banana\n").unwrap_err();
         assert!(e.to_string().contains("clusterCIDR"), "{e}");
         let e = settings_from(

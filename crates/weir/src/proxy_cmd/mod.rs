@@ -9,10 +9,11 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use tracing::warn;
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
+use weir_proxy::ipvs::{IpvsBackend, IpvsOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::Backend;
 
-pub use config::{parse_duration, ProxyFlags, ProxyMode};
+pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -41,8 +42,23 @@ enum ProxyCommand {
     },
 }
 
-fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
+fn backend(mode: ProxyMode, ipvs: &IpvsSettings) -> anyhow::Result<Box<dyn Backend>> {
+    let v4_only = !std::path::Path::new("/proc/sys/net/ipv6").exists();
     match mode {
+        ProxyMode::Ipvs => {
+            let secs = |d: std::time::Duration| d.as_secs().min(u32::MAX as u64) as u32;
+            let mut opts = IpvsOptions {
+                scheduler: ipvs.scheduler.clone(),
+                tcp_timeout: secs(ipvs.tcp_timeout),
+                tcp_fin_timeout: secs(ipvs.tcp_fin_timeout),
+                udp_timeout: secs(ipvs.udp_timeout),
+                ..IpvsOptions::default()
+            };
+            if v4_only {
+                opts.families.retain(|f| *f == weir_model::IpFamily::V4);
+            }
+            Ok(Box::new(IpvsBackend::new(opts)))
+        }
         ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions::default()))),
         ProxyMode::Iptables => {
             let mut opts = IptablesOptions::default();
@@ -59,10 +75,10 @@ fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
 fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
     let modes = match mode {
         Some(m) => vec![m],
-        None => vec![ProxyMode::Nftables, ProxyMode::Iptables],
+        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs],
     };
     for m in modes {
-        backend(m)?.cleanup()?;
+        backend(m, &IpvsSettings::default())?.cleanup()?;
         eprintln!("weir proxy cleanup: {} rules removed", m.as_str());
     }
     Ok(ExitCode::SUCCESS)
@@ -80,7 +96,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         }
         None => {
             let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
-            let mut backend = backend(settings.mode)?;
+            let mut backend = backend(settings.mode, &settings.ipvs)?;
             let mut operations = operations::Operations::start(&settings, backend.mode())?;
             agent::run(&settings, backend.as_mut(), &mut operations)?;
             Ok(ExitCode::SUCCESS)

@@ -1,0 +1,502 @@
+//! [`IpvsBackend`]: applies the rendered state to the calling thread's network namespace.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::net::IpAddr;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use ipnet::IpNet;
+use weir_kernel::{sysctl, Rtnl};
+use weir_model::{IpFamily, NodePortAddresses, Plan};
+
+use super::diff::{requests, Draining, ObservedService};
+use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey};
+use super::render::{
+    ipset_full, ipset_update, render, set_names, Desired, IpvsOptions, CHAINS, DUMMY, JUMPS,
+    KUBE_MARK_MASQ,
+};
+use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
+use crate::iptables::restore::{Restore, Table};
+use crate::iptables::tools;
+
+/// The ipvs mode (kube-proxy's layout; see the [module](super) documentation).
+///
+/// * A **full** sync (the first of a process, after a failure, after
+///   [`invalidate`](Backend::invalidate) or when [`intact`](Backend::intact) found something
+///   changed behind weir's back) dumps every virtual server and real server and changes only
+///   what differs, rebuilds every ipset under a temporary name and swaps it in, and replaces
+///   weir's iptables chains in one restore per table: a restart breaks no connection.
+/// * A **partial** sync compares the new rendering with the last applied one: it sends
+///   IPVS requests for the virtual servers that changed (dumping only those and the ones
+///   still draining), adds and deletes changed ipset entries, and rewrites the iptables
+///   chains only if their text changed.
+pub struct IpvsBackend {
+    opts: IpvsOptions,
+    applied: BTreeMap<IpFamily, Desired>,
+    draining: Draining,
+}
+
+impl IpvsBackend {
+    pub fn new(opts: IpvsOptions) -> Self {
+        IpvsBackend {
+            opts,
+            applied: BTreeMap::new(),
+            draining: Draining::new(),
+        }
+    }
+
+    pub fn options(&self) -> &IpvsOptions {
+        &self.opts
+    }
+
+    fn sync_all(&mut self, plan: &Plan) -> Result<(SyncKind, usize)> {
+        let mut rtnl = Rtnl::new()?;
+        let dummy = ensure_dummy(&mut rtnl)?;
+        let full = self.applied.is_empty();
+        if full {
+            ensure_sysctls(&self.opts)?;
+        }
+        let mut ipvs = Ipvs::open()?;
+        if full
+            && (
+                self.opts.tcp_timeout,
+                self.opts.tcp_fin_timeout,
+                self.opts.udp_timeout,
+            ) != (0, 0, 0)
+        {
+            ipvs.send_payload(set_timeouts(
+                self.opts.tcp_timeout,
+                self.opts.tcp_fin_timeout,
+                self.opts.udp_timeout,
+            ))
+            .map_err(|e| Error::Netlink(format!("IPVS timeouts: {e}")))?;
+        }
+        let addrs = rtnl.addrs(None)?;
+        let dummy_addrs: BTreeSet<IpAddr> = addrs
+            .iter()
+            .filter(|a| a.index == dummy)
+            .map(|a| a.net.addr())
+            .collect();
+        let node_addrs: Vec<IpAddr> = addrs
+            .iter()
+            .filter(|a| a.index != dummy)
+            .map(|a| a.net.addr())
+            .collect();
+        let mut touched = 0;
+        let mut all_addresses = BTreeSet::new();
+        let observed_keys: Vec<(ServiceKey, _)> = ipvs
+            .services()
+            .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?;
+        let mut kinds = Vec::new();
+        for family in self.opts.families.clone() {
+            let node_ips = node_port_ips(plan.node_port_addresses(family), &node_addrs, family);
+            let desired = render(plan, family, &node_ips, &self.opts);
+            let old = self.applied.remove(&family);
+            // ipsets first (the rules name them), then the rules, then IPVS.
+            let ipset_script = match &old {
+                Some(o) => ipset_update(&o.ipsets, &desired.ipsets),
+                None => ipset_full(&desired.ipsets, family),
+            };
+            if !ipset_script.is_empty() {
+                run_tool("ipset", &["restore"], &ipset_script)?;
+            }
+            if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {
+                tools::restore(family, &desired.iptables)?;
+                if old.is_none() {
+                    ensure_jumps(family)?;
+                }
+            }
+            // Which virtual servers to look at: all on a full sync, else the changed ones
+            // and those with real servers still draining.
+            let mut look: BTreeSet<ServiceKey> = BTreeSet::new();
+            match &old {
+                None => look.extend(
+                    observed_keys
+                        .iter()
+                        .map(|(k, _)| *k)
+                        .filter(|k| k.family() == family),
+                ),
+                Some(o) => {
+                    for (k, vs) in &desired.services {
+                        if o.services.get(k) != Some(vs) {
+                            look.insert(*k);
+                        }
+                    }
+                    look.extend(
+                        o.services
+                            .keys()
+                            .filter(|k| !desired.services.contains_key(k)),
+                    );
+                }
+            }
+            look.extend(
+                self.draining
+                    .keys()
+                    .map(|(k, _, _)| *k)
+                    .filter(|k| k.family() == family),
+            );
+            let mut observed = BTreeMap::new();
+            for (k, spec) in observed_keys.iter().filter(|(k, _)| look.contains(k)) {
+                let real_servers = ipvs
+                    .dests(k)
+                    .map_err(|e| Error::Netlink(format!("IPVS list real servers of {k}: {e}")))?;
+                observed.insert(
+                    *k,
+                    ObservedService {
+                        spec: spec.clone(),
+                        real_servers,
+                    },
+                );
+            }
+            let wanted: BTreeMap<ServiceKey, _> = desired
+                .services
+                .iter()
+                .filter(|(k, _)| look.contains(k) || !observed_keys.iter().any(|(o, _)| o == *k))
+                .map(|(k, v)| (*k, v.clone()))
+                .collect();
+            let previous: BTreeSet<IpAddr> = old
+                .as_ref()
+                .map(|o| o.services.keys().map(|k| k.addr).collect())
+                .unwrap_or_default();
+            // Weir's virtual servers: on its dummy, on a node address, or ones it made.
+            let owned = |k: &ServiceKey| {
+                dummy_addrs.contains(&k.addr)
+                    || node_addrs.contains(&k.addr)
+                    || previous.contains(&k.addr)
+            };
+            let reqs = requests(
+                &wanted,
+                &observed,
+                owned,
+                &mut self.draining,
+                Instant::now(),
+                self.opts.graceful_termination_timeout,
+            );
+            let changed: BTreeSet<ServiceKey> = reqs.iter().map(request_key).collect();
+            touched += changed.len();
+            for r in &reqs {
+                ipvs.request(r)
+                    .map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
+            }
+            all_addresses.extend(desired.addresses.iter().copied());
+            kinds.push(
+                match (&old, reqs.is_empty() && old.as_ref() == Some(&desired)) {
+                    (None, _) => SyncKind::Full,
+                    (Some(_), true) => SyncKind::Noop,
+                    (Some(_), false) => SyncKind::Partial,
+                },
+            );
+            self.applied.insert(family, desired);
+        }
+        // Addresses last: a VIP appears once its virtual server exists, and goes after it.
+        for a in all_addresses.difference(&dummy_addrs) {
+            rtnl.addr_ensure(dummy, IpNet::from(*a))?;
+        }
+        for a in dummy_addrs.difference(&all_addresses) {
+            rtnl.addr_del(dummy, IpNet::from(*a))?;
+        }
+        let kind = if kinds.contains(&SyncKind::Full) {
+            SyncKind::Full
+        } else if kinds.contains(&SyncKind::Partial) {
+            SyncKind::Partial
+        } else {
+            SyncKind::Noop
+        };
+        Ok((kind, touched))
+    }
+}
+
+fn request_key(r: &Request) -> ServiceKey {
+    match r {
+        Request::NewService(k, _)
+        | Request::SetService(k, _)
+        | Request::DelService(k)
+        | Request::NewDest(k, _)
+        | Request::SetDest(k, _)
+        | Request::DelDest(k, _) => *k,
+    }
+}
+
+/// The addresses NodePorts are served on: kube-proxy takes every local address of the
+/// family except the dummy's (filtered by the caller) and loopback / link-local ones.
+pub fn node_port_ips(np: &NodePortAddresses, local: &[IpAddr], family: IpFamily) -> Vec<IpAddr> {
+    let usable = |a: &IpAddr| {
+        IpFamily::of(a) == family
+            && !a.is_loopback()
+            && !matches!(a, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
+    };
+    let mut out: Vec<IpAddr> = match np {
+        NodePortAddresses::None => vec![],
+        NodePortAddresses::AllLocal => local.iter().copied().filter(usable).collect(),
+        NodePortAddresses::List(l) => l.iter().copied().filter(usable).collect(),
+    };
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `conn_reuse_mode` as kube-proxy sets it by kernel release: 0 on 4.1 ≤ kernel < 5.9
+/// (where 1 dropped the first SYN of a reused source port for a second), left alone
+/// otherwise (before 4.1 it does not exist; from 5.9 the default is right).
+pub fn conn_reuse_mode(release: &str) -> Option<&'static str> {
+    let mut it = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let v = (it.next()?, it.next().unwrap_or(0));
+    ((4, 1)..(5, 9)).contains(&v).then_some("0")
+}
+
+fn ensure_sysctls(_opts: &IpvsOptions) -> Result<()> {
+    let set = |k: &str, v: &str| {
+        sysctl::ensure(k, v).map_err(|e| Error::Tool {
+            tool: "sysctl".into(),
+            detail: format!("{k}={v}: {e}"),
+        })
+    };
+    set("net.ipv4.vs.conntrack", "1")?;
+    set("net.ipv4.vs.expire_nodest_conn", "1")?;
+    set("net.ipv4.vs.expire_quiescent_template", "1")?;
+    set("net.ipv4.ip_forward", "1")?;
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    if let Some(v) = conn_reuse_mode(release.trim()) {
+        set("net.ipv4.vs.conn_reuse_mode", v)?;
+    }
+    Ok(())
+}
+
+/// Creates `kube-ipvs0` (a dummy, left down as kube-proxy leaves it) unless it exists;
+/// returns its index.
+fn ensure_dummy(rtnl: &mut Rtnl) -> Result<u32> {
+    if let Some(l) = rtnl.link_by_name(DUMMY)? {
+        return Ok(l.index);
+    }
+    let msg = rtnetlink::LinkDummy::new(DUMMY).build();
+    if let Err(e) = rtnl.link_add(msg, DUMMY) {
+        if !e.is_exists() {
+            return Err(e.into());
+        }
+    }
+    Ok(rtnl.require_link(DUMMY)?.index)
+}
+
+/// Inserts the missing jumps. One `iptables-save` per table tells which exist (a process
+/// start per rule, as `iptables -C` would need, costs seconds on a slow machine).
+fn ensure_jumps(family: IpFamily) -> Result<()> {
+    let mut saved: BTreeMap<Table, String> = BTreeMap::new();
+    for (table, chain, comment, target) in JUMPS.iter().rev() {
+        let text = match saved.get(table) {
+            Some(t) => t,
+            None => saved
+                .entry(*table)
+                .or_insert(tools::save(family, Some(*table))?),
+        };
+        let line = format!("-A {chain} -m comment --comment \"{comment}\" -j {target}");
+        if !text.lines().any(|l| l.trim_end() == line) {
+            let args = ["-m", "comment", "--comment", comment, "-j", target];
+            tools::insert_rule(family, *table, chain, &args)?;
+        }
+    }
+    Ok(())
+}
+
+fn run_tool(bin: &str, args: &[&str], stdin: &str) -> Result<()> {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Error::Tool {
+            tool: bin.into(),
+            detail: format!("cannot start: {e}"),
+        })?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(stdin.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Tool {
+            tool: format!("{bin} {}", args.join(" ")),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+impl Backend for IpvsBackend {
+    fn mode(&self) -> &'static str {
+        "ipvs"
+    }
+
+    fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
+        let start = Instant::now();
+        if !self.applied.is_empty() && !self.intact()? {
+            tracing::warn!("weir's ipvs state was changed behind its back: full resync");
+            self.applied.clear();
+        }
+        match self.sync_all(plan) {
+            Ok((kind, touched)) => Ok(SyncReport {
+                kind,
+                elapsed: start.elapsed(),
+                service_ports_touched: touched,
+            }),
+            Err(e) => {
+                self.applied.clear();
+                Err(e)
+            }
+        }
+    }
+
+    /// The dummy exists, the kernel holds as many virtual servers as weir made, and the
+    /// nat `KUBE-MARK-MASQ` chain (emptied by any nat flush) still has its rule.
+    fn intact(&mut self) -> Result<bool> {
+        if self.applied.is_empty() {
+            return Ok(true);
+        }
+        let mut rtnl = Rtnl::new()?;
+        if rtnl.link_by_name(DUMMY)?.is_none() {
+            return Ok(false);
+        }
+        let held: BTreeSet<ServiceKey> = Ipvs::open()?
+            .services()
+            .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        for (family, d) in &self.applied {
+            if !d.services.keys().all(|k| held.contains(k)) {
+                return Ok(false);
+            }
+            let masq = tools::list_chain(*family, Table::Nat, KUBE_MARK_MASQ, None)?;
+            if !masq.is_some_and(|t| t.lines().any(|l| l.starts_with("-A "))) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn invalidate(&mut self) {
+        self.applied.clear();
+    }
+
+    /// Removes the jumps, chains, virtual servers on weir's addresses, ipsets and
+    /// `kube-ipvs0`; absence is not an error.
+    fn cleanup(&mut self) -> Result<()> {
+        let previous: BTreeSet<IpAddr> = self
+            .applied
+            .values()
+            .flat_map(|d| d.services.keys().map(|k| k.addr))
+            .collect();
+        self.applied.clear();
+        self.draining.clear();
+        let mut rtnl = Rtnl::new()?;
+        let dummy = rtnl.link_by_name(DUMMY)?;
+        let dummy_addrs: BTreeSet<IpAddr> = match &dummy {
+            Some(l) => rtnl
+                .addrs(Some(l.index))?
+                .iter()
+                .map(|a| a.net.addr())
+                .collect(),
+            None => BTreeSet::new(),
+        };
+        // No IPVS in the kernel: no virtual servers to remove.
+        if let Ok(mut ipvs) = Ipvs::open() {
+            let node: BTreeSet<IpAddr> = rtnl.addrs(None)?.iter().map(|a| a.net.addr()).collect();
+            for (k, _) in ipvs.services().map_err(|e| Error::Netlink(e.to_string()))? {
+                if dummy_addrs.contains(&k.addr)
+                    || previous.contains(&k.addr)
+                    || node.contains(&k.addr)
+                {
+                    ipvs.request(&Request::DelService(k))
+                        .map_err(|e| Error::Netlink(format!("IPVS delete {k}: {e}")))?;
+                }
+            }
+        }
+        for family in self.opts.families.clone() {
+            if !tools::available(family) {
+                continue;
+            }
+            for (table, chain, comment, target) in JUMPS {
+                let args = ["-m", "comment", "--comment", comment, "-j", target];
+                while tools::delete_rule(family, *table, chain, &args) {}
+            }
+            let Ok(saved) = tools::save(family, None) else {
+                continue;
+            };
+            let present = tools::chains_in_save(&saved);
+            let mut r = Restore::default();
+            let mut any = false;
+            for (t, c) in CHAINS {
+                if present.get(t.name()).is_some_and(|cs| cs.contains(*c)) {
+                    r.delete(*t, c);
+                    any = true;
+                }
+            }
+            if any {
+                tools::restore(family, &r.text("weir ipvs cleanup"))?;
+            }
+            // Sets go once no rule names them.
+            let listed = Command::new("ipset").args(["list", "-n"]).output();
+            if let Ok(out) = listed {
+                let have: BTreeSet<String> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+                let script: String = set_names(family)
+                    .into_iter()
+                    .filter(|n| have.contains(n))
+                    .map(|n| format!("destroy {n}\n"))
+                    .collect();
+                if !script.is_empty() {
+                    run_tool("ipset", &["restore"], &script)?;
+                }
+            }
+        }
+        rtnl.link_del_by_name(DUMMY)?;
+        Ok(())
+    }
+}
+
+impl From<weir_kernel::NlError> for Error {
+    fn from(e: weir_kernel::NlError) -> Self {
+        Error::Netlink(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conn_reuse_mode_follows_the_kernel_version() {
+        assert_eq!(conn_reuse_mode("4.0.9"), None);
+        assert_eq!(conn_reuse_mode("4.19.0-25-amd64"), Some("0"));
+        assert_eq!(conn_reuse_mode("5.8.18"), Some("0"));
+        assert_eq!(conn_reuse_mode("5.9.0"), None);
+        assert_eq!(conn_reuse_mode("6.1.0-41-amd64"), None);
+        assert_eq!(conn_reuse_mode("garbage"), None);
+    }
+
+    #[test]
+    fn node_ports_skip_loopback_link_local_and_the_other_family() {
+        let local: Vec<IpAddr> = [
+            "127.0.0.1",
+            "10.0.0.5",
+            "fe80::1",
+            "2001:db8::5",
+            "10.0.0.5",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let v4 = node_port_ips(&NodePortAddresses::AllLocal, &local, IpFamily::V4);
+        assert_eq!(v4, vec!["10.0.0.5".parse::<IpAddr>().unwrap()]);
+        let v6 = node_port_ips(&NodePortAddresses::AllLocal, &local, IpFamily::V6);
+        assert_eq!(v6, vec!["2001:db8::5".parse::<IpAddr>().unwrap()]);
+        assert!(node_port_ips(&NodePortAddresses::None, &local, IpFamily::V4).is_empty());
+    }
+}

@@ -1,0 +1,781 @@
+//! Pure: a [`Plan`] (one family's view) → the IPVS state, ipsets, iptables rules and
+//! `kube-ipvs0` addresses kube-proxy's ipvs mode would hold for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+use weir_model::{EndpointSet, FrontendKind, IpFamily, Masquerade, Plan, Protocol, Verdict};
+
+use super::netlink::{RealServer, ServiceKey, ServiceSpec};
+use crate::iptables::Table;
+
+/// kube-proxy's `--ipvs-scheduler` values (`ip_vs_<name>` kernel modules).
+pub const SCHEDULERS: &[&str] = &[
+    "rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh",
+];
+
+/// The dummy link holding the service addresses.
+pub const DUMMY: &str = "kube-ipvs0";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsOptions {
+    pub families: Vec<IpFamily>,
+    /// `--ipvs-scheduler` (default rr).
+    pub scheduler: String,
+    /// Masquerade mark bit (kube-proxy's 0x4000).
+    pub masquerade_mark: u32,
+    /// `ipvs.tcpTimeout`, `tcpFinTimeout`, `udpTimeout` in seconds (0: kernel default).
+    pub tcp_timeout: u32,
+    pub tcp_fin_timeout: u32,
+    pub udp_timeout: u32,
+    /// How long a removed TCP real server may keep draining (weight 0) before it is deleted
+    /// with connections still open.
+    pub graceful_termination_timeout: std::time::Duration,
+}
+
+impl Default for IpvsOptions {
+    fn default() -> Self {
+        IpvsOptions {
+            families: vec![IpFamily::V4, IpFamily::V6],
+            scheduler: "rr".into(),
+            masquerade_mark: 0x4000,
+            tcp_timeout: 0,
+            tcp_fin_timeout: 0,
+            udp_timeout: 0,
+            graceful_termination_timeout: std::time::Duration::from_secs(15 * 60),
+        }
+    }
+}
+
+/// Checks a scheduler name (`--ipvs-scheduler`), for a clear error at startup.
+pub fn check_scheduler(s: &str) -> Result<(), String> {
+    if SCHEDULERS.contains(&s) {
+        Ok(())
+    } else {
+        Err(format!(
+            "unknown IPVS scheduler {s:?}: one of {}",
+            SCHEDULERS.join(", ")
+        ))
+    }
+}
+
+/// One virtual server with its real servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualServer {
+    pub spec: ServiceSpec,
+    pub real_servers: BTreeSet<RealServer>,
+}
+
+/// An ipset kube-proxy's ipvs mode keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpSet {
+    /// `hash:ip,port`, `bitmap:port`, …
+    pub kind: &'static str,
+    pub comment: &'static str,
+    pub entries: BTreeSet<String>,
+}
+
+/// Everything one family needs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Desired {
+    pub services: BTreeMap<ServiceKey, VirtualServer>,
+    /// Bound to `kube-ipvs0`.
+    pub addresses: BTreeSet<IpAddr>,
+    /// By name (`KUBE-6-…` for IPv6, as kube-proxy names them).
+    pub ipsets: BTreeMap<String, IpSet>,
+    /// `iptables-restore --noflush` input declaring (so replacing) every chain.
+    pub iptables: String,
+}
+
+// Set names (IPv4 spelling; `set_name` makes the IPv6 one).
+pub const LOOP_BACK: &str = "KUBE-LOOP-BACK";
+pub const CLUSTER_IP: &str = "KUBE-CLUSTER-IP";
+pub const EXTERNAL_IP: &str = "KUBE-EXTERNAL-IP";
+pub const EXTERNAL_IP_LOCAL: &str = "KUBE-EXTERNAL-IP-LOCAL";
+pub const LOAD_BALANCER: &str = "KUBE-LOAD-BALANCER";
+pub const LOAD_BALANCER_FW: &str = "KUBE-LOAD-BALANCER-FW";
+pub const LOAD_BALANCER_LOCAL: &str = "KUBE-LOAD-BALANCER-LOCAL";
+pub const LOAD_BALANCER_SOURCE_IP: &str = "KUBE-LOAD-BALANCER-SOURCE-IP";
+pub const LOAD_BALANCER_SOURCE_CIDR: &str = "KUBE-LOAD-BALANCER-SOURCE-CIDR";
+pub const NODE_PORT_TCP: &str = "KUBE-NODE-PORT-TCP";
+pub const NODE_PORT_LOCAL_TCP: &str = "KUBE-NODE-PORT-LOCAL-TCP";
+pub const NODE_PORT_UDP: &str = "KUBE-NODE-PORT-UDP";
+pub const NODE_PORT_LOCAL_UDP: &str = "KUBE-NODE-PORT-LOCAL-UDP";
+pub const NODE_PORT_SCTP: &str = "KUBE-NODE-PORT-SCTP-HASH";
+pub const NODE_PORT_LOCAL_SCTP: &str = "KUBE-NODE-PORT-LOCAL-SCTP-HASH";
+pub const HEALTH_CHECK_NODE_PORT: &str = "KUBE-HEALTH-CHECK-NODE-PORT";
+pub const IPVS_IPS: &str = "KUBE-IPVS-IPS";
+
+/// Every set: name, type, comment (kube-proxy's `ipsetInfo`).
+const SETS: &[(&str, &str, &str)] = &[
+    (
+        LOOP_BACK,
+        "hash:ip,port,ip",
+        "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose",
+    ),
+    (
+        CLUSTER_IP,
+        "hash:ip,port",
+        "Kubernetes service cluster ip + port for masquerade purpose",
+    ),
+    (
+        EXTERNAL_IP,
+        "hash:ip,port",
+        "Kubernetes service external ip + port for masquerade and filter purpose",
+    ),
+    (
+        EXTERNAL_IP_LOCAL,
+        "hash:ip,port",
+        "Kubernetes service external ip + port with externalTrafficPolicy=local",
+    ),
+    (
+        LOAD_BALANCER,
+        "hash:ip,port",
+        "Kubernetes service lb portal",
+    ),
+    (
+        LOAD_BALANCER_FW,
+        "hash:ip,port",
+        "Kubernetes service load balancer ip + port for load balancer with sourceRange",
+    ),
+    (
+        LOAD_BALANCER_LOCAL,
+        "hash:ip,port",
+        "Kubernetes service load balancer ip + port with externalTrafficPolicy=local",
+    ),
+    (
+        LOAD_BALANCER_SOURCE_IP,
+        "hash:ip,port,ip",
+        "Kubernetes service load balancer ip + port + source IP for packet filter purpose",
+    ),
+    (
+        LOAD_BALANCER_SOURCE_CIDR,
+        "hash:ip,port,net",
+        "Kubernetes service load balancer ip + port + source cidr for packet filter purpose",
+    ),
+    (
+        NODE_PORT_TCP,
+        "bitmap:port",
+        "Kubernetes nodeport TCP port for masquerade purpose",
+    ),
+    (
+        NODE_PORT_LOCAL_TCP,
+        "bitmap:port",
+        "Kubernetes nodeport TCP port with externalTrafficPolicy=local",
+    ),
+    (
+        NODE_PORT_UDP,
+        "bitmap:port",
+        "Kubernetes nodeport UDP port for masquerade purpose",
+    ),
+    (
+        NODE_PORT_LOCAL_UDP,
+        "bitmap:port",
+        "Kubernetes nodeport UDP port with externalTrafficPolicy=local",
+    ),
+    (
+        NODE_PORT_SCTP,
+        "hash:ip,port",
+        "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'",
+    ),
+    (
+        NODE_PORT_LOCAL_SCTP,
+        "hash:ip,port",
+        "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'",
+    ),
+    (
+        HEALTH_CHECK_NODE_PORT,
+        "bitmap:port",
+        "Kubernetes health check node port",
+    ),
+    (IPVS_IPS, "hash:ip", "Kubernetes service IP addresses"),
+];
+
+/// Every set name of `family` (what cleanup destroys).
+pub fn set_names(family: IpFamily) -> Vec<String> {
+    SETS.iter().map(|(n, _, _)| set_name(n, family)).collect()
+}
+
+/// kube-proxy's IPv6 names: `KUBE-` becomes `KUBE-6-`, cut at ipset's 31 characters.
+pub fn set_name(base: &str, family: IpFamily) -> String {
+    match family {
+        IpFamily::V4 => base.to_string(),
+        IpFamily::V6 => {
+            let mut n = base.replacen("KUBE-", "KUBE-6-", 1);
+            n.truncate(31);
+            n
+        }
+    }
+}
+
+// Chains.
+pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
+pub const KUBE_POSTROUTING: &str = "KUBE-POSTROUTING";
+pub const KUBE_NODE_PORT: &str = "KUBE-NODE-PORT";
+pub const KUBE_LOAD_BALANCER: &str = "KUBE-LOAD-BALANCER";
+pub const KUBE_MARK_MASQ: &str = "KUBE-MARK-MASQ";
+pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
+pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
+pub const KUBE_SOURCE_RANGES_FIREWALL: &str = "KUBE-SOURCE-RANGES-FIREWALL";
+pub const KUBE_IPVS_FILTER: &str = "KUBE-IPVS-FILTER";
+pub const KUBE_IPVS_OUT_FILTER: &str = "KUBE-IPVS-OUT-FILTER";
+
+/// The chains of ipvs mode, per table (kube-proxy's `iptablesChains`).
+pub const CHAINS: &[(Table, &str)] = &[
+    (Table::Nat, KUBE_SERVICES),
+    (Table::Nat, KUBE_POSTROUTING),
+    (Table::Nat, KUBE_NODE_PORT),
+    (Table::Nat, KUBE_LOAD_BALANCER),
+    (Table::Nat, KUBE_MARK_MASQ),
+    (Table::Filter, KUBE_FORWARD),
+    (Table::Filter, KUBE_NODE_PORT),
+    (Table::Filter, KUBE_PROXY_FIREWALL),
+    (Table::Filter, KUBE_SOURCE_RANGES_FIREWALL),
+    (Table::Filter, KUBE_IPVS_FILTER),
+    (Table::Filter, KUBE_IPVS_OUT_FILTER),
+];
+
+/// The jumps from built-in chains (kube-proxy's `iptablesJumpChain`), in order:
+/// (table, built-in chain, comment, target).
+pub const JUMPS: &[(Table, &str, &str, &str)] = &[
+    (
+        Table::Nat,
+        "OUTPUT",
+        "kubernetes service portals",
+        KUBE_SERVICES,
+    ),
+    (
+        Table::Nat,
+        "PREROUTING",
+        "kubernetes service portals",
+        KUBE_SERVICES,
+    ),
+    (
+        Table::Nat,
+        "POSTROUTING",
+        "kubernetes postrouting rules",
+        KUBE_POSTROUTING,
+    ),
+    (
+        Table::Filter,
+        "FORWARD",
+        "kubernetes forwarding rules",
+        KUBE_FORWARD,
+    ),
+    (
+        Table::Filter,
+        "INPUT",
+        "kubernetes health check rules",
+        KUBE_NODE_PORT,
+    ),
+    (
+        Table::Filter,
+        "INPUT",
+        "kube-proxy firewall rules",
+        KUBE_PROXY_FIREWALL,
+    ),
+    (
+        Table::Filter,
+        "FORWARD",
+        "kube-proxy firewall rules",
+        KUBE_PROXY_FIREWALL,
+    ),
+    (
+        Table::Filter,
+        "INPUT",
+        "kubernetes ipvs access filter",
+        KUBE_IPVS_FILTER,
+    ),
+    (
+        Table::Filter,
+        "OUTPUT",
+        "kubernetes ipvs access filter",
+        KUBE_IPVS_OUT_FILTER,
+    ),
+];
+
+fn ip_port(ip: IpAddr, proto: Protocol, port: u16) -> String {
+    format!("{ip},{}:{port}", proto.as_str())
+}
+
+/// Renders one family. `node_ips`: the addresses NodePorts are served on (the apply layer
+/// resolves [`weir_model::NodePortAddresses`] against the node's addresses, leaving out
+/// loopback and `kube-ipvs0`'s own).
+pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOptions) -> Desired {
+    let mut d = Desired::default();
+    let mut sets: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
+    let mut add = |set: &'static str, e: String| {
+        sets.entry(set).or_default().insert(e);
+    };
+    for (key, sp) in plan.services.iter().filter(|(k, _)| k.family == family) {
+        let proto = key.protocol;
+        let spec = ServiceSpec {
+            scheduler: opts.scheduler.clone(),
+            persistence: sp.affinity_timeout,
+        };
+        for fe in &sp.frontends {
+            let real_servers: BTreeSet<RealServer> = match fe.verdict {
+                Verdict::Forward => sp
+                    .endpoints(fe.endpoints)
+                    .iter()
+                    .map(|e| RealServer {
+                        addr: e.ip,
+                        port: e.port,
+                        weight: 1,
+                    })
+                    .collect(),
+                // No real server: IPVS answers with ICMP port unreachable (a rejection).
+                Verdict::Reject | Verdict::Drop => BTreeSet::new(),
+            };
+            for rs in &real_servers {
+                add(
+                    LOOP_BACK,
+                    format!("{},{}:{},{}", rs.addr, proto.as_str(), rs.port, rs.addr),
+                );
+            }
+            let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
+            let mut vips = Vec::new();
+            match fe.kind {
+                FrontendKind::ClusterIp => {
+                    let Some(ip) = fe.addr else { continue };
+                    add(CLUSTER_IP, ip_port(ip, proto, fe.port));
+                    add(IPVS_IPS, ip.to_string());
+                    d.addresses.insert(ip);
+                    vips.push(ip);
+                }
+                FrontendKind::ExternalIp => {
+                    let Some(ip) = fe.addr else { continue };
+                    add(
+                        if local {
+                            EXTERNAL_IP_LOCAL
+                        } else {
+                            EXTERNAL_IP
+                        },
+                        ip_port(ip, proto, fe.port),
+                    );
+                    add(IPVS_IPS, ip.to_string());
+                    d.addresses.insert(ip);
+                    vips.push(ip);
+                }
+                FrontendKind::LoadBalancer => {
+                    let Some(ip) = fe.addr else { continue };
+                    let e = ip_port(ip, proto, fe.port);
+                    add(LOAD_BALANCER, e.clone());
+                    if local {
+                        add(LOAD_BALANCER_LOCAL, e.clone());
+                    }
+                    if let Some(ranges) = &fe.source_ranges {
+                        add(LOAD_BALANCER_FW, e.clone());
+                        for r in ranges {
+                            add(LOAD_BALANCER_SOURCE_CIDR, format!("{e},{r}"));
+                        }
+                    }
+                    add(IPVS_IPS, ip.to_string());
+                    d.addresses.insert(ip);
+                    vips.push(ip);
+                }
+                FrontendKind::NodePort => {
+                    match proto {
+                        Protocol::Tcp | Protocol::Udp => {
+                            let (all, loc) = if proto == Protocol::Tcp {
+                                (NODE_PORT_TCP, NODE_PORT_LOCAL_TCP)
+                            } else {
+                                (NODE_PORT_UDP, NODE_PORT_LOCAL_UDP)
+                            };
+                            add(all, fe.port.to_string());
+                            if local {
+                                add(loc, fe.port.to_string());
+                            }
+                        }
+                        Protocol::Sctp => {
+                            for ip in node_ips {
+                                add(NODE_PORT_SCTP, ip_port(*ip, proto, fe.port));
+                                if local {
+                                    add(NODE_PORT_LOCAL_SCTP, ip_port(*ip, proto, fe.port));
+                                }
+                            }
+                        }
+                    }
+                    vips.extend(node_ips.iter().filter(|ip| IpFamily::of(ip) == family));
+                }
+            }
+            for addr in vips {
+                let vs = d
+                    .services
+                    .entry(ServiceKey {
+                        protocol: proto,
+                        addr,
+                        port: fe.port,
+                    })
+                    .or_insert_with(|| VirtualServer {
+                        spec: spec.clone(),
+                        real_servers: BTreeSet::new(),
+                    });
+                vs.real_servers.extend(real_servers.iter().copied());
+            }
+        }
+        if let Some(p) = sp.health_check_node_port {
+            add(HEALTH_CHECK_NODE_PORT, p.to_string());
+        }
+    }
+    for (name, kind, comment) in SETS {
+        d.ipsets.insert(
+            set_name(name, family),
+            IpSet {
+                kind,
+                comment,
+                entries: sets.remove(name).unwrap_or_default(),
+            },
+        );
+    }
+    d.iptables = iptables_rules(plan, family, &d, opts);
+    d
+}
+
+/// kube-proxy's `writeIptablesRules`: rules for the non-empty sets only.
+fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions) -> String {
+    let name = |base: &str| set_name(base, family);
+    let full = |base: &str| {
+        d.ipsets
+            .get(&name(base))
+            .is_some_and(|s| !s.entries.is_empty())
+    };
+    let comment = |base: &str| {
+        SETS.iter()
+            .find(|(n, _, _)| *n == base)
+            .map(|(_, _, c)| *c)
+            .unwrap_or_default()
+    };
+    let (mut nat, mut filter) = (String::new(), String::new());
+    let set_rule = |out: &mut String, chain: &str, proto: &str, base: &str, m: &str, to: &str| {
+        let p = if proto.is_empty() {
+            String::new()
+        } else {
+            format!("-p {proto} ")
+        };
+        let _ = writeln!(
+            out,
+            "-A {chain} {p}-m comment --comment \"{}\" -m set --match-set {} {m} -j {to}",
+            comment(base),
+            name(base)
+        );
+    };
+    if family == IpFamily::V4 {
+        // IPVS cannot serve connections from 127.0.0.0/8: dismiss them early.
+        let _ = writeln!(nat, "-A {KUBE_SERVICES} -s 127.0.0.0/8 -j RETURN");
+    }
+    // kube-proxy's ipsetWithIptablesChain, in its order.
+    let table: &[(Table, &str, &str, &str, &str, &str)] = &[
+        (
+            Table::Nat,
+            LOOP_BACK,
+            KUBE_POSTROUTING,
+            "MASQUERADE",
+            "dst,dst,src",
+            "",
+        ),
+        (
+            Table::Nat,
+            LOAD_BALANCER,
+            KUBE_SERVICES,
+            KUBE_LOAD_BALANCER,
+            "dst,dst",
+            "",
+        ),
+        (
+            Table::Nat,
+            LOAD_BALANCER_LOCAL,
+            KUBE_LOAD_BALANCER,
+            "RETURN",
+            "dst,dst",
+            "",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_LOCAL_TCP,
+            KUBE_NODE_PORT,
+            "RETURN",
+            "dst",
+            "tcp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_TCP,
+            KUBE_NODE_PORT,
+            KUBE_MARK_MASQ,
+            "dst",
+            "tcp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_LOCAL_UDP,
+            KUBE_NODE_PORT,
+            "RETURN",
+            "dst",
+            "udp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_UDP,
+            KUBE_NODE_PORT,
+            KUBE_MARK_MASQ,
+            "dst",
+            "udp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_LOCAL_SCTP,
+            KUBE_NODE_PORT,
+            "RETURN",
+            "dst,dst",
+            "sctp",
+        ),
+        (
+            Table::Nat,
+            NODE_PORT_SCTP,
+            KUBE_NODE_PORT,
+            KUBE_MARK_MASQ,
+            "dst,dst",
+            "sctp",
+        ),
+        (
+            Table::Filter,
+            LOAD_BALANCER_FW,
+            KUBE_PROXY_FIREWALL,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            "dst,dst",
+            "",
+        ),
+        (
+            Table::Filter,
+            LOAD_BALANCER_SOURCE_CIDR,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            "RETURN",
+            "dst,dst,src",
+            "",
+        ),
+        (
+            Table::Filter,
+            LOAD_BALANCER_SOURCE_IP,
+            KUBE_SOURCE_RANGES_FIREWALL,
+            "RETURN",
+            "dst,dst,src",
+            "",
+        ),
+    ];
+    for (t, set, from, to, m, proto) in table {
+        if full(set) {
+            let out = if *t == Table::Nat {
+                &mut nat
+            } else {
+                &mut filter
+            };
+            set_rule(out, from, proto, set, m, to);
+        }
+    }
+    if full(CLUSTER_IP) {
+        let head = format!(
+            "-A {KUBE_SERVICES} -m comment --comment \"{}\" -m set --match-set {}",
+            comment(CLUSTER_IP),
+            name(CLUSTER_IP)
+        );
+        let cidr = plan
+            .cluster_cidrs
+            .iter()
+            .find(|c| weir_model::IpFamily::of_net(c) == family);
+        match (plan.masquerade_all, cidr) {
+            (true, _) => {
+                let _ = writeln!(nat, "{head} dst,dst -j {KUBE_MARK_MASQ}");
+            }
+            // Off-cluster traffic to a service VIP is masqueraded.
+            (false, Some(c)) => {
+                let _ = writeln!(nat, "{head} dst,dst ! -s {c} -j {KUBE_MARK_MASQ}");
+            }
+            // No cluster CIDR: masquerade node-originated traffic whose source is a VIP.
+            (false, None) => {
+                let _ = writeln!(nat, "{head} src,dst -j {KUBE_MARK_MASQ}");
+            }
+        }
+    }
+    let external = |nat: &mut String, args: &str| {
+        // Traffic from off the machine (not bridged, not local), or to a local address.
+        let _ = writeln!(
+            nat,
+            "{args} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT"
+        );
+        let _ = writeln!(nat, "{args} -m addrtype --dst-type LOCAL -j ACCEPT");
+    };
+    if full(EXTERNAL_IP) {
+        let args = format!(
+            "-A {KUBE_SERVICES} -m comment --comment \"{}\" -m set --match-set {} dst,dst",
+            comment(EXTERNAL_IP),
+            name(EXTERNAL_IP)
+        );
+        let _ = writeln!(nat, "{args} -j {KUBE_MARK_MASQ}");
+        external(&mut nat, &args);
+    }
+    if full(EXTERNAL_IP_LOCAL) {
+        let args = format!(
+            "-A {KUBE_SERVICES} -m comment --comment \"{}\" -m set --match-set {} dst,dst",
+            comment(EXTERNAL_IP_LOCAL),
+            name(EXTERNAL_IP_LOCAL)
+        );
+        external(&mut nat, &args);
+    }
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_SERVICES} -m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}"
+    );
+    let _ = writeln!(nat, "-A {KUBE_LOAD_BALANCER} -j {KUBE_MARK_MASQ}");
+    let _ = writeln!(filter, "-A {KUBE_SOURCE_RANGES_FIREWALL} -j DROP");
+    // Accept what IPVS will take, in case later rules would drop it.
+    for set in [CLUSTER_IP, LOAD_BALANCER] {
+        if full(set) {
+            let _ = writeln!(
+                nat,
+                "-A {KUBE_SERVICES} -m set --match-set {} dst,dst -j ACCEPT",
+                name(set)
+            );
+        }
+    }
+    let mark = format!("{:#x}/{:#x}", opts.masquerade_mark, opts.masquerade_mark);
+    let _ = writeln!(
+        filter,
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark} -j ACCEPT"
+    );
+    let _ = writeln!(
+        filter,
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+    );
+    let _ = writeln!(
+        filter,
+        "-A {KUBE_NODE_PORT} -m comment --comment \"{}\" -m set --match-set {} dst -j ACCEPT",
+        comment(HEALTH_CHECK_NODE_PORT),
+        name(HEALTH_CHECK_NODE_PORT)
+    );
+    // Only the service ports of a VIP are open: anything else to it is rejected (a VIP is a
+    // local address, so without this it would reach the node's own listeners).
+    for (set, m) in [
+        (LOAD_BALANCER, "dst,dst"),
+        (CLUSTER_IP, "dst,dst"),
+        (EXTERNAL_IP, "dst,dst"),
+        (EXTERNAL_IP_LOCAL, "dst,dst"),
+        (HEALTH_CHECK_NODE_PORT, "dst"),
+    ] {
+        let _ = writeln!(
+            filter,
+            "-A {KUBE_IPVS_FILTER} -m set --match-set {} {m} -j RETURN",
+            name(set)
+        );
+    }
+    let _ = writeln!(
+        filter,
+        "-A {KUBE_IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
+        name(IPVS_IPS)
+    );
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark} -j RETURN"
+    );
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {:#x}",
+        opts.masquerade_mark
+    );
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
+    );
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_MARK_MASQ} -j MARK --or-mark {:#x}",
+        opts.masquerade_mark
+    );
+
+    let mut out = String::from("# weir ipvs mode\n");
+    for (t, body) in [(Table::Filter, filter), (Table::Nat, nat)] {
+        let _ = writeln!(out, "*{}", t.name());
+        for (ct, c) in CHAINS {
+            if *ct == t {
+                let _ = writeln!(out, ":{c} - [0:0]");
+            }
+        }
+        out += &body;
+        out += "COMMIT\n";
+    }
+    out
+}
+
+/// `ipset restore` input creating every set and filling it from scratch: each set is
+/// built under a temporary name and swapped in, so no moment sees it empty.
+pub fn ipset_full(sets: &BTreeMap<String, IpSet>, family: IpFamily) -> String {
+    let fam = match family {
+        IpFamily::V4 => "inet",
+        IpFamily::V6 => "inet6",
+    };
+    let mut out = String::new();
+    for (i, (name, s)) in sets.iter().enumerate() {
+        let opts = if s.kind.starts_with("bitmap") {
+            "range 0-65535".to_string()
+        } else {
+            format!("family {fam} hashsize 1024 maxelem 65536")
+        };
+        let tmp = format!("weir-{}-{i}", std::process::id());
+        let _ = writeln!(out, "create {name} {} {opts} comment -exist", s.kind);
+        let _ = writeln!(out, "create {tmp} {} {opts} comment", s.kind);
+        for e in &s.entries {
+            let _ = writeln!(out, "add {tmp} {e}");
+        }
+        let _ = writeln!(out, "swap {tmp} {name}");
+        let _ = writeln!(out, "destroy {tmp}");
+    }
+    out
+}
+
+/// `ipset restore` input turning `old` into `new` entry by entry (sets already exist).
+pub fn ipset_update(old: &BTreeMap<String, IpSet>, new: &BTreeMap<String, IpSet>) -> String {
+    let empty = BTreeSet::new();
+    let mut out = String::new();
+    for (name, s) in new {
+        let before = old.get(name).map(|o| &o.entries).unwrap_or(&empty);
+        for e in before.difference(&s.entries) {
+            let _ = writeln!(out, "del {name} {e} -exist");
+        }
+        for e in s.entries.difference(before) {
+            let _ = writeln!(out, "add {name} {e} -exist");
+        }
+    }
+    out
+}
+
+/// The virtual servers in `ipvsadm -Sn` syntax, sorted (for golden files, logs, and to
+/// compare with what the kernel reports).
+pub fn ipvsadm_save(services: &BTreeMap<ServiceKey, VirtualServer>) -> String {
+    let mut lines = Vec::new();
+    for (k, vs) in services {
+        let flag = match k.protocol {
+            Protocol::Tcp => "-t",
+            Protocol::Udp => "-u",
+            Protocol::Sctp => "--sctp-service",
+        };
+        let addr = |a: IpAddr, p: u16| match a {
+            IpAddr::V4(a) => format!("{a}:{p}"),
+            IpAddr::V6(a) => format!("[{a}]:{p}"),
+        };
+        let vip = addr(k.addr, k.port);
+        let mut l = format!("-A {flag} {vip} -s {}", vs.spec.scheduler);
+        if let Some(t) = vs.spec.persistence {
+            l += &format!(" -p {t}");
+        }
+        lines.push(l);
+        for rs in &vs.real_servers {
+            lines.push(format!(
+                "-a {flag} {vip} -r {} -m -w {}",
+                addr(rs.addr, rs.port),
+                rs.weight
+            ));
+        }
+    }
+    lines.join("\n") + "\n"
+}
