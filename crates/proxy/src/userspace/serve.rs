@@ -1,0 +1,255 @@
+//! The proxy's sockets: one TCP or UDP listener per service port (and endpoint set), on a
+//! tokio runtime whose thread lives in the namespace the backend was first synced in, so the
+//! connections it dials to endpoints leave from that namespace too.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use weir_model::{IpFamily, Protocol};
+
+use super::balance::{Pool, DIAL_TIMEOUTS};
+
+/// A UDP "connection" (client address → one endpoint) ends after this long without a reply.
+const UDP_IDLE: Duration = Duration::from_secs(10);
+
+/// The current-thread runtime that drives every listener, on its own thread.
+pub struct Runtime {
+    pub handle: Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// Starts the runtime thread. Call it from the namespace the proxy serves: the thread
+    /// inherits the caller's network namespace.
+    pub fn start() -> io::Result<Runtime> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("weir-userspace".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = tx.send(Ok(rt.handle().clone()));
+                let _ = rt.block_on(stopped);
+            })?;
+        let handle = rx
+            .recv()
+            .map_err(|_| io::Error::other("userspace runtime thread died"))??;
+        Ok(Runtime {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One listening socket and its endpoints.
+pub struct Listener {
+    pub port: u16,
+    pub pool: Arc<Mutex<Pool>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // Closes the listening socket; connections already proxied run to their end.
+        self.task.abort();
+    }
+}
+
+fn any(family: IpFamily) -> SocketAddr {
+    match family {
+        IpFamily::V4 => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        IpFamily::V6 => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    }
+}
+
+impl Listener {
+    /// Binds a listener on an ephemeral port of the calling thread's namespace and starts
+    /// serving it on `rt`.
+    pub fn open(
+        rt: &Runtime,
+        family: IpFamily,
+        protocol: Protocol,
+        pool: Pool,
+    ) -> io::Result<Listener> {
+        let pool = Arc::new(Mutex::new(pool));
+        let (port, task) = match protocol {
+            Protocol::Tcp => {
+                let l = std::net::TcpListener::bind(any(family))?;
+                l.set_nonblocking(true)?;
+                let port = l.local_addr()?.port();
+                let _guard = rt.handle.enter();
+                let l = TcpListener::from_std(l)?;
+                (port, rt.handle.spawn(serve_tcp(l, pool.clone())))
+            }
+            Protocol::Udp => {
+                let s = std::net::UdpSocket::bind(any(family))?;
+                s.set_nonblocking(true)?;
+                let port = s.local_addr()?.port();
+                let _guard = rt.handle.enter();
+                let s = UdpSocket::from_std(s)?;
+                (port, rt.handle.spawn(serve_udp(Arc::new(s), pool.clone())))
+            }
+            Protocol::Sctp => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "SCTP is not proxied in user space",
+                ))
+            }
+        };
+        Ok(Listener { port, pool, task })
+    }
+}
+
+async fn serve_tcp(l: TcpListener, pool: Arc<Mutex<Pool>>) {
+    loop {
+        match l.accept().await {
+            Ok((client, peer)) => {
+                tokio::spawn(proxy_tcp(client, peer, pool.clone()));
+            }
+            Err(e) => {
+                // EMFILE and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "userspace proxy: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Connects to an endpoint for a client, as kube-proxy's userspace mode did: each failed
+/// attempt moves to the next endpoint (dropping the client's affinity) with the next,
+/// longer, timeout. `None`: no endpoint, or none answered.
+pub async fn dial(pool: &Mutex<Pool>, client: SocketAddr) -> Option<TcpStream> {
+    for (i, timeout) in DIAL_TIMEOUTS.iter().enumerate() {
+        let ep = pool
+            .lock()
+            .expect("pool lock")
+            .pick(client.ip(), Instant::now(), i > 0)?;
+        match tokio::time::timeout(*timeout, TcpStream::connect(ep)).await {
+            Ok(Ok(s)) => return Some(s),
+            Ok(Err(e)) => {
+                tracing::debug!(%ep, error = %e, "userspace proxy: dial failed, next endpoint")
+            }
+            Err(_) => {
+                tracing::debug!(%ep, ?timeout, "userspace proxy: dial timed out, next endpoint")
+            }
+        }
+    }
+    None
+}
+
+async fn proxy_tcp(mut client: TcpStream, peer: SocketAddr, pool: Arc<Mutex<Pool>>) {
+    let Some(mut upstream) = dial(&pool, peer).await else {
+        reset(&client);
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+/// Makes the close of `s` a reset, not a clean FIN: the client learns at once that nobody
+/// answered. (SO_LINGER 0: the close does not block.)
+fn reset(s: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt(2) with a correctly sized struct on a socket we own.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
+
+async fn serve_udp(sock: Arc<UdpSocket>, pool: Arc<Mutex<Pool>>) {
+    let sessions: Sessions = Arc::default();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let Ok((n, client)) = sock.recv_from(&mut buf).await else {
+            continue;
+        };
+        let existing = sessions
+            .lock()
+            .expect("sessions lock")
+            .get(&client)
+            .cloned();
+        let up = match existing {
+            Some(up) => up,
+            None => match open_session(&sock, &pool, &sessions, client).await {
+                Some(up) => up,
+                None => continue,
+            },
+        };
+        let _ = up.send(&buf[..n]).await;
+    }
+}
+
+/// A socket connected to the endpoint chosen for `client`, and the task that relays its
+/// replies back (through the listener, so conntrack gives them the service's address).
+async fn open_session(
+    sock: &Arc<UdpSocket>,
+    pool: &Mutex<Pool>,
+    sessions: &Sessions,
+    client: SocketAddr,
+) -> Option<Arc<UdpSocket>> {
+    let ep = pool
+        .lock()
+        .expect("pool lock")
+        .pick(client.ip(), Instant::now(), false)?;
+    let family = if ep.is_ipv4() {
+        IpFamily::V4
+    } else {
+        IpFamily::V6
+    };
+    let up = Arc::new(UdpSocket::bind(any(family)).await.ok()?);
+    up.connect(ep).await.ok()?;
+    sessions
+        .lock()
+        .expect("sessions lock")
+        .insert(client, up.clone());
+    let (sock, reply, sessions) = (sock.clone(), up.clone(), sessions.clone());
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65536];
+        while let Ok(Ok(n)) = tokio::time::timeout(UDP_IDLE, reply.recv(&mut buf)).await {
+            let _ = sock.send_to(&buf[..n], client).await;
+        }
+        sessions.lock().expect("sessions lock").remove(&client);
+    });
+    Some(up)
+}
