@@ -15,6 +15,7 @@ use weir_model::NodePortDefault;
 pub enum ProxyMode {
     Nftables,
     Iptables,
+    Userspace,
 }
 
 impl ProxyMode {
@@ -22,6 +23,7 @@ impl ProxyMode {
         match self {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Iptables => "iptables",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }
@@ -226,13 +228,15 @@ impl ProxyFlags {
             (None, None | Some("")) => ProxyMode::Nftables,
             (None, Some("nftables")) => ProxyMode::Nftables,
             (None, Some("iptables")) => ProxyMode::Iptables,
+            (None, Some("userspace")) => ProxyMode::Userspace,
             (None, Some(other)) => {
-                bail!("config mode {other:?}: weir supports nftables and iptables")
+                bail!("config mode {other:?}: weir supports nftables, iptables and userspace")
             }
         };
         let section = match mode {
             ProxyMode::Nftables => file.nftables.as_ref(),
             ProxyMode::Iptables => file.iptables.as_ref(),
+            ProxyMode::Userspace => None,
         };
         let file_duration = |top: &Option<String>, sect: Option<&Option<String>>, name: &str| {
             top.as_ref()
@@ -287,7 +291,8 @@ impl ProxyFlags {
         // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
         // nftables on the node's primary IPs.
         let nodeport_default = match (mode, explicit_primary) {
-            (ProxyMode::Iptables, false) => NodePortDefault::AllLocal,
+            // kube-proxy's userspace mode listened on every address, too.
+            (ProxyMode::Iptables | ProxyMode::Userspace, false) => NodePortDefault::AllLocal,
             _ => NodePortDefault::Primary,
         };
         let localhost_nodeports = mode == ProxyMode::Iptables;
@@ -297,9 +302,10 @@ impl ProxyFlags {
             .collect();
         for n in &loopback {
             match (mode, n) {
-                (ProxyMode::Nftables, _) => warn(format!(
-                    "{np_what}: {n}: localhost NodePorts are not supported in nftables mode \
-                     (as in kube-proxy); loopback addresses are ignored"
+                (ProxyMode::Nftables | ProxyMode::Userspace, _) => warn(format!(
+                    "{np_what}: {n}: localhost NodePorts are not supported in {} mode; \
+                     loopback addresses are ignored",
+                    mode.as_str()
                 )),
                 (ProxyMode::Iptables, IpNet::V6(_)) => warn(format!(
                     "{np_what}: {n}: IPv6 localhost NodePorts cannot work; ignored"

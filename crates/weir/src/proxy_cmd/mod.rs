@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use tracing::warn;
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
+use weir_proxy::userspace::UserspaceBackend;
 use weir_proxy::Backend;
 
 pub use config::{parse_duration, ProxyFlags, ProxyMode};
@@ -48,6 +49,7 @@ fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
             }
             Ok(Box::new(IptablesBackend::new(opts)))
         }
+        ProxyMode::Userspace => Ok(Box::new(UserspaceBackend::new())),
     }
 }
 
@@ -55,7 +57,7 @@ fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
 fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
     let modes = match mode {
         Some(m) => vec![m],
-        None => vec![ProxyMode::Nftables, ProxyMode::Iptables],
+        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Userspace],
     };
     for m in modes {
         backend(m)?.cleanup()?;
