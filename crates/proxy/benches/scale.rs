@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Environment: `WEIR_BENCH_SIZES` (default `1000,5000,10000`), `WEIR_BENCH_MODES` (default
-//! `nftables,iptables`), `WEIR_BENCH_BIG` (default `1`: also 5,000 services × 50 endpoints, nftables,
+//! `nftables,iptables`; `userspace` too), `WEIR_BENCH_BIG` (default `1`: also 5,000 services × 50 endpoints, nftables,
 //! backend level only), `WEIR_BENCH_JSON=path` (write the results as JSON), `WEIR_BIN` (the
 //! agent binary, default `target/release/weir`), `WEIR_BENCH_CHURN` (one-endpoint syncs, default 20),
 //! `WEIR_BENCH_ROUNDS` (connection-rate rounds per target, default 3), `WEIR_BENCH_AGENT_TIMEOUT`
@@ -488,6 +488,9 @@ fn new_backend(mode: &str) -> Result<Box<dyn Backend>, String> {
     match mode {
         "nftables" => Ok(Box::new(NftBackend::new(NftOptions::default()))),
         "iptables" => Ok(Box::new(IptablesBackend::new(IptablesOptions::default()))),
+        // Its syncs are always full (the whole table is rewritten), so its one-endpoint
+        // rows say "not partial"; what it is here for is the connection rate.
+        "userspace" => Ok(Box::new(weir_proxy::userspace::UserspaceBackend::new())),
         other => Err(format!("unknown mode {other}")),
     }
 }

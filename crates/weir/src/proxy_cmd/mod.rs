@@ -57,7 +57,11 @@ fn backend(mode: ProxyMode) -> anyhow::Result<Box<dyn Backend>> {
 fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
     let modes = match mode {
         Some(m) => vec![m],
-        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Userspace],
+        None => vec![
+            ProxyMode::Nftables,
+            ProxyMode::Iptables,
+            ProxyMode::Userspace,
+        ],
     };
     for m in modes {
         backend(m)?.cleanup()?;
