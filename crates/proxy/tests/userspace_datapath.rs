@@ -174,6 +174,20 @@ fn udp_is_proxied_and_answers_come_from_the_service_address() {
             text.split(':').next().unwrap().to_string()
         })
         .collect();
+    // From the node itself (output hook: redirected to 127.0.0.1): the answer must still come
+    // from the ClusterIP. (It did not when the listener replied with the route's source.)
+    {
+        let _inside = lab.netns("node").enter().unwrap();
+        let c = UdpSocket::bind("0.0.0.0:0").unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        c.connect(vip).unwrap();
+        c.send(b"from-node").unwrap();
+        let mut buf = [0u8; 512];
+        let n = c
+            .recv(&mut buf)
+            .expect("UDP answer to the node's own datagram");
+        assert!(String::from_utf8_lossy(&buf[..n]).ends_with("from-node"));
+    }
     stop.store(true, Ordering::Relaxed);
     for t in servers {
         t.join().unwrap();

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -112,6 +112,9 @@ impl Listener {
             Protocol::Udp => {
                 let s = std::net::UdpSocket::bind(any(family))?;
                 s.set_nonblocking(true)?;
+                if family == IpFamily::V4 {
+                    pktinfo::enable(&s)?;
+                }
                 let port = s.local_addr()?.port();
                 let _guard = rt.handle.enter();
                 let s = UdpSocket::from_std(s)?;
@@ -197,11 +200,45 @@ fn reset(s: &TcpStream) {
 
 type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
 
+/// One datagram from the listener: its length, the client, and (IPv4) the address it was
+/// sent to after the redirect — the source the replies must carry for conntrack to map them
+/// back to the service address (127.0.0.1 for the node's own traffic, not the address the
+/// route to the client would pick).
+async fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
+    if sock.local_addr()?.is_ipv4() {
+        use std::os::fd::AsRawFd;
+        let fd = sock.as_raw_fd();
+        sock.async_io(tokio::io::Interest::READABLE, || pktinfo::recv(fd, buf))
+            .await
+    } else {
+        let (n, client) = sock.recv_from(buf).await?;
+        Ok((n, client, None))
+    }
+}
+
+/// Sends `data` to `client` from `local` (when known) through the listener.
+async fn reply(sock: &UdpSocket, data: &[u8], client: SocketAddr, local: Option<IpAddr>) {
+    match (client, local) {
+        (SocketAddr::V4(to), Some(IpAddr::V4(from))) => {
+            use std::os::fd::AsRawFd;
+            let fd = sock.as_raw_fd();
+            let _ = sock
+                .async_io(tokio::io::Interest::WRITABLE, || {
+                    pktinfo::send(fd, data, to, from)
+                })
+                .await;
+        }
+        _ => {
+            let _ = sock.send_to(data, client).await;
+        }
+    }
+}
+
 async fn serve_udp(sock: Arc<UdpSocket>, pool: Arc<Mutex<Pool>>) {
     let sessions: Sessions = Arc::default();
     let mut buf = vec![0u8; 65536];
     loop {
-        let Ok((n, client)) = sock.recv_from(&mut buf).await else {
+        let Ok((n, client, local)) = recv(&sock, &mut buf).await else {
             continue;
         };
         let existing = sessions
@@ -211,7 +248,7 @@ async fn serve_udp(sock: Arc<UdpSocket>, pool: Arc<Mutex<Pool>>) {
             .cloned();
         let up = match existing {
             Some(up) => up,
-            None => match open_session(&sock, &pool, &sessions, client).await {
+            None => match open_session(&sock, &pool, &sessions, client, local).await {
                 Some(up) => up,
                 None => continue,
             },
@@ -227,6 +264,7 @@ async fn open_session(
     pool: &Mutex<Pool>,
     sessions: &Sessions,
     client: SocketAddr,
+    local: Option<IpAddr>,
 ) -> Option<Arc<UdpSocket>> {
     let ep = pool
         .lock()
@@ -243,13 +281,122 @@ async fn open_session(
         .lock()
         .expect("sessions lock")
         .insert(client, up.clone());
-    let (sock, reply, sessions) = (sock.clone(), up.clone(), sessions.clone());
+    let (sock, upstream, sessions) = (sock.clone(), up.clone(), sessions.clone());
     tokio::spawn(async move {
         let mut buf = vec![0u8; 65536];
-        while let Ok(Ok(n)) = tokio::time::timeout(UDP_IDLE, reply.recv(&mut buf)).await {
-            let _ = sock.send_to(&buf[..n], client).await;
+        while let Ok(Ok(n)) = tokio::time::timeout(UDP_IDLE, upstream.recv(&mut buf)).await {
+            reply(&sock, &buf[..n], client, local).await;
         }
         sessions.lock().expect("sessions lock").remove(&client);
     });
     Some(up)
+}
+
+/// IPv4 `IP_PKTINFO`: learning a datagram's destination address and choosing a reply's source.
+mod pktinfo {
+    use std::io;
+    use std::mem::{size_of, zeroed};
+    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    use std::os::fd::{AsRawFd, RawFd};
+
+    pub fn enable(s: &std::net::UdpSocket) -> io::Result<()> {
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt(2) with a correctly sized int on a socket we own.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_PKTINFO,
+                (&on as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// recvmsg(2): (length, sender, the datagram's destination address).
+    pub fn recv(
+        fd: RawFd,
+        buf: &mut [u8],
+    ) -> io::Result<(usize, SocketAddr, Option<std::net::IpAddr>)> {
+        // SAFETY: every pointer in `msg` refers to a local that outlives the call, with its
+        // true length; the control messages are read only within `msg_controllen`.
+        unsafe {
+            let mut from: libc::sockaddr_in = zeroed();
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let mut control = [0u64; 16];
+            let mut msg: libc::msghdr = zeroed();
+            msg.msg_name = (&mut from as *mut libc::sockaddr_in).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = size_of::<[u64; 16]>();
+            let n = libc::recvmsg(fd, &mut msg, 0);
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut local = None;
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
+                    let info: libc::in_pktinfo =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    local = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)).into());
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+            let client = SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr)),
+                u16::from_be(from.sin_port),
+            );
+            Ok((n as usize, client.into(), local))
+        }
+    }
+
+    /// sendmsg(2) of `data` to `to` with source address `from`.
+    pub fn send(fd: RawFd, data: &[u8], to: SocketAddrV4, from: Ipv4Addr) -> io::Result<usize> {
+        // SAFETY: as in `recv`; the one control message is written inside `control`, whose
+        // size is what CMSG_SPACE asks for (checked below).
+        unsafe {
+            let mut dst: libc::sockaddr_in = zeroed();
+            dst.sin_family = libc::AF_INET as libc::sa_family_t;
+            dst.sin_port = to.port().to_be();
+            dst.sin_addr.s_addr = u32::from(*to.ip()).to_be();
+            let mut iov = libc::iovec {
+                iov_base: data.as_ptr() as *mut libc::c_void,
+                iov_len: data.len(),
+            };
+            let mut control = [0u64; 16];
+            let space = libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as u32) as usize;
+            assert!(space <= size_of::<[u64; 16]>());
+            let mut msg: libc::msghdr = zeroed();
+            msg.msg_name = (&mut dst as *mut libc::sockaddr_in).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::IPPROTO_IP;
+            (*c).cmsg_type = libc::IP_PKTINFO;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as usize;
+            let mut info: libc::in_pktinfo = zeroed();
+            info.ipi_spec_dst.s_addr = u32::from(from).to_be();
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast(), info);
+            let n = libc::sendmsg(fd, &msg, 0);
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        }
+    }
 }
