@@ -18,7 +18,8 @@ use super::balance::{Pool, DIAL_TIMEOUTS};
 /// A UDP "connection" (client address → one endpoint) ends after this long without a reply.
 const UDP_IDLE: Duration = Duration::from_secs(10);
 
-/// The current-thread runtime that drives every listener, on its own thread.
+/// The runtime that drives every listener: a thread of its own (blocked until stopped) and
+/// two workers.
 pub struct Runtime {
     pub handle: Handle,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -34,7 +35,10 @@ impl Runtime {
         let thread = std::thread::Builder::new()
             .name("weir-userspace".into())
             .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
+                // Workers are started here, so they too live in the caller's namespace.
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("weir-userspace-io")
                     .enable_all()
                     .build()
                 {
@@ -104,6 +108,13 @@ impl Listener {
             Protocol::Tcp => {
                 let l = std::net::TcpListener::bind(any(family))?;
                 l.set_nonblocking(true)?;
+                // std listens with a backlog of 128: a burst of connects would lose SYNs
+                // and pay the 1 s retransmit.
+                {
+                    use std::os::fd::AsRawFd;
+                    // SAFETY: listen(2) again on a listening socket we own raises its backlog.
+                    unsafe { libc::listen(l.as_raw_fd(), 4096) };
+                }
                 let port = l.local_addr()?.port();
                 let _guard = rt.handle.enter();
                 let l = TcpListener::from_std(l)?;
