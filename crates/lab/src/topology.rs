@@ -223,6 +223,9 @@ pub enum ProxyKind {
     Nftables,
     /// `weir proxy --proxy-mode iptables`.
     Iptables,
+    /// `weir proxy --proxy-mode userspace` (not in [`ProxyKind::ALL`]: the matrix runs the
+    /// kernel datapaths).
+    Userspace,
     /// No `weir proxy`: upstream kube-proxy's iptables-mode rules, written once
     /// ([`crate::kube_proxy`]).
     KubeProxyIptables,
@@ -249,6 +252,7 @@ impl ProxyKind {
         match self {
             ProxyKind::Nftables => "nftables",
             ProxyKind::Iptables => "iptables",
+            ProxyKind::Userspace => "userspace",
             ProxyKind::KubeProxyIptables => "kube-proxy-iptables",
             ProxyKind::KubeProxyNftables => "kube-proxy-nftables",
             ProxyKind::KubeProxyIpvs => "kube-proxy-ipvs",
@@ -263,7 +267,11 @@ impl ProxyKind {
 
     /// The `--proxy-mode` of `weir proxy`, if the lab runs it.
     pub fn weir_mode(self) -> Option<&'static str> {
-        matches!(self, ProxyKind::Nftables | ProxyKind::Iptables).then(|| self.as_str())
+        matches!(
+            self,
+            ProxyKind::Nftables | ProxyKind::Iptables | ProxyKind::Userspace
+        )
+        .then(|| self.as_str())
     }
 
     /// The upstream kube-proxy mode whose rules the lab writes instead of running a proxy.

@@ -8,11 +8,19 @@
 //! ```
 //!
 //! Environment: `WEIR_BENCH_SIZES` (default `1000,5000,10000`), `WEIR_BENCH_MODES` (default
-//! `nftables,iptables`), `WEIR_BENCH_BIG` (default `1`: also 5,000 services × 50 endpoints, nftables,
+//! `nftables,iptables`; `userspace` too), `WEIR_BENCH_BIG` (default `1`: also 5,000 services × 50 endpoints, nftables,
 //! backend level only), `WEIR_BENCH_JSON=path` (write the results as JSON), `WEIR_BIN` (the
 //! agent binary, default `target/release/weir`), `WEIR_BENCH_CHURN` (one-endpoint syncs, default 20),
 //! `WEIR_BENCH_ROUNDS` (connection-rate rounds per target, default 3), `WEIR_BENCH_AGENT_TIMEOUT`
-//! (seconds to wait for the agent's first sync, default 900).
+//! (seconds to wait for the agent's first sync, default 900), `WEIR_BENCH_AGENT` (default `1`; `0`
+//! skips the agent runs), `WEIR_BENCH_FULL_ROUNDS` (iptables: rounds of the side-by-side full
+//! syncs, default 3).
+//!
+//! iptables mode is measured beside kube-proxy's procedure on the same rules: kube-proxy's
+//! layout (weir renders the same chains, hashes and rules) loaded as kube-proxy loads it, one
+//! `iptables-restore --noflush` transaction per table, into an empty namespace ("first") and
+//! over itself ("resync"), against weir's backend doing the same (a first full sync, then a
+//! full sync over its own rules).
 //!
 //! Figures are medians; the connection-rate rounds to the VIP and to the pod alternate so that
 //! noise on a shared machine hits both alike.
@@ -46,6 +54,8 @@ struct Config {
     sizes: Vec<usize>,
     modes: Vec<String>,
     big: bool,
+    agent: bool,
+    full_rounds: usize,
     churn: usize,
     rounds: usize,
     round_time: Duration,
@@ -85,6 +95,8 @@ impl Config {
             sizes,
             modes,
             big: env_or("WEIR_BENCH_BIG", "1") != "0",
+            agent: env_or("WEIR_BENCH_AGENT", "1") != "0",
+            full_rounds: env_num("WEIR_BENCH_FULL_ROUNDS", 3).max(1),
             churn: env_num("WEIR_BENCH_CHURN", 20).max(15),
             rounds: env_num("WEIR_BENCH_ROUNDS", 3).max(3),
             round_time: Duration::from_secs(2),
@@ -476,6 +488,9 @@ fn new_backend(mode: &str) -> Result<Box<dyn Backend>, String> {
     match mode {
         "nftables" => Ok(Box::new(NftBackend::new(NftOptions::default()))),
         "iptables" => Ok(Box::new(IptablesBackend::new(IptablesOptions::default()))),
+        // Its syncs are always full (the whole table is rewritten), so its one-endpoint
+        // rows say "not partial"; what it is here for is the connection rate.
+        "userspace" => Ok(Box::new(weir_proxy::userspace::UserspaceBackend::new())),
         other => Err(format!("unknown mode {other}")),
     }
 }
@@ -869,6 +884,7 @@ struct Row {
     services: usize,
     endpoints: usize,
     full_ms: Option<f64>,
+    side_by_side: Option<SideBySide>,
     churn: Option<Churn>,
     conn: Option<ConnRates>,
     agent: Option<AgentResult>,
@@ -883,6 +899,89 @@ impl Row {
         })
         .ok()
     }
+}
+
+/// iptables full syncs, weir's backend beside kube-proxy's procedure: medians (ms) of
+/// `full_rounds` rounds, each in fresh namespaces.
+struct SideBySide {
+    weir_first: f64,
+    weir_resync: f64,
+    kube_first: f64,
+    kube_resync: f64,
+}
+
+/// `iptables-restore -w --noflush` of `script` inside `ns`, timed.
+fn timed_restore(ns: &Ns, script: &str) -> Result<f64, String> {
+    use std::io::Write as _;
+    let start = Instant::now();
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.name,
+            "iptables-restore",
+            "-w",
+            "--noflush",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("iptables-restore: {e}"))?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "iptables-restore: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(ms(start.elapsed()))
+}
+
+fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
+    let plan = generate_plan(shape, None);
+    // kube-proxy's transaction shape: the whole ruleset, one commit per table.
+    let script =
+        weir_proxy::iptables::render_full(&plan, IpFamily::V4, &IptablesOptions::default());
+    let (mut wf, mut wr, mut kf, mut kr) = (vec![], vec![], vec![], vec![]);
+    for round in 0..cfg.full_rounds {
+        // Alternate who goes first, so that load on a shared machine hits both alike.
+        for weir_turn in [round % 2 == 0, round % 2 == 1] {
+            let ns = Ns::create(ns_name("iptables", &shape.label(), &format!("-sbs{round}")))?;
+            if weir_turn {
+                let mut b = IptablesBackend::new(IptablesOptions {
+                    families: vec![IpFamily::V4],
+                    ..IptablesOptions::default()
+                });
+                wf.push(timed_sync(&ns, &mut b, &plan)?.0);
+                b.invalidate();
+                let (t, kind) = timed_sync(&ns, &mut b, &plan)?;
+                if kind != SyncKind::Full {
+                    return Err(format!("weir's resync was {kind:?}, not full"));
+                }
+                wr.push(t);
+            } else {
+                kf.push(timed_restore(&ns, &script)?);
+                kr.push(timed_restore(&ns, &script)?);
+            }
+        }
+        progress(format!(
+            "  round {round}: weir first {:.0} ms, resync {:.0} ms; kube-proxy layout first {:.0} ms, resync {:.0} ms",
+            wf[round], wr[round], kf[round], kr[round]
+        ));
+    }
+    Ok(SideBySide {
+        weir_first: median(&wf),
+        weir_resync: median(&wr),
+        kube_first: median(&kf),
+        kube_resync: median(&kr),
+    })
 }
 
 /// Backend-level steps (full sync, churn, datapath) in one node namespace.
@@ -960,8 +1059,16 @@ fn measure(mode: &str, shape: Shape, full_suite: bool, cfg: &Config) -> Row {
         endpoints: shape.endpoints,
         ..Default::default()
     };
+    if mode == "iptables" && shape.endpoints == 10 {
+        progress(format!(
+            "iptables {}: full syncs beside kube-proxy's layout ({} rounds)",
+            shape.label(),
+            cfg.full_rounds
+        ));
+        row.side_by_side = row.record("side by side", side_by_side(shape, cfg));
+    }
     backend_steps(&mut row, mode, shape, full_suite, cfg);
-    if full_suite {
+    if full_suite && cfg.agent {
         progress(format!("{mode} {}: agent end to end", shape.label()));
         if let Some(a) = row.record("agent", agent(mode, shape, cfg)) {
             progress(format!(
@@ -1022,12 +1129,41 @@ fn table(rows: &[Row], mode: &str) -> String {
     out
 }
 
+fn side_by_side_table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "\n### iptables full sync beside kube-proxy's layout (medians, ms)\n\n\
+         | services × endpoints | weir first | kube-proxy first | ratio | weir resync \
+         | kube-proxy resync | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        if let Some(s) = &r.side_by_side {
+            let _ = writeln!(
+                out,
+                "| {} × {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} |",
+                r.services,
+                r.endpoints,
+                s.weir_first,
+                s.kube_first,
+                s.weir_first / s.kube_first,
+                s.weir_resync,
+                s.kube_resync,
+                s.weir_resync / s.kube_resync
+            );
+        }
+    }
+    out
+}
+
 fn row_json(r: &Row) -> Value {
     json!({
         "mode": r.mode,
         "services": r.services,
         "endpoints_per_service": r.endpoints,
         "full_sync_ms": r.full_ms,
+        "side_by_side_ms": r.side_by_side.as_ref().map(|s| json!({
+            "weir_first": s.weir_first, "kube_proxy_first": s.kube_first,
+            "weir_resync": s.weir_resync, "kube_proxy_resync": s.kube_resync,
+        })),
         "one_endpoint": r.churn.as_ref().map(|c| json!({
             "median_ms": c.median_ms, "p90_ms": c.p90_ms,
             "plan_diff_median_ms": c.diff_median_ms, "plan_clone_median_ms": c.clone_median_ms,
@@ -1056,8 +1192,11 @@ fn main() {
         eprintln!("scale bench: needs root (network namespaces); skipping");
         return;
     }
-    if let Err(e) = check_plan_matches_planner() {
-        panic!("the bench would measure different rules in the agent and the backends: {e}");
+    // Only the agent runs read manifests: without them the check has nothing to protect.
+    if cfg.agent {
+        if let Err(e) = check_plan_matches_planner() {
+            panic!("the bench would measure different rules in the agent and the backends: {e}");
+        }
     }
     progress(format!(
         "sizes {:?}, modes {:?}, big case {}, agent {}",
@@ -1093,6 +1232,9 @@ fn main() {
     } else {
         for mode in &cfg.modes {
             print!("{}", table(&rows, mode));
+        }
+        if rows.iter().any(|r| r.side_by_side.is_some()) {
+            print!("{}", side_by_side_table(&rows));
         }
     }
 }

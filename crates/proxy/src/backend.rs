@@ -43,7 +43,9 @@ pub trait Backend: Send {
     /// `"nftables"`, `"iptables"`, …
     fn mode(&self) -> &'static str;
     /// Brings the kernel to `plan`. On error the previous rules stay as they were, and the
-    /// next call retries with a full sync.
+    /// next call retries with a full sync. (One exception: iptables mode on iptables-nft
+    /// writes a big change in several commits, each leaving a working ruleset; a failure
+    /// keeps the commits before it. See `IptablesBackend`.)
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport>;
     /// Whether the kernel still holds the rules the last sync wrote — cheap enough to call
     /// every few seconds, and sensitive to contents, not just to chains existing: an outside

@@ -2,6 +2,8 @@
 //!
 //! * [`nft`]: nftables renderer (pure: plan → `nft -f` script text) — the default mode.
 //! * [`iptables`]: kube-proxy-compatible iptables layout, applied with `iptables-restore --noflush`.
+//! * [`userspace`]: a proxy in the agent process behind nftables redirects, retrying dead
+//!   endpoints.
 //! * [`conntrack`]: stale UDP conntrack cleanup over netlink.
 //! * [`health`], [`metrics`]: `/healthz`, `/livez`, `/metrics` and healthCheckNodePort servers.
 //!
@@ -15,5 +17,6 @@ pub mod ipvs;
 pub mod metrics;
 pub mod nft;
 pub mod process_stats;
+pub mod userspace;
 
 pub use backend::{Backend, Error, Result, SyncKind, SyncReport};

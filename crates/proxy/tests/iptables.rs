@@ -331,3 +331,231 @@ fn scripts_pass_restore_test_and_apply_in_a_netns() {
         .collect();
     assert_eq!(held, service_chain_names(&v2, IpFamily::V4, &o), "{saved}");
 }
+
+/// The nat commits of a script: (chains declared, rules) per `*nat … COMMIT` section.
+fn nat_commits(script: &str) -> Vec<(Vec<String>, Vec<String>)> {
+    let mut out = Vec::new();
+    let mut cur: Option<(Vec<String>, Vec<String>)> = None;
+    for l in script.lines() {
+        if l == "*nat" {
+            cur = Some((Vec::new(), Vec::new()));
+        } else if l == "COMMIT" {
+            out.extend(cur.take());
+        } else if let Some((chains, rules)) = cur.as_mut() {
+            if let Some(c) = l.strip_prefix(':') {
+                chains.push(c.split_whitespace().next().unwrap().to_string());
+            } else {
+                rules.push(l.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// What a batched script does to the nat table, whatever the batches: the final rules per
+/// chain (a `:CHAIN` empties it) and the chains deleted.
+fn nat_effect(script: &str) -> (Vec<String>, BTreeSet<String>) {
+    let mut rules: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let mut deleted = BTreeSet::new();
+    for (chains, lines) in nat_commits(script) {
+        for c in chains {
+            rules.insert(c.clone(), Vec::new());
+            deleted.remove(&c);
+        }
+        for l in lines {
+            if let Some(c) = l.strip_prefix("-X ") {
+                rules.remove(c);
+                deleted.insert(c.to_string());
+            } else if let Some(rest) = l.strip_prefix("-A ") {
+                let chain = rest.split_whitespace().next().unwrap().to_string();
+                rules.entry(chain).or_default().push(l.to_string());
+            }
+        }
+    }
+    (rules.into_values().flatten().collect(), deleted)
+}
+
+/// Batched (iptables-nft), every nat commit jumps only to chains that exist by then, the
+/// listing chains come after the chains they list, stale chains go after the last jump to
+/// them, and the result equals the one-commit script's.
+#[test]
+fn batched_scripts_commit_in_a_working_order_with_the_same_result() {
+    let one = IptablesOptions::default();
+    let batched = IptablesOptions {
+        chains_per_commit: Some(3),
+        ..IptablesOptions::default()
+    };
+    let (v1, v2) = (load("v1"), load("v2"));
+    let stale = service_chain_names(&v1, IpFamily::V4, &one);
+    let scripts = [
+        (
+            render_full(&v2, IpFamily::V4, &one),
+            render_full(&v2, IpFamily::V4, &batched),
+        ),
+        (
+            render_full_replacing(&v2, IpFamily::V4, &one, &stale),
+            render_full_replacing(&v2, IpFamily::V4, &batched, &stale),
+        ),
+        (
+            render_update(&v1, &v2, IpFamily::V4, &one),
+            render_update(&v1, &v2, IpFamily::V4, &batched),
+        ),
+    ];
+    for (n, (single, split)) in scripts.iter().enumerate() {
+        assert_eq!(nat_effect(single), nat_effect(split), "{split}");
+        let commits = nat_commits(split);
+        assert!(commits.len() > 2, "not batched:\n{split}");
+        // Chains that exist before the script: the fixed ones, and v1's before the update.
+        let mut exist: BTreeSet<String> = ["KUBE-MARK-MASQ", "KUBE-POSTROUTING"]
+            .map(String::from)
+            .into();
+        if n == 2 {
+            exist.extend(stale.iter().cloned());
+        }
+        let mut listed_at = None;
+        for (i, (chains, rules)) in commits.iter().enumerate() {
+            exist.extend(chains.iter().cloned());
+            for r in rules {
+                if let Some(t) = r.split(" -j ").nth(1) {
+                    let t = t.split_whitespace().next().unwrap();
+                    if t.starts_with("KUBE-") {
+                        assert!(exist.contains(t), "commit {i} jumps to {t} first:\n{split}");
+                    }
+                }
+                if let Some(c) = r.strip_prefix("-X ") {
+                    // Nothing later may still jump to it.
+                    for (later, _) in commits[i + 1..]
+                        .iter()
+                        .flat_map(|(_, r)| r.iter())
+                        .map(|r| (r, ()))
+                    {
+                        assert!(
+                            !later.ends_with(&format!("-j {c}")),
+                            "{c} deleted too early:\n{split}"
+                        );
+                    }
+                }
+            }
+            if chains.iter().any(|c| c == "KUBE-SERVICES") {
+                listed_at = Some(i);
+            }
+        }
+        let listed_at = listed_at.expect("KUBE-SERVICES declared");
+        for (chains, _) in &commits[..listed_at] {
+            assert!(
+                !chains.iter().any(|c| c.starts_with("KUBE-SERVICES")),
+                "listing before the end:\n{split}"
+            );
+        }
+        for (chains, _) in &commits[listed_at + 1..] {
+            assert!(chains
+                .iter()
+                .all(|c| weir_proxy::iptables::names::is_service_chain(c)));
+        }
+    }
+}
+
+/// The defect: one commit naming every chain of a big table, which iptables-nft's restore
+/// handles in time quadratic in the chains (2,000 services × 10 endpoints: 22,000 chains).
+/// Batched, no nat commit names more than the batch plus one service port's chains.
+#[test]
+fn big_tables_are_committed_in_bounded_batches() {
+    use std::net::{IpAddr, Ipv4Addr};
+    use weir_model::{
+        EndpointSet, Frontend, FrontendKind, Masquerade, NodePortAddresses, ServicePortPlan,
+        TopologyMode, Verdict,
+    };
+    let services = (0..2000u32)
+        .map(|i| {
+            let k = key("bench", &format!("svc-{i:05}"), "", Protocol::Tcp);
+            let eps = (0..10)
+                .map(|j| endpoint(&Ipv4Addr::from(0x0a80_0000 + i * 10 + j).to_string(), 8080))
+                .collect();
+            let fe = Frontend {
+                kind: FrontendKind::ClusterIp,
+                addr: Some(IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + i))),
+                port: 80,
+                endpoints: EndpointSet::Cluster,
+                verdict: Verdict::Forward,
+                masquerade: Masquerade::OffCluster,
+                short_circuit: false,
+                source_ranges: None,
+            };
+            let sp = ServicePortPlan {
+                port: 80,
+                frontends: vec![fe],
+                cluster_endpoints: eps,
+                local_endpoints: vec![],
+                affinity_timeout: None,
+                internal_policy_local: false,
+                external_policy_local: false,
+                health_check_node_port: None,
+                topology: TopologyMode::None,
+                has_any_endpoints: true,
+            };
+            (k, sp.into())
+        })
+        .collect();
+    let plan = Plan {
+        services,
+        node_port_addresses_v4: NodePortAddresses::None,
+        node_port_addresses_v6: NodePortAddresses::None,
+        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+        masquerade_all: false,
+        warnings: vec![],
+    };
+    let o = IptablesOptions {
+        chains_per_commit: Some(weir_proxy::iptables::NFT_CHAINS_PER_COMMIT),
+        ..IptablesOptions::default()
+    };
+    let script = render_full(&plan, IpFamily::V4, &o);
+    let commits = nat_commits(&script);
+    let biggest = commits.iter().map(|(c, _)| c.len()).max().unwrap();
+    assert!(
+        biggest <= weir_proxy::iptables::NFT_CHAINS_PER_COMMIT + 11,
+        "{biggest}"
+    );
+    let total: usize = commits.iter().map(|(c, _)| c.len()).sum();
+    assert!(total >= 22_000, "{total}");
+}
+
+/// The batched scripts in the kernel: load v1, update to v2 and back, replace over stale
+/// chains; every commit is accepted and the kernel ends holding exactly v2's chains.
+#[test]
+fn batched_scripts_apply_in_a_netns() {
+    if !can_run_iptables() {
+        return;
+    }
+    let o = IptablesOptions {
+        chains_per_commit: Some(4),
+        ..IptablesOptions::default()
+    };
+    let (v1, v2) = (load("v1"), load("v2"));
+    let tmp = std::env::temp_dir().join(format!("weir-iptables-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let write = |name: &str, text: String| {
+        let p = tmp.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let stale = service_chain_names(&v1, IpFamily::V4, &o);
+    let f1 = write("v1", render_full(&v1, IpFamily::V4, &o));
+    let u12 = write("u12", render_update(&v1, &v2, IpFamily::V4, &o));
+    let u21 = write("u21", render_update(&v2, &v1, IpFamily::V4, &o));
+    let f2r = write("v2r", render_full_replacing(&v2, IpFamily::V4, &o, &stale));
+    let r = "iptables-restore -w --noflush";
+    let (ok, log) = in_netns(&format!(
+        "{r} < {f1}; {r} < {u12}; {r} < {u21}; {r} < {f2r}; iptables-save > {dir}/saved",
+        dir = tmp.display()
+    ));
+    let saved = std::fs::read_to_string(tmp.join("saved")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(ok, "{log}");
+    let held: BTreeSet<String> = chains_in_save(&saved)
+        .remove("nat")
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| weir_proxy::iptables::names::is_service_chain(c))
+        .collect();
+    assert_eq!(held, service_chain_names(&v2, IpFamily::V4, &o), "{saved}");
+}

@@ -39,6 +39,8 @@ enum TopologyArg {
 enum ProxyArg {
     Nftables,
     Iptables,
+    /// weir proxy's userspace mode (a proxy in the agent, retrying dead endpoints).
+    Userspace,
     /// Upstream kube-proxy's iptables-mode rule shapes, written once (no weir proxy).
     KubeProxyIptables,
     /// Upstream kube-proxy's nftables-mode rule shapes (table `ip kube-proxy`).
@@ -53,6 +55,7 @@ impl From<ProxyArg> for ProxyKind {
         match p {
             ProxyArg::Nftables => ProxyKind::Nftables,
             ProxyArg::Iptables => ProxyKind::Iptables,
+            ProxyArg::Userspace => ProxyKind::Userspace,
             ProxyArg::KubeProxyIptables => ProxyKind::KubeProxyIptables,
             ProxyArg::KubeProxyNftables => ProxyKind::KubeProxyNftables,
             ProxyArg::KubeProxyIpvs => ProxyKind::KubeProxyIpvs,

@@ -617,8 +617,11 @@ fn sigkill_during_sync(a: &mut Agent) {
         a.spawn();
         // Wait for a tool that writes rules (`iptables-restore`, `nft -f`: a sync is under
         // way; a child seen between fork and exec still shows weir's own command line),
-        // then kill at a random point of the next 20 ms.
-        let writing = |c: &String| c.contains("-restore") || c.starts_with("nft ");
+        // then kill at a random point of the next 20 ms. (`nft list …` only reads: the
+        // iptables mode runs it to find its nat chains before it writes.)
+        let writing = |c: &String| {
+            c.contains("-restore") || (c.starts_with("nft ") && !c.starts_with("nft list"))
+        };
         let deadline = Instant::now() + Duration::from_secs(15);
         let mut running = children(a);
         while !running.iter().any(writing) {

@@ -1,14 +1,15 @@
 //! [`IptablesBackend`]: applies rendered scripts to the calling thread's network namespace.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use weir_model::{IpFamily, NodePortAddresses, Plan};
 
 use super::jumps::jumps;
 use super::render::{
-    family_view, is_weir_chain, render_full_replacing, render_update, IptablesOptions,
-    KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_SERVICES,
+    delete_in_batches, family_view, is_weir_chain, render_full_replacing, render_update,
+    IptablesOptions, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_SERVICES,
+    NFT_CHAINS_PER_COMMIT,
 };
 use super::restore::{Restore, Table};
 use super::tools;
@@ -29,8 +30,21 @@ use crate::backend::{Backend, Result, SyncKind, SyncReport};
 ///   ports ([`render_update`]).
 ///
 /// Each family is its own set of tables (`iptables` / `ip6tables`) and is synced in turn.
+///
+/// With iptables-nft (found with `iptables --version` at the first sync) the nat table is
+/// committed in batches of service ports (see `IptablesOptions::chains_per_commit`), the
+/// nat chains a full sync must compare against are read with `nft list chains`, and the
+/// check before each sync starts with the nf_tables generation counter: unchanged since
+/// weir's last sync, nothing can differ, and no chain is listed. A change naming more
+/// chains than one batch (a full sync of a big table) is not one transaction then: if a
+/// commit fails, the ones before it stay (each left a working ruleset: service chains
+/// before the listing that jumps to them, deletions last) and the next sync is full.
 pub struct IptablesBackend {
     opts: IptablesOptions,
+    /// Whether `iptables` is iptables-nft (unknown before the first sync).
+    nf_tables: Option<bool>,
+    /// The nf_tables generation right after weir's last successful sync (iptables-nft only).
+    synced_generation: Option<u32>,
     /// Per family, the view of the plan the kernel holds (absent: next sync is full).
     applied: BTreeMap<IpFamily, Plan>,
     /// Per family, the number of rules weir wrote into each of its chains.
@@ -78,9 +92,31 @@ impl IptablesBackend {
     pub fn new(opts: IptablesOptions) -> Self {
         IptablesBackend {
             opts,
+            nf_tables: None,
+            synced_generation: None,
             applied: BTreeMap::new(),
             expected: BTreeMap::new(),
         }
+    }
+
+    /// The options the renderer gets: the caller's, batched for iptables-nft unless the
+    /// caller chose a batch size.
+    fn render_options(&self) -> IptablesOptions {
+        let mut o = self.opts.clone();
+        if self.nf_tables == Some(true) && o.chains_per_commit.is_none() {
+            o.chains_per_commit = Some(NFT_CHAINS_PER_COMMIT);
+        }
+        o
+    }
+
+    /// The current nf_tables generation, if `iptables` is iptables-nft and it can be read.
+    fn generation(&self) -> Option<u32> {
+        if self.nf_tables != Some(true) {
+            return None;
+        }
+        crate::nft::netlink::NftNetlink::new()
+            .and_then(|mut n| n.generation())
+            .ok()
     }
 
     pub fn options(&self) -> &IptablesOptions {
@@ -88,17 +124,25 @@ impl IptablesBackend {
     }
 
     /// Syncs one family; returns its kind and the number of service ports written.
-    fn sync_family(&mut self, family: IpFamily, plan: &Plan) -> Result<(SyncKind, usize)> {
+    /// `untouched`: nothing in the kernel changed since weir's last sync (same nf_tables
+    /// generation), so the rules need no listing to be trusted.
+    fn sync_family(
+        &mut self,
+        family: IpFamily,
+        plan: &Plan,
+        untouched: bool,
+    ) -> Result<(SyncKind, usize)> {
         let view = family_view(plan, family);
+        let ropts = self.render_options();
         let partial = match self.applied.get(&family) {
-            Some(old) if self.family_intact(family, false)? => {
+            Some(old) if untouched || self.family_intact(family, false)? => {
                 let diff = old.diff(&view);
                 if diff.is_empty() {
                     return Ok((SyncKind::Noop, 0));
                 }
                 (!diff.globals_changed).then(|| {
                     (
-                        render_update(old, &view, family, &self.opts),
+                        render_update(old, &view, family, &ropts),
                         diff.touched().len(),
                     )
                 })
@@ -128,11 +172,8 @@ impl IptablesBackend {
     }
 
     fn full(&mut self, family: IpFamily, view: &Plan) -> Result<()> {
-        let saved = tools::save(family, Some(Table::Nat))?;
-        let existing = tools::chains_in_save(&saved)
-            .remove(Table::Nat.name())
-            .unwrap_or_default();
-        let script = render_full_replacing(view, family, &self.opts, &existing);
+        let existing = tools::nat_chains(family, self.nf_tables == Some(true))?;
+        let script = render_full_replacing(view, family, &self.render_options(), &existing);
         self.expected.remove(&family);
         tools::restore(family, &script)?;
         ensure_jumps(family)?;
@@ -146,7 +187,8 @@ impl IptablesBackend {
         Ok(())
     }
 
-    /// Whether the kernel still holds what weir wrote into this family's tables. Reading a
+    /// Whether the kernel still holds what weir wrote into this family's tables. (Before a
+    /// sync, an unchanged nf_tables generation answers first, without any of this.) Reading a
     /// whole table is slow with the nf_tables back end (`iptables-save`: 3.7 s at 1,000
     /// services × 10 endpoints), reading one small chain is not (≈ 8 ms at that size), so
     /// this lists only small chains that a flush empties. Before every sync (5 listings,
@@ -263,8 +305,9 @@ fn ensure_jumps(family: IpFamily) -> Result<()> {
     Ok(())
 }
 
-/// Removes one family's jumps and chains; absence is not an error.
-fn cleanup_family(family: IpFamily) -> Result<()> {
+/// Removes one family's jumps and chains; absence is not an error. `batch`: chains per
+/// commit (iptables-nft), `None` for one commit per table.
+fn cleanup_family(family: IpFamily, batch: Option<usize>) -> Result<()> {
     if !tools::available(family) {
         return Ok(());
     }
@@ -286,11 +329,9 @@ fn cleanup_family(family: IpFamily) -> Result<()> {
         let Some(t) = Table::parse(&table) else {
             continue;
         };
-        let ours: BTreeSet<&String> = chains.iter().filter(|c| is_weir_chain(t, c)).collect();
-        for c in ours {
-            r.delete(t, c);
-            any = true;
-        }
+        let ours: Vec<String> = chains.into_iter().filter(|c| is_weir_chain(t, c)).collect();
+        any |= !ours.is_empty();
+        delete_in_batches(&mut r, t, ours, batch.unwrap_or(usize::MAX));
     }
     if any {
         tools::restore(family, &r.text("weir iptables cleanup"))?;
@@ -305,10 +346,19 @@ impl Backend for IptablesBackend {
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
         let start = Instant::now();
+        if self.nf_tables.is_none() {
+            let family = self.opts.families.first().copied().unwrap_or(IpFamily::V4);
+            self.nf_tables = Some(tools::is_nf_tables(family)?);
+        }
+        // Read before anything of this sync: a generation equal to the one recorded after the
+        // last sync means no transaction at all ran in between.
+        let untouched =
+            self.synced_generation.is_some() && self.generation() == self.synced_generation;
+        self.synced_generation = None;
         let mut kinds = Vec::new();
         let mut touched = 0;
         for family in self.opts.families.clone() {
-            match self.sync_family(family, plan) {
+            match self.sync_family(family, plan, untouched) {
                 Ok((k, n)) => {
                     kinds.push(k);
                     touched += n;
@@ -322,6 +372,9 @@ impl Backend for IptablesBackend {
                 }
             }
         }
+        // A change by someone else between weir's last commit and this read would go unseen
+        // by the next quick check; the periodic `intact` (which always lists) catches it.
+        self.synced_generation = self.generation();
         let kind = if kinds.contains(&SyncKind::Full) {
             SyncKind::Full
         } else if kinds.contains(&SyncKind::Partial) {
@@ -350,10 +403,15 @@ impl Backend for IptablesBackend {
     }
 
     fn cleanup(&mut self) -> Result<()> {
+        self.synced_generation = None;
         self.applied.clear();
         self.expected.clear();
         for family in self.opts.families.clone() {
-            cleanup_family(family)?;
+            let nf_tables = match self.nf_tables {
+                Some(known) => known,
+                None => tools::is_nf_tables(family).unwrap_or(false),
+            };
+            cleanup_family(family, nf_tables.then_some(NFT_CHAINS_PER_COMMIT))?;
         }
         Ok(())
     }

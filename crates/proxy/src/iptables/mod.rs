@@ -18,7 +18,8 @@ pub use apply::IptablesBackend;
 pub use jumps::{jumps, Jump};
 pub use render::{
     family_view, is_weir_chain, probability, render_full, render_full_replacing, render_update,
-    service_chain_names, IptablesOptions, KUBE_FIREWALL, KUBE_PROXY_FIREWALL, STATIC_CHAINS,
+    service_chain_names, IptablesOptions, KUBE_FIREWALL, KUBE_PROXY_FIREWALL,
+    NFT_CHAINS_PER_COMMIT, STATIC_CHAINS,
 };
 pub use restore::Table;
 pub use tools::chains_in_save;

@@ -90,13 +90,24 @@ pub struct IptablesOptions {
     pub families: Vec<IpFamily>,
     /// Masquerade mark bit (kube-proxy's 0x4000).
     pub masquerade_mark: u32,
+    /// At most about this many nat chains per `COMMIT` (whole service ports per commit);
+    /// `None`: one commit per table. iptables-nft needs batches: its restore is quadratic in
+    /// the chains one commit names. iptables-legacy needs one commit: each replaces the whole
+    /// table blob. [`IptablesBackend`](super::IptablesBackend) picks by the back end it finds.
+    pub chains_per_commit: Option<usize>,
 }
+
+/// The nat chains per commit that the iptables-nft back end gets: the batch is small enough
+/// that the restore's sorted list stays short, big enough that per-commit costs (a cache
+/// fetch and a kernel transaction) do not dominate (measured in docs/benchmarks.md).
+pub const NFT_CHAINS_PER_COMMIT: usize = 100;
 
 impl Default for IptablesOptions {
     fn default() -> Self {
         IptablesOptions {
             families: vec![IpFamily::V4, IpFamily::V6],
             masquerade_mark: 0x4000,
+            chains_per_commit: None,
         }
     }
 }
@@ -603,7 +614,10 @@ fn chain_names(k: &ServicePortKey, sp: &ServicePortPlan, ctx: &Ctx) -> BTreeSet<
 
 /// The fixed chains, with their rules (full syncs only: they change with the options or
 /// the cluster CIDRs, never with a service).
-fn fixed(r: &mut Restore, ctx: &Ctx) {
+fn fixed(r: &mut Restore, ctx: &Ctx, batched: bool) {
+    // Batched, the listing chains get their own (last) commit: declaring them here would
+    // leave them empty until then.
+    let listing_here = !batched;
     let masq = format!("{:#x}", ctx.o.masquerade_mark);
     // Declared in kube-proxy's order (the listing chains are filled by `listing`).
     r.declare(Table::Mangle, KUBE_PROXY_CANARY);
@@ -624,7 +638,9 @@ fn fixed(r: &mut Restore, ctx: &Ctx) {
         KUBE_MARK_MASQ,
         KUBE_PROXY_CANARY,
     ] {
-        r.declare(Table::Nat, c);
+        if listing_here || !matches!(c, KUBE_SERVICES | KUBE_NODEPORTS) {
+            r.declare(Table::Nat, c);
+        }
     }
     r.rule(
         Table::Filter,
@@ -683,6 +699,96 @@ fn fixed(r: &mut Restore, ctx: &Ctx) {
     }
 }
 
+/// Adds the service ports' own chains, the listing chains and the deletion of `stale(r)`
+/// (chains no longer used, computed once everything else is declared).
+///
+/// Batched (`chains_per_commit`), the nat table goes in several commits ordered so that
+/// each leaves a working ruleset: the fixed chains (already in `r`), then the service
+/// ports' chains, whole ports at a time (a port's chains only jump to each other and to
+/// the fixed chains), then the listing chains that jump to them, then the deletions,
+/// referring chains before the chains they refer to. Unbatched, it is one commit in
+/// kube-proxy's order (listing chains first).
+fn commits<'p>(
+    r: &mut Restore,
+    view: &Plan,
+    ctx: &Ctx,
+    services: impl Iterator<Item = (&'p ServicePortKey, &'p std::sync::Arc<ServicePortPlan>)>,
+    stale: impl Fn(&Restore) -> Vec<String>,
+    batch: Option<usize>,
+) {
+    let Some(batch) = batch else {
+        listing(r, view, ctx);
+        for (k, sp) in services {
+            service_chains(r, k, sp, ctx);
+        }
+        for c in stale(r) {
+            r.delete(Table::Nat, &c);
+        }
+        return;
+    };
+    r.next_commit(Table::Nat);
+    for (k, sp) in services {
+        if r.declared_now(Table::Nat) >= batch {
+            r.next_commit(Table::Nat);
+        }
+        service_chains(r, k, sp, ctx);
+    }
+    r.next_commit(Table::Nat);
+    listing(r, view, ctx);
+    r.next_commit(Table::Nat);
+    delete_in_batches(r, Table::Nat, stale(r), batch);
+}
+
+/// The batch size for the chains of `services` (written or deleted), or `None` for one commit: batches only
+/// when the options ask for them and the chains would not fit in one, so that small
+/// updates (the common case: an endpoint changed) stay one atomic commit. The count is an
+/// upper bound (per port: its endpoints' chains plus SVC, SVL, EXT and FW).
+fn batch_for<'p>(
+    o: &IptablesOptions,
+    services: impl Iterator<Item = &'p ServicePortPlan>,
+) -> Option<usize> {
+    let batch = o.chains_per_commit?;
+    let mut chains = 0;
+    for sp in services {
+        chains += sp.cluster_endpoints.len() + sp.local_endpoints.len() + 4;
+        if chains > batch {
+            return Some(batch);
+        }
+    }
+    None
+}
+
+/// Where `chain` goes in a batched deletion: a chain can only be deleted once nothing jumps
+/// to it, so the chains that jump come first (listing chains → FW → EXT → SVC/SVL → SEP →
+/// the masquerade chains every other chain may jump to).
+fn deletion_rank(chain: &str) -> usize {
+    const ORDER: [&str; 7] = [
+        "KUBE-FW-",
+        "KUBE-EXT-",
+        "KUBE-SVC-",
+        "KUBE-SVL-",
+        "KUBE-SEP-",
+        KUBE_MARK_MASQ_OFFCLUSTER,
+        KUBE_MARK_MASQ,
+    ];
+    ORDER
+        .iter()
+        .position(|p| chain.starts_with(p))
+        .map_or(0, |i| i + 1)
+}
+
+/// Deletes `chains` of table `t`, at most about `batch` per commit when batched, in an order
+/// where no commit deletes a chain that a later one still empties (`deletion_rank`).
+pub(super) fn delete_in_batches(r: &mut Restore, t: Table, mut chains: Vec<String>, batch: usize) {
+    chains.sort_by_key(|c| deletion_rank(c));
+    for c in chains {
+        if r.declared_now(t) >= batch {
+            r.next_commit(t);
+        }
+        r.delete(t, &c);
+    }
+}
+
 fn family_name(f: IpFamily) -> &'static str {
     match f {
         IpFamily::V4 => "IPv4",
@@ -708,17 +814,17 @@ pub fn render_full_replacing(
     let view = family_view(plan, family);
     let ctx = Ctx::new(&view, family, o);
     let mut r = Restore::default();
-    fixed(&mut r, &ctx);
-    listing(&mut r, &view, &ctx);
-    for (k, sp) in &view.services {
-        service_chains(&mut r, k, sp, &ctx);
-    }
-    for c in existing_nat_chains {
-        let ours = is_service_chain(c) || c == KUBE_MARK_MASQ_OFFCLUSTER;
-        if ours && !r.is_declared(Table::Nat, c) {
-            r.delete(Table::Nat, c);
-        }
-    }
+    let batch = batch_for(o, view.services.values().map(|sp| &**sp));
+    fixed(&mut r, &ctx, batch.is_some());
+    let stale = |r: &Restore| -> Vec<String> {
+        existing_nat_chains
+            .iter()
+            .filter(|c| is_service_chain(c) || *c == KUBE_MARK_MASQ_OFFCLUSTER)
+            .filter(|c| !r.is_declared(Table::Nat, c))
+            .cloned()
+            .collect()
+    };
+    commits(&mut r, &view, &ctx, view.services.iter(), stale, batch);
     r.text(&format!(
         "weir iptables full: {} service ports ({})",
         view.services.len(),
@@ -757,21 +863,28 @@ pub fn render_update(old: &Plan, new: &Plan, family: IpFamily, o: &IptablesOptio
     }
     let (octx, nctx) = (Ctx::new(&ov, family, o), Ctx::new(&nv, family, o));
     let mut r = Restore::default();
-    listing(&mut r, &nv, &nctx);
-    for k in diff.touched() {
-        if let Some(sp) = nv.services.get(k) {
-            service_chains(&mut r, k, sp, &nctx);
-        }
-    }
-    for k in diff.touched() {
-        if let Some(sp) = ov.services.get(k) {
-            for c in chain_names(k, sp, &octx) {
-                if !r.is_declared(Table::Nat, &c) {
-                    r.delete(Table::Nat, &c);
-                }
-            }
-        }
-    }
+    let touched = diff.touched();
+    let stale = |r: &Restore| -> Vec<String> {
+        touched
+            .iter()
+            .filter_map(|k| ov.services.get(*k).map(|sp| chain_names(k, sp, &octx)))
+            .flatten()
+            .filter(|c| !r.is_declared(Table::Nat, c))
+            .collect()
+    };
+    let changed = || {
+        touched
+            .iter()
+            .filter_map(|k| nv.services.get(*k).map(|sp| (*k, sp)))
+    };
+    // Written and deleted chains both count.
+    let sizes = touched
+        .iter()
+        .flat_map(|k| [nv.services.get(*k), ov.services.get(*k)])
+        .flatten()
+        .map(|sp| &**sp);
+    let batch = batch_for(o, sizes);
+    commits(&mut r, &nv, &nctx, changed(), stale, batch);
     r.text(&header)
 }
 

@@ -178,3 +178,74 @@ pub fn ensure_chain(family: IpFamily, table: Table, chain: &str) -> Result<()> {
 pub fn available(family: IpFamily) -> bool {
     run(&binary(family, "iptables-save"), &["--version"], None).is_ok()
 }
+
+/// Whether `iptables` here is iptables-nft (`iptables v1.8.9 (nf_tables)`) rather than
+/// iptables-legacy (`… (legacy)`): the two want differently shaped restore input.
+pub fn is_nf_tables(family: IpFamily) -> Result<bool> {
+    let bin = binary(family, "iptables");
+    let out = run(&bin, &["--version"], None)?;
+    if !out.status.success() {
+        return Err(tool_error(&bin, &out));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).contains("nf_tables"))
+}
+
+/// The nat table's chains. With iptables-nft they are read with `nft list chains` (chain
+/// names only: 0.1 s of CPU at 2,000 services, where `iptables-save -t nat` decodes every
+/// rule back into iptables syntax); with legacy, or without `nft`, from `iptables-save`.
+pub fn nat_chains(family: IpFamily, nf_tables: bool) -> Result<BTreeSet<String>> {
+    if nf_tables {
+        let fam = match family {
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
+        };
+        if let Ok(out) = run("nft", &["list", "chains", fam], None) {
+            if out.status.success() {
+                return Ok(chains_in_nft_listing(
+                    &String::from_utf8_lossy(&out.stdout),
+                    "nat",
+                ));
+            }
+        }
+    }
+    let saved = save(family, Some(Table::Nat))?;
+    Ok(chains_in_save(&saved)
+        .remove(Table::Nat.name())
+        .unwrap_or_default())
+}
+
+/// The chains of table `table` in `nft list chains <family>` output:
+/// `table ip nat {` … `\tchain KUBE-SERVICES {` … `}`.
+pub fn chains_in_nft_listing(text: &str, table: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut inside = false;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["table", _, name, "{"] => inside = *name == table,
+            ["chain", name, "{"] if inside => {
+                out.insert(name.trim_matches('"').to_string());
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nft_chain_listing_is_read_per_table() {
+        let text = "table ip filter {\n\tchain KUBE-SERVICES {\n\t}\n}\n\
+                    table ip nat {\n\tchain PREROUTING {\n\t\ttype nat hook prerouting \
+                    priority dstnat; policy accept;\n\t}\n\tchain KUBE-SEP-ABC {\n\t}\n}\n";
+        let got = chains_in_nft_listing(text, "nat");
+        assert_eq!(
+            got,
+            BTreeSet::from(["PREROUTING".to_string(), "KUBE-SEP-ABC".to_string()])
+        );
+        assert_eq!(chains_in_nft_listing(text, "mangle"), BTreeSet::new());
+    }
+}

@@ -20,6 +20,9 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_NEWGEN: u16 = 15;
+const NFT_MSG_GETGEN: u16 = 16;
+const NFTA_GEN_ID: u16 = 1;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_NEWSETELEM: u16 = 12;
@@ -335,6 +338,45 @@ impl NftNetlink {
                     libc::ENOENT => Ok(false),
                     _ => Err(netlink_error(&format!("get chain {table} {chain}"), errno)),
                 };
+            }
+        }
+    }
+
+    /// The ruleset's generation: a counter the kernel bumps on every committed nf_tables
+    /// transaction in this namespace, whatever the table or the tool (`nft`, iptables-nft).
+    /// Unchanged means nothing at all was changed in between: a one-message check.
+    pub fn generation(&mut self) -> Result<u32> {
+        let seq = self.next_seq();
+        let mut buf = Vec::new();
+        message(
+            &mut buf,
+            (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN,
+            NLM_F_REQUEST | NLM_F_ACK,
+            seq,
+            0,
+            &[],
+        );
+        self.socket.send(&buf, 0)?;
+        let mut gen = None;
+        loop {
+            for (kind, s, payload) in self.recv()? {
+                if s != seq {
+                    continue;
+                }
+                if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+                    gen = find(payload.get(4..).unwrap_or_default(), NFTA_GEN_ID)
+                        .and_then(|v| v.get(..4)?.try_into().ok())
+                        .map(u32::from_be_bytes);
+                    continue;
+                }
+                if kind != NLMSG_ERROR {
+                    continue;
+                }
+                let errno = i32::from_ne_bytes(payload[..4].try_into().unwrap_or_default());
+                if errno != 0 {
+                    return Err(netlink_error("get ruleset generation", errno));
+                }
+                return gen.ok_or_else(|| Error::Netlink("no generation in the answer".into()));
             }
         }
     }

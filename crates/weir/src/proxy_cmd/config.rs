@@ -16,6 +16,7 @@ pub enum ProxyMode {
     Nftables,
     Iptables,
     Ipvs,
+    Userspace,
 }
 
 impl ProxyMode {
@@ -24,6 +25,7 @@ impl ProxyMode {
             ProxyMode::Nftables => "nftables",
             ProxyMode::Iptables => "iptables",
             ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }
@@ -356,14 +358,16 @@ impl ProxyFlags {
             (None, Some("nftables")) => ProxyMode::Nftables,
             (None, Some("iptables")) => ProxyMode::Iptables,
             (None, Some("ipvs")) => ProxyMode::Ipvs,
+            (None, Some("userspace")) => ProxyMode::Userspace,
             (None, Some(other)) => {
-                bail!("config mode {other:?}: weir supports nftables, iptables and ipvs")
+                bail!("config mode {other:?}: weir supports nftables, iptables, ipvs and userspace")
             }
         };
         let section = match mode {
             ProxyMode::Nftables => file.nftables.as_ref(),
             ProxyMode::Iptables => file.iptables.as_ref(),
             ProxyMode::Ipvs => file.ipvs.as_ref(),
+            ProxyMode::Userspace => None,
         };
         let file_duration = |top: &Option<String>, sect: Option<&Option<String>>, name: &str| {
             top.as_ref()
@@ -418,7 +422,10 @@ impl ProxyFlags {
         // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
         // nftables on the node's primary IPs.
         let nodeport_default = match (mode, explicit_primary) {
-            (ProxyMode::Iptables | ProxyMode::Ipvs, false) => NodePortDefault::AllLocal,
+            // kube-proxy's ipvs and userspace modes listened on every address, too.
+            (ProxyMode::Iptables | ProxyMode::Ipvs | ProxyMode::Userspace, false) => {
+                NodePortDefault::AllLocal
+            }
             _ => NodePortDefault::Primary,
         };
         let localhost_nodeports = mode == ProxyMode::Iptables;
@@ -428,7 +435,7 @@ impl ProxyFlags {
             .collect();
         for n in &loopback {
             match (mode, n) {
-                (ProxyMode::Nftables | ProxyMode::Ipvs, _) => warn(format!(
+                (ProxyMode::Nftables | ProxyMode::Ipvs | ProxyMode::Userspace, _) => warn(format!(
                     "{np_what}: {n}: localhost NodePorts are not supported in {} mode \
                      (as in kube-proxy); loopback addresses are ignored",
                     mode.as_str()

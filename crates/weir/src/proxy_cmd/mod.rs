@@ -11,6 +11,7 @@ use tracing::warn;
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::ipvs::{IpvsBackend, IpvsOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
+use weir_proxy::userspace::UserspaceBackend;
 use weir_proxy::Backend;
 
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
@@ -68,6 +69,7 @@ fn backend(mode: ProxyMode, ipvs: &IpvsSettings) -> anyhow::Result<Box<dyn Backe
             }
             Ok(Box::new(IptablesBackend::new(opts)))
         }
+        ProxyMode::Userspace => Ok(Box::new(UserspaceBackend::new())),
     }
 }
 
@@ -75,7 +77,12 @@ fn backend(mode: ProxyMode, ipvs: &IpvsSettings) -> anyhow::Result<Box<dyn Backe
 fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
     let modes = match mode {
         Some(m) => vec![m],
-        None => vec![ProxyMode::Nftables, ProxyMode::Iptables, ProxyMode::Ipvs],
+        None => vec![
+            ProxyMode::Nftables,
+            ProxyMode::Iptables,
+            ProxyMode::Ipvs,
+            ProxyMode::Userspace,
+        ],
     };
     for m in modes {
         backend(m, &IpvsSettings::default())?.cleanup()?;
