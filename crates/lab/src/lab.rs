@@ -136,7 +136,8 @@ fn build(
             + pod_count
             + 1
             + 1
-            + usize::from(topo.proxy.mode().is_some()),
+            + usize::from(topo.proxy.mode().is_some())
+            + usize::from(topo.dns),
         out: progress,
     };
     let allocations = topo.allocate()?;
@@ -431,6 +432,19 @@ fn build(
             ms(t)
         ));
     }
+    if topo.dns {
+        let t = Instant::now();
+        let dns = crate::dns::up(&bins.weir, &dir, &state, topo.service_cidr)?;
+        steps.step(&format!(
+            "dns: weir dns on node {} ({}:53) behind {}, NSD outside serving {}, pods' \
+             resolv.conf in /etc/netns ({} ms)",
+            dns.node,
+            dns.server_ip,
+            dns.cluster_ip,
+            crate::dns::EXTERNAL_ZONE,
+            ms(t)
+        ));
+    }
     Ok(state)
 }
 
@@ -641,6 +655,9 @@ pub fn down(
         }
     }
     report.namespaces = ordered;
+    report
+        .warnings
+        .extend(crate::dns::remove_netns_etc(&report.namespaces));
 
     // 4. State.
     if dir.dir.exists() {

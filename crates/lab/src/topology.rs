@@ -19,6 +19,7 @@ cni: weir
 proxy: nftables
 serviceCIDR: 10.96.0.0/16
 loadBalancerCIDR: 203.0.113.0/24
+dns: true             # weir dns behind 10.96.0.10, NSD outside, the pods' resolv.conf
 nodes:
   - name: a
     podCIDR: 10.244.1.0/24
@@ -276,6 +277,9 @@ pub struct Topology {
     /// Where LoadBalancer ingress IPs come from (the outside routes each via a node).
     #[serde(rename = "loadBalancerCIDR", default = "default_lb_cidr")]
     pub lb_cidr: Ipv4Net,
+    /// Cluster DNS ([`crate::dns`]): `weir dns` behind serviceCIDR host 10 (default false).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dns: bool,
     pub nodes: Vec<Node>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<Service>,
@@ -504,6 +508,21 @@ impl Topology {
     pub fn validate(&self) -> Result<(), TopologyError> {
         if !valid_name(&self.name) {
             return Err(err("name", format!("{:?} {NAME_RULE}", self.name)));
+        }
+        if self.dns && self.proxy.mode().is_none() {
+            return Err(err(
+                "dns",
+                "the DNS Service's ClusterIP needs a proxy (proxy: none)",
+            ));
+        }
+        if self.dns && self.service_cidr.prefix_len() > 28 {
+            return Err(err(
+                "dns",
+                format!(
+                    "serviceCIDR {} has no host 10 for the DNS Service",
+                    self.service_cidr
+                ),
+            ));
         }
         if self.underlay.prefix_len() > 28 {
             return Err(err(
@@ -789,6 +808,9 @@ impl Topology {
     pub fn allocate(&self) -> Result<Vec<Allocation>, TopologyError> {
         let mut used_ips: BTreeSet<Ipv4Addr> =
             self.services.iter().filter_map(|s| s.cluster_ip).collect();
+        if self.dns {
+            used_ips.insert(crate::dns::cluster_ip(self.service_cidr));
+        }
         let mut used_ports: BTreeSet<u16> =
             self.services.iter().filter_map(|s| s.node_port).collect();
         let mut used_lb: BTreeSet<Ipv4Addr> = self
