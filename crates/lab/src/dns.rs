@@ -640,6 +640,25 @@ mod tests {
     }
 
     #[test]
+    fn allocation_skips_the_dns_ip() {
+        let mut t = Topology::default_demo();
+        for i in 0..8 {
+            let mut s = t.services[0].clone();
+            s.name = format!("x{i}");
+            t.services.push(s);
+        }
+        let dns_ip = Ipv4Addr::new(10, 96, 0, 10);
+        let ips = |t: &Topology| -> Vec<Ipv4Addr> {
+            t.allocate().unwrap().iter().map(|a| a.cluster_ip).collect()
+        };
+        assert!(t.dns);
+        assert!(!ips(&t).contains(&dns_ip), "{:?}", ips(&t));
+        assert_eq!(ips(&t).len(), 13);
+        t.dns = false;
+        assert!(ips(&t).contains(&dns_ip));
+    }
+
+    #[test]
     fn parses_dig_and_getent() {
         let a = parse_dig(
             ";; Got answer:\n;; ->>HEADER<<- opcode: QUERY, status: NOERROR, id: 1\n\

@@ -509,21 +509,6 @@ impl Topology {
         if !valid_name(&self.name) {
             return Err(err("name", format!("{:?} {NAME_RULE}", self.name)));
         }
-        if self.dns && self.proxy.mode().is_none() {
-            return Err(err(
-                "dns",
-                "the DNS Service's ClusterIP needs a proxy (proxy: none)",
-            ));
-        }
-        if self.dns && self.service_cidr.prefix_len() > 28 {
-            return Err(err(
-                "dns",
-                format!(
-                    "serviceCIDR {} has no host 10 for the DNS Service",
-                    self.service_cidr
-                ),
-            ));
-        }
         if self.underlay.prefix_len() > 28 {
             return Err(err(
                 "underlay",
@@ -657,6 +642,34 @@ impl Topology {
         }
         self.validate_services(&pod_names)?;
         self.allocate()?;
+        if self.dns && self.proxy.mode().is_none() {
+            return Err(err(
+                "dns",
+                "the DNS Service's ClusterIP needs a proxy (proxy: none)",
+            ));
+        }
+        if self.dns && self.service_cidr.prefix_len() > 28 {
+            return Err(err(
+                "dns",
+                format!(
+                    "serviceCIDR {} has no host 10 for the DNS Service",
+                    self.service_cidr
+                ),
+            ));
+        }
+        if self.dns {
+            let dns_ip = crate::dns::cluster_ip(self.service_cidr);
+            if let Some(i) = self
+                .services
+                .iter()
+                .position(|s| s.cluster_ip == Some(dns_ip))
+            {
+                return Err(err(
+                    format!("services[{i}].clusterIP"),
+                    format!("{dns_ip} is the DNS Service's (dns: true)"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -1217,6 +1230,19 @@ mod tests {
                 "loadBalancerCIDR",
             ),
             ("proxy: nftables", "proxy: ipvs", "proxy", "unknown variant"),
+            ("proxy: nftables", "proxy: none", "dns", "needs a proxy"),
+            (
+                "serviceCIDR: 10.96.0.0/16",
+                "serviceCIDR: 10.96.0.0/29",
+                "dns",
+                "no host 10",
+            ),
+            (
+                "    port: 80\n    backends: [a1, b1]\n",
+                "    port: 80\n    clusterIP: 10.96.0.10\n    backends: [a1, b1]\n",
+                "services[0].clusterIP",
+                "the DNS Service's",
+            ),
         ];
         for (from, to, field, msg) in cases {
             let e = match with(from, to) {
