@@ -266,24 +266,7 @@ pub fn up(
         d.join("upstream.conf"),
         format!("nameserver {}\n", state.outside),
     )?;
-    let server_pid = spawn_in(
-        &node.netns,
-        weir,
-        &[
-            "dns".into(),
-            "--manifests".into(),
-            dir.manifests().display().to_string(),
-            "--listen".into(),
-            format!("{}:53", node.underlay_ip),
-            "--zone".into(),
-            ZONE.into(),
-            "--upstream-resolv-conf".into(),
-            d.join("upstream.conf").display().to_string(),
-            "--manifest-poll-interval".into(),
-            "100ms".into(),
-        ],
-        &dir.dir.join("logs").join("dns.log"),
-    )?;
+    let server_pid = start_server(weir, dir, &node.netns, node.underlay_ip, false)?;
     let dns = DnsState {
         cluster_ip: cip,
         node: node.name.clone(),
@@ -322,6 +305,139 @@ pub fn up(
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// `weir dns`'s arguments in the lab.
+pub fn server_args(dir: &LabDir, listen: Ipv4Addr, autopath: bool) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "dns".into(),
+        "--manifests".into(),
+        dir.manifests().display().to_string(),
+        "--listen".into(),
+        format!("{listen}:53"),
+        "--zone".into(),
+        ZONE.into(),
+        "--upstream-resolv-conf".into(),
+        dns_dir(dir).join("upstream.conf").display().to_string(),
+        "--manifest-poll-interval".into(),
+        "100ms".into(),
+    ];
+    if autopath {
+        args.push("--autopath".into());
+    }
+    args
+}
+
+fn start_server(
+    weir: &Path,
+    dir: &LabDir,
+    netns: &str,
+    listen: Ipv4Addr,
+    autopath: bool,
+) -> anyhow::Result<u32> {
+    spawn_in(
+        netns,
+        weir,
+        &server_args(dir, listen, autopath),
+        &dir.dir.join("logs").join("dns.log"),
+    )
+}
+
+/// True when `pid` is this lab's `weir dns` (a recorded pid reused by another process is
+/// never killed).
+fn is_lab_server(pid: u32, dir: &LabDir) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    cmdline.contains("\0dns\0") && cmdline.contains(&*dir.manifests().to_string_lossy())
+}
+
+/// Replaces the lab's `weir dns` with one started with or without `--autopath`, and waits
+/// until it answers in the node.
+pub fn restart_server(
+    weir: &Path,
+    dir: &LabDir,
+    state: &LabState,
+    autopath: bool,
+) -> anyhow::Result<DnsState> {
+    let mut dns = load(dir).ok_or_else(|| anyhow::anyhow!("lab {} runs no DNS", state.lab))?;
+    let node = state
+        .nodes
+        .iter()
+        .find(|n| n.name == dns.node)
+        .ok_or_else(|| anyhow::anyhow!("no node {}", dns.node))?;
+    if crate::ns::alive(dns.server_pid) && is_lab_server(dns.server_pid, dir) {
+        crate::proxy::stop(dns.server_pid, false);
+    }
+    dns.server_pid = start_server(weir, dir, &node.netns, node.underlay_ip, autopath)?;
+    std::fs::write(
+        dns_dir(dir).join("dns.json"),
+        serde_json::to_vec_pretty(&dns)?,
+    )?;
+    let started = Instant::now();
+    while dig(
+        &node.netns,
+        dns.server_ip,
+        &format!("dns-version.{ZONE}"),
+        "TXT",
+    )
+    .status
+        != "NOERROR"
+    {
+        if started.elapsed() > READY_TIMEOUT {
+            bail!("weir dns on node {} not answering after restart", dns.node);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(dns)
+}
+
+/// Counts the UDP queries arriving at the server (an nft counter in its node, table
+/// `weir-lab-dnscount`) while `f` runs.
+pub fn count_queries<T>(
+    state: &LabState,
+    dns: &DnsState,
+    f: impl FnOnce() -> T,
+) -> anyhow::Result<(u64, T)> {
+    let node = state
+        .nodes
+        .iter()
+        .find(|n| n.name == dns.node)
+        .ok_or_else(|| anyhow::anyhow!("no node {}", dns.node))?;
+    let nft = |script: &str| -> anyhow::Result<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &node.netns, "nft"])
+            .args(script.split_whitespace())
+            .output()
+            .context("run nft")?;
+        if !out.status.success() {
+            bail!(
+                "nft {script}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let _ = nft("delete table inet weir-lab-dnscount");
+    nft("add table inet weir-lab-dnscount")?;
+    nft("add chain inet weir-lab-dnscount in { type filter hook input priority -400 ; }")?;
+    nft(&format!(
+        "add rule inet weir-lab-dnscount in ip daddr {} udp dport 53 counter",
+        dns.server_ip
+    ))?;
+    let value = f();
+    let listed = nft("list table inet weir-lab-dnscount");
+    let _ = nft("delete table inet weir-lab-dnscount");
+    Ok((parse_counter(&listed?)?, value))
+}
+
+/// The packets of the first `counter packets N bytes M` in `nft list` output.
+pub fn parse_counter(listing: &str) -> anyhow::Result<u64> {
+    listing
+        .split("counter packets ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no counter in {listing:?}"))
 }
 
 /// What `dig` printed: the status and the answer section's data.
@@ -555,7 +671,7 @@ pub fn run_one(c: &NameCheck, dns: &DnsState, lab_dir: &LabDir) -> NameResult {
 /// `getent ahosts name` in `netns` (through `ip netns exec`, so `/etc/netns/<netns>/` applies);
 /// with `resolv`, that file is bind-mounted over /etc/resolv.conf in the command's own mount
 /// namespace first.
-fn getent(netns: &str, name: &str, resolv: Option<&Path>) -> Result<Vec<String>, String> {
+pub fn getent(netns: &str, name: &str, resolv: Option<&Path>) -> Result<Vec<String>, String> {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", netns]);
     match resolv {
@@ -656,6 +772,15 @@ mod tests {
         assert_eq!(ips(&t).len(), 13);
         t.dns = false;
         assert!(ips(&t).contains(&dns_ip));
+    }
+
+    #[test]
+    fn parses_nft_counters() {
+        let listing = "table inet weir-lab-dnscount {\n\tchain in {\n\t\ttype filter hook input \
+                       priority -400; policy accept;\n\t\tip daddr 172.30.0.11 udp dport 53 \
+                       counter packets 8 bytes 640\n\t}\n}\n";
+        assert_eq!(parse_counter(listing).unwrap(), 8);
+        assert!(parse_counter("table inet x {}").is_err());
     }
 
     #[test]

@@ -125,3 +125,74 @@ fn pods_resolve_cluster_and_external_names() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&left.stdout).trim(), "0");
 }
+
+/// Search-path amplification (issue 11, item 3): the UDP queries reaching the server for one
+/// getaddrinfo lookup (A and AAAA, as curl asks) from a ClusterFirst pod (`ndots:5`), without
+/// and with `--autopath`. Prints the table docs/dns.md reports.
+#[test]
+fn search_path_amplification_with_and_without_autopath() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("dq");
+    up(&lab);
+    let state = weir_lab::lab::load_state(&lab.name, lab.state.path()).unwrap();
+    let dir = weir_lab::state::LabDir::new(lab.state.path(), &lab.name);
+    let pod = state.pods.iter().find(|p| p.name == "b1").unwrap();
+    let names = [
+        ("external name", "www.example.test"),
+        ("external, no such name", "nx.example.test"),
+        ("service, short name", "web"),
+    ];
+    let mut table = Vec::new();
+    for autopath in [false, true] {
+        let dns = weir_lab::dns::restart_server(std::path::Path::new(WEIR), &dir, &state, autopath)
+            .unwrap();
+        for (what, name) in names {
+            let (queries, result) = weir_lab::dns::count_queries(&state, &dns, || {
+                weir_lab::dns::getent(&pod.netns, name, None)
+            })
+            .unwrap();
+            table.push((autopath, what, name, queries, result));
+        }
+    }
+    for (autopath, what, name, queries, result) in &table {
+        eprintln!("autopath={autopath:<5} {what:<24} {name:<18} {queries} queries  {result:?}");
+    }
+    let count = |autopath: bool, name: &str| -> u64 {
+        table
+            .iter()
+            .find(|t| t.0 == autopath && t.2 == name)
+            .map(|t| t.3)
+            .unwrap()
+    };
+    // Both ways resolve the same (the answers are right with or without the option).
+    for (what, name) in names {
+        let r = |a: bool| {
+            table
+                .iter()
+                .find(|t| t.0 == a && t.2 == name)
+                .unwrap()
+                .4
+                .clone()
+        };
+        assert_eq!(r(false), r(true), "{what}");
+    }
+    // Without autopath: the three cluster search domains, then the name as given, each for A
+    // and AAAA.
+    assert_eq!(count(false, "www.example.test"), 8);
+    assert!(
+        count(true, "www.example.test") < count(false, "www.example.test"),
+        "{table:?}"
+    );
+    // A name that exists nowhere costs the whole walk either way.
+    assert_eq!(
+        count(true, "nx.example.test"),
+        count(false, "nx.example.test")
+    );
+    // A short service name is found by the first query of each family either way.
+    assert_eq!(count(false, "web"), 2);
+    assert_eq!(count(true, "web"), 2);
+}
