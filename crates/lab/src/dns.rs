@@ -321,6 +321,8 @@ pub fn server_args(dir: &LabDir, listen: Ipv4Addr, autopath: bool) -> Vec<String
         dns_dir(dir).join("upstream.conf").display().to_string(),
         "--manifest-poll-interval".into(),
         "100ms".into(),
+        "--pods".into(),
+        "insecure".into(),
     ];
     if autopath {
         args.push("--autopath".into());
@@ -599,6 +601,12 @@ pub fn plan(state: &LabState, dns: &DnsState) -> Vec<NameCheck> {
             Via::Libc,
             vec![outside.clone()],
         );
+        // Pod records (`--pods insecure`): the pod's own dashed address.
+        let pod_name = format!(
+            "{}.{NAMESPACE}.pod.{ZONE}",
+            pod.ip.to_string().replace('.', "-")
+        );
+        add("pod name", &pod_name, a(), vec![pod.ip.to_string()]);
     }
     if let Some(node) = state.nodes.iter().find(|n| n.name == dns.node) {
         checks.push(NameCheck {
@@ -818,8 +826,10 @@ mod tests {
         };
         assert_eq!(dns.cluster_ip, Ipv4Addr::new(10, 96, 0, 10));
         let checks = plan(&state, &dns);
-        // 11 per node with pods, and the host-network one.
-        assert_eq!(checks.len(), 2 * 11 + 1);
+        // 12 per node with pods, and the host-network one.
+        assert_eq!(checks.len(), 2 * 12 + 1);
+        let pod = checks.iter().find(|c| c.what == "pod name").unwrap();
+        assert_eq!(pod.name, "10-244-1-2.default.pod.cluster.local");
         let froms: std::collections::BTreeSet<&str> =
             checks.iter().map(|c| c.from.as_str()).collect();
         assert!(

@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use tracing::{info, warn};
 use weir_dns::{
-    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, ServerConfig, Zone, ZoneConfig,
-    ZoneHandle,
+    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, PodRecords, ServerConfig, Zone,
+    ZoneConfig, ZoneHandle,
 };
 use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
 
@@ -41,9 +41,20 @@ pub struct DnsArgs {
     /// zone) with a CNAME to the first name its resolver would try next that has records.
     #[arg(long)]
     autopath: bool,
+    /// Pod names `<a-b-c-d>.<ns>.pod.<zone>`: disabled (NXDOMAIN), insecure (any well-formed
+    /// name gets the address it spells) or verified (not built yet: needs Pods in the store).
+    #[arg(long, value_enum, default_value_t = PodsArg::Disabled)]
+    pods: PodsArg,
     /// Worker threads of the serving runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PodsArg {
+    Disabled,
+    Insecure,
+    Verified,
 }
 
 /// `<n>ms` or `<n>s`.
@@ -99,6 +110,14 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
     let mut config = ZoneConfig::new(&args.zone).map_err(anyhow::Error::msg)?;
     config.ttl = args.ttl;
+    config.pods = match args.pods {
+        PodsArg::Disabled => PodRecords::Disabled,
+        PodsArg::Insecure => PodRecords::Insecure,
+        PodsArg::Verified => anyhow::bail!(
+            "--pods verified is not built yet: the object store does not carry Pods \
+             (use disabled or insecure)"
+        ),
+    };
     let forwarder = forwarder(&args)?;
 
     let store = SharedStore::new();

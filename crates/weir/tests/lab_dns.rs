@@ -72,8 +72,8 @@ fn pods_resolve_cluster_and_external_names() {
     let failed: Vec<&Value> = dns.iter().filter(|r| r["ok"] != true).collect();
     assert!(ok && failed.is_empty(), "failed: {failed:#?}");
     // Every name form, by dig and by getaddrinfo, from a pod on each node, and a
-    // ClusterFirstWithHostNet host-network lookup: 2 × 11 + 1.
-    assert_eq!(dns.len(), 23, "{dns:#?}");
+    // ClusterFirstWithHostNet host-network lookup: 2 × 12 + 1.
+    assert_eq!(dns.len(), 25, "{dns:#?}");
     let seen = |what: &str, via: &str, from: &str| {
         dns.iter().any(|r| {
             r["check"]["what"] == what
@@ -92,6 +92,7 @@ fn pods_resolve_cluster_and_external_names() {
         assert!(seen("named port SRV", "dig", from));
         assert!(seen("ExternalName", "libc", from));
         assert!(seen("external (forwarded)", "libc", from));
+        assert!(seen("pod name", "dig", from));
     }
     assert!(seen("service FQDN", "libc_host_net", "a (hostNetwork"));
 
