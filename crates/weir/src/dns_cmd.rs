@@ -31,6 +31,9 @@ pub struct DnsArgs {
     /// (without it, such names are REFUSED).
     #[arg(long)]
     upstream_resolv_conf: Option<PathBuf>,
+    /// Ask the upstreams over TCP only (a node-local cache asking the cluster DNS).
+    #[arg(long)]
+    upstream_tcp: bool,
     /// TTL of the cluster zone's records, in seconds.
     #[arg(long, default_value_t = 5)]
     ttl: u32,
@@ -100,10 +103,14 @@ fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
         "{}: no usable upstream",
         path.display()
     );
-    info!(?upstreams, "forwarding names outside the zone");
-    Ok(Some(Arc::new(Forwarder::new(ForwarderConfig::new(
-        upstreams,
-    )))))
+    info!(
+        ?upstreams,
+        tcp_only = args.upstream_tcp,
+        "forwarding names outside the zone"
+    );
+    let mut config = ForwarderConfig::new(upstreams);
+    config.tcp_only = args.upstream_tcp;
+    Ok(Some(Arc::new(Forwarder::new(config))))
 }
 
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
