@@ -442,6 +442,188 @@ pub fn parse_counter(listing: &str) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("no counter in {listing:?}"))
 }
 
+/// The node-local cache's address on every node (NodeLocal DNSCache's default).
+pub const NODE_LOCAL_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 20, 10);
+
+/// The nft table exempting the node-local cache's traffic from conntrack: in the raw-priority
+/// hooks, before conntrack sees a packet, so a lookup makes no conntrack entry (and cannot
+/// race on inserting one). Its own table: the proxies' tables are not touched.
+pub fn notrack_table(ip: Ipv4Addr) -> String {
+    // Both hooks match both directions: a pod's query arrives in prerouting and the answer
+    // leaves through output; a host-network client's query and answer pass output and then
+    // (over lo) prerouting.
+    let rules = format!(
+        "ip daddr {ip} udp dport 53 notrack; ip daddr {ip} tcp dport 53 notrack; \
+         ip saddr {ip} udp sport 53 notrack; ip saddr {ip} tcp sport 53 notrack;"
+    );
+    format!(
+        "table ip weir-nodelocal-dns {{\n\
+         \tchain pre {{ type filter hook prerouting priority raw; {rules} }}\n\
+         \tchain out {{ type filter hook output priority raw; {rules} }}\n}}\n"
+    )
+}
+
+/// Node-local mode: on every node, [`NODE_LOCAL_IP`] on `lo`, the NOTRACK table, and a
+/// `weir dns` listening there that serves the cluster zone from the same objects and sends
+/// its cache misses to the cluster DNS over TCP. Returns the servers' pids.
+pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Result<Vec<u32>> {
+    let dns = load(dir).ok_or_else(|| anyhow::anyhow!("lab {} runs no DNS", state.lab))?;
+    let upstream = dns_dir(dir).join("node-local-upstream.conf");
+    std::fs::write(&upstream, format!("nameserver {}\n", dns.cluster_ip))?;
+    let mut pids = Vec::new();
+    for node in &state.nodes {
+        let sh = |args: &[&str], stdin: Option<&str>| -> anyhow::Result<()> {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &node.netns]).args(args);
+            let out = match stdin {
+                None => cmd.output(),
+                Some(text) => {
+                    use std::io::Write;
+                    let mut child = cmd
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .spawn()?;
+                    child
+                        .stdin
+                        .take()
+                        .expect("piped")
+                        .write_all(text.as_bytes())?;
+                    child.wait_with_output()
+                }
+            }
+            .with_context(|| format!("run {args:?}"))?;
+            if !out.status.success() {
+                bail!(
+                    "node {}: {}: {}",
+                    node.name,
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(())
+        };
+        sh(
+            &[
+                "ip",
+                "addr",
+                "add",
+                &format!("{NODE_LOCAL_IP}/32"),
+                "dev",
+                "lo",
+            ],
+            None,
+        )?;
+        sh(&["nft", "-f", "-"], Some(&notrack_table(NODE_LOCAL_IP)))?;
+        let mut args = server_args(dir, NODE_LOCAL_IP, false);
+        let i = args
+            .iter()
+            .position(|a| a == "--upstream-resolv-conf")
+            .expect("set")
+            + 1;
+        args[i] = upstream.display().to_string();
+        args.push("--upstream-tcp".into());
+        let log = dir
+            .dir
+            .join("logs")
+            .join(format!("dns-node-local-{}.log", node.name));
+        pids.push(spawn_in(&node.netns, weir, &args, &log)?);
+    }
+    for node in &state.nodes {
+        let started = Instant::now();
+        while dig(
+            &node.netns,
+            NODE_LOCAL_IP,
+            &format!("dns-version.{ZONE}"),
+            "TXT",
+        )
+        .status
+            != "NOERROR"
+        {
+            if started.elapsed() > READY_TIMEOUT {
+                bail!("node-local weir dns on node {} not answering", node.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(pids)
+}
+
+/// What dnsperf measured.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Perf {
+    pub qps: f64,
+    pub avg_ms: f64,
+    pub lost: u64,
+    /// At a fixed rate (`-Q`), from every query's latency (`-v`).
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Parses dnsperf's summary (`Queries per second:`, `Average Latency (s):`, `Queries lost:`).
+pub fn parse_dnsperf(text: &str) -> Perf {
+    let field = |key: &str, idx: usize| -> f64 {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(key))
+            .and_then(|l| {
+                l[l.find(':')? + 1..]
+                    .split_whitespace()
+                    .nth(idx)
+                    .map(str::to_string)
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Perf {
+        qps: field("Queries per second", 0),
+        avg_ms: field("Average Latency (s)", 0) * 1000.0,
+        lost: field("Queries lost", 0) as u64,
+        ..Perf::default()
+    }
+}
+
+/// dnsperf from `netns` at `server` with `queries` (a dnsperf data file): `secs` unthrottled
+/// (QPS, average), then `secs` at `rate` QPS with every latency (percentiles).
+pub fn dnsperf(
+    netns: &str,
+    server: Ipv4Addr,
+    queries: &Path,
+    secs: u32,
+    rate: u32,
+) -> anyhow::Result<Perf> {
+    let run = |extra: &[&str]| -> anyhow::Result<String> {
+        let out = Command::new("ip")
+            .args(["netns", "exec", netns, "dnsperf", "-s"])
+            .arg(server.to_string())
+            .arg("-d")
+            .arg(queries)
+            .args(["-l", &secs.to_string(), "-c", "4"])
+            .args(extra)
+            .output()
+            .context("run dnsperf (Debian package dnsperf)")?;
+        if !out.status.success() {
+            bail!("dnsperf: {}", String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let mut perf = parse_dnsperf(&run(&["-q", "200"])?);
+    let mut lat: Vec<f64> = run(&["-Q", &rate.to_string(), "-v"])?
+        .lines()
+        .filter(|l| l.starts_with("> "))
+        .filter_map(|l| l.split_whitespace().last()?.parse().ok())
+        .collect();
+    lat.sort_by(f64::total_cmp);
+    let pct = |p: f64| -> f64 {
+        if lat.is_empty() {
+            return f64::NAN;
+        }
+        lat[((lat.len() as f64 * p) as usize).clamp(1, lat.len()) - 1] * 1000.0
+    };
+    perf.p50_ms = pct(0.5);
+    perf.p99_ms = pct(0.99);
+    Ok(perf)
+}
+
 /// What `dig` printed: the status and the answer section's data.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DigAnswer {
@@ -789,6 +971,37 @@ mod tests {
                        counter packets 8 bytes 640\n\t}\n}\n";
         assert_eq!(parse_counter(listing).unwrap(), 8);
         assert!(parse_counter("table inet x {}").is_err());
+    }
+
+    #[test]
+    fn notrack_table_exempts_both_directions() {
+        let t = notrack_table(NODE_LOCAL_IP);
+        for hook in ["prerouting", "output"] {
+            let chain = t
+                .lines()
+                .find(|l| l.contains(&format!("hook {hook} priority raw;")))
+                .unwrap();
+            for rule in [
+                "ip daddr 169.254.20.10 udp dport 53 notrack;",
+                "ip daddr 169.254.20.10 tcp dport 53 notrack;",
+                "ip saddr 169.254.20.10 udp sport 53 notrack;",
+                "ip saddr 169.254.20.10 tcp sport 53 notrack;",
+            ] {
+                assert!(chain.contains(rule), "{hook}: {rule}: {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn parses_dnsperf() {
+        let p = parse_dnsperf(
+            "Statistics:\n\n  Queries sent:         1000\n  Queries completed:    998 (99.80%)\n\
+             \x20 Queries lost:         2 (0.20%)\n\n  Queries per second:   12345.678900\n\n\
+             \x20 Average Latency (s):  0.000250 (min 0.000100, max 0.002000)\n",
+        );
+        assert_eq!(p.lost, 2);
+        assert!((p.qps - 12345.6789).abs() < 1e-6);
+        assert!((p.avg_ms - 0.25).abs() < 1e-9);
     }
 
     #[test]

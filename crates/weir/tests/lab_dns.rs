@@ -197,3 +197,79 @@ fn search_path_amplification_with_and_without_autopath() {
     assert_eq!(count(false, "web"), 2);
     assert_eq!(count(true, "web"), 2);
 }
+
+/// Node-local mode (issue 11, item 4): `weir dns` on 169.254.20.10 on every node, its traffic
+/// NOTRACKed, cache misses to the cluster DNS over TCP. A pod's lookups there leave no
+/// conntrack entry (the ClusterIP path leaves one per query socket); then dnsperf from the same
+/// pod, side by side: the ClusterIP (DNAT, across the underlay to node a) and the node-local
+/// address. Prints the table docs/dns.md reports.
+#[test]
+fn node_local_cache_beside_the_cluster_ip() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("dl");
+    up(&lab);
+    let state = weir_lab::lab::load_state(&lab.name, lab.state.path()).unwrap();
+    let dir = weir_lab::state::LabDir::new(lab.state.path(), &lab.name);
+    let weir = std::env::var_os("WEIR_BENCH_BIN").unwrap_or_else(|| WEIR.into());
+    let pids = weir_lab::dns::node_local_up(std::path::Path::new(&weir), &dir, &state).unwrap();
+    assert_eq!(pids.len(), 2);
+    let dns = weir_lab::dns::load(&dir).unwrap();
+    let pod = state.pods.iter().find(|p| p.name == "b1").unwrap();
+    let node_b = state.nodes.iter().find(|n| n.name == "b").unwrap();
+    let local = weir_lab::dns::NODE_LOCAL_IP;
+
+    // Answers: a cluster name from the local zone, an external one through the cluster DNS.
+    let dig = |server, name: &str| weir_lab::dns::dig(&pod.netns, server, name, "A");
+    let web = dig(local, "web.default.svc.cluster.local");
+    assert_eq!(web.status, "NOERROR");
+    assert_eq!(
+        web.answers,
+        dig(dns.cluster_ip, "web.default.svc.cluster.local").answers
+    );
+    let www = dig(local, "www.example.test");
+    assert_eq!(www.answers, [("A".to_string(), "198.51.100.1".to_string())]);
+
+    // Conntrack on node b: entries to the node-local address stay at none.
+    let conntrack = |dst: std::net::Ipv4Addr| -> usize {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &node_b.netns, "conntrack", "-L", "-d"])
+            .arg(dst.to_string())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    for i in 0..5 {
+        dig(local, &format!("web{i}.default.svc.cluster.local"));
+        dig(dns.cluster_ip, &format!("web{i}.default.svc.cluster.local"));
+    }
+    assert_eq!(conntrack(local), 0, "node-local lookups were tracked");
+    assert!(
+        conntrack(dns.cluster_ip) >= 5,
+        "ClusterIP lookups not tracked?"
+    );
+
+    // dnsperf, side by side: cluster names and a cached external name.
+    let queries = lab.state.path().join("queries");
+    std::fs::write(
+        &queries,
+        "web.default.svc.cluster.local A\nweb-headless.default.svc.cluster.local A\n\
+         _echo._tcp.web.default.svc.cluster.local SRV\nwww.example.test A\n",
+    )
+    .unwrap();
+    let mut rows = Vec::new();
+    for (path, server) in [("ClusterIP", dns.cluster_ip), ("node-local", local)] {
+        let p = weir_lab::dns::dnsperf(&pod.netns, server, &queries, 2, 2000).unwrap();
+        eprintln!(
+            "{path:<10} {:>9.0} qps  avg {:.3} ms  p50 {:.3} ms  p99 {:.3} ms  lost {}",
+            p.qps, p.avg_ms, p.p50_ms, p.p99_ms, p.lost
+        );
+        rows.push(p);
+    }
+    for p in &rows {
+        assert!(p.qps > 100.0 && p.p99_ms.is_finite(), "{rows:?}");
+    }
+}
