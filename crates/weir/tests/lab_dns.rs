@@ -272,4 +272,23 @@ fn node_local_cache_beside_the_cluster_ip() {
     for p in &rows {
         assert!(p.qps > 100.0 && p.p99_ms.is_finite(), "{rows:?}");
     }
+    // The counters the "5-second timeout" shows in (reported, not asserted: kernels since 5.x
+    // resolve most clashes).
+    let stats = Command::new("ip")
+        .args(["netns", "exec", &node_b.netns, "conntrack", "-S"])
+        .output()
+        .unwrap();
+    let sum = |key: &str| -> u64 {
+        String::from_utf8_lossy(&stats.stdout)
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix(&format!("{key}=")))
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum()
+    };
+    eprintln!(
+        "node b conntrack: insert_failed={} clash_resolve={} drop={}",
+        sum("insert_failed"),
+        sum("clash_resolve"),
+        sum("drop")
+    );
 }
