@@ -252,6 +252,30 @@ fn node_local_cache_beside_the_cluster_ip() {
         "ClusterIP lookups not tracked?"
     );
 
+    // glibc's parallel A + AAAA from one socket through the ClusterIP's DNAT (the "5-second
+    // timeout" race): 200 lookups, 50 at a time, each timed; a stall would show as ~5 s.
+    let mut slowest = std::time::Duration::ZERO;
+    let mut stalled = 0;
+    for _ in 0..4 {
+        let batch: Vec<_> = (0..50)
+            .map(|_| {
+                let ns = pod.netns.clone();
+                std::thread::spawn(move || {
+                    let t = std::time::Instant::now();
+                    let ok = weir_lab::dns::getent(&ns, "web", None).is_ok();
+                    (ok, t.elapsed())
+                })
+            })
+            .collect();
+        for h in batch {
+            let (ok, took) = h.join().unwrap();
+            assert!(ok, "a getaddrinfo lookup failed");
+            slowest = slowest.max(took);
+            stalled += usize::from(took >= std::time::Duration::from_secs(4));
+        }
+    }
+    eprintln!("200 parallel getaddrinfo lookups via the ClusterIP: slowest {slowest:?}, {stalled} over 4 s");
+
     // dnsperf, side by side: cluster names and a cached external name.
     let queries = lab.state.path().join("queries");
     std::fs::write(
