@@ -215,6 +215,8 @@ fn node_local_cache_beside_the_cluster_ip() {
     let state = weir_lab::lab::load_state(&lab.name, lab.state.path()).unwrap();
     let dir = weir_lab::state::LabDir::new(lab.state.path(), &lab.name);
     let weir = std::env::var_os("WEIR_BENCH_BIN").unwrap_or_else(|| WEIR.into());
+    // The same binary on both paths (the lab started the cluster DNS with the test's weir).
+    weir_lab::dns::restart_server(std::path::Path::new(&weir), &dir, &state, false).unwrap();
     let pids = weir_lab::dns::node_local_up(std::path::Path::new(&weir), &dir, &state).unwrap();
     assert_eq!(pids.len(), 2);
     let dns = weir_lab::dns::load(&dir).unwrap();
