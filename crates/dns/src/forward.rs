@@ -61,6 +61,9 @@ pub struct ForwarderConfig {
     pub max_ttl: Duration,
     /// Negative answers (NXDOMAIN, NODATA) for the SOA minimum, at most this.
     pub max_negative_ttl: Duration,
+    /// Ask over TCP only (a node-local cache to the cluster DNS: no UDP conntrack entry per
+    /// query through the ClusterIP's DNAT, and no lost datagram to wait 5 s for).
+    pub tcp_only: bool,
 }
 
 impl ForwarderConfig {
@@ -73,6 +76,7 @@ impl ForwarderConfig {
             cache_entries: 10_000,
             max_ttl: Duration::from_secs(3600),
             max_negative_ttl: Duration::from_secs(30),
+            tcp_only: false,
         }
     }
 }
@@ -244,7 +248,14 @@ impl Forwarder {
             .map_err(|_| ForwardError::Overloaded)?;
         for i in self.attempt_order(Instant::now()) {
             let up = &self.upstreams[i];
-            match exchange(up.addr, q, self.config.attempt_timeout).await {
+            match exchange(
+                up.addr,
+                q,
+                self.config.attempt_timeout,
+                self.config.tcp_only,
+            )
+            .await
+            {
                 Ok(answer)
                     if matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) =>
                 {
@@ -313,22 +324,33 @@ fn matches(req: &Message, reply: &Message) -> bool {
         && reply.queries == req.queries
 }
 
-/// One exchange with one upstream: UDP, then TCP if the UDP answer was truncated.
-async fn exchange(addr: SocketAddr, q: &Query, timeout: Duration) -> std::io::Result<Upstream> {
+/// One exchange with one upstream: UDP, then TCP if the UDP answer was truncated (or TCP
+/// only).
+async fn exchange(
+    addr: SocketAddr,
+    q: &Query,
+    timeout: Duration,
+    tcp_only: bool,
+) -> std::io::Result<Upstream> {
     let req = upstream_query(q);
     let bytes = req
         .to_vec()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     let deadline = tokio::time::Instant::now() + timeout;
-    let reply = tokio::time::timeout_at(deadline, udp_exchange(addr, &req, &bytes))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    let reply = if reply.metadata.truncation {
-        tokio::time::timeout_at(deadline, tcp_exchange(addr, &req, &bytes))
-            .await
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??
+    let reply = if tcp_only {
+        None
     } else {
-        reply
+        Some(
+            tokio::time::timeout_at(deadline, udp_exchange(addr, &req, &bytes))
+                .await
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??,
+        )
+    };
+    let reply = match reply {
+        Some(reply) if !reply.metadata.truncation => reply,
+        _ => tokio::time::timeout_at(deadline, tcp_exchange(addr, &req, &bytes))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??,
     };
     Ok(Upstream {
         rcode: reply.metadata.response_code,
@@ -564,5 +586,46 @@ mod exchange_tests {
             Err(ForwardError::Overloaded)
         );
         assert_eq!(first.await.unwrap(), Err(ForwardError::AllFailed));
+    }
+
+    /// `tcp_only`: the query goes over TCP, nothing over UDP (a UDP socket on the same port
+    /// counts what arrives there).
+    #[tokio::test]
+    async fn tcp_only_asks_over_tcp() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let udp = UdpSocket::bind(addr).await.unwrap();
+        let udp_count = Arc::new(AtomicUsize::new(0));
+        let seen = udp_count.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while udp.recv_from(&mut buf).await.is_ok() {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let len = conn.read_u16().await.unwrap() as usize;
+            let mut buf = vec![0u8; len];
+            conn.read_exact(&mut buf).await.unwrap();
+            let req = Message::from_vec(&buf).unwrap();
+            let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
+            resp.add_queries(req.queries.iter().cloned());
+            resp.add_answer(Record::from_rdata(
+                req.queries[0].name().clone(),
+                60,
+                RData::A(std::net::Ipv4Addr::new(192, 0, 2, 7).into()),
+            ));
+            let out = resp.to_vec().unwrap();
+            conn.write_u16(out.len() as u16).await.unwrap();
+            conn.write_all(&out).await.unwrap();
+        });
+        let mut cfg = ForwarderConfig::new(vec![addr]);
+        cfg.tcp_only = true;
+        cfg.attempt_timeout = Duration::from_millis(500);
+        let a = Forwarder::new(cfg).resolve(&q("t.example.")).await.unwrap();
+        assert_eq!(a.answers.len(), 1);
+        assert_eq!(udp_count.load(Ordering::SeqCst), 0);
     }
 }

@@ -19,7 +19,7 @@ pub mod zone;
 
 pub use forward::{parse_resolv_conf, Forwarder, ForwarderConfig};
 pub use server::{serve, serve_blocking, Handler, ServerConfig, ZoneHandle};
-pub use zone::{Answer, Zone, ZoneConfig, SCHEMA_VERSION};
+pub use zone::{pod_address, Answer, PodRecords, Zone, ZoneConfig, SCHEMA_VERSION};
 
 #[cfg(test)]
 mod zone_tests;

@@ -12,6 +12,8 @@
 //!   (ClusterIP) or to each ready endpoint's hostname with the endpoint's port (headless).
 //! * ExternalName: CNAME to the external name.
 //! * `dns-version.<zone>` TXT `1.0.1`; SOA and NS at the apex.
+//! * Pod names `<a-b-c-d>.<ns>.pod.<zone>` ([`PodRecords`]): computed at lookup from the name,
+//!   not stored.
 //!
 //! Ready: an endpoint whose `ready` condition is not false (the API reads nil as ready), or any
 //! endpoint of a service with `publishNotReadyAddresses`.
@@ -32,6 +34,18 @@ pub const SCHEMA_VERSION: &str = "1.0.1";
 /// The label tying an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
+/// Whether `<a-b-c-d>.<ns>.pod.<zone>` names are answered (CoreDNS's `pods` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PodRecords {
+    /// No pod names: NXDOMAIN (the default, as CoreDNS's).
+    #[default]
+    Disabled,
+    /// Any well-formed name is answered with the address it spells, whether or not such a pod
+    /// exists (kube-dns's behaviour, kept for compatibility). `pod.<zone>` and
+    /// `<ns>.pod.<zone>` exist (NODATA).
+    Insecure,
+}
+
 /// How the zone is built.
 #[derive(Debug, Clone)]
 pub struct ZoneConfig {
@@ -44,6 +58,8 @@ pub struct ZoneConfig {
     /// Addresses of this DNS server, published as the A/AAAA of the apex NS target
     /// `ns.dns.<zone>` (none: the NS name has no address records).
     pub ns_addresses: Vec<IpAddr>,
+    /// Pod names (default disabled).
+    pub pods: PodRecords,
 }
 
 impl ZoneConfig {
@@ -59,6 +75,7 @@ impl ZoneConfig {
             ttl: 5,
             serial: 1,
             ns_addresses: Vec::new(),
+            pods: PodRecords::Disabled,
         })
     }
 }
@@ -108,6 +125,7 @@ pub struct Zone {
     names: HashMap<Name, Vec<Record>>,
     /// PTR records of cluster IPs and endpoint IPs, keyed by the reverse name.
     reverse: HashMap<Name, Vec<Record>>,
+    pods: PodRecords,
     /// Objects skipped because a name or value could not be a DNS name.
     pub warnings: Vec<String>,
 }
@@ -141,7 +159,9 @@ impl Zone {
         fqdn.set_fqdn(true);
         if self.origin.zone_of(&fqdn) {
             return match self.names.get(&fqdn) {
-                None => self.negative(ResponseCode::NXDomain),
+                None => self
+                    .pod_lookup(&fqdn, qtype)
+                    .unwrap_or_else(|| self.negative(ResponseCode::NXDomain)),
                 Some(records) => self.positive(&fqdn, qtype, records),
             };
         }
@@ -149,6 +169,26 @@ impl Zone {
             Some(records) => self.positive(&fqdn, qtype, records),
             None => Answer::NotInZone,
         }
+    }
+
+    /// A name under `pod.<zone>` when pod records are on: `pod.<zone>` and `<ns>.pod.<zone>`
+    /// exist without records; `<addr>.<ns>.pod.<zone>` has the A or AAAA record its first
+    /// label spells (`10-244-1-2`, `fd00--1`). None: not a pod name (NXDOMAIN).
+    fn pod_lookup(&self, fqdn: &Name, qtype: RecordType) -> Option<Answer> {
+        if self.pods == PodRecords::Disabled {
+            return None;
+        }
+        let below = fqdn.num_labels().checked_sub(self.origin.num_labels())? as usize;
+        let labels: Vec<&[u8]> = fqdn.iter().collect();
+        if below == 0 || below > 3 || !labels[below - 1].eq_ignore_ascii_case(b"pod") {
+            return None;
+        }
+        if below < 3 {
+            return Some(self.negative(ResponseCode::NoError));
+        }
+        let ip = pod_address(std::str::from_utf8(labels[0]).ok()?)?;
+        let record = Record::from_rdata(fqdn.clone(), self.ttl, address(ip));
+        Some(self.positive(fqdn, qtype, &[record]))
     }
 
     fn positive(&self, qname: &Name, qtype: RecordType, records: &[Record]) -> Answer {
@@ -226,6 +266,21 @@ type BuildResult = Result<(), String>;
 
 fn name_err(e: impl std::fmt::Display) -> String {
     e.to_string()
+}
+
+/// The address a pod label spells: `10-244-1-2` (four decimal parts) or an IPv6 address
+/// with `:` written as `-` (`fd00--1`).
+pub fn pod_address(label: &str) -> Option<IpAddr> {
+    if let Ok(v4) = label.replace('-', ".").parse::<std::net::Ipv4Addr>() {
+        return Some(IpAddr::V4(v4));
+    }
+    // An IPv4 spelling that failed must not pass as IPv6 (`1-2-3-4` has no IPv6 reading,
+    // but `1-2-3-4-5-6-7-8` does, and is IPv6).
+    label
+        .replace('-', ":")
+        .parse::<std::net::Ipv6Addr>()
+        .ok()
+        .map(IpAddr::V6)
 }
 
 /// An endpoint address as a DNS label: `10.0.0.1` → `10-0-0-1`, `fd00::1` → `fd00--1`.
@@ -438,6 +493,7 @@ impl<'c> Builder<'c> {
             soa,
             names: self.names,
             reverse: self.reverse,
+            pods: self.config.pods,
             warnings: self.warnings,
         }
     }

@@ -293,3 +293,57 @@ fn ttl_and_zone_are_configurable() {
     assert!(ZoneConfig::new(".").is_err());
     assert!(ZoneConfig::new("a..b").is_err());
 }
+
+#[test]
+fn pod_records_disabled_and_insecure() {
+    use crate::zone::{pod_address, PodRecords};
+    use RecordType::*;
+    let names = [
+        "10-244-1-2.shop.pod.cluster.local.",
+        "pod.cluster.local.",
+        "shop.pod.cluster.local.",
+    ];
+    // Disabled (the default): no pod names at all.
+    let z = zone();
+    for n in names {
+        assert_eq!(ask(&z, n, A), nxdomain(), "{n}");
+    }
+
+    let mut cfg = ZoneConfig::new("cluster.local").unwrap();
+    cfg.pods = PodRecords::Insecure;
+    let z = Zone::build(&snapshot(OBJECTS), &cfg);
+    assert_eq!(ask(&z, names[0], A), ok(&["10.244.1.2"]));
+    // Any namespace, case-insensitively; the address only as the type it is.
+    assert_eq!(
+        ask(&z, "10-244-1-2.No-Such-Ns.POD.cluster.local.", A),
+        ok(&["10.244.1.2"])
+    );
+    assert_eq!(ask(&z, names[0], AAAA), nodata());
+    assert_eq!(
+        ask(&z, "fd00-244--9.shop.pod.cluster.local.", AAAA),
+        ok(&["fd00:244::9"])
+    );
+    assert_eq!(ask(&z, "fd00-244--9.shop.pod.cluster.local.", A), nodata());
+    // The parents exist without records.
+    assert_eq!(ask(&z, names[1], A), nodata());
+    assert_eq!(ask(&z, names[2], A), nodata());
+    // Not an address, or too deep: NXDOMAIN.
+    for n in [
+        "10-244-1.shop.pod.cluster.local.",
+        "10-244-1-256.shop.pod.cluster.local.",
+        "web.shop.pod.cluster.local.",
+        "x.10-244-1-2.shop.pod.cluster.local.",
+        "10-244-1-2.shop.pods.cluster.local.",
+    ] {
+        assert_eq!(ask(&z, n, A), nxdomain(), "{n}");
+    }
+    // Services are unaffected.
+    assert_eq!(
+        ask(&z, "web.shop.svc.cluster.local.", A),
+        ask(&zone(), "web.shop.svc.cluster.local.", A)
+    );
+    assert_eq!(pod_address("1-2-3-4"), Some("1.2.3.4".parse().unwrap()));
+    assert_eq!(pod_address("--1"), Some("::1".parse().unwrap()));
+    assert_eq!(pod_address("01-2-3-4"), None);
+    assert_eq!(pod_address(""), None);
+}

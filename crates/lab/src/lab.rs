@@ -137,7 +137,8 @@ fn build(
             + pod_count
             + 1
             + 1
-            + usize::from(topo.proxy.mode().is_some()),
+            + usize::from(topo.proxy.mode().is_some())
+            + usize::from(topo.dns),
         out: progress,
     };
     let allocations = topo.allocate()?;
@@ -369,6 +370,19 @@ fn build(
             "proxies: {} on {} nodes ({} ms)",
             topo.proxy.describe(),
             state.nodes.len(),
+            ms(t)
+        ));
+    }
+    if topo.dns {
+        let t = Instant::now();
+        let dns = crate::dns::up(&bins.weir, &dir, &state, topo.service_cidr)?;
+        steps.step(&format!(
+            "dns: weir dns on node {} ({}:53) behind {}, NSD outside serving {}, pods' \
+             resolv.conf in /etc/netns ({} ms)",
+            dns.node,
+            dns.server_ip,
+            dns.cluster_ip,
+            crate::dns::EXTERNAL_ZONE,
             ms(t)
         ));
     }
@@ -945,6 +959,9 @@ pub fn down(
         }
     }
     report.namespaces = ordered;
+    report
+        .warnings
+        .extend(crate::dns::remove_netns_etc(&report.namespaces));
 
     // 4. State.
     if dir.dir.exists() {

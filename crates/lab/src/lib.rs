@@ -8,6 +8,7 @@
 //! lab's Kubernetes objects ([`manifests`]), and the [`services`] probes check what it serves.
 
 pub mod cni;
+pub mod dns;
 pub mod echo;
 pub mod eni;
 pub mod kube_proxy;

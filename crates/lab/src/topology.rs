@@ -19,6 +19,7 @@ cni: weir
 proxy: nftables
 serviceCIDR: 10.96.0.0/16
 loadBalancerCIDR: 203.0.113.0/24
+dns: true             # weir dns behind 10.96.0.10, NSD outside, the pods' resolv.conf
 nodes:
   - name: a
     podCIDR: 10.244.1.0/24
@@ -359,6 +360,9 @@ pub struct Topology {
     /// Where LoadBalancer ingress IPs come from (the outside routes each via a node).
     #[serde(rename = "loadBalancerCIDR", default = "default_lb_cidr")]
     pub lb_cidr: Ipv4Net,
+    /// Cluster DNS ([`crate::dns`]): `weir dns` behind serviceCIDR host 10 (default false).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub dns: bool,
     pub nodes: Vec<Node>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<Service>,
@@ -741,6 +745,34 @@ impl Topology {
         }
         self.validate_services(&pod_names)?;
         self.allocate()?;
+        if self.dns && self.proxy.mode().is_none() {
+            return Err(err(
+                "dns",
+                "the DNS Service's ClusterIP needs a proxy (proxy: none)",
+            ));
+        }
+        if self.dns && self.service_cidr.prefix_len() > 28 {
+            return Err(err(
+                "dns",
+                format!(
+                    "serviceCIDR {} has no host 10 for the DNS Service",
+                    self.service_cidr
+                ),
+            ));
+        }
+        if self.dns {
+            let dns_ip = crate::dns::cluster_ip(self.service_cidr);
+            if let Some(i) = self
+                .services
+                .iter()
+                .position(|s| s.cluster_ip == Some(dns_ip))
+            {
+                return Err(err(
+                    format!("services[{i}].clusterIP"),
+                    format!("{dns_ip} is the DNS Service's (dns: true)"),
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -892,6 +924,9 @@ impl Topology {
     pub fn allocate(&self) -> Result<Vec<Allocation>, TopologyError> {
         let mut used_ips: BTreeSet<Ipv4Addr> =
             self.services.iter().filter_map(|s| s.cluster_ip).collect();
+        if self.dns {
+            used_ips.insert(crate::dns::cluster_ip(self.service_cidr));
+        }
         let mut used_ports: BTreeSet<u16> =
             self.services.iter().filter_map(|s| s.node_port).collect();
         let mut used_lb: BTreeSet<Ipv4Addr> = self
@@ -1337,6 +1372,19 @@ mod tests {
                 "loadBalancerCIDR",
             ),
             ("proxy: nftables", "proxy: ipvs", "proxy", "unknown variant"),
+            ("proxy: nftables", "proxy: none", "dns", "needs a proxy"),
+            (
+                "serviceCIDR: 10.96.0.0/16",
+                "serviceCIDR: 10.96.0.0/29",
+                "dns",
+                "no host 10",
+            ),
+            (
+                "    port: 80\n    backends: [a1, b1]\n",
+                "    port: 80\n    clusterIP: 10.96.0.10\n    backends: [a1, b1]\n",
+                "services[0].clusterIP",
+                "the DNS Service's",
+            ),
         ];
         for (from, to, field, msg) in cases {
             let e = match with(from, to) {

@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use tracing::{info, warn};
 use weir_dns::{
-    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, ServerConfig, Zone, ZoneConfig,
-    ZoneHandle,
+    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, PodRecords, ServerConfig, Zone,
+    ZoneConfig, ZoneHandle,
 };
 use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
 
@@ -31,6 +31,9 @@ pub struct DnsArgs {
     /// (without it, such names are REFUSED).
     #[arg(long)]
     upstream_resolv_conf: Option<PathBuf>,
+    /// Ask the upstreams over TCP only (a node-local cache asking the cluster DNS).
+    #[arg(long)]
+    upstream_tcp: bool,
     /// TTL of the cluster zone's records, in seconds.
     #[arg(long, default_value_t = 5)]
     ttl: u32,
@@ -41,9 +44,20 @@ pub struct DnsArgs {
     /// zone) with a CNAME to the first name its resolver would try next that has records.
     #[arg(long)]
     autopath: bool,
+    /// Pod names `<a-b-c-d>.<ns>.pod.<zone>`: disabled (NXDOMAIN), insecure (any well-formed
+    /// name gets the address it spells) or verified (not built yet: needs Pods in the store).
+    #[arg(long, value_enum, default_value_t = PodsArg::Disabled)]
+    pods: PodsArg,
     /// Worker threads of the serving runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PodsArg {
+    Disabled,
+    Insecure,
+    Verified,
 }
 
 /// `<n>ms` or `<n>s`.
@@ -89,16 +103,28 @@ fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
         "{}: no usable upstream",
         path.display()
     );
-    info!(?upstreams, "forwarding names outside the zone");
-    Ok(Some(Arc::new(Forwarder::new(ForwarderConfig::new(
-        upstreams,
-    )))))
+    info!(
+        ?upstreams,
+        tcp_only = args.upstream_tcp,
+        "forwarding names outside the zone"
+    );
+    let mut config = ForwarderConfig::new(upstreams);
+    config.tcp_only = args.upstream_tcp;
+    Ok(Some(Arc::new(Forwarder::new(config))))
 }
 
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
     let mut config = ZoneConfig::new(&args.zone).map_err(anyhow::Error::msg)?;
     config.ttl = args.ttl;
+    config.pods = match args.pods {
+        PodsArg::Disabled => PodRecords::Disabled,
+        PodsArg::Insecure => PodRecords::Insecure,
+        PodsArg::Verified => anyhow::bail!(
+            "--pods verified is not built yet: the object store does not carry Pods \
+             (use disabled or insecure)"
+        ),
+    };
     let forwarder = forwarder(&args)?;
 
     let store = SharedStore::new();

@@ -370,6 +370,12 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         })
         .collect();
     let routes_ok = routes.iter().all(|r| r["alive"] == true);
+    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
+    let dns = weir_lab::dns::load(&lab_dir).map(|d| {
+        let results = weir_lab::dns::run(&weir_lab::dns::plan(state, &d), &d, &lab_dir);
+        (d, results)
+    });
+    let dns_ok = dns.as_ref().is_none_or(|(_, r)| r.iter().all(|r| r.ok));
     // eni network: what strict rp_filter and the VPC's source check dropped so far.
     let counters = (state.network == Network::Eni).then(|| eni::counters(state));
     if json {
@@ -381,6 +387,9 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         });
         if let Some(c) = &counters {
             out["eni"] = serde_json::to_value(c).expect("counters serialize");
+        }
+        if let Some((_, r)) = &dns {
+            out["dns"] = serde_json::to_value(r).expect("dns results serialize");
         }
         println!(
             "{}",
@@ -421,6 +430,11 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 c.source_check
             );
         }
+        if let Some((d, r)) = &dns {
+            println!();
+            print!("{}", weir_lab::dns::render(r));
+            println!("{}", weir_lab::dns::summary(r, d));
+        }
         for p in &proxies {
             if p["alive"] != true {
                 println!(
@@ -438,7 +452,12 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             }
         }
     }
-    if results.iter().all(|r| r.ok) && svc_results.iter().all(|r| r.ok) && proxies_ok && routes_ok {
+    if results.iter().all(|r| r.ok)
+        && svc_results.iter().all(|r| r.ok)
+        && proxies_ok
+        && routes_ok
+        && dns_ok
+    {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -466,6 +485,8 @@ fn demo(
     if let Some(p) = proxy_mode {
         topo.proxy = p.into();
     }
+    // Without a proxy nothing routes the DNS Service's ClusterIP.
+    topo.dns &= topo.proxy.mode().is_some();
     topo.validate()?;
     let bins = binaries()?;
     let teardown = |bins: &Binaries| -> anyhow::Result<()> {

@@ -441,3 +441,29 @@ fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
         vec!["10.96.0.20"]
     );
 }
+
+/// `--pods verified` needs Pods in the object store, which it does not carry yet: a clear
+/// error before anything is served; an unknown mode is rejected by the parser.
+#[test]
+fn pods_verified_is_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(WEIR)
+        .args(["dns", "--pods", "verified", "--listen", "127.0.0.1:0"])
+        .arg("--manifests")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("--pods verified is not built yet"), "{err}");
+    let out = Command::new(WEIR)
+        .args(["dns", "--pods", "secure"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("disabled, insecure, verified"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
