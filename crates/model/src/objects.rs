@@ -113,6 +113,22 @@ impl From<Node> for Object {
     }
 }
 
+impl From<ServiceInfo> for Object {
+    fn from(o: ServiceInfo) -> Self {
+        Object::Service(Arc::new(o))
+    }
+}
+impl From<EndpointSliceInfo> for Object {
+    fn from(o: EndpointSliceInfo) -> Self {
+        Object::EndpointSlice(Arc::new(o))
+    }
+}
+impl From<NodeInfo> for Object {
+    fn from(o: NodeInfo) -> Self {
+        Object::Node(Arc::new(o))
+    }
+}
+
 /// An immutable, ordered view of all objects (DNS and node routes read it; the proxy's
 /// planner is fed changes instead, see [`crate::Planner::apply`]).
 /// Keys: (namespace, name) for namespaced kinds, name for Nodes.
