@@ -62,7 +62,10 @@ fn intern_opt(s: Option<&String>) -> Option<Arc<str>> {
 }
 
 fn boxed(list: Option<&Vec<String>>) -> Box<[Box<str>]> {
-    list.into_iter().flatten().map(|s| s.as_str().into()).collect()
+    list.into_iter()
+        .flatten()
+        .map(|s| s.as_str().into())
+        .collect()
 }
 
 /// An IP address as written in an object: parsed when it parses (surrounding blanks
@@ -344,7 +347,10 @@ impl From<&EndpointSlice> for EndpointSliceInfo {
 impl From<&Node> for NodeInfo {
     fn from(o: &Node) -> Self {
         let spec = o.spec.as_ref();
-        let listed = spec.and_then(|s| s.pod_cidrs.as_ref()).into_iter().flatten();
+        let listed = spec
+            .and_then(|s| s.pod_cidrs.as_ref())
+            .into_iter()
+            .flatten();
         NodeInfo {
             name: intern(o.metadata.name.as_deref().unwrap_or_default()),
             addresses: o
@@ -486,13 +492,17 @@ impl From<&EndpointSliceInfo> for EndpointSlice {
                     for_zones: (!e.zone_hints.is_empty()).then(|| {
                         e.zone_hints
                             .iter()
-                            .map(|z| discovery::ForZone { name: z.to_string() })
+                            .map(|z| discovery::ForZone {
+                                name: z.to_string(),
+                            })
                             .collect()
                     }),
                     for_nodes: (!e.node_hints.is_empty()).then(|| {
                         e.node_hints
                             .iter()
-                            .map(|n| discovery::ForNode { name: n.to_string() })
+                            .map(|n| discovery::ForNode {
+                                name: n.to_string(),
+                            })
                             .collect()
                     }),
                 }
@@ -514,22 +524,24 @@ impl From<&EndpointSliceInfo> for EndpointSlice {
             }),
             endpoints: (!o.endpoints.is_empty()).then(|| {
                 o.endpoints
-                .iter()
-                .map(|e| discovery::Endpoint {
-                    addresses: e.addresses.iter().map(IpText::text).collect(),
-                    conditions: (e.ready.is_some() || e.serving.is_some() || e.terminating.is_some())
+                    .iter()
+                    .map(|e| discovery::Endpoint {
+                        addresses: e.addresses.iter().map(IpText::text).collect(),
+                        conditions: (e.ready.is_some()
+                            || e.serving.is_some()
+                            || e.terminating.is_some())
                         .then_some(discovery::EndpointConditions {
                             ready: e.ready,
                             serving: e.serving,
                             terminating: e.terminating,
                         }),
-                    hostname: e.hostname.as_deref().map(String::from),
-                    node_name: e.node_name.as_deref().map(String::from),
-                    zone: e.zone.as_deref().map(String::from),
-                    hints: hints(e),
-                    ..Default::default()
-                })
-                .collect()
+                        hostname: e.hostname.as_deref().map(String::from),
+                        node_name: e.node_name.as_deref().map(String::from),
+                        zone: e.zone.as_deref().map(String::from),
+                        hints: hints(e),
+                        ..Default::default()
+                    })
+                    .collect()
             }),
         }
     }
@@ -551,9 +563,10 @@ impl From<&NodeInfo> for Node {
         });
         if o.deleting {
             // The time itself is not kept: only that deletion started.
-            metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ));
+            metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
         }
         Node {
             metadata,
@@ -597,7 +610,9 @@ mod tests {
             "kubectl.kubernetes.io/last-applied-configuration"
         ));
         assert!(kubernetes_annotation("node.alpha.kubernetes.io/ttl"));
-        assert!(kubernetes_annotation("kubeadm.alpha.kubernetes.io/cri-socket"));
+        assert!(kubernetes_annotation(
+            "kubeadm.alpha.kubernetes.io/cri-socket"
+        ));
         assert!(kubernetes_annotation("k8s.io/x"));
         assert!(!kubernetes_annotation("weir.dev/backend-data"));
         assert!(!kubernetes_annotation("flannel.alpha.coreos.com/public-ip"));

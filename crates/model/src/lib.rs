@@ -10,11 +10,11 @@ mod objects;
 mod plan;
 mod planner;
 
-pub use diff::{Changed, PlanDiff};
 pub use compact::{
     EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo, NodeInfo,
     ServiceInfo, ServicePortInfo, ServiceSpecInfo,
 };
+pub use diff::{Changed, PlanDiff};
 pub use objects::{Kind, Object, ObjectKey, Snapshot};
 pub use plan::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,

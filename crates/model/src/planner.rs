@@ -14,7 +14,6 @@ use crate::plan::*;
 /// kube-proxy's default ClientIP affinity timeout (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 
-
 /// Per-node proxy configuration (the planner's other input).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProxyConfig {
@@ -176,7 +175,10 @@ impl Planner {
         let zone = config
             .zone
             .clone()
-            .or_else(|| node.as_ref().and_then(|n| n.zone.as_deref().map(String::from)))
+            .or_else(|| {
+                node.as_ref()
+                    .and_then(|n| n.zone.as_deref().map(String::from))
+            })
             .unwrap_or_default();
         let context = Context {
             config: config.clone(),
@@ -245,7 +247,12 @@ impl Planner {
         }
     }
 
-    fn index(&mut self, key: &NsName, slice: &Arc<EndpointSliceInfo>, dirty: &mut BTreeSet<NsName>) {
+    fn index(
+        &mut self,
+        key: &NsName,
+        slice: &Arc<EndpointSliceInfo>,
+        dirty: &mut BTreeSet<NsName>,
+    ) {
         match &slice.service_name {
             Some(svc) => {
                 let group = ns_name(&key.0, svc);
@@ -291,13 +298,24 @@ impl Planner {
         let slices = self.by_service.get(&group);
         let index = EndpointIndex::build(
             &group.0,
-            slices.into_iter().flatten().map(|(n, s)| (n.as_str(), &**s)),
+            slices
+                .into_iter()
+                .flatten()
+                .map(|(n, s)| (n.as_str(), &**s)),
             &ctx.config.node_name,
             &mut warnings,
         );
         let mut ports = BTreeMap::new();
         if let Some(svc) = self.services.get(&group) {
-            plan_service(ctx, &group.0, &group.1, svc, &index, &mut ports, &mut warnings);
+            plan_service(
+                ctx,
+                &group.0,
+                &group.1,
+                svc,
+                &index,
+                &mut ports,
+                &mut warnings,
+            );
         }
         let ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)> = ports
             .into_iter()

@@ -107,7 +107,11 @@ fn slice(name: &str, owner: Option<&str>, eps: &[(u8, u8)]) -> EndpointSlice {
 
 fn node(name: &str, ip: u8, zone: bool) -> Node {
     Node {
-        metadata: meta("", name, zone.then_some(("topology.kubernetes.io/zone", "zone-a"))),
+        metadata: meta(
+            "",
+            name,
+            zone.then_some(("topology.kubernetes.io/zone", "zone-a")),
+        ),
         spec: Some(NodeSpec::default()),
         status: Some(NodeStatus {
             addresses: Some(vec![NodeAddress {
@@ -160,7 +164,10 @@ fn to_change(ev: &Ev) -> Option<(ObjectKey, Option<Object>)> {
             let o: Object = slice(&slice_name(*i), owner.map(|o| SERVICES[o]), eps).into();
             (o.key(), Some(o))
         }
-        Ev::DeleteSlice(i) => (ObjectKey::new(Kind::EndpointSlice, "ns", slice_name(*i)), None),
+        Ev::DeleteSlice(i) => (
+            ObjectKey::new(Kind::EndpointSlice, "ns", slice_name(*i)),
+            None,
+        ),
         Ev::Node(n, ip, zone) => {
             let o: Object = node(NODES[*n], *ip, *zone).into();
             (o.key(), Some(o))

@@ -73,7 +73,11 @@ impl Store {
     /// counts as changed, so the first take is the whole set).
     pub fn track_changes(&mut self) {
         if self.changed.is_none() {
-            let all = self.objects.objects().map(|o| o.key()).collect::<BTreeSet<_>>();
+            let all = self
+                .objects
+                .objects()
+                .map(|o| o.key())
+                .collect::<BTreeSet<_>>();
             if !all.is_empty() {
                 self.since.get_or_insert_with(Instant::now);
             }
@@ -164,7 +168,11 @@ impl Store {
 
     /// The changes recorded since the last call (empty unless [`Store::track_changes`]).
     pub fn take_changes(&mut self) -> Changes {
-        let keys = self.changed.as_mut().map(std::mem::take).unwrap_or_default();
+        let keys = self
+            .changed
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
         Changes {
             generation: self.generation,
             objects: keys

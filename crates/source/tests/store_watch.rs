@@ -175,7 +175,10 @@ fn a_tracking_store_hands_out_each_changed_key_once_with_its_object_now() {
     // is listed once; a deletion is listed with no object.
     s.apply(Event::Applied(svc("b", "10.96.0.2")));
     s.apply(Event::Applied(svc("b", "10.96.0.3")));
-    s.apply(Event::Resync(vec![svc("a", "10.96.0.9"), svc("b", "10.96.0.3")]));
+    s.apply(Event::Resync(vec![
+        svc("a", "10.96.0.9"),
+        svc("b", "10.96.0.3"),
+    ]));
     let c = s.take_changes();
     let keys: Vec<String> = c.objects.iter().map(|(k, _)| k.name.clone()).collect();
     assert_eq!(keys, ["a", "b"]);

@@ -277,7 +277,9 @@ fn run_agent(
     let mode = env_or("WEIR_BENCH_MODE", "nftables");
     let timeout = Duration::from_secs(env_num("WEIR_BENCH_AGENT_TIMEOUT", 900) as u64);
     let ns = Ns::create(format!("wab-{tag}-{}", std::process::id()))?;
-    ns.ip(&["link", "add", "node0", "type", "veth", "peer", "name", "node0p"])?;
+    ns.ip(&[
+        "link", "add", "node0", "type", "veth", "peer", "name", "node0p",
+    ])?;
     ns.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"])?;
     ns.ip(&["link", "set", "node0", "up"])?;
     let source_args = feed.start(services)?;
@@ -324,7 +326,8 @@ fn run_agent(
         run.wall_ms.push(ms(at - at_change));
         run.plan_ms.push(field(&line, "plan_ms"));
         run.backend_ms.push(field(&line, "elapsed_ms"));
-        run.event_to_rules_ms.push(field(&line, "event_to_rules_ms"));
+        run.event_to_rules_ms
+            .push(field(&line, "event_to_rules_ms"));
         // Past the poll interval, so each change is its own sync.
         thread::sleep(Duration::from_millis(150));
     }
@@ -450,7 +453,8 @@ const FIGURES: [&str; 9] = [
 
 impl Summary {
     fn of(runs: &[Run]) -> Summary {
-        let all = |f: fn(&Run) -> &Vec<f64>| -> Vec<f64> { runs.iter().flat_map(f).copied().collect() };
+        let all =
+            |f: fn(&Run) -> &Vec<f64>| -> Vec<f64> { runs.iter().flat_map(f).copied().collect() };
         let each = |f: fn(&Run) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
         Summary {
             full_e2e_ms: median(&each(|r| r.full_e2e_ms)),
@@ -566,7 +570,12 @@ fn main() {
             } else {
                 "—".into()
             };
-            let _ = writeln!(out, "| {n} | {name} | {} | {} | {ratio} |", cell(a), cell(b));
+            let _ = writeln!(
+                out,
+                "| {n} | {name} | {} | {} | {ratio} |",
+                cell(a),
+                cell(b)
+            );
         }
     }
     println!("\n{out}");
