@@ -291,6 +291,9 @@ pub fn run(
         // pointer.
         let plan = planner.apply(changes.objects, &config);
         let plan_ms = planning.elapsed().as_secs_f64() * 1e3;
+        for w in &plan.warnings {
+            warn!("plan: {w}");
+        }
         if first {
             info!(
                 objects = changed_objects,
