@@ -22,11 +22,13 @@
 //! API feed (a fake API server) plugs in the same way. Root only: every agent runs in a fresh
 //! network namespace. No figure here is asserted: this prints medians, it does not pass or fail.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -405,6 +407,84 @@ impl Drop for KillOnDrop {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Where the memory goes: live heap bytes of the objects in each form, in this process
+
+/// Counts live heap bytes (this bench's own allocations; the agent is measured by RSS).
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Ordering::Relaxed);
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live_mib() -> f64 {
+    LIVE.load(Ordering::Relaxed) as f64 / (1024.0 * 1024.0)
+}
+
+/// Heap held by `n` services × 10 endpoints as k8s-openapi objects, as weir's compact objects,
+/// and by the plan and the planner's index, as markdown rows.
+fn object_memory(n: usize) -> String {
+    use weir_model::k8s_openapi::api::core::v1::Service;
+    use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
+    let mut text = String::new();
+    for i in 0..n {
+        service_yaml(&mut text, i, &endpoints_of(i));
+    }
+    let base = live_mib();
+    let mut k8s: Vec<(Option<Service>, Option<EndpointSlice>)> = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+        k8s.push(match v["kind"].as_str() {
+            Some("Service") => (serde_yaml::from_value(v).ok(), None),
+            _ => (None, serde_yaml::from_value(v).ok()),
+        });
+    }
+    let k8s_mib = live_mib() - base;
+    drop(k8s);
+    let base = live_mib();
+    let objects = weir_source::parse_manifest(Path::new("bench.yaml"), &text).objects;
+    let compact_mib = live_mib() - base;
+    drop(text);
+    let snapshot = weir_model::Snapshot::from_objects(&objects);
+    let config = weir_model::ProxyConfig {
+        node_name: "bench".into(),
+        node_ips: vec![NODE_IP.into()],
+        cluster_cidrs: vec![CLUSTER_CIDR.parse().expect("cidr")],
+        ..Default::default()
+    };
+    let base = live_mib();
+    let plan = weir_model::plan(&snapshot, &config);
+    let plan_mib = live_mib() - base;
+    drop(plan);
+    let base = live_mib();
+    let mut planner = weir_model::Planner::default();
+    let plan = planner.plan(&snapshot, &config);
+    let planner_mib = live_mib() - base;
+    drop((plan, planner, snapshot, objects));
+    format!(
+        "| {n} | k8s-openapi objects | {k8s_mib:.1} |\n| {n} | weir's compact objects | {compact_mib:.1} |\n\
+         | {n} | one plan | {plan_mib:.1} |\n| {n} | planner (index + plan + per-service results) | {planner_mib:.1} |\n"
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
 // Statistics and output
 
 fn ms(d: Duration) -> f64 {
@@ -512,6 +592,13 @@ fn main() {
             std::process::exit(2);
         }
     }
+
+    let mut memory =
+        String::from("| services × 10 endpoints | held as | heap MiB |\n|---|---|---:|\n");
+    for &n in &sizes {
+        memory.push_str(&object_memory(n));
+    }
+    println!("\n{memory}");
 
     let mut out = String::from(
         "| services × 10 endpoints | figure | weir | base | weir / base |\n|---|---|---:|---:|---:|\n",
