@@ -16,7 +16,8 @@
 //! by side with runs interleaved; ratios are new / base), `WEIR_BENCH_BASE_MAX` (largest size the
 //! base binary runs, default 10000), `WEIR_BENCH_CHANGES` (endpoint changes per run, default 15),
 //! `WEIR_BENCH_RUNS` (agent starts per binary and size, default 1), `WEIR_BENCH_MODE` (default
-//! `nftables`), `WEIR_BENCH_AGENT_TIMEOUT` (seconds for the first sync, default 900).
+//! `nftables`), `WEIR_BENCH_AGENT_TIMEOUT` (seconds for the first sync, default 900),
+//! `WEIR_BENCH_MEMORY_MAX` (largest size of the in-process heap accounting, default 10000).
 //!
 //! The source is behind [`Feed`]: today the manifest directory ([`ManifestFeed`]); a Kubernetes
 //! API feed (a fake API server) plugs in the same way. Root only: every agent runs in a fresh
@@ -595,7 +596,9 @@ fn main() {
 
     let mut memory =
         String::from("| services × 10 endpoints | held as | heap MiB |\n|---|---|---:|\n");
-    for &n in &sizes {
+    // Parsing 100k services as k8s-openapi values takes ~1 GiB: only up to this size.
+    let memory_max = env_num("WEIR_BENCH_MEMORY_MAX", 10_000);
+    for &n in sizes.iter().filter(|n| **n <= memory_max) {
         memory.push_str(&object_memory(n));
     }
     println!("\n{memory}");
