@@ -4,6 +4,9 @@
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
+#   bash scripts/dev.sh agent-bench  build release weir, the real `weir proxy` at 1k/10k services:
+#                              full sync, RSS, one endpoint change event → rules (WEIR_BIN_BASE:
+#                              an older binary measured side by side)
 #   bash scripts/dev.sh routes-bench  node routes: pod → pod throughput and connection rate
 #                              (host-gw, vxlan, underlay) and convergence with 1,000 nodes
 #   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
@@ -90,6 +93,13 @@ case "${1:-}" in
     step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
     cargo bench -p weir-proxy --bench scale -- "${@:2}"
     ;;
+  agent-bench)
+    install_packages
+    step "building weir (release): the bench starts the real agent"
+    cargo build --release -p weir
+    step "weir proxy end to end (WEIR_BENCH_SIZES, WEIR_BENCH_CHANGES, WEIR_BENCH_RUNS, WEIR_BIN_BASE)"
+    cargo bench -p weir --bench agent
+    ;;
   routes-bench)
     install_packages
     step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
@@ -111,7 +121,7 @@ case "${1:-}" in
     exec bash scripts/dns-bench.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|routes-bench|dns-bench|vm" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|vm" >&2
     exit 2
     ;;
 esac

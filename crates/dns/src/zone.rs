@@ -24,15 +24,10 @@ use std::net::IpAddr;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{CNAME, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use weir_model::k8s_openapi::api::core::v1::Service;
-use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
-use weir_model::Snapshot;
+use weir_model::{EndpointSliceInfo, IpText, ServiceInfo, Snapshot};
 
 /// The schema version served in `dns-version.<zone>`.
 pub const SCHEMA_VERSION: &str = "1.0.1";
-
-/// The label tying an EndpointSlice to its Service.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Whether `<a-b-c-d>.<ns>.pod.<zone>` names are answered (CoreDNS's `pods` option).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -232,14 +227,10 @@ impl Zone {
     /// skipped with a warning; the rest of the zone is unaffected.
     pub fn build(snapshot: &Snapshot, config: &ZoneConfig) -> Zone {
         let mut b = Builder::new(config);
-        let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+        let mut slices: HashMap<(&str, &str), Vec<&EndpointSliceInfo>> = HashMap::new();
         for ((ns, _), slice) in &snapshot.endpoint_slices {
-            let labels = slice.metadata.labels.as_ref();
-            if let Some(svc) = labels.and_then(|l| l.get(SERVICE_NAME_LABEL)) {
-                slices
-                    .entry((ns.as_str(), svc.as_str()))
-                    .or_default()
-                    .push(slice);
+            if let Some(svc) = slice.service_name.as_deref() {
+                slices.entry((ns.as_str(), svc)).or_default().push(slice);
             }
         }
         for ((ns, name), svc) in &snapshot.services {
@@ -374,8 +365,8 @@ impl<'c> Builder<'c> {
         &mut self,
         ns: &str,
         name: &str,
-        svc: &Service,
-        slices: &[&EndpointSlice],
+        svc: &ServiceInfo,
+        slices: &[&EndpointSliceInfo],
     ) -> BuildResult {
         let base = Name::from_labels([name, ns, "svc"])
             .and_then(|n| n.append_domain(&self.config.origin))
@@ -394,19 +385,14 @@ impl<'c> Builder<'c> {
             self.add(base, RData::CNAME(CNAME(target)));
             return Ok(());
         }
-        let cluster_ips: Vec<&str> = match (&spec.cluster_ips, &spec.cluster_ip) {
-            (Some(ips), _) if !ips.is_empty() => ips.iter().map(String::as_str).collect(),
-            (_, Some(ip)) => vec![ip.as_str()],
-            _ => Vec::new(),
-        };
-        if cluster_ips.contains(&"None") {
+        if spec.cluster_ips.iter().any(|ip| ip.is("None")) {
             return self.headless(&base, svc, slices);
         }
         self.touch(base.clone());
-        for ip in cluster_ips {
-            let ip: IpAddr = match ip.parse() {
-                Ok(ip) => ip,
-                Err(_) => {
+        for ip in spec.cluster_ips.iter() {
+            let ip: IpAddr = match ip {
+                IpText::Ip(ip) => *ip,
+                IpText::Text(ip) => {
                     self.warnings.push(format!(
                         "service {ns}/{name}: clusterIP {ip:?} is not an IP"
                     ));
@@ -416,7 +402,7 @@ impl<'c> Builder<'c> {
             self.add(base.clone(), address(ip));
             self.add_ptr(ip, &base);
         }
-        for port in spec.ports.iter().flatten() {
+        for port in spec.ports.iter() {
             let Some(pname) = port.name.as_deref().filter(|n| !n.is_empty()) else {
                 continue;
             };
@@ -430,29 +416,40 @@ impl<'c> Builder<'c> {
         Ok(())
     }
 
-    fn headless(&mut self, base: &Name, svc: &Service, slices: &[&EndpointSlice]) -> BuildResult {
+    fn headless(
+        &mut self,
+        base: &Name,
+        svc: &ServiceInfo,
+        slices: &[&EndpointSliceInfo],
+    ) -> BuildResult {
         self.touch(base.clone());
         let publish_not_ready = svc
             .spec
             .as_ref()
-            .and_then(|s| s.publish_not_ready_addresses)
-            .unwrap_or(false);
+            .is_some_and(|s| s.publish_not_ready_addresses);
         for slice in slices {
-            if slice.address_type == "FQDN" {
+            if &*slice.address_type == "FQDN" {
                 continue;
             }
-            for ep in slice.endpoints.iter().flatten() {
-                let ready = ep.conditions.as_ref().and_then(|c| c.ready) != Some(false);
+            for ep in slice.endpoints.iter() {
+                let ready = ep.ready != Some(false);
                 if !(ready || publish_not_ready) {
                     continue;
                 }
-                for addr in &ep.addresses {
-                    let Ok(ip) = addr.parse::<IpAddr>() else {
-                        self.warnings
-                            .push(format!("endpoint address {addr:?} is not an IP"));
-                        continue;
+                for addr in ep.addresses.iter() {
+                    let ip = match addr {
+                        IpText::Ip(ip) => *ip,
+                        IpText::Text(addr) => {
+                            self.warnings
+                                .push(format!("endpoint address {addr:?} is not an IP"));
+                            continue;
+                        }
                     };
-                    let label = ep.hostname.clone().unwrap_or_else(|| dashed(ip));
+                    let label = ep
+                        .hostname
+                        .as_deref()
+                        .map(String::from)
+                        .unwrap_or_else(|| dashed(ip));
                     let host = match base.prepend_label(label.as_str()) {
                         Ok(h) => h,
                         Err(e) => {
@@ -464,7 +461,7 @@ impl<'c> Builder<'c> {
                     self.add(base.clone(), address(ip));
                     self.add(host.clone(), address(ip));
                     self.add_ptr(ip, &host);
-                    for port in slice.ports.iter().flatten() {
+                    for port in slice.ports.iter() {
                         let (Some(pname), Some(number)) = (
                             port.name.as_deref().filter(|n| !n.is_empty()),
                             port.port.and_then(|p| u16::try_from(p).ok()),

@@ -1,14 +1,19 @@
-//! weir-model: cluster objects as weir sees them ([`Object`], [`Snapshot`]) and the pure
+//! weir-model: cluster objects as weir sees them ([`Object`], compact: [`compact`]; [`Snapshot`]) and the pure
 //! service [`Plan`] computed from them ([`plan()`]), with a deterministic [`PlanDiff`].
 //!
 //! Everything here is pure: no I/O, no clock, no randomness. Ordering is BTreeMap-based
 //! so the same input always yields the same plan.
 
+pub mod compact;
 mod diff;
 mod objects;
 mod plan;
 mod planner;
 
+pub use compact::{
+    EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo, NodeInfo,
+    ServiceInfo, ServicePortInfo, ServiceSpecInfo,
+};
 pub use diff::{Changed, PlanDiff};
 pub use objects::{Kind, Object, ObjectKey, Snapshot};
 pub use plan::{

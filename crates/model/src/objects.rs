@@ -5,6 +5,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use crate::compact::{EndpointSliceInfo, NodeInfo, ServiceInfo};
+
 /// The kinds of objects the proxy consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
@@ -51,17 +53,16 @@ impl fmt::Display for ObjectKey {
     }
 }
 
-/// One cluster object of a kind weir cares about.
+/// One cluster object of a kind weir cares about, in weir's compact form
+/// ([`crate::compact`]); `Object::from(k8s_openapi object)` converts at ingestion.
 #[derive(Debug, Clone)]
 pub enum Object {
-    Service(Arc<Service>),
-    EndpointSlice(Arc<EndpointSlice>),
-    Node(Arc<Node>),
+    Service(Arc<ServiceInfo>),
+    EndpointSlice(Arc<EndpointSliceInfo>),
+    Node(Arc<NodeInfo>),
 }
 
-/// Equal by pointer first: an object nobody changed is the same `Arc` in every snapshot, and
-/// comparing tens of thousands of them by value on every change would dominate a sync.
-/// (`Arc`'s own fast path needs `Eq`, which the Kubernetes types do not implement.)
+/// Equal by pointer first: an object nobody changed is the same `Arc` in every snapshot.
 impl PartialEq for Object {
     fn eq(&self, other: &Self) -> bool {
         fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
@@ -86,49 +87,56 @@ impl Object {
     }
 
     pub fn key(&self) -> ObjectKey {
-        let meta = match self {
-            Object::Service(o) => &o.metadata,
-            Object::EndpointSlice(o) => &o.metadata,
-            Object::Node(o) => &o.metadata,
-        };
-        let namespace = match self {
-            Object::Node(_) => String::new(),
-            _ => meta
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".to_string()),
-        };
-        ObjectKey::new(
-            self.kind(),
-            namespace,
-            meta.name.clone().unwrap_or_default(),
-        )
+        match self {
+            Object::Service(o) => ObjectKey::new(Kind::Service, &*o.namespace, &*o.name),
+            Object::EndpointSlice(o) => {
+                ObjectKey::new(Kind::EndpointSlice, &*o.namespace, &*o.name)
+            }
+            Object::Node(o) => ObjectKey::new(Kind::Node, "", &*o.name),
+        }
     }
 }
 
 impl From<Service> for Object {
     fn from(o: Service) -> Self {
-        Object::Service(Arc::new(o))
+        Object::Service(Arc::new(ServiceInfo::from(&o)))
     }
 }
 impl From<EndpointSlice> for Object {
     fn from(o: EndpointSlice) -> Self {
-        Object::EndpointSlice(Arc::new(o))
+        Object::EndpointSlice(Arc::new(EndpointSliceInfo::from(&o)))
     }
 }
 impl From<Node> for Object {
     fn from(o: Node) -> Self {
+        Object::Node(Arc::new(NodeInfo::from(&o)))
+    }
+}
+
+impl From<ServiceInfo> for Object {
+    fn from(o: ServiceInfo) -> Self {
+        Object::Service(Arc::new(o))
+    }
+}
+impl From<EndpointSliceInfo> for Object {
+    fn from(o: EndpointSliceInfo) -> Self {
+        Object::EndpointSlice(Arc::new(o))
+    }
+}
+impl From<NodeInfo> for Object {
+    fn from(o: NodeInfo) -> Self {
         Object::Node(Arc::new(o))
     }
 }
 
-/// An immutable, ordered view of all objects, the planner's input.
+/// An immutable, ordered view of all objects (DNS and node routes read it; the proxy's
+/// planner is fed changes instead, see [`crate::Planner::apply`]).
 /// Keys: (namespace, name) for namespaced kinds, name for Nodes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    pub services: BTreeMap<(String, String), Arc<Service>>,
-    pub endpoint_slices: BTreeMap<(String, String), Arc<EndpointSlice>>,
-    pub nodes: BTreeMap<String, Arc<Node>>,
+    pub services: BTreeMap<(String, String), Arc<ServiceInfo>>,
+    pub endpoint_slices: BTreeMap<(String, String), Arc<EndpointSliceInfo>>,
+    pub nodes: BTreeMap<String, Arc<NodeInfo>>,
 }
 
 impl Snapshot {
@@ -154,6 +162,41 @@ impl Snapshot {
                 self.nodes.insert(k.name, v);
             }
         }
+    }
+
+    /// Removes the object with `key`; returns whether there was one.
+    pub fn remove(&mut self, key: &ObjectKey) -> bool {
+        let nk = (key.namespace.clone(), key.name.clone());
+        match key.kind {
+            Kind::Service => self.services.remove(&nk).is_some(),
+            Kind::EndpointSlice => self.endpoint_slices.remove(&nk).is_some(),
+            Kind::Node => self.nodes.remove(&key.name).is_some(),
+        }
+    }
+
+    pub fn get(&self, key: &ObjectKey) -> Option<Object> {
+        let nk = (key.namespace.clone(), key.name.clone());
+        match key.kind {
+            Kind::Service => self.services.get(&nk).cloned().map(Object::Service),
+            Kind::EndpointSlice => self
+                .endpoint_slices
+                .get(&nk)
+                .cloned()
+                .map(Object::EndpointSlice),
+            Kind::Node => self.nodes.get(&key.name).cloned().map(Object::Node),
+        }
+    }
+
+    /// Every object, in key order per kind.
+    pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
+        let services = self.services.values().cloned().map(Object::Service);
+        let slices = self
+            .endpoint_slices
+            .values()
+            .cloned()
+            .map(Object::EndpointSlice);
+        let nodes = self.nodes.values().cloned().map(Object::Node);
+        services.chain(slices).chain(nodes)
     }
 
     pub fn len(&self) -> usize {

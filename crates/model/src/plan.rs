@@ -148,8 +148,9 @@ pub struct Frontend {
 pub struct Endpoint {
     pub ip: IpAddr,
     pub port: u16,
-    pub node_name: Option<String>,
-    pub zone: Option<String>,
+    /// Shared with the object the endpoint came from (node and zone names repeat).
+    pub node_name: Option<Arc<str>>,
+    pub zone: Option<Arc<str>>,
     /// `node_name` equals this node's name.
     pub is_local: bool,
     pub ready: bool,

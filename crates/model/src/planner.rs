@@ -6,17 +6,13 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::objects::Snapshot;
+use crate::compact::{EndpointSliceInfo, IpText, NodeInfo, ServiceInfo, LABEL_SERVICE_NAME};
+use crate::objects::{Kind, Object, ObjectKey, Snapshot};
 use crate::plan::*;
 
 /// kube-proxy's default ClientIP affinity timeout (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
-
-const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
-const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 
 /// Per-node proxy configuration (the planner's other input).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -63,144 +59,305 @@ pub fn plan(snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
     Planner::default().plan(snapshot, config)
 }
 
-/// An EndpointSlice with its snapshot key.
-type SliceRef<'a> = (&'a (String, String), &'a Arc<EndpointSlice>);
+/// (namespace, name).
+type NsName = (String, String);
 
-/// Slices by the (namespace, name) of the service they belong to; unlabelled ones are
-/// reported and skipped.
-fn group_slices<'a>(
-    snapshot: &'a Snapshot,
-    warnings: &mut BTreeSet<String>,
-) -> HashMap<(&'a str, &'a str), Vec<SliceRef<'a>>> {
-    let mut groups: HashMap<(&str, &str), Vec<SliceRef<'a>>> = HashMap::new();
-    for (key, slice) in &snapshot.endpoint_slices {
-        match slice_service(slice) {
-            Some(svc) => groups.entry((&key.0, svc)).or_default().push((key, slice)),
-            None => {
-                warnings.insert(format!(
-                    "EndpointSlice {}/{}: no {LABEL_SERVICE_NAME} label, ignored",
-                    key.0, key.1
-                ));
-            }
-        }
-    }
-    groups
+fn ns_name(ns: &str, name: &str) -> NsName {
+    (ns.to_string(), name.to_string())
 }
 
-/// The plan of one service, remembered with the exact objects it came from.
-struct CachedService {
-    service: Arc<Service>,
-    slices: Vec<Arc<EndpointSlice>>,
+/// The plan of one service (or of the slices of a service that does not exist: no ports,
+/// only their problems).
+#[derive(Default)]
+struct Planned {
     ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)>,
     warnings: Vec<String>,
 }
 
-impl CachedService {
-    fn made_from(&self, service: &Arc<Service>, slices: &[SliceRef<'_>]) -> bool {
-        Arc::ptr_eq(&self.service, service)
-            && self.slices.len() == slices.len()
-            && self
-                .slices
-                .iter()
-                .zip(slices)
-                .all(|(a, (_, b))| Arc::ptr_eq(a, b))
-    }
+/// What the node-wide part of the plan was computed from: the configuration and the facts
+/// of this node's Node object the planner reads.
+#[derive(Clone, PartialEq)]
+struct Context {
+    config: ProxyConfig,
+    node_ips: Vec<IpAddr>,
+    zone: String,
 }
 
-/// The planner with a memory: a service whose Service and EndpointSlice objects are the same
-/// `Arc`s as last time (the store keeps unchanged objects' `Arc`s) keeps its previous
-/// [`ServicePortPlan`]s, by pointer. So a change costs the planning of the services it
-/// touches, not of the cluster, and [`Plan::diff`] recognises unchanged ports by pointer.
-/// The result always equals [`plan`] of the same input.
+/// The planner, fed object changes: it keeps the objects it was given (the `Arc`s the store
+/// holds, indexed by service) and the plan of every service, and replans only what a change
+/// touches — a Service change its service, an EndpointSlice change the service(s) its
+/// `kubernetes.io/service-name` label names (before and after), a change of this node's
+/// Node object everything when it moves this node's IPs or zone (NodePort addresses,
+/// topology, externalTrafficPolicy). So a change costs the planning of the services it
+/// touches, not of the cluster; unchanged service ports keep their `Arc`s, which
+/// [`Plan::diff`] recognises by pointer. The plan always equals [`plan`] of the same objects.
 #[derive(Default)]
 pub struct Planner {
-    /// What node-wide input the cache was computed with.
-    context: Option<(ProxyConfig, Option<Arc<Node>>)>,
-    cache: HashMap<(String, String), CachedService>,
+    context: Option<Context>,
+    services: HashMap<NsName, Arc<ServiceInfo>>,
+    slices: HashMap<NsName, Arc<EndpointSliceInfo>>,
+    nodes: HashMap<String, Arc<NodeInfo>>,
+    /// Labelled slices by (namespace, service name), then slice name (the order the
+    /// endpoints are merged in).
+    by_service: HashMap<NsName, BTreeMap<String, Arc<EndpointSliceInfo>>>,
+    planned: HashMap<NsName, Planned>,
+    /// Every standing warning with the number of places reporting it.
+    warnings: BTreeMap<String, usize>,
+    plan: Plan,
 }
 
 impl Planner {
+    /// Plans `snapshot` whole: the objects that differ from what the planner was last given
+    /// (by pointer, then value) are fed to [`Planner::apply`] as changes.
     pub fn plan(&mut self, snapshot: &Snapshot, config: &ProxyConfig) -> Plan {
-        let node = snapshot.nodes.get(&config.node_name).cloned();
-        let same_context = self.context.as_ref().is_some_and(|(c, n)| {
-            c == config
-                && match (n, &node) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    (None, None) => true,
-                    _ => false,
-                }
-        });
-        if !same_context {
-            self.cache.clear();
-            self.context = Some((config.clone(), node.clone()));
+        let mut changes: Vec<(ObjectKey, Option<Object>)> = Vec::new();
+        fn same<T: PartialEq>(a: Option<&Arc<T>>, b: &Arc<T>) -> bool {
+            a.is_some_and(|a| Arc::ptr_eq(a, b) || a == b)
         }
-        let this_node = node.as_deref();
+        for ((ns, name), o) in &snapshot.services {
+            if !same(self.services.get(&ns_name(ns, name)), o) {
+                let key = ObjectKey::new(Kind::Service, ns, name);
+                changes.push((key, Some(Object::Service(o.clone()))));
+            }
+        }
+        for ((ns, name), o) in &snapshot.endpoint_slices {
+            if !same(self.slices.get(&ns_name(ns, name)), o) {
+                let key = ObjectKey::new(Kind::EndpointSlice, ns, name);
+                changes.push((key, Some(Object::EndpointSlice(o.clone()))));
+            }
+        }
+        for (name, o) in &snapshot.nodes {
+            if !same(self.nodes.get(name), o) {
+                let key = ObjectKey::new(Kind::Node, "", name);
+                changes.push((key, Some(Object::Node(o.clone()))));
+            }
+        }
+        let gone = |kind| move |(ns, name): &NsName| (ObjectKey::new(kind, ns, name), None);
+        changes.extend(
+            self.services
+                .keys()
+                .filter(|k| !snapshot.services.contains_key(*k))
+                .map(gone(Kind::Service)),
+        );
+        changes.extend(
+            self.slices
+                .keys()
+                .filter(|k| !snapshot.endpoint_slices.contains_key(*k))
+                .map(gone(Kind::EndpointSlice)),
+        );
+        changes.extend(
+            self.nodes
+                .keys()
+                .filter(|k| !snapshot.nodes.contains_key(*k))
+                .map(|n| (ObjectKey::new(Kind::Node, "", n), None)),
+        );
+        self.apply(changes, config)
+    }
+
+    /// Applies object changes (`None`: deleted) and returns the new plan. Costs the
+    /// planning of the services the changes touch (plus a copy of the plan's service map,
+    /// which shares every service port's `Arc`).
+    pub fn apply(
+        &mut self,
+        changes: impl IntoIterator<Item = (ObjectKey, Option<Object>)>,
+        config: &ProxyConfig,
+    ) -> Plan {
+        let mut dirty: BTreeSet<NsName> = BTreeSet::new();
+        for (key, object) in changes {
+            self.record(key, object, &mut dirty);
+        }
+        let node = self.nodes.get(&config.node_name).cloned();
         let node_ips = if config.node_ips.is_empty() {
-            this_node.map(primary_node_ips).unwrap_or_default()
+            node.as_deref().map(primary_node_ips).unwrap_or_default()
         } else {
             config.node_ips.clone()
         };
-        let zone = config.zone.clone().or_else(|| {
-            this_node.and_then(|n| n.metadata.labels.as_ref()?.get(LABEL_ZONE).cloned())
-        });
-        let ctx = Ctx {
-            config,
-            node_ips: &node_ips,
-            zone: zone.as_deref().unwrap_or(""),
+        let zone = config
+            .zone
+            .clone()
+            .or_else(|| {
+                node.as_ref()
+                    .and_then(|n| n.zone.as_deref().map(String::from))
+            })
+            .unwrap_or_default();
+        let context = Context {
+            config: config.clone(),
+            node_ips,
+            zone,
         };
+        if self.context.as_ref() != Some(&context) {
+            dirty.extend(self.services.keys().cloned());
+            dirty.extend(self.by_service.keys().cloned());
+            dirty.extend(self.planned.keys().cloned());
+            self.context = Some(context);
+        }
+        // Taken out while the services are replanned (they borrow it; `replan` needs `self`).
+        let context = self.context.take().expect("set above");
+        let ctx = Ctx {
+            config: &context.config,
+            node_ips: &context.node_ips,
+            zone: &context.zone,
+        };
+        for group in dirty {
+            self.replan(&ctx, group);
+        }
+        let p = &mut self.plan;
+        p.node_port_addresses_v4 = nodeport_addresses(config, ctx.node_ips, IpFamily::V4);
+        p.node_port_addresses_v6 = nodeport_addresses(config, ctx.node_ips, IpFamily::V6);
+        p.cluster_cidrs = config.cluster_cidrs.clone();
+        p.masquerade_all = config.masquerade_all;
+        p.warnings = self.warnings.keys().cloned().collect();
+        self.context = Some(context);
+        self.plan.clone()
+    }
 
-        let mut warnings = BTreeSet::new();
-        let mut groups = group_slices(snapshot, &mut warnings);
-        let mut services = BTreeMap::new();
-        let mut cache = HashMap::with_capacity(snapshot.services.len());
-        for (key, svc) in &snapshot.services {
-            let slices = groups
-                .remove(&(key.0.as_str(), key.1.as_str()))
-                .unwrap_or_default();
-            let entry = match self.cache.remove(key) {
-                Some(c) if c.made_from(svc, &slices) => c,
-                _ => {
-                    let mut own_warnings = BTreeSet::new();
-                    let index = EndpointIndex::build(
-                        slices.iter().copied(),
-                        &config.node_name,
-                        &mut own_warnings,
-                    );
-                    let mut ports = BTreeMap::new();
-                    plan_service(
-                        &ctx,
-                        &key.0,
-                        &key.1,
-                        svc,
-                        &index,
-                        &mut ports,
-                        &mut own_warnings,
-                    );
-                    CachedService {
-                        service: svc.clone(),
-                        slices: slices.iter().map(|(_, s)| Arc::clone(s)).collect(),
-                        ports: ports.into_iter().map(|(k, v)| (k, Arc::new(v))).collect(),
-                        warnings: own_warnings.into_iter().collect(),
+    /// Stores one change; adds the services it touches to `dirty`.
+    fn record(&mut self, key: ObjectKey, object: Option<Object>, dirty: &mut BTreeSet<NsName>) {
+        let nk = (key.namespace, key.name);
+        match (key.kind, object) {
+            (Kind::Service, o) => {
+                match o {
+                    Some(Object::Service(s)) => self.services.insert(nk.clone(), s),
+                    _ => self.services.remove(&nk),
+                };
+                dirty.insert(nk);
+            }
+            (Kind::EndpointSlice, o) => {
+                let new = match o {
+                    Some(Object::EndpointSlice(s)) => Some(s),
+                    _ => None,
+                };
+                let old = match &new {
+                    Some(s) => self.slices.insert(nk.clone(), s.clone()),
+                    None => self.slices.remove(&nk),
+                };
+                if let Some(old) = old {
+                    self.unindex(&nk, &old, dirty);
+                }
+                if let Some(new) = new {
+                    self.index(&nk, &new, dirty);
+                }
+            }
+            (Kind::Node, o) => {
+                match o {
+                    Some(Object::Node(n)) => self.nodes.insert(nk.1, n),
+                    _ => self.nodes.remove(&nk.1),
+                };
+            }
+        }
+    }
+
+    fn index(
+        &mut self,
+        key: &NsName,
+        slice: &Arc<EndpointSliceInfo>,
+        dirty: &mut BTreeSet<NsName>,
+    ) {
+        match &slice.service_name {
+            Some(svc) => {
+                let group = ns_name(&key.0, svc);
+                self.by_service
+                    .entry(group.clone())
+                    .or_default()
+                    .insert(key.1.clone(), slice.clone());
+                dirty.insert(group);
+            }
+            None => add_warning(&mut self.warnings, unlabelled(key)),
+        }
+    }
+
+    fn unindex(&mut self, key: &NsName, slice: &EndpointSliceInfo, dirty: &mut BTreeSet<NsName>) {
+        match &slice.service_name {
+            Some(svc) => {
+                let group = ns_name(&key.0, svc);
+                if let Some(g) = self.by_service.get_mut(&group) {
+                    g.remove(&key.1);
+                    if g.is_empty() {
+                        self.by_service.remove(&group);
                     }
                 }
-            };
-            services.extend(entry.ports.iter().cloned());
-            warnings.extend(entry.warnings.iter().cloned());
-            cache.insert(key.clone(), entry);
+                dirty.insert(group);
+            }
+            None => remove_warning(&mut self.warnings, &unlabelled(key)),
         }
-        // Slices of services that do not exist: no rules, but their problems are reported.
-        for slices in groups.into_values() {
-            EndpointIndex::build(slices, &config.node_name, &mut warnings);
-        }
-        self.cache = cache;
+    }
 
-        Plan {
-            services,
-            node_port_addresses_v4: nodeport_addresses(config, &node_ips, IpFamily::V4),
-            node_port_addresses_v6: nodeport_addresses(config, &node_ips, IpFamily::V6),
-            cluster_cidrs: config.cluster_cidrs.clone(),
-            masquerade_all: config.masquerade_all,
-            warnings: warnings.into_iter().collect(),
+    /// Plans one service afresh and puts the result in the plan, keeping the `Arc` of every
+    /// port whose plan did not change.
+    fn replan(&mut self, ctx: &Ctx<'_>, group: NsName) {
+        let old = self.planned.remove(&group).unwrap_or_default();
+        for w in &old.warnings {
+            remove_warning(&mut self.warnings, w);
+        }
+        let mut old_ports: HashMap<ServicePortKey, Arc<ServicePortPlan>> =
+            old.ports.into_iter().collect();
+        for k in old_ports.keys() {
+            self.plan.services.remove(k);
+        }
+        let mut warnings = BTreeSet::new();
+        let slices = self.by_service.get(&group);
+        let index = EndpointIndex::build(
+            &group.0,
+            slices
+                .into_iter()
+                .flatten()
+                .map(|(n, s)| (n.as_str(), &**s)),
+            &ctx.config.node_name,
+            &mut warnings,
+        );
+        let mut ports = BTreeMap::new();
+        if let Some(svc) = self.services.get(&group) {
+            plan_service(
+                ctx,
+                &group.0,
+                &group.1,
+                svc,
+                &index,
+                &mut ports,
+                &mut warnings,
+            );
+        }
+        let ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)> = ports
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match old_ports.remove(&k) {
+                    Some(old) if *old == v => old,
+                    _ => Arc::new(v),
+                };
+                (k, v)
+            })
+            .collect();
+        for (k, v) in &ports {
+            self.plan.services.insert(k.clone(), v.clone());
+        }
+        for w in &warnings {
+            add_warning(&mut self.warnings, w.clone());
+        }
+        if !ports.is_empty() || !warnings.is_empty() {
+            self.planned.insert(
+                group,
+                Planned {
+                    ports,
+                    warnings: warnings.into_iter().collect(),
+                },
+            );
+        }
+    }
+}
+
+fn unlabelled((ns, name): &NsName) -> String {
+    format!("EndpointSlice {ns}/{name}: no {LABEL_SERVICE_NAME} label, ignored")
+}
+
+fn add_warning(all: &mut BTreeMap<String, usize>, w: String) {
+    *all.entry(w).or_default() += 1;
+}
+
+fn remove_warning(all: &mut BTreeMap<String, usize>, w: &str) {
+    if let Some(n) = all.get_mut(w) {
+        *n -= 1;
+        if *n == 0 {
+            all.remove(w);
         }
     }
 }
@@ -211,15 +368,13 @@ struct Ctx<'a> {
     zone: &'a str,
 }
 
-fn primary_node_ips(node: &Node) -> Vec<IpAddr> {
-    let addrs = node.status.as_ref().and_then(|s| s.addresses.as_ref());
-    let Some(addrs) = addrs else { return vec![] };
+fn primary_node_ips(node: &NodeInfo) -> Vec<IpAddr> {
     let mut out = Vec::new();
     for fam in [IpFamily::V4, IpFamily::V6] {
         let pick = |ty: &str| {
-            addrs
+            node.addresses
                 .iter()
-                .filter(|a| a.type_ == ty)
+                .filter(|a| &*a.type_ == ty)
                 .filter_map(|a| a.address.trim().parse::<IpAddr>().ok())
                 .find(|ip| IpFamily::of(ip) == fam)
         };
@@ -280,28 +435,33 @@ struct EndpointIndex {
 #[derive(Clone)]
 struct EpInfo {
     ep: Endpoint,
-    zone_hints: BTreeSet<String>,
-    node_hints: BTreeSet<String>,
+    zone_hints: Box<[Arc<str>]>,
+    node_hints: Box<[Arc<str>]>,
+}
+
+fn hinted(hints: &[Arc<str>], name: &str) -> bool {
+    hints.iter().any(|h| &**h == name)
 }
 
 impl EndpointIndex {
-    /// Indexes `slices` (all labelled with their service; see [`group_slices`]).
+    /// Indexes the `slices` (name, slice) of one service in namespace `ns`.
     fn build<'a>(
-        slices: impl IntoIterator<Item = SliceRef<'a>>,
+        ns: &str,
+        slices: impl IntoIterator<Item = (&'a str, &'a EndpointSliceInfo)>,
         node_name: &str,
         warnings: &mut BTreeSet<String>,
     ) -> Self {
         let mut by_port: BTreeMap<_, BTreeMap<(IpAddr, u16), EpInfo>> = BTreeMap::new();
-        for ((ns, slice_name), slice) in slices {
-            let Some(svc) = slice_service(slice) else {
+        for (slice_name, slice) in slices {
+            let Some(svc) = slice.service_name.as_deref() else {
                 continue;
             };
-            let family = match slice.address_type.as_str() {
+            let family = match &*slice.address_type {
                 "IPv4" => IpFamily::V4,
                 "IPv6" => IpFamily::V6,
                 _ => continue, // FQDN slices are not proxied
             };
-            for port in slice.ports.iter().flatten() {
+            for port in slice.ports.iter() {
                 let Some(num) = port.port.filter(|p| (1..=65535).contains(p)) else {
                     warnings.insert(format!(
                         "EndpointSlice {ns}/{slice_name}: port {:?} without a valid number, ignored",
@@ -312,25 +472,26 @@ impl EndpointIndex {
                 let Some(proto) = Protocol::parse(port.protocol.as_deref()) else {
                     warnings.insert(format!(
                         "EndpointSlice {ns}/{slice_name}: unknown protocol {:?}",
-                        port.protocol
+                        port.protocol.as_deref()
                     ));
                     continue;
                 };
                 let key = (
-                    ns.clone(),
+                    ns.to_string(),
                     svc.to_string(),
-                    port.name.clone().unwrap_or_default(),
+                    port.name.as_deref().unwrap_or_default().to_string(),
                     proto,
                     family,
                 );
                 let set = by_port.entry(key).or_default();
-                for e in slice.endpoints.iter().flatten() {
+                for e in slice.endpoints.iter() {
                     let Some(first) = e.addresses.first() else {
                         continue;
                     };
-                    let Ok(ip) = first.trim().parse::<IpAddr>() else {
+                    let Some(ip) = first.ip() else {
                         warnings.insert(format!(
-                            "EndpointSlice {ns}/{slice_name}: invalid address {first:?}"
+                            "EndpointSlice {ns}/{slice_name}: invalid address {:?}",
+                            first.text()
                         ));
                         continue;
                     };
@@ -341,11 +502,9 @@ impl EndpointIndex {
                         ));
                         continue;
                     }
-                    let cond = e.conditions.clone().unwrap_or_default();
-                    let ready = cond.ready.unwrap_or(true);
+                    let ready = e.ready.unwrap_or(true);
                     let is_local =
                         !node_name.is_empty() && e.node_name.as_deref() == Some(node_name);
-                    let hints = e.hints.as_ref();
                     let info = EpInfo {
                         ep: Endpoint {
                             ip,
@@ -354,17 +513,11 @@ impl EndpointIndex {
                             zone: e.zone.clone(),
                             is_local,
                             ready,
-                            serving: cond.serving.unwrap_or(true),
-                            terminating: cond.terminating.unwrap_or(false),
+                            serving: e.serving.unwrap_or(true),
+                            terminating: e.terminating.unwrap_or(false),
                         },
-                        zone_hints: hints
-                            .and_then(|h| h.for_zones.as_ref())
-                            .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                            .unwrap_or_default(),
-                        node_hints: hints
-                            .and_then(|h| h.for_nodes.as_ref())
-                            .map(|z| z.iter().map(|z| z.name.clone()).collect())
-                            .unwrap_or_default(),
+                        zone_hints: e.zone_hints.clone(),
+                        node_hints: e.node_hints.clone(),
                     };
                     let k = (ip, num as u16);
                     if !set.contains_key(&k) || is_local {
@@ -391,29 +544,19 @@ impl EndpointIndex {
     }
 }
 
-fn slice_service(slice: &EndpointSlice) -> Option<&str> {
-    slice
-        .metadata
-        .labels
-        .as_ref()?
-        .get(LABEL_SERVICE_NAME)
-        .map(String::as_str)
-        .filter(|s| !s.is_empty())
-}
-
 fn parse_ips(
-    list: impl IntoIterator<Item = String>,
+    list: &[IpText],
     what: &str,
     svc: &str,
     warnings: &mut BTreeSet<String>,
 ) -> Vec<IpAddr> {
     let mut out = Vec::new();
     for s in list {
-        match s.trim().parse::<IpAddr>() {
-            Ok(ip) if !out.contains(&ip) => out.push(ip),
-            Ok(_) => {}
-            Err(_) => {
-                warnings.insert(format!("Service {svc}: invalid {what} {s:?}, ignored"));
+        match s {
+            IpText::Ip(ip) if !out.contains(ip) => out.push(*ip),
+            IpText::Ip(_) => {}
+            IpText::Text(t) => {
+                warnings.insert(format!("Service {svc}: invalid {what} {t:?}, ignored"));
             }
         }
     }
@@ -424,7 +567,7 @@ fn plan_service(
     ctx: &Ctx<'_>,
     ns: &str,
     name: &str,
-    svc: &Service,
+    svc: &ServiceInfo,
     index: &EndpointIndex,
     out: &mut BTreeMap<ServicePortKey, ServicePortPlan>,
     warnings: &mut BTreeSet<String>,
@@ -437,37 +580,19 @@ fn plan_service(
     if spec.type_.as_deref() == Some("ExternalName") {
         return;
     }
-    let cluster_ip_strs: Vec<String> = match &spec.cluster_ips {
-        Some(v) if !v.is_empty() => v.clone(),
-        _ => spec.cluster_ip.clone().into_iter().collect(),
-    };
-    if cluster_ip_strs.is_empty() || cluster_ip_strs.iter().any(|s| s == "None" || s.is_empty()) {
+    if spec.cluster_ips.is_empty() || spec.cluster_ips.iter().any(|s| s.is("None") || s.is("")) {
         return;
     }
-    let cluster_ips = parse_ips(cluster_ip_strs, "clusterIP", &id, warnings);
-    let external_ips = parse_ips(
-        spec.external_ips.clone().unwrap_or_default(),
-        "externalIP",
+    let cluster_ips = parse_ips(&spec.cluster_ips, "clusterIP", &id, warnings);
+    let external_ips = parse_ips(&spec.external_ips, "externalIP", &id, warnings);
+    let lb_ips = parse_ips(
+        &spec.load_balancer_ips,
+        "load-balancer ingress IP",
         &id,
         warnings,
     );
-    let lb_ips = {
-        let ingress = svc
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref());
-        let ips = ingress
-            .into_iter()
-            .flatten()
-            // ipMode Proxy: the LB proxies itself; short-circuiting would bypass it.
-            .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
-            .filter_map(|i| i.ip.clone())
-            .filter(|s| !s.is_empty());
-        parse_ips(ips, "load-balancer ingress IP", &id, warnings)
-    };
     let mut source_ranges = Vec::new();
-    for s in spec.load_balancer_source_ranges.iter().flatten() {
+    for s in spec.load_balancer_source_ranges.iter() {
         match s.trim().parse::<IpNet>() {
             Ok(n) => source_ranges.push(n.trunc()),
             Err(_) => {
@@ -477,24 +602,21 @@ fn plan_service(
             }
         }
     }
-    let affinity_timeout = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-        spec.session_affinity_config
-            .as_ref()
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds)
+    let affinity_timeout = spec.client_ip_affinity.then(|| {
+        spec.affinity_timeout_seconds
             .filter(|t| *t > 0)
             .map(|t| t as u32)
             .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
     });
-    let itp_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-    let etp_local_requested = spec.external_traffic_policy.as_deref() == Some("Local");
+    let itp_local = spec.internal_policy_local;
+    let etp_local_requested = spec.external_policy_local;
 
     let families: BTreeSet<IpFamily> = cluster_ips.iter().map(IpFamily::of).collect();
-    for (pi, sp) in spec.ports.iter().flatten().enumerate() {
+    for (pi, sp) in spec.ports.iter().enumerate() {
         let Some(protocol) = Protocol::parse(sp.protocol.as_deref()) else {
             warnings.insert(format!(
                 "Service {id}: port #{pi}: unknown protocol {:?}, ignored",
-                sp.protocol
+                sp.protocol.as_deref()
             ));
             continue;
         };
@@ -513,7 +635,7 @@ fn plan_service(
             let key = ServicePortKey {
                 namespace: ns.to_string(),
                 name: name.to_string(),
-                port_name: sp.name.clone().unwrap_or_default(),
+                port_name: sp.name.as_deref().unwrap_or_default().to_string(),
                 protocol,
                 family,
             };
@@ -714,8 +836,8 @@ fn categorize(
         c.topology = topology_from_hints(eps, node, zone);
         let available = |e: &EpInfo| match c.topology {
             TopologyMode::None => true,
-            TopologyMode::PreferSameNode => e.node_hints.contains(node),
-            TopologyMode::PreferSameZone => e.zone_hints.contains(zone),
+            TopologyMode::PreferSameNode => hinted(&e.node_hints, node),
+            TopologyMode::PreferSameZone => hinted(&e.zone_hints, zone),
         };
         c.cluster = eps
             .iter()
@@ -769,13 +891,13 @@ fn topology_from_hints(eps: &[EpInfo], node: &str, zone: &str) -> TopologyMode {
         return TopologyMode::None;
     }
     if ready.iter().all(|e| !e.node_hints.is_empty())
-        && ready.iter().any(|e| e.node_hints.contains(node))
+        && ready.iter().any(|e| hinted(&e.node_hints, node))
     {
         return TopologyMode::PreferSameNode;
     }
     if ready.iter().all(|e| !e.zone_hints.is_empty())
         && !zone.is_empty()
-        && ready.iter().any(|e| e.zone_hints.contains(zone))
+        && ready.iter().any(|e| hinted(&e.zone_hints, zone))
     {
         return TopologyMode::PreferSameZone;
     }

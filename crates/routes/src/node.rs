@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use weir_model::k8s_openapi::api::core::v1::Node;
+use weir_model::NodeInfo;
 
 use crate::annotations::{Annotations, VtepData};
 
@@ -28,24 +28,20 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// Reads a Node; the annotations are looked up under `prefix` (e.g. `weir.dev`).
-    pub fn from_node(node: &Node, prefix: &str) -> Self {
+    pub fn from_node(node: &NodeInfo, prefix: &str) -> Self {
         let mut problems = Vec::new();
-        let name = node.metadata.name.clone().unwrap_or_default();
+        let name = node.name.to_string();
         let mut pod_cidrs: Vec<IpNet> = Vec::new();
-        if let Some(spec) = &node.spec {
-            let listed = spec.pod_cidrs.iter().flatten();
-            for text in listed.chain(spec.pod_cidr.iter()) {
-                match text.parse::<IpNet>() {
-                    Ok(net) if !pod_cidrs.contains(&net.trunc()) => pod_cidrs.push(net.trunc()),
-                    Ok(_) => {}
-                    Err(_) => problems.push(format!("pod CIDR {text:?} is not a CIDR")),
-                }
+        for text in node.pod_cidrs.iter() {
+            match text.parse::<IpNet>() {
+                Ok(net) if !pod_cidrs.contains(&net.trunc()) => pod_cidrs.push(net.trunc()),
+                Ok(_) => {}
+                Err(_) => problems.push(format!("pod CIDR {text:?} is not a CIDR")),
             }
         }
         let mut internal_ips = Vec::new();
-        let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
-        for a in addresses.into_iter().flatten() {
-            if a.type_ != "InternalIP" {
+        for a in node.addresses.iter() {
+            if &*a.type_ != "InternalIP" {
                 continue;
             }
             match a.address.parse::<IpAddr>() {
@@ -53,8 +49,7 @@ impl NodeFacts {
                 Err(_) => problems.push(format!("InternalIP {:?} is not an address", a.address)),
             }
         }
-        let empty = Default::default();
-        let annotations = node.metadata.annotations.as_ref().unwrap_or(&empty);
+        let annotations = &node.annotations;
         let keys = Annotations::new(prefix);
         let get = |key: &str| annotations.get(key).map(|v| v.trim().to_string());
         let vtep = get(&keys.backend_data()).and_then(|text| match VtepData::parse(&text) {

@@ -269,10 +269,7 @@ fn the_public_ip_annotation_wins_over_the_internal_ip() {
         panic!()
     };
     let mut b = (**b).clone();
-    b.metadata
-        .annotations
-        .as_mut()
-        .unwrap()
+    b.annotations
         .insert("weir.dev/public-ip".into(), "192.0.2.7".into());
     objects[1] = b.into();
     let d = desire(&vxlan_cfg(), &snapshot(&objects), &vxlan_local());
@@ -293,13 +290,11 @@ fn nodes_without_a_vtep_or_with_another_vni_or_a_taken_mac_or_cidr_are_refused()
     let mut g = node("g", &["10.244.7.0/24"], &["10.0.3.13"], None);
     if let Object::Node(n) = &mut g {
         let n = std::sync::Arc::make_mut(n);
-        n.metadata.annotations = Some(
-            [(
-                "weir.dev/backend-data".to_string(),
-                r#"{"VNI":2,"VtepMAC":"02:00:00:00:00:0f"}"#.to_string(),
-            )]
-            .into(),
-        );
+        n.annotations = [(
+            "weir.dev/backend-data".into(),
+            r#"{"VNI":2,"VtepMAC":"02:00:00:00:00:0f"}"#.into(),
+        )]
+        .into();
     }
     objects.push(g);
     let d = desire(&vxlan_cfg(), &snapshot(&objects), &vxlan_local());
@@ -457,7 +452,7 @@ fn broken_annotations_are_reported_per_node() {
     let mut objects = vxlan_cluster();
     if let Object::Node(n) = &mut objects[1] {
         let n = std::sync::Arc::make_mut(n);
-        n.metadata.annotations.as_mut().unwrap().insert(
+        n.annotations.insert(
             "weir.dev/backend-data".into(),
             "{\"VtepMAC\":\"zz\"}".into(),
         );

@@ -4,7 +4,8 @@
 //!   ordinary (multi-document, `kind: List`) Kubernetes YAML manifests, with per-file/per-object
 //!   error isolation: a broken file or object never makes good objects disappear.
 //! * [`Store`] / [`SharedStore`]: objects keyed by kind/namespace/name, fed by [`Event`]s through
-//!   the [`EventSink`] trait — the same interface a Kubernetes API watcher will use.
+//!   the [`EventSink`] trait — the same interface a Kubernetes API watcher will use — recording
+//!   which keys changed ([`Changes`]) for a consumer that works per change (the proxy).
 //! * [`watch_dir`]: a polling watcher (mtime, ctime, size, inode) that sends a full
 //!   [`Event::Resync`] only when something changed, never before it has a complete view and
 //!   never because the directory vanished; its [`SourceStatus`] says when it is stale.
@@ -26,6 +27,6 @@ pub use dir::{Limits, ManifestDir, ScanReport};
 pub use manifest::{
     parse_manifest, parse_manifest_limited, ManifestError, Parsed, DEFAULT_MAX_NESTING,
 };
-pub use store::{Event, EventSink, SharedStore, Store};
+pub use store::{Changes, Event, EventSink, SharedStore, Store};
 pub use watch::{watch_dir, PollWatcher, SourceStatus, WatchEvent};
 pub use weir_model::{Kind, Object, ObjectKey, Snapshot};

@@ -167,23 +167,22 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
     };
     let key = ObjectKey::new(k, namespace, name);
     let label = format!("{key} ({loc})");
+    // The namespace is settled (defaulted) before the object is converted to weir's form.
     let typed: Result<Object, (Option<String>, String)> = match k {
-        Kind::Service => typed::<Service>(v).and_then(|s| validate_service(&s).map(|()| s.into())),
-        Kind::EndpointSlice => {
-            typed::<EndpointSlice>(v).and_then(|s| validate_slice(&s).map(|()| s.into()))
-        }
+        Kind::Service => typed::<Service>(v).and_then(|mut s| {
+            validate_service(&s)?;
+            set_ns(&mut s.metadata, &key);
+            Ok(s.into())
+        }),
+        Kind::EndpointSlice => typed::<EndpointSlice>(v).and_then(|mut s| {
+            validate_slice(&s)?;
+            set_ns(&mut s.metadata, &key);
+            Ok(s.into())
+        }),
         Kind::Node => typed::<Node>(v).map(Object::from),
     };
     match typed {
-        Ok(mut o) => {
-            if let Object::Service(s) = &mut o {
-                set_ns(&mut std::sync::Arc::make_mut(s).metadata, &key);
-            }
-            if let Object::EndpointSlice(s) = &mut o {
-                set_ns(&mut std::sync::Arc::make_mut(s).metadata, &key);
-            }
-            p.objects.push(o)
-        }
+        Ok(o) => p.objects.push(o),
         Err((field, message)) => {
             p.errors.push(err(label, field.as_deref(), message));
             p.invalid_keys.push(key);

@@ -1,4 +1,4 @@
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -36,11 +36,35 @@ impl EventSink for mpsc::SyncSender<Event> {
     }
 }
 
+/// What changed since the consumer last asked ([`Store::take_changes`]): each object key at
+/// most once, with the object now (`None`: deleted). A key changed and changed back may be
+/// listed although nothing differs; consumers treat a listed key as "look again".
+#[derive(Debug, Clone, Default)]
+pub struct Changes {
+    /// The store's generation these changes bring the consumer to.
+    pub generation: u64,
+    pub objects: Vec<(ObjectKey, Option<Object>)>,
+    /// When the oldest of these changes reached the store (the start of event-to-rules
+    /// latency); `None` when there are none.
+    pub since: Option<Instant>,
+}
+
 /// Objects keyed by kind/namespace/name. `generation` increases only on real changes.
+///
+/// With [`Store::track_changes`] it also remembers which keys changed until they are taken
+/// ([`Store::take_changes`]), so a consumer (the proxy's planner) works on what changed
+/// instead of on the whole set. A whole-set [`Event::Resync`] is compared object by object
+/// (by pointer, then value) and records only what differs.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
-    objects: BTreeMap<ObjectKey, Object>,
+    objects: Snapshot,
     generation: u64,
+    changed: Option<BTreeSet<ObjectKey>>,
+    since: Option<Instant>,
+}
+
+fn same(a: Option<&Object>, b: &Object) -> bool {
+    a.is_some_and(|a| a == b)
 }
 
 impl Store {
@@ -48,27 +72,73 @@ impl Store {
         Self::default()
     }
 
+    /// Starts recording changed keys for [`Store::take_changes`] (every object present now
+    /// counts as changed, so the first take is the whole set).
+    pub fn track_changes(&mut self) {
+        if self.changed.is_none() {
+            let all = self
+                .objects
+                .objects()
+                .map(|o| o.key())
+                .collect::<BTreeSet<_>>();
+            if !all.is_empty() {
+                self.since.get_or_insert_with(Instant::now);
+            }
+            self.changed = Some(all);
+        }
+    }
+
+    fn note(&mut self, key: ObjectKey) {
+        if let Some(c) = &mut self.changed {
+            c.insert(key);
+            self.since.get_or_insert_with(Instant::now);
+        }
+    }
+
     /// Applies an event; returns whether the content changed.
     pub fn apply(&mut self, ev: Event) -> bool {
         let changed = match ev {
             Event::Applied(o) => {
                 let k = o.key();
-                if self.objects.get(&k) == Some(&o) {
+                if same(self.objects.get(&k).as_ref(), &o) {
                     false
                 } else {
-                    self.objects.insert(k, o);
+                    self.objects.insert(o);
+                    self.note(k);
                     true
                 }
             }
-            Event::Deleted(k) => self.objects.remove(&k).is_some(),
+            Event::Deleted(k) => {
+                let gone = self.objects.remove(&k);
+                if gone {
+                    self.note(k);
+                }
+                gone
+            }
             Event::Listed(kind, list) => self.replace_kind(kind, list),
             Event::Resync(list) => {
-                let new: BTreeMap<ObjectKey, Object> =
-                    list.into_iter().map(|o| (o.key(), o)).collect();
-                if new == self.objects {
+                let new = Snapshot::from_objects(&list);
+                drop(list);
+                let mut keys = Vec::new();
+                for o in new.objects() {
+                    let k = o.key();
+                    if !same(self.objects.get(&k).as_ref(), &o) {
+                        keys.push(k);
+                    }
+                }
+                for o in self.objects.objects() {
+                    let k = o.key();
+                    if new.get(&k).is_none() {
+                        keys.push(k);
+                    }
+                }
+                if keys.is_empty() {
                     false
                 } else {
                     self.objects = new;
+                    for k in keys {
+                        self.note(k);
+                    }
                     true
                 }
             }
@@ -79,22 +149,34 @@ impl Store {
         changed
     }
 
-    /// Makes `list` the objects of `kind`; returns whether anything changed.
+    /// Makes `list` the objects of `kind` (other kinds stay); returns whether anything
+    /// changed, noting each changed key.
     fn replace_kind(&mut self, kind: Kind, list: Vec<Object>) -> bool {
         let new: BTreeMap<ObjectKey, Object> = list
             .into_iter()
             .filter(|o| o.kind() == kind)
             .map(|o| (o.key(), o))
             .collect();
-        let before = self.objects.len();
-        self.objects
-            .retain(|k, _| k.kind != kind || new.contains_key(k));
-        let mut changed = self.objects.len() != before;
+        let gone: Vec<ObjectKey> = self
+            .objects
+            .objects()
+            .map(|o| o.key())
+            .filter(|k| k.kind == kind && !new.contains_key(k))
+            .collect();
+        let mut keys = Vec::new();
+        for k in gone {
+            self.objects.remove(&k);
+            keys.push(k);
+        }
         for (k, o) in new {
-            if self.objects.get(&k) != Some(&o) {
-                self.objects.insert(k, o);
-                changed = true;
+            if !same(self.objects.get(&k).as_ref(), &o) {
+                self.objects.insert(o);
+                keys.push(k);
             }
+        }
+        let changed = !keys.is_empty();
+        for k in keys {
+            self.note(k);
         }
         changed
     }
@@ -103,7 +185,7 @@ impl Store {
         self.generation
     }
 
-    pub fn get(&self, key: &ObjectKey) -> Option<&Object> {
+    pub fn get(&self, key: &ObjectKey) -> Option<Object> {
         self.objects.get(key)
     }
 
@@ -115,8 +197,29 @@ impl Store {
         self.objects.is_empty()
     }
 
+    /// Every object (a copy of the maps; the objects themselves are shared).
     pub fn snapshot(&self) -> Snapshot {
-        Snapshot::from_objects(self.objects.values())
+        self.objects.clone()
+    }
+
+    /// The changes recorded since the last call (empty unless [`Store::track_changes`]).
+    pub fn take_changes(&mut self) -> Changes {
+        let keys = self
+            .changed
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        Changes {
+            generation: self.generation,
+            objects: keys
+                .into_iter()
+                .map(|k| {
+                    let o = self.objects.get(&k);
+                    (k, o)
+                })
+                .collect(),
+            since: self.since.take(),
+        }
     }
 }
 
@@ -139,6 +242,47 @@ impl SharedStore {
             cv.notify_all();
         }
         changed
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.inner.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// See [`Store::track_changes`].
+    pub fn track_changes(&self) {
+        self.lock().track_changes()
+    }
+
+    /// See [`Store::take_changes`].
+    pub fn take_changes(&self) -> Changes {
+        self.lock().take_changes()
+    }
+
+    /// The current version of one object.
+    pub fn get(&self, key: &ObjectKey) -> Option<Object> {
+        self.lock().get(key)
+    }
+
+    /// The generation now.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation()
+    }
+
+    /// Waits until the generation exceeds `seen` or `timeout` passes; returns the generation.
+    pub fn wait_newer_generation(&self, seen: u64, timeout: Duration) -> u64 {
+        let (m, cv) = &*self.inner;
+        let deadline = Instant::now() + timeout;
+        let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+        while s.generation() <= seen {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            s = cv
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        s.generation()
     }
 
     /// (generation, snapshot) now.

@@ -108,8 +108,8 @@ fn port_of(dir: &ManifestDir, name: &str) -> i32 {
     dir.objects()
         .iter()
         .find_map(|o| match o {
-            weir_source::Object::Service(s) if s.metadata.name.as_deref() == Some(name) => {
-                Some(s.spec.as_ref().unwrap().ports.as_ref().unwrap()[0].port)
+            weir_source::Object::Service(s) if &*s.name == name => {
+                Some(s.spec.as_ref().unwrap().ports[0].port)
             }
             _ => None,
         })

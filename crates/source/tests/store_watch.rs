@@ -187,3 +187,39 @@ fn a_listed_kind_replaces_only_that_kind() {
     assert!(s.snapshot().nodes.is_empty());
     assert_eq!(s.snapshot().services.len(), 1);
 }
+
+#[test]
+fn a_tracking_store_hands_out_each_changed_key_once_with_its_object_now() {
+    let mut s = Store::new();
+    s.apply(Event::Applied(svc("a", "10.96.0.1")));
+    s.track_changes();
+    let first = s.take_changes();
+    assert_eq!(first.objects.len(), 1, "tracking starts with what is there");
+    assert!(first.since.is_some());
+    let none = s.take_changes();
+    assert!(none.objects.is_empty() && none.since.is_none());
+
+    // The same object again and a resync to the same set change nothing.
+    s.apply(Event::Applied(svc("a", "10.96.0.1")));
+    s.apply(Event::Resync(vec![svc("a", "10.96.0.1")]));
+    assert!(s.take_changes().objects.is_empty());
+
+    // A resync that changes one object and drops none lists only that one; b changed twice
+    // is listed once; a deletion is listed with no object.
+    s.apply(Event::Applied(svc("b", "10.96.0.2")));
+    s.apply(Event::Applied(svc("b", "10.96.0.3")));
+    s.apply(Event::Resync(vec![
+        svc("a", "10.96.0.9"),
+        svc("b", "10.96.0.3"),
+    ]));
+    let c = s.take_changes();
+    let keys: Vec<String> = c.objects.iter().map(|(k, _)| k.name.clone()).collect();
+    assert_eq!(keys, ["a", "b"]);
+    assert_eq!(c.objects[1].1.as_ref(), Some(&svc("b", "10.96.0.3")));
+    assert_eq!(c.generation, s.generation());
+    s.apply(Event::Resync(vec![svc("b", "10.96.0.3")]));
+    let c = s.take_changes();
+    assert_eq!(c.objects.len(), 1);
+    assert_eq!(c.objects[0].0, ObjectKey::new(Kind::Service, "ns", "a"));
+    assert!(c.objects[0].1.is_none());
+}

@@ -1,12 +1,11 @@
 //! The proxy's control loop: objects → plan → backend, rate-limited, with periodic resyncs.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use tracing::{info, warn};
-use weir_model::{Plan, Planner, ProxyConfig};
+use weir_model::{Kind, NodeInfo, Object, ObjectKey, Plan, Planner, ProxyConfig};
 use weir_proxy::health::SourceCheck;
 use weir_proxy::{Backend, SyncKind};
 use weir_source::api::{start_api_source, ApiReport, ApiSource};
@@ -261,22 +260,16 @@ fn wait_for_first_view(source: &Source) {
     }
 }
 
-/// The EndpointSlice annotation the EndpointSlice controller sets to when the change that
-/// produced the slice happened (kube-proxy's network-programming latency starts there).
-const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
-
-/// Trigger times of the slices that are new or changed (not the same `Arc`) since `before`.
-fn change_triggers(before: &weir_model::Snapshot, now: &weir_model::Snapshot) -> Vec<SystemTime> {
-    now.endpoint_slices
+/// Trigger times (`endpoints.kubernetes.io/last-change-trigger-time`) of the EndpointSlices
+/// among `changes` that still exist.
+fn change_triggers(changes: &[(ObjectKey, Option<Object>)]) -> Vec<SystemTime> {
+    changes
         .iter()
-        .filter(|(k, s)| {
-            !before
-                .endpoint_slices
-                .get(*k)
-                .is_some_and(|b| Arc::ptr_eq(b, s))
+        .filter_map(|(_, o)| match o {
+            Some(Object::EndpointSlice(s)) => s.trigger_time.as_deref(),
+            _ => None,
         })
-        .filter_map(|(_, s)| s.metadata.annotations.as_ref()?.get(TRIGGER_TIME))
-        .filter_map(|t| parse_time(t))
+        .filter_map(parse_time)
         .collect()
 }
 
@@ -290,17 +283,15 @@ fn parse_time(s: &str) -> Option<SystemTime> {
 
 /// False while this node's Node object is being deleted or carries the cluster
 /// autoscaler's `ToBeDeletedByClusterAutoscaler` taint; true when there is no Node object.
-fn node_eligible(snapshot: &weir_model::Snapshot, node_name: &str) -> bool {
-    let Some(node) = snapshot.nodes.get(node_name) else {
+fn node_eligible(node: Option<&NodeInfo>) -> bool {
+    let Some(node) = node else {
         return true;
     };
-    let deleting = node.metadata.deletion_timestamp.is_some();
     let draining = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"));
-    !(deleting || draining)
+        .taint_keys
+        .iter()
+        .any(|k| &**k == "ToBeDeletedByClusterAutoscaler");
+    !(node.deleting || draining)
 }
 
 /// How often a sync failure that keeps repeating word for word is logged again.
@@ -351,19 +342,25 @@ pub fn run(
     observer: &mut dyn SyncObserver,
 ) -> anyhow::Result<()> {
     let store = SharedStore::new();
+    // The loop plans per change: the store remembers which objects changed.
+    store.track_changes();
     let source = start_source(settings, &store, observer)?;
     wait_for_first_view(&source);
 
     let mut applied: Option<Plan> = None;
     let mut planner = Planner::default();
-    // The objects of the last successful sync (to tell which EndpointSlices it programmed).
-    let mut programmed: Option<weir_model::Snapshot> = None;
+    // Trigger times of the EndpointSlices changed since the last successful sync.
+    let mut triggers: Vec<SystemTime> = Vec::new();
+    // When the oldest change not yet in the kernel reached the store.
+    let mut pending_since: Option<Instant> = None;
+    let node_key = ObjectKey::new(Kind::Node, "", settings.node_name.as_str());
     let mut seen = 0;
     let mut last_sync: Option<Instant> = None;
     let mut last_full: Option<Instant> = None;
     let mut last_check = Instant::now();
     let mut failing = false;
     let mut failures = FailureLog::default();
+    let mut first = true;
     loop {
         if let Some(last) = last_sync {
             // Wait for a change, or for the periodic resync (sooner after a failure).
@@ -373,7 +370,7 @@ pub fn run(
                 settings.sync_period
             };
             let wait = (last + period).saturating_duration_since(Instant::now());
-            let _ = store.wait_newer(seen, wait);
+            store.wait_newer_generation(seen, wait);
             observer.queued();
             // Batch changes arriving faster than min-sync-period.
             let earliest = last + settings.min_sync_period;
@@ -381,19 +378,41 @@ pub fn run(
         } else {
             observer.queued();
         }
-        let (generation, snapshot) = store.snapshot();
-        seen = generation;
+        // Only what changed since the last round: the planner replans the services these
+        // objects belong to, not the cluster.
+        let changes = store.take_changes();
+        seen = changes.generation;
         last_sync = Some(Instant::now());
-        observer.node_eligible(node_eligible(&snapshot, &settings.node_name));
+        if let Some(t) = changes.since {
+            pending_since = Some(pending_since.map_or(t, |p| p.min(t)));
+        }
+        if !first {
+            triggers.extend(change_triggers(&changes.objects));
+        }
+        let changed_objects = changes.objects.len();
+        let own_node = match store.get(&node_key) {
+            Some(Object::Node(n)) => Some(n),
+            _ => None,
+        };
+        observer.node_eligible(node_eligible(own_node.as_deref()));
         let config = proxy_config(settings)?;
         let planning = Instant::now();
-        // Replans only services whose objects changed; the others keep their Arcs, which
-        // the backend's diff recognises by pointer.
-        let plan = planner.plan(&snapshot, &config);
+        // Unchanged service ports keep their Arcs, which the backend's diff recognises by
+        // pointer.
+        let plan = planner.apply(changes.objects, &config);
         let plan_ms = planning.elapsed().as_secs_f64() * 1e3;
         for w in &plan.warnings {
             warn!("plan: {w}");
         }
+        if first {
+            info!(
+                objects = changed_objects,
+                service_ports = plan.services.len(),
+                plan_ms,
+                "planned the initial objects"
+            );
+        }
+        first = false;
         // Every --sync-period, even while changes keep coming, check that the kernel still
         // holds what weir wrote (an outside flush is repaired by a full sync); and every
         // --full-sync-period rewrite every rule regardless (kube-proxy: hourly).
@@ -423,24 +442,26 @@ pub fn run(
                 if report.kind == SyncKind::Full {
                     last_full = Some(Instant::now());
                 }
+                // From the oldest change's arrival in the store to the rules in the kernel.
+                let event_to_rules_ms = pending_since
+                    .take()
+                    .map(|t| t.elapsed().as_secs_f64() * 1e3);
                 if report.kind != SyncKind::Noop {
                     info!(
                         mode = backend.mode(),
                         kind = ?report.kind,
                         service_ports = plan.services.len(),
                         touched = report.service_ports_touched,
+                        changed_objects,
                         elapsed_ms = report.elapsed.as_secs_f64() * 1e3,
                         plan_ms,
+                        event_to_rules_ms = event_to_rules_ms.unwrap_or(0.0),
                         "synced"
                     );
                 }
-                let triggers = programmed
-                    .as_ref()
-                    .map(|before| change_triggers(before, &snapshot))
-                    .unwrap_or_default();
                 observer.synced(applied.as_ref(), &plan, &report, &triggers);
+                triggers.clear();
                 applied = Some(plan);
-                programmed = Some(snapshot);
                 if report.kind == SyncKind::Full {
                     release_freed_memory();
                 }
@@ -494,27 +515,33 @@ mod tests {
     }
 
     use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
-    use weir_model::Object;
 
-    fn slice(name: &str, trigger: Option<&str>) -> Object {
+    fn slice(name: &str, trigger: Option<&str>) -> (ObjectKey, Option<Object>) {
         let mut s = EndpointSlice::default();
         s.metadata.name = Some(name.into());
         s.metadata.namespace = Some("ns".into());
         if let Some(t) = trigger {
-            s.metadata.annotations = Some([(TRIGGER_TIME.to_string(), t.to_string())].into());
+            s.metadata.annotations = Some(
+                [(
+                    weir_model::compact::ANNOTATION_TRIGGER_TIME.to_string(),
+                    t.to_string(),
+                )]
+                .into(),
+            );
         }
-        s.into()
+        let o: Object = s.into();
+        (o.key(), Some(o))
     }
 
     #[test]
-    fn trigger_times_of_new_and_changed_slices_only() {
-        let (a, b) = (slice("a", Some("2026-11-21T10:00:00Z")), slice("b", None));
-        let before = weir_model::Snapshot::from_objects(&[a.clone(), b.clone()]);
-        assert!(change_triggers(&before, &before).is_empty());
-        let changed = slice("a", Some("2026-11-21T10:00:05Z"));
-        let new = slice("c", Some("2026-11-21T10:00:07Z"));
-        let now = weir_model::Snapshot::from_objects(&[changed, b, new]);
-        let mut got = change_triggers(&before, &now);
+    fn trigger_times_of_the_changed_slices() {
+        let changes = vec![
+            slice("a", Some("2026-11-21T10:00:05Z")),
+            slice("b", None),
+            slice("c", Some("2026-11-21T10:00:07Z")),
+            (ObjectKey::new(Kind::EndpointSlice, "ns", "gone"), None),
+        ];
+        let mut got = change_triggers(&changes);
         got.sort();
         // Seconds since the epoch, from `date -u -d 2026-11-21T10:00:05Z +%s`.
         let at = |secs: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
