@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use weir_kernel::NetNs;
 
 use crate::state::{LabState, NodeState, PodState};
-use crate::topology::{names, Protocol};
+use crate::topology::{names, Protocol, ProxyKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -162,6 +162,45 @@ impl<'a> Clients<'a> {
             v.push(node.pod_gateway);
         }
         v
+    }
+}
+
+impl Clients<'_> {
+    /// The node whose proxy handles `p`: the node dialled (a NodePort is redirected only
+    /// where the address is local), else the client's own node (ClusterIPs and LB IPs are
+    /// redirected wherever the packet enters), else the node an outside client's LoadBalancer
+    /// IP is routed to.
+    fn proxying_node(&self, p: &SvcProbe) -> Option<&NodeState> {
+        if let Some(node) = self.state.nodes.iter().find(|n| n.underlay_ip == p.to_ip) {
+            return Some(node);
+        }
+        if let Some(pod) = self.pod(&p.from) {
+            return self.node(&pod.node);
+        }
+        if let Some(node) = self.node(&p.from) {
+            return Some(node);
+        }
+        let svc = self.state.services.iter().find(|s| s.name == p.service)?;
+        self.node(svc.load_balancer_node.as_deref()?)
+    }
+
+    /// A user-space proxy (kube-proxy's old mode, weir's userspace mode) opens its own
+    /// connection to the endpoint, so every endpoint sees the proxying node's address, never
+    /// the client's, whatever the traffic policy.
+    fn proxy_connects_from_the_node(&self, p: &mut SvcProbe) {
+        let node_sources = self.proxying_node(p).map(|n| self.node_sources(n));
+        if let (
+            Expect::Answer {
+                sources,
+                self_sources,
+                ..
+            },
+            Some(node_sources),
+        ) = (&mut p.expect, node_sources)
+        {
+            *sources = node_sources.clone();
+            *self_sources = node_sources;
+        }
     }
 }
 
@@ -448,6 +487,11 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                 };
                 probes.push(p);
             }
+        }
+    }
+    if state.proxy == ProxyKind::Userspace {
+        for p in &mut probes {
+            c.proxy_connects_from_the_node(p);
         }
     }
     probes
@@ -1012,6 +1056,53 @@ pub(crate) mod tests {
         assert_eq!(p.expect, Expect::Rejected);
         let p = find(&probes, "gone", SvcKind::NoEndpoints, "outside", "node a");
         assert_eq!(p.port, 30001);
+    }
+
+    #[test]
+    fn a_userspace_proxy_shows_the_node_to_every_endpoint() {
+        let mut state = demo_state(&Topology::default_demo());
+        state.proxy = ProxyKind::Userspace;
+        let probes = plan(&state);
+        let sources_of = |svc, kind, from, via| {
+            let Expect::Answer {
+                sources,
+                self_sources,
+                ..
+            } = &find(&probes, svc, kind, from, via).expect
+            else {
+                panic!("{svc} {kind:?} from {from} via {via}: no answer expected")
+            };
+            assert_eq!(sources, self_sources);
+            sources.clone()
+        };
+        let node_a = vec![ip("172.30.0.11"), ip("10.244.1.1")];
+        let node_b = vec![ip("172.30.0.12"), ip("10.244.2.1")];
+        // A pod's connection leaves from its own node, not from the pod.
+        assert_eq!(
+            sources_of("web", SvcKind::ClusterIp, "a2", "cluster-ip"),
+            node_a
+        );
+        // eTP Local cannot keep the client's address through a user-space proxy.
+        assert_eq!(
+            sources_of("shop", SvcKind::NodePortLocal, "outside", "node a"),
+            node_a
+        );
+        assert_eq!(
+            sources_of("api", SvcKind::NodePort, "outside", "node b"),
+            node_b
+        );
+        assert_eq!(
+            sources_of("api", SvcKind::LoadBalancer, "outside", "lb via a"),
+            node_a
+        );
+        // A pod dialling another node's NodePort is proxied there.
+        assert_eq!(
+            sources_of("api", SvcKind::PodNodePort, "a1", "node b"),
+            node_b
+        );
+        // Drops and rejections are the nftables rules' and unchanged.
+        let p = find(&probes, "shop", SvcKind::NodePortLocal, "outside", "node b");
+        assert_eq!(p.expect, Expect::NoAnswer);
     }
 
     #[test]

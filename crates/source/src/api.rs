@@ -44,6 +44,9 @@ pub struct ApiOptions {
     pub master: Option<String>,
     /// Watch only this Node (kube-proxy's node informer: `metadata.name=<node>`); `None`: all.
     pub node_name: Option<String>,
+    /// The kinds to watch (the proxy: all three; node routes: Nodes only). A kind not listed
+    /// is never asked for, and readiness waits only for the listed ones.
+    pub kinds: Vec<Kind>,
     /// The server-side `timeoutSeconds` of each watch request. kube-rs also gives up on a watch
     /// that has sent nothing (not even a bookmark) for this plus 5 s, and weir gives up on any
     /// response read (a hung list) after this plus 10 s.
@@ -63,6 +66,7 @@ impl Default for ApiOptions {
             kubeconfig: None,
             master: None,
             node_name: None,
+            kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
             watch_timeout: Duration::from_secs(290),
             backoff_min: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
@@ -356,8 +360,7 @@ pub fn start_api_source(
         let config = client_config(&opts).await?;
         Client::try_from(config).map_err(|e| ApiError::Client(e.to_string()))
     })?;
-    let kinds = [Kind::Service, Kind::EndpointSlice, Kind::Node];
-    let status = ApiStatus::new(&kinds, opts.stale_after);
+    let status = ApiStatus::new(&opts.kinds, opts.stale_after);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let ctx = Arc::new(Ctx {
         sink: Box::new(sink),
@@ -384,21 +387,28 @@ pub fn start_api_source(
                     c.timeout(timeout)
                         .list_semantic(watcher::ListSemantic::MostRecent)
                 };
+                let wanted = |kind| ctx.opts.kinds.contains(&kind);
                 let watches = futures::future::join4(
-                    watch_kind::<Service>(
-                        Kind::Service,
-                        Api::all(client.clone()),
-                        tune(services),
-                        &ctx,
-                    ),
-                    watch_kind::<EndpointSlice>(
-                        Kind::EndpointSlice,
-                        Api::all(client.clone()),
-                        tune(slices),
-                        &ctx,
-                    ),
-                    watch_kind::<Node>(Kind::Node, Api::all(client.clone()), tune(nodes), &ctx),
-                    probe_while_failing(client, &ctx),
+                    async {
+                        if wanted(Kind::Service) {
+                            let api = Api::all(client.clone());
+                            watch_kind::<Service>(Kind::Service, api, tune(services), &ctx).await
+                        }
+                    },
+                    async {
+                        if wanted(Kind::EndpointSlice) {
+                            let api = Api::all(client.clone());
+                            let kind = Kind::EndpointSlice;
+                            watch_kind::<EndpointSlice>(kind, api, tune(slices), &ctx).await
+                        }
+                    },
+                    async {
+                        if wanted(Kind::Node) {
+                            let api = Api::all(client.clone());
+                            watch_kind::<Node>(Kind::Node, api, tune(nodes), &ctx).await
+                        }
+                    },
+                    probe_while_failing(client.clone(), &ctx),
                 );
                 tokio::select! {
                     _ = watches => {}

@@ -575,6 +575,11 @@ fn cell(v: f64) -> String {
 }
 
 fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` runs this binary without it,
+    // and a multi-minute benchmark has no place in the test suite.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
     let sizes: Vec<usize> = env_or("WEIR_BENCH_SIZES", "1000,10000")
         .split(',')
         .map(|s| s.trim().parse().expect("WEIR_BENCH_SIZES: numbers"))

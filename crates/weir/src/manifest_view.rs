@@ -1,9 +1,11 @@
 //! What every `weir` agent that reads a manifest directory does first and on each watch event
-//! (the proxy has its own, health-aware version in `proxy_cmd::agent`).
+//! (the proxy has its own, health-aware version in `proxy_cmd::agent`), and how every agent
+//! logs its Kubernetes API watchers.
 
 use std::time::Duration;
 
 use tracing::{info, warn};
+use weir_source::api::{ApiReport, ApiSource};
 use weir_source::{ManifestDir, WatchEvent};
 
 /// Scans `dir` until it has given one complete view: nothing is served or programmed from a
@@ -43,4 +45,50 @@ pub fn log_watch_event(ev: WatchEvent<'_>) {
         WatchEvent::Resolved(e) => info!("resolved: {e}"),
         WatchEvent::Scanned { .. } => {}
     }
+}
+
+/// Logs an API watcher's report: each distinct error once per kind, its repetitions
+/// (retries) at debug level.
+pub fn log_api_report(r: &ApiReport) {
+    match r {
+        ApiReport::Listed { kind, objects } => info!(kind = kind.as_str(), objects, "listed"),
+        ApiReport::Failed {
+            kind,
+            error,
+            retry_in,
+            first: true,
+        } => warn!(
+            kind = kind.as_str(),
+            retry_in_ms = retry_in.as_millis() as u64,
+            "API watch failed (the last objects are kept): {error}"
+        ),
+        ApiReport::Failed {
+            kind,
+            error,
+            retry_in,
+            first: false,
+        } => tracing::debug!(
+            kind = kind.as_str(),
+            retry_in_ms = retry_in.as_millis() as u64,
+            "API watch still failing: {error}"
+        ),
+        ApiReport::Recovered { kind } => info!(kind = kind.as_str(), "API watch recovered"),
+        ApiReport::Objects { .. } => {}
+    }
+}
+
+/// Waits until every watched kind's first list is in the store: nothing is programmed from a
+/// partial world. Says why every 10 s while it waits.
+pub fn wait_for_api_lists(source: &ApiSource) {
+    let mut last_said = std::time::Instant::now();
+    while !source.status().ready() {
+        if last_said.elapsed() >= Duration::from_secs(10) {
+            if let Err(why) = source.status().check() {
+                warn!("waiting for the API's first lists: {why}");
+            }
+            last_said = std::time::Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    info!("object source ready");
 }

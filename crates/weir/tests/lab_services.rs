@@ -376,6 +376,46 @@ fn services_iptables() {
     services_in_mode("si", "iptables");
 }
 
+/// userspace mode: every probe passes (the lab expects the proxying node's address at the
+/// endpoints), and no pod's own address ever reaches an endpoint through a ClusterIP — the
+/// one semantic a user-space proxy changes.
+#[test]
+fn services_userspace() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("su");
+    lab.up(&format!("{TWO_NODES}{SERVICES}"), "userspace");
+    let (ok, json) = lab.check();
+    if !ok {
+        eprintln!("{}", lab.check_table());
+    }
+    assert!(ok, "check exit status");
+    let results = json["services"].as_array().unwrap();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for r in results {
+        *kinds.entry(s(r, "kind")).or_default() += 1;
+    }
+    assert_eq!(kinds, expected_kinds(), "probe kinds");
+    let node_addrs = set(&["172.30.0.11", "10.244.1.1", "172.30.0.12", "10.244.2.1"]);
+    let mut cluster_ip = 0;
+    for r in results.iter().filter(|r| s(r, "kind") == "cluster-ip") {
+        let (by, src) = answers(r);
+        assert!(!by.is_empty(), "{r}");
+        assert!(
+            src.is_subset(&node_addrs),
+            "the node's address, not the pod's: {r}"
+        );
+        assert!(!src.contains(&s(r, "from_ip")), "{r}");
+        cluster_ip += 1;
+    }
+    assert!(cluster_ip >= 4, "{results:?}");
+    lab.ok(&["lab", "down", &lab.name]);
+    assert!(lab.namespaces().is_empty());
+}
+
 /// Sends `line` on a long-lived connection to an echo server and returns its answer.
 fn echo(conn: &mut TcpStream, reader: &mut BufReader<TcpStream>, line: &str) -> String {
     conn.write_all(format!("{line}\n").as_bytes())

@@ -1,6 +1,6 @@
 //! `weir routes` as a process (root only): the real binary in two throwaway network namespaces
-//! joined by a veth, fed by a manifest directory; what it publishes (the Node patch file) goes
-//! back into the Node manifests, as the lab or an operator would do.
+//! joined by a veth, fed by a manifest directory (or the fake API server); what it publishes
+//! (the Node patch file) goes back into the Node manifests, as the lab or an operator would do.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -241,8 +241,17 @@ fn bad_flags_are_clear_errors_that_change_nothing() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--vni 0 is outside 1..16777215"), "{err}");
-    let out = p.routes(1, &["--once"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--manifests DIR is required"));
+    // No Node source: the error names the flags that give one.
+    let out = p
+        .routes(1, &["--once"])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--manifests") && err.contains("--kubeconfig"),
+        "{err}"
+    );
     let out = p
         .routes(1, &["--once", "--node-name", "node1", "--iface", "nosuch0"])
         .arg("--manifests")
@@ -276,4 +285,69 @@ fn bad_flags_are_clear_errors_that_change_nothing() {
     ok(&out);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no Node object named"));
     assert!(!sh(&format!("ip -n {} -o link show", p.ns(1))).contains("weir.1"));
+}
+
+/// node<i> as the API server holds it: InternalIP 10.78.0.<i>, pod CIDR 10.244.<i>.0/24.
+fn api_node(i: u8) -> String {
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: node{i}}}\n\
+         spec: {{podCIDR: 10.244.{i}.0/24}}\n\
+         status: {{addresses: [{{type: InternalIP, address: 10.78.0.{i}}}]}}\n"
+    )
+}
+
+/// Nodes from the Kubernetes API (weir's fake server, the real list/watch protocol, in node1's
+/// namespace): routes appear as Nodes join and go as they leave.
+#[test]
+fn host_gw_routes_follow_nodes_from_the_api() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let mut p = Pair::new("api");
+    sh(&format!("ip -n {} link set lo up", p.ns(1)));
+    let api =
+        weir_fakeapi::FakeApi::start(Some(&p.ns(1)), "127.0.0.1:6443".parse().unwrap()).unwrap();
+    api.apply_yaml(&api_node(1)).unwrap();
+    api.apply_yaml(&api_node(2)).unwrap();
+    let routes = |p: &Pair| {
+        sh(&format!(
+            "ip -n {} route show proto 87 | grep 10.244 || true",
+            p.ns(1)
+        ))
+    };
+    let child = p
+        .routes(
+            1,
+            &[
+                "--master=http://127.0.0.1:6443",
+                "--node-name=node1",
+                "--backend=host-gw",
+            ],
+        )
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    p.child = Some(child);
+    wait_for("node2's route", || {
+        routes(&p).contains("10.244.2.0/24 via 10.78.0.2 dev eth0")
+    });
+    // A node joins, then another leaves: only their routes change.
+    api.apply_yaml(&api_node(3)).unwrap();
+    wait_for("node3's route", || {
+        routes(&p).contains("10.244.3.0/24 via 10.78.0.3 dev eth0")
+    });
+    assert!(api.delete("Node", "", "node2"));
+    wait_for("node2's route gone", || {
+        !routes(&p).contains("10.244.2.0/24")
+    });
+    assert!(routes(&p).contains("10.244.3.0/24"), "{}", routes(&p));
+    // The watcher asked for Nodes only: a node agent has no business with Services.
+    let asked = api.requests();
+    assert!(
+        asked
+            .iter()
+            .all(|r| r.contains("/api/v1/nodes") || r.contains("/version")),
+        "{asked:?}"
+    );
 }

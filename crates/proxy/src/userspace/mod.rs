@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use weir_model::{Plan, Protocol, Verdict};
+use weir_model::{EndpointSet, Plan, Protocol, Verdict};
 
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 use crate::nft::netlink::NftNetlink;
@@ -68,6 +68,17 @@ impl UserspaceBackend {
                     .collect();
                 let affinity = sp.affinity_timeout.map(|s| Duration::from_secs(s.into()));
                 out.insert((key.clone(), fe.endpoints), (eps, affinity));
+            }
+            // Pods and the node reach an external VIP with policy Local through the cluster
+            // endpoints (render's short circuit), even where no endpoint is local.
+            if sp.frontends.iter().any(|f| f.short_circuit) && !sp.cluster_endpoints.is_empty() {
+                let eps = sp
+                    .cluster_endpoints
+                    .iter()
+                    .map(|e| SocketAddr::new(e.ip, e.port))
+                    .collect();
+                let affinity = sp.affinity_timeout.map(|s| Duration::from_secs(s.into()));
+                out.insert((key.clone(), EndpointSet::Cluster), (eps, affinity));
             }
         }
         out

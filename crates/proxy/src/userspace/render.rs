@@ -69,7 +69,27 @@ pub fn render(plan: &Plan, ports: &BTreeMap<ListenerKey, u16>) -> String {
         }
         for fe in &sp.frontends {
             let port = ports.get(&(key.clone(), fe.endpoints)).copied();
+            // kube-proxy's short circuit: pods (cluster CIDRs) and the node itself reach an
+            // external VIP with policy Local through the cluster endpoints.
+            let short_circuit = fe
+                .short_circuit
+                .then(|| ports.get(&(key.clone(), EndpointSet::Cluster)))
+                .flatten();
             for m in frontend_matches(plan, key, fe) {
+                if let Some(cp) = short_circuit {
+                    let saddr = match key.family {
+                        IpFamily::V4 => "ip saddr",
+                        IpFamily::V6 => "ip6 saddr",
+                    };
+                    for net in plan
+                        .cluster_cidrs
+                        .iter()
+                        .filter(|n| IpFamily::of_net(n) == key.family)
+                    {
+                        let _ = writeln!(nat, "\t\t{m} {saddr} {} redirect to :{cp}", net.trunc());
+                    }
+                    let _ = writeln!(nat, "\t\t{m} fib saddr type local redirect to :{cp}");
+                }
                 match (fe.verdict, port) {
                     (Verdict::Forward, Some(lp)) => {
                         let _ = writeln!(nat, "\t\t{m} redirect to :{lp}");

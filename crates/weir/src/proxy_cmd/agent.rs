@@ -156,34 +156,7 @@ fn start_api(
     };
     let report = observer.api_reporter();
     let source = start_api_source(opts, store.clone(), move |r| {
-        match r {
-            ApiReport::Listed { kind, objects } => {
-                info!(kind = kind.as_str(), objects, "listed")
-            }
-            // Each distinct error once per kind; its repetitions (retries) at debug level.
-            ApiReport::Failed {
-                kind,
-                error,
-                retry_in,
-                first: true,
-            } => warn!(
-                kind = kind.as_str(),
-                retry_in_ms = retry_in.as_millis() as u64,
-                "API watch failed (the last objects are kept): {error}"
-            ),
-            ApiReport::Failed {
-                kind,
-                error,
-                retry_in,
-                first: false,
-            } => tracing::debug!(
-                kind = kind.as_str(),
-                retry_in_ms = retry_in.as_millis() as u64,
-                "API watch still failing: {error}"
-            ),
-            ApiReport::Recovered { kind } => info!(kind = kind.as_str(), "API watch recovered"),
-            ApiReport::Objects { .. } => {}
-        }
+        crate::manifest_view::log_api_report(r);
         report(r);
     })?;
     info!(

@@ -21,7 +21,8 @@ use weir_routes::annotations::DEFAULT_PREFIX;
 use weir_routes::kernel::{cleanup, reconcile};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
 use weir_routes::{Backend, Config, VxlanConfig};
-use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
+use weir_source::api::{start_api_source, ApiOptions, ApiSource};
+use weir_source::{watch_dir, Event, Kind, ManifestDir, SharedStore};
 
 use crate::proxy_cmd::parse_duration;
 
@@ -49,8 +50,15 @@ enum RoutesCommand {
 #[derive(Debug, Clone, Args)]
 pub struct RoutesFlags {
     /// Directory of Kubernetes YAML manifests (Nodes), watched.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
     manifests: Option<PathBuf>,
+    /// Nodes from the Kubernetes API of this kubeconfig (as `weir proxy --kubeconfig`).
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Nodes from the Kubernetes API at URL (overrides the kubeconfig's server). With neither
+    /// flag nor --manifests, in a pod (KUBERNETES_SERVICE_HOST set): the in-cluster account.
+    #[arg(long, value_name = "URL")]
+    master: Option<String>,
     /// This node's name (default: the host name).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -113,6 +121,56 @@ fn config(flags: &RoutesFlags) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
+/// Where Nodes come from, running for as long as it is held.
+enum NodeSource {
+    Manifests {
+        _watcher: Option<weir_source::PollWatcher>,
+    },
+    Api {
+        _source: ApiSource,
+    },
+}
+
+/// Starts the Node source and returns once the store holds one complete view: nothing is
+/// reconciled from a partial world (an empty one would remove every route).
+fn start_source(flags: &RoutesFlags, store: &SharedStore) -> anyhow::Result<NodeSource> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty());
+    let use_api = flags.kubeconfig.is_some() || flags.master.is_some();
+    if let Some(manifests) = flags.manifests.as_ref().filter(|_| !use_api) {
+        let mut dir = ManifestDir::new(manifests);
+        crate::manifest_view::wait_for_complete_view(
+            &mut dir,
+            flags.manifest_poll_interval,
+            flags.once,
+        )?;
+        store.apply(Event::Resync(dir.objects()));
+        let watcher = (!flags.once).then(|| {
+            watch_dir(
+                dir,
+                flags.manifest_poll_interval,
+                store.clone(),
+                crate::manifest_view::log_watch_event,
+            )
+        });
+        return Ok(NodeSource::Manifests { _watcher: watcher });
+    }
+    anyhow::ensure!(
+        use_api || in_cluster,
+        "no Node source: give --manifests DIR, or --kubeconfig / --master (in a pod the \
+         in-cluster service account is used)"
+    );
+    let opts = ApiOptions {
+        kubeconfig: flags.kubeconfig.clone(),
+        master: flags.master.clone(),
+        kinds: vec![Kind::Node],
+        ..Default::default()
+    };
+    let source = start_api_source(opts, store.clone(), crate::manifest_view::log_api_report)
+        .context("Kubernetes API source")?;
+    crate::manifest_view::wait_for_api_lists(&source);
+    Ok(NodeSource::Api { _source: source })
+}
+
 pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
     let mut rtnl = Rtnl::new().context("open rtnetlink")?;
@@ -132,29 +190,10 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         });
     }
     let flags = args.flags;
-    let manifests = flags
-        .manifests
-        .clone()
-        .context("--manifests DIR is required (the only object source so far)")?;
     let cfg = config(&flags)?;
 
     let store = SharedStore::new();
-    // Nothing is reconciled before one complete view: an empty world would remove routes.
-    let mut dir = ManifestDir::new(&manifests);
-    crate::manifest_view::wait_for_complete_view(
-        &mut dir,
-        flags.manifest_poll_interval,
-        flags.once,
-    )?;
-    store.apply(Event::Resync(dir.objects()));
-    let _watcher = (!flags.once).then(|| {
-        watch_dir(
-            dir,
-            flags.manifest_poll_interval,
-            store.clone(),
-            crate::manifest_view::log_watch_event,
-        )
-    });
+    let _source = start_source(&flags, &store)?;
 
     let mut publisher = publish::Publisher::new(
         &cfg,
