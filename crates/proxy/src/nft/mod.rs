@@ -2,6 +2,7 @@
 //! [`NftBackend`] applies it.
 
 mod apply;
+pub(crate) use apply::nft_script;
 pub mod element;
 pub mod netlink;
 mod render;

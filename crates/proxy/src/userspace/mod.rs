@@ -19,15 +19,14 @@ pub mod render;
 pub mod serve;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write as _;
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use weir_model::{EndpointSet, Plan, Protocol, Verdict};
 
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 use crate::nft::netlink::NftNetlink;
+use crate::nft::nft_script;
 use balance::Pool;
 use render::{render, ListenerKey, TABLE};
 use serve::{Listener, Runtime};
@@ -85,30 +84,6 @@ impl UserspaceBackend {
     }
 }
 
-/// `nft -f -` with `script`.
-fn nft(script: &str) -> Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .expect("stdin is piped")
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Tool {
-            tool: "nft".into(),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
-}
-
 impl Backend for UserspaceBackend {
     fn mode(&self) -> &'static str {
         "userspace"
@@ -158,7 +133,7 @@ impl Backend for UserspaceBackend {
             .collect();
         self.applied = None;
         self.expected = None;
-        nft(&render(plan, &ports))?;
+        nft_script(&render(plan, &ports))?;
         self.listeners.retain(|k, _| wanted.contains_key(k));
         self.expected = Some(NftNetlink::new()?.rule_counts(TABLE)?);
         self.applied = Some(plan.clone());
@@ -190,7 +165,7 @@ impl Backend for UserspaceBackend {
         self.applied = None;
         self.expected = None;
         self.listeners.clear();
-        match nft(&format!(
+        match nft_script(&format!(
             "table inet {TABLE} {{}}\ndelete table inet {TABLE}\n"
         )) {
             Ok(()) => Ok(()),
