@@ -323,6 +323,7 @@ fn host_gw_routes_follow_nodes_from_the_api() {
                 "--master=http://127.0.0.1:6443",
                 "--node-name=node1",
                 "--backend=host-gw",
+                "--metrics-bind-address=127.0.0.1:10259",
             ],
         )
         .stderr(Stdio::piped())
@@ -337,6 +338,21 @@ fn host_gw_routes_follow_nodes_from_the_api() {
     wait_for("node3's route", || {
         routes(&p).contains("10.244.3.0/24 via 10.78.0.3 dev eth0")
     });
+    // A node host-gw cannot reach directly is refused, per node, in /metrics too.
+    api.apply_yaml(&api_node(4).replace("address: 10.78.0.4", "address: 10.99.0.4"))
+        .unwrap();
+    let metrics = || {
+        sh(&format!(
+            "ip netns exec {} curl -s http://127.0.0.1:10259/metrics || true",
+            p.ns(1)
+        ))
+    };
+    wait_for("node4 refused in /metrics", || {
+        metrics().contains("weir_routes_node_refused{node=\"node4\"")
+    });
+    let m = metrics();
+    assert!(m.contains("weir_routes_nodes_routed 2\n"), "{m}");
+    assert!(!routes(&p).contains("10.244.4.0/24"), "{}", routes(&p));
     assert!(api.delete("Node", "", "node2"));
     wait_for("node2's route gone", || {
         !routes(&p).contains("10.244.2.0/24")

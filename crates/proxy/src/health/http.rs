@@ -159,3 +159,34 @@ pub(crate) fn respond(status: u16, headers: &[(&str, String)], body: String) -> 
     b.body(Full::new(Bytes::from(body)))
         .expect("static status and header names are valid")
 }
+
+/// A `/metrics` listener for agents other than the proxy (node routes): every GET of
+/// `/metrics` answers `body()` in Prometheus' text format, any other path 404.
+pub struct MetricsServer {
+    served: Served,
+}
+
+impl MetricsServer {
+    /// Binds `addr` on the calling thread (so in its network namespace) and serves it on `rt`.
+    pub fn start(
+        rt: &HttpRuntime,
+        addr: SocketAddr,
+        body: impl Fn() -> String + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        let handler: Handler = Arc::new(move |req: &Request<Incoming>| {
+            if req.uri().path() == "/metrics" {
+                let kind = "text/plain; version=0.0.4; charset=utf-8".to_string();
+                respond(200, &[("Content-Type", kind)], body())
+            } else {
+                respond(404, &[], "404 page not found\n".into())
+            }
+        });
+        Ok(MetricsServer {
+            served: serve(rt, bind(addr)?, handler)?,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.served.addr()
+    }
+}

@@ -7,16 +7,19 @@
 //! The annotations are flannel's keys under `--annotation-prefix` (default `weir.dev`); when an
 //! API source lands it patches the Node with the same map.
 
+mod metrics;
 mod publish;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use tracing::{info, warn};
 use weir_kernel::Rtnl;
+use weir_proxy::health::{HttpRuntime, MetricsServer};
 use weir_routes::annotations::DEFAULT_PREFIX;
 use weir_routes::kernel::{cleanup, reconcile};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
@@ -95,6 +98,9 @@ pub struct RoutesFlags {
     /// Reconcile once and exit (non-zero if any operation failed).
     #[arg(long)]
     once: bool,
+    /// Serve `/metrics` (routed and refused nodes, failures) here; off when not given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_bind_address: Option<std::net::SocketAddr>,
 }
 
 fn config(flags: &RoutesFlags) -> anyhow::Result<Config> {
@@ -201,6 +207,18 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         flags.status.clone(),
         flags.mtu_file.clone(),
     );
+    let metrics = Arc::new(metrics::RoutesMetrics::new());
+    // Bound before the loop: the listener opens in this thread's network namespace.
+    let _metrics_server = match flags.metrics_bind_address {
+        Some(addr) => {
+            let rt = HttpRuntime::new().context("metrics runtime")?;
+            let m = metrics.clone();
+            let server = MetricsServer::start(&rt, addr, move || m.encode())?;
+            info!(addr = %server.addr(), "serving /metrics");
+            Some((server, rt))
+        }
+        None => None,
+    };
     let mut seen = 0;
     loop {
         let (generation, snapshot) = store.snapshot();
@@ -219,10 +237,12 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
                     );
                 }
                 publisher.report(&r.desired)?;
+                metrics.reconciled(&r.desired, !r.failed.is_empty());
                 !r.failed.is_empty()
             }
             Err(e) => {
                 warn!(error = %e, "routes: reconciliation failed (kernel state left as it was)");
+                metrics.failed();
                 true
             }
         };
