@@ -165,11 +165,14 @@ pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) ->
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(format!("{} {}", req.method(), req.uri()));
+    if req.method() == hyper::Method::PATCH {
+        return patch_node(&shared, req).await;
+    }
     if req.method() != hyper::Method::GET {
         return status_response(&Status {
             code: 405,
             reason: "MethodNotAllowed",
-            message: "the fake API server serves GET only".into(),
+            message: "the fake API server serves GET, and PATCH of a Node".into(),
         });
     }
     if path == "/version" {
@@ -210,6 +213,77 @@ pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) ->
         return watch_response(shared, resource, query, from, bookmarks, timeout);
     }
     list_response(&shared, resource, &query).await
+}
+
+/// `PATCH /api/v1/nodes/<name>` with a JSON merge patch (RFC 7386, what `kubectl patch
+/// --type merge` and kube-rs's `Patch::Merge` send): how node routes publish their VTEP.
+async fn patch_node(shared: &Shared, req: Request<hyper::body::Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let Some(name) = path
+        .strip_prefix("/api/v1/nodes/")
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+        .map(str::to_string)
+    else {
+        return status_response(&Status {
+            code: 405,
+            reason: "MethodNotAllowed",
+            message: format!("PATCH is served for Nodes only ({path})"),
+        });
+    };
+    let merge = req
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .is_some_and(|c| c.as_bytes().starts_with(b"application/merge-patch+json"));
+    if !merge {
+        return status_response(&Status {
+            code: 415,
+            reason: "UnsupportedMediaType",
+            message: "only application/merge-patch+json is served".into(),
+        });
+    }
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return status_response(&Status::bad_request(e.to_string())),
+    };
+    let patch: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return status_response(&Status::bad_request(e.to_string())),
+    };
+    let mut state = shared.state();
+    let Some(mut node) = state.get(Resource::Nodes, "", &name) else {
+        return status_response(&Status {
+            code: 404,
+            reason: "NotFound",
+            message: format!("nodes \"{name}\" not found"),
+        });
+    };
+    merge_patch(&mut node, &patch);
+    match state.apply(node.clone()) {
+        Ok(_) => full(
+            StatusCode::OK,
+            state.get(Resource::Nodes, "", &name).unwrap_or(node),
+        ),
+        Err(e) => status_response(&Status::bad_request(e)),
+    }
+}
+
+/// RFC 7386: objects merge key by key, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(p) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("made an object above");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
 }
 
 async fn list_response(shared: &Shared, resource: Resource, q: &Query) -> Response<Body> {
@@ -358,6 +432,19 @@ async fn stream_watch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merge_patch_merges_objects_removes_nulls_and_replaces_the_rest() {
+        let mut node = json!({"metadata": {"name": "n", "annotations": {"a": "1", "b": "2"}}});
+        merge_patch(
+            &mut node,
+            &json!({"metadata": {"annotations": {"b": null, "c": "3"}}}),
+        );
+        assert_eq!(
+            node,
+            json!({"metadata": {"name": "n", "annotations": {"a": "1", "c": "3"}}})
+        );
+    }
 
     #[test]
     fn routes_cluster_wide_and_namespaced_collections() {

@@ -169,6 +169,14 @@ fn key_of(resource: Resource, object: &Value) -> Result<Key, String> {
 }
 
 impl State {
+    /// One object as stored (with its kind and apiVersion).
+    pub fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
+        let ns = if resource.namespaced() { namespace } else { "" };
+        self.objects
+            .get(&(resource, ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
     /// The current resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.rv

@@ -423,6 +423,33 @@ pub fn start_api_source(
     })
 }
 
+/// Merges `annotations` into the Node `node`'s (a JSON merge patch, as `kubectl patch node
+/// --type merge` sends): how node routes publish the VTEP other nodes read. Blocking; a short
+/// runtime of its own, so it works from any synchronous thread.
+pub fn patch_node_annotations(
+    opts: &ApiOptions,
+    node: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let config = client_config(opts).await?;
+        let client = Client::try_from(config).map_err(|e| ApiError::Client(e.to_string()))?;
+        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
+        Api::<Node>::all(client)
+            .patch(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| ApiError::Client(format!("patch Node {node}: {e}")))?;
+        Ok(())
+    })
+}
+
 struct Ctx {
     sink: Box<dyn EventSink>,
     report: Box<dyn Fn(&ApiReport) + Send + Sync>,

@@ -367,3 +367,72 @@ fn host_gw_routes_follow_nodes_from_the_api() {
         "{asked:?}"
     );
 }
+
+/// Kills the agent when the test ends, however it ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// vxlan through the API, as flanneld does it: each agent patches its VTEP MAC and underlay
+/// address onto its own Node, and the other reads them from the watch and programs the peer.
+#[test]
+fn vxlan_agents_publish_their_vteps_on_their_nodes_through_the_api() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let p = Pair::new("vxapi");
+    // The API server's own address is reached over loopback in node1's namespace.
+    sh(&format!("ip -n {} link set lo up", p.ns(1)));
+    let api =
+        weir_fakeapi::FakeApi::start(Some(&p.ns(1)), "10.78.0.1:6443".parse().unwrap()).unwrap();
+    api.apply_yaml(&api_node(1)).unwrap();
+    api.apply_yaml(&api_node(2)).unwrap();
+    let agent = |i: u8| {
+        Running(
+            p.routes(
+                i,
+                &[
+                    "--master=http://10.78.0.1:6443",
+                    &format!("--node-name=node{i}"),
+                    "--backend=vxlan",
+                    "--resync-period=1s",
+                ],
+            )
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+        )
+    };
+    let (_a1, _a2) = (agent(1), agent(2));
+    let route = |i: u8, peer: u8| {
+        sh(&format!(
+            "ip -n {} route show proto 87 | grep '10.244.{peer}.0/24' || true",
+            p.ns(i)
+        ))
+    };
+    wait_for("node1 routes node2 over the overlay", || {
+        route(1, 2).contains("via 10.244.2.0 dev weir.1")
+    });
+    wait_for("node2 routes node1 over the overlay", || {
+        route(2, 1).contains("via 10.244.1.0 dev weir.1")
+    });
+    let patches: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("PATCH"))
+        .collect();
+    assert!(
+        patches.iter().any(|r| r.contains("/api/v1/nodes/node1"))
+            && patches.iter().any(|r| r.contains("/api/v1/nodes/node2")),
+        "{patches:?}"
+    );
+    // The FDB entry for node2's VTEP points at its underlay address.
+    let fdb = sh(&format!("bridge -n {} fdb show dev weir.1", p.ns(1)));
+    assert!(fdb.contains("dst 10.78.0.2"), "{fdb}");
+}

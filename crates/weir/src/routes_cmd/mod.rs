@@ -4,8 +4,8 @@
 //! Publishing: a manifest source cannot write to the API, so the agent writes what it would
 //! put on its own Node as a patch file (`--publish FILE`, for `kubectl patch node <name>
 //! --patch-file FILE`, or for the lab/operator to merge into the Node manifest) and logs it.
-//! The annotations are flannel's keys under `--annotation-prefix` (default `weir.dev`); when an
-//! API source lands it patches the Node with the same map.
+//! The annotations are flannel's keys under `--annotation-prefix` (default `weir.dev`); with
+//! the Kubernetes API as the Node source the agent also merges the same map into its own Node.
 
 mod metrics;
 mod publish;
@@ -24,7 +24,7 @@ use weir_routes::annotations::DEFAULT_PREFIX;
 use weir_routes::kernel::{cleanup, reconcile};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
 use weir_routes::{Backend, Config, VxlanConfig};
-use weir_source::api::{start_api_source, ApiOptions, ApiSource};
+use weir_source::api::{patch_node_annotations, start_api_source, ApiOptions, ApiSource};
 use weir_source::{watch_dir, Event, Kind, ManifestDir, SharedStore};
 
 use crate::proxy_cmd::parse_duration;
@@ -134,6 +134,8 @@ enum NodeSource {
     },
     Api {
         _source: ApiSource,
+        /// Where the API is: node routes publish this node's VTEP on its Node there.
+        options: ApiOptions,
     },
 }
 
@@ -171,10 +173,17 @@ fn start_source(flags: &RoutesFlags, store: &SharedStore) -> anyhow::Result<Node
         kinds: vec![Kind::Node],
         ..Default::default()
     };
-    let source = start_api_source(opts, store.clone(), crate::manifest_view::log_api_report)
-        .context("Kubernetes API source")?;
+    let source = start_api_source(
+        opts.clone(),
+        store.clone(),
+        crate::manifest_view::log_api_report,
+    )
+    .context("Kubernetes API source")?;
     crate::manifest_view::wait_for_api_lists(&source);
-    Ok(NodeSource::Api { _source: source })
+    Ok(NodeSource::Api {
+        _source: source,
+        options: opts,
+    })
 }
 
 pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
@@ -199,7 +208,7 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
     let cfg = config(&flags)?;
 
     let store = SharedStore::new();
-    let _source = start_source(&flags, &store)?;
+    let source = start_source(&flags, &store)?;
 
     let mut publisher = publish::Publisher::new(
         &cfg,
@@ -207,6 +216,12 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         flags.status.clone(),
         flags.mtu_file.clone(),
     );
+    if let NodeSource::Api { options, .. } = &source {
+        let (options, node) = (options.clone(), cfg.node_name.clone());
+        publisher = publisher.patch_node_with(Box::new(move |annotations| {
+            Ok(patch_node_annotations(&options, &node, annotations)?)
+        }));
+    }
     let metrics = Arc::new(metrics::RoutesMetrics::new());
     // Bound before the loop: the listener opens in this thread's network namespace.
     let _metrics_server = match flags.metrics_bind_address {

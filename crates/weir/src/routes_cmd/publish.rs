@@ -22,7 +22,12 @@ pub struct Publisher {
     last_mtu: Option<Option<u32>>,
     last_annotations: Option<BTreeMap<String, String>>,
     last_status: Option<Status>,
+    /// Patches this node's annotations onto its Node in the API (with the API source).
+    patch_node: Option<NodePatcher>,
 }
+
+/// Puts annotations on this node's Node object; an error is retried at the next report.
+pub type NodePatcher = Box<dyn FnMut(&BTreeMap<String, String>) -> anyhow::Result<()>>;
 
 /// The status file: the overlay MTU (for the CNI plugin's pod MTU) and every remote node's state.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -70,7 +75,14 @@ impl Publisher {
             last_mtu: None,
             last_annotations: None,
             last_status: None,
+            patch_node: None,
         }
+    }
+
+    /// Also publish through the API: the annotations are merged into this node's Node.
+    pub fn patch_node_with(mut self, patcher: NodePatcher) -> Self {
+        self.patch_node = Some(patcher);
+        self
     }
 
     pub fn report(&mut self, desired: &Desired) -> anyhow::Result<()> {
@@ -137,6 +149,14 @@ impl Publisher {
                 path.display()
             );
             write_atomic(path, &text)?;
+        }
+        if let Some(patch) = &mut self.patch_node {
+            if let Err(e) = patch(&annotations) {
+                // Not recorded as published: the next reconciliation tries again.
+                warn!(node = %self.node_name, error = %e, "cannot publish on this Node yet");
+                return Ok(());
+            }
+            info!(node = %self.node_name, "published on this Node through the API");
         }
         self.last_annotations = Some(annotations);
         Ok(())
