@@ -15,6 +15,7 @@ pub mod health;
 pub mod iptables;
 pub mod ipvs;
 pub mod metrics;
+mod netlink_reply;
 pub mod nft;
 pub mod process_stats;
 pub mod userspace;

@@ -19,12 +19,10 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use weir_model::IpFamily;
 
 use super::{ConntrackFilter, Flow, FlowTuple};
+use crate::netlink_reply::{read_answer, Next};
 use crate::{Error, Result};
 
 // include/uapi/linux/netlink.h and nfnetlink_conntrack.h
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLMSG_HDRLEN: usize = 16;
 const CTA_ID: u16 = 12;
 const CTA_ZONE: u16 = 18;
 
@@ -130,48 +128,18 @@ impl Conntrack {
         let mut buf = vec![0u8; msg.buffer_len()];
         msg.serialize(&mut buf);
         self.socket.send(&buf, 0)?;
-
-        loop {
-            let (data, _) = self.socket.recv_from_full()?;
-            let mut rest = &data[..];
-            while rest.len() >= NLMSG_HDRLEN {
-                let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-                if len < NLMSG_HDRLEN || len > rest.len() {
-                    return Err(io::Error::other("truncated netlink message"));
-                }
-                let kind = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
-                let seq = u32::from_ne_bytes(rest[8..12].try_into().unwrap());
-                let payload = &rest[NLMSG_HDRLEN..len];
-                rest = &rest[((len + 3) & !3).min(rest.len())..];
-                if seq != self.sequence {
-                    continue; // a late answer to an earlier request
-                }
-                match kind {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let code = payload
-                            .get(0..4)
-                            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                            .unwrap_or(-libc::EIO);
-                        return match code {
-                            0 => Ok(()),
-                            c => Err(io::Error::from_raw_os_error(-c)),
-                        };
-                    }
-                    _ => {
-                        // An entry the decoder does not understand is skipped, not fatal:
-                        // it cannot be one of ours if we cannot read its tuples anyway.
-                        if let Ok(NetfilterMessage {
-                            inner: NetfilterMessageInner::Conntrack(m),
-                            ..
-                        }) = NetfilterMessage::parse_with_param(payload, kind)
-                        {
-                            each(m);
-                        }
-                    }
-                }
+        read_answer(&mut self.socket, self.sequence, |kind, payload| {
+            // An entry the decoder does not understand is skipped, not fatal: it cannot be
+            // one of ours if we cannot read its tuples anyway.
+            if let Ok(NetfilterMessage {
+                inner: NetfilterMessageInner::Conntrack(m),
+                ..
+            }) = NetfilterMessage::parse_with_param(payload, kind)
+            {
+                each(m);
             }
-        }
+            Next::More
+        })
     }
 }
 

@@ -19,6 +19,7 @@ use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr};
 use weir_model::{IpFamily, Protocol};
 
+use crate::netlink_reply::{read_answer, Next};
 use crate::{Error, Result};
 
 // ip_vs.h: commands.
@@ -60,9 +61,6 @@ const DEST_ADDR_FAMILY: u16 = 11;
 const SVC_F_PERSISTENT: u32 = 0x1;
 /// `IP_VS_CONN_F_MASQ`: NAT forwarding, the only method kube-proxy uses.
 const FWD_MASQ: u32 = 0;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLMSG_HDRLEN: usize = 16;
 const GENL_HDRLEN: usize = 4;
 
 /// What identifies an IPVS virtual server (weir never uses fwmark services).
@@ -510,45 +508,17 @@ impl Ipvs {
         let mut buf = vec![0u8; nl.buffer_len()];
         nl.serialize(&mut buf);
         self.socket.send(&buf, 0)?;
-        loop {
-            let (data, _) = self.socket.recv_from_full()?;
-            let mut rest = &data[..];
-            while rest.len() >= NLMSG_HDRLEN {
-                let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-                if len < NLMSG_HDRLEN || len > rest.len() {
-                    return Err(io::Error::other("truncated netlink message"));
-                }
-                let kind = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
-                let seq = u32::from_ne_bytes(rest[8..12].try_into().unwrap());
-                let payload = &rest[NLMSG_HDRLEN..len];
-                rest = &rest[((len + 3) & !3).min(rest.len())..];
-                if seq != self.sequence {
-                    continue;
-                }
-                match kind {
-                    NLMSG_DONE => return Ok(()),
-                    NLMSG_ERROR => {
-                        let code = payload
-                            .get(0..4)
-                            .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                            .unwrap_or(-libc::EIO);
-                        return match code {
-                            0 => Ok(()),
-                            c => Err(io::Error::from_raw_os_error(-c)),
-                        };
-                    }
-                    _ => {
-                        if let Some(a) = payload.get(GENL_HDRLEN..) {
-                            each(a);
-                        }
-                        // A plain (non-dump) answer without ACK ends here.
-                        if flags & (NLM_F_DUMP | NLM_F_ACK) == 0 {
-                            return Ok(());
-                        }
-                    }
-                }
+        read_answer(&mut self.socket, self.sequence, |_, payload| {
+            if let Some(a) = payload.get(GENL_HDRLEN..) {
+                each(a);
             }
-        }
+            // A plain (non-dump) answer without ACK ends here.
+            if flags & (NLM_F_DUMP | NLM_F_ACK) == 0 {
+                Next::Done
+            } else {
+                Next::More
+            }
+        })
     }
 }
 
