@@ -147,7 +147,7 @@ impl Attachment<'_> {
             Rtnl::in_netns(&netns).map_err(|e| io_err("netlink socket in pod namespace", e))?;
         // Checked before allocating, because a failed ADD undoes what it allocated and built, and
         // here that would be someone else's working interface.
-        self.refuse_existing_interface(&mut host, &mut pod)?;
+        self.refuse_existing_interface(&mut host, &mut pod, store)?;
         let allocations = store
             .allocate_requested(
                 &self.conf.ipam,
@@ -170,11 +170,31 @@ impl Attachment<'_> {
 
     /// The spec: ADD must fail if an interface of the requested name exists in the container, and
     /// a second ADD of the same (container ID, ifname) is an error, not a rebuild.
-    fn refuse_existing_interface(&self, host: &mut Rtnl, pod: &mut Rtnl) -> CniResult<()> {
+    /// An interface left by a finished DEL (its addresses released, its veth still being
+    /// deleted by the DEL's background child) is not an attachment: it is deleted now, so a
+    /// DEL followed at once by an ADD of the same (container ID, ifname) works.
+    fn refuse_existing_interface(
+        &self,
+        host: &mut Rtnl,
+        pod: &mut Rtnl,
+        store: &Store,
+    ) -> CniResult<()> {
         let Some(existing) = pod.link_by_name(self.ifname).map_err(netlink_err)? else {
             return Ok(());
         };
-        let msg = match self.find_host_veth(host)? {
+        let veth = self.find_host_veth(host)?;
+        if let Some(v) = &veth {
+            let released = store
+                .lookup(self.container_id, self.ifname)
+                .map_err(ipam_err)?
+                .is_empty();
+            if released {
+                host.link_del(v.index, "pod veth left by DEL")
+                    .map_err(netlink_err)?;
+                return Ok(());
+            }
+        }
+        let msg = match veth {
             Some(veth) => format!(
                 "container {} is already attached to network {} as {} (host interface {}); \
                  DEL it before adding it again",
