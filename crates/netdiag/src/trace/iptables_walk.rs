@@ -223,6 +223,12 @@ impl Walker<'_> {
                 },
                 (Some("addrtype"), "--limit-iface-in" | "--limit-iface-out") => true,
                 (Some("statistic"), _) => true,
+                (Some("set"), "--match-set") => self.set_match(r, &a.values, p)?,
+                // Options of the set match that do not change membership.
+                (
+                    Some("set"),
+                    "--return-nomatch" | "--update-counters" | "--update-subcounters",
+                ) => true,
                 (Some("tcp"), "--tcp-flags" | "--syn") => true,
                 (module, name) => {
                     self.assume(format!(

@@ -15,13 +15,16 @@
 
 mod hooks;
 mod iptables_walk;
+mod ipvs_walk;
 mod nat;
 mod nft_walk;
+mod output;
 mod packet;
 mod path;
 mod render;
 mod reply;
 mod routing;
+mod sets;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -29,7 +32,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::state::NodeState;
 
 use packet::{Flow, Pkt};
-pub use packet::{Hop, Packet, Proto, Trace, Verdict};
+pub use packet::{Hop, Packet, Proto, Trace, Verdict, LOCAL};
 pub use render::{render, svg};
 
 struct Walker<'a> {
@@ -37,6 +40,10 @@ struct Walker<'a> {
     hops: Vec<Hop>,
     choices: Vec<String>,
     assumptions: BTreeSet<String>,
+    /// `ipset list`/`save`, parsed once (`None`: not in the state).
+    sets: Option<Vec<crate::ipset::IpSet>>,
+    /// `ipvsadm -Ln`/`-Sn`, parsed once.
+    ipvs: Option<Vec<crate::ipvs::VirtualServer>>,
 }
 
 /// Runs the walk.
@@ -46,8 +53,11 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         hops: Vec::new(),
         choices: Vec::new(),
         assumptions: BTreeSet::new(),
+        sets: None,
+        ipvs: None,
     };
     w.note_missing();
+    w.parse_sets_and_ipvs();
     let mut p = Pkt {
         src: packet.src,
         dst: packet.dst,
@@ -61,8 +71,14 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         ct_state: "new",
         dnat: false,
         nat_bound: false,
+        skip_nat: false,
     };
-    let (verdict, cause, fixes) = match w.request_and_reply(&mut p) {
+    let walked = if packet.originates_here() {
+        w.output_and_reply(&mut p)
+    } else {
+        w.request_and_reply(&mut p)
+    };
+    let (verdict, cause, fixes) = match walked {
         Ok(()) => (Verdict::Delivered, None, Vec::new()),
         Err((cause, fixes)) => (Verdict::Dropped, Some(cause), fixes),
     };
