@@ -368,3 +368,49 @@ fn the_path_as_an_svg_picture() {
     }
     assert!(svg.contains("fix 1: give eth1 an IPv4 address"));
 }
+
+/// kube-proxy's ClientIP affinity (`-m recent`): the endpoint chain's `--set` matches (it
+/// records the client) and a new client's `--rcheck` does not, so the walk reaches the DNAT
+/// through the statistic cascade. Found by trace_proxy_model: `--set` used to count as an
+/// unmodelled match, so the endpoint chains never DNATed and the packet had no route.
+#[test]
+fn affinity_rules_recent_set_matches_and_rcheck_does_not_for_a_new_client() {
+    let save = "*nat
+:PREROUTING ACCEPT [0:0]
+:KUBE-SVC-A - [0:0]
+:KUBE-SEP-1 - [0:0]
+:KUBE-SEP-2 - [0:0]
+-A PREROUTING -d 10.96.0.11/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A
+-A KUBE-SVC-A -m recent --name KUBE-SEP-1 --rcheck --seconds 10800 --reap -j KUBE-SEP-1
+-A KUBE-SVC-A -m recent --name KUBE-SEP-2 --rcheck --seconds 10800 --reap -j KUBE-SEP-2
+-A KUBE-SVC-A -m statistic --mode random --probability 0.5 -j KUBE-SEP-1
+-A KUBE-SVC-A -j KUBE-SEP-2
+-A KUBE-SEP-1 -p tcp -m recent --name KUBE-SEP-1 --set -m tcp -j DNAT --to-destination 10.244.0.21:8080
+-A KUBE-SEP-2 -p tcp -m recent --name KUBE-SEP-2 --set -m tcp -j DNAT --to-destination 10.244.1.20:8080
+COMMIT
+";
+    let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
+192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+";
+    let st = NodeState::from_outputs([
+        (Output::IptablesSave, save.to_string()),
+        (Output::IpRoute, routes.to_string()),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = walk(&st, "192.168.0.99", "10.96.0.11", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "--set -m tcp -j DNAT --to-destination 10.244.0.21:8080",
+        "DNAT to 10.244.0.21:8080"
+    ));
+    assert!(t
+        .choices
+        .iter()
+        .any(|c| c.contains("(DNAT 10.244.0.21:8080)") && c.contains("(DNAT 10.244.1.20:8080)")));
+    assert!(t
+        .assumptions
+        .iter()
+        .any(|a| a.starts_with("-m recent --rcheck: the client has no earlier connection")));
+}
