@@ -414,3 +414,62 @@ COMMIT
         .iter()
         .any(|a| a.starts_with("-m recent --rcheck: the client has no earlier connection")));
 }
+
+/// weir's own nftables shapes, found by trace_proxy_model: `dnat to <key with numgen> map @m`
+/// (every numgen value is a choice), and the affinity chains, whose rules `update` a dynamic
+/// set and whose cascade tests `numgen random mod N == k`. Before, the map's address was not
+/// read (no DNAT: "no route"), and the `set` statement made every affinity rule pass over.
+#[test]
+fn nft_dnat_through_a_numgen_map_and_affinity_chains_are_one_of() {
+    let rule = |chain: &str, expr: &str| {
+        format!(
+            r#"{{"rule":{{"family":"inet","table":"weir","chain":"{chain}","expr":[{expr}]}}}}"#
+        )
+    };
+    let dnat = |ip: &str| format!(r#"{{"dnat":{{"family":"ip","addr":"{ip}","port":8080}}}}"#);
+    let update = r#"{"set":{"op":"update","elem":{"payload":{"protocol":"ip","field":"saddr"}},"set":"@aff"}}"#;
+    let json = [
+        r#"{"nftables":[{"table":{"family":"inet","name":"weir"}}"#.to_string(),
+        r#"{"chain":{"family":"inet","table":"weir","name":"nat-prerouting","type":"nat","hook":"prerouting","prio":-100,"policy":"accept"}}"#.into(),
+        r#"{"chain":{"family":"inet","table":"weir","name":"aff-chain"}}"#.into(),
+        r#"{"set":{"family":"inet","name":"aff","table":"weir","type":"ipv4_addr","flags":["dynamic","timeout"]}}"#.into(),
+        r#"{"map":{"family":"inet","name":"ep4tcp","table":"weir","type":["ipv4_addr","inet_proto","inet_service","integer"],"map":"ipv4_addr . inet_service","elem":[[{"concat":["10.96.0.10","tcp",80,0]},{"concat":["10.244.0.10",8080]}],[{"concat":["10.96.0.10","tcp",80,1]},{"concat":["10.244.0.11",8080]}]]}}"#.into(),
+        rule("nat-prerouting", r#"{"match":{"op":"==","left":{"fib":{"result":"type","flags":["saddr"]}},"right":"local"}},{"accept":null}"#),
+        rule("nat-prerouting", r#"{"match":{"op":"==","left":{"payload":{"protocol":"ip","field":"daddr"}},"right":"10.96.0.11"}},{"goto":{"target":"aff-chain"}}"#),
+        rule("nat-prerouting", r#"{"dnat":{"family":"ip","addr":{"map":{"key":{"concat":[{"payload":{"protocol":"ip","field":"daddr"}},{"meta":{"key":"l4proto"}},{"payload":{"protocol":"tcp","field":"dport"}},{"numgen":{"mode":"random","mod":2,"offset":0}}]},"data":"@ep4tcp"}}}}"#),
+        rule("aff-chain", &format!(r#"{{"match":{{"op":"==","left":{{"payload":{{"protocol":"ip","field":"saddr"}}}},"right":"@aff"}}}},{update},{}"#, dnat("10.244.0.30"))),
+        rule("aff-chain", &format!(r#"{{"match":{{"op":"==","left":{{"numgen":{{"mode":"random","mod":2,"offset":0}}}},"right":0}}}},{update},{}"#, dnat("10.244.0.21"))),
+        rule("aff-chain", &format!("{update},{}", dnat("10.244.1.20"))) + "]}",
+    ]
+    .join(",");
+    let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
+10.244.1.0/24 via 192.168.0.2 dev eth0
+192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+";
+    let st = NodeState::from_outputs([
+        (Output::NftRuleset, json),
+        (Output::IpRoute, routes.to_string()),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = walk(&st, "192.168.0.99", "10.96.0.10", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "numgen random mod 2",
+        "DNAT to 10.244.0.10:8080"
+    ));
+    assert!(t.choices.iter().any(|c| c.starts_with(
+        "one of 0 (DNAT 10.244.0.10:8080), 1 (DNAT 10.244.0.11:8080) (numgen random mod 2"
+    )));
+    let t = walk(&st, "192.168.0.99", "10.96.0.11", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(&t, "PREROUTING", "", "DNAT to 10.244.0.21:8080"));
+    let c = t.choices.join("\n");
+    assert!(
+        c.contains("(DNAT 10.244.0.21:8080)")
+            && c.contains("(DNAT 10.244.1.20:8080)")
+            && !c.contains("10.244.0.30"),
+        "{c}"
+    );
+}

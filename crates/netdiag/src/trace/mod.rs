@@ -17,6 +17,7 @@ mod hooks;
 mod iptables_walk;
 mod ipvs_walk;
 mod nat;
+mod nft_choices;
 mod nft_walk;
 mod output;
 mod packet;

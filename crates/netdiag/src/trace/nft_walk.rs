@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
+use super::nft_choices::is_numgen_match;
 use super::{cidr_contains, parse_num, Flow, Pkt, Walker};
 
 impl Walker<'_> {
@@ -31,17 +32,20 @@ impl Walker<'_> {
             .filter(|r| r.family == family && r.table == table && r.chain == chain)
             .cloned()
             .collect();
-        'rules: for r in &rules {
+        'rules: for (ri, r) in rules.iter().enumerate() {
             for e in &r.expr {
                 let Some((k, v)) = e.as_object().and_then(|o| o.iter().next()) else {
                     continue;
                 };
                 match k.as_str() {
                     "match" => match self.nft_match(rs, family, table, v, p) {
+                        Some(true) if is_numgen_match(v) => self.one_of_nft(&rules[ri..]),
                         Some(true) => {}
                         _ => continue 'rules,
                     },
                     "counter" | "log" | "limit" | "notrack" => {}
+                    // `update @set { ip saddr }` (affinity): records, changes nothing now.
+                    "set" => {}
                     "accept" => {
                         self.hop(stage, place, Some(r.text.clone()), "accepted");
                         return Flow::Accept;
@@ -86,6 +90,13 @@ impl Walker<'_> {
                         );
                     }
                     "dnat" => {
+                        if let Some((ip, port)) = v
+                            .get("addr")
+                            .and_then(|a| a.get("map"))
+                            .and_then(|m| self.dnat_map(rs, family, table, m, p))
+                        {
+                            (p.dst, p.dport, p.dnat) = (ip, port, true);
+                        }
                         if let Some(ip) = v
                             .get("addr")
                             .and_then(Value::as_str)
@@ -321,6 +332,8 @@ impl Walker<'_> {
                     ("ip", "saddr") => Some(NVal::Ip(p.src)),
                     ("ip", "daddr") => Some(NVal::Ip(p.dst)),
                     ("ip", "protocol") => Some(NVal::Num(p.proto.number())),
+                    // An IPv4 packet has no IPv6 header: such matches fail.
+                    ("ip6", _) => Some(NVal::Str("<not IPv6>".into())),
                     ("th", "dport") => Some(NVal::Num(p.dport as u64)),
                     ("th", "sport") => Some(NVal::Num(p.sport as u64)),
                     (t, "dport") if t == p.proto.name() => Some(NVal::Num(p.dport as u64)),
@@ -335,6 +348,13 @@ impl Walker<'_> {
                     .as_array()
                     .map(|a| a.iter().filter_map(Value::as_str).collect())
                     .or_else(|| v["flags"].as_str().map(|s| vec![s]))?;
+                if v["result"].as_str()? == "type" && flags == ["saddr"] {
+                    return Some(NVal::Str(if self.is_local(p.src) {
+                        "local".into()
+                    } else {
+                        "unicast".into()
+                    }));
+                }
                 if v["result"].as_str()? == "type" && flags.contains(&"daddr") {
                     Some(NVal::Str(if self.is_local(p.dst) {
                         "local".into()
@@ -355,6 +375,8 @@ impl Walker<'_> {
                     _ => a ^ b,
                 }))
             }
+            // `numgen random mod N`: the walk follows the first value (offset).
+            "numgen" => Some(NVal::Num(v["offset"].as_u64().unwrap_or(0))),
             "concat" => {
                 let parts = v.as_array()?;
                 let mut vals = Vec::new();
