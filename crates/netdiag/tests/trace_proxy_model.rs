@@ -13,9 +13,10 @@
 //!
 //! The nftables mode's rendered text is turned into the `nft -j list ruleset` JSON the walker
 //! reads by loading it into a scratch network namespace (`unshare --net`): the kernel is only
-//! the text-to-JSON translator there, every verdict is still the walker's. That part needs root
-//! and `nft`, and says so when it skips. Not covered: the userspace mode (its `redirect` rules
-//! and listener table).
+//! the text-to-JSON translator there, every verdict is still the walker's. The userspace mode
+//! the same way: its `redirect` rules send the packet to a local port, and the listener table
+//! the proxy would open (`UserspaceBackend::wanted`) says which endpoints that port's listener
+//! balances over. Those two need root and `nft`, and say so when they skip.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -28,6 +29,7 @@ use weir_netdiag::trace::{self, Packet, Proto, Trace, Verdict};
 use weir_proxy::iptables::{self, IptablesOptions};
 use weir_proxy::ipvs::render::{self as ipvs_render, IpvsOptions, JUMPS as IPVS_JUMPS};
 use weir_proxy::nft::{self as nft_render, NftOptions};
+use weir_proxy::userspace::{render as userspace_render, UserspaceBackend};
 
 const NODE_IP: &str = "192.168.0.1";
 const CLIENT: &str = "192.168.0.99";
@@ -346,6 +348,26 @@ fn nft_state(plan: &Plan) -> Option<NodeState> {
     Some(checked(NodeState::from_outputs(outs)))
 }
 
+/// The userspace mode's state and its listener table (local port → endpoints), or `None`
+/// when nft cannot run here.
+fn userspace_state(plan: &Plan) -> Option<(NodeState, Listeners)> {
+    let wanted = UserspaceBackend::wanted(plan);
+    let mut ports = std::collections::BTreeMap::new();
+    let mut listeners = Listeners::new();
+    for (i, (key, (eps, _))) in wanted.iter().enumerate() {
+        let port = 41000 + i as u16;
+        ports.insert(key.clone(), port);
+        listeners.insert(port, eps.iter().map(|e| e.to_string()).collect());
+    }
+    let json = nft_json(&userspace_render::render(plan, &ports))?;
+    let mut outs = base_outputs(&[]);
+    outs.push((Output::NftRuleset, json));
+    Some((checked(NodeState::from_outputs(outs)), listeners))
+}
+
+/// A userspace listener's local port and the endpoints it balances over.
+type Listeners = std::collections::BTreeMap<u16, BTreeSet<String>>;
+
 /// `nft -j list ruleset` of `script` loaded into a fresh network namespace (gone when the
 /// command ends, nothing outside it changes).
 fn nft_json(script: &str) -> Option<String> {
@@ -390,8 +412,16 @@ fn checked(st: NodeState) -> NodeState {
 
 /// The endpoints the walk says the packet can go to: every DNAT of a "one of" choice, else
 /// the one DNAT it followed.
-fn reached(t: &Trace) -> BTreeSet<String> {
+fn reached(t: &Trace, listeners: Option<&Listeners>) -> BTreeSet<String> {
     let mut set = BTreeSet::new();
+    // userspace: the packet is redirected to a local listener, which picks one of its own.
+    if let Some(l) = listeners {
+        let port = t.hops.iter().rev().find_map(|h| {
+            let to = h.note.strip_prefix("redirect to ")?;
+            to.rsplit(':').next()?.parse::<u16>().ok()
+        });
+        return port.and_then(|p| l.get(&p).cloned()).unwrap_or_default();
+    }
     for c in t.choices.iter().filter(|c| c.starts_with("one of ")) {
         if let Some(ipvs) = c
             .strip_prefix("one of ")
@@ -424,7 +454,13 @@ fn reached(t: &Trace) -> BTreeSet<String> {
     set
 }
 
-fn check_mode(mode: &str, st: &NodeState, svcs: &[GenService], seed: u64) -> usize {
+fn check_mode(
+    mode: &str,
+    st: &NodeState,
+    listeners: Option<&Listeners>,
+    svcs: &[GenService],
+    seed: u64,
+) -> usize {
     let mut walked = 0;
     for s in svcs {
         for (vip, port, want) in expectations(s) {
@@ -455,7 +491,12 @@ fn check_mode(mode: &str, st: &NodeState, svcs: &[GenService], seed: u64) -> usi
                 continue;
             }
             assert_eq!(t.verdict, Verdict::Delivered, "{}", context());
-            assert_eq!(reached(&t), want, "the one-of set: {}", context());
+            assert_eq!(
+                reached(&t, listeners),
+                want,
+                "the one-of set: {}",
+                context()
+            );
         }
     }
     walked
@@ -475,19 +516,21 @@ impl ProtoName for Packet {
 }
 
 #[test]
-fn every_vip_of_generated_plans_ends_at_one_of_its_ready_endpoints_in_iptables_ipvs_and_nftables_modes(
-) {
+fn every_vip_of_generated_plans_ends_at_one_of_its_ready_endpoints_in_every_mode() {
     let (mut walked, mut empty) = (0, 0);
     for seed in 0..60 {
         let svcs = generate(seed);
         let plan = plan_of(&svcs);
-        walked += check_mode("iptables", &iptables_state(&plan), &svcs, seed);
-        walked += check_mode("ipvs", &ipvs_state(&plan), &svcs, seed);
+        walked += check_mode("iptables", &iptables_state(&plan), None, &svcs, seed);
+        walked += check_mode("ipvs", &ipvs_state(&plan), None, &svcs, seed);
         // Every other seed: each costs a namespace and two nft runs.
         match (seed % 2 == 0).then(|| nft_state(&plan)).flatten() {
-            Some(st) => walked += check_mode("nftables", &st, &svcs, seed),
+            Some(st) => walked += check_mode("nftables", &st, None, &svcs, seed),
             None if seed == 0 => eprintln!("skipped the nftables mode: needs root and nft"),
             None => {}
+        }
+        if let Some((st, l)) = (seed % 2 == 1).then(|| userspace_state(&plan)).flatten() {
+            walked += check_mode("userspace", &st, Some(&l), &svcs, seed);
         }
         empty += svcs
             .iter()

@@ -87,9 +87,8 @@ impl Walker<'_> {
     /// A packet delivered locally that IPVS takes (LOCAL_IN): scheduled, then sent on to the
     /// real server, then its reply. `None` when no virtual server matches.
     pub(super) fn ipvs_local_in(&mut self, p: &mut Pkt, orig: &Pkt) -> Option<Result<(), Dropped>> {
-        match self.ipvs_schedule("IPVS LOCAL_IN", p)? {
-            Err(e) => return Some(Err(e)),
-            Ok(()) => {}
+        if let Err(e) = self.ipvs_schedule("IPVS LOCAL_IN", p)? {
+            return Some(Err(e));
         }
         Some(self.ipvs_send(p, orig))
     }

@@ -10,8 +10,13 @@
 //! destination is restored (de-SNAT) before routing, so its reverse-path check looks up the
 //! route to the backend *from the original client*.
 //!
+//! IPVS virtual servers are taken at LOCAL_IN and LOCAL_OUT ([`ipvs_walk`]); ipset matches
+//! are looked up in `ipset list`/`save` output ([`sets`]). A packet the node sends itself
+//! (`iif` [`LOCAL`]) takes the OUTPUT path ([`output`]).
+//!
 //! What it models and what it assumes is said in [`Trace::assumptions`]; rules it cannot
-//! evaluate (match modules it does not know, ipsets) count as not matching, and are named there.
+//! evaluate (match modules it does not know, sets missing from the input) count as not
+//! matching, and are named there.
 
 mod hooks;
 mod iptables_walk;

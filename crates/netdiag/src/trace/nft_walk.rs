@@ -117,6 +117,16 @@ impl Walker<'_> {
                         );
                         return Flow::Accept;
                     }
+                    "redirect" => {
+                        self.redirect(v.get("port").and_then(Value::as_u64), p);
+                        self.hop(
+                            stage,
+                            place,
+                            Some(r.text.clone()),
+                            format!("redirect to {}:{}", p.dst, p.dport),
+                        );
+                        return Flow::Accept;
+                    }
                     "snat" => {
                         if let Some(ip) = v
                             .get("addr")
