@@ -473,3 +473,39 @@ fn nft_dnat_through_a_numgen_map_and_affinity_chains_are_one_of() {
         "{c}"
     );
 }
+
+/// nft `redirect to :port` (weir's userspace mode): DNAT to the input interface's primary
+/// address and the port, then local delivery to the listener. Found by trace_proxy_model:
+/// `redirect` was an unmodelled statement and the rule passed over.
+#[test]
+fn nft_redirect_delivers_to_the_local_listener() {
+    let json = r#"{"nftables":[{"table":{"family":"inet","name":"weir_userspace"}},
+{"chain":{"family":"inet","table":"weir_userspace","name":"prerouting","type":"nat","hook":"prerouting","prio":-100,"policy":"accept"}},
+{"rule":{"family":"inet","table":"weir_userspace","chain":"prerouting","expr":[{"match":{"op":"==","left":{"payload":{"protocol":"ip","field":"daddr"}},"right":"10.96.0.10"}},{"match":{"op":"==","left":{"payload":{"protocol":"tcp","field":"dport"}},"right":80}},{"redirect":{"port":41000}}]}}]}"#;
+    let addrs = "2: eth0: <BROADCAST,UP> mtu 1500 qdisc noqueue state UP
+    inet 192.168.0.1/24 scope global eth0
+";
+    let routes = "192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+local 192.168.0.1 dev eth0 table local proto kernel scope host src 192.168.0.1
+";
+    let st = NodeState::from_outputs([
+        (Output::NftRuleset, json.to_string()),
+        (Output::IpAddr, addrs.to_string()),
+        (Output::IpRoute, routes.to_string()),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = walk(&st, "192.168.0.99", "10.96.0.10", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "redirect",
+        "redirect to 192.168.0.1:41000"
+    ));
+    assert!(has_hop(
+        &t,
+        "deliver",
+        "",
+        "to a local socket on 192.168.0.1:41000"
+    ));
+}
