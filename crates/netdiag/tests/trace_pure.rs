@@ -509,3 +509,38 @@ local 192.168.0.1 dev eth0 table local proto kernel scope host src 192.168.0.1
         "to a local socket on 192.168.0.1:41000"
     ));
 }
+
+/// The OUTPUT path on the real eni lab node (fix on, kube-proxy's iptables shapes): the node
+/// itself to the ClusterIP of `web`. The source comes from the output route, nat OUTPUT's
+/// KUBE-SERVICES DNATs (and marks: the node is outside the cluster CIDR), the changed
+/// destination is routed again, KUBE-POSTROUTING masquerades (the pod's veth has no address:
+/// eth0's), and the reply reaches the local socket.
+#[test]
+fn the_node_itself_to_a_cluster_ip_through_nat_output() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-on")).unwrap();
+    let t = walk(&st, "0.0.0.0", "10.96.0.1", 80, trace::LOCAL);
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "output routing",
+        "",
+        "source address 10.12.97.11"
+    ));
+    assert!(t
+        .hops
+        .iter()
+        .any(|h| h.stage == "OUTPUT" && h.note.starts_with("DNAT to ")));
+    assert!(t.hops.iter().any(|h| h.stage == "output reroute"));
+    assert!(has_hop(
+        &t,
+        "POSTROUTING",
+        "MASQUERADE",
+        "MASQUERADE: source 10.12.97.11"
+    ));
+    assert!(has_hop(
+        &t,
+        "reply deliver",
+        "",
+        "the reply is for this node"
+    ));
+}
