@@ -7,7 +7,8 @@
 //! on the node: iptables (the `iptables-restore` input plus the jumps from the built-in
 //! chains) and ipvs (virtual servers as `ipvsadm -Sn`, the ipsets as `ipset save`, its
 //! iptables rules and jumps, the `kube-ipvs0` addresses). Then every packet from an outside
-//! client to every VIP:port of the plan is walked, and must end DNATed to one of the ready
+//! client to every VIP:port of the plan, and from a pod on this node to every ClusterIP, is
+//! walked, and must end DNATed to one of the ready
 //! endpoints the oracle (computed from the generated objects, not from the plan) expects —
 //! the "one of" set equal to that set — or be dropped when there are none.
 //!
@@ -33,6 +34,8 @@ use weir_proxy::userspace::{render as userspace_render, UserspaceBackend};
 
 const NODE_IP: &str = "192.168.0.1";
 const CLIENT: &str = "192.168.0.99";
+/// A pod on this node (cni0), for the ClusterIPs: inside the cluster CIDR, so not masqueraded.
+const POD: &str = "10.244.0.5";
 
 /// xorshift64*: a reproducible generator (the seed is in every failure message).
 struct Rng(u64);
@@ -463,19 +466,26 @@ fn check_mode(
 ) -> usize {
     let mut walked = 0;
     for s in svcs {
-        for (vip, port, want) in expectations(s) {
+        let from_pod = expectations(s)
+            .into_iter()
+            .take(1)
+            .map(|(vip, port, want)| (POD, "cni0", vip, port, want));
+        let from_outside = expectations(s)
+            .into_iter()
+            .map(|(vip, port, want)| (CLIENT, "eth0", vip, port, want));
+        for (src, iif, vip, port, want) in from_outside.chain(from_pod) {
             let packet = Packet {
-                src: CLIENT.parse().unwrap(),
+                src: src.parse().unwrap(),
                 dst: vip.parse().unwrap(),
                 proto: if s.udp { Proto::Udp } else { Proto::Tcp },
                 sport: 40000,
                 dport: port,
-                iif: "eth0".into(),
+                iif: iif.into(),
             };
             let t = trace::trace(st, &packet);
             let context = || {
                 format!(
-                    "seed {seed}, {mode} mode, {} {vip}:{port} (service {s:?})\n{}",
+                    "seed {seed}, {mode} mode, {} {src} → {vip}:{port} (service {s:?})\n{}",
                     packet.proto_name(),
                     trace::render(&t)
                 )
