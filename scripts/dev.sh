@@ -12,6 +12,9 @@
 #   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
+#   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni,
+#                              proxy and routes containers as deploy/daemonset.yaml does, against
+#                              the fake API server in a netns (minutes: a release build inside)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,6 +37,7 @@ PACKAGES+=(jq shellcheck python3-venv ca-certificates)
 KUBERNETES_VALIDATE_VERSION=1.37.0
 WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
 PACKAGES+=(iputils-ping) # lab_e2e: DF pings (ping -M do) across the vxlan overlay
+PACKAGES+=(debootstrap) # scripts/image.sh: local base images where Docker Hub is unreachable
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -120,8 +124,13 @@ case "${1:-}" in
     step "weir dns vs NSD under dnsperf"
     exec bash scripts/dns-bench.sh "${@:2}"
     ;;
+  image)
+    install_packages
+    step "the node agent's image: podman build, then run as the DaemonSet runs it"
+    exec bash scripts/image.sh "${@:2}"
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|vm" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|vm|image" >&2
     exit 2
     ;;
 esac

@@ -637,10 +637,22 @@ fn containerfile() -> Containerfile {
         build_copies: Vec::new(),
         runs: Vec::new(),
     };
+    // `ARG NAME=default` before the first FROM: the base images, overridable at build time.
+    let mut base_args: Vec<(String, String)> = Vec::new();
     for line in joined.lines() {
         let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
         match words.first().map(String::as_str) {
-            Some("FROM") => cf.from.push(words[1].clone()),
+            Some("ARG") if cf.from.is_empty() => {
+                let (name, default) = words[1].split_once('=').expect("ARG NAME=default");
+                base_args.push((format!("${{{name}}}"), default.to_string()));
+            }
+            Some("FROM") => {
+                let mut image = words[1].clone();
+                for (var, default) in &base_args {
+                    image = image.replace(var, default);
+                }
+                cf.from.push(image);
+            }
             Some("RUN") => cf.runs.push(words[1..].join(" ")),
             Some("COPY") if words[1].starts_with("--from=") => {
                 let (dst, srcs) = words[2..].split_last().unwrap();
