@@ -44,6 +44,8 @@ const SINK_PORT: u16 = 9092;
 const CONN_VIP: &str = "10.96.0.20:80";
 const SINK_VIP: &str = "10.96.0.10:80";
 const P1: &str = "10.244.1.5";
+/// How long the connection-rate server keeps an answered socket.
+const LINGER: Duration = Duration::from_millis(200);
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -110,13 +112,25 @@ impl Servers {
                     raise_backlog(&l);
                     l.set_nonblocking(true).unwrap();
                     ready.send(()).unwrap();
+                    // Connection rate: one byte written, so the client knows the
+                    // endpoint answered; the socket is kept until the client's reset has
+                    // arrived (200 ms). Closing first would leave this side in TIME_WAIT
+                    // for 60 s under the source the kernel modes masquerade to (the node's
+                    // address), and a later SYN from a reused port would be lost; resetting
+                    // first would discard the byte before the client reads it.
+                    let mut answered = std::collections::VecDeque::new();
                     while !stop.load(Ordering::Relaxed) {
+                        while answered
+                            .front()
+                            .is_some_and(|(t, _): &(Instant, TcpStream)| t.elapsed() > LINGER)
+                        {
+                            answered.pop_front();
+                        }
                         match l.accept() {
-                            // Connection rate: accepted, then reset at once. A plain
-                            // close would leave this side in TIME_WAIT for 60 s under the
-                            // source the kernel modes masquerade to (the node's address),
-                            // and the next mode's SYNs from a reused port would be lost.
-                            Ok((s, _)) if port == CONN_PORT => reset_close(s),
+                            Ok((mut s, _)) if port == CONN_PORT => {
+                                let _ = s.write_all(b"!");
+                                answered.push_back((Instant::now(), s));
+                            }
                             Ok((s, _)) => {
                                 thread::spawn(move || sink(s));
                             }
@@ -170,10 +184,19 @@ fn reset_close(s: TcpStream) {
     }
 }
 
-/// New connections per second from `clients` threads in the client namespace (each
-/// reset-closed as soon as it is established); failed attempts are counted apart. Through
-/// the userspace proxy "established" means accepted by the proxy, which then dials the
-/// endpoint on its own.
+/// One connection that the endpoint answered: its byte read, then a reset close.
+fn answered(target: SocketAddr) -> std::io::Result<()> {
+    let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut byte = [0u8; 1];
+    s.read_exact(&mut byte)?;
+    reset_close(s);
+    Ok(())
+}
+
+/// Connections per second from `clients` threads in the client namespace, each counted once
+/// the endpoint's byte has arrived (through the userspace proxy a handshake alone ends at the
+/// proxy, so it would not show the dial behind it); failed attempts are counted apart.
 fn conn_rate(lab: &Lab, target: SocketAddr, clients: u64, time: Duration) -> (f64, u64) {
     let start = Instant::now();
     let until = start + time;
@@ -184,15 +207,8 @@ fn conn_rate(lab: &Lab, target: SocketAddr, clients: u64, time: Duration) -> (f6
                 let _inside = ns.enter().unwrap();
                 let (mut ok, mut failed) = (0u64, 0u64);
                 while Instant::now() < until {
-                    match TcpStream::connect_timeout(&target, Duration::from_secs(2)) {
-                        Ok(s) => {
-                            reset_close(s);
-                            ok += 1;
-                        }
-                        // The server resets as soon as it accepts: on a loaded machine
-                        // that reset can land before connect(2) returns. The handshake
-                        // completed all the same.
-                        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => ok += 1,
+                    match answered(target) {
+                        Ok(()) => ok += 1,
                         Err(e) => {
                             if failed == 0 {
                                 eprintln!("connect {target}: {e} (first failure of this thread)");
@@ -214,7 +230,8 @@ fn conn_rate(lab: &Lab, target: SocketAddr, clients: u64, time: Duration) -> (f6
     (ok as f64 / start.elapsed().as_secs_f64(), failed)
 }
 
-/// Gbit/s of one TCP stream from the client namespace to the sink for `time`.
+/// Gbit/s of one TCP stream from the client namespace to the sink: sent for `time`, timed
+/// until the sink has read all of it.
 fn throughput(lab: &Lab, target: SocketAddr, time: Duration) -> f64 {
     let _inside = lab.netns("client").enter().unwrap();
     let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))
@@ -226,6 +243,11 @@ fn throughput(lab: &Lab, target: SocketAddr, time: Duration) -> f64 {
         s.write_all(&buf).unwrap();
         sent += buf.len() as u64;
     }
+    // Delivered, not just buffered: the sink closes once it has read our EOF, and the
+    // buffers on the way (twice as many through the userspace proxy) have drained by then.
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let _ = s.read(&mut [0u8; 1]);
     let secs = start.elapsed().as_secs_f64();
     sent as f64 * 8.0 / secs / 1e9
 }
@@ -309,11 +331,8 @@ fn main() {
             // Proves both paths before timing them.
             for t in [conn_vip, sink_vip] {
                 let _inside = lab.netns("client").enter().unwrap();
-                match TcpStream::connect_timeout(&t, Duration::from_secs(3)) {
-                    Ok(_) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
-                    Err(e) => panic!("{mode}: connect {t}: {e}"),
-                }
+                TcpStream::connect_timeout(&t, Duration::from_secs(3))
+                    .unwrap_or_else(|e| panic!("{mode}: connect {t}: {e}"));
             }
             for vip in [r % 2 == 0, r % 2 == 1] {
                 // Throughput first: a connection round leaves the userspace proxy with a
