@@ -217,3 +217,67 @@ async fn copy_loop(from: &TcpStream, to: &TcpStream, traffic: &Traffic) -> io::R
 
 /// Shared by every listener of one backend.
 pub type SharedTraffic = Arc<Traffic>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A connected pair of loopback TCP sockets: (the outer end, the end the relay holds).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let outer = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (inner, _) = l.accept().await.unwrap();
+        (outer, inner)
+    }
+
+    /// 1 MiB each way through `relay`, the client half-closing first and the server
+    /// answering after it: intact, and counted on the path asked for.
+    async fn round_trip(path: DataPath) -> (u64, u64) {
+        let (mut client, client_side) = pair().await;
+        let (upstream_side, mut server) = pair().await;
+        let traffic = Arc::new(Traffic::default());
+        let t = traffic.clone();
+        let relayed = tokio::spawn(async move {
+            relay(&client_side, &upstream_side, path, &t).await;
+        });
+        let data: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+        let up = data.clone();
+        let server_task = tokio::spawn(async move {
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).await.unwrap();
+            assert!(got == up, "upload differs");
+            let back: Vec<u8> = got.iter().rev().copied().collect();
+            server.write_all(&back).await.unwrap();
+        });
+        client.write_all(&data).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.unwrap();
+        server_task.await.unwrap();
+        relayed.await.unwrap();
+        assert!(back.iter().rev().eq(data.iter()), "download differs");
+        (traffic.spliced(), traffic.copied())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn spliced_bytes_arrive_intact_and_never_touch_a_buffer() {
+        assert_eq!(round_trip(DataPath::Splice).await, (2 << 20, 0));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn copied_bytes_arrive_intact() {
+        assert_eq!(round_trip(DataPath::Copy).await, (0, 2 << 20));
+    }
+
+    #[test]
+    fn only_unsupported_descriptors_fall_back_to_copying() {
+        for errno in [libc::EINVAL, libc::ENOSYS, libc::EOPNOTSUPP] {
+            assert!(refused(&io::Error::from_raw_os_error(errno)));
+        }
+        for errno in [libc::ECONNRESET, libc::EPIPE, libc::EAGAIN] {
+            assert!(!refused(&io::Error::from_raw_os_error(errno)));
+        }
+    }
+}
