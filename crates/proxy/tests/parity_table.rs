@@ -85,7 +85,10 @@ fn defined(name: &str) -> Result<(), String> {
     let lines: Vec<&str> = text.lines().collect();
     let at = lines
         .iter()
-        .position(|l| l.trim_start().starts_with(&format!("fn {test}()")))
+        .position(|l| {
+            let l = l.trim_start();
+            l.starts_with(&format!("fn {test}()")) || l.starts_with(&format!("async fn {test}()"))
+        })
         .ok_or_else(|| format!("{name}: no `fn {test}()` in {}", file.display()))?;
     let is_test = lines[at.saturating_sub(30)..at]
         .iter()
@@ -94,7 +97,8 @@ fn defined(name: &str) -> Result<(), String> {
             let l = l.trim_start();
             l.starts_with("///") || l.starts_with("#[") || l.starts_with("//")
         })
-        .any(|l| l.trim_start().starts_with("#[test]") || l.contains("::test]"));
+        // #[test], or an async runtime's test attribute (#[tokio::test(...)]).
+        .any(|l| l.trim_start().starts_with("#[test]") || l.contains("::test"));
     if is_test {
         Ok(())
     } else {
@@ -154,6 +158,7 @@ fn the_checker_catches_a_missing_test_and_an_empty_cell() {
     assert!(
         defined("proxy::userspace::balance::round_robin_visits_every_endpoint_in_turn").is_ok()
     );
+    assert!(defined("proxy::userspace::relay::copied_bytes_arrive_intact").is_ok());
     assert!(defined("proxy::parity_table::no_such_test").is_err());
     assert!(defined("proxy::no_such_file::a_test").is_err());
     // A helper, not a test.
