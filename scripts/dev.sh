@@ -10,6 +10,8 @@
 #   bash scripts/dev.sh routes-bench  node routes: pod → pod throughput and connection rate
 #                              (host-gw, vxlan, underlay) and convergence with 1,000 nodes
 #   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
+#   bash scripts/dev.sh modes-bench  the proxy modes side by side: conn/s and throughput through a
+#                              ClusterIP (nftables, iptables, userspace spliced and copied) vs direct
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
 #   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni,
@@ -109,6 +111,11 @@ case "${1:-}" in
     step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
     cargo bench -p weir-routes --bench routes
     ;;
+  modes-bench)
+    install_packages
+    step "proxy modes: conn/s and throughput via a ClusterIP vs direct (WEIR_BENCH_ROUNDS, WEIR_BENCH_SECONDS, WEIR_BENCH_CLIENTS, WEIR_BENCH_MODES)"
+    cargo bench -p weir-proxy --bench modes
+    ;;
   vm)
     install_packages
     shift
@@ -130,7 +137,7 @@ case "${1:-}" in
     exec bash scripts/image.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|vm|image" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|image" >&2
     exit 2
     ;;
 esac

@@ -8,18 +8,21 @@
 //!
 //! * [`balance`]: pure endpoint choice and the dial schedule.
 //! * [`render`]: pure, plan + listener ports → the `nft -f` script.
-//! * [`serve`]: the sockets (tokio; data copied with `copy_bidirectional`).
+//! * [`serve`]: the sockets (tokio).
+//! * [`relay`]: a TCP connection's bytes, spliced (splice(2) through a pipe, never copied
+//!   into user space) or, where the kernel refuses, copied.
 //!
-//! What it does not do: splice(2) (data passes through user space), SCTP, keeping the
-//! client's address towards the endpoint (endpoints see the node's address, as with
-//! kube-proxy's userspace mode).
+//! What it does not do: SCTP, keeping the client's address towards the endpoint (endpoints
+//! see the node's address, as with kube-proxy's userspace mode).
 
 pub mod balance;
+pub mod relay;
 pub mod render;
 pub mod serve;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use weir_model::{EndpointSet, Plan, Protocol, Verdict};
@@ -28,6 +31,7 @@ use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 use crate::nft::netlink::NftNetlink;
 use crate::nft::nft_script;
 use balance::Pool;
+pub use relay::{DataPath, Traffic};
 use render::{render, ListenerKey, TABLE};
 use serve::{Listener, Runtime};
 
@@ -40,11 +44,26 @@ pub struct UserspaceBackend {
     applied: Option<Plan>,
     /// Rules per chain of weir's table after the last sync, read back from the kernel.
     expected: Option<HashMap<String, usize>>,
+    data_path: DataPath,
+    traffic: Arc<Traffic>,
 }
 
 impl UserspaceBackend {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A backend whose TCP connections move data by `path` (default: [`DataPath::Splice`]).
+    pub fn with_data_path(path: DataPath) -> Self {
+        UserspaceBackend {
+            data_path: path,
+            ..Self::default()
+        }
+    }
+
+    /// Bytes its TCP connections have moved so far, by path.
+    pub fn traffic(&self) -> Arc<Traffic> {
+        self.traffic.clone()
     }
 
     /// The listeners `plan` needs: per forwarding (service port, endpoint set), its endpoints
@@ -113,7 +132,15 @@ impl Backend for UserspaceBackend {
                     .update(eps.clone(), *affinity),
                 None => {
                     let pool = Pool::new(eps.clone(), *affinity);
-                    match Listener::open(rt, key.0.family, key.0.protocol, pool) {
+                    let opened = Listener::open(
+                        rt,
+                        key.0.family,
+                        key.0.protocol,
+                        pool,
+                        self.data_path,
+                        self.traffic.clone(),
+                    );
+                    match opened {
                         Ok(l) => {
                             self.listeners.insert(key.clone(), l);
                         }

@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use weir_model::{IpFamily, Protocol};
 
 use super::balance::{Pool, DIAL_TIMEOUTS};
+use super::relay::{relay, DataPath, SharedTraffic};
 
 /// A UDP "connection" (client address → one endpoint) ends after this long without a reply.
 const UDP_IDLE: Duration = Duration::from_secs(10);
@@ -102,6 +103,8 @@ impl Listener {
         family: IpFamily,
         protocol: Protocol,
         pool: Pool,
+        path: DataPath,
+        traffic: SharedTraffic,
     ) -> io::Result<Listener> {
         let pool = Arc::new(Mutex::new(pool));
         let (port, task) = match protocol {
@@ -118,7 +121,10 @@ impl Listener {
                 let port = l.local_addr()?.port();
                 let _guard = rt.handle.enter();
                 let l = TcpListener::from_std(l)?;
-                (port, rt.handle.spawn(serve_tcp(l, pool.clone())))
+                (
+                    port,
+                    rt.handle.spawn(serve_tcp(l, pool.clone(), path, traffic)),
+                )
             }
             Protocol::Udp => {
                 let s = std::net::UdpSocket::bind(any(family))?;
@@ -142,11 +148,11 @@ impl Listener {
     }
 }
 
-async fn serve_tcp(l: TcpListener, pool: Arc<Mutex<Pool>>) {
+async fn serve_tcp(l: TcpListener, pool: Arc<Mutex<Pool>>, path: DataPath, traffic: SharedTraffic) {
     loop {
         match l.accept().await {
             Ok((client, peer)) => {
-                tokio::spawn(proxy_tcp(client, peer, pool.clone()));
+                tokio::spawn(proxy_tcp(client, peer, pool.clone(), path, traffic.clone()));
             }
             Err(e) => {
                 // EMFILE and the like: back off instead of spinning.
@@ -179,14 +185,20 @@ pub async fn dial(pool: &Mutex<Pool>, client: SocketAddr) -> Option<TcpStream> {
     None
 }
 
-async fn proxy_tcp(mut client: TcpStream, peer: SocketAddr, pool: Arc<Mutex<Pool>>) {
-    let Some(mut upstream) = dial(&pool, peer).await else {
+async fn proxy_tcp(
+    client: TcpStream,
+    peer: SocketAddr,
+    pool: Arc<Mutex<Pool>>,
+    path: DataPath,
+    traffic: SharedTraffic,
+) {
+    let Some(upstream) = dial(&pool, peer).await else {
         reset(&client);
         return;
     };
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    relay(&client, &upstream, path, &traffic).await;
 }
 
 /// Makes the close of `s` a reset, not a clean FIN: the client learns at once that nobody
