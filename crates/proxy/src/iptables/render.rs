@@ -43,6 +43,7 @@ use weir_model::{
 use super::names::{
     endpoint_chain, endpoint_string, is_service_chain, service_port_name, ServiceChains,
 };
+use super::detect::BackendChoice;
 use super::restore::{Restore, Table};
 
 pub const KUBE_SERVICES: &str = "KUBE-SERVICES";
@@ -95,6 +96,8 @@ pub struct IptablesOptions {
     /// the chains one commit names. iptables-legacy needs one commit: each replaces the whole
     /// table blob. [`IptablesBackend`](super::IptablesBackend) picks by the back end it finds.
     pub chains_per_commit: Option<usize>,
+    /// Which implementation to drive (`--iptables-backend`).
+    pub backend: BackendChoice,
 }
 
 /// The nat chains per commit that the iptables-nft back end gets: the batch is small enough
@@ -108,6 +111,7 @@ impl Default for IptablesOptions {
             families: vec![IpFamily::V4, IpFamily::V6],
             masquerade_mark: 0x4000,
             chains_per_commit: None,
+            backend: BackendChoice::Auto,
         }
     }
 }
@@ -715,9 +719,12 @@ fn commits<'p>(
     services: impl Iterator<Item = (&'p ServicePortKey, &'p std::sync::Arc<ServicePortPlan>)>,
     stale: impl Fn(&Restore) -> Vec<String>,
     batch: Option<usize>,
+    rewrite_listing: bool,
 ) {
     let Some(batch) = batch else {
-        listing(r, view, ctx);
+        if rewrite_listing {
+            listing(r, view, ctx);
+        }
         for (k, sp) in services {
             service_chains(r, k, sp, ctx);
         }
@@ -734,7 +741,9 @@ fn commits<'p>(
         service_chains(r, k, sp, ctx);
     }
     r.next_commit(Table::Nat);
-    listing(r, view, ctx);
+    if rewrite_listing {
+        listing(r, view, ctx);
+    }
     r.next_commit(Table::Nat);
     delete_in_batches(r, Table::Nat, stale(r), batch);
 }
@@ -824,7 +833,7 @@ pub fn render_full_replacing(
             .cloned()
             .collect()
     };
-    commits(&mut r, &view, &ctx, view.services.iter(), stale, batch);
+    commits(&mut r, &view, &ctx, view.services.iter(), stale, batch, true);
     r.text(&format!(
         "weir iptables full: {} service ports ({})",
         view.services.len(),
@@ -833,9 +842,10 @@ pub fn render_full_replacing(
 }
 
 /// An incremental update of `family` from `old` (what the kernel holds) to `new`: the
-/// listing chains (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES) are rewritten,
-/// the chains of changed or added service ports are replaced, chains no longer used are
-/// deleted, and nothing else is named. When this family's node-wide settings changed it
+/// chains of changed or added service ports are replaced, chains no longer used are
+/// deleted, the listing chains (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, …)
+/// are rewritten only when a changed port's listing rules differ, and nothing else is
+/// named. When this family's node-wide settings changed it
 /// is a full render instead (first line `# weir iptables full`). No change: only the
 /// header line.
 pub fn render_update(old: &Plan, new: &Plan, family: IpFamily, o: &IptablesOptions) -> String {
@@ -884,7 +894,17 @@ pub fn render_update(old: &Plan, new: &Plan, family: IpFamily, o: &IptablesOptio
         .flatten()
         .map(|sp| &**sp);
     let batch = batch_for(o, sizes);
-    commits(&mut r, &nv, &nctx, changed(), stale, batch);
+    // The listing chains name every service port (and, as jump targets, each one's chains):
+    // rewriting them makes a one-endpoint change cost as much as the cluster is big. They
+    // only need it when a touched port's listing rules differ (a port came or went, a
+    // frontend or a verdict changed); an endpoint change alone names its own chains only.
+    let rewrite_listing = touched.iter().any(|k| {
+        match (ov.services.get(*k), nv.services.get(*k)) {
+            (Some(o), Some(n)) => Shape::new(k, o).listed(&octx) != Shape::new(k, n).listed(&nctx),
+            _ => true,
+        }
+    });
+    commits(&mut r, &nv, &nctx, changed(), stale, batch, rewrite_listing);
     r.text(&header)
 }
 
