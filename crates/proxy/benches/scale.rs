@@ -1011,10 +1011,14 @@ fn timed_restore(ns: &Ns, script: &str, noflush: bool) -> Result<Cost, String> {
 }
 
 /// One weir sync inside `ns` that must be of `want` kind.
-fn costed_sync(ns: &Ns, b: &mut IptablesBackend, plan: &Plan, want: SyncKind) -> Result<Cost, String> {
-    let (cost, kind) = costed(|| {
-        ns.run(|| b.sync(plan).map(|r| r.kind).map_err(|e| e.to_string()))?
-    })?;
+fn costed_sync(
+    ns: &Ns,
+    b: &mut IptablesBackend,
+    plan: &Plan,
+    want: SyncKind,
+) -> Result<Cost, String> {
+    let (cost, kind) =
+        costed(|| ns.run(|| b.sync(plan).map(|r| r.kind).map_err(|e| e.to_string()))?)?;
     if kind != want {
         return Err(format!("weir's sync was {kind:?}, not {want:?}"));
     }
@@ -1266,7 +1270,9 @@ fn side_by_side_table(rows: &[Row]) -> String {
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
     let c = |v: Option<Cost>| {
-        v.map_or("not run".into(), |c| format!("{:.0} / {:.0}", c.wall, c.cpu))
+        v.map_or("not run".into(), |c| {
+            format!("{:.0} / {:.0}", c.wall, c.cpu)
+        })
     };
     let ratio = |w: Cost, k: Option<Cost>| cell(k.map(|k| w.wall / k.wall), 2, "—");
     for r in rows {
@@ -1296,7 +1302,10 @@ fn side_by_side_table(rows: &[Row]) -> String {
 }
 
 fn cost_json(c: Option<Cost>) -> Value {
-    c.map_or(Value::Null, |c| json!({ "wall_ms": c.wall, "cpu_ms": c.cpu }))
+    c.map_or(
+        Value::Null,
+        |c| json!({ "wall_ms": c.wall, "cpu_ms": c.cpu }),
+    )
 }
 
 fn row_json(r: &Row) -> Value {

@@ -5,13 +5,14 @@ use std::time::Instant;
 
 use weir_model::{IpFamily, NodePortAddresses, Plan};
 
-use super::jumps::jumps;
-use super::render::{
-    delete_in_batches, family_view, is_weir_chain, render_full_replacing, render_update,
-    IptablesOptions, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_SERVICES,
-    NFT_CHAINS_PER_COMMIT,
-};
 use super::detect;
+use super::jumps::jumps;
+use super::names::is_service_chain;
+use super::render::{
+    chains_in, delete_in_batches, family_view, is_weir_chain, nft_chains_per_commit,
+    render_full_replacing, render_update, IptablesOptions, KUBE_FIREWALL, KUBE_FORWARD,
+    KUBE_MARK_MASQ, KUBE_SERVICES, NFT_CHAINS_PER_COMMIT,
+};
 use super::restore::{Restore, Table};
 use super::tools::{Flavor, Tool};
 use crate::backend::{Backend, Result, SyncKind, SyncReport};
@@ -104,11 +105,13 @@ impl IptablesBackend {
     }
 
     /// The options the renderer gets: the caller's, batched for iptables-nft unless the
-    /// caller chose a batch size.
-    fn render_options(&self) -> IptablesOptions {
+    /// caller chose a batch size. `reachable`: weir's chains are hooked into the built-in
+    /// chains already (any sync but a first load), so every commit pays the kernel's check
+    /// of the whole table and fewer, larger commits are cheaper ([`nft_chains_per_commit`]).
+    fn render_options(&self, view: &Plan, reachable: bool) -> IptablesOptions {
         let mut o = self.opts.clone();
         if self.nf_tables == Some(true) && o.chains_per_commit.is_none() {
-            o.chains_per_commit = Some(NFT_CHAINS_PER_COMMIT);
+            o.chains_per_commit = Some(nft_chains_per_commit(chains_in(view), reachable));
         }
         o
     }
@@ -169,7 +172,7 @@ impl IptablesBackend {
         untouched: bool,
     ) -> Result<(SyncKind, usize)> {
         let view = family_view(plan, family);
-        let ropts = self.render_options();
+        let ropts = self.render_options(&view, true);
         let partial = match self.applied.get(&family) {
             Some(old) if untouched || self.family_intact(family, false)? => {
                 let diff = old.diff(&view);
@@ -210,7 +213,11 @@ impl IptablesBackend {
     fn full(&mut self, family: IpFamily, view: &Plan) -> Result<()> {
         let tool = self.tool(family);
         let existing = tool.nat_chains(self.nf_tables == Some(true))?;
-        let script = render_full_replacing(view, family, &self.render_options(), &existing);
+        // A first load (nothing of weir's in the nat table, so nothing hooked in yet) can use
+        // small commits; over existing chains, every commit is checked against the table.
+        let reachable = existing.iter().any(|c| is_service_chain(c));
+        let ropts = self.render_options(view, reachable);
+        let script = render_full_replacing(view, family, &ropts, &existing);
         self.expected.remove(&family);
         tool.restore(&script)?;
         ensure_jumps(tool)?;

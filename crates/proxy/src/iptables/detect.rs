@@ -127,7 +127,13 @@ pub fn resolve(choice: BackendChoice, family: IpFamily) -> Flavor {
             if !(exists(&programs(Flavor::Nft)) && exists(&programs(Flavor::Legacy))) {
                 return Flavor::System;
             }
-            choose(&nft_chains(family), &legacy_chains(family))
+            // Nothing of Kubernetes' in legacy: nft, whatever it holds — and no listing of a
+            // big nft table (seconds at 1,000 services) on every restart of an nft node.
+            let legacy = legacy_chains(family);
+            if !legacy.iter().any(|c| ours(c)) {
+                return Flavor::Nft;
+            }
+            choose(&nft_chains(family), &legacy)
         }
     }
 }
@@ -174,6 +180,9 @@ mod tests {
             t(IpFamily::V4, Flavor::Legacy).program("iptables-save"),
             "iptables-legacy-save"
         );
-        assert_eq!(t(IpFamily::V4, Flavor::System).program("iptables"), "iptables");
+        assert_eq!(
+            t(IpFamily::V4, Flavor::System).program("iptables"),
+            "iptables"
+        );
     }
 }

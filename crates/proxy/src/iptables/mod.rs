@@ -19,9 +19,9 @@ pub use apply::IptablesBackend;
 pub use detect::BackendChoice;
 pub use jumps::{jumps, Jump};
 pub use render::{
-    family_view, is_weir_chain, probability, render_full, render_full_replacing, render_update,
-    service_chain_names, IptablesOptions, KUBE_FIREWALL, KUBE_PROXY_FIREWALL,
-    NFT_CHAINS_PER_COMMIT, STATIC_CHAINS,
+    chains_in, family_view, is_weir_chain, nft_chains_per_commit, probability, render_full,
+    render_full_replacing, render_update, service_chain_names, IptablesOptions, KUBE_FIREWALL,
+    KUBE_PROXY_FIREWALL, NFT_CHAINS_PER_COMMIT, STATIC_CHAINS,
 };
 pub use restore::Table;
 pub use tools::{chains_in_save, Flavor, Tool};

@@ -195,8 +195,7 @@ impl Tool {
             Some(0) => {
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
                 // A rule number past the end prints nothing and succeeds (iptables 1.8.9).
-                let missing_rule =
-                    rulenum.is_some() && !text.lines().any(|l| l.starts_with("-A "));
+                let missing_rule = rulenum.is_some() && !text.lines().any(|l| l.starts_with("-A "));
                 Ok((!missing_rule).then_some(text))
             }
             Some(1) => Ok(None),
