@@ -967,7 +967,7 @@ struct SideBySide {
     kube_first: Option<Cost>,
     kube_resync: Option<Cost>,
     /// kube-proxy's partial sync after the same one-endpoint change: listing chains plus the
-    /// changed service's chains, one `--noflush` commit.
+    /// changed service's chains, one `--noflush` commit per table ([`kube_partial`]).
     kube_one: Option<Cost>,
     /// The same layout without `--noflush` (the tool flushes each table first): into an empty
     /// namespace, then over itself.
@@ -1039,6 +1039,69 @@ fn v4_backend() -> IptablesBackend {
     })
 }
 
+/// kube-proxy's partial sync: `update` (the changed service's chains, which weir's renderer
+/// writes without the listing chains) plus the listing chains rewritten whole from `full`, as
+/// kube-proxy's proxier does on every sync; one commit per table.
+fn kube_partial(full: &str, update: &str) -> String {
+    const LISTING: [&str; 4] = [
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-PROXY-FIREWALL",
+    ];
+    let listed = |l: &str| {
+        let name = l
+            .strip_prefix(':')
+            .or_else(|| l.strip_prefix("-A "))
+            .and_then(|r| r.split_whitespace().next());
+        name.is_some_and(|n| LISTING.contains(&n))
+    };
+    // Per table: (declarations, rules, deletions).
+    let mut tables: Vec<(String, Vec<String>, Vec<String>, Vec<String>)> = Vec::new();
+    let mut add = |text: &str, only_listing: bool| {
+        let mut current: Option<usize> = None;
+        for l in text.lines() {
+            if let Some(t) = l.strip_prefix('*') {
+                let i = match tables.iter().position(|x| x.0 == t) {
+                    Some(i) => i,
+                    None => {
+                        tables.push((t.to_string(), vec![], vec![], vec![]));
+                        tables.len() - 1
+                    }
+                };
+                current = Some(i);
+            } else if l == "COMMIT" {
+                current = None;
+            } else if let Some(i) = current {
+                if only_listing && !listed(l) {
+                    continue;
+                }
+                let entry = &mut tables[i];
+                if l.starts_with(':') {
+                    if !entry.1.iter().any(|d| d == l) {
+                        entry.1.push(l.to_string());
+                    }
+                } else if l.starts_with("-A ") {
+                    entry.2.push(l.to_string());
+                } else if l.starts_with("-X ") {
+                    entry.3.push(l.to_string());
+                }
+            }
+        }
+    };
+    add(update, false);
+    add(full, true);
+    let mut out = String::from("# kube-proxy partial sync\n");
+    for (t, decl, rules, del) in tables.into_iter().filter(|t| t.0 != "mangle") {
+        let _ = writeln!(out, "*{t}");
+        for l in decl.iter().chain(&rules).chain(&del) {
+            let _ = writeln!(out, "{l}");
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
 fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
     let load_start = load_average();
     let plan = generate_plan(shape, None);
@@ -1052,7 +1115,10 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
         ..IptablesOptions::default()
     };
     let script = weir_proxy::iptables::render_full(&plan, IpFamily::V4, &kopts);
-    let update = weir_proxy::iptables::render_update(&plan, &changed, IpFamily::V4, &kopts);
+    let update = kube_partial(
+        &script,
+        &weir_proxy::iptables::render_update(&plan, &changed, IpFamily::V4, &kopts),
+    );
     let kube_noflush = shape.services <= cfg.kube_noflush_max;
     let (mut wf, mut wo, mut wr) = (vec![], vec![], vec![]);
     let (mut kf, mut ko, mut kr, mut xf, mut xr) = (vec![], vec![], vec![], vec![], vec![]);
