@@ -14,13 +14,17 @@
 //! `WEIR_BENCH_ROUNDS` (connection-rate rounds per target, default 3), `WEIR_BENCH_AGENT_TIMEOUT`
 //! (seconds to wait for the agent's first sync, default 900), `WEIR_BENCH_AGENT` (default `1`; `0`
 //! skips the agent runs), `WEIR_BENCH_FULL_ROUNDS` (iptables: rounds of the side-by-side full
-//! syncs, default 3).
+//! syncs, default 3), `WEIR_BENCH_KUBE_NOFLUSH_MAX` (default 2000: above it kube-proxy's
+//! `--noflush` loads, quadratic with iptables-nft, are skipped), `WEIR_BENCH_STEPS` (default
+//! `1`; `0`: iptables rows run the side-by-side comparison only).
 //!
 //! iptables mode is measured beside kube-proxy's procedure on the same rules: kube-proxy's
 //! layout (weir renders the same chains, hashes and rules) loaded as kube-proxy loads it, one
-//! `iptables-restore --noflush` transaction per table, into an empty namespace ("first") and
-//! over itself ("resync"), against weir's backend doing the same (a first full sync, then a
-//! full sync over its own rules).
+//! `iptables-restore --noflush` transaction per table, into an empty namespace ("first"), its
+//! partial sync after one endpoint changed, and the whole layout over itself ("resync"); and the
+//! same layout without `--noflush` (the tool flushes the tables: what kube-proxy never does,
+//! the tool's floor). Beside it weir's backend: a first full sync, the one-endpoint sync, and a
+//! restarted process's full sync over its predecessor's rules.
 //!
 //! Figures are medians; the connection-rate rounds to the VIP and to the pod alternate so that
 //! noise on a shared machine hits both alike.
@@ -56,6 +60,11 @@ struct Config {
     big: bool,
     agent: bool,
     full_rounds: usize,
+    /// Above this many services, kube-proxy's `--noflush` loads are not run (quadratic in
+    /// iptables-nft: about 1 min at 1,000 services, so ~25 min at 5,000).
+    kube_noflush_max: usize,
+    /// `0`: iptables rows run only the side-by-side comparison, not the backend steps.
+    steps: bool,
     churn: usize,
     rounds: usize,
     round_time: Duration,
@@ -97,6 +106,8 @@ impl Config {
             big: env_or("WEIR_BENCH_BIG", "1") != "0",
             agent: env_or("WEIR_BENCH_AGENT", "1") != "0",
             full_rounds: env_num("WEIR_BENCH_FULL_ROUNDS", 3).max(1),
+            kube_noflush_max: env_num("WEIR_BENCH_KUBE_NOFLUSH_MAX", 2000),
+            steps: env_or("WEIR_BENCH_STEPS", "1") != "0",
             churn: env_num("WEIR_BENCH_CHURN", 20).max(15),
             rounds: env_num("WEIR_BENCH_ROUNDS", 3).max(3),
             round_time: Duration::from_secs(2),
@@ -901,86 +912,269 @@ impl Row {
     }
 }
 
-/// iptables full syncs, weir's backend beside kube-proxy's procedure: medians (ms) of
-/// `full_rounds` rounds, each in fresh namespaces.
-struct SideBySide {
-    weir_first: f64,
-    weir_resync: f64,
-    kube_first: f64,
-    kube_resync: f64,
+/// One measured step: wall-clock time and the CPU time it cost (this thread plus the child
+/// processes it waited for: `iptables-restore`, `iptables`, `nft`), both in ms. On a shared
+/// machine at a load of 20 the wall time is mostly waiting for a core; the CPU time is what the
+/// step itself costs.
+#[derive(Clone, Copy, Default)]
+struct Cost {
+    wall: f64,
+    cpu: f64,
 }
 
-/// `iptables-restore -w --noflush` of `script` inside `ns`, timed.
-fn timed_restore(ns: &Ns, script: &str) -> Result<f64, String> {
+/// CPU time so far of the calling thread and of every waited-for child, in ms.
+fn cpu_ms() -> f64 {
+    let usage = |who| {
+        // SAFETY: getrusage fills the struct it is given; zeroed is a valid rusage.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(who, &mut ru) };
+        let tv = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    };
+    usage(libc::RUSAGE_THREAD) + usage(libc::RUSAGE_CHILDREN)
+}
+
+/// Runs `f`, measuring its [`Cost`].
+fn costed<T>(f: impl FnOnce() -> Result<T, String>) -> Result<(Cost, T), String> {
+    let (start, cpu) = (Instant::now(), cpu_ms());
+    let out = f()?;
+    let cost = Cost {
+        wall: ms(start.elapsed()),
+        cpu: cpu_ms() - cpu,
+    };
+    Ok((cost, out))
+}
+
+fn median_cost(v: &[Cost]) -> Option<Cost> {
+    (!v.is_empty()).then(|| Cost {
+        wall: median(&v.iter().map(|c| c.wall).collect::<Vec<_>>()),
+        cpu: median(&v.iter().map(|c| c.cpu).collect::<Vec<_>>()),
+    })
+}
+
+/// iptables syncs, weir's backend beside kube-proxy's procedure on the same machine, in one
+/// run: medians of `full_rounds` rounds, each in fresh namespaces. `None`: not measured
+/// (kube-proxy's `--noflush` loads above `WEIR_BENCH_KUBE_NOFLUSH_MAX` services).
+struct SideBySide {
+    /// weir: first full sync into an empty namespace.
+    weir_first: Cost,
+    /// weir: the sync after one endpoint of one service changed (partial).
+    weir_one: Cost,
+    /// weir: a restarted process (new backend) fully syncing over its predecessor's rules.
+    weir_resync: Cost,
+    /// kube-proxy's layout (one commit per table), `iptables-restore --noflush`, as
+    /// kube-proxy loads it: into an empty namespace, then over itself.
+    kube_first: Option<Cost>,
+    kube_resync: Option<Cost>,
+    /// kube-proxy's partial sync after the same one-endpoint change: listing chains plus the
+    /// changed service's chains, one `--noflush` commit per table ([`kube_partial`]).
+    kube_one: Option<Cost>,
+    /// The same layout without `--noflush` (the tool flushes each table first): into an empty
+    /// namespace, then over itself.
+    kube_flush_first: Cost,
+    kube_flush_resync: Cost,
+    /// Load average (1 min) at the start and the end of the measurement.
+    load: (f64, f64),
+}
+
+/// `iptables-restore -w [--noflush]` of `script` inside `ns`.
+fn timed_restore(ns: &Ns, script: &str, noflush: bool) -> Result<Cost, String> {
     use std::io::Write as _;
-    let start = Instant::now();
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns.name,
-            "iptables-restore",
-            "-w",
-            "--noflush",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("iptables-restore: {e}"))?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(script.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "iptables-restore: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+    let mut args = vec!["netns", "exec", &ns.name, "iptables-restore", "-w"];
+    if noflush {
+        args.push("--noflush");
     }
-    Ok(ms(start.elapsed()))
+    costed(|| {
+        let mut child = Command::new("ip")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("iptables-restore: {e}"))?;
+        child
+            .stdin
+            .take()
+            .expect("piped")
+            .write_all(script.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!(
+                "iptables-restore: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(())
+    })
+    .map(|(c, ())| c)
+}
+
+/// One weir sync inside `ns` that must be of `want` kind.
+fn costed_sync(
+    ns: &Ns,
+    b: &mut IptablesBackend,
+    plan: &Plan,
+    want: SyncKind,
+) -> Result<Cost, String> {
+    let (cost, kind) =
+        costed(|| ns.run(|| b.sync(plan).map(|r| r.kind).map_err(|e| e.to_string()))?)?;
+    if kind != want {
+        return Err(format!("weir's sync was {kind:?}, not {want:?}"));
+    }
+    Ok(cost)
+}
+
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+fn v4_backend() -> IptablesBackend {
+    IptablesBackend::new(IptablesOptions {
+        families: vec![IpFamily::V4],
+        ..IptablesOptions::default()
+    })
+}
+
+/// kube-proxy's partial sync: `update` (the changed service's chains, which weir's renderer
+/// writes without the listing chains) plus the listing chains rewritten whole from `full`, as
+/// kube-proxy's proxier does on every sync; one commit per table.
+fn kube_partial(full: &str, update: &str) -> String {
+    const LISTING: [&str; 4] = [
+        "KUBE-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-PROXY-FIREWALL",
+    ];
+    let listed = |l: &str| {
+        let name = l
+            .strip_prefix(':')
+            .or_else(|| l.strip_prefix("-A "))
+            .and_then(|r| r.split_whitespace().next());
+        name.is_some_and(|n| LISTING.contains(&n))
+    };
+    // Per table: (declarations, rules, deletions).
+    let mut tables: Vec<(String, Vec<String>, Vec<String>, Vec<String>)> = Vec::new();
+    let mut add = |text: &str, only_listing: bool| {
+        let mut current: Option<usize> = None;
+        for l in text.lines() {
+            if let Some(t) = l.strip_prefix('*') {
+                let i = match tables.iter().position(|x| x.0 == t) {
+                    Some(i) => i,
+                    None => {
+                        tables.push((t.to_string(), vec![], vec![], vec![]));
+                        tables.len() - 1
+                    }
+                };
+                current = Some(i);
+            } else if l == "COMMIT" {
+                current = None;
+            } else if let Some(i) = current {
+                if only_listing && !listed(l) {
+                    continue;
+                }
+                let entry = &mut tables[i];
+                if l.starts_with(':') {
+                    if !entry.1.iter().any(|d| d == l) {
+                        entry.1.push(l.to_string());
+                    }
+                } else if l.starts_with("-A ") {
+                    entry.2.push(l.to_string());
+                } else if l.starts_with("-X ") {
+                    entry.3.push(l.to_string());
+                }
+            }
+        }
+    };
+    add(update, false);
+    add(full, true);
+    let mut out = String::from("# kube-proxy partial sync\n");
+    for (t, decl, rules, del) in tables.into_iter().filter(|t| t.0 != "mangle") {
+        let _ = writeln!(out, "*{t}");
+        for l in decl.iter().chain(&rules).chain(&del) {
+            let _ = writeln!(out, "{l}");
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
 }
 
 fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
+    let load_start = load_average();
     let plan = generate_plan(shape, None);
-    // kube-proxy's transaction shape: the whole ruleset, one commit per table.
-    let script =
-        weir_proxy::iptables::render_full(&plan, IpFamily::V4, &IptablesOptions::default());
-    let (mut wf, mut wr, mut kf, mut kr) = (vec![], vec![], vec![], vec![]);
+    let mut changed = plan.clone();
+    replace_endpoint(&mut changed, shape.services / 2, 0, fresh_ip(0));
+    // kube-proxy's transaction shape: the whole ruleset, one commit per table; its partial
+    // sync: the listing chains and the changed service's chains, one commit.
+    let kopts = IptablesOptions {
+        families: vec![IpFamily::V4],
+        chains_per_commit: None,
+        ..IptablesOptions::default()
+    };
+    let script = weir_proxy::iptables::render_full(&plan, IpFamily::V4, &kopts);
+    let update = kube_partial(
+        &script,
+        &weir_proxy::iptables::render_update(&plan, &changed, IpFamily::V4, &kopts),
+    );
+    let kube_noflush = shape.services <= cfg.kube_noflush_max;
+    let (mut wf, mut wo, mut wr) = (vec![], vec![], vec![]);
+    let (mut kf, mut ko, mut kr, mut xf, mut xr) = (vec![], vec![], vec![], vec![], vec![]);
     for round in 0..cfg.full_rounds {
         // Alternate who goes first, so that load on a shared machine hits both alike.
         for weir_turn in [round % 2 == 0, round % 2 == 1] {
             let ns = Ns::create(ns_name("iptables", &shape.label(), &format!("-sbs{round}")))?;
             if weir_turn {
-                let mut b = IptablesBackend::new(IptablesOptions {
-                    families: vec![IpFamily::V4],
-                    ..IptablesOptions::default()
-                });
-                wf.push(timed_sync(&ns, &mut b, &plan)?.0);
-                b.invalidate();
-                let (t, kind) = timed_sync(&ns, &mut b, &plan)?;
-                if kind != SyncKind::Full {
-                    return Err(format!("weir's resync was {kind:?}, not full"));
-                }
-                wr.push(t);
+                let mut b = v4_backend();
+                wf.push(costed_sync(&ns, &mut b, &plan, SyncKind::Full)?);
+                wo.push(costed_sync(&ns, &mut b, &changed, SyncKind::Partial)?);
+                // A restart: a new process knows nothing of what its predecessor wrote.
+                let mut b = v4_backend();
+                wr.push(costed_sync(&ns, &mut b, &changed, SyncKind::Full)?);
             } else {
-                kf.push(timed_restore(&ns, &script)?);
-                kr.push(timed_restore(&ns, &script)?);
+                if kube_noflush {
+                    kf.push(timed_restore(&ns, &script, true)?);
+                    ko.push(timed_restore(&ns, &update, true)?);
+                    kr.push(timed_restore(&ns, &script, true)?);
+                }
+                let ns = Ns::create(ns_name("iptables", &shape.label(), &format!("-fl{round}")))?;
+                xf.push(timed_restore(&ns, &script, false)?);
+                xr.push(timed_restore(&ns, &script, false)?);
             }
         }
+        let c = |v: &Vec<Cost>| {
+            v.get(round).map_or("not run".into(), |c| {
+                format!("{:.0} ms ({:.0} ms CPU)", c.wall, c.cpu)
+            })
+        };
         progress(format!(
-            "  round {round}: weir first {:.0} ms, resync {:.0} ms; kube-proxy layout first {:.0} ms, resync {:.0} ms",
-            wf[round], wr[round], kf[round], kr[round]
+            "  round {round}: weir first {}, one-endpoint {}, restart resync {}; \
+             kube-proxy layout --noflush first {}, one-endpoint {}, resync {}; \
+             flushing first {}, resync {} (load {:.1})",
+            c(&wf),
+            c(&wo),
+            c(&wr),
+            c(&kf),
+            c(&ko),
+            c(&kr),
+            c(&xf),
+            c(&xr),
+            load_average()
         ));
     }
+    let m = |v: &Vec<Cost>| median_cost(v).unwrap_or_default();
     Ok(SideBySide {
-        weir_first: median(&wf),
-        weir_resync: median(&wr),
-        kube_first: median(&kf),
-        kube_resync: median(&kr),
+        weir_first: m(&wf),
+        weir_one: m(&wo),
+        weir_resync: m(&wr),
+        kube_first: median_cost(&kf),
+        kube_one: median_cost(&ko),
+        kube_resync: median_cost(&kr),
+        kube_flush_first: m(&xf),
+        kube_flush_resync: m(&xr),
+        load: (load_start, load_average()),
     })
 }
 
@@ -1066,6 +1260,9 @@ fn measure(mode: &str, shape: Shape, full_suite: bool, cfg: &Config) -> Row {
             cfg.full_rounds
         ));
         row.side_by_side = row.record("side by side", side_by_side(shape, cfg));
+        if !cfg.steps {
+            return row;
+        }
     }
     backend_steps(&mut row, mode, shape, full_suite, cfg);
     if full_suite && cfg.agent {
@@ -1131,27 +1328,50 @@ fn table(rows: &[Row], mode: &str) -> String {
 
 fn side_by_side_table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "\n### iptables full sync beside kube-proxy's layout (medians, ms)\n\n\
-         | services × endpoints | weir first | kube-proxy first | ratio | weir resync \
-         | kube-proxy resync | ratio |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        "\n### iptables beside kube-proxy's layout (medians: wall ms / CPU ms; ratio of wall \
+         times, weir / kube-proxy --noflush)\n\n\
+         | services × endpoints | weir first | kube-proxy first | ratio | kube-proxy first, flushing \
+         | weir one-endpoint | kube-proxy one-endpoint | ratio | weir restart resync \
+         | kube-proxy resync | ratio | kube-proxy resync, flushing | load avg |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
     );
+    let c = |v: Option<Cost>| {
+        v.map_or("not run".into(), |c| {
+            format!("{:.0} / {:.0}", c.wall, c.cpu)
+        })
+    };
+    let ratio = |w: Cost, k: Option<Cost>| cell(k.map(|k| w.wall / k.wall), 2, "—");
     for r in rows {
         if let Some(s) = &r.side_by_side {
             let _ = writeln!(
                 out,
-                "| {} × {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} |",
+                "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1}–{:.1} |",
                 r.services,
                 r.endpoints,
-                s.weir_first,
-                s.kube_first,
-                s.weir_first / s.kube_first,
-                s.weir_resync,
-                s.kube_resync,
-                s.weir_resync / s.kube_resync
+                c(Some(s.weir_first)),
+                c(s.kube_first),
+                ratio(s.weir_first, s.kube_first),
+                c(Some(s.kube_flush_first)),
+                c(Some(s.weir_one)),
+                c(s.kube_one),
+                ratio(s.weir_one, s.kube_one),
+                c(Some(s.weir_resync)),
+                c(s.kube_resync),
+                ratio(s.weir_resync, s.kube_resync),
+                c(Some(s.kube_flush_resync)),
+                s.load.0,
+                s.load.1,
             );
         }
     }
     out
+}
+
+fn cost_json(c: Option<Cost>) -> Value {
+    c.map_or(
+        Value::Null,
+        |c| json!({ "wall_ms": c.wall, "cpu_ms": c.cpu }),
+    )
 }
 
 fn row_json(r: &Row) -> Value {
@@ -1160,9 +1380,16 @@ fn row_json(r: &Row) -> Value {
         "services": r.services,
         "endpoints_per_service": r.endpoints,
         "full_sync_ms": r.full_ms,
-        "side_by_side_ms": r.side_by_side.as_ref().map(|s| json!({
-            "weir_first": s.weir_first, "kube_proxy_first": s.kube_first,
-            "weir_resync": s.weir_resync, "kube_proxy_resync": s.kube_resync,
+        "side_by_side": r.side_by_side.as_ref().map(|s| json!({
+            "weir_first": cost_json(Some(s.weir_first)),
+            "kube_proxy_first": cost_json(s.kube_first),
+            "weir_one_endpoint": cost_json(Some(s.weir_one)),
+            "kube_proxy_one_endpoint": cost_json(s.kube_one),
+            "weir_restart_resync": cost_json(Some(s.weir_resync)),
+            "kube_proxy_resync": cost_json(s.kube_resync),
+            "kube_proxy_flushing_first": cost_json(Some(s.kube_flush_first)),
+            "kube_proxy_flushing_resync": cost_json(Some(s.kube_flush_resync)),
+            "load_average": [s.load.0, s.load.1],
         })),
         "one_endpoint": r.churn.as_ref().map(|c| json!({
             "median_ms": c.median_ms, "p90_ms": c.p90_ms,

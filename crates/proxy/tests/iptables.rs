@@ -559,3 +559,85 @@ fn batched_scripts_apply_in_a_netns() {
         .collect();
     assert_eq!(held, service_chain_names(&v2, IpFamily::V4, &o), "{saved}");
 }
+
+/// `p` with web's endpoint `from` replaced by `to` (the planner keeps endpoints sorted).
+fn replace_web_endpoint(p: &Plan, from: &str, to: &str) -> Plan {
+    let mut p = p.clone();
+    let web = key("default", "web", "http", Protocol::Tcp);
+    let sp = std::sync::Arc::make_mut(p.services.get_mut(&web).unwrap());
+    let ep = sp
+        .cluster_endpoints
+        .iter_mut()
+        .find(|e| e.ip.to_string() == from)
+        .unwrap();
+    ep.ip = to.parse().unwrap();
+    sp.cluster_endpoints.sort();
+    p
+}
+
+/// An endpoint change names only its service port's chains, as kube-proxy's partial sync
+/// does for the chains it writes, and unlike its rewrite of the listing chains: those name
+/// every service port of the cluster (as jump targets), which made a one-endpoint sync cost
+/// as much as the cluster is big. The update still applies over the full ruleset.
+#[test]
+fn an_endpoint_change_names_only_its_own_chains() {
+    let o = IptablesOptions::default();
+    let v1 = load("v1");
+    let v2 = replace_web_endpoint(&v1, "10.244.1.5", "10.244.1.9");
+    let u = render_update(&v1, &v2, IpFamily::V4, &o);
+    let (declared, deleted) = declared_and_deleted(&u);
+    let web = key("default", "web", "http", Protocol::Tcp);
+    let old_sep = endpoint_chain(&web, &endpoint("10.244.1.5", 8080));
+    let only_web = Plan {
+        services: v2
+            .services
+            .iter()
+            .filter(|(k, _)| **k == web)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        ..v2.clone()
+    };
+    let mut expected: BTreeSet<String> = service_chain_names(&only_web, IpFamily::V4, &o)
+        .into_iter()
+        .map(|c| format!("nat/{c}"))
+        .collect();
+    expected.insert(format!("nat/{old_sep}"));
+    assert_eq!(declared, expected, "{u}");
+    assert_eq!(deleted, BTreeSet::from([format!("nat/{old_sep}")]), "{u}");
+    assert!(!u.contains("*filter"), "{u}");
+    assert!(!u.contains("KUBE-SERVICES"), "{u}");
+
+    if !can_run_iptables() {
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("weir-iptables-ep-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = tmp.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let f1 = write("v1", &render_full(&v1, IpFamily::V4, &o));
+    let f2 = write("v2", &render_full(&v2, IpFamily::V4, &o));
+    let u12 = write("u12", &u);
+    let r = "iptables-restore -w --noflush";
+    let dir = tmp.display();
+    let (ok1, log1) = in_netns(&format!(
+        "{r} < {f1}; {r} < {u12}; iptables-save -t nat > {dir}/updated"
+    ));
+    let (ok2, log2) = in_netns(&format!("{r} < {f2}; iptables-save -t nat > {dir}/direct"));
+    let read = |name: &str| std::fs::read_to_string(tmp.join(name)).unwrap_or_default();
+    let (updated, direct) = (read("updated"), read("direct"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(ok1 && ok2, "{log1}{log2}");
+    // The updated kernel holds what loading v2 from scratch gives (chains and rules; the
+    // order of chain declarations in a save is the kernel's, so compare as sets).
+    let body = |s: &str| -> BTreeSet<String> {
+        s.lines()
+            .filter(|l| l.starts_with("-A ") || l.starts_with(':'))
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(body(&updated), body(&direct), "{updated}");
+    assert!(updated.contains("10.244.1.9:8080"), "{updated}");
+}

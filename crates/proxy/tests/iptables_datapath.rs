@@ -15,7 +15,7 @@ use std::io::{BufRead, ErrorKind, Write};
 use std::time::{Duration, Instant};
 
 use weir_model::Plan;
-use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
+use weir_proxy::iptables::{BackendChoice, Flavor, IptablesBackend, IptablesOptions};
 use weir_proxy::{Backend, SyncKind};
 
 mod common;
@@ -238,7 +238,13 @@ fn a_failed_sync_is_followed_by_a_full_one() {
         let _inside = lab.netns("node").enter().unwrap();
         b.sync(&v2).unwrap_err()
     };
-    assert!(err.to_string().contains("iptables-restore"), "{err}");
+    // Named after the program that refused: iptables-nft-restore here (`auto` picks the
+    // implementation by name), iptables-restore where only the system's programs exist.
+    let e = err.to_string();
+    assert!(
+        e.contains("iptables-nft-restore") || e.contains("iptables-restore"),
+        "{e}"
+    );
     // The failed update changed nothing.
     assert_eq!(
         endpoints(&lab.get("client", WEB, 40)),
@@ -340,4 +346,83 @@ fn localhost_node_ports_with_a_loopback_cidr() {
     let save = lab.save("iptables-save -t filter");
     assert_eq!(save.matches("-A KUBE-FIREWALL ").count(), 1, "{save}");
     assert_eq!(save.matches("-j KUBE-FIREWALL").count(), 2, "{save}");
+}
+
+/// The tools both implementations need by name, besides the system's.
+const BOTH_IMPLEMENTATIONS: &[&str] = &[
+    "iptables",
+    "iptables-nft-save",
+    "iptables-legacy-save",
+    "iptables-legacy-restore",
+    "ip6tables-legacy-restore",
+    "nft",
+];
+
+/// Whether `save` (an `iptables-save` of one implementation) holds a weir nat rule.
+fn has_weir_nat(save: &str) -> bool {
+    save.lines().any(|l| l.starts_with("-A KUBE-SERVICES "))
+}
+
+#[test]
+fn auto_backend_follows_kubelet_into_iptables_legacy() {
+    let Some(lab) = Lab::new("legacy", BOTH_IMPLEMENTATIONS) else {
+        return;
+    };
+    // What a kubelet on an iptables-legacy node leaves: its hint chain in legacy's mangle.
+    lab.exec("node", "iptables-legacy -t mangle -N KUBE-KUBELET-CANARY");
+    let mut b = IptablesBackend::new(IptablesOptions::default());
+    assert_eq!(lab.sync(&mut b, &load()).kind, SyncKind::Full);
+    assert_eq!(b.flavor(), Some(Flavor::Legacy));
+    assert!(has_weir_nat(&lab.save("iptables-legacy-save -t nat")));
+    assert!(!has_weir_nat(&lab.save("iptables-nft-save -t nat")));
+    let seen = lab.get("client", WEB, 40);
+    assert_eq!(endpoints(&seen), ["10.244.1.5", "10.244.2.5"], "{seen:?}");
+
+    // Partial syncs, the check before them and restarts stay in legacy too.
+    let v2 = replace_web_endpoint(&load(), "10.244.2.5", "10.244.2.6");
+    let r = lab.sync(&mut b, &v2);
+    assert_eq!((r.kind, r.service_ports_touched), (SyncKind::Partial, 1));
+    let seen = lab.get("client", WEB, 40);
+    assert_eq!(endpoints(&seen), ["10.244.1.5", "10.244.2.6"], "{seen:?}");
+    let mut restarted = IptablesBackend::new(IptablesOptions::default());
+    assert_eq!(lab.sync(&mut restarted, &v2).kind, SyncKind::Full);
+    assert_eq!(restarted.flavor(), Some(Flavor::Legacy));
+    let legacy = lab.save("iptables-legacy-save");
+    assert_eq!(
+        common::lab::count_jumps(&legacy, "nat", "PREROUTING", "KUBE-SERVICES"),
+        1,
+        "{legacy}"
+    );
+    assert!(!has_weir_nat(&lab.save("iptables-nft-save -t nat")));
+
+    lab.on_node(|| restarted.cleanup().unwrap());
+    assert!(!lab.save("iptables-legacy-save").contains("KUBE-SERVICES"));
+    assert!(lab.connect("client", WEB).is_err());
+}
+
+#[test]
+fn auto_backend_is_nft_on_a_fresh_node_and_the_choice_can_be_forced() {
+    let Some(lab) = Lab::new("choice", BOTH_IMPLEMENTATIONS) else {
+        return;
+    };
+    let mut b = IptablesBackend::new(IptablesOptions::default());
+    lab.sync(&mut b, &load());
+    assert_eq!(b.flavor(), Some(Flavor::Nft));
+    assert!(has_weir_nat(&lab.save("iptables-nft-save -t nat")));
+    assert!(!has_weir_nat(&lab.save("iptables-legacy-save -t nat")));
+    lab.on_node(|| b.cleanup().unwrap());
+
+    // Forced legacy on a node whose kubelet hint says nft: the operator's word wins.
+    lab.exec("node", "iptables-nft -t mangle -N KUBE-IPTABLES-HINT");
+    let mut forced = IptablesBackend::new(IptablesOptions {
+        backend: BackendChoice::Legacy,
+        ..IptablesOptions::default()
+    });
+    lab.sync(&mut forced, &load());
+    assert_eq!(forced.flavor(), Some(Flavor::Legacy));
+    assert!(has_weir_nat(&lab.save("iptables-legacy-save -t nat")));
+    assert!(!has_weir_nat(&lab.save("iptables-nft-save -t nat")));
+    let seen = lab.get("client", WEB, 40);
+    assert_eq!(endpoints(&seen), ["10.244.1.5", "10.244.2.5"], "{seen:?}");
+    lab.on_node(|| forced.cleanup().unwrap());
 }

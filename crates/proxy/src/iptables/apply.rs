@@ -5,14 +5,16 @@ use std::time::Instant;
 
 use weir_model::{IpFamily, NodePortAddresses, Plan};
 
+use super::detect;
 use super::jumps::jumps;
+use super::names::is_service_chain;
 use super::render::{
-    delete_in_batches, family_view, is_weir_chain, render_full_replacing, render_update,
-    IptablesOptions, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_SERVICES,
-    NFT_CHAINS_PER_COMMIT,
+    chains_in, delete_in_batches, family_view, is_weir_chain, nft_chains_per_commit,
+    render_full_replacing, render_update, IptablesOptions, KUBE_FIREWALL, KUBE_FORWARD,
+    KUBE_MARK_MASQ, KUBE_SERVICES, NFT_CHAINS_PER_COMMIT,
 };
 use super::restore::{Restore, Table};
-use super::tools;
+use super::tools::{Flavor, Tool};
 use crate::backend::{Backend, Result, SyncKind, SyncReport};
 
 /// The iptables mode (kube-proxy's layout, `iptables-restore --noflush`).
@@ -41,6 +43,8 @@ use crate::backend::{Backend, Result, SyncKind, SyncReport};
 /// before the listing that jumps to them, deletions last) and the next sync is full.
 pub struct IptablesBackend {
     opts: IptablesOptions,
+    /// The implementation driven (resolved from `opts.backend` at the first sync).
+    flavor: Option<Flavor>,
     /// Whether `iptables` is iptables-nft (unknown before the first sync).
     nf_tables: Option<bool>,
     /// The nf_tables generation right after weir's last successful sync (iptables-nft only).
@@ -92,6 +96,7 @@ impl IptablesBackend {
     pub fn new(opts: IptablesOptions) -> Self {
         IptablesBackend {
             opts,
+            flavor: None,
             nf_tables: None,
             synced_generation: None,
             applied: BTreeMap::new(),
@@ -100,11 +105,13 @@ impl IptablesBackend {
     }
 
     /// The options the renderer gets: the caller's, batched for iptables-nft unless the
-    /// caller chose a batch size.
-    fn render_options(&self) -> IptablesOptions {
+    /// caller chose a batch size. `reachable`: weir's chains are hooked into the built-in
+    /// chains already (any sync but a first load), so every commit pays the kernel's check
+    /// of the whole table and fewer, larger commits are cheaper ([`nft_chains_per_commit`]).
+    fn render_options(&self, view: &Plan, reachable: bool) -> IptablesOptions {
         let mut o = self.opts.clone();
         if self.nf_tables == Some(true) && o.chains_per_commit.is_none() {
-            o.chains_per_commit = Some(NFT_CHAINS_PER_COMMIT);
+            o.chains_per_commit = Some(nft_chains_per_commit(chains_in(view), reachable));
         }
         o
     }
@@ -123,6 +130,38 @@ impl IptablesBackend {
         &self.opts
     }
 
+    /// The implementation this backend drives, once its first sync (or cleanup) chose it.
+    pub fn flavor(&self) -> Option<Flavor> {
+        self.flavor
+    }
+
+    /// `family`'s programs of the chosen implementation (the system's before the choice).
+    fn tool(&self, family: IpFamily) -> Tool {
+        Tool {
+            family,
+            flavor: self.flavor.unwrap_or_default(),
+        }
+    }
+
+    /// Picks the implementation (`--iptables-backend`) and whether it is nf_tables, once.
+    fn choose_flavor(&mut self) -> Result<()> {
+        if self.flavor.is_none() {
+            let family = self.opts.families.first().copied().unwrap_or(IpFamily::V4);
+            let flavor = detect::resolve(self.opts.backend, family);
+            tracing::info!(
+                choice = ?self.opts.backend,
+                implementation = flavor.name(),
+                "iptables implementation"
+            );
+            self.flavor = Some(flavor);
+        }
+        if self.nf_tables.is_none() {
+            let family = self.opts.families.first().copied().unwrap_or(IpFamily::V4);
+            self.nf_tables = Some(self.tool(family).is_nf_tables()?);
+        }
+        Ok(())
+    }
+
     /// Syncs one family; returns its kind and the number of service ports written.
     /// `untouched`: nothing in the kernel changed since weir's last sync (same nf_tables
     /// generation), so the rules need no listing to be trusted.
@@ -133,7 +172,7 @@ impl IptablesBackend {
         untouched: bool,
     ) -> Result<(SyncKind, usize)> {
         let view = family_view(plan, family);
-        let ropts = self.render_options();
+        let ropts = self.render_options(&view, true);
         let partial = match self.applied.get(&family) {
             Some(old) if untouched || self.family_intact(family, false)? => {
                 let diff = old.diff(&view);
@@ -158,7 +197,7 @@ impl IptablesBackend {
         };
         let (kind, touched) = match partial {
             Some((script, touched)) => {
-                tools::restore(family, &script)?;
+                self.tool(family).restore(&script)?;
                 count_rules(self.expected.entry(family).or_default(), &script);
                 (SyncKind::Partial, touched)
             }
@@ -172,13 +211,18 @@ impl IptablesBackend {
     }
 
     fn full(&mut self, family: IpFamily, view: &Plan) -> Result<()> {
-        let existing = tools::nat_chains(family, self.nf_tables == Some(true))?;
-        let script = render_full_replacing(view, family, &self.render_options(), &existing);
+        let tool = self.tool(family);
+        let existing = tool.nat_chains(self.nf_tables == Some(true))?;
+        // A first load (nothing of weir's in the nat table, so nothing hooked in yet) can use
+        // small commits; over existing chains, every commit is checked against the table.
+        let reachable = existing.iter().any(|c| is_service_chain(c));
+        let ropts = self.render_options(view, reachable);
+        let script = render_full_replacing(view, family, &ropts, &existing);
         self.expected.remove(&family);
-        tools::restore(family, &script)?;
-        ensure_jumps(family)?;
+        tool.restore(&script)?;
+        ensure_jumps(tool)?;
         if localhost_node_ports(view, family) {
-            ensure_localnet_protection(family)?;
+            ensure_localnet_protection(tool)?;
         }
         // A full script names every chain weir owns: it alone says what the kernel holds.
         let mut counts = RuleCounts::new();
@@ -214,7 +258,7 @@ impl IptablesBackend {
         };
         for (table, chain) in [(Table::Nat, KUBE_MARK_MASQ), (Table::Filter, KUBE_FORWARD)] {
             let want = expected.get(&(table, chain.to_string())).copied();
-            let held = tools::list_chain(family, table, chain, None)?;
+            let held = self.tool(family).list_chain(table, chain, None)?;
             if held.as_deref().map(|t| rules(t, chain)) != want {
                 return Ok(false);
             }
@@ -227,7 +271,8 @@ impl IptablesBackend {
             let listing = match builtin.entry((j.table, j.chain)) {
                 std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::btree_map::Entry::Vacant(e) => {
-                    e.insert(tools::list_chain(family, j.table, j.chain, None)?.unwrap_or_default())
+                    let listing = self.tool(family).list_chain(j.table, j.chain, None)?;
+                    e.insert(listing.unwrap_or_default())
                 }
             };
             if !has_jump(listing, j.chain, j.target()) {
@@ -239,7 +284,10 @@ impl IptablesBackend {
                 .get(&(Table::Nat, KUBE_SERVICES.to_string()))
                 .copied()
                 .unwrap_or(0);
-            if n > 0 && tools::list_chain(family, Table::Nat, KUBE_SERVICES, Some(n))?.is_none() {
+            let last = self
+                .tool(family)
+                .list_chain(Table::Nat, KUBE_SERVICES, Some(n))?;
+            if n > 0 && last.is_none() {
                 return Ok(false);
             }
         }
@@ -260,10 +308,10 @@ fn localhost_node_ports(view: &Plan, family: IpFamily) -> bool {
 /// ("block incoming localnet connections") in kubelet's `KUBE-FIREWALL`, hooked into INPUT
 /// and OUTPUT. Added only if missing and never removed: the chain and its jumps are
 /// kubelet's (same spelling), weir only makes sure the protection is there.
-fn ensure_localnet_protection(family: IpFamily) -> Result<()> {
+fn ensure_localnet_protection(tool: Tool) -> Result<()> {
     // /proc/sys/net belongs to the network namespace of the thread that opens it.
     std::fs::write("/proc/sys/net/ipv4/conf/all/route_localnet", "1")?;
-    tools::ensure_chain(family, Table::Filter, KUBE_FIREWALL)?;
+    tool.ensure_chain(Table::Filter, KUBE_FIREWALL)?;
     let rule = [
         "-m",
         "comment",
@@ -282,13 +330,13 @@ fn ensure_localnet_protection(family: IpFamily) -> Result<()> {
         "-j",
         "DROP",
     ];
-    if !tools::has_rule(family, Table::Filter, KUBE_FIREWALL, &rule)? {
-        tools::insert_rule(family, Table::Filter, KUBE_FIREWALL, &rule)?;
+    if !tool.has_rule(Table::Filter, KUBE_FIREWALL, &rule)? {
+        tool.insert_rule(Table::Filter, KUBE_FIREWALL, &rule)?;
     }
     for chain in ["INPUT", "OUTPUT"] {
         let jump = ["-j", KUBE_FIREWALL];
-        if !tools::has_rule(family, Table::Filter, chain, &jump)? {
-            tools::insert_rule(family, Table::Filter, chain, &jump)?;
+        if !tool.has_rule(Table::Filter, chain, &jump)? {
+            tool.insert_rule(Table::Filter, chain, &jump)?;
         }
     }
     Ok(())
@@ -296,10 +344,10 @@ fn ensure_localnet_protection(family: IpFamily) -> Result<()> {
 
 /// Inserts the missing jump rules. Walking the list backwards with "insert at 1" leaves
 /// them at the head of each built-in chain in list order.
-fn ensure_jumps(family: IpFamily) -> Result<()> {
+fn ensure_jumps(tool: Tool) -> Result<()> {
     for j in jumps().iter().rev() {
-        if !tools::has_rule(family, j.table, j.chain, &j.args)? {
-            tools::insert_rule(family, j.table, j.chain, &j.args)?;
+        if !tool.has_rule(j.table, j.chain, &j.args)? {
+            tool.insert_rule(j.table, j.chain, &j.args)?;
         }
     }
     Ok(())
@@ -307,25 +355,25 @@ fn ensure_jumps(family: IpFamily) -> Result<()> {
 
 /// Removes one family's jumps and chains; absence is not an error. `batch`: chains per
 /// commit (iptables-nft), `None` for one commit per table.
-fn cleanup_family(family: IpFamily, batch: Option<usize>) -> Result<()> {
-    if !tools::available(family) {
+fn cleanup_family(tool: Tool, batch: Option<usize>) -> Result<()> {
+    if !tool.available() {
         return Ok(());
     }
     for j in jumps() {
         // Every copy, should something (an old version, a human) have added duplicates.
         for _ in 0..64 {
-            if !tools::delete_rule(family, j.table, j.chain, &j.args) {
+            if !tool.delete_rule(j.table, j.chain, &j.args) {
                 break;
             }
         }
     }
     // A family whose tables cannot be read (IPv6 disabled) holds nothing of ours.
-    let Ok(saved) = tools::save(family, None) else {
+    let Ok(saved) = tool.save(None) else {
         return Ok(());
     };
     let mut r = Restore::default();
     let mut any = false;
-    for (table, chains) in tools::chains_in_save(&saved) {
+    for (table, chains) in super::tools::chains_in_save(&saved) {
         let Some(t) = Table::parse(&table) else {
             continue;
         };
@@ -334,7 +382,7 @@ fn cleanup_family(family: IpFamily, batch: Option<usize>) -> Result<()> {
         delete_in_batches(&mut r, t, ours, batch.unwrap_or(usize::MAX));
     }
     if any {
-        tools::restore(family, &r.text("weir iptables cleanup"))?;
+        tool.restore(&r.text("weir iptables cleanup"))?;
     }
     Ok(())
 }
@@ -346,10 +394,7 @@ impl Backend for IptablesBackend {
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
         let start = Instant::now();
-        if self.nf_tables.is_none() {
-            let family = self.opts.families.first().copied().unwrap_or(IpFamily::V4);
-            self.nf_tables = Some(tools::is_nf_tables(family)?);
-        }
+        self.choose_flavor()?;
         // Read before anything of this sync: a generation equal to the one recorded after the
         // last sync means no transaction at all ran in between.
         let untouched =
@@ -406,12 +451,17 @@ impl Backend for IptablesBackend {
         self.synced_generation = None;
         self.applied.clear();
         self.expected.clear();
+        if self.flavor.is_none() {
+            let family = self.opts.families.first().copied().unwrap_or(IpFamily::V4);
+            self.flavor = Some(detect::resolve(self.opts.backend, family));
+        }
         for family in self.opts.families.clone() {
+            let tool = self.tool(family);
             let nf_tables = match self.nf_tables {
                 Some(known) => known,
-                None => tools::is_nf_tables(family).unwrap_or(false),
+                None => tool.is_nf_tables().unwrap_or(false),
             };
-            cleanup_family(family, nf_tables.then_some(NFT_CHAINS_PER_COMMIT))?;
+            cleanup_family(tool, nf_tables.then_some(NFT_CHAINS_PER_COMMIT))?;
         }
         Ok(())
     }

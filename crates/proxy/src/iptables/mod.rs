@@ -8,6 +8,7 @@
 //!   jump rules in the built-in chains, and cleans up.
 
 mod apply;
+pub mod detect;
 mod jumps;
 pub mod names;
 mod render;
@@ -15,11 +16,12 @@ pub(crate) mod restore;
 pub(crate) mod tools;
 
 pub use apply::IptablesBackend;
+pub use detect::BackendChoice;
 pub use jumps::{jumps, Jump};
 pub use render::{
-    family_view, is_weir_chain, probability, render_full, render_full_replacing, render_update,
-    service_chain_names, IptablesOptions, KUBE_FIREWALL, KUBE_PROXY_FIREWALL,
-    NFT_CHAINS_PER_COMMIT, STATIC_CHAINS,
+    chains_in, family_view, is_weir_chain, nft_chains_per_commit, probability, render_full,
+    render_full_replacing, render_update, service_chain_names, IptablesOptions, KUBE_FIREWALL,
+    KUBE_PROXY_FIREWALL, NFT_CHAINS_PER_COMMIT, STATIC_CHAINS,
 };
 pub use restore::Table;
-pub use tools::chains_in_save;
+pub use tools::{chains_in_save, Flavor, Tool};

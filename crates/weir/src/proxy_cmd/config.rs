@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use ipnet::IpNet;
 use serde::Deserialize;
 use weir_model::NodePortDefault;
+use weir_proxy::iptables::BackendChoice;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,6 +29,14 @@ impl ProxyMode {
             ProxyMode::Userspace => "userspace",
         }
     }
+}
+
+/// `--iptables-backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IptablesBackendFlag {
+    Auto,
+    Nft,
+    Legacy,
 }
 
 /// Flags of `weir proxy` (kube-proxy's names). Unset flags fall back to `--config`, then to
@@ -52,6 +61,10 @@ pub struct ProxyFlags {
     /// nq, mh.
     #[arg(long, value_name = "NAME")]
     pub ipvs_scheduler: Option<String>,
+    /// iptables mode: the iptables implementation to drive. `auto` (default): the one that
+    /// already holds kubelet's hint chains, else more KUBE-/WEIR- chains, else nft.
+    #[arg(long, value_enum)]
+    pub iptables_backend: Option<IptablesBackendFlag>,
     /// Pod CIDRs of the cluster, comma-separated.
     #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]
     pub cluster_cidr: Vec<IpNet>,
@@ -133,6 +146,8 @@ pub struct Settings {
     /// The Kubernetes API source; `None`: the manifest directory.
     pub api: Option<ApiSettings>,
     pub ipvs: IpvsSettings,
+    /// iptables mode's implementation (`--iptables-backend`).
+    pub iptables_backend: BackendChoice,
 }
 
 /// ipvs mode's settings (`--ipvs-scheduler`, the configuration file's `ipvs:` section).
@@ -469,6 +484,11 @@ impl ProxyFlags {
         Ok(Settings {
             api,
             ipvs,
+            iptables_backend: match self.iptables_backend {
+                None | Some(IptablesBackendFlag::Auto) => BackendChoice::Auto,
+                Some(IptablesBackendFlag::Nft) => BackendChoice::Nft,
+                Some(IptablesBackendFlag::Legacy) => BackendChoice::Legacy,
+            },
             manifests: self
                 .manifests
                 .clone()

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use tracing::warn;
-use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
+use weir_proxy::iptables::{BackendChoice, IptablesBackend, IptablesOptions};
 use weir_proxy::ipvs::{IpvsBackend, IpvsOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::userspace::UserspaceBackend;
@@ -43,7 +43,11 @@ enum ProxyCommand {
     },
 }
 
-fn backend(mode: ProxyMode, ipvs: &IpvsSettings) -> anyhow::Result<Box<dyn Backend>> {
+fn backend(
+    mode: ProxyMode,
+    ipvs: &IpvsSettings,
+    iptables_backend: BackendChoice,
+) -> anyhow::Result<Box<dyn Backend>> {
     let v4_only = !std::path::Path::new("/proc/sys/net/ipv6").exists();
     match mode {
         ProxyMode::Ipvs => {
@@ -62,7 +66,10 @@ fn backend(mode: ProxyMode, ipvs: &IpvsSettings) -> anyhow::Result<Box<dyn Backe
         }
         ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions::default()))),
         ProxyMode::Iptables => {
-            let mut opts = IptablesOptions::default();
+            let mut opts = IptablesOptions {
+                backend: iptables_backend,
+                ..IptablesOptions::default()
+            };
             // ip6tables cannot work on a kernel booted with IPv6 disabled.
             if !std::path::Path::new("/proc/sys/net/ipv6").exists() {
                 opts.families.retain(|f| *f == weir_model::IpFamily::V4);
@@ -85,7 +92,8 @@ fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
         ],
     };
     for m in modes {
-        backend(m, &IpvsSettings::default())?.cleanup()?;
+        // `auto` cleans whichever iptables implementation holds weir's chains.
+        backend(m, &IpvsSettings::default(), BackendChoice::Auto)?.cleanup()?;
         eprintln!("weir proxy cleanup: {} rules removed", m.as_str());
     }
     Ok(ExitCode::SUCCESS)
@@ -103,7 +111,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         }
         None => {
             let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
-            let mut backend = backend(settings.mode, &settings.ipvs)?;
+            let mut backend = backend(settings.mode, &settings.ipvs, settings.iptables_backend)?;
             let mut operations = operations::Operations::start(&settings, backend.mode())?;
             agent::run(&settings, backend.as_mut(), &mut operations)?;
             Ok(ExitCode::SUCCESS)
