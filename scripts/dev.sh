@@ -12,6 +12,8 @@
 #   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
+#   bash scripts/dev.sh vm-bench  build release weir, the proxy modes side by side in ONE VM boot
+#                              (ipvs needs the VM's kernel): sync times, conn/s, throughput
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -112,6 +114,19 @@ case "${1:-}" in
     (($#)) || { echo "usage: bash scripts/dev.sh vm -- '<shell command>'" >&2; exit 2; }
     cargo build -q -p weir-vmtest --bin weir-vm
     exec ./target/debug/weir-vm "$@"
+    ;;
+  vm-bench)
+    install_packages
+    step "building weir and the scale bench (release), and the VM runner"
+    cargo build --release -p weir
+    scale=$(cargo bench -p weir-proxy --bench scale --no-run --message-format=json |
+      jq -r 'select(.target.name == "scale" and .executable != null) | .executable' | tail -1)
+    cargo build -q -p weir-vmtest --bin weir-vm
+    # the guest sees none of this shell's environment: hand the bench's variables over
+    vars=$(env | grep -E '^WEIR_BENCH_[A-Z_]+=[A-Za-z0-9,._-]*$' | tr '\n' ' ' || true)
+    out=target/vm-bench.md
+    step "in the VM: scale bench and iperf3 per mode (${WEIR_BENCH_MODES:-nftables,ipvs,iptables}); report -> $out"
+    ./target/debug/weir-vm "$vars bash $PWD/scripts/vm-bench.sh $scale $PWD/target/release/weir /tmp/vm-bench" | tee "$out"
     ;;
   dns-bench)
     install_packages
