@@ -486,7 +486,11 @@ echo '## end'
     // SCTP NodePort from outside: answered and masqueraded
     let np = section("sctp-nodeport");
     assert_eq!(names(&np).len(), 2, "{np}");
-    assert!(np.lines().all(|l| l.starts_with('p') && !l.contains("10.0.0.2")), "{np}");
+    assert!(
+        np.lines()
+            .all(|l| l.starts_with('p') && !l.contains("10.0.0.2")),
+        "{np}"
+    );
 
     // --- incremental change: one service added, the others untouched
     let out = step(

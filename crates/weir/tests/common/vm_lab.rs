@@ -43,7 +43,7 @@ pub fn run(vm: &weir_vmtest::Vm, name: &str, topology: &str, proxy: &str, after:
     let script = format!(
         "set -e
 LAB={name}
-export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni}
+export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni} WEIR_LAB_TIMEOUT_SCALE=4
 mkdir -p $WEIR_LAB_STATE
 trap '{WEIR} lab down {name} >/dev/null 2>&1 || true' EXIT
 cat > $WEIR_LAB_STATE/topology-input.yaml <<'TOPOLOGY'
