@@ -125,7 +125,7 @@ case "${1:-}" in
     # the guest sees none of this shell's environment: hand the bench's variables over
     vars=$(env | grep -E '^WEIR_BENCH_[A-Z_]+=[A-Za-z0-9,._-]*$' | tr '\n' ' ' || true)
     out=target/vm-bench.md
-    step "in the VM: scale bench and iperf3 per mode (${WEIR_BENCH_MODES:-nftables,ipvs,iptables}); report -> $out"
+    step "in the VM: scale bench and iperf3 per mode (${WEIR_BENCH_MODES:-nftables,ipvs}); report -> $out"
     ./target/debug/weir-vm "$vars bash $PWD/scripts/vm-bench.sh $scale $PWD/target/release/weir /tmp/vm-bench" | tee "$out"
     ;;
   dns-bench)
