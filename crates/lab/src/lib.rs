@@ -25,7 +25,7 @@ pub mod topology;
 /// How long the lab waits for its agents and servers to start: `base` times
 /// `WEIR_LAB_TIMEOUT_SCALE` (a whole number, default 1). Under software emulation (the qemu VM
 /// of docs/vm.md, on a loaded machine) starting a process takes many times longer than here;
-/// the VM tests set 4 rather than every constant growing for everyone.
+/// the VM tests set 8 rather than every constant growing for everyone.
 pub fn startup_timeout(base: std::time::Duration) -> std::time::Duration {
     base * timeout_scale(std::env::var("WEIR_LAB_TIMEOUT_SCALE").ok().as_deref())
 }

@@ -43,7 +43,7 @@ pub fn run(vm: &weir_vmtest::Vm, name: &str, topology: &str, proxy: &str, after:
     let script = format!(
         "set -e
 LAB={name}
-export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni} WEIR_LAB_TIMEOUT_SCALE=4
+export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni} WEIR_LAB_TIMEOUT_SCALE=8
 mkdir -p $WEIR_LAB_STATE
 trap '{WEIR} lab down {name} >/dev/null 2>&1 || true' EXIT
 cat > $WEIR_LAB_STATE/topology-input.yaml <<'TOPOLOGY'
@@ -59,7 +59,7 @@ exit 0
     );
     let started = Instant::now();
     let out = vm
-        .run_timeout(&script, Duration::from_secs(300))
+        .run_timeout(&script, Duration::from_secs(600))
         .expect("the VM answers");
     eprintln!(
         "timing: lab {name} ({proxy}): up + check + down in the VM {:?}",
