@@ -248,6 +248,15 @@ except OSError as e:
     print("error", e)
 "#;
 
+/// The lines a step printed after its `## <name>` marker, up to the next marker.
+fn section_of(out: &str, name: &str) -> String {
+    out.split(&format!("## {name}\n"))
+        .nth(1)
+        .and_then(|s| s.split("## ").next())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// The backend's name per answer line ("p1 10.0.0.2" → "p1").
 fn names(out: &str) -> Vec<&str> {
     out.lines()
@@ -291,13 +300,7 @@ echo '## end'
         ),
     );
     eprintln!("{out}");
-    let section = |name: &str| -> String {
-        out.split(&format!("## {name}\n"))
-            .nth(1)
-            .and_then(|s| s.split("## ").next())
-            .unwrap_or_default()
-            .to_string()
-    };
+    let section = |name: &str| section_of(&out, name);
     let ipvs = section("ipvsadm");
     for want in [
         "TCP  [fd00:96::10]:80 rr",
@@ -446,13 +449,7 @@ echo '## end'
 "#,
     );
     eprintln!("{out}");
-    let section = |name: &str| -> String {
-        out.split(&format!("## {name}\n"))
-            .nth(1)
-            .and_then(|s| s.split("## ").next())
-            .unwrap_or_default()
-            .to_string()
-    };
+    let section = |name: &str| section_of(&out, name);
     let rr = section("rr");
     let rr_names = names(&rr);
     // rr from one client: the two backends alternate.
