@@ -228,8 +228,7 @@ def serve(family, proto, addr):
     s.listen(16)
     while True:
         c, peer = s.accept()
-        c.sendall(("%s %s
-" % (name, peer[0])).encode())
+        c.sendall(("%s %s\n" % (name, peer[0])).encode())
         c.close()
 for args in ((socket.AF_INET6, 0, ("::", 8080)), (socket.AF_INET, socket.IPPROTO_SCTP, ("0.0.0.0", 8080))):
     threading.Thread(target=serve, args=args, daemon=True).start()
