@@ -2,7 +2,8 @@
 //! machine's does not): kube-proxy's layout as `ipvsadm`, `ipset` and `iptables-save` show
 //! it, and real packets through it — ClusterIP spread per scheduler (rr, sh), NodePort, LB
 //! IP, hairpin, externalTrafficPolicy Local, rejection without endpoints, session affinity,
-//! an incremental change, graceful termination, a restart keeping a connection, cleanup.
+//! an incremental change, graceful termination, a restart keeping a connection, cleanup,
+//! IPv6 and SCTP packets; and `weir lab` with ipvs proxies on the lab_services probe set.
 //! One VM boot for the binary; skips with a clear message where qemu cannot run
 //! (docs/vm.md).
 //!
@@ -491,11 +492,8 @@ echo '## end'
     // A VIP's other ports are rejected (KUBE-IPVS-FILTER), not the node's own.
     assert!(section("other-port").to_lowercase().contains("refused"));
 
-    // --- IPv6 and SCTP: written but not yet run to the end (the session that wrote it ran out
-    // of time on a machine where each VM run took 5-9 min), so opt-in until it has passed once
-    if std::env::var_os("WEIR_VM_IPVS_V6_SCTP").is_some() {
-        ipv6_and_sctp(vm, &tag);
-    }
+    // --- IPv6 and SCTP
+    ipv6_and_sctp(vm, &tag);
 
     // --- incremental change: one service added, the others untouched
     let out = step(
