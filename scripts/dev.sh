@@ -17,6 +17,8 @@
 #   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni,
 #                              proxy and routes containers as deploy/daemonset.yaml does, against
 #                              the fake API server in a netns (minutes: a release build inside)
+#   bash scripts/dev.sh vm-bench  build release weir, the proxy modes side by side in ONE VM boot
+#                              (ipvs needs the VM's kernel): sync times, conn/s, throughput
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -124,6 +126,19 @@ case "${1:-}" in
     cargo build -q -p weir-vmtest --bin weir-vm
     exec ./target/debug/weir-vm "$@"
     ;;
+  vm-bench)
+    install_packages
+    step "building weir and the scale bench (release), and the VM runner"
+    cargo build --release -p weir
+    scale=$(cargo bench -p weir-proxy --bench scale --no-run --message-format=json |
+      jq -r 'select(.target.name == "scale" and .executable != null) | .executable' | tail -1)
+    cargo build -q -p weir-vmtest --bin weir-vm
+    # the guest sees none of this shell's environment: hand the bench's variables over
+    vars=$(env | grep -E '^WEIR_BENCH_[A-Z_]+=[A-Za-z0-9,._-]*$' | tr '\n' ' ' || true)
+    out=target/vm-bench.md
+    step "in the VM: scale bench and iperf3 per mode (${WEIR_BENCH_MODES:-nftables,ipvs}); report -> $out"
+    ./target/debug/weir-vm "$vars bash $PWD/scripts/vm-bench.sh $scale $PWD/target/release/weir /tmp/vm-bench" | tee "$out"
+    ;;
   dns-bench)
     install_packages
     step "building weir (release)"
@@ -137,7 +152,7 @@ case "${1:-}" in
     exec bash scripts/image.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|image" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image" >&2
     exit 2
     ;;
 esac

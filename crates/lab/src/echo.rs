@@ -149,7 +149,8 @@ pub fn spawn(weir: &Path, netns: &Path, name: &str, log: &Path) -> anyhow::Resul
         .spawn()
         .with_context(|| format!("spawn {}", weir.display()))?;
     let pid = child.id();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let wait = crate::startup_timeout(Duration::from_secs(5));
+    let deadline = Instant::now() + wait;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         if text.contains(READY) {
@@ -166,7 +167,8 @@ pub fn spawn(weir: &Path, netns: &Path, name: &str, log: &Path) -> anyhow::Resul
             let _ = child.kill();
             let _ = child.wait();
             bail!(
-                "echo server {name} did not start within 5 s: {}",
+                "echo server {name} did not start within {} s: {}",
+                wait.as_secs(),
                 text.trim()
             );
         }

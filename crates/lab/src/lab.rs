@@ -343,7 +343,8 @@ fn build(
         }
         let mut ready = Vec::new();
         for (launch, pid) in &started {
-            let took = proxy::wait_ready(launch, *pid, proxy::READY_TIMEOUT)?;
+            let took =
+                proxy::wait_ready(launch, *pid, crate::startup_timeout(proxy::READY_TIMEOUT))?;
             ready.push(format!("{} {} ms", launch.node, took.as_millis()));
         }
         steps.step(&format!(
@@ -681,7 +682,7 @@ pub fn add_node(
             pid,
         });
         state.save(&dir.state())?;
-        proxy::wait_ready(&launch, pid, proxy::READY_TIMEOUT)?;
+        proxy::wait_ready(&launch, pid, crate::startup_timeout(proxy::READY_TIMEOUT))?;
     }
     Ok(node_state)
 }
@@ -821,7 +822,11 @@ pub fn restart_proxy(
         pid: new_pid,
     });
     state.save(&dir.state())?;
-    let ready_after = proxy::wait_ready(&launch, new_pid, proxy::READY_TIMEOUT)?;
+    let ready_after = proxy::wait_ready(
+        &launch,
+        new_pid,
+        crate::startup_timeout(proxy::READY_TIMEOUT),
+    )?;
     Ok(Restart {
         node: node.to_string(),
         old_pid,

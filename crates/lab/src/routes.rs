@@ -230,7 +230,7 @@ pub fn wait_all_published(
     for (launch, pid) in started {
         out.insert(
             launch.node.clone(),
-            launch.wait_published(*pid, CONVERGE_TIMEOUT)?,
+            launch.wait_published(*pid, crate::startup_timeout(CONVERGE_TIMEOUT))?,
         );
     }
     Ok(out)
@@ -245,7 +245,8 @@ pub fn wait_all_converged(
     for (launch, pid) in started {
         let mut others = nodes.clone();
         others.remove(&launch.node);
-        let took = launch.wait_converged(*pid, &others, CONVERGE_TIMEOUT)?;
+        let took =
+            launch.wait_converged(*pid, &others, crate::startup_timeout(CONVERGE_TIMEOUT))?;
         out.push((launch.node.clone(), took));
     }
     if out.is_empty() {

@@ -227,6 +227,9 @@ pub enum ProxyKind {
     /// `weir proxy --proxy-mode userspace` (not in [`ProxyKind::ALL`]: the matrix runs the
     /// kernel datapaths).
     Userspace,
+    /// `weir proxy --proxy-mode ipvs`; needs a kernel with IPVS and `dummy` (the qemu VM,
+    /// docs/vm.md), so not in [`ProxyKind::ALL`] either.
+    Ipvs,
     /// No `weir proxy`: upstream kube-proxy's iptables-mode rules, written once
     /// ([`crate::kube_proxy`]).
     KubeProxyIptables,
@@ -254,6 +257,7 @@ impl ProxyKind {
             ProxyKind::Nftables => "nftables",
             ProxyKind::Iptables => "iptables",
             ProxyKind::Userspace => "userspace",
+            ProxyKind::Ipvs => "ipvs",
             ProxyKind::KubeProxyIptables => "kube-proxy-iptables",
             ProxyKind::KubeProxyNftables => "kube-proxy-nftables",
             ProxyKind::KubeProxyIpvs => "kube-proxy-ipvs",
@@ -270,7 +274,7 @@ impl ProxyKind {
     pub fn weir_mode(self) -> Option<&'static str> {
         matches!(
             self,
-            ProxyKind::Nftables | ProxyKind::Iptables | ProxyKind::Userspace
+            ProxyKind::Nftables | ProxyKind::Iptables | ProxyKind::Userspace | ProxyKind::Ipvs
         )
         .then(|| self.as_str())
     }

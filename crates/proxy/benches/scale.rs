@@ -502,6 +502,10 @@ fn new_backend(mode: &str) -> Result<Box<dyn Backend>, String> {
         // Its syncs are always full (the whole table is rewritten), so its one-endpoint
         // rows say "not partial"; what it is here for is the connection rate.
         "userspace" => Ok(Box::new(weir_proxy::userspace::UserspaceBackend::new())),
+        // Needs IPVS and dummy: run it in the qemu VM (`bash scripts/dev.sh vm-bench`).
+        "ipvs" => Ok(Box::new(weir_proxy::ipvs::IpvsBackend::new(
+            weir_proxy::ipvs::IpvsOptions::default(),
+        ))),
         other => Err(format!("unknown mode {other}")),
     }
 }

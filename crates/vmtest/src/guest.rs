@@ -229,10 +229,11 @@ mkdir -p /spool
 while read -r verb id secs <&3; do
   case "$verb" in
     RUN)
+      # 3>&-: the script (and the servers it leaves running) must not hold the port
       (
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb \
           timeout -s KILL "$secs" chroot /mnt /bin/sh "{GUEST_IO_DIR}/$id.sh" \
-          </dev/null >"/spool/$id.out" 2>"/spool/$id.err"
+          </dev/null >"/spool/$id.out" 2>"/spool/$id.err" 3>&-
         status=$?
         cat "/spool/$id.out" >"$io/$id.out"; cat "/spool/$id.err" >"$io/$id.err"
         rm -f "/spool/$id.out" "/spool/$id.err"

@@ -73,6 +73,17 @@ fn a_script_reports_its_output_and_status_and_a_failure_is_a_failure() {
     assert_eq!(big.lines().last(), Some("line-9999"));
 }
 
+/// A script's processes (and the servers it leaves running, such as a lab's agents) do not
+/// inherit the agent's end of the virtio-serial port: one that did held it open for as long as
+/// it lived (seen in `weir lab`'s detached agents as fd 3 -> /dev/vport2p1).
+#[test]
+fn a_script_does_not_inherit_the_agents_port() {
+    let vm = vm_or_skip!();
+    let fds = vm.run_ok("ls -l /proc/$$/fd");
+    assert!(fds.contains("0 -> /dev/null"), "the listing ran: {fds}");
+    assert!(!fds.contains("vport"), "{fds}");
+}
+
 #[test]
 fn a_script_past_its_timeout_is_killed_and_reported() {
     let vm = vm_or_skip!();

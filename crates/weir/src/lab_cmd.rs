@@ -41,6 +41,8 @@ enum ProxyArg {
     Iptables,
     /// weir proxy's userspace mode (a proxy in the agent, retrying dead endpoints).
     Userspace,
+    /// weir proxy's ipvs mode (needs IPVS and dummy in the kernel: the qemu VM, docs/vm.md).
+    Ipvs,
     /// Upstream kube-proxy's iptables-mode rule shapes, written once (no weir proxy).
     KubeProxyIptables,
     /// Upstream kube-proxy's nftables-mode rule shapes (table `ip kube-proxy`).
@@ -56,6 +58,7 @@ impl From<ProxyArg> for ProxyKind {
             ProxyArg::Nftables => ProxyKind::Nftables,
             ProxyArg::Iptables => ProxyKind::Iptables,
             ProxyArg::Userspace => ProxyKind::Userspace,
+            ProxyArg::Ipvs => ProxyKind::Ipvs,
             ProxyArg::KubeProxyIptables => ProxyKind::KubeProxyIptables,
             ProxyArg::KubeProxyNftables => ProxyKind::KubeProxyNftables,
             ProxyArg::KubeProxyIpvs => ProxyKind::KubeProxyIpvs,

@@ -5,65 +5,31 @@
 //! whole lab runs inside the qemu VM (weir-vmtest, Debian's kernel), with this build's `weir` and
 //! `weir-cni`. Skips with a clear message where qemu cannot run (docs/vm.md).
 //!
-//! Both tests share one VM boot and run in parallel, each with its own lab name and state dir.
-
-use std::time::{Duration, Instant};
+//! Both tests share one VM boot and take turns in it, each with its own lab name and state dir.
 
 use serde_json::Value;
 
 mod common;
-use common::*;
+use common::vm_lab;
 
 /// Brings the eni lab up in the VM with kube-proxy's ipvs shapes, runs `weir lab check --json`,
 /// takes the lab down. Returns check's success, its JSON and everything the script printed to
 /// stderr (the `up` progress, `ipvsadm -Ln` of node a).
-/// One lab at a time in the VM: it has one emulated CPU, and two labs probing at once made
-/// the lab's 1 s reject/no-answer windows miss (seen once at load ~17).
-static ONE_LAB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn lab_in_vm(tag: &str, fix: bool) -> Option<(bool, Value, String)> {
-    let vm = weir_vmtest::shared_or_skip()?;
-    let _turn = ONE_LAB_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let cni = weir_cni();
+    let (vm, _turn) = vm_lab::vm_turn()?;
     let name = format!("{tag}{}", std::process::id());
     let topology = weir_lab::ENI_TOPOLOGY
         .replacen("name: eni\n", &format!("name: {name}\n"), 1)
         .replacen("eniFix: true", &format!("eniFix: {fix}"), 1);
-    let script = format!(
-        "set -e
-export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni}
-mkdir -p $WEIR_LAB_STATE
-trap '{WEIR} lab down {name} >/dev/null 2>&1 || true' EXIT
-cat > $WEIR_LAB_STATE/topology-input.yaml <<'TOPOLOGY'
-{topology}TOPOLOGY
-{WEIR} lab up $WEIR_LAB_STATE/topology-input.yaml --proxy-mode kube-proxy-ipvs >&2
-set +e
-{WEIR} lab check {name} --json
-echo \"check status $?\" >&2
-ip netns exec wl-{name}-a ipvsadm -Ln >&2
-ip netns exec wl-{name}-a ip -4 addr show dev kube-ipvs0 >&2
-exit 0
-",
-        cni = cni.display()
+    let run = vm_lab::run(
+        vm,
+        &name,
+        &topology,
+        "kube-proxy-ipvs",
+        "ip netns exec wl-$LAB-a ipvsadm -Ln >&2
+ip netns exec wl-$LAB-a ip -4 addr show dev kube-ipvs0 >&2",
     );
-    let started = Instant::now();
-    let out = vm
-        .run_timeout(&script, Duration::from_secs(150))
-        .expect("the VM answers");
-    eprintln!(
-        "timing: {tag}: lab up + check + down in the VM {:?}",
-        started.elapsed()
-    );
-    let (stdout, stderr) = (out.stdout, out.stderr);
-    assert_eq!(out.status, 0, "script failed:\n{stderr}\n{stdout}");
-    let json: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("check --json: {e}\nstdout:\n{stdout}\nstderr:\n{stderr}"));
-    // `lab up`'s progress (with per-step timings), check's status, ipvsadm -Ln: shown with
-    // --nocapture, and in every assertion message below
-    eprintln!("{tag}:\n{stderr}");
-    Some((stderr.contains("check status 0"), json, stderr))
+    Some((run.check_ok, run.json, run.log))
 }
 
 fn probe<'a>(json: &'a Value, service: &str, kind: &str, from: &str) -> &'a Value {
@@ -96,10 +62,6 @@ fn failures(json: &Value) -> Vec<String> {
 
 #[test]
 fn eni_lab_with_the_fix_passes_everything_kube_proxy_ipvs() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let Some((ok, json, log)) = lab_in_vm("evi", true) else {
         return;
     };
@@ -125,10 +87,6 @@ fn eni_lab_with_the_fix_passes_everything_kube_proxy_ipvs() {
 
 #[test]
 fn eni_lab_without_the_fix_fails_as_the_brief_says_kube_proxy_ipvs() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
     let Some((ok, json, log)) = lab_in_vm("evoff", false) else {
         return;
     };

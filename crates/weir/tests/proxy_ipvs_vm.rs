@@ -2,7 +2,8 @@
 //! machine's does not): kube-proxy's layout as `ipvsadm`, `ipset` and `iptables-save` show
 //! it, and real packets through it — ClusterIP spread per scheduler (rr, sh), NodePort, LB
 //! IP, hairpin, externalTrafficPolicy Local, rejection without endpoints, session affinity,
-//! an incremental change, graceful termination, a restart keeping a connection, cleanup.
+//! an incremental change, graceful termination, a restart keeping a connection, cleanup,
+//! IPv6 and SCTP packets; and `weir lab` with ipvs proxies on the lab_services probe set.
 //! One VM boot for the binary; skips with a clear message where qemu cannot run
 //! (docs/vm.md).
 //!
@@ -18,88 +19,110 @@
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{is_root, WEIR};
+use common::services::{assert_services, SERVICES, TWO_NODES};
+use common::{vm_lab, WEIR};
 
-const SERVICES: &str = r#"apiVersion: v1
+/// A TCP Service (clusterIP, `spec`'s other fields) and, when it has endpoints, its
+/// EndpointSlice (`(address, node)` pairs, port 8080).
+fn service(name: &str, cluster_ip: &str, spec: &str, endpoints: &[(&str, &str)]) -> String {
+    service_proto(name, cluster_ip, "TCP", spec, endpoints)
+}
+
+/// [`service`] for another protocol (the EndpointSlice's port carries it); the clusterIP's
+/// family makes the slice's addressType.
+fn service_proto(
+    name: &str,
+    cluster_ip: &str,
+    protocol: &str,
+    spec: &str,
+    endpoints: &[(&str, &str)],
+) -> String {
+    let address_type = if cluster_ip.contains(':') {
+        "IPv6"
+    } else {
+        "IPv4"
+    };
+    let mut yaml = format!(
+        "---
+apiVersion: v1
 kind: Service
-metadata: {name: web, namespace: default}
+metadata: {{name: {name}, namespace: default}}
 spec:
-  type: LoadBalancer
-  clusterIP: 10.96.0.10
+  clusterIP: {cluster_ip}
+{spec}"
+    );
+    if !endpoints.is_empty() {
+        yaml += &format!(
+            "---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: {address_type}
+ports: [{{port: 8080, protocol: {protocol}}}]
+endpoints:
+"
+        );
+        for (addr, node) in endpoints {
+            yaml += &format!("  - {{addresses: [{addr}], nodeName: {node}}}\n");
+        }
+    }
+    yaml
+}
+
+const P1: (&str, &str) = ("10.244.1.11", "node-a");
+const P2: (&str, &str) = ("10.244.2.12", "node-b");
+
+/// The services the proxy starts with.
+fn services() -> String {
+    [
+        service(
+            "web",
+            "10.96.0.10",
+            "  type: LoadBalancer
   ports: [{port: 80, targetPort: 8080, nodePort: 30080}]
 status:
   loadBalancer: {ingress: [{ip: 192.0.2.80}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{port: 8080}]
-endpoints:
-  - {addresses: [10.244.1.11], nodeName: node-a}
-  - {addresses: [10.244.2.12], nodeName: node-b}
----
-apiVersion: v1
-kind: Service
-metadata: {name: loc, namespace: default}
-spec:
-  type: NodePort
-  clusterIP: 10.96.0.11
+",
+            &[P1, P2],
+        ),
+        service(
+            "loc",
+            "10.96.0.11",
+            "  type: NodePort
   externalTrafficPolicy: Local
   ports: [{port: 80, targetPort: 8080, nodePort: 30081}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: loc-1, namespace: default, labels: {kubernetes.io/service-name: loc}}
-addressType: IPv4
-ports: [{port: 8080}]
-endpoints:
-  - {addresses: [10.244.1.11], nodeName: node-a}
-  - {addresses: [10.244.2.12], nodeName: node-b}
----
-apiVersion: v1
-kind: Service
-metadata: {name: empty, namespace: default}
-spec:
-  clusterIP: 10.96.0.12
-  ports: [{port: 80, targetPort: 8080}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: aff, namespace: default}
-spec:
-  clusterIP: 10.96.0.13
-  sessionAffinity: ClientIP
+",
+            &[P1, P2],
+        ),
+        service(
+            "empty",
+            "10.96.0.12",
+            "  ports: [{port: 80, targetPort: 8080}]\n",
+            &[],
+        ),
+        service(
+            "aff",
+            "10.96.0.13",
+            "  sessionAffinity: ClientIP
   sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}
   ports: [{port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: aff-1, namespace: default, labels: {kubernetes.io/service-name: aff}}
-addressType: IPv4
-ports: [{port: 8080}]
-endpoints:
-  - {addresses: [10.244.1.11], nodeName: node-a}
-  - {addresses: [10.244.2.12], nodeName: node-b}
-"#;
+",
+            &[P1, P2],
+        ),
+    ]
+    .concat()
+}
 
-/// A service added by the incremental step.
-const ADDED: &str = r#"---
-apiVersion: v1
-kind: Service
-metadata: {name: added, namespace: default}
-spec:
-  clusterIP: 10.96.0.14
-  ports: [{port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: added-1, namespace: default, labels: {kubernetes.io/service-name: added}}
-addressType: IPv4
-ports: [{port: 8080}]
-endpoints:
-  - {addresses: [10.244.2.12], nodeName: node-b}
-"#;
+/// A service added by the incremental step (its endpoint is the file's last line, which the
+/// graceful-termination step removes).
+fn added() -> String {
+    service(
+        "added",
+        "10.96.0.14",
+        "  ports: [{port: 80, targetPort: 8080}]\n",
+        &[P2],
+    )
+}
 
 /// Shell prelude every step shares: names, helpers.
 fn prelude(tag: &str) -> String {
@@ -167,6 +190,73 @@ fn step(vm: &weir_vmtest::Vm, tag: &str, what: &str, script: &str) -> String {
     out.stdout
 }
 
+/// IPv6 and SCTP through ipvs mode: an IPv6 ClusterIP (its own family's virtual server, ipsets
+/// and ip6tables rules), an SCTP ClusterIP and an SCTP NodePort over both pods.
+fn v6_and_sctp() -> String {
+    [
+        service(
+            "six",
+            "fd00:96::10",
+            "  ipFamilies: [IPv6]
+  ports: [{port: 80, targetPort: 8080}]
+",
+            &[("fd00:244:1::11", "node-a")],
+        ),
+        service_proto(
+            "sc",
+            "10.96.0.15",
+            "SCTP",
+            "  type: NodePort
+  ports: [{port: 80, targetPort: 8080, protocol: SCTP, nodePort: 30082}]
+",
+            &[P1, P2],
+        ),
+    ]
+    .concat()
+}
+
+/// Python (the host's, so also the guest's): an echo server for what `weir lab echo-server`
+/// does not speak (TCP over IPv6, SCTP), answering "<name> <peer address>"; and its client,
+/// which prints that line or "error <reason>".
+const PY_SERVER: &str = r#"import socket, sys, threading
+name = sys.argv[1]
+def serve(family, proto, addr):
+    s = socket.socket(family, socket.SOCK_STREAM, proto)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind(addr)
+    s.listen(16)
+    while True:
+        c, peer = s.accept()
+        c.sendall(("%s %s\n" % (name, peer[0])).encode())
+        c.close()
+for args in ((socket.AF_INET6, 0, ("::", 8080)), (socket.AF_INET, socket.IPPROTO_SCTP, ("0.0.0.0", 8080))):
+    threading.Thread(target=serve, args=args, daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+const PY_CLIENT: &str = r#"import socket, sys
+host, port, proto = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+s = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_SCTP if proto == "sctp" else 0)
+s.settimeout(3)
+try:
+    s.connect((host, port))
+    print(s.recv(100).decode().strip())
+except OSError as e:
+    print("error", e)
+"#;
+
+/// The lines a step printed after its `## <name>` marker, up to the next marker.
+fn section_of(out: &str, name: &str) -> String {
+    out.split(&format!("## {name}\n"))
+        .nth(1)
+        .and_then(|s| s.split("## ").next())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// The backend's name per answer line ("p1 10.0.0.2" → "p1").
 fn names(out: &str) -> Vec<&str> {
     out.lines()
@@ -174,13 +264,86 @@ fn names(out: &str) -> Vec<&str> {
         .collect()
 }
 
+/// IPv6 and SCTP packets through ipvs mode (a step of [`ipvs_mode_in_the_vm`], after its
+/// datapath step: the proxy is running, p1 and p2 answer).
+fn ipv6_and_sctp(vm: &weir_vmtest::Vm, tag: &str) {
+    let out = step(
+        vm,
+        tag,
+        "ipv6 and sctp",
+        &format!(
+            r#"cat > $D/echo.py <<'EOF'
+{PY_SERVER}EOF
+cat > $D/ask.py <<'EOF'
+{PY_CLIENT}EOF
+i=1; for P in $P1 $P2; do
+  inn $N ip -6 addr add fd00:244:$i::1/64 dev $T-p$i nodad
+  inn $P ip -6 addr add fd00:244:$i::1$i/64 dev eth0 nodad
+  inn $P ip -6 route add default via fd00:244:$i::1
+  inn $P setsid python3 $D/echo.py p$i >$D/py$i.log 2>&1 </dev/null &
+  echo $! > $D/py$i.pid
+  i=$((i+1))
+done
+inn $N sysctl -qw net.ipv6.conf.all.forwarding=1
+wait_for "grep -q ready $D/py1.log && grep -q ready $D/py2.log"
+cat >> $D/m/services.yaml <<'EOF'
+{extra}EOF
+wait_for "inn $N ipvsadm -Ln | grep -q 'fd00:96::10' && inn $N ipvsadm -Ln | grep -q 10.96.0.15:80"
+echo '## ipvsadm'; inn $N ipvsadm -Ln | grep -A2 -E 'fd00:96::10|SCTP'
+echo '## ipset'; inn $N ipset list KUBE-6-CLUSTER-IP | grep -i fd00; inn $N ipset list KUBE-NODE-PORT-SCTP-HASH | grep 30082
+echo '## six'; for i in 1 2; do inn $P2 python3 $D/ask.py fd00:96::10 80 tcp; done
+echo '## sctp'; for i in 1 2 3 4; do inn $P1 python3 $D/ask.py 10.96.0.15 80 sctp; done
+echo '## sctp-nodeport'; for i in 1 2; do inn $C python3 $D/ask.py 10.0.0.1 30082 sctp; done
+echo '## end'
+"#,
+            extra = v6_and_sctp()
+        ),
+    );
+    eprintln!("{out}");
+    let section = |name: &str| section_of(&out, name);
+    let ipvs = section("ipvsadm");
+    for want in [
+        "TCP  [fd00:96::10]:80 rr",
+        "-> [fd00:244:1::11]:8080",
+        "SCTP 10.96.0.15:80 rr",
+        "SCTP 10.0.0.1:30082 rr",
+    ] {
+        assert!(ipvs.contains(want), "missing {want:?}: {ipvs}");
+    }
+    let sets = section("ipset");
+    assert!(
+        sets.contains("fd00:96::10,tcp:80") && sets.contains("10.0.0.1,sctp:30082"),
+        "{sets}"
+    );
+    // IPv6: p2 reaches p1 through the v6 ClusterIP (routed, so its own address is kept)
+    let six = section("six");
+    assert!(
+        six.lines().count() == 2 && six.lines().all(|l| l == "p1 fd00:244:2::12"),
+        "{six}"
+    );
+    // SCTP ClusterIP: spread over both pods (rr), the pod's own address kept except on the
+    // hairpin to itself
+    let sctp = section("sctp");
+    let sctp_names = names(&sctp);
+    assert_eq!(sctp_names.len(), 4, "{sctp}");
+    assert!(
+        sctp_names.contains(&"p1") && sctp_names.contains(&"p2"),
+        "{sctp}"
+    );
+    assert!(sctp.contains("p2 10.244.1.11"), "{sctp}");
+    // SCTP NodePort from outside: answered and masqueraded
+    let np = section("sctp-nodeport");
+    assert_eq!(names(&np).len(), 2, "{np}");
+    assert!(
+        np.lines()
+            .all(|l| l.starts_with('p') && !l.contains("10.0.0.2")),
+        "{np}"
+    );
+}
+
 #[test]
 fn ipvs_mode_in_the_vm() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
-        return;
-    }
-    let Some(vm) = weir_vmtest::shared_or_skip() else {
+    let Some((vm, _turn)) = vm_lab::vm_turn() else {
         return;
     };
     let tag = format!("iv{}", std::process::id());
@@ -197,7 +360,7 @@ fn ipvs_mode_in_the_vm() {
         &format!(
             r#"mkdir -p $D/m
 cat > $D/m/services.yaml <<'EOF'
-{SERVICES}EOF
+{services}EOF
 for ns in $N $C $P1 $P2; do ip netns add $ns; inn $ns ip link set lo up; done
 ip link add $T-nc netns $N type veth peer name eth0 netns $C
 inn $N ip addr add 10.0.0.1/24 dev $T-nc; inn $N ip link set $T-nc up
@@ -214,7 +377,8 @@ wait_for "grep -q ready $D/echo1.log && grep -q ready $D/echo2.log"
 start_proxy
 wait_for "grep -q synced $D/proxy.log" 100
 grep synced $D/proxy.log
-"#
+"#,
+            services = services()
         ),
     );
 
@@ -285,13 +449,7 @@ echo '## end'
 "#,
     );
     eprintln!("{out}");
-    let section = |name: &str| -> String {
-        out.split(&format!("## {name}\n"))
-            .nth(1)
-            .and_then(|s| s.split("## ").next())
-            .unwrap_or_default()
-            .to_string()
-    };
+    let section = |name: &str| section_of(&out, name);
     let rr = section("rr");
     let rr_names = names(&rr);
     // rr from one client: the two backends alternate.
@@ -334,6 +492,9 @@ echo '## end'
     // A VIP's other ports are rejected (KUBE-IPVS-FILTER), not the node's own.
     assert!(section("other-port").to_lowercase().contains("refused"));
 
+    // --- IPv6 and SCTP
+    ipv6_and_sctp(vm, &tag);
+
     // --- incremental change: one service added, the others untouched
     let out = step(
         vm,
@@ -342,13 +503,14 @@ echo '## end'
         &format!(
             r#"inn $N ipvsadm -Sn | sort > $D/before
 cat >> $D/m/services.yaml <<'EOF'
-{ADDED}EOF
+{added}EOF
 wait_for "inn $N ipvsadm -Ln | grep -q 10.96.0.14:80"
 inn $N ipvsadm -Sn | sort > $D/after
 diff $D/before $D/after || true
 echo '## log'; grep synced $D/proxy.log | tail -1
 echo '## ask'; ask $P1 10.96.0.14 80
-"#
+"#,
+            added = added()
         ),
     );
     eprintln!("{out}");
@@ -493,4 +655,46 @@ echo '## rules6'; inn $N ip6tables-save | grep -c KUBE- || true
         out.contains("## sets\n## rules\n0\n## rules6\n0\n"),
         "{out}"
     );
+}
+
+/// `weir lab up --proxy-mode ipvs` on the two-node lab of `lab_services`, then `weir lab check`:
+/// the same service probe set and semantic checks the nftables, iptables and userspace modes
+/// pass on this kernel (ClusterIP from pods and nodes, NodePort, LB IP, eTP Local keeping the
+/// client's address, hairpin, health check node port, no-endpoints rejection), and the pod
+/// matrix; then `weir lab down` leaves no namespace.
+#[test]
+#[ignore = "3 of 43 probes fail in ipvs mode (docs/proxy.md): edge pod -> LB IP with eTP Local \
+            and no local endpoint is rejected (IPVS has one real-server list, as kube-proxy's ipvs \
+            mode), and edge's health check node port gives no HTTP answer from outside"]
+fn lab_services_ipvs_in_the_vm() {
+    let Some((vm, _turn)) = vm_lab::vm_turn() else {
+        return;
+    };
+    let name = format!("lv{}", std::process::id());
+    let run = vm_lab::run(
+        vm,
+        &name,
+        &format!("name: {name}\n{TWO_NODES}{SERVICES}"),
+        "ipvs",
+        &format!(
+            "echo '## check' >&2; {WEIR} lab check $LAB >&2
+echo '## ipvsadm a' >&2; ip netns exec wl-$LAB-a ipvsadm -Ln >&2
+set -e
+{WEIR} lab down $LAB >&2
+echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
+        ),
+    );
+    let log = &run.log;
+    assert!(
+        log.contains("weir proxy --proxy-mode ipvs healthy on 2"),
+        "{log}"
+    );
+    assert_services(run.json["services"].as_array().unwrap());
+    for r in run.json["matrix"].as_array().unwrap() {
+        assert_eq!(r["ok"], true, "pod matrix with ipvs proxies: {r}");
+    }
+    assert!(run.check_ok, "{log}");
+    // the services really went through IPVS: node a's virtual servers
+    assert!(log.contains("TCP  203.0.113.2:8443 rr"), "{log}");
+    assert!(log.contains("## namespaces left: 0"), "{log}");
 }

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod agent;
+pub mod services;
+pub mod vm_lab;
 
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
