@@ -1,0 +1,139 @@
+//! One netfilter hook: the iptables tables and nft base chains on it, run in priority order.
+
+use super::{Dropped, Flow, Pkt, Walker};
+
+impl Walker<'_> {
+    /// The netfilter chains of one hook in priority order; each one's verdict applied.
+    pub(super) fn hook(&mut self, stage: &str, p: &mut Pkt) -> Result<(), Dropped> {
+        let hook = stage.trim_start_matches("reply ");
+        let mut slots: Vec<(i64, Slot)> = Vec::new();
+        if let Some(d) = &self.st.iptables {
+            for (table, prio) in iptables_tables(hook) {
+                if d.chain(table, hook).is_some() {
+                    slots.push((prio, Slot::Ipt(table)));
+                }
+            }
+        }
+        if let Some(rs) = &self.st.nft {
+            for c in rs.base_chains(&hook.to_ascii_lowercase(), &["ip", "inet"]) {
+                // iptables-nft's own tables are read from iptables-save (their xt expressions
+                // carry no meaning in JSON).
+                if self.st.iptables.is_some()
+                    && c.family == "ip"
+                    && matches!(
+                        c.table.as_str(),
+                        "filter" | "nat" | "mangle" | "raw" | "security"
+                    )
+                {
+                    continue;
+                }
+                let h = c.hook.as_ref().expect("base chain");
+                // nat chains see only a connection's first packet.
+                if h.kind == "nat" && p.ct_state != "new" {
+                    continue;
+                }
+                slots.push((
+                    h.priority,
+                    Slot::Nft(
+                        c.family.clone(),
+                        c.table.clone(),
+                        c.name.clone(),
+                        h.policy.clone(),
+                        h.kind == "nat",
+                    ),
+                ));
+            }
+        }
+        slots.sort_by_key(|(prio, _)| *prio);
+        p.nat_bound = false;
+        for (_, slot) in slots {
+            match slot {
+                Slot::Ipt(table) => {
+                    if table == "nat" && (p.ct_state != "new" || p.nat_bound) {
+                        continue;
+                    }
+                    let d = self.st.iptables.as_ref().expect("checked");
+                    let flow = self.ipt_chain(d, table, hook, p, stage, 0);
+                    let place = format!("iptables {table} {hook}");
+                    match flow {
+                        Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
+                        Flow::Accept => {}
+                        Flow::Return => {
+                            let policy = d.chain(table, hook).and_then(|c| c.policy.clone());
+                            if policy.as_deref() == Some("DROP") {
+                                let rule = format!(":{hook} DROP (policy)");
+                                self.hop(
+                                    stage,
+                                    place.clone(),
+                                    Some(rule.clone()),
+                                    "no rule accepted it: the chain's policy",
+                                );
+                                return Err(self.drop_cause(stage, &place, rule, p));
+                            }
+                        }
+                    }
+                }
+                Slot::Nft(family, table, chain, policy, nat) => {
+                    if nat && p.nat_bound {
+                        continue;
+                    }
+                    let rs = self.st.nft.as_ref().expect("checked");
+                    let flow = self.nft_chain(rs, &family, &table, &chain, p, stage, 0);
+                    let place = format!("nft {family} {table} {chain}");
+                    match flow {
+                        Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
+                        Flow::Accept => {}
+                        Flow::Return if policy == "drop" => {
+                            let rule = format!("chain {chain} {{ policy drop; }}");
+                            self.hop(
+                                stage,
+                                place.clone(),
+                                Some(rule.clone()),
+                                "no rule accepted it: the chain's policy",
+                            );
+                            return Err(self.drop_cause(stage, &place, rule, p));
+                        }
+                        Flow::Return => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A netfilter drop, with fixes for the cases this module recognises.
+    pub(super) fn drop_cause(&self, stage: &str, place: &str, rule: String, p: &Pkt) -> Dropped {
+        let mut fixes = Vec::new();
+        if stage.ends_with("FORWARD") && rule.contains("policy") {
+            fixes.push(format!("accept forwarded traffic the proxy marked for masquerade: iptables -A FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT (kube-proxy's KUBE-FORWARD does; the packet's mark here is {:#x})", p.mark));
+            fixes.push("accept replies: iptables -A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT".into());
+            fixes.push(
+                "or set the FORWARD policy to ACCEPT (loses the firewall's default deny)".into(),
+            );
+        }
+        (format!("{stage}: dropped in {place} by `{rule}`"), fixes)
+    }
+}
+
+pub(super) enum Slot {
+    Ipt(&'static str),
+    /// family, table, chain, policy, is a nat chain
+    Nft(String, String, String, String, bool),
+}
+
+/// iptables tables on a hook, with their priorities.
+pub(super) fn iptables_tables(hook: &str) -> Vec<(&'static str, i64)> {
+    match hook {
+        "PREROUTING" => vec![("raw", -300), ("mangle", -150), ("nat", -100)],
+        "INPUT" => vec![("mangle", -150), ("filter", 0), ("nat", 100)],
+        "FORWARD" => vec![("mangle", -150), ("filter", 0)],
+        "OUTPUT" => vec![
+            ("raw", -300),
+            ("mangle", -150),
+            ("nat", -100),
+            ("filter", 0),
+        ],
+        "POSTROUTING" => vec![("mangle", -150), ("nat", 100)],
+        _ => vec![],
+    }
+}

@@ -1,0 +1,292 @@
+//! The iptables walk: a chain's rules, their matches and targets.
+
+use std::net::Ipv4Addr;
+
+use crate::iptables::{Dump, Rule as IptRule};
+
+use super::{cidr_contains, parse_num, Flow, Pkt, Proto, Walker};
+
+impl Walker<'_> {
+    /// Runs an iptables chain. Returns how it ended.
+    pub(super) fn ipt_chain(
+        &mut self,
+        d: &Dump,
+        table: &str,
+        chain: &str,
+        p: &mut Pkt,
+        stage: &str,
+        depth: usize,
+    ) -> Flow {
+        let Some(ch) = d.chain(table, chain) else {
+            self.assume(format!("iptables chain {table} {chain} is referenced but not in the dump: treated as empty"));
+            return Flow::Return;
+        };
+        if depth > 16 {
+            return Flow::Return;
+        }
+        let place = format!("iptables {table} {chain}");
+        let rules = ch.rules.clone();
+        let mut i = 0;
+        while i < rules.len() {
+            let r = &rules[i];
+            i += 1;
+            match self.ipt_matches(r, p) {
+                Some(true) => {}
+                Some(false) => continue,
+                None => continue,
+            }
+            if r.module_arg("statistic", "--mode").is_some() {
+                self.one_of_ipt(d, table, &rules[i - 1..]);
+            }
+            let Some(target) = r.target.clone() else {
+                continue; // a rule without a target only counts
+            };
+            let name = target.name.as_str();
+            match name {
+                "ACCEPT" => {
+                    self.hop(stage, place, Some(r.text.clone()), "accepted");
+                    return Flow::Accept;
+                }
+                "DROP" | "REJECT" => {
+                    self.hop(stage, place, Some(r.text.clone()), "dropped");
+                    return Flow::Drop(r.text.clone());
+                }
+                "RETURN" => return Flow::Return,
+                "MARK" => {
+                    apply_xmark(&mut p.mark, r);
+                    self.hop(
+                        stage,
+                        place.clone(),
+                        Some(r.text.clone()),
+                        format!("mark → {:#x}", p.mark),
+                    );
+                }
+                "CONNMARK" => {
+                    if r.target_arg("--save-mark").is_some()
+                        || target.args.iter().any(|a| a.name == "--save-mark")
+                    {
+                        p.ct_mark = p.mark;
+                    } else if target.args.iter().any(|a| a.name == "--restore-mark") {
+                        p.mark = p.ct_mark;
+                    } else {
+                        apply_xmark(&mut p.ct_mark, r);
+                    }
+                    self.hop(
+                        stage,
+                        place.clone(),
+                        Some(r.text.clone()),
+                        format!("ct mark {:#x}, mark {:#x}", p.ct_mark, p.mark),
+                    );
+                }
+                "DNAT" => {
+                    let to = r
+                        .target_arg("--to-destination")
+                        .unwrap_or_default()
+                        .to_string();
+                    if let Some((ip, port)) = split_host_port(&to) {
+                        p.dst = ip;
+                        if let Some(port) = port {
+                            p.dport = port;
+                        }
+                        p.dnat = true;
+                    }
+                    p.nat_bound = true;
+                    self.hop(
+                        stage,
+                        place,
+                        Some(r.text.clone()),
+                        format!("DNAT to {}:{}", p.dst, p.dport),
+                    );
+                    return Flow::Accept;
+                }
+                "SNAT" => {
+                    let to = r.target_arg("--to-source").unwrap_or_default().to_string();
+                    if let Some((ip, _)) = split_host_port(&to) {
+                        p.src = ip;
+                    }
+                    p.nat_bound = true;
+                    self.hop(
+                        stage,
+                        place,
+                        Some(r.text.clone()),
+                        format!("SNAT to {}", p.src),
+                    );
+                    return Flow::Accept;
+                }
+                "MASQUERADE" => {
+                    let src = self.masquerade_source(p);
+                    self.hop(
+                        stage,
+                        place,
+                        Some(r.text.clone()),
+                        format!("MASQUERADE: source {} → {src}", p.src),
+                    );
+                    p.src = src;
+                    p.nat_bound = true;
+                    return Flow::Accept;
+                }
+                "LOG" | "TRACE" | "NFLOG" | "ULOG" | "CT" | "NOTRACK" | "AUDIT" => {}
+                user if d.chain(table, user).is_some() => {
+                    self.hop(
+                        stage,
+                        place.clone(),
+                        Some(r.text.clone()),
+                        format!("{} {user}", if target.goto { "goto" } else { "jump" }),
+                    );
+                    match self.ipt_chain(d, table, user, p, stage, depth + 1) {
+                        Flow::Return if target.goto => return Flow::Return,
+                        Flow::Return => {}
+                        other => return other,
+                    }
+                }
+                other => self.assume(format!(
+                    "iptables target {other} not modelled: passed over (`{}`)",
+                    r.text
+                )),
+            }
+        }
+        Flow::Return
+    }
+
+    /// kube-proxy's `-m statistic --mode random` cascade: the walk follows the first rule; the
+    /// others are alternatives, listed with where each one DNATs.
+    pub(super) fn one_of_ipt(&mut self, d: &Dump, table: &str, rest: &[IptRule]) {
+        let mut options = Vec::new();
+        for r in rest {
+            let Some(t) = r.target_name() else { continue };
+            let prob = r
+                .module_arg("statistic", "--probability")
+                .and_then(|a| a.values.first().cloned());
+            let to = d.chain(table, t).and_then(|c| {
+                c.rules
+                    .iter()
+                    .find_map(|x| x.target_arg("--to-destination").map(str::to_string))
+            });
+            options.push(format!(
+                "{t}{}{}",
+                to.map(|x| format!(" (DNAT {x})")).unwrap_or_default(),
+                prob.map(|p| format!(" p={p}")).unwrap_or_default()
+            ));
+            if r.module_arg("statistic", "--mode").is_none() {
+                break;
+            }
+        }
+        self.choices
+            .push(format!("one of {}: followed the first", options.join(", ")));
+    }
+
+    /// Whether an iptables rule matches; `None` when it uses something the walk cannot evaluate.
+    pub(super) fn ipt_matches(&mut self, r: &IptRule, p: &Pkt) -> Option<bool> {
+        for a in &r.args {
+            let v = a.values.first().map(String::as_str).unwrap_or("");
+            let hit = match (a.module.as_deref(), a.name.as_str()) {
+                (_, "-s") => cidr_contains(v, p.src)?,
+                (_, "-d") => cidr_contains(v, p.dst)?,
+                (_, "-p") => match v {
+                    "all" | "0" => true,
+                    "tcp" | "6" => p.proto == Proto::Tcp,
+                    "udp" | "17" => p.proto == Proto::Udp,
+                    _ => false,
+                },
+                (_, "-i") => ifname_matches(v, &p.iif),
+                (_, "-o") => match &p.oif {
+                    Some(o) => ifname_matches(v, o),
+                    None => false,
+                },
+                (Some("comment"), _) => true,
+                (Some("tcp" | "udp"), "--dport" | "--destination-port") => {
+                    port_matches(v, p.dport)?
+                }
+                (Some("tcp" | "udp"), "--sport" | "--source-port") => port_matches(v, p.sport)?,
+                (Some("multiport"), "--dports" | "--destination-ports" | "--dport") => v
+                    .split(',')
+                    .any(|x| port_matches(x, p.dport).unwrap_or(false)),
+                (Some("mark"), "--mark") => mark_matches(v, p.mark)?,
+                (Some("connmark"), "--mark") => mark_matches(v, p.ct_mark)?,
+                (Some("conntrack"), "--ctstate") | (Some("state"), "--state") => {
+                    v.split(',').any(|s| match s {
+                        "NEW" => p.ct_state == "new",
+                        "ESTABLISHED" => p.ct_state == "established",
+                        "DNAT" => p.dnat,
+                        _ => false,
+                    })
+                }
+                (Some("addrtype"), "--dst-type") => match v {
+                    "LOCAL" => self.is_local(p.dst),
+                    "UNICAST" => true,
+                    _ => false,
+                },
+                (Some("addrtype"), "--src-type") => match v {
+                    "LOCAL" => self.is_local(p.src),
+                    "UNICAST" => true,
+                    _ => false,
+                },
+                (Some("addrtype"), "--limit-iface-in" | "--limit-iface-out") => true,
+                (Some("statistic"), _) => true,
+                (Some("tcp"), "--tcp-flags" | "--syn") => true,
+                (module, name) => {
+                    self.assume(format!(
+                        "iptables match {}{name} not modelled: rules using it count as not matching (`{}`)",
+                        module.map(|m| format!("-m {m} ")).unwrap_or_default(),
+                        r.text
+                    ));
+                    return None;
+                }
+            };
+            if hit == a.negated {
+                return Some(false);
+            }
+        }
+        Some(true)
+    }
+}
+
+/// `MARK --set-xmark v/m` (and `--set-mark`, `--or-mark`, `--and-mark`).
+pub(super) fn apply_xmark(mark: &mut u32, r: &IptRule) {
+    let t = r.target.as_ref().expect("has target");
+    for a in &t.args {
+        let v = a.values.first().map(String::as_str).unwrap_or("");
+        let (val, mask) = match v.split_once('/') {
+            Some((x, m)) => (parse_num(x).unwrap_or(0), parse_num(m).unwrap_or(u32::MAX)),
+            None => (parse_num(v).unwrap_or(0), u32::MAX),
+        };
+        match a.name.as_str() {
+            "--set-xmark" => *mark = (*mark & !mask) ^ val,
+            "--set-mark" => *mark = (*mark & !mask) | val,
+            "--or-mark" => *mark |= val,
+            "--and-mark" => *mark &= val,
+            "--xor-mark" => *mark ^= val,
+            _ => {}
+        }
+    }
+}
+
+pub(super) fn mark_matches(v: &str, mark: u32) -> Option<bool> {
+    let (val, mask) = match v.split_once('/') {
+        Some((x, m)) => (parse_num(x)?, parse_num(m)?),
+        None => (parse_num(v)?, u32::MAX),
+    };
+    Some(mark & mask == val)
+}
+
+pub(super) fn ifname_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('+') {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+pub(super) fn port_matches(v: &str, port: u16) -> Option<bool> {
+    match v.split_once(':') {
+        Some((a, b)) => Some(a.parse::<u16>().ok()? <= port && port <= b.parse::<u16>().ok()?),
+        None => Some(v.parse::<u16>().ok()? == port),
+    }
+}
+
+pub(super) fn split_host_port(to: &str) -> Option<(Ipv4Addr, Option<u16>)> {
+    let (host, port) = match to.rsplit_once(':') {
+        Some((h, p)) => (h, p.split('-').next().and_then(|p| p.parse().ok())),
+        None => (to, None),
+    };
+    Some((host.split('-').next()?.parse().ok()?, port))
+}

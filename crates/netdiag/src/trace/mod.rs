@@ -1,0 +1,153 @@
+//! `weir trace`: one IPv4 packet (the first of a new connection) walked through a node's state
+//! the way the kernel would, then its reply on the way back.
+//!
+//! The path (net/ipv4/ip_input.c, ip_forward.c, ip_output.c): PREROUTING (raw −300, mangle −150,
+//! dstnat −100, nft chains by priority), the routing decision with policy rules and marks and
+//! the reverse-path check (`fib_validate_source`: a lookup of the route back to the source, with
+//! the packet's mark only under `src_valid_mark`), then INPUT (local delivery) or FORWARD
+//! (filter), and POSTROUTING (srcnat +100: MASQUERADE takes the outgoing interface's primary
+//! address, `inet_select_addr`). The reply comes back with conntrack's reverse NAT: its
+//! destination is restored (de-SNAT) before routing, so its reverse-path check looks up the
+//! route to the backend *from the original client*.
+//!
+//! What it models and what it assumes is said in [`Trace::assumptions`]; rules it cannot
+//! evaluate (match modules it does not know, ipsets) count as not matching, and are named there.
+
+mod hooks;
+mod iptables_walk;
+mod nat;
+mod nft_walk;
+mod packet;
+mod path;
+mod render;
+mod reply;
+mod routing;
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::state::NodeState;
+
+use packet::{Flow, Pkt};
+pub use packet::{Hop, Packet, Proto, Trace, Verdict};
+pub use render::{render, svg};
+
+struct Walker<'a> {
+    st: &'a NodeState,
+    hops: Vec<Hop>,
+    choices: Vec<String>,
+    assumptions: BTreeSet<String>,
+}
+
+/// Runs the walk.
+pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
+    let mut w = Walker {
+        st,
+        hops: Vec::new(),
+        choices: Vec::new(),
+        assumptions: BTreeSet::new(),
+    };
+    w.note_missing();
+    let mut p = Pkt {
+        src: packet.src,
+        dst: packet.dst,
+        sport: packet.sport,
+        dport: packet.dport,
+        proto: packet.proto,
+        iif: packet.iif.clone(),
+        oif: None,
+        mark: 0,
+        ct_mark: 0,
+        ct_state: "new",
+        dnat: false,
+        nat_bound: false,
+    };
+    let (verdict, cause, fixes) = match w.request_and_reply(&mut p) {
+        Ok(()) => (Verdict::Delivered, None, Vec::new()),
+        Err((cause, fixes)) => (Verdict::Dropped, Some(cause), fixes),
+    };
+    Trace {
+        packet: packet.clone(),
+        hops: w.hops,
+        verdict,
+        cause,
+        fixes,
+        choices: w.choices,
+        assumptions: w.assumptions.into_iter().collect(),
+    }
+}
+
+/// Why the packet was dropped, and candidate fixes.
+type Dropped = (String, Vec<String>);
+
+impl Walker<'_> {
+    fn hop(
+        &mut self,
+        stage: &str,
+        place: impl Into<String>,
+        rule: Option<String>,
+        note: impl Into<String>,
+    ) {
+        self.hops.push(Hop {
+            stage: stage.into(),
+            place: place.into(),
+            rule,
+            note: note.into(),
+        });
+    }
+
+    fn assume(&mut self, a: impl Into<String>) {
+        self.assumptions.insert(a.into());
+    }
+
+    fn note_missing(&mut self) {
+        let st = self.st;
+        if st.iptables.is_none() && st.nft.is_none() {
+            self.assume("no iptables-save or nft ruleset: no netfilter rules, every policy ACCEPT");
+        }
+        if st.rules.is_none() {
+            self.assume(
+                "no ip rule output: the default rules (0 local, 32766 main, 32767 default)",
+            );
+        }
+        if st.routes.is_none() {
+            self.assume("no ip route output: no routes, nothing is reachable");
+        }
+        if st.addrs.is_none() {
+            self.assume("no ip addr output: local addresses only from table local's routes; masquerade's source unknown");
+        }
+        if st.sysctls.is_none() {
+            self.assume("no sysctl output: rp_filter 0 (the kernel's default; many distributions set 1 or 2), ip_forward 1, src_valid_mark 0");
+        }
+    }
+
+    fn sysctl(&self, key: &str) -> Option<i64> {
+        self.st.sysctls.as_ref()?.int(key)
+    }
+
+    fn is_local(&self, ip: Ipv4Addr) -> bool {
+        self.st.is_local_address(IpAddr::V4(ip))
+    }
+
+    fn owner_of(&self, ip: Ipv4Addr) -> Option<String> {
+        self.st
+            .local_addresses()
+            .find(|a| a.addr == IpAddr::V4(ip))
+            .map(|a| a.ifname.clone())
+    }
+}
+
+fn parse_num(s: &str) -> Option<u32> {
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+fn cidr_contains(v: &str, ip: Ipv4Addr) -> Option<bool> {
+    let net: ipnet::Ipv4Net = match v.parse() {
+        Ok(n) => n,
+        Err(_) => ipnet::Ipv4Net::new(v.parse().ok()?, 32).ok()?,
+    };
+    Some(net.contains(&ip))
+}

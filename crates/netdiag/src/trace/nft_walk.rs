@@ -1,0 +1,432 @@
+//! The nftables walk: a chain's rules, expressions, maps and verdicts.
+
+use std::net::Ipv4Addr;
+
+use serde_json::Value;
+
+use crate::nft::{self, Ruleset};
+
+use super::{cidr_contains, parse_num, Flow, Pkt, Walker};
+
+impl Walker<'_> {
+    /// Runs an nft chain.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn nft_chain(
+        &mut self,
+        rs: &Ruleset,
+        family: &str,
+        table: &str,
+        chain: &str,
+        p: &mut Pkt,
+        stage: &str,
+        depth: usize,
+    ) -> Flow {
+        if depth > 16 {
+            return Flow::Return;
+        }
+        let place = format!("nft {family} {table} {chain}");
+        let rules: Vec<nft::Rule> = rs
+            .rules
+            .iter()
+            .filter(|r| r.family == family && r.table == table && r.chain == chain)
+            .cloned()
+            .collect();
+        'rules: for r in &rules {
+            for e in &r.expr {
+                let Some((k, v)) = e.as_object().and_then(|o| o.iter().next()) else {
+                    continue;
+                };
+                match k.as_str() {
+                    "match" => match self.nft_match(rs, family, table, v, p) {
+                        Some(true) => {}
+                        _ => continue 'rules,
+                    },
+                    "counter" | "log" | "limit" | "notrack" => {}
+                    "accept" => {
+                        self.hop(stage, place, Some(r.text.clone()), "accepted");
+                        return Flow::Accept;
+                    }
+                    "drop" | "reject" => {
+                        self.hop(stage, place, Some(r.text.clone()), "dropped");
+                        return Flow::Drop(r.text.clone());
+                    }
+                    "return" => return Flow::Return,
+                    "jump" | "goto" => {
+                        let target = v["target"].as_str().unwrap_or_default().to_string();
+                        self.hop(
+                            stage,
+                            place.clone(),
+                            Some(r.text.clone()),
+                            format!("{k} {target}"),
+                        );
+                        match self.nft_chain(rs, family, table, &target, p, stage, depth + 1) {
+                            Flow::Return if k == "goto" => return Flow::Return,
+                            Flow::Return => {}
+                            other => return other,
+                        }
+                    }
+                    "mangle" => {
+                        let key = nft::render_value(&v["key"]);
+                        let Some(val) = self.nft_eval(&v["value"], p).and_then(|x| x.as_u64())
+                        else {
+                            self.assume(format!("nft statement not modelled: `{}`", r.text));
+                            continue 'rules;
+                        };
+                        match key.as_str() {
+                            "meta mark" => p.mark = val as u32,
+                            "ct mark" => p.ct_mark = val as u32,
+                            _ => self
+                                .assume(format!("nft mangle of {key} not modelled (`{}`)", r.text)),
+                        }
+                        self.hop(
+                            stage,
+                            place.clone(),
+                            Some(r.text.clone()),
+                            format!("mark {:#x}, ct mark {:#x}", p.mark, p.ct_mark),
+                        );
+                    }
+                    "dnat" => {
+                        if let Some(ip) = v
+                            .get("addr")
+                            .and_then(Value::as_str)
+                            .and_then(|a| a.parse().ok())
+                        {
+                            p.dst = ip;
+                            p.dnat = true;
+                        }
+                        if let Some(port) = v.get("port").and_then(Value::as_u64) {
+                            p.dport = port as u16;
+                        }
+                        p.nat_bound = true;
+                        self.hop(
+                            stage,
+                            place,
+                            Some(r.text.clone()),
+                            format!("DNAT to {}:{}", p.dst, p.dport),
+                        );
+                        return Flow::Accept;
+                    }
+                    "snat" => {
+                        if let Some(ip) = v
+                            .get("addr")
+                            .and_then(Value::as_str)
+                            .and_then(|a| a.parse().ok())
+                        {
+                            p.src = ip;
+                        }
+                        p.nat_bound = true;
+                        self.hop(
+                            stage,
+                            place,
+                            Some(r.text.clone()),
+                            format!("SNAT to {}", p.src),
+                        );
+                        return Flow::Accept;
+                    }
+                    "masquerade" => {
+                        let src = self.masquerade_source(p);
+                        self.hop(
+                            stage,
+                            place,
+                            Some(r.text.clone()),
+                            format!("masquerade: source {} → {src}", p.src),
+                        );
+                        p.src = src;
+                        p.nat_bound = true;
+                        return Flow::Accept;
+                    }
+                    "vmap" => {
+                        let key = &v["key"];
+                        if key.get("numgen").is_some() {
+                            // `numgen random mod N vmap { 0 : goto a, … }`: one of.
+                            let opts = nft::render_value(&v["data"]);
+                            self.choices.push(format!(
+                                "one of {{ {opts} }} (numgen random): followed the first"
+                            ));
+                            let first =
+                                v["data"]["set"].as_array().and_then(|a| a.first()).cloned();
+                            if let Some(verdict) =
+                                first.and_then(|e| e.as_array().and_then(|x| x.get(1)).cloned())
+                            {
+                                match self.nft_verdict(
+                                    rs, family, table, &verdict, p, stage, &place, &r.text, depth,
+                                ) {
+                                    Some(f) => return f,
+                                    None => continue 'rules,
+                                }
+                            }
+                            continue 'rules;
+                        }
+                        let Some(k) = self.nft_eval(key, p) else {
+                            self.assume(format!("nft vmap key not modelled: `{}`", r.text));
+                            continue 'rules;
+                        };
+                        let Some(verdict) = self.nft_lookup(rs, family, table, &v["data"], &k)
+                        else {
+                            continue 'rules;
+                        };
+                        match self.nft_verdict(
+                            rs, family, table, &verdict, p, stage, &place, &r.text, depth,
+                        ) {
+                            Some(f) => return f,
+                            None => continue 'rules,
+                        }
+                    }
+                    other => {
+                        self.assume(format!(
+                            "nft expression {other} not modelled: rule passed over (`{}`)",
+                            r.text
+                        ));
+                        continue 'rules;
+                    }
+                }
+            }
+        }
+        Flow::Return
+    }
+
+    /// Applies a verdict value from a vmap (`{"goto": {"target": …}}`, `{"accept": null}`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn nft_verdict(
+        &mut self,
+        rs: &Ruleset,
+        family: &str,
+        table: &str,
+        verdict: &Value,
+        p: &mut Pkt,
+        stage: &str,
+        place: &str,
+        text: &str,
+        depth: usize,
+    ) -> Option<Flow> {
+        let (k, v) = verdict.as_object()?.iter().next()?;
+        match k.as_str() {
+            "accept" => {
+                self.hop(stage, place, Some(text.into()), "accepted (vmap)");
+                Some(Flow::Accept)
+            }
+            "drop" => {
+                self.hop(stage, place, Some(text.into()), "dropped (vmap)");
+                Some(Flow::Drop(text.into()))
+            }
+            "jump" | "goto" => {
+                let target = v["target"].as_str()?.to_string();
+                self.hop(
+                    stage,
+                    place,
+                    Some(text.into()),
+                    format!("vmap → {k} {target}"),
+                );
+                match self.nft_chain(rs, family, table, &target, p, stage, depth + 1) {
+                    Flow::Return if k == "goto" => Some(Flow::Return),
+                    Flow::Return => None,
+                    other => Some(other),
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Looks `key` up in a map (`"@name"` or an anonymous `{"set": [[k, v], …]}`).
+    pub(super) fn nft_lookup(
+        &mut self,
+        rs: &Ruleset,
+        family: &str,
+        table: &str,
+        data: &Value,
+        key: &NVal,
+    ) -> Option<Value> {
+        let elems: Vec<Value> = match data {
+            Value::String(s) if s.starts_with('@') => {
+                rs.set(family, table, &s[1..])?.elements.clone()
+            }
+            _ => data.get("set")?.as_array()?.clone(),
+        };
+        for e in elems {
+            // Named maps list `[key, data]` pairs; anonymous ones too.
+            let pair = e.as_array()?;
+            let (k, v) = (pair.first()?, pair.get(1)?);
+            if nval_matches(key, k) {
+                return Some(v.clone());
+            }
+        }
+        None
+    }
+
+    pub(super) fn nft_match(
+        &mut self,
+        rs: &Ruleset,
+        family: &str,
+        table: &str,
+        m: &Value,
+        p: &Pkt,
+    ) -> Option<bool> {
+        let op = m.get("op").and_then(Value::as_str).unwrap_or("==");
+        let left = self.nft_eval(&m["left"], p);
+        let Some(left) = left else {
+            self.assume(format!(
+                "nft match on {} not modelled: rules using it count as not matching",
+                nft::render_value(&m["left"])
+            ));
+            return None;
+        };
+        let right = &m["right"];
+        let hit = match right {
+            Value::String(s) if s.starts_with('@') => rs
+                .set(family, table, &s[1..])
+                .is_some_and(|set| set.elements.iter().any(|e| nval_matches(&left, e))),
+            _ => nval_matches(&left, right),
+        };
+        Some(match op {
+            "==" | "in" => hit,
+            "!=" => !hit,
+            _ => {
+                self.assume(format!("nft operator {op} not modelled"));
+                return None;
+            }
+        })
+    }
+
+    /// The value of an nft expression for this packet.
+    pub(super) fn nft_eval(&self, e: &Value, p: &Pkt) -> Option<NVal> {
+        match e {
+            Value::Number(n) => return Some(NVal::Num(n.as_u64()?)),
+            Value::String(s) => return Some(NVal::Str(s.clone())),
+            _ => {}
+        }
+        let (k, v) = e.as_object()?.iter().next()?;
+        match k.as_str() {
+            "meta" => match v["key"].as_str()? {
+                "iifname" | "iif" => Some(NVal::Str(p.iif.clone())),
+                "oifname" | "oif" => Some(NVal::Str(p.oif.clone()?)),
+                "mark" => Some(NVal::Num(p.mark as u64)),
+                "l4proto" | "protocol" => Some(NVal::Num(p.proto.number())),
+                "nfproto" => Some(NVal::Str("ipv4".into())),
+                _ => None,
+            },
+            "ct" => match v["key"].as_str()? {
+                "mark" => Some(NVal::Num(p.ct_mark as u64)),
+                "state" => Some(NVal::Str(p.ct_state.into())),
+                "status" => Some(NVal::Str(if p.dnat {
+                    "dnat".into()
+                } else {
+                    String::new()
+                })),
+                _ => None,
+            },
+            "payload" => {
+                let proto = v["protocol"].as_str()?;
+                let field = v["field"].as_str()?;
+                match (proto, field) {
+                    ("ip", "saddr") => Some(NVal::Ip(p.src)),
+                    ("ip", "daddr") => Some(NVal::Ip(p.dst)),
+                    ("ip", "protocol") => Some(NVal::Num(p.proto.number())),
+                    ("th", "dport") => Some(NVal::Num(p.dport as u64)),
+                    ("th", "sport") => Some(NVal::Num(p.sport as u64)),
+                    (t, "dport") if t == p.proto.name() => Some(NVal::Num(p.dport as u64)),
+                    (t, "sport") if t == p.proto.name() => Some(NVal::Num(p.sport as u64)),
+                    ("tcp" | "udp", _) => Some(NVal::Str("<other protocol>".into())),
+                    _ => None,
+                }
+            }
+            "fib" => {
+                // `fib daddr type local`
+                let flags: Vec<&str> = v["flags"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .or_else(|| v["flags"].as_str().map(|s| vec![s]))?;
+                if v["result"].as_str()? == "type" && flags.contains(&"daddr") {
+                    Some(NVal::Str(if self.is_local(p.dst) {
+                        "local".into()
+                    } else {
+                        "unicast".into()
+                    }))
+                } else {
+                    None
+                }
+            }
+            "&" | "|" | "^" => {
+                let parts = v.as_array()?;
+                let a = self.nft_eval(parts.first()?, p)?.as_u64()?;
+                let b = self.nft_eval(parts.get(1)?, p)?.as_u64()?;
+                Some(NVal::Num(match k.as_str() {
+                    "&" => a & b,
+                    "|" => a | b,
+                    _ => a ^ b,
+                }))
+            }
+            "concat" => {
+                let parts = v.as_array()?;
+                let mut vals = Vec::new();
+                for x in parts {
+                    vals.push(self.nft_eval(x, p)?);
+                }
+                Some(NVal::Concat(vals))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A value an nft expression evaluated to.
+#[derive(Debug, Clone)]
+pub(super) enum NVal {
+    Num(u64),
+    Str(String),
+    Ip(Ipv4Addr),
+    Concat(Vec<NVal>),
+}
+
+impl NVal {
+    pub(super) fn as_u64(&self) -> Option<u64> {
+        match self {
+            NVal::Num(n) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a value matches an nft right-hand side: a literal, a prefix, a range, an anonymous
+/// set, a concatenation, an `elem` wrapper; `*` wildcards in interface names.
+pub(super) fn nval_matches(v: &NVal, right: &Value) -> bool {
+    if let Some(inner) = right.get("elem") {
+        return nval_matches(v, &inner["val"]);
+    }
+    if let Some(items) = right.get("set").and_then(Value::as_array) {
+        return items.iter().any(|i| nval_matches(v, i));
+    }
+    if let Some(parts) = right.get("concat").and_then(Value::as_array) {
+        let NVal::Concat(vals) = v else { return false };
+        return vals.len() == parts.len()
+            && vals.iter().zip(parts).all(|(a, b)| nval_matches(a, b));
+    }
+    if let Some(pfx) = right.get("prefix") {
+        let NVal::Ip(ip) = v else { return false };
+        let net = format!("{}/{}", pfx["addr"].as_str().unwrap_or(""), pfx["len"]);
+        return cidr_contains(&net, *ip).unwrap_or(false);
+    }
+    if let Some(r) = right.get("range").and_then(Value::as_array) {
+        return match (v, r.first(), r.get(1)) {
+            (NVal::Num(n), Some(a), Some(b)) => {
+                a.as_u64().is_some_and(|a| *n >= a) && b.as_u64().is_some_and(|b| *n <= b)
+            }
+            _ => false,
+        };
+    }
+    match (v, right) {
+        (NVal::Num(n), Value::Number(m)) => Some(*n) == m.as_u64(),
+        (NVal::Num(n), Value::String(s)) => match s.as_str() {
+            "tcp" => *n == 6,
+            "udp" => *n == 17,
+            "icmp" => *n == 1,
+            _ => parse_num(s) == Some(*n as u32),
+        },
+        (NVal::Ip(ip), Value::String(s)) => s.parse::<Ipv4Addr>().is_ok_and(|x| x == *ip),
+        (NVal::Str(a), Value::String(s)) => match s.strip_suffix('*') {
+            Some(prefix) => a.starts_with(prefix),
+            None => a == s || (s.contains(',') && s.split(',').any(|x| x.trim() == a)),
+        },
+        (NVal::Str(a), Value::Array(items)) => items.iter().any(|i| i.as_str() == Some(a)),
+        _ => false,
+    }
+}

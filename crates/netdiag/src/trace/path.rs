@@ -1,0 +1,51 @@
+//! The request's way through the node: PREROUTING, routing, then INPUT or FORWARD and
+//! POSTROUTING.
+
+use super::{Dropped, Pkt, Walker};
+
+impl Walker<'_> {
+    pub(super) fn request_and_reply(&mut self, p: &mut Pkt) -> Result<(), Dropped> {
+        let orig = p.clone();
+        // PREROUTING
+        self.hook("PREROUTING", p)?;
+        // Routing (and the reverse-path check of the request).
+        let local = self.is_local(p.dst);
+        let route = self.route("routing", p.src, p.dst, p.mark, &p.iif)?;
+        self.rp_check("routing", p, &p.iif.clone())?;
+        if local || route.local {
+            self.hook("INPUT", p)?;
+            self.hop(
+                "deliver",
+                "local",
+                None,
+                format!(
+                    "to a local socket on {}:{} (assumed listening)",
+                    p.dst, p.dport
+                ),
+            );
+            return Ok(());
+        }
+        if self.sysctl("net.ipv4.ip_forward") == Some(0) {
+            return Err((
+                "net.ipv4.ip_forward = 0: the node does not forward".into(),
+                vec!["sysctl -w net.ipv4.ip_forward=1".into()],
+            ));
+        }
+        p.oif = Some(route.oif.clone());
+        self.hook("FORWARD", p)?;
+        // POSTROUTING: srcnat, including MASQUERADE's choice of source.
+        let before = p.src;
+        self.hook("POSTROUTING", p)?;
+        let masq_src = p.src;
+        let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
+        if masq_src != before && self.owner_of(masq_src).is_some_and(|o| o != route.oif) {
+            sent.push_str(&format!(
+                "; {masq_src} is not {}'s address: a cloud's source/destination check on {} drops it before any reply",
+                route.oif, route.oif
+            ));
+        }
+        self.hop("send", route.oif.clone(), None, sent);
+
+        self.reply(p, &orig, before, &route.oif)
+    }
+}

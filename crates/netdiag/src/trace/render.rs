@@ -1,0 +1,160 @@
+//! A trace as text for people, and as an SVG picture.
+
+use super::{Trace, Verdict};
+
+/// A trace for people: one line per hop with its rule, then the verdict.
+pub fn render(t: &Trace) -> String {
+    let p = &t.packet;
+    let mut out = format!(
+        "{} {}:{} → {}:{} in {}\n",
+        p.proto.name(),
+        p.src,
+        p.sport,
+        p.dst,
+        p.dport,
+        p.iif
+    );
+    for h in &t.hops {
+        out.push_str(&format!("  {:<18} {:<36} {}\n", h.stage, h.place, h.note));
+        if let Some(r) = &h.rule {
+            out.push_str(&format!("  {:<18}   {r}\n", ""));
+        }
+    }
+    for c in &t.choices {
+        out.push_str(&format!("choice: {c}\n"));
+    }
+    match &t.verdict {
+        Verdict::Delivered => {
+            out.push_str("verdict: delivered (request and reply pass this node)\n")
+        }
+        Verdict::Dropped => {
+            out.push_str(&format!(
+                "verdict: DROPPED: {}\n",
+                t.cause.as_deref().unwrap_or("")
+            ));
+            for (i, f) in t.fixes.iter().enumerate() {
+                out.push_str(&format!("  fix {}: {f}\n", i + 1));
+            }
+        }
+    }
+    for a in &t.assumptions {
+        out.push_str(&format!("assumed: {a}\n"));
+    }
+    out
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The path as an SVG picture: one box per hop, top to bottom, with the stage, the place, the
+/// note and the rule that decided; the box where the packet was dropped is red, and the verdict
+/// closes the column.
+pub fn svg(t: &Trace) -> String {
+    const BOX_H: usize = 58;
+    const GAP: usize = 18;
+    let p = &t.packet;
+    // Wide enough for the longest line at 12px monospace (~7.3px a character).
+    let longest = t
+        .hops
+        .iter()
+        .flat_map(|h| {
+            [
+                h.note.chars().count(),
+                h.rule.as_deref().map_or(0, |r| r.chars().count()),
+            ]
+        })
+        .chain(t.fixes.iter().map(|f| f.chars().count() + 8))
+        .chain(t.cause.iter().map(|c| c.chars().count() + 20))
+        .max()
+        .unwrap_or(0);
+    let w = (longest * 73 / 10 + 60).max(900);
+    let n = t.hops.len();
+    let height = 70 + n * (BOX_H + GAP) + 60 + 18 * t.fixes.len();
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n"
+    );
+    out.push_str(&format!(
+        "<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
+        xml_escape(&format!(
+            "{} {}:{} → {}:{} in {}",
+            p.proto.name(),
+            p.src,
+            p.sport,
+            p.dst,
+            p.dport,
+            p.iif
+        ))
+    ));
+    let dropped_at = match t.verdict {
+        Verdict::Dropped => n.checked_sub(1),
+        Verdict::Delivered => None,
+    };
+    for (i, h) in t.hops.iter().enumerate() {
+        let y = 40 + i * (BOX_H + GAP);
+        let (fill, stroke) = if Some(i) == dropped_at {
+            ("#fde2e2", "#c0392b")
+        } else if h.stage.starts_with("reply") {
+            ("#e8f0fe", "#4a6fa5")
+        } else {
+            ("#eef7ee", "#4a8a4a")
+        };
+        out.push_str(&format!(
+            "<rect x=\"10\" y=\"{y}\" width=\"{}\" height=\"{BOX_H}\" rx=\"6\" fill=\"{fill}\" stroke=\"{stroke}\"/>\n",
+            w - 20
+        ));
+        out.push_str(&format!(
+            "<text x=\"20\" y=\"{}\" font-weight=\"bold\">{}</text>\n",
+            y + 17,
+            xml_escape(&format!("{}  {}", h.stage, h.place))
+        ));
+        out.push_str(&format!(
+            "<text x=\"20\" y=\"{}\">{}</text>\n",
+            y + 34,
+            xml_escape(&h.note)
+        ));
+        if let Some(r) = &h.rule {
+            out.push_str(&format!(
+                "<text x=\"20\" y=\"{}\" fill=\"#555\">{}</text>\n",
+                y + 50,
+                xml_escape(r)
+            ));
+        }
+        if i + 1 < n {
+            let (x, y1, y2) = (w / 2, y + BOX_H, y + BOX_H + GAP);
+            out.push_str(&format!(
+                "<line x1=\"{x}\" y1=\"{y1}\" x2=\"{x}\" y2=\"{y2}\" stroke=\"#333\"/><path d=\"M{} {} L{x} {y2} L{} {} Z\" fill=\"#333\"/>\n",
+                x - 4,
+                y2 - 6,
+                x + 4,
+                y2 - 6
+            ));
+        }
+    }
+    let y = 40 + n * (BOX_H + GAP) + 16;
+    let verdict = match t.verdict {
+        Verdict::Delivered => "verdict: delivered".to_string(),
+        Verdict::Dropped => format!("verdict: DROPPED: {}", t.cause.as_deref().unwrap_or("")),
+    };
+    let color = if t.verdict == Verdict::Delivered {
+        "#2e7d32"
+    } else {
+        "#c0392b"
+    };
+    out.push_str(&format!(
+        "<text x=\"10\" y=\"{y}\" font-weight=\"bold\" fill=\"{color}\">{}</text>\n",
+        xml_escape(&verdict)
+    ));
+    for (i, f) in t.fixes.iter().enumerate() {
+        out.push_str(&format!(
+            "<text x=\"20\" y=\"{}\">{}</text>\n",
+            y + 18 * (i + 1),
+            xml_escape(&format!("fix {}: {f}", i + 1))
+        ));
+    }
+    out.push_str("</svg>\n");
+    out
+}

@@ -1,0 +1,141 @@
+//! The reply's way back (conntrack's reverse NAT) and the reverse-path check.
+
+use std::net::Ipv4Addr;
+
+use super::{Dropped, Pkt, Walker};
+
+impl Walker<'_> {
+    /// The reply to the request `p` (as it left; `orig` as it arrived, `before` its source
+    /// before POSTROUTING, `oif` the interface it left by).
+    pub(super) fn reply(
+        &mut self,
+        p: &Pkt,
+        orig: &Pkt,
+        before: Ipv4Addr,
+        oif: &str,
+    ) -> Result<(), Dropped> {
+        let masq_src = p.src;
+        // The reply: from the (possibly DNATed) destination back to the (possibly
+        // masqueraded) source. It arrives where that source lives: on the interface holding
+        // the address when it is this node's, else on the interface the request left by.
+        let reply_iif = if masq_src != before {
+            self.owner_of(masq_src).unwrap_or_else(|| oif.to_string())
+        } else {
+            oif.to_string()
+        };
+        self.hop(
+            "reply",
+            reply_iif.clone(),
+            None,
+            format!(
+                "{}:{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
+                p.dst, p.dport, masq_src, orig.src
+            ),
+        );
+        let mut r = Pkt {
+            src: p.dst,
+            dst: orig.src,
+            sport: p.dport,
+            dport: orig.sport,
+            proto: p.proto,
+            iif: reply_iif.clone(),
+            oif: None,
+            mark: 0,
+            ct_mark: p.ct_mark,
+            ct_state: "established",
+            dnat: p.dnat,
+            nat_bound: false,
+        };
+        self.hook("reply PREROUTING", &mut r)?;
+        let back = self.route("reply routing", r.src, r.dst, r.mark, &r.iif)?;
+        self.rp_check("reply routing", &r, &reply_iif)?;
+        if back.local {
+            self.hop("reply deliver", "local", None, "the reply is for this node");
+            return Ok(());
+        }
+        r.oif = Some(back.oif.clone());
+        self.hook("reply FORWARD", &mut r)?;
+        self.hop(
+            "reply send",
+            back.oif.clone(),
+            None,
+            format!(
+                "out {} to {} (source restored to {}:{})",
+                back.oif, orig.src, orig.dst, orig.dport
+            ),
+        );
+        Ok(())
+    }
+
+    /// The reverse-path check of a packet that arrived on `iif` (`fib_validate_source`): the
+    /// route back to its source, looked up from its destination with `iif lo` and the packet's
+    /// mark only under `src_valid_mark`, must leave by `iif` (strict, 1) or exist (loose, 2).
+    pub(super) fn rp_check(&mut self, stage: &str, p: &Pkt, iif: &str) -> Result<(), Dropped> {
+        let rp = self
+            .st
+            .sysctls
+            .as_ref()
+            .and_then(|s| s.effective_rp_filter(iif))
+            .unwrap_or(0);
+        if rp == 0 {
+            return Ok(());
+        }
+        let svm = self
+            .st
+            .sysctls
+            .as_ref()
+            .and_then(|s| s.effective_src_valid_mark(iif))
+            .unwrap_or(false);
+        let mark = if svm { p.mark } else { 0 };
+        let back = self.lookup(p.dst, p.src, mark, Some("lo"));
+        let Some((rule, route)) = back else {
+            self.hop(
+                stage,
+                "rp_filter",
+                None,
+                format!("no route back to {}", p.src),
+            );
+            return Err((
+                format!("{stage}: reverse-path check: no route back to {} ", p.src),
+                vec![],
+            ));
+        };
+        let out = route.dev.clone().unwrap_or_default();
+        if rp == 2 || out == iif {
+            self.hop(
+                stage,
+                "rp_filter",
+                Some(format!("{rule} → {}", route.text)),
+                format!(
+                    "reverse path to {} via {out}: passes (rp_filter {rp})",
+                    p.src
+                ),
+            );
+            return Ok(());
+        }
+        self.hop(
+            stage,
+            "rp_filter",
+            Some(format!("{rule} → {}", route.text)),
+            format!("reverse path from {} to {} leaves by {out}, not {iif}: strict rp_filter drops it (TcpExtIPReversePathFilter)", p.dst, p.src),
+        );
+        let mut fixes = Vec::new();
+        let out_has_addr = !self.st.ipv4_on(&out).is_empty();
+        if !out_has_addr && stage.starts_with("reply") {
+            fixes.push(format!("give {out} an IPv4 address of its own, so masquerade picks it and the reply returns on {out} (weir-cni eni-shared's eniAddress)"));
+        }
+        if stage.starts_with("reply") {
+            fixes.push(format!("loose reverse-path filtering on {iif}: sysctl -w net.ipv4.conf.{iif}.rp_filter=2 (the effective value is max(conf/all, conf/{iif})); a cloud's source check may still drop the request"));
+        } else {
+            fixes.push(format!("connmark connections arriving on {iif} and add `ip rule add fwmark <mark> lookup main` before `{}`, with net.ipv4.conf.all.src_valid_mark=1 (weir-cni eni-shared does this)", rule.trim()));
+            fixes.push(format!(
+                "loose reverse-path filtering on {iif}: sysctl -w net.ipv4.conf.{iif}.rp_filter=2"
+            ));
+        }
+        fixes.push(format!(
+            "mark the traffic in mangle and route it through main with a fwmark rule before `{}`",
+            rule.trim()
+        ));
+        Err((format!("{stage}: strict reverse-path filter on {iif} drops {} → {} (the route back leaves by {out})", p.src, p.dst), fixes))
+    }
+}

@@ -1,0 +1,138 @@
+//! The routing decision: policy rules in priority order, then the table they lead to.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use crate::iproute::PolicyRule;
+
+use super::{Dropped, Walker};
+
+/// The result of a routing decision.
+#[derive(Debug, Clone)]
+pub(super) struct RouteResult {
+    pub(super) local: bool,
+    pub(super) oif: String,
+}
+
+impl Walker<'_> {
+    /// Policy routing: rules in priority order, the first whose table has a route decides.
+    pub(super) fn route(
+        &mut self,
+        stage: &str,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        mark: u32,
+        iif: &str,
+    ) -> Result<RouteResult, Dropped> {
+        let found = self.lookup(src, dst, mark, Some(iif));
+        match found {
+            Some((rule, route)) => {
+                let local = route.kind == "local";
+                match route.kind.as_str() {
+                    "blackhole" | "unreachable" | "prohibit" => {
+                        self.hop(
+                            stage,
+                            format!("table {}", route.table),
+                            Some(route.text.clone()),
+                            format!("{dst}: {}", route.kind),
+                        );
+                        return Err((
+                            format!(
+                                "{stage}: route to {dst} is {} (`{}`)",
+                                route.kind, route.text
+                            ),
+                            vec![],
+                        ));
+                    }
+                    _ => {}
+                }
+                self.hop(
+                    stage,
+                    format!("table {}", route.table),
+                    Some(format!("{} → {}", rule, route.text)),
+                    if local {
+                        format!("{dst} is local")
+                    } else {
+                        format!(
+                            "from {src} to {dst} (mark {mark:#x}): out {}",
+                            route.dev.clone().unwrap_or_default()
+                        )
+                    },
+                );
+                Ok(RouteResult {
+                    local,
+                    oif: route.dev.unwrap_or_default(),
+                })
+            }
+            None => {
+                self.hop(
+                    stage,
+                    "rules",
+                    None,
+                    format!("no route from {src} to {dst}"),
+                );
+                Err((format!("{stage}: no route to {dst}"), vec![]))
+            }
+        }
+    }
+
+    /// The policy rules (or the default ones) and the route they lead to.
+    pub(super) fn lookup(
+        &self,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        mark: u32,
+        iif: Option<&str>,
+    ) -> Option<(String, crate::iproute::Route)> {
+        let defaults;
+        let rules: &[PolicyRule] = match &self.st.rules {
+            Some(r) => r,
+            None => {
+                defaults = crate::iproute::parse_rules("0: from all lookup local\n32766: from all lookup main\n32767: from all lookup default\n").value;
+                &defaults
+            }
+        };
+        for r in rules {
+            let mut hit = r.src.is_none_or(|n| n.contains(&IpAddr::V4(src)))
+                && r.dst.is_none_or(|n| n.contains(&IpAddr::V4(dst)))
+                && r.fwmark.is_none_or(|(m, k)| mark & k == m)
+                && r.iif.as_deref().is_none_or(|i| Some(i) == iif)
+                && r.oif.is_none();
+            if r.not {
+                hit = !hit;
+            }
+            if !hit {
+                continue;
+            }
+            match r.action.as_str() {
+                "lookup" => {
+                    let table = match r.table.as_deref() {
+                        Some("254") | None => "main",
+                        Some("255") => "local",
+                        Some("253") => "default",
+                        Some(t) => t,
+                    };
+                    if let Some(route) = self.st.lookup(table, IpAddr::V4(dst)) {
+                        return Some((r.text.replace('\t', " "), route.clone()));
+                    }
+                }
+                "blackhole" | "unreachable" | "prohibit" => {
+                    let route = crate::iproute::Route {
+                        table: "rule".into(),
+                        kind: r.action.clone(),
+                        dst: ipnet::IpNet::from(IpAddr::V4(dst)),
+                        gateway: None,
+                        dev: None,
+                        prefsrc: None,
+                        scope: None,
+                        metric: 0,
+                        onlink: false,
+                        text: r.text.replace('\t', " "),
+                    };
+                    return Some((r.text.replace('\t', " "), route));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+}
