@@ -169,7 +169,7 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(match t.verdict {
         Verdict::Delivered => ExitCode::SUCCESS,
-        Verdict::Dropped => ExitCode::FAILURE,
+        Verdict::Dropped | Verdict::Rejected => ExitCode::FAILURE,
     })
 }
 

@@ -16,6 +16,7 @@
 mod hooks;
 mod iptables_walk;
 mod nat;
+mod nft_nat;
 mod nft_walk;
 mod packet;
 mod path;
@@ -29,7 +30,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::state::NodeState;
 
 use packet::{Flow, Pkt};
-pub use packet::{Hop, Packet, Proto, Trace, Verdict};
+pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict};
 pub use render::{render, svg};
 
 struct Walker<'a> {
@@ -37,6 +38,10 @@ struct Walker<'a> {
     hops: Vec<Hop>,
     choices: Vec<String>,
     assumptions: BTreeSet<String>,
+    /// A reject rule (not a drop) ended the walk.
+    rejected: bool,
+    endpoints: Vec<String>,
+    egress: Option<Egress>,
 }
 
 /// Runs the walk.
@@ -46,6 +51,9 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         hops: Vec::new(),
         choices: Vec::new(),
         assumptions: BTreeSet::new(),
+        rejected: false,
+        endpoints: Vec::new(),
+        egress: None,
     };
     w.note_missing();
     let mut p = Pkt {
@@ -64,6 +72,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
     };
     let (verdict, cause, fixes) = match w.request_and_reply(&mut p) {
         Ok(()) => (Verdict::Delivered, None, Vec::new()),
+        Err((cause, fixes)) if w.rejected => (Verdict::Rejected, Some(cause), fixes),
         Err((cause, fixes)) => (Verdict::Dropped, Some(cause), fixes),
     };
     Trace {
@@ -73,6 +82,8 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         cause,
         fixes,
         choices: w.choices,
+        endpoints: w.endpoints,
+        egress: w.egress,
         assumptions: w.assumptions.into_iter().collect(),
     }
 }
@@ -93,6 +104,25 @@ impl Walker<'_> {
             place: place.into(),
             rule,
             note: note.into(),
+        });
+    }
+
+    /// The DNAT alternatives of a random choice; the first choice made counts.
+    fn note_endpoints(&mut self, eps: Vec<String>) {
+        if self.endpoints.is_empty() {
+            self.endpoints = eps;
+        }
+    }
+
+    /// The request leaves (or is delivered) as `p`.
+    fn note_egress(&mut self, p: &Pkt, local: bool) {
+        self.egress = Some(Egress {
+            src: p.src,
+            dst: p.dst,
+            sport: p.sport,
+            dport: p.dport,
+            oif: if local { None } else { p.oif.clone() },
+            local,
         });
     }
 

@@ -14,6 +14,7 @@ impl Walker<'_> {
         self.rp_check("routing", p, &p.iif.clone())?;
         if local || route.local {
             self.hook("INPUT", p)?;
+            self.note_egress(p, true);
             self.hop(
                 "deliver",
                 "local",
@@ -45,6 +46,7 @@ impl Walker<'_> {
             ));
         }
         self.hop("send", route.oif.clone(), None, sent);
+        self.note_egress(p, false);
 
         self.reply(p, &orig, before, &route.oif)
     }
