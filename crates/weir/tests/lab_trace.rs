@@ -140,10 +140,6 @@ impl Matrix<'_> {
             .join(format!("{}-{node}", self.phase))
     }
 
-    fn pod_ip(&self, pod: &str) -> Ipv4Addr {
-        self.state.pods.iter().find(|p| p.name == pod).unwrap().ip
-    }
-
     fn node_ip(&self, node: &str) -> Ipv4Addr {
         self.state
             .nodes
@@ -451,7 +447,7 @@ impl Matrix<'_> {
                 let name = self.echo_name(out_dst).unwrap();
                 return Outcome::Delivered(endpoints.unwrap_or_else(|| [name].into()));
             }
-            iif = e["oif"].as_str().unwrap().to_string();
+            iif = self.arrival_iif(&next, out_dst);
             src = e["src"].as_str().unwrap().parse().unwrap();
             dst = SocketAddrV4::new(out_dst, out_port);
             node = next;
@@ -459,26 +455,37 @@ impl Matrix<'_> {
         panic!("more than 3 legs for {}", c.name)
     }
 
+    /// The interface a packet for `dst` arrives on at `node`: a node's own address on the
+    /// underlay (eth0); a pod's address on eth0 (bridge: routed over the underlay) or on the
+    /// ENI (eni: the VPC delivers each ENI's addresses to it).
+    fn arrival_iif(&self, node: &str, dst: Ipv4Addr) -> String {
+        if dst == self.node_ip(node) || self.state.network != weir_lab::Network::Eni {
+            "eth0".into()
+        } else {
+            "eth1".into()
+        }
+    }
+
     /// Where trace says it was dropped, in the kernel counters' words.
     fn trace_place(&self, node: &str, t: &Value) -> String {
         let cause = t["cause"].as_str().unwrap_or_default();
+        let last = t["hops"]
+            .as_array()
+            .and_then(|h| h.last())
+            .and_then(|h| h["place"].as_str())
+            .unwrap_or_default();
         if cause.contains("reverse-path") {
             format!("rp_filter on {node}")
         } else if cause.contains("FORWARD") && cause.contains("policy") {
             format!("FORWARD policy on {node}")
         } else if cause.contains("source/destination check") {
             "source check".into()
-        } else if let Some(place) = cause
-            .split("dropped in ")
-            .nth(1)
-            .and_then(|r| r.split(" by ").next())
-        {
-            // "nft inet weir X" / "iptables filter X" (iptables-nft: table ip filter)
-            let place = match place.strip_prefix("iptables ") {
-                Some(rest) => format!("ip {rest}"),
-                None => place.trim_start_matches("nft ").to_string(),
-            };
-            format!("nft drop in {place} on {node}")
+        } else if let Some(chain) = last.strip_prefix("nft ") {
+            // The chain holding the rule that dropped it, as `nft monitor trace` names it.
+            format!("nft drop in {chain} on {node}")
+        } else if let Some(chain) = last.strip_prefix("iptables ") {
+            // iptables-nft: its tables are nft tables of family ip.
+            format!("nft drop in ip {chain} on {node}")
         } else {
             format!("{node}: {cause}")
         }

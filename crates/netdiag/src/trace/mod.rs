@@ -62,7 +62,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         sport: packet.sport,
         dport: packet.dport,
         proto: packet.proto,
-        iif: packet.iif.clone(),
+        iif: w.ip_iif(&packet.iif),
         oif: None,
         mark: 0,
         ct_mark: 0,
@@ -112,6 +112,29 @@ impl Walker<'_> {
         if self.endpoints.is_empty() {
             self.endpoints = eps;
         }
+    }
+
+    /// The interface the IP layer sees a packet arriving on `iif` on: a bridge port's packets
+    /// enter IP on the bridge (a pod's veth on `cni0`), so the hooks' `iifname`, routing and
+    /// rp_filter see the bridge.
+    fn ip_iif(&mut self, iif: &str) -> String {
+        let Some(master) = self.st.link(iif).and_then(|l| l.master.clone()) else {
+            return iif.to_string();
+        };
+        match self.st.link(&master).and_then(|m| m.kind.as_deref()) {
+            Some("bridge") => {}
+            Some(_) => return iif.to_string(),
+            None => self.assume(format!(
+                "{iif}'s master {master} is taken to be a bridge (no `ip -d link` kind)"
+            )),
+        }
+        self.hop(
+            "bridge",
+            iif,
+            None,
+            format!("{iif} is a port of bridge {master}: the IP layer sees the packet arrive on {master}"),
+        );
+        master
     }
 
     /// The request leaves (or is delivered) as `p`.
