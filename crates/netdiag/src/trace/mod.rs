@@ -40,6 +40,9 @@ struct Walker<'a> {
     assumptions: BTreeSet<String>,
     /// A reject rule (not a drop) ended the walk.
     rejected: bool,
+    /// The last routing decision's route has a gateway (the next hop is a router, not the
+    /// destination itself on a link).
+    via_router: bool,
     endpoints: Vec<String>,
     egress: Option<Egress>,
 }
@@ -52,6 +55,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         choices: Vec::new(),
         assumptions: BTreeSet::new(),
         rejected: false,
+        via_router: false,
         endpoints: Vec::new(),
         egress: None,
     };

@@ -39,7 +39,10 @@ impl Walker<'_> {
         self.hook("POSTROUTING", p)?;
         let masq_src = p.src;
         let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
-        if masq_src != before && self.owner_of(masq_src).is_some_and(|o| o != route.oif) {
+        if masq_src != before
+            && self.via_router
+            && self.owner_of(masq_src).is_some_and(|o| o != route.oif)
+        {
             sent.push_str(&format!(
                 "; {masq_src} is not {}'s address: a cloud's source/destination check on {} drops it before any reply",
                 route.oif, route.oif
