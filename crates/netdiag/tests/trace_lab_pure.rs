@@ -118,3 +118,27 @@ fn userspace_redirect_is_local_delivery_to_the_listener() {
         .iter()
         .all(|a| !a.contains("redirect not modelled")));
 }
+
+/// eni-shared with the fix (tests/data/lab-eni-a-fix-on, kube-proxy's iptables shapes): pod a1
+/// (10.12.192.18, veth eniccaff4a074a3) → the ClusterIP of `web`, whose first endpoint is a1
+/// itself. The hairpin is masqueraded out a1's veth (no address, so eth0's 10.12.97.11 is
+/// taken) and a1 answers on that same veth. The walk used to have the reply arrive on eth0,
+/// the masquerade address's interface, and fail strict rp_filter there; the kernel delivers
+/// it (the lab's hairpin probes pass).
+#[test]
+fn a_reply_from_a_directly_connected_backend_returns_on_its_link() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/lab-eni-a-fix-on");
+    let st = NodeState::from_dir(&dir).unwrap().0;
+    let t = walk(&st, "10.12.192.18", "10.96.0.1", 80, "eniccaff4a074a3");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(t
+        .hops
+        .iter()
+        .any(|h| h.stage == "reply" && h.place == "eniccaff4a074a3"));
+    assert!(t.endpoints.contains(&"10.12.192.18:8080".to_string()));
+    // No cloud source-check warning: the packet never reaches the VPC.
+    assert!(t
+        .hops
+        .iter()
+        .all(|h| !h.note.contains("source/destination check")));
+}

@@ -135,9 +135,7 @@ impl Matrix<'_> {
     }
 
     fn dir(&self, node: &str) -> PathBuf {
-        self.collected
-            .path()
-            .join(format!("{}-{node}", self.phase))
+        self.collected.path().join(format!("{}-{node}", self.phase))
     }
 
     fn node_ip(&self, node: &str) -> Ipv4Addr {
@@ -232,8 +230,7 @@ impl Matrix<'_> {
     /// The node-side veth of a pod: the node's interface whose index the pod's eth0 names as
     /// its peer.
     fn host_veth(&self, node: &str, pod_ns: &str) -> String {
-        let link: Value =
-            serde_json::from_str(&self.exec(pod_ns, "ip -j link show eth0")).unwrap();
+        let link: Value = serde_json::from_str(&self.exec(pod_ns, "ip -j link show eth0")).unwrap();
         let peer = link[0]["link_index"].as_u64().unwrap();
         let links: Value =
             serde_json::from_str(&self.exec(&self.node_ns(node), "ip -j link show")).unwrap();
@@ -281,9 +278,7 @@ impl Matrix<'_> {
         let netns = NetNs::named(&ns).unwrap();
         let mut answered = BTreeSet::new();
         for _ in 0..tries {
-            let r = netns
-                .run(|| ask(c.udp, dst, bind))
-                .unwrap();
+            let r = netns.run(|| ask(c.udp, dst, bind)).unwrap();
             match r {
                 Ok(name) => {
                     answered.insert(name);
@@ -392,11 +387,23 @@ impl Matrix<'_> {
             )
         });
         let text = self.lab.weir(&[
-            "trace", "--from", &src, "--iif", iif, "--to", &to, "--dport", &dport, "--proto",
+            "trace",
+            "--from",
+            &src,
+            "--iif",
+            iif,
+            "--to",
+            &to,
+            "--dport",
+            &dport,
+            "--proto",
             if udp { "udp" } else { "tcp" },
             dir.to_str().unwrap(),
         ]);
-        eprintln!("--- trace on {node}\n{}", String::from_utf8_lossy(&text.stdout));
+        eprintln!(
+            "--- trace on {node}\n{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
         v
     }
 
@@ -433,9 +440,7 @@ impl Matrix<'_> {
                 if self.echo_name(out_dst).as_deref() == Some(node.as_str())
                     && out_port == weir_lab::echo::ECHO_PORT
                 {
-                    return Outcome::Delivered(
-                        endpoints.unwrap_or_else(|| [node.clone()].into()),
-                    );
+                    return Outcome::Delivered(endpoints.unwrap_or_else(|| [node.clone()].into()));
                 }
                 return Outcome::Proxied(format!("{node} port {out_port}"));
             }
@@ -533,10 +538,7 @@ impl Matrix<'_> {
     fn listener_exists(&self, at: &str) -> bool {
         let mut w = at.split_whitespace();
         let (node, port) = (w.next().unwrap(), w.nth(1).unwrap());
-        let out = self.exec(
-            &self.node_ns(node),
-            &format!("ss -Hltun 'sport = :{port}'"),
-        );
+        let out = self.exec(&self.node_ns(node), &format!("ss -Hltun 'sport = :{port}'"));
         !out.trim().is_empty()
     }
 }
@@ -574,7 +576,10 @@ fn ask(udp: bool, to: SocketAddrV4, bind: Option<Ipv4Addr>) -> std::io::Result<S
         match got {
             Some(l) => l,
             None if last.kind() == std::io::ErrorKind::WouldBlock => {
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer",
+                ))
             }
             None => return Err(last),
         }
@@ -585,7 +590,11 @@ fn ask(udp: bool, to: SocketAddrV4, bind: Option<Ipv4Addr>) -> std::io::Result<S
         BufReader::new(s).read_line(&mut line)?;
         line
     };
-    Ok(line.split_whitespace().next().unwrap_or_default().to_string())
+    Ok(line
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
 }
 
 /// The lab's topology file with this lab's name, the matrix's services and `extra` lines.
@@ -697,19 +706,43 @@ fn bridge_cases() -> Vec<Case> {
     use Dest::*;
     vec![
         case("pod → ClusterIP, same node", Pod("a1"), ClusterIp("local")),
-        case("pod → ClusterIP, other node", Pod("a1"), ClusterIp("remote")),
+        case(
+            "pod → ClusterIP, other node",
+            Pod("a1"),
+            ClusterIp("remote"),
+        ),
         case("pod → ClusterIP, both nodes", Pod("a2"), ClusterIp("web")),
         Case {
             udp: true,
             ..case("pod → ClusterIP udp", Pod("a1"), ClusterIp("dns"))
         },
         case("pod → NodePort (own node)", Pod("a1"), NodePort("np", "a")),
-        case("outside → NodePort eTP Cluster", Outside, NodePort("np", "a")),
-        case("outside → NodePort eTP Local, local ep", Outside, NodePort("shop", "a")),
-        case("outside → NodePort eTP Local, no local ep", Outside, NodePort("shop", "b")),
+        case(
+            "outside → NodePort eTP Cluster",
+            Outside,
+            NodePort("np", "a"),
+        ),
+        case(
+            "outside → NodePort eTP Local, local ep",
+            Outside,
+            NodePort("shop", "a"),
+        ),
+        case(
+            "outside → NodePort eTP Local, no local ep",
+            Outside,
+            NodePort("shop", "b"),
+        ),
         case("outside → LB IP", Outside, LoadBalancer("api")),
-        case("pod → service without endpoints", Pod("a1"), ClusterIp("gone")),
-        case("outside → NodePort without endpoints", Outside, NodePort("gone", "a")),
+        case(
+            "pod → service without endpoints",
+            Pod("a1"),
+            ClusterIp("gone"),
+        ),
+        case(
+            "outside → NodePort without endpoints",
+            Outside,
+            NodePort("gone", "a"),
+        ),
     ]
 }
 
@@ -718,9 +751,21 @@ fn forward_drop_cases() -> Vec<Case> {
     use Client::*;
     use Dest::*;
     vec![
-        case("pod → hostNetwork ep, FORWARD DROP", Pod("a1"), ClusterIp("hostnet")),
-        case("outside → NodePort → hostNetwork ep, FORWARD DROP", Outside, NodePort("hostnet", "a")),
-        case("pod → ClusterIP other node, FORWARD DROP", Pod("a1"), ClusterIp("remote")),
+        case(
+            "pod → hostNetwork ep, FORWARD DROP",
+            Pod("a1"),
+            ClusterIp("hostnet"),
+        ),
+        case(
+            "outside → NodePort → hostNetwork ep, FORWARD DROP",
+            Outside,
+            NodePort("hostnet", "a"),
+        ),
+        case(
+            "pod → ClusterIP other node, FORWARD DROP",
+            Pod("a1"),
+            ClusterIp("remote"),
+        ),
     ]
 }
 
@@ -744,7 +789,9 @@ fn bridge_matrix(tag: &str, mode: &str) {
         phase: 0,
     };
     add_hostnet_service(&m, "10.96.0.99", 30099);
-    m.state.services.push(hostnet_state(&m, "10.96.0.99", 30099));
+    m.state
+        .services
+        .push(hostnet_state(&m, "10.96.0.99", 30099));
     m.collect();
     let mut bad = m.run(mode, &bridge_cases());
     m.exec(&m.node_ns("a"), "iptables -t filter -P FORWARD DROP");
@@ -782,14 +829,34 @@ fn eni_cases() -> Vec<Case> {
     use Client::*;
     use Dest::*;
     vec![
-        case("pod → ClusterIP, both nodes (hairpin)", Pod("a1"), ClusterIp("web")),
-        case("pod → NodePort of other node", Pod("a1"), NodePort("edge", "b")),
-        case("outside → NodePort eTP Local, local ep", Outside, NodePort("shop", "a")),
+        case(
+            "pod → ClusterIP, both nodes (hairpin)",
+            Pod("a1"),
+            ClusterIp("web"),
+        ),
+        case(
+            "pod → NodePort of other node",
+            Pod("a1"),
+            NodePort("edge", "b"),
+        ),
+        case(
+            "outside → NodePort eTP Local, local ep",
+            Outside,
+            NodePort("shop", "a"),
+        ),
         case("outside → LB IP", Outside, LoadBalancer("api")),
-        case("pod → service without endpoints", Pod("a1"), ClusterIp("gone")),
+        case(
+            "pod → service without endpoints",
+            Pod("a1"),
+            ClusterIp("gone"),
+        ),
         // Last: with the fix off its reply is dropped, and the backend keeps retransmitting
         // its SYN-ACK into node a's rp_filter counter for a minute.
-        case("pod → LB IP, backend on other node", Pod("a1"), LoadBalancer("edge")),
+        case(
+            "pod → LB IP, backend on other node",
+            Pod("a1"),
+            LoadBalancer("edge"),
+        ),
     ]
 }
 
@@ -832,7 +899,11 @@ fn trace_agrees_with_the_kernel_eni_fix_off_nftables() {
 }
 
 #[test]
+fn trace_agrees_with_the_kernel_eni_fix_on_iptables() {
+    eni_matrix("tei1", "iptables", true);
+}
+
+#[test]
 fn trace_agrees_with_the_kernel_eni_fix_off_iptables() {
     eni_matrix("tei", "iptables", false);
 }
-

@@ -29,8 +29,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use crate::state::NodeState;
 
-use packet::{Flow, Pkt};
 pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict};
+use packet::{Flow, Pkt};
 pub use render::{render, svg};
 
 struct Walker<'a> {

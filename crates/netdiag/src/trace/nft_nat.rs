@@ -50,15 +50,19 @@ impl Walker<'_> {
                 Value::Object(o) if o.contains_key("map") => {
                     let all = self.nft_map_targets(rs, family, table, &o["map"], p);
                     if all.len() > 1 {
-                        let list: Vec<String> =
-                            all.iter().map(|(a, pt)| endpoint(*a, pt.or(port))).collect();
+                        let list: Vec<String> = all
+                            .iter()
+                            .map(|(a, pt)| endpoint(*a, pt.or(port)))
+                            .collect();
                         self.choices.push(format!(
                             "one of {} (numgen random): followed the first",
                             list.join(", ")
                         ));
                     }
                     self.note_endpoints(
-                        all.iter().map(|(a, pt)| endpoint(*a, pt.or(port))).collect(),
+                        all.iter()
+                            .map(|(a, pt)| endpoint(*a, pt.or(port)))
+                            .collect(),
                     );
                     all.first().map(|(a, pt)| (*a, pt.or(port)))
                 }
@@ -67,7 +71,9 @@ impl Walker<'_> {
         };
         let Some((addr, port)) = target else {
             if kind != "redirect" {
-                self.assume(format!("nft dnat target not modelled or not found: `{text}`"));
+                self.assume(format!(
+                    "nft dnat target not modelled or not found: `{text}`"
+                ));
             }
             return false;
         };
@@ -103,7 +109,9 @@ impl Walker<'_> {
         };
         let mut out = Vec::new();
         for e in elems {
-            let Some([k, d]) = e.as_array().and_then(|a| <&[Value; 2]>::try_from(&a[..]).ok())
+            let Some([k, d]) = e
+                .as_array()
+                .and_then(|a| <&[Value; 2]>::try_from(&a[..]).ok())
             else {
                 continue;
             };
