@@ -12,7 +12,9 @@
 
 pub mod doctor;
 pub mod iproute;
+pub mod ipset;
 pub mod iptables;
+pub mod ipvs;
 pub mod live;
 pub mod nft;
 pub mod state;

@@ -89,7 +89,7 @@ impl Output {
                 "nft-list-ruleset",
                 "nft-j-list-ruleset",
             ],
-            Output::IpsetList => &["ipset-list", "ipset"],
+            Output::IpsetList => &["ipset-list", "ipset", "ipset-save"],
             Output::IpRule => &["ip-rule", "ip-rule-show", "ip-j-rule"],
             Output::IpRoute => &[
                 "ip-route",
@@ -100,7 +100,13 @@ impl Output {
             Output::IpLink => &["ip-link", "ip-d-link", "ip-j-d-link", "ip-link-show"],
             Output::IpAddr => &["ip-addr", "ip-a", "ip-j-addr", "ip-addr-show"],
             Output::IpNeigh => &["ip-neigh", "ip-n", "ip-j-neigh"],
-            Output::IpvsadmLn => &["ipvsadm-Ln", "ipvsadm", "ipvsadm-ln"],
+            Output::IpvsadmLn => &[
+                "ipvsadm-Ln",
+                "ipvsadm",
+                "ipvsadm-ln",
+                "ipvsadm-Sn",
+                "ipvsadm-save",
+            ],
             Output::Sysctl => &["sysctl", "sysctl-a", "sysctls"],
             Output::ConntrackStats => &["conntrack-stats", "conntrack-S", "conntrack"],
         }

@@ -368,3 +368,179 @@ fn the_path_as_an_svg_picture() {
     }
     assert!(svg.contains("fix 1: give eth1 an IPv4 address"));
 }
+
+/// kube-proxy's ClientIP affinity (`-m recent`): the endpoint chain's `--set` matches (it
+/// records the client) and a new client's `--rcheck` does not, so the walk reaches the DNAT
+/// through the statistic cascade. Found by trace_proxy_model: `--set` used to count as an
+/// unmodelled match, so the endpoint chains never DNATed and the packet had no route.
+#[test]
+fn affinity_rules_recent_set_matches_and_rcheck_does_not_for_a_new_client() {
+    let save = "*nat
+:PREROUTING ACCEPT [0:0]
+:KUBE-SVC-A - [0:0]
+:KUBE-SEP-1 - [0:0]
+:KUBE-SEP-2 - [0:0]
+-A PREROUTING -d 10.96.0.11/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-A
+-A KUBE-SVC-A -m recent --name KUBE-SEP-1 --rcheck --seconds 10800 --reap -j KUBE-SEP-1
+-A KUBE-SVC-A -m recent --name KUBE-SEP-2 --rcheck --seconds 10800 --reap -j KUBE-SEP-2
+-A KUBE-SVC-A -m statistic --mode random --probability 0.5 -j KUBE-SEP-1
+-A KUBE-SVC-A -j KUBE-SEP-2
+-A KUBE-SEP-1 -p tcp -m recent --name KUBE-SEP-1 --set -m tcp -j DNAT --to-destination 10.244.0.21:8080
+-A KUBE-SEP-2 -p tcp -m recent --name KUBE-SEP-2 --set -m tcp -j DNAT --to-destination 10.244.1.20:8080
+COMMIT
+";
+    let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
+192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+";
+    let st = NodeState::from_outputs([
+        (Output::IptablesSave, save.to_string()),
+        (Output::IpRoute, routes.to_string()),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = walk(&st, "192.168.0.99", "10.96.0.11", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "--set -m tcp -j DNAT --to-destination 10.244.0.21:8080",
+        "DNAT to 10.244.0.21:8080"
+    ));
+    assert!(t
+        .choices
+        .iter()
+        .any(|c| c.contains("(DNAT 10.244.0.21:8080)") && c.contains("(DNAT 10.244.1.20:8080)")));
+    assert!(t
+        .assumptions
+        .iter()
+        .any(|a| a.starts_with("-m recent --rcheck: the client has no earlier connection")));
+}
+
+/// weir's own nftables shapes, found by trace_proxy_model: `dnat to <key with numgen> map @m`
+/// (every numgen value is a choice), and the affinity chains, whose rules `update` a dynamic
+/// set and whose cascade tests `numgen random mod N == k`. Before, the map's address was not
+/// read (no DNAT: "no route"), and the `set` statement made every affinity rule pass over.
+#[test]
+fn nft_dnat_through_a_numgen_map_and_affinity_chains_are_one_of() {
+    let rule = |chain: &str, expr: &str| {
+        format!(
+            r#"{{"rule":{{"family":"inet","table":"weir","chain":"{chain}","expr":[{expr}]}}}}"#
+        )
+    };
+    let dnat = |ip: &str| format!(r#"{{"dnat":{{"family":"ip","addr":"{ip}","port":8080}}}}"#);
+    let update = r#"{"set":{"op":"update","elem":{"payload":{"protocol":"ip","field":"saddr"}},"set":"@aff"}}"#;
+    let json = [
+        r#"{"nftables":[{"table":{"family":"inet","name":"weir"}}"#.to_string(),
+        r#"{"chain":{"family":"inet","table":"weir","name":"nat-prerouting","type":"nat","hook":"prerouting","prio":-100,"policy":"accept"}}"#.into(),
+        r#"{"chain":{"family":"inet","table":"weir","name":"aff-chain"}}"#.into(),
+        r#"{"set":{"family":"inet","name":"aff","table":"weir","type":"ipv4_addr","flags":["dynamic","timeout"]}}"#.into(),
+        r#"{"map":{"family":"inet","name":"ep4tcp","table":"weir","type":["ipv4_addr","inet_proto","inet_service","integer"],"map":"ipv4_addr . inet_service","elem":[[{"concat":["10.96.0.10","tcp",80,0]},{"concat":["10.244.0.10",8080]}],[{"concat":["10.96.0.10","tcp",80,1]},{"concat":["10.244.0.11",8080]}]]}}"#.into(),
+        rule("nat-prerouting", r#"{"match":{"op":"==","left":{"fib":{"result":"type","flags":["saddr"]}},"right":"local"}},{"accept":null}"#),
+        rule("nat-prerouting", r#"{"match":{"op":"==","left":{"payload":{"protocol":"ip","field":"daddr"}},"right":"10.96.0.11"}},{"goto":{"target":"aff-chain"}}"#),
+        rule("nat-prerouting", r#"{"dnat":{"family":"ip","addr":{"map":{"key":{"concat":[{"payload":{"protocol":"ip","field":"daddr"}},{"meta":{"key":"l4proto"}},{"payload":{"protocol":"tcp","field":"dport"}},{"numgen":{"mode":"random","mod":2,"offset":0}}]},"data":"@ep4tcp"}}}}"#),
+        rule("aff-chain", &format!(r#"{{"match":{{"op":"==","left":{{"payload":{{"protocol":"ip","field":"saddr"}}}},"right":"@aff"}}}},{update},{}"#, dnat("10.244.0.30"))),
+        rule("aff-chain", &format!(r#"{{"match":{{"op":"==","left":{{"numgen":{{"mode":"random","mod":2,"offset":0}}}},"right":0}}}},{update},{}"#, dnat("10.244.0.21"))),
+        rule("aff-chain", &format!("{update},{}", dnat("10.244.1.20"))) + "]}",
+    ]
+    .join(",");
+    let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
+10.244.1.0/24 via 192.168.0.2 dev eth0
+192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+";
+    let st = NodeState::from_outputs([
+        (Output::NftRuleset, json),
+        (Output::IpRoute, routes.to_string()),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = walk(&st, "192.168.0.99", "10.96.0.10", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "numgen random mod 2",
+        "DNAT to 10.244.0.10:8080"
+    ));
+    assert!(t.choices.iter().any(|c| c.starts_with(
+        "one of 0 (DNAT 10.244.0.10:8080), 1 (DNAT 10.244.0.11:8080) (numgen random mod 2"
+    )));
+    let t = walk(&st, "192.168.0.99", "10.96.0.11", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(&t, "PREROUTING", "", "DNAT to 10.244.0.21:8080"));
+    let c = t.choices.join("\n");
+    assert!(
+        c.contains("(DNAT 10.244.0.21:8080)")
+            && c.contains("(DNAT 10.244.1.20:8080)")
+            && !c.contains("10.244.0.30"),
+        "{c}"
+    );
+}
+
+/// nft `redirect to :port` (weir's userspace mode): DNAT to the input interface's primary
+/// address and the port, then local delivery to the listener. Found by trace_proxy_model:
+/// `redirect` was an unmodelled statement and the rule passed over.
+#[test]
+fn nft_redirect_delivers_to_the_local_listener() {
+    let json = r#"{"nftables":[{"table":{"family":"inet","name":"weir_userspace"}},
+{"chain":{"family":"inet","table":"weir_userspace","name":"prerouting","type":"nat","hook":"prerouting","prio":-100,"policy":"accept"}},
+{"rule":{"family":"inet","table":"weir_userspace","chain":"prerouting","expr":[{"match":{"op":"==","left":{"payload":{"protocol":"ip","field":"daddr"}},"right":"10.96.0.10"}},{"match":{"op":"==","left":{"payload":{"protocol":"tcp","field":"dport"}},"right":80}},{"redirect":{"port":41000}}]}}]}"#;
+    let addrs = "2: eth0: <BROADCAST,UP> mtu 1500 qdisc noqueue state UP
+    inet 192.168.0.1/24 scope global eth0
+";
+    let routes = "192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+local 192.168.0.1 dev eth0 table local proto kernel scope host src 192.168.0.1
+";
+    let st = NodeState::from_outputs([
+        (Output::NftRuleset, json.to_string()),
+        (Output::IpAddr, addrs.to_string()),
+        (Output::IpRoute, routes.to_string()),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = walk(&st, "192.168.0.99", "10.96.0.10", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "PREROUTING",
+        "redirect",
+        "redirect to 192.168.0.1:41000"
+    ));
+    assert!(has_hop(
+        &t,
+        "deliver",
+        "",
+        "to a local socket on 192.168.0.1:41000"
+    ));
+}
+
+/// The OUTPUT path on the real eni lab node (fix on, kube-proxy's iptables shapes): the node
+/// itself to the ClusterIP of `web`. The source comes from the output route, nat OUTPUT's
+/// KUBE-SERVICES DNATs (and marks: the node is outside the cluster CIDR), the changed
+/// destination is routed again, KUBE-POSTROUTING masquerades (the pod's veth has no address:
+/// eth0's), and the reply reaches the local socket.
+#[test]
+fn the_node_itself_to_a_cluster_ip_through_nat_output() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-on")).unwrap();
+    let t = walk(&st, "0.0.0.0", "10.96.0.1", 80, trace::LOCAL);
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(has_hop(
+        &t,
+        "output routing",
+        "",
+        "source address 10.12.97.11"
+    ));
+    assert!(t
+        .hops
+        .iter()
+        .any(|h| h.stage == "OUTPUT" && h.note.starts_with("DNAT to ")));
+    assert!(t.hops.iter().any(|h| h.stage == "output reroute"));
+    assert!(has_hop(
+        &t,
+        "POSTROUTING",
+        "MASQUERADE",
+        "MASQUERADE: source 10.12.97.11"
+    ));
+    assert!(has_hop(
+        &t,
+        "reply deliver",
+        "",
+        "the reply is for this node"
+    ));
+}

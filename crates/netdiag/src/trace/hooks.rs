@@ -49,7 +49,7 @@ impl Walker<'_> {
         for (_, slot) in slots {
             match slot {
                 Slot::Ipt(table) => {
-                    if table == "nat" && (p.ct_state != "new" || p.nat_bound) {
+                    if table == "nat" && (p.ct_state != "new" || p.nat_bound || p.skip_nat) {
                         continue;
                     }
                     let d = self.st.iptables.as_ref().expect("checked");
@@ -74,7 +74,7 @@ impl Walker<'_> {
                     }
                 }
                 Slot::Nft(family, table, chain, policy, nat) => {
-                    if nat && p.nat_bound {
+                    if nat && (p.nat_bound || p.skip_nat) {
                         continue;
                     }
                     let rs = self.st.nft.as_ref().expect("checked");

@@ -264,6 +264,13 @@ impl Walker<'_> {
                 },
                 (Some("addrtype"), "--limit-iface-in" | "--limit-iface-out") => true,
                 (Some("statistic"), _) => true,
+                (Some("recent"), name) => self.recent_matches(name, r),
+                (Some("set"), "--match-set") => self.set_match(r, &a.values, p)?,
+                // Options of the set match that do not change membership.
+                (
+                    Some("set"),
+                    "--return-nomatch" | "--update-counters" | "--update-subcounters",
+                ) => true,
                 (Some("tcp"), "--tcp-flags" | "--syn") => true,
                 (module, name) => {
                     self.assume(format!(
@@ -330,4 +337,22 @@ pub(super) fn split_host_port(to: &str) -> Option<(Ipv4Addr, Option<u16>)> {
         None => (to, None),
     };
     Some((host.split('-').next()?.parse().ok()?, port))
+}
+
+impl Walker<'_> {
+    /// `-m recent` (kube-proxy's ClientIP affinity): `--set` records the source and matches;
+    /// `--rcheck`/`--update` match only a source seen before, and the walk is a client's first
+    /// connection, so they do not; the rest are options.
+    fn recent_matches(&mut self, name: &str, r: &IptRule) -> bool {
+        match name {
+            "--rcheck" | "--update" => {
+                self.assume(format!(
+                    "-m recent {name}: the client has no earlier connection, so no affinity entry (`{}`)",
+                    r.text
+                ));
+                false
+            }
+            _ => true,
+        }
+    }
 }

@@ -10,26 +10,35 @@
 //! destination is restored (de-SNAT) before routing, so its reverse-path check looks up the
 //! route to the backend *from the original client*.
 //!
+//! IPVS virtual servers are taken at LOCAL_IN and LOCAL_OUT ([`ipvs_walk`]); ipset matches
+//! are looked up in `ipset list`/`save` output ([`sets`]). A packet the node sends itself
+//! (`iif` [`LOCAL`]) takes the OUTPUT path ([`output`]).
+//!
 //! What it models and what it assumes is said in [`Trace::assumptions`]; rules it cannot
-//! evaluate (match modules it does not know, ipsets) count as not matching, and are named there.
+//! evaluate (match modules it does not know, sets missing from the input) count as not
+//! matching, and are named there.
 
 mod hooks;
 mod iptables_walk;
+mod ipvs_walk;
 mod nat;
+mod nft_choices;
 mod nft_nat;
 mod nft_walk;
+mod output;
 mod packet;
 mod path;
 mod render;
 mod reply;
 mod routing;
+mod sets;
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::state::NodeState;
 
-pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict};
+pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict, LOCAL};
 use packet::{Flow, Pkt};
 pub use render::{render, svg};
 
@@ -45,6 +54,10 @@ struct Walker<'a> {
     via_router: bool,
     endpoints: Vec<String>,
     egress: Option<Egress>,
+    /// `ipset list`/`save`, parsed once (`None`: not in the state).
+    sets: Option<Vec<crate::ipset::IpSet>>,
+    /// `ipvsadm -Ln`/`-Sn`, parsed once.
+    ipvs: Option<Vec<crate::ipvs::VirtualServer>>,
 }
 
 /// Runs the walk.
@@ -58,8 +71,11 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         via_router: false,
         endpoints: Vec::new(),
         egress: None,
+        sets: None,
+        ipvs: None,
     };
     w.note_missing();
+    w.parse_sets_and_ipvs();
     let mut p = Pkt {
         src: packet.src,
         dst: packet.dst,
@@ -73,8 +89,14 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         ct_state: "new",
         dnat: false,
         nat_bound: false,
+        skip_nat: false,
     };
-    let (verdict, cause, fixes) = match w.request_and_reply(&mut p) {
+    let walked = if packet.originates_here() {
+        w.output_and_reply(&mut p)
+    } else {
+        w.request_and_reply(&mut p)
+    };
+    let (verdict, cause, fixes) = match walked {
         Ok(()) => (Verdict::Delivered, None, Vec::new()),
         Err((cause, fixes)) if w.rejected => (Verdict::Rejected, Some(cause), fixes),
         Err((cause, fixes)) => (Verdict::Dropped, Some(cause), fixes),

@@ -52,4 +52,34 @@ impl Walker<'_> {
             }
         }
     }
+
+    /// `redirect` (nft) / `REDIRECT` (iptables): DNAT to this node — the input interface's
+    /// primary address, or 127.0.0.1 for the node's own packets (`nf_nat_redirect_ipv4`) —
+    /// and to `port` when given.
+    pub(super) fn redirect(&mut self, port: Option<u64>, p: &mut Pkt) {
+        let to = if p.iif == "lo" {
+            Some(Ipv4Addr::LOCALHOST)
+        } else {
+            self.st
+                .ipv4_on(&p.iif)
+                .into_iter()
+                .find(|a| !a.secondary)
+                .and_then(|a| match a.addr {
+                    IpAddr::V4(v) => Some(v),
+                    _ => None,
+                })
+        };
+        match to {
+            Some(a) => p.dst = a,
+            None => self.assume(format!(
+                "redirect on {}, which has no IPv4 address known: destination kept (the kernel drops it)",
+                p.iif
+            )),
+        }
+        if let Some(port) = port {
+            p.dport = port as u16;
+        }
+        p.dnat = true;
+        p.nat_bound = true;
+    }
 }

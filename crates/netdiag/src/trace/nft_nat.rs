@@ -48,23 +48,14 @@ impl Walker<'_> {
             match &v["addr"] {
                 Value::String(s) => s.parse().ok().map(|a| (a, port)),
                 Value::Object(o) if o.contains_key("map") => {
+                    // Every candidate for the endpoint set; the followed one and the listed
+                    // choice come from `dnat_map`.
                     let all = self.nft_map_targets(rs, family, table, &o["map"], p);
-                    if all.len() > 1 {
-                        let list: Vec<String> = all
-                            .iter()
-                            .map(|(a, pt)| endpoint(*a, pt.or(port)))
-                            .collect();
-                        self.choices.push(format!(
-                            "one of {} (numgen random): followed the first",
-                            list.join(", ")
-                        ));
-                    }
                     self.note_endpoints(
-                        all.iter()
-                            .map(|(a, pt)| endpoint(*a, pt.or(port)))
-                            .collect(),
+                        all.iter().map(|(a, pt)| endpoint(*a, pt.or(port))).collect(),
                     );
-                    all.first().map(|(a, pt)| (*a, pt.or(port)))
+                    self.dnat_map(rs, family, table, &o["map"], p)
+                        .map(|(a, pt)| (a, Some(pt)))
                 }
                 _ => None,
             }

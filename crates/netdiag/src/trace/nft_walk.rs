@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
+use super::nft_choices::is_numgen_match;
 use super::{cidr_contains, parse_num, Flow, Pkt, Walker};
 
 impl Walker<'_> {
@@ -31,17 +32,20 @@ impl Walker<'_> {
             .filter(|r| r.family == family && r.table == table && r.chain == chain)
             .cloned()
             .collect();
-        'rules: for r in &rules {
+        'rules: for (ri, r) in rules.iter().enumerate() {
             for e in &r.expr {
                 let Some((k, v)) = e.as_object().and_then(|o| o.iter().next()) else {
                     continue;
                 };
                 match k.as_str() {
                     "match" => match self.nft_match(rs, family, table, v, p) {
+                        Some(true) if is_numgen_match(v) => self.one_of_nft(&rules[ri..]),
                         Some(true) => {}
                         _ => continue 'rules,
                     },
                     "counter" | "log" | "limit" | "notrack" => {}
+                    // `update @set { ip saddr }` (affinity): records, changes nothing now.
+                    "set" => {}
                     "accept" => {
                         self.hop(stage, place, Some(r.text.clone()), "accepted");
                         return Flow::Accept;
@@ -90,7 +94,7 @@ impl Walker<'_> {
                             format!("mark {:#x}, ct mark {:#x}", p.mark, p.ct_mark),
                         );
                     }
-                    "dnat" | "redirect" => {
+                    "dnat" => {
                         if !self.nft_dnat(rs, family, table, k, v, p, &r.text) {
                             continue 'rules;
                         }
@@ -99,6 +103,16 @@ impl Walker<'_> {
                             place,
                             Some(r.text.clone()),
                             format!("DNAT to {}:{}", p.dst, p.dport),
+                        );
+                        return Flow::Accept;
+                    }
+                    "redirect" => {
+                        self.redirect(v.get("port").and_then(Value::as_u64), p);
+                        self.hop(
+                            stage,
+                            place,
+                            Some(r.text.clone()),
+                            format!("redirect to {}:{}", p.dst, p.dport),
                         );
                         return Flow::Accept;
                     }
@@ -328,6 +342,7 @@ impl Walker<'_> {
                     (t, "dport") if t == p.proto.name() => Some(NVal::Num(p.dport as u64)),
                     (t, "sport") if t == p.proto.name() => Some(NVal::Num(p.sport as u64)),
                     ("tcp" | "udp", _) => Some(NVal::Str("<other protocol>".into())),
+                    // An IPv4 packet has no IPv6 header: such matches fail (`!=` too).
                     ("ip6", _) => Some(NVal::Absent),
                     _ => None,
                 }

@@ -35,8 +35,20 @@ pub struct Packet {
     pub proto: Proto,
     pub sport: u16,
     pub dport: u16,
+    /// The interface it arrives on; `local` (or empty) for a packet this node sends itself
+    /// (the OUTPUT path), from `src` or, when `src` is 0.0.0.0, from the source routing picks.
     pub iif: String,
 }
+
+impl Packet {
+    /// Whether the packet is sent by this node rather than received.
+    pub fn originates_here(&self) -> bool {
+        self.iif.is_empty() || self.iif == LOCAL
+    }
+}
+
+/// The `iif` of a packet the node sends itself.
+pub const LOCAL: &str = "local";
 
 /// The packet as the walk changes it.
 #[derive(Debug, Clone)]
@@ -57,6 +69,9 @@ pub(super) struct Pkt {
     /// A nat chain of the current hook set up a binding: the kernel's nat core runs no further
     /// nat chains on that hook (nf_nat_inet_fn).
     pub(super) nat_bound: bool,
+    /// The connection's nat bindings are already set up (a packet IPVS sends on, or one
+    /// looped back over `lo`): no nat chain runs on this hook.
+    pub(super) skip_nat: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]

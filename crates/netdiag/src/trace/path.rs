@@ -14,6 +14,9 @@ impl Walker<'_> {
         self.rp_check("routing", p, &p.iif.clone())?;
         if local || route.local {
             self.hook("INPUT", p)?;
+            if let Some(done) = self.ipvs_local_in(p, &orig) {
+                return done;
+            }
             self.note_egress(p, true);
             self.hop(
                 "deliver",

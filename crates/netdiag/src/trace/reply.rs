@@ -47,11 +47,13 @@ impl Walker<'_> {
             ct_state: "established",
             dnat: p.dnat,
             nat_bound: false,
+            skip_nat: false,
         };
         self.hook("reply PREROUTING", &mut r)?;
         let back = self.route("reply routing", r.src, r.dst, r.mark, &r.iif)?;
         self.rp_check("reply routing", &r, &reply_iif)?;
         if back.local {
+            self.hook("reply INPUT", &mut r)?;
             self.hop("reply deliver", "local", None, "the reply is for this node");
             return Ok(());
         }

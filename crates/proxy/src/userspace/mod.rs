@@ -48,8 +48,8 @@ impl UserspaceBackend {
     }
 
     /// The listeners `plan` needs: per forwarding (service port, endpoint set), its endpoints
-    /// and affinity timeout.
-    fn wanted(plan: &Plan) -> BTreeMap<ListenerKey, (Vec<SocketAddr>, Option<Duration>)> {
+    /// and affinity timeout. Public for weir-netdiag's check of the rendered rules.
+    pub fn wanted(plan: &Plan) -> BTreeMap<ListenerKey, (Vec<SocketAddr>, Option<Duration>)> {
         let mut out = BTreeMap::new();
         for (key, sp) in &plan.services {
             if key.protocol == Protocol::Sctp {
