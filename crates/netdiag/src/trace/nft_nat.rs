@@ -52,7 +52,9 @@ impl Walker<'_> {
                     // choice come from `dnat_map`.
                     let all = self.nft_map_targets(rs, family, table, &o["map"], p);
                     self.note_endpoints(
-                        all.iter().map(|(a, pt)| endpoint(*a, pt.or(port))).collect(),
+                        all.iter()
+                            .map(|(a, pt)| endpoint(*a, pt.or(port)))
+                            .collect(),
                     );
                     self.dnat_map(rs, family, table, &o["map"], p)
                         .map(|(a, pt)| (a, Some(pt)))
