@@ -210,7 +210,7 @@ fn affinity_shows_as_persistence_and_node_ports_walk_through_the_bitmap_set() {
     assert!(!t.hops.iter().any(|h| h.note.contains("MASQUERADE")));
     // A port nobody serves on a ClusterIP: KUBE-IPVS-FILTER rejects it.
     let t = walk(&st, "10.0.0.2", "10.96.0.10", 81, "eth0");
-    assert_eq!(t.verdict, Verdict::Dropped);
+    assert_eq!(t.verdict, Verdict::Rejected);
     assert!(t
         .cause
         .as_deref()

@@ -3,7 +3,7 @@
 //! saves a node's state as the outputs operators paste, with a manifest.
 
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -26,10 +26,10 @@ pub struct TraceArgs {
 struct WalkArgs {
     /// The packet's source address (default with --pod: the pod's address).
     #[arg(long)]
-    from: Option<Ipv4Addr>,
+    from: Option<IpAddr>,
     /// The packet's destination address.
     #[arg(long, required = true)]
-    to: Option<Ipv4Addr>,
+    to: Option<IpAddr>,
     #[arg(long, value_enum, default_value = "tcp")]
     proto: ProtoArg,
     /// Destination port.
@@ -104,6 +104,8 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     let (Some(to), Some(dport)) = (a.to, a.dport) else {
         bail!("--to and --dport are required");
     };
+    let to = v4_only("--to", to)?;
+    let from = a.from.map(|f| v4_only("--from", f)).transpose()?;
     let mut notes = Vec::new();
     let st = match &a.dir {
         Some(dir) => {
@@ -131,10 +133,10 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     let (from, iif) = match (&a.pod, &a.iif) {
         (Some(pod), _) => {
             let (ip, iif) = pod_side(pod, &st)?;
-            (a.from.unwrap_or(ip), iif)
+            (from.unwrap_or(ip), iif)
         }
         (None, Some(iif)) => (
-            a.from.context("--from is required without --pod")?,
+            from.context("--from is required without --pod")?,
             iif.clone(),
         ),
         (None, None) => bail!("say where the packet comes from: --iif IFACE or --pod NETNS"),
@@ -169,8 +171,21 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(match t.verdict {
         Verdict::Delivered => ExitCode::SUCCESS,
-        Verdict::Dropped => ExitCode::FAILURE,
+        Verdict::Dropped | Verdict::Rejected => ExitCode::FAILURE,
     })
+}
+
+/// The walk follows IPv4 only (docs/diagnostics.md says what IPv6 would take): an IPv6
+/// address is refused with that said, rather than walked through IPv4 rules.
+fn v4_only(flag: &str, ip: IpAddr) -> anyhow::Result<Ipv4Addr> {
+    match ip {
+        IpAddr::V4(v4) => Ok(v4),
+        IpAddr::V6(v6) => bail!(
+            "{flag} {v6}: weir trace walks IPv4 packets only; for IPv6 read ip6tables-save, \
+             the nft ip6/inet tables and `ip -6 route get` by hand (rp_filter does not apply to \
+             IPv6: its reverse-path check is ip6tables' rpfilter match or nft's fib)"
+        ),
+    }
 }
 
 /// A pod's address and its host-side veth: the pod's `eth0` names its peer's ifindex

@@ -48,7 +48,10 @@ impl Walker<'_> {
                     return Flow::Accept;
                 }
                 "DROP" | "REJECT" => {
-                    self.hop(stage, place, Some(r.text.clone()), "dropped");
+                    let rejected = name == "REJECT";
+                    self.rejected = rejected;
+                    let what = if rejected { "rejected" } else { "dropped" };
+                    self.hop(stage, place, Some(r.text.clone()), what);
                     return Flow::Drop(r.text.clone());
                 }
                 "RETURN" => return Flow::Return,
@@ -91,11 +94,44 @@ impl Walker<'_> {
                         p.dnat = true;
                     }
                     p.nat_bound = true;
+                    self.note_endpoints(vec![format!("{}:{}", p.dst, p.dport)]);
                     self.hop(
                         stage,
                         place,
                         Some(r.text.clone()),
                         format!("DNAT to {}:{}", p.dst, p.dport),
+                    );
+                    return Flow::Accept;
+                }
+                "REDIRECT" => {
+                    // To the incoming interface's primary address (127.0.0.1 from the node).
+                    let addr = if p.iif == "lo" {
+                        Some(std::net::Ipv4Addr::LOCALHOST)
+                    } else {
+                        self.primary_ipv4(&p.iif)
+                    };
+                    let Some(addr) = addr else {
+                        self.assume(format!(
+                            "REDIRECT on {}, which has no IPv4 address known: passed over (`{}`)",
+                            p.iif, r.text
+                        ));
+                        continue;
+                    };
+                    p.dst = addr;
+                    if let Some(port) = r
+                        .target_arg("--to-ports")
+                        .and_then(|x| x.split('-').next()?.parse().ok())
+                    {
+                        p.dport = port;
+                    }
+                    p.dnat = true;
+                    p.nat_bound = true;
+                    self.note_endpoints(vec![format!("{}:{}", p.dst, p.dport)]);
+                    self.hop(
+                        stage,
+                        place,
+                        Some(r.text.clone()),
+                        format!("REDIRECT to {}:{}", p.dst, p.dport),
                     );
                     return Flow::Accept;
                 }
@@ -152,6 +188,7 @@ impl Walker<'_> {
     /// others are alternatives, listed with where each one DNATs.
     pub(super) fn one_of_ipt(&mut self, d: &Dump, table: &str, rest: &[IptRule]) {
         let mut options = Vec::new();
+        let mut endpoints = Vec::new();
         for r in rest {
             let Some(t) = r.target_name() else { continue };
             let prob = r
@@ -162,6 +199,9 @@ impl Walker<'_> {
                     .iter()
                     .find_map(|x| x.target_arg("--to-destination").map(str::to_string))
             });
+            if let Some(to) = &to {
+                endpoints.push(to.clone());
+            }
             options.push(format!(
                 "{t}{}{}",
                 to.map(|x| format!(" (DNAT {x})")).unwrap_or_default(),
@@ -171,6 +211,7 @@ impl Walker<'_> {
                 break;
             }
         }
+        self.note_endpoints(endpoints);
         self.choices
             .push(format!("one of {}: followed the first", options.join(", ")));
     }

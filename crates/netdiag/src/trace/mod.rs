@@ -23,6 +23,7 @@ mod iptables_walk;
 mod ipvs_walk;
 mod nat;
 mod nft_choices;
+mod nft_nat;
 mod nft_walk;
 mod output;
 mod packet;
@@ -37,8 +38,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use crate::state::NodeState;
 
+pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict, LOCAL};
 use packet::{Flow, Pkt};
-pub use packet::{Hop, Packet, Proto, Trace, Verdict, LOCAL};
 pub use render::{render, svg};
 
 struct Walker<'a> {
@@ -46,6 +47,13 @@ struct Walker<'a> {
     hops: Vec<Hop>,
     choices: Vec<String>,
     assumptions: BTreeSet<String>,
+    /// A reject rule (not a drop) ended the walk.
+    rejected: bool,
+    /// The last routing decision's route has a gateway (the next hop is a router, not the
+    /// destination itself on a link).
+    via_router: bool,
+    endpoints: Vec<String>,
+    egress: Option<Egress>,
     /// `ipset list`/`save`, parsed once (`None`: not in the state).
     sets: Option<Vec<crate::ipset::IpSet>>,
     /// `ipvsadm -Ln`/`-Sn`, parsed once.
@@ -59,6 +67,10 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         hops: Vec::new(),
         choices: Vec::new(),
         assumptions: BTreeSet::new(),
+        rejected: false,
+        via_router: false,
+        endpoints: Vec::new(),
+        egress: None,
         sets: None,
         ipvs: None,
     };
@@ -70,7 +82,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         sport: packet.sport,
         dport: packet.dport,
         proto: packet.proto,
-        iif: packet.iif.clone(),
+        iif: w.ip_iif(&packet.iif),
         oif: None,
         mark: 0,
         ct_mark: 0,
@@ -86,6 +98,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
     };
     let (verdict, cause, fixes) = match walked {
         Ok(()) => (Verdict::Delivered, None, Vec::new()),
+        Err((cause, fixes)) if w.rejected => (Verdict::Rejected, Some(cause), fixes),
         Err((cause, fixes)) => (Verdict::Dropped, Some(cause), fixes),
     };
     Trace {
@@ -95,6 +108,8 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         cause,
         fixes,
         choices: w.choices,
+        endpoints: w.endpoints,
+        egress: w.egress,
         assumptions: w.assumptions.into_iter().collect(),
     }
 }
@@ -115,6 +130,48 @@ impl Walker<'_> {
             place: place.into(),
             rule,
             note: note.into(),
+        });
+    }
+
+    /// The DNAT alternatives of a random choice; the first choice made counts.
+    fn note_endpoints(&mut self, eps: Vec<String>) {
+        if self.endpoints.is_empty() {
+            self.endpoints = eps;
+        }
+    }
+
+    /// The interface the IP layer sees a packet arriving on `iif` on: a bridge port's packets
+    /// enter IP on the bridge (a pod's veth on `cni0`), so the hooks' `iifname`, routing and
+    /// rp_filter see the bridge.
+    fn ip_iif(&mut self, iif: &str) -> String {
+        let Some(master) = self.st.link(iif).and_then(|l| l.master.clone()) else {
+            return iif.to_string();
+        };
+        match self.st.link(&master).and_then(|m| m.kind.as_deref()) {
+            Some("bridge") => {}
+            Some(_) => return iif.to_string(),
+            None => self.assume(format!(
+                "{iif}'s master {master} is taken to be a bridge (no `ip -d link` kind)"
+            )),
+        }
+        self.hop(
+            "bridge",
+            iif,
+            None,
+            format!("{iif} is a port of bridge {master}: the IP layer sees the packet arrive on {master}"),
+        );
+        master
+    }
+
+    /// The request leaves (or is delivered) as `p`.
+    fn note_egress(&mut self, p: &Pkt, local: bool) {
+        self.egress = Some(Egress {
+            src: p.src,
+            dst: p.dst,
+            sport: p.sport,
+            dport: p.dport,
+            oif: if local { None } else { p.oif.clone() },
+            local,
         });
     }
 

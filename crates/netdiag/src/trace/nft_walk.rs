@@ -50,8 +50,13 @@ impl Walker<'_> {
                         self.hop(stage, place, Some(r.text.clone()), "accepted");
                         return Flow::Accept;
                     }
-                    "drop" | "reject" => {
+                    "drop" => {
                         self.hop(stage, place, Some(r.text.clone()), "dropped");
+                        return Flow::Drop(r.text.clone());
+                    }
+                    "reject" => {
+                        self.rejected = true;
+                        self.hop(stage, place, Some(r.text.clone()), "rejected");
                         return Flow::Drop(r.text.clone());
                     }
                     "return" => return Flow::Return,
@@ -90,25 +95,9 @@ impl Walker<'_> {
                         );
                     }
                     "dnat" => {
-                        if let Some((ip, port)) = v
-                            .get("addr")
-                            .and_then(|a| a.get("map"))
-                            .and_then(|m| self.dnat_map(rs, family, table, m, p))
-                        {
-                            (p.dst, p.dport, p.dnat) = (ip, port, true);
+                        if !self.nft_dnat(rs, family, table, k, v, p, &r.text) {
+                            continue 'rules;
                         }
-                        if let Some(ip) = v
-                            .get("addr")
-                            .and_then(Value::as_str)
-                            .and_then(|a| a.parse().ok())
-                        {
-                            p.dst = ip;
-                            p.dnat = true;
-                        }
-                        if let Some(port) = v.get("port").and_then(Value::as_u64) {
-                            p.dport = port as u16;
-                        }
-                        p.nat_bound = true;
                         self.hop(
                             stage,
                             place,
@@ -160,6 +149,8 @@ impl Walker<'_> {
                         let key = &v["key"];
                         if key.get("numgen").is_some() {
                             // `numgen random mod N vmap { 0 : goto a, … }`: one of.
+                            let eps = self.nft_vmap_endpoints(rs, family, table, &v["data"]);
+                            self.note_endpoints(eps);
                             let opts = nft::render_value(&v["data"]);
                             self.choices.push(format!(
                                 "one of {{ {opts} }} (numgen random): followed the first"
@@ -284,6 +275,10 @@ impl Walker<'_> {
     ) -> Option<bool> {
         let op = m.get("op").and_then(Value::as_str).unwrap_or("==");
         let left = self.nft_eval(&m["left"], p);
+        // `ip6 daddr …` on an IPv4 packet: the rule's implied protocol check fails.
+        if matches!(left, Some(NVal::Absent)) {
+            return Some(false);
+        }
         let Some(left) = left else {
             self.assume(format!(
                 "nft match on {} not modelled: rules using it count as not matching",
@@ -342,13 +337,13 @@ impl Walker<'_> {
                     ("ip", "saddr") => Some(NVal::Ip(p.src)),
                     ("ip", "daddr") => Some(NVal::Ip(p.dst)),
                     ("ip", "protocol") => Some(NVal::Num(p.proto.number())),
-                    // An IPv4 packet has no IPv6 header: such matches fail.
-                    ("ip6", _) => Some(NVal::Str("<not IPv6>".into())),
                     ("th", "dport") => Some(NVal::Num(p.dport as u64)),
                     ("th", "sport") => Some(NVal::Num(p.sport as u64)),
                     (t, "dport") if t == p.proto.name() => Some(NVal::Num(p.dport as u64)),
                     (t, "sport") if t == p.proto.name() => Some(NVal::Num(p.sport as u64)),
                     ("tcp" | "udp", _) => Some(NVal::Str("<other protocol>".into())),
+                    // An IPv4 packet has no IPv6 header: such matches fail (`!=` too).
+                    ("ip6", _) => Some(NVal::Absent),
                     _ => None,
                 }
             }
@@ -358,15 +353,15 @@ impl Walker<'_> {
                     .as_array()
                     .map(|a| a.iter().filter_map(Value::as_str).collect())
                     .or_else(|| v["flags"].as_str().map(|s| vec![s]))?;
-                if v["result"].as_str()? == "type" && flags == ["saddr"] {
-                    return Some(NVal::Str(if self.is_local(p.src) {
-                        "local".into()
-                    } else {
-                        "unicast".into()
-                    }));
-                }
-                if v["result"].as_str()? == "type" && flags.contains(&"daddr") {
-                    Some(NVal::Str(if self.is_local(p.dst) {
+                let addr = if flags.contains(&"daddr") {
+                    Some(p.dst)
+                } else if flags.contains(&"saddr") {
+                    Some(p.src)
+                } else {
+                    None
+                };
+                if let (Some("type"), Some(addr)) = (v["result"].as_str(), addr) {
+                    Some(NVal::Str(if self.is_local(addr) {
                         "local".into()
                     } else {
                         "unicast".into()
@@ -385,8 +380,6 @@ impl Walker<'_> {
                     _ => a ^ b,
                 }))
             }
-            // `numgen random mod N`: the walk follows the first value (offset).
-            "numgen" => Some(NVal::Num(v["offset"].as_u64().unwrap_or(0))),
             "concat" => {
                 let parts = v.as_array()?;
                 let mut vals = Vec::new();
@@ -395,6 +388,8 @@ impl Walker<'_> {
                 }
                 Some(NVal::Concat(vals))
             }
+            // A random number: any element may match (the walk lists them all).
+            "numgen" => Some(NVal::Any),
             _ => None,
         }
     }
@@ -407,6 +402,10 @@ pub(super) enum NVal {
     Str(String),
     Ip(Ipv4Addr),
     Concat(Vec<NVal>),
+    /// `numgen random …`: matches any value.
+    Any,
+    /// A header this packet does not have (`ip6 …` of an IPv4 packet): matches nothing.
+    Absent,
 }
 
 impl NVal {
@@ -421,6 +420,11 @@ impl NVal {
 /// Whether a value matches an nft right-hand side: a literal, a prefix, a range, an anonymous
 /// set, a concatenation, an `elem` wrapper; `*` wildcards in interface names.
 pub(super) fn nval_matches(v: &NVal, right: &Value) -> bool {
+    match v {
+        NVal::Any => return true,
+        NVal::Absent => return false,
+        _ => {}
+    }
     if let Some(inner) = right.get("elem") {
         return nval_matches(v, &inner["val"]);
     }

@@ -92,6 +92,23 @@ pub enum Verdict {
     Delivered,
     /// Dropped on this node (request or reply).
     Dropped,
+    /// Refused on this node by a reject rule (TCP reset or ICMP unreachable): the client
+    /// learns at once, unlike a drop.
+    Rejected,
+}
+
+/// The request as it leaves this node (or is handed to a local socket): after DNAT and
+/// masquerade, so a walk can be continued on the next node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Egress {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub sport: u16,
+    pub dport: u16,
+    /// The interface it leaves by (`None` when delivered locally).
+    pub oif: Option<String>,
+    /// Delivered to a socket on this node.
+    pub local: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +122,11 @@ pub struct Trace {
     pub fixes: Vec<String>,
     /// Random choices the walk made ("one of …") and what it followed.
     pub choices: Vec<String>,
+    /// The destinations (`ip:port`) DNAT may pick for this packet: every alternative of a
+    /// random choice, or the one DNAT target; empty without DNAT.
+    pub endpoints: Vec<String>,
+    /// The request as it left (`None` when dropped before).
+    pub egress: Option<Egress>,
     pub assumptions: Vec<String>,
 }
 

@@ -17,6 +17,7 @@ impl Walker<'_> {
             if let Some(done) = self.ipvs_local_in(p, &orig) {
                 return done;
             }
+            self.note_egress(p, true);
             self.hop(
                 "deliver",
                 "local",
@@ -41,13 +42,17 @@ impl Walker<'_> {
         self.hook("POSTROUTING", p)?;
         let masq_src = p.src;
         let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
-        if masq_src != before && self.owner_of(masq_src).is_some_and(|o| o != route.oif) {
+        if masq_src != before
+            && self.via_router
+            && self.owner_of(masq_src).is_some_and(|o| o != route.oif)
+        {
             sent.push_str(&format!(
                 "; {masq_src} is not {}'s address: a cloud's source/destination check on {} drops it before any reply",
                 route.oif, route.oif
             ));
         }
         self.hop("send", route.oif.clone(), None, sent);
+        self.note_egress(p, false);
 
         self.reply(p, &orig, before, &route.oif)
     }

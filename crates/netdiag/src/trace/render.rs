@@ -27,9 +27,13 @@ pub fn render(t: &Trace) -> String {
         Verdict::Delivered => {
             out.push_str("verdict: delivered (request and reply pass this node)\n")
         }
-        Verdict::Dropped => {
+        Verdict::Dropped | Verdict::Rejected => {
+            let word = match t.verdict {
+                Verdict::Rejected => "REJECTED",
+                _ => "DROPPED",
+            };
             out.push_str(&format!(
-                "verdict: DROPPED: {}\n",
+                "verdict: {word}: {}\n",
                 t.cause.as_deref().unwrap_or("")
             ));
             for (i, f) in t.fixes.iter().enumerate() {
@@ -90,7 +94,7 @@ pub fn svg(t: &Trace) -> String {
         ))
     ));
     let dropped_at = match t.verdict {
-        Verdict::Dropped => n.checked_sub(1),
+        Verdict::Dropped | Verdict::Rejected => n.checked_sub(1),
         Verdict::Delivered => None,
     };
     for (i, h) in t.hops.iter().enumerate() {
@@ -138,6 +142,7 @@ pub fn svg(t: &Trace) -> String {
     let verdict = match t.verdict {
         Verdict::Delivered => "verdict: delivered".to_string(),
         Verdict::Dropped => format!("verdict: DROPPED: {}", t.cause.as_deref().unwrap_or("")),
+        Verdict::Rejected => format!("verdict: REJECTED: {}", t.cause.as_deref().unwrap_or("")),
     };
     let color = if t.verdict == Verdict::Delivered {
         "#2e7d32"

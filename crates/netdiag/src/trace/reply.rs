@@ -16,9 +16,11 @@ impl Walker<'_> {
     ) -> Result<(), Dropped> {
         let masq_src = p.src;
         // The reply: from the (possibly DNATed) destination back to the (possibly
-        // masqueraded) source. It arrives where that source lives: on the interface holding
-        // the address when it is this node's, else on the interface the request left by.
-        let reply_iif = if masq_src != before {
+        // masqueraded) source. A destination on the outgoing link itself (no gateway: a pod's
+        // veth, a neighbour on the segment) answers on that link. Beyond a router, the network
+        // delivers it where that source lives: on the interface holding the address when it
+        // is this node's, else on the interface the request left by.
+        let reply_iif = if masq_src != before && self.via_router {
             self.owner_of(masq_src).unwrap_or_else(|| oif.to_string())
         } else {
             oif.to_string()

@@ -58,6 +58,7 @@ impl Walker<'_> {
                         )
                     },
                 );
+                self.via_router = route.gateway.is_some();
                 Ok(RouteResult {
                     local,
                     oif: route.dev.unwrap_or_default(),

@@ -1,0 +1,909 @@
+//! The differential matrix (issue 14 item 4): for a matrix of packets on real lab nodes, what
+//! `weir trace` says (run on directories `weir trace collect` wrote) must be what the kernel
+//! does with the real packet. Needs root.
+//!
+//! Each topology is brought up once per test and every packet of the matrix is run over it:
+//! - the kernel's side: a real TCP connection (or UDP datagram) from the client's namespace.
+//!   The echo server that answers names itself, so "delivered" carries the endpoint; a refused
+//!   connection is "rejected"; a timeout is "dropped", located by the counters that rose while
+//!   the packet was tried (iptables' FORWARD policy counter, the kernel's
+//!   TcpExtIPReversePathFilter, the VPC's source-check counter);
+//! - trace's side: `weir trace --json` on the node where the packet enters, and when the packet
+//!   leaves that node for another lab node, again on that node with the packet as it left
+//!   (after DNAT and masquerade), arriving on the interface of the same name. The row's trace
+//!   verdict is the first drop or reject, else "delivered" to the endpoint set of the first
+//!   leg's random choice (or the one endpoint the last leg delivers to).
+//!
+//! The table is printed; any disagreeing row fails the test.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use weir_kernel::NetNs;
+use weir_lab::state::LabState;
+
+mod common;
+use common::*;
+
+/// What happened to a packet, on either side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// Answered by (or, for trace, delivered to one of) these echo servers.
+    Delivered(BTreeSet<String>),
+    /// Handed to a user-space proxy's listener on this node (trace's view of userspace mode;
+    /// the kernel's side checks the listener exists and the connection is answered).
+    Proxied(String),
+    /// Dropped; where (`FORWARD policy on a`, `rp_filter on b`, `source check`).
+    Dropped(String),
+    Rejected,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Delivered(s) => {
+                let v: Vec<&str> = s.iter().map(String::as_str).collect();
+                write!(f, "delivered {{{}}}", v.join(","))
+            }
+            Outcome::Proxied(n) => write!(f, "proxied on {n}"),
+            Outcome::Dropped(w) => write!(f, "dropped: {w}"),
+            Outcome::Rejected => write!(f, "rejected"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    Pod(&'static str),
+    Outside,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Dest {
+    ClusterIp(&'static str),
+    /// The service's NodePort on this node's address.
+    NodePort(&'static str, &'static str),
+    LoadBalancer(&'static str),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    name: &'static str,
+    client: Client,
+    to: Dest,
+    udp: bool,
+}
+
+fn case(name: &'static str, client: Client, to: Dest) -> Case {
+    Case {
+        name,
+        client,
+        to,
+        udp: false,
+    }
+}
+
+/// A lab up for one test, its state, and where each node's state was collected.
+struct Matrix<'a> {
+    lab: &'a Lab,
+    state: LabState,
+    collected: tempfile::TempDir,
+    phase: usize,
+}
+
+impl Matrix<'_> {
+    fn node_ns(&self, node: &str) -> String {
+        format!("wl-{}-{node}", self.lab.name)
+    }
+
+    fn exec(&self, ns: &str, cmd: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", cmd])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{ns}: {cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `weir trace collect` on every node, into a fresh directory per phase.
+    fn collect(&mut self) {
+        self.phase += 1;
+        for n in &self.state.nodes {
+            let dir = self.dir(&n.name);
+            let out = self.lab.weir(&[
+                "trace",
+                "collect",
+                dir.to_str().unwrap(),
+                "--netns",
+                &n.netns,
+            ]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
+    fn dir(&self, node: &str) -> PathBuf {
+        self.collected.path().join(format!("{}-{node}", self.phase))
+    }
+
+    fn node_ip(&self, node: &str) -> Ipv4Addr {
+        self.state
+            .nodes
+            .iter()
+            .find(|n| n.name == node)
+            .unwrap()
+            .underlay_ip
+    }
+
+    /// The echo server at `ip` (a pod's or a node's name).
+    fn echo_name(&self, ip: Ipv4Addr) -> Option<String> {
+        self.state
+            .pods
+            .iter()
+            .find(|p| p.ip == ip)
+            .map(|p| p.name.clone())
+            .or_else(|| {
+                self.state
+                    .nodes
+                    .iter()
+                    .find(|n| n.underlay_ip == ip)
+                    .map(|n| n.name.clone())
+            })
+    }
+
+    /// The node whose pod or whose address `ip` is.
+    fn node_of(&self, ip: Ipv4Addr) -> Option<String> {
+        self.state
+            .pods
+            .iter()
+            .find(|p| p.ip == ip)
+            .map(|p| p.node.clone())
+            .or_else(|| {
+                self.state
+                    .nodes
+                    .iter()
+                    .find(|n| n.underlay_ip == ip)
+                    .map(|n| n.name.clone())
+            })
+    }
+
+    fn service(&self, name: &str) -> &weir_lab::state::ServiceState {
+        self.state
+            .services
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no service {name}"))
+    }
+
+    /// (client namespace, source address to bind, first node, input interface there,
+    /// destination).
+    fn endpoints(&self, c: &Case) -> (String, Ipv4Addr, String, String, SocketAddrV4) {
+        let dst = match c.to {
+            Dest::ClusterIp(s) => {
+                let s = self.service(s);
+                SocketAddrV4::new(s.cluster_ip, s.port)
+            }
+            Dest::NodePort(s, node) => {
+                SocketAddrV4::new(self.node_ip(node), self.service(s).node_port.unwrap())
+            }
+            Dest::LoadBalancer(s) => {
+                let s = self.service(s);
+                SocketAddrV4::new(s.load_balancer_ip.unwrap(), s.port)
+            }
+        };
+        match c.client {
+            Client::Pod(pod) => {
+                let p = self.state.pods.iter().find(|p| p.name == pod).unwrap();
+                let node = p.node.clone();
+                let iif = self.host_veth(&node, &p.netns);
+                (p.netns.clone(), p.ip, node, iif, dst)
+            }
+            Client::Outside => {
+                let node = match c.to {
+                    Dest::NodePort(_, n) => n.to_string(),
+                    Dest::LoadBalancer(s) => self.service(s).load_balancer_node.clone().unwrap(),
+                    Dest::ClusterIp(_) => panic!("the outside does not route ClusterIPs"),
+                };
+                (
+                    format!("wl-{}-out", self.lab.name),
+                    self.state.outside,
+                    node,
+                    "eth0".into(),
+                    dst,
+                )
+            }
+        }
+    }
+
+    /// The node-side veth of a pod: the node's interface whose index the pod's eth0 names as
+    /// its peer.
+    fn host_veth(&self, node: &str, pod_ns: &str) -> String {
+        let link: Value = serde_json::from_str(&self.exec(pod_ns, "ip -j link show eth0")).unwrap();
+        let peer = link[0]["link_index"].as_u64().unwrap();
+        let links: Value =
+            serde_json::from_str(&self.exec(&self.node_ns(node), "ip -j link show")).unwrap();
+        links
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["ifindex"].as_u64() == Some(peer))
+            .and_then(|l| l["ifname"].as_str())
+            .unwrap()
+            .to_string()
+    }
+
+    /// Drop counters of every node and the VPC, to locate a drop.
+    fn counters(&self) -> Vec<(String, u64)> {
+        let mut v = Vec::new();
+        for n in &self.state.nodes {
+            let policy = self.exec(
+                &n.netns,
+                "iptables -t filter -L FORWARD -v -x -n 2>/dev/null | head -1",
+            );
+            // "Chain FORWARD (policy DROP 3 packets, 180 bytes)"
+            let dropped = policy
+                .split("policy DROP ")
+                .nth(1)
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+            v.push((format!("FORWARD policy on {}", n.name), dropped));
+            let rp = weir_lab::eni::rp_filter_drops(&n.netns).unwrap_or(0);
+            v.push((format!("rp_filter on {}", n.name), rp));
+        }
+        v.push((
+            "source check".into(),
+            weir_lab::eni::counters(&self.state).source_check,
+        ));
+        v
+    }
+
+    /// The kernel's outcome: `tries` connections (or datagrams) from the client.
+    fn kernel(&self, c: &Case, tries: usize) -> Outcome {
+        let (ns, src, _, _, dst) = self.endpoints(c);
+        let bind = matches!(c.client, Client::Outside).then_some(src);
+        let before = self.counters();
+        let netns = NetNs::named(&ns).unwrap();
+        let mut answered = BTreeSet::new();
+        for _ in 0..tries {
+            let r = netns.run(|| ask(c.udp, dst, bind)).unwrap();
+            match r {
+                Ok(name) => {
+                    answered.insert(name);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    return Outcome::Rejected
+                }
+                Err(_) => {
+                    let after = self.counters();
+                    let rose: Vec<String> = before
+                        .iter()
+                        .zip(&after)
+                        .filter(|(b, a)| a.1 > b.1)
+                        .map(|(_, a)| a.0.clone())
+                        .collect();
+                    if !rose.is_empty() {
+                        return Outcome::Dropped(rose.join(" + "));
+                    }
+                    // No counter: the same packet again under `nft monitor trace`.
+                    return Outcome::Dropped(
+                        self.nft_traced_drop(&netns, c, dst, bind)
+                            .unwrap_or_else(|| "unlocated".into()),
+                    );
+                }
+            }
+        }
+        Outcome::Delivered(answered)
+    }
+
+    /// Tries the packet once more with `meta nftrace set 1` on every node and `nft monitor
+    /// trace` listening: the chain whose verdict dropped it ("nft drop in inet weir X on a").
+    fn nft_traced_drop(
+        &self,
+        client: &NetNs,
+        c: &Case,
+        dst: SocketAddrV4,
+        bind: Option<Ipv4Addr>,
+    ) -> Option<String> {
+        let table = format!("wdtrace{}", std::process::id());
+        let mut monitors = Vec::new();
+        for n in &self.state.nodes {
+            self.exec(
+                &n.netns,
+                &format!(
+                    "nft add table inet {table} && nft add chain inet {table} p '{{ type filter hook prerouting priority -400; }}' \
+                     && nft add rule inet {table} p meta nftrace set 1"
+                ),
+            );
+            let child = Command::new("ip")
+                .args(["netns", "exec", &n.netns, "nft", "monitor", "trace"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            monitors.push((n.name.clone(), n.netns.clone(), KillOnDrop(child)));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = client.run(|| ask(c.udp, dst, bind)).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let mut found = None;
+        for (node, ns, mut child) in monitors {
+            let _ = self.exec(&ns, &format!("nft delete table inet {table}"));
+            let _ = child.0.kill();
+            let out = child.0.stdout.take().unwrap();
+            let text = std::io::read_to_string(out).unwrap_or_default();
+            for l in text.lines() {
+                if !(l.contains("(verdict drop)") || l.contains("policy drop")) {
+                    continue;
+                }
+                // "trace id c367a0ce inet weir reject-chain rule … (verdict drop)"
+                let w: Vec<&str> = l.split_whitespace().collect();
+                if w.len() > 5 && found.is_none() {
+                    found = Some(format!("nft drop in {} {} {} on {node}", w[3], w[4], w[5]));
+                }
+            }
+        }
+        found
+    }
+
+    /// One `weir trace --json` walk on `node`'s collected state.
+    fn walk(&self, node: &str, src: Ipv4Addr, dst: SocketAddrV4, udp: bool, iif: &str) -> Value {
+        let dir = self.dir(node);
+        let src = src.to_string();
+        let to = dst.ip().to_string();
+        let dport = dst.port().to_string();
+        let out = self.lab.weir(&[
+            "trace",
+            "--json",
+            "--from",
+            &src,
+            "--iif",
+            iif,
+            "--to",
+            &to,
+            "--dport",
+            &dport,
+            "--proto",
+            if udp { "udp" } else { "tcp" },
+            dir.to_str().unwrap(),
+        ]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "weir trace --json: {e}\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let text = self.lab.weir(&[
+            "trace",
+            "--from",
+            &src,
+            "--iif",
+            iif,
+            "--to",
+            &to,
+            "--dport",
+            &dport,
+            "--proto",
+            if udp { "udp" } else { "tcp" },
+            dir.to_str().unwrap(),
+        ]);
+        eprintln!(
+            "--- trace on {node}\n{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
+        v
+    }
+
+    /// Trace's outcome, leg by leg across the lab's nodes.
+    fn trace(&self, c: &Case) -> Outcome {
+        let (_, src, mut node, mut iif, dst) = self.endpoints(c);
+        let (mut src, mut dst) = (src, dst);
+        let mut endpoints: Option<BTreeSet<String>> = None;
+        for _leg in 0..3 {
+            let v = self.walk(&node, src, dst, c.udp, &iif);
+            let t = &v["trace"];
+            match t["verdict"].as_str().unwrap() {
+                "dropped" => return Outcome::Dropped(self.trace_place(&node, t)),
+                "rejected" => return Outcome::Rejected,
+                "delivered" => {}
+                other => panic!("verdict {other}"),
+            }
+            let e = &t["egress"];
+            let out_dst: Ipv4Addr = e["dst"].as_str().unwrap().parse().unwrap();
+            let out_port = e["dport"].as_u64().unwrap() as u16;
+            if endpoints.is_none() {
+                let set: BTreeSet<String> = t["endpoints"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|x| x.as_str()?.parse::<SocketAddrV4>().ok())
+                    .filter_map(|a| self.echo_name(*a.ip()))
+                    .collect();
+                if set.len() > 1 {
+                    endpoints = Some(set);
+                }
+            }
+            if e["local"].as_bool() == Some(true) {
+                if self.echo_name(out_dst).as_deref() == Some(node.as_str())
+                    && out_port == weir_lab::echo::ECHO_PORT
+                {
+                    return Outcome::Delivered(endpoints.unwrap_or_else(|| [node.clone()].into()));
+                }
+                return Outcome::Proxied(format!("{node} port {out_port}"));
+            }
+            // Leaves this node: delivered to a pod here, or on to the node it belongs to.
+            let Some(next) = self.node_of(out_dst) else {
+                return Outcome::Dropped(format!("sent to {out_dst}, no lab node's"));
+            };
+            if next == node {
+                let name = self.echo_name(out_dst).unwrap();
+                return Outcome::Delivered(endpoints.unwrap_or_else(|| [name].into()));
+            }
+            iif = self.arrival_iif(&next, out_dst);
+            src = e["src"].as_str().unwrap().parse().unwrap();
+            dst = SocketAddrV4::new(out_dst, out_port);
+            node = next;
+        }
+        panic!("more than 3 legs for {}", c.name)
+    }
+
+    /// The interface a packet for `dst` arrives on at `node`: a node's own address on the
+    /// underlay (eth0); a pod's address on eth0 (bridge: routed over the underlay) or on the
+    /// ENI (eni: the VPC delivers each ENI's addresses to it).
+    fn arrival_iif(&self, node: &str, dst: Ipv4Addr) -> String {
+        if dst == self.node_ip(node) || self.state.network != weir_lab::Network::Eni {
+            "eth0".into()
+        } else {
+            "eth1".into()
+        }
+    }
+
+    /// Where trace says it was dropped, in the kernel counters' words.
+    fn trace_place(&self, node: &str, t: &Value) -> String {
+        let cause = t["cause"].as_str().unwrap_or_default();
+        let last = t["hops"]
+            .as_array()
+            .and_then(|h| h.last())
+            .and_then(|h| h["place"].as_str())
+            .unwrap_or_default();
+        if cause.contains("reverse-path") {
+            format!("rp_filter on {node}")
+        } else if cause.contains("FORWARD") && cause.contains("policy") {
+            format!("FORWARD policy on {node}")
+        } else if cause.contains("source/destination check") {
+            "source check".into()
+        } else if let Some(chain) = last.strip_prefix("nft ") {
+            // The chain holding the rule that dropped it, as `nft monitor trace` names it.
+            format!("nft drop in {chain} on {node}")
+        } else if let Some(chain) = last.strip_prefix("iptables ") {
+            // iptables-nft: its tables are nft tables of family ip.
+            format!("nft drop in ip {chain} on {node}")
+        } else {
+            format!("{node}: {cause}")
+        }
+    }
+
+    /// Runs every case; prints the table; returns the disagreeing rows.
+    fn run(&self, mode: &str, cases: &[Case]) -> Vec<String> {
+        let mut rows = Vec::new();
+        let mut bad = Vec::new();
+        for c in cases {
+            let tries = if c.udp { 2 } else { 6 };
+            let trace = self.trace(c);
+            let kernel = self.kernel(c, tries);
+            let agree = match (&trace, &kernel) {
+                // Every endpoint the kernel reached is one trace allows.
+                (Outcome::Delivered(t), Outcome::Delivered(k)) => k.is_subset(t) && !k.is_empty(),
+                (Outcome::Proxied(at), Outcome::Delivered(k)) => {
+                    !k.is_empty() && self.listener_exists(at)
+                }
+                // The kernel's counters may also show an earlier row's late packets (a
+                // backend's SYN-ACK retransmits, dropped again): trace's place must be one
+                // whose counter rose.
+                (Outcome::Dropped(t), Outcome::Dropped(k)) => k.split(" + ").any(|x| x == t),
+                (t, k) => t == k,
+            };
+            if !agree {
+                bad.push(format!("{mode} {}: trace {trace}, kernel {kernel}", c.name));
+            }
+            rows.push(vec![
+                mode.to_string(),
+                c.name.to_string(),
+                trace.to_string(),
+                kernel.to_string(),
+                if agree { "yes" } else { "NO" }.to_string(),
+            ]);
+        }
+        eprintln!(
+            "{}",
+            weir_lab::matrix::render_table(&["MODE", "PACKET", "TRACE", "KERNEL", "AGREE"], &rows)
+        );
+        bad
+    }
+
+    /// "a port 34567": whether a socket listens there in node a (the user-space proxy).
+    fn listener_exists(&self, at: &str) -> bool {
+        let mut w = at.split_whitespace();
+        let (node, port) = (w.next().unwrap(), w.nth(1).unwrap());
+        let out = self.exec(&self.node_ns(node), &format!("ss -Hltun 'sport = :{port}'"));
+        !out.trim().is_empty()
+    }
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One TCP connection (the greeting line) or one UDP question (two tries): the echo server's
+/// name.
+fn ask(udp: bool, to: SocketAddrV4, bind: Option<Ipv4Addr>) -> std::io::Result<String> {
+    let timeout = Duration::from_millis(1500);
+    let line = if udp {
+        let s = UdpSocket::bind(SocketAddrV4::new(bind.unwrap_or(Ipv4Addr::UNSPECIFIED), 0))?;
+        s.connect(to)?;
+        s.set_read_timeout(Some(timeout / 2))?;
+        let mut last = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer");
+        let mut got = None;
+        for _ in 0..2 {
+            s.send(b"ping\n")?;
+            let mut buf = [0u8; 256];
+            match s.recv(&mut buf) {
+                Ok(n) => {
+                    got = Some(String::from_utf8_lossy(&buf[..n]).into_owned());
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        match got {
+            Some(l) => l,
+            None if last.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer",
+                ))
+            }
+            None => return Err(last),
+        }
+    } else {
+        let s = weir_lab::services::tcp_connect(to, bind, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        let mut line = String::new();
+        BufReader::new(s).read_line(&mut line)?;
+        line
+    };
+    Ok(line
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The lab's topology file with this lab's name, the matrix's services and `extra` lines.
+fn topology(lab: &Lab, base: &str, edit: impl Fn(String) -> String) -> PathBuf {
+    let body = edit(base.replacen(
+        base.lines().next().unwrap(),
+        &format!("name: {}", lab.name),
+        1,
+    ));
+    let path = lab.state.path().join("topology-input.yaml");
+    std::fs::write(&path, body).unwrap();
+    path
+}
+
+/// Adds a NodePort service `hostnet` whose one endpoint is node b's own address (a
+/// hostNetwork pod's), by writing its manifest next to the lab's; waits until node a's rules
+/// name it.
+fn add_hostnet_service(m: &Matrix, cluster_ip: &str, node_port: u16) {
+    let b = m.node_ip("b");
+    let manifest = format!(
+        "apiVersion: v1
+kind: Service
+metadata:
+  name: hostnet
+  namespace: default
+spec:
+  clusterIP: {cluster_ip}
+  clusterIPs: [{cluster_ip}]
+  ipFamilies: [IPv4]
+  ports:
+  - name: echo
+    port: 80
+    protocol: TCP
+    targetPort: 8080
+    nodePort: {node_port}
+  type: NodePort
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: hostnet-lab
+  namespace: default
+  labels:
+    kubernetes.io/service-name: hostnet
+addressType: IPv4
+endpoints:
+- addresses: [{b}]
+  conditions: {{ready: true, serving: true, terminating: false}}
+  nodeName: b
+ports:
+- name: echo
+  port: 8080
+  protocol: TCP
+"
+    );
+    let dir = m.lab.lab_dir().join("manifests");
+    let tmp = dir.join(".service-hostnet.yaml.tmp");
+    std::fs::write(&tmp, manifest).unwrap();
+    std::fs::rename(&tmp, dir.join("service-hostnet.yaml")).unwrap();
+    let ns = m.node_ns("a");
+    for _ in 0..100 {
+        let rules = m.exec(&ns, "nft list ruleset; iptables-save 2>/dev/null");
+        if rules.contains(cluster_ip) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("node a's proxy never programmed {cluster_ip}");
+}
+
+/// The services of the bridge matrix (replacing the default topology's).
+const BRIDGE_SERVICES: &str = "services:
+  - name: web           # both nodes
+    port: 80
+    backends: [a1, b1]
+  - name: local         # a pod on the client's node
+    port: 80
+    backends: [a2]
+  - name: remote        # a pod on the other node
+    port: 80
+    backends: [b1]
+  - name: dns
+    port: 53
+    protocol: UDP
+    backends: [b2]
+  - name: np            # NodePort, policy Cluster, backend on node b
+    type: NodePort
+    port: 80
+    nodePort: 30081
+    backends: [b1]
+  - name: shop          # NodePort, policy Local, backend on node a only
+    type: NodePort
+    port: 80
+    nodePort: 30080
+    externalTrafficPolicy: Local
+    backends: [a1]
+  - name: api           # LoadBalancer, backend on node b
+    type: LoadBalancer
+    port: 443
+    backends: [b2]
+  - name: gone          # no endpoints
+    type: NodePort
+    port: 80
+    backends: []
+";
+
+fn bridge_cases() -> Vec<Case> {
+    use Client::*;
+    use Dest::*;
+    vec![
+        case("pod → ClusterIP, same node", Pod("a1"), ClusterIp("local")),
+        case(
+            "pod → ClusterIP, other node",
+            Pod("a1"),
+            ClusterIp("remote"),
+        ),
+        case("pod → ClusterIP, both nodes", Pod("a2"), ClusterIp("web")),
+        Case {
+            udp: true,
+            ..case("pod → ClusterIP udp", Pod("a1"), ClusterIp("dns"))
+        },
+        case("pod → NodePort (own node)", Pod("a1"), NodePort("np", "a")),
+        case(
+            "outside → NodePort eTP Cluster",
+            Outside,
+            NodePort("np", "a"),
+        ),
+        case(
+            "outside → NodePort eTP Local, local ep",
+            Outside,
+            NodePort("shop", "a"),
+        ),
+        case(
+            "outside → NodePort eTP Local, no local ep",
+            Outside,
+            NodePort("shop", "b"),
+        ),
+        case("outside → LB IP", Outside, LoadBalancer("api")),
+        case(
+            "pod → service without endpoints",
+            Pod("a1"),
+            ClusterIp("gone"),
+        ),
+        case(
+            "outside → NodePort without endpoints",
+            Outside,
+            NodePort("gone", "a"),
+        ),
+    ]
+}
+
+/// Rows run after `iptables -P FORWARD DROP` on node a (and a fresh collection).
+fn forward_drop_cases() -> Vec<Case> {
+    use Client::*;
+    use Dest::*;
+    vec![
+        case(
+            "pod → hostNetwork ep, FORWARD DROP",
+            Pod("a1"),
+            ClusterIp("hostnet"),
+        ),
+        case(
+            "outside → NodePort → hostNetwork ep, FORWARD DROP",
+            Outside,
+            NodePort("hostnet", "a"),
+        ),
+        case(
+            "pod → ClusterIP other node, FORWARD DROP",
+            Pod("a1"),
+            ClusterIp("remote"),
+        ),
+    ]
+}
+
+fn bridge_matrix(tag: &str, mode: &str) {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new(tag);
+    let topo = topology(&lab, weir_lab::DEFAULT_TOPOLOGY, |t| {
+        let head = t.split("services:\n").next().unwrap().to_string();
+        head.replace("dns: true", "dns: false") + BRIDGE_SERVICES
+    });
+    lab.ok(&["lab", "up", topo.to_str().unwrap(), "--proxy-mode", mode]);
+    let state = LabState::load(&lab.lab_dir().join("state.json")).unwrap();
+    let mut m = Matrix {
+        lab: &lab,
+        state,
+        collected: tempfile::tempdir().unwrap(),
+        phase: 0,
+    };
+    add_hostnet_service(&m, "10.96.0.99", 30099);
+    m.state
+        .services
+        .push(hostnet_state(&m, "10.96.0.99", 30099));
+    m.collect();
+    let mut bad = m.run(mode, &bridge_cases());
+    m.exec(&m.node_ns("a"), "iptables -t filter -P FORWARD DROP");
+    m.collect();
+    bad.extend(m.run(&format!("{mode}+FWD-DROP"), &forward_drop_cases()));
+    assert!(bad.is_empty(), "disagreements:\n{}", bad.join("\n"));
+}
+
+fn hostnet_state(m: &Matrix, ip: &str, node_port: u16) -> weir_lab::state::ServiceState {
+    let mut s = m.service("remote").clone();
+    s.name = "hostnet".into();
+    s.cluster_ip = ip.parse().unwrap();
+    s.node_port = Some(node_port);
+    s.kind = weir_lab::topology::ServiceType::NodePort;
+    s.backends = vec!["b".into()];
+    s
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_bridge_nftables() {
+    bridge_matrix("tdn", "nftables");
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_bridge_iptables() {
+    bridge_matrix("tdi", "iptables");
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_bridge_userspace() {
+    bridge_matrix("tdu", "userspace");
+}
+
+fn eni_cases() -> Vec<Case> {
+    use Client::*;
+    use Dest::*;
+    vec![
+        case(
+            "pod → ClusterIP, both nodes (hairpin)",
+            Pod("a1"),
+            ClusterIp("web"),
+        ),
+        case(
+            "pod → NodePort of other node",
+            Pod("a1"),
+            NodePort("edge", "b"),
+        ),
+        case(
+            "outside → NodePort eTP Local, local ep",
+            Outside,
+            NodePort("shop", "a"),
+        ),
+        case("outside → LB IP", Outside, LoadBalancer("api")),
+        case(
+            "pod → service without endpoints",
+            Pod("a1"),
+            ClusterIp("gone"),
+        ),
+        // Last: with the fix off its reply is dropped, and the backend keeps retransmitting
+        // its SYN-ACK into node a's rp_filter counter for a minute.
+        case(
+            "pod → LB IP, backend on other node",
+            Pod("a1"),
+            LoadBalancer("edge"),
+        ),
+    ]
+}
+
+/// eni-shared, with weir's fix on or off. The VPC's source check is off: with it on the
+/// fix-off SYN dies in the VPC (which no node's state shows) before the node's own
+/// reverse-path check would drop the reply; trace reports that node-local drop.
+fn eni_matrix(tag: &str, mode: &str, fix: bool) {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new(tag);
+    let topo = topology(&lab, weir_lab::ENI_TOPOLOGY, |t| {
+        t.replacen("eniFix: true", &format!("eniFix: {fix}"), 1)
+            .replacen("sourceCheck: true", "sourceCheck: false", 1)
+    });
+    lab.ok(&["lab", "up", topo.to_str().unwrap(), "--proxy-mode", mode]);
+    let state = LabState::load(&lab.lab_dir().join("state.json")).unwrap();
+    let mut m = Matrix {
+        lab: &lab,
+        state,
+        collected: tempfile::tempdir().unwrap(),
+        phase: 0,
+    };
+    m.collect();
+    let label = format!("eni {mode} fix {}", if fix { "on" } else { "off" });
+    let bad = m.run(&label, &eni_cases());
+    assert!(bad.is_empty(), "disagreements:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_eni_fix_on_nftables() {
+    eni_matrix("ten", "nftables", true);
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_eni_fix_off_nftables() {
+    eni_matrix("tef", "nftables", false);
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_eni_fix_on_iptables() {
+    eni_matrix("tei1", "iptables", true);
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_eni_fix_off_iptables() {
+    eni_matrix("tei", "iptables", false);
+}
