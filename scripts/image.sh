@@ -79,10 +79,14 @@ if [ -z "${WEIR_IMAGE_SKIP_BUILD:-}" ]; then
   started=$(date +%s)
   podman build -f Containerfile \
     --build-arg RUST_IMAGE="$rust_image" --build-arg BASE_IMAGE="$base_image" \
-    --build-arg WEIR_GIT_COMMIT="$commit" "${build_volumes[@]}" -t "$image" .
+    --build-arg WEIR_GIT_COMMIT="$commit" --label org.opencontainers.image.revision="$commit" \
+    "${build_volumes[@]}" -t "$image" .
   echo "built $image in $(($(date +%s) - started)) s, $(podman image inspect -f '{{.Size}}' "$image" | numfmt --to=iec)B"
 fi
 podman image exists "$image" || fail "no image $image"
+# The commit `weir --version` must name: the one the image was built from.
+built=$(podman image inspect -f '{{index .Labels "org.opencontainers.image.revision"}}' "$image")
+[ -n "$built" ] && [ "$built" != "<no value>" ] && commit=$built
 
 # ---- check ------------------------------------------------------------------------------------
 

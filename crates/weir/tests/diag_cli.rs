@@ -118,6 +118,13 @@ fn collect_a_namespace_then_doctor_reads_it_back() {
         }
     }
     let _guard = Del(ns.clone());
+    // A new namespace may copy the host's IPv4 settings (net.core.devconf_inherit_init_net), and
+    // a host that runs containers forwards: turn forwarding off here rather than assume it.
+    assert!(Command::new("ip")
+        .args(["netns", "exec", &ns, "sysctl", "-qw", "net.ipv4.ip_forward=0"])
+        .status()
+        .unwrap()
+        .success());
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
     let o = weir(&["trace", "collect", dir.to_str().unwrap(), "--netns", &ns]);
@@ -146,7 +153,7 @@ fn collect_a_namespace_then_doctor_reads_it_back() {
         std::fs::read_to_string(dir.join("ip-link.json")).unwrap(),
         before
     );
-    // A fresh namespace does not forward: doctor says so from the directory.
+    // The namespace does not forward: doctor says so from the directory.
     let o = weir(&["doctor", "--dir", dir.to_str().unwrap(), "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let fwd = v["checks"]
