@@ -24,6 +24,77 @@ pub struct PlanDiff {
 }
 
 impl PlanDiff {
+    /// Records how the node-wide settings differ from `old` to `new` (their services are
+    /// not looked at).
+    pub(crate) fn note_globals(&mut self, old: &Plan, new: &Plan) {
+        let (og, ng) = (globals(old), globals(new));
+        // Warnings are informational; they do not make the dataplane differ.
+        self.globals_changed = og.node_port_addresses_v4 != ng.node_port_addresses_v4
+            || og.node_port_addresses_v6 != ng.node_port_addresses_v6
+            || og.cluster_cidrs != ng.cluster_cidrs
+            || og.masquerade_all != ng.masquerade_all;
+        self.new_globals = (og != ng).then_some(ng);
+    }
+
+    /// This diff followed by `next` as one diff: if `self` is `a.diff(b)` and `next` is
+    /// `b.diff(c)`, the result is `a.diff(c)` (what a consumer that missed `b` needs).
+    /// Costs the service ports the two touch.
+    pub fn then(mut self, next: PlanDiff) -> PlanDiff {
+        // Each key's value in `a` (`None`: absent) and in `b`, as far as `self` knows.
+        for (k, new) in next.added {
+            // Absent in b: either absent in a too, or removed by `self`.
+            match self.removed.remove(&k) {
+                Some(old) if Arc::ptr_eq(&old, &new) || old == new => {}
+                Some(old) => {
+                    self.changed.insert(k, Changed { old, new });
+                }
+                None => {
+                    self.added.insert(k, new);
+                }
+            }
+        }
+        for (k, old_b) in next.removed {
+            if self.added.remove(&k).is_some() {
+                continue; // absent in a, absent in c
+            }
+            let old = self.changed.remove(&k).map_or(old_b, |c| c.old);
+            self.removed.insert(k, old);
+        }
+        for (k, c) in next.changed {
+            if let Some(new) = self.added.get_mut(&k) {
+                *new = c.new;
+                continue;
+            }
+            let old = self.changed.remove(&k).map_or(c.old, |first| first.old);
+            if !(Arc::ptr_eq(&old, &c.new) || old == c.new) {
+                self.changed.insert(k, Changed { old, new: c.new });
+            }
+        }
+        if let Some(g) = next.new_globals {
+            self.new_globals = Some(g);
+        }
+        self.globals_changed |= next.globals_changed;
+        self
+    }
+
+    /// The touched service ports as two small plans: their old values and their new ones
+    /// (no globals). For consumers written against whole plans whose result depends only on
+    /// the ports that differ (stale conntrack flows).
+    pub fn sides(&self) -> (Plan, Plan) {
+        let (mut old, mut new) = (Plan::default(), Plan::default());
+        for (k, v) in &self.removed {
+            old.services.insert(k.clone(), v.clone());
+        }
+        for (k, v) in &self.added {
+            new.services.insert(k.clone(), v.clone());
+        }
+        for (k, c) in &self.changed {
+            old.services.insert(k.clone(), c.old.clone());
+            new.services.insert(k.clone(), c.new.clone());
+        }
+        (old, new)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.added.is_empty()
             && self.removed.is_empty()
@@ -43,7 +114,7 @@ impl PlanDiff {
 
 /// The plan without its services (cloned field by field: cloning the plan would copy the
 /// whole service map).
-fn globals(p: &Plan) -> Plan {
+pub(crate) fn globals(p: &Plan) -> Plan {
     Plan {
         services: BTreeMap::new(),
         node_port_addresses_v4: p.node_port_addresses_v4.clone(),
@@ -98,15 +169,7 @@ impl Plan {
                 },
             }
         }
-        let (og, ng) = (globals(self), globals(new));
-        // Warnings are informational; they do not make the dataplane differ.
-        d.globals_changed = og.node_port_addresses_v4 != ng.node_port_addresses_v4
-            || og.node_port_addresses_v6 != ng.node_port_addresses_v6
-            || og.cluster_cidrs != ng.cluster_cidrs
-            || og.masquerade_all != ng.masquerade_all;
-        if og != ng {
-            d.new_globals = Some(ng);
-        }
+        d.note_globals(self, new);
         d
     }
 

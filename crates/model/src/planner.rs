@@ -8,6 +8,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::compact::{EndpointSliceInfo, IpText, NodeInfo, ServiceInfo, LABEL_SERVICE_NAME};
+use crate::diff::{Changed, PlanDiff};
 use crate::objects::{Kind, Object, ObjectKey, Snapshot};
 use crate::plan::*;
 
@@ -154,14 +155,32 @@ impl Planner {
         self.apply(changes, config)
     }
 
-    /// Applies object changes (`None`: deleted) and returns the new plan. Costs the
-    /// planning of the services the changes touch (plus a copy of the plan's service map,
-    /// which shares every service port's `Arc`).
+    /// Applies object changes (`None`: deleted) and returns the new plan: [`Planner::update`]
+    /// plus a copy of the plan's service map (which shares every service port's `Arc`).
     pub fn apply(
         &mut self,
         changes: impl IntoIterator<Item = (ObjectKey, Option<Object>)>,
         config: &ProxyConfig,
     ) -> Plan {
+        self.update(changes, config);
+        self.plan.clone()
+    }
+
+    /// The plan of every change applied so far.
+    pub fn current(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Applies object changes (`None`: deleted) and returns what they changed in the plan:
+    /// `before.diff(after)`, found while replanning, so it costs the planning of the
+    /// services the changes touch, whatever the size of the cluster. The plan itself is
+    /// [`Planner::current`].
+    pub fn update(
+        &mut self,
+        changes: impl IntoIterator<Item = (ObjectKey, Option<Object>)>,
+        config: &ProxyConfig,
+    ) -> PlanDiff {
+        let mut diff = PlanDiff::default();
         let mut dirty: BTreeSet<NsName> = BTreeSet::new();
         for (key, object) in changes {
             self.record(key, object, &mut dirty);
@@ -199,8 +218,9 @@ impl Planner {
             zone: &context.zone,
         };
         for group in dirty {
-            self.replan(&ctx, group);
+            self.replan(&ctx, group, &mut diff);
         }
+        let before = crate::diff::globals(&self.plan);
         let p = &mut self.plan;
         p.node_port_addresses_v4 = nodeport_addresses(config, ctx.node_ips, IpFamily::V4);
         p.node_port_addresses_v6 = nodeport_addresses(config, ctx.node_ips, IpFamily::V6);
@@ -208,7 +228,8 @@ impl Planner {
         p.masquerade_all = config.masquerade_all;
         p.warnings = self.warnings.keys().cloned().collect();
         self.context = Some(context);
-        self.plan.clone()
+        diff.note_globals(&before, &self.plan);
+        diff
     }
 
     /// Stores one change; adds the services it touches to `dirty`.
@@ -283,8 +304,8 @@ impl Planner {
     }
 
     /// Plans one service afresh and puts the result in the plan, keeping the `Arc` of every
-    /// port whose plan did not change.
-    fn replan(&mut self, ctx: &Ctx<'_>, group: NsName) {
+    /// port whose plan did not change; records the ports that did in `diff`.
+    fn replan(&mut self, ctx: &Ctx<'_>, group: NsName, diff: &mut PlanDiff) {
         let old = self.planned.remove(&group).unwrap_or_default();
         for w in &old.warnings {
             remove_warning(&mut self.warnings, w);
@@ -319,14 +340,25 @@ impl Planner {
         }
         let ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)> = ports
             .into_iter()
-            .map(|(k, v)| {
-                let v = match old_ports.remove(&k) {
-                    Some(old) if *old == v => old,
-                    _ => Arc::new(v),
-                };
-                (k, v)
+            .map(|(k, v)| match old_ports.remove(&k) {
+                Some(old) if *old == v => (k, old),
+                Some(old) => {
+                    let new = Arc::new(v);
+                    let change = Changed {
+                        old,
+                        new: new.clone(),
+                    };
+                    diff.changed.insert(k.clone(), change);
+                    (k, new)
+                }
+                None => {
+                    let new = Arc::new(v);
+                    diff.added.insert(k.clone(), new.clone());
+                    (k, new)
+                }
             })
             .collect();
+        diff.removed.extend(old_ports);
         for (k, v) in &ports {
             self.plan.services.insert(k.clone(), v.clone());
         }

@@ -196,6 +196,9 @@ proptest! {
         let mut incremental = Planner::default();
         let mut world = Snapshot::default();
         let mut batch = Vec::new();
+        // The plan before the last update, and every update's diff composed since the start.
+        let mut previous = Plan::default();
+        let mut composed = PlanDiff::default();
         for ev in events.iter().chain([&Ev::Sync]) {
             match to_change(ev) {
                 Some((key, object)) => {
@@ -208,11 +211,28 @@ proptest! {
                     batch.push((key, object));
                 }
                 None => {
-                    let got = incremental.apply(std::mem::take(&mut batch), &cfg);
+                    let diff = incremental.update(std::mem::take(&mut batch), &cfg);
+                    let got = incremental.current().clone();
                     prop_assert_eq!(&got, &plan(&world, &cfg), "after {:?}", ev);
+                    // The diff found while replanning is the diff of the whole plans, and
+                    // applying it to the old plan gives the new one.
+                    prop_assert_eq!(&diff, &previous.diff(&got), "diff after {:?}", ev);
+                    let mut applied = previous.clone();
+                    applied.apply(&diff);
+                    prop_assert_eq!(&applied, &got);
+                    composed = composed.then(diff);
+                    previous = got;
                 }
             }
         }
+        // The diffs composed one after the other are the diff from nothing to the end (what a
+        // consumer that missed every sync in between needs).
+        let end = incremental.current().clone();
+        let (_, composed_services) = composed.sides();
+        prop_assert_eq!(&composed_services.services, &end.services);
+        let mut from_empty = Plan::default();
+        from_empty.apply(&composed);
+        prop_assert_eq!(&from_empty, &end);
         // And the whole-snapshot entry point, fed the same world, agrees and changes nothing.
         let mut whole = Planner::default();
         let first = whole.plan(&world, &cfg);

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use weir_model::Plan;
+use weir_model::{Plan, PlanDiff};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,6 +47,15 @@ pub trait Backend: Send {
     /// writes a big change in several commits, each leaving a working ruleset; a failure
     /// keeps the commits before it. See `IptablesBackend`.)
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport>;
+    /// [`Backend::sync`], told what changed: `diff` is `previous.diff(plan)`, `previous` being
+    /// the plan of the previous `sync` or `sync_diff` call (whether it succeeded or not). A
+    /// backend that keeps the applied plan up to date from the diff never compares or copies
+    /// whole plans, so a change costs what it touches (the agent's planner finds the diff
+    /// while replanning). The default ignores the diff.
+    fn sync_diff(&mut self, plan: &Plan, diff: &PlanDiff) -> Result<SyncReport> {
+        let _ = diff;
+        self.sync(plan)
+    }
     /// Whether the kernel still holds the rules the last sync wrote — cheap enough to call
     /// every few seconds, and sensitive to contents, not just to chains existing: an outside
     /// flush (`iptables -t nat -F`, `nft flush table`) or a deleted jump rule makes it

@@ -19,7 +19,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use weir_model::Plan;
+use weir_model::{Plan, ServicePortPlan};
 
 use crate::SyncKind;
 
@@ -270,12 +270,27 @@ impl ProxyMetrics {
     pub fn record_plan(&self, plan: &Plan) {
         let (mut internal, mut external) = (0, 0);
         for sp in plan.services.values() {
-            if !sp.has_any_endpoints || !sp.local_endpoints.is_empty() {
-                continue;
-            }
-            internal += i64::from(sp.internal_policy_local);
-            external += i64::from(sp.external_policy_local);
+            let (i, e) = Self::no_local_endpoints(sp);
+            internal += i;
+            external += e;
         }
+        self.set_no_local_endpoints(internal, external);
+    }
+
+    /// What one service port adds to [`Self::record_plan`]'s (internal, external) counts (for
+    /// callers that keep the counts up to date from plan diffs).
+    pub fn no_local_endpoints(sp: &ServicePortPlan) -> (i64, i64) {
+        if !sp.has_any_endpoints || !sp.local_endpoints.is_empty() {
+            return (0, 0);
+        }
+        (
+            i64::from(sp.internal_policy_local),
+            i64::from(sp.external_policy_local),
+        )
+    }
+
+    /// Sets the counts [`Self::record_plan`] computes.
+    pub fn set_no_local_endpoints(&self, internal: i64, external: i64) {
         for (policy, n) in [("internal", internal), ("external", external)] {
             self.no_local_endpoints
                 .get_or_create(&PolicyLabel {

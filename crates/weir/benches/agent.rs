@@ -19,8 +19,9 @@
 //! `nftables`), `WEIR_BENCH_AGENT_TIMEOUT` (seconds for the first sync, default 900),
 //! `WEIR_BENCH_MEMORY_MAX` (largest size of the in-process heap accounting, default 10000).
 //!
-//! The source is behind [`Feed`]: today the manifest directory ([`ManifestFeed`]); a Kubernetes
-//! API feed (a fake API server) plugs in the same way. Root only: every agent runs in a fresh
+//! The source is behind [`Feed`], chosen by `WEIR_BENCH_FEED`: `api` (default), weir's fake
+//! Kubernetes API server ([`ApiFeed`], crates/fakeapi) serving list and watch on the agent
+//! namespace's loopback, or `manifests`, a manifest directory ([`ManifestFeed`]). Root only: every agent runs in a fresh
 //! network namespace. No figure here is asserted: this prints medians, it does not pass or fail.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -117,9 +118,9 @@ fn endpoints_of(i: usize) -> Vec<Ipv4Addr> {
 
 /// Where the agent gets its objects from.
 trait Feed {
-    /// Makes `services` services available; returns the `weir proxy` arguments that select
-    /// this source.
-    fn start(&mut self, services: usize) -> Result<Vec<String>, String>;
+    /// Makes `services` services available to an agent in network namespace `ns`; returns
+    /// the `weir proxy` arguments that select this source.
+    fn start(&mut self, ns: &str, services: usize) -> Result<Vec<String>, String>;
     /// Replaces one endpoint of service `svc` (the `k`-th change of the run).
     fn change_endpoint(&mut self, svc: usize, k: usize) -> Result<(), String>;
 }
@@ -156,7 +157,7 @@ impl ManifestFeed {
 }
 
 impl Feed for ManifestFeed {
-    fn start(&mut self, services: usize) -> Result<Vec<String>, String> {
+    fn start(&mut self, _ns: &str, services: usize) -> Result<Vec<String>, String> {
         self.services = services;
         let node = format!(
             "apiVersion: v1\nkind: Node\nmetadata: {{name: bench}}\n\
@@ -178,6 +179,112 @@ impl Feed for ManifestFeed {
         let mut eps = endpoints_of(svc);
         eps[0] = fresh_ip(k);
         self.write_file(svc / SERVICES_PER_FILE, Some((svc, &eps)))
+    }
+}
+
+/// weir's fake Kubernetes API server (crates/fakeapi) on the agent namespace's loopback: the
+/// agent lists and watches it as it would a real API server, and an endpoint change reaches
+/// it as one MODIFIED watch event.
+struct ApiFeed {
+    api: Option<weir_fakeapi::FakeApi>,
+}
+
+impl ApiFeed {
+    fn new() -> Self {
+        ApiFeed { api: None }
+    }
+
+    fn api(&self) -> Result<&weir_fakeapi::FakeApi, String> {
+        self.api
+            .as_ref()
+            .ok_or_else(|| "fake API server not started".to_string())
+    }
+
+    fn apply_json(&self, v: serde_json::Value) -> Result<(), String> {
+        use weir_model::k8s_openapi::api::core::v1::{Node, Service};
+        use weir_model::k8s_openapi::api::discovery::v1::EndpointSlice;
+        let api = self.api()?;
+        let r = match v["kind"].as_str() {
+            Some("Service") => {
+                api.apply(&serde_json::from_value::<Service>(v).map_err(|e| e.to_string())?)
+            }
+            Some("EndpointSlice") => {
+                api.apply(&serde_json::from_value::<EndpointSlice>(v).map_err(|e| e.to_string())?)
+            }
+            _ => api.apply(&serde_json::from_value::<Node>(v).map_err(|e| e.to_string())?),
+        };
+        r.map_err(|e| e.to_string())
+    }
+}
+
+/// One Service and its EndpointSlice as JSON (the same objects as [`service_yaml`]).
+fn service_json(i: usize, endpoints: &[Ipv4Addr]) -> [serde_json::Value; 2] {
+    use serde_json::json;
+    let name = format!("svc-{i:06}");
+    let mut port = json!({"port": 80, "targetPort": 8080, "protocol": "TCP"});
+    let ty = match node_port(i) {
+        Some(p) => {
+            port["nodePort"] = p.into();
+            "NodePort"
+        }
+        None => "ClusterIP",
+    };
+    let svc = json!({
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"type": ty, "clusterIP": vip(i).to_string(), "ports": [port]},
+    });
+    let eps: Vec<_> = endpoints
+        .iter()
+        .map(|ip| {
+            json!({"addresses": [ip.to_string()], "conditions": {"ready": true}, "nodeName": "node-1"})
+        })
+        .collect();
+    let slice = json!({
+        "kind": "EndpointSlice",
+        "metadata": {"name": format!("{name}-1"), "namespace": NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": name}},
+        "addressType": "IPv4",
+        "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
+        "endpoints": eps,
+    });
+    [svc, slice]
+}
+
+impl Feed for ApiFeed {
+    fn start(&mut self, ns: &str, services: usize) -> Result<Vec<String>, String> {
+        let api = weir_fakeapi::FakeApi::start(Some(ns), "127.0.0.1:6443".parse().expect("addr"))
+            .map_err(|e| format!("fake API server: {e:#}"))?;
+        self.api = Some(api);
+        self.apply_json(serde_json::json!({
+            "kind": "Node",
+            "metadata": {"name": "bench"},
+            "status": {"addresses": [{"type": "InternalIP", "address": NODE_IP.to_string()}]},
+        }))?;
+        for i in 0..services {
+            for o in service_json(i, &endpoints_of(i)) {
+                self.apply_json(o)?;
+            }
+        }
+        // The objects' creation history is not needed: watches start from the list.
+        self.api()?.compact();
+        Ok(vec!["--master".into(), self.api()?.url()])
+    }
+
+    fn change_endpoint(&mut self, svc: usize, k: usize) -> Result<(), String> {
+        let mut eps = endpoints_of(svc);
+        eps[0] = fresh_ip(k);
+        let [_, slice] = service_json(svc, &eps);
+        self.apply_json(slice)
+    }
+}
+
+/// The feed `WEIR_BENCH_FEED` names: `api` (default) or `manifests`.
+fn make_feed(tag: &str) -> Result<Box<dyn Feed>, String> {
+    match env_or("WEIR_BENCH_FEED", "api").as_str() {
+        "api" => Ok(Box::new(ApiFeed::new())),
+        "manifests" => Ok(Box::new(ManifestFeed::new(tag)?)),
+        other => Err(format!("WEIR_BENCH_FEED={other}: api or manifests")),
     }
 }
 
@@ -221,6 +328,19 @@ fn wait_synced(
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left) {
             Ok((at, line)) if line.contains(" synced") => return Ok((at, line)),
+            // The nftables backend's split of a full sync: shown as it comes.
+            Ok((_, line)) if line.contains("full sync phases") => {
+                progress(format!(
+                    "  {}",
+                    line.split_once("INFO").map_or(&*line, |(_, l)| l.trim())
+                ));
+            }
+            Ok((_, line)) if line.contains("planned the initial objects") => {
+                progress(format!(
+                    "  {}",
+                    line.split_once("INFO").map_or(&*line, |(_, l)| l.trim())
+                ));
+            }
             Ok((_, line)) if line.contains("sync failed") => return Err(line),
             Ok((_, line)) => {
                 tail.push(line);
@@ -285,7 +405,7 @@ fn run_agent(
     ])?;
     ns.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"])?;
     ns.ip(&["link", "set", "node0", "up"])?;
-    let source_args = feed.start(services)?;
+    let source_args = feed.start(&ns.name, services)?;
     let state = TempDir::new(&format!("{tag}-state"))?;
 
     let mut cmd = Command::new("ip");
@@ -520,8 +640,9 @@ struct Summary {
     event_to_rules_ms: f64,
 }
 
-const FIGURES: [&str; 9] = [
+const FIGURES: [&str; 10] = [
     "full sync e2e ms",
+    "  of which start + initial lists ms",
     "  of which planning ms",
     "  of which backend ms",
     "RSS after first sync MiB",
@@ -529,7 +650,7 @@ const FIGURES: [&str; 9] = [
     "1-ep change: event → rules ms",
     "  planning ms",
     "  backend ms",
-    "  wall, manifest write → synced ms",
+    "  wall, object write → synced ms",
 ];
 
 impl Summary {
@@ -549,9 +670,10 @@ impl Summary {
             event_to_rules_ms: median(&all(|r| &r.event_to_rules_ms)),
         }
     }
-    fn figures(&self) -> [f64; 9] {
+    fn figures(&self) -> [f64; 10] {
         [
             self.full_e2e_ms,
+            self.full_e2e_ms - self.first_plan_ms - self.first_backend_ms,
             self.first_plan_ms,
             self.first_backend_ms,
             self.rss_mib,
@@ -625,20 +747,21 @@ fn main() {
             }
             for (who, b) in order {
                 progress(format!("{who} {n} services, run {}", r + 1));
-                let mut feed = match ManifestFeed::new(&format!("{who}-{n}")) {
+                let mut feed = match make_feed(&format!("{who}-{n}")) {
                     Ok(f) => f,
                     Err(e) => {
                         progress(format!("  feed: {e}"));
                         continue;
                     }
                 };
-                match run_agent(b, &format!("{who}{n}"), n, &mut feed, changes) {
+                match run_agent(b, &format!("{who}{n}"), n, feed.as_mut(), changes) {
                     Ok(run) => {
                         progress(format!(
-                            "  full sync {:.0} ms (plan {:.1} ms), RSS {:.1} MiB, HWM {:.1} MiB, \
+                            "  full sync {:.0} ms (plan {:.1} ms, backend {:.0} ms), RSS {:.1} MiB, HWM {:.1} MiB, \
                              change median: event→rules {:.2} ms, plan {:.3} ms, wall {:.0} ms",
                             run.full_e2e_ms,
                             run.first_plan_ms,
+                            run.first_backend_ms,
                             run.rss_mib,
                             run.hwm_mib,
                             median(&run.event_to_rules_ms),

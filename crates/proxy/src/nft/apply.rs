@@ -15,7 +15,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use weir_model::Plan;
+use weir_model::{Plan, PlanDiff};
 
 use super::netlink::{NftNetlink, Op, RawData, RawElement};
 use super::render::{
@@ -58,6 +58,7 @@ impl NftBackend {
     }
 
     fn full_sync(&mut self, plan: &Plan) -> Result<()> {
+        let t0 = Instant::now();
         let rs = ruleset(plan, &self.opts);
         let expected = rs
             .chains
@@ -65,18 +66,32 @@ impl NftBackend {
             .filter(|(_, _, rules)| !rules.is_empty())
             .map(|(name, _, rules)| (name.clone(), rules.len()))
             .collect();
+        let rendered = t0.elapsed();
         if let Err(e) = nft_script(&render_structure(&rs, &self.opts)) {
             // A declaration that differs from the kernel's (an older weir's table) cannot
             // be changed in place: replace the whole table in one transaction.
             tracing::warn!("in-place structure update failed ({e}); replacing the table");
             nft_script(&render_full(plan, &self.opts))?;
         } else {
+            let structure = t0.elapsed();
             let ops = self.reconcile_elements(&rs)?;
+            let reconciled = t0.elapsed();
             let table = self.opts.table.clone();
             for chunk in ops.chunks(COLD_START_CHUNK) {
                 self.netlink()?.apply(&table, chunk)?;
             }
+            let elements = t0.elapsed();
             self.remove_stale(&rs)?;
+            // Where a full sync's time goes (the figures docs/benchmarks.md reports).
+            tracing::info!(
+                render_ms = ms(rendered),
+                nft_structure_ms = ms(structure - rendered),
+                reconcile_ms = ms(reconciled - structure),
+                element_ops = ops.len(),
+                netlink_ms = ms(elements - reconciled),
+                remove_stale_ms = ms(t0.elapsed() - elements),
+                "full sync phases"
+            );
         }
         self.refs = rs.refs;
         self.expected_rules = expected;
@@ -94,6 +109,66 @@ impl NftBackend {
         }
         let counts = self.netlink()?.rule_counts(&table)?;
         Ok(counts == self.expected_rules)
+    }
+
+    /// One sync; `given` is `applied.diff(plan)` when the caller knows it (see
+    /// [`Backend::sync_diff`]): then nothing here walks or copies the whole plan unless the
+    /// sync is a full one, and the applied plan is moved forward by the diff.
+    fn sync_with(&mut self, plan: &Plan, given: Option<&PlanDiff>) -> Result<SyncReport> {
+        let start = Instant::now();
+        // Taken out: on any failure `applied` stays None and the next sync is a full one.
+        let mut old = self.applied.take();
+        if old.is_some() && !self.canary_intact()? {
+            tracing::warn!("weir's nftables table was changed behind its back: full resync");
+            old = None;
+        }
+        let computed;
+        let diff = match (&old, given) {
+            (None, _) => None,
+            (Some(_), Some(d)) => Some(d),
+            (Some(old), None) => {
+                computed = old.diff(plan);
+                Some(&computed)
+            }
+        };
+        let (kind, touched, applied) = match (old, diff) {
+            (Some(old), Some(d)) if d.is_empty() => (SyncKind::Noop, 0, old),
+            (Some(mut old), Some(d)) if !d.globals_changed => {
+                let u = update(&old, plan, d, &self.opts, &self.refs);
+                if u.elements_only() {
+                    let ops: Vec<(Op, &str, RawElement)> = u
+                        .del_el
+                        .iter()
+                        .map(|(s, e)| (Op::Delete, s.as_str(), RawElement::of(e)))
+                        .chain(
+                            u.add_el
+                                .iter()
+                                .map(|(s, e)| (Op::Add, s.as_str(), RawElement::of(e))),
+                        )
+                        .collect();
+                    let table = self.opts.table.clone();
+                    self.netlink()?.apply(&table, &ops)?;
+                } else {
+                    nft_script(&render_update_parts(&u, &self.opts))?;
+                    self.expect_update(&u);
+                }
+                self.refs.update(&old, plan, &d.touched(), &self.opts);
+                // What the kernel now holds: the old plan moved by the diff (no copy of the
+                // whole plan per change).
+                old.apply(d);
+                (SyncKind::Partial, u.touched, old)
+            }
+            _ => {
+                self.full_sync(plan)?;
+                (SyncKind::Full, plan.services.len(), plan.clone())
+            }
+        };
+        self.applied = Some(applied);
+        Ok(SyncReport {
+            kind,
+            elapsed: start.elapsed(),
+            service_ports_touched: touched,
+        })
     }
 
     /// Keeps `expected_rules` in step with an update written with `nft -f`.
@@ -186,6 +261,10 @@ impl NftBackend {
     }
 }
 
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// Names of the chains that a `nft list chains inet` listing shows under table `table`
 /// (nft 1.0.6 cannot list them for one table only).
 fn names_in_table(listing: &str, table: &str) -> Vec<String> {
@@ -249,49 +328,11 @@ impl Backend for NftBackend {
     }
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
-        let start = Instant::now();
-        // Taken out: on any failure `applied` stays None and the next sync is a full one.
-        let mut old = self.applied.take();
-        if old.is_some() && !self.canary_intact()? {
-            tracing::warn!("weir's nftables table was changed behind its back: full resync");
-            old = None;
-        }
-        let diff = old.as_ref().map(|old| old.diff(plan));
-        let (kind, touched) = match (&old, &diff) {
-            (Some(_), Some(d)) if d.is_empty() => (SyncKind::Noop, 0),
-            (Some(old), Some(d)) if !d.globals_changed => {
-                let u = update(old, plan, d, &self.opts, &self.refs);
-                if u.elements_only() {
-                    let ops: Vec<(Op, &str, RawElement)> = u
-                        .del_el
-                        .iter()
-                        .map(|(s, e)| (Op::Delete, s.as_str(), RawElement::of(e)))
-                        .chain(
-                            u.add_el
-                                .iter()
-                                .map(|(s, e)| (Op::Add, s.as_str(), RawElement::of(e))),
-                        )
-                        .collect();
-                    let table = self.opts.table.clone();
-                    self.netlink()?.apply(&table, &ops)?;
-                } else {
-                    nft_script(&render_update_parts(&u, &self.opts))?;
-                    self.expect_update(&u);
-                }
-                self.refs.update(old, plan, &d.touched(), &self.opts);
-                (SyncKind::Partial, u.touched)
-            }
-            _ => {
-                self.full_sync(plan)?;
-                (SyncKind::Full, plan.services.len())
-            }
-        };
-        self.applied = Some(plan.clone());
-        Ok(SyncReport {
-            kind,
-            elapsed: start.elapsed(),
-            service_ports_touched: touched,
-        })
+        self.sync_with(plan, None)
+    }
+
+    fn sync_diff(&mut self, plan: &Plan, diff: &PlanDiff) -> Result<SyncReport> {
+        self.sync_with(plan, Some(diff))
     }
 
     fn intact(&mut self) -> Result<bool> {

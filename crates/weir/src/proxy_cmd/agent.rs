@@ -5,7 +5,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 use tracing::{info, warn};
-use weir_model::{Kind, NodeInfo, Object, ObjectKey, Plan, Planner, ProxyConfig};
+use weir_model::{Kind, NodeInfo, Object, ObjectKey, Plan, PlanDiff, Planner, ProxyConfig};
 use weir_proxy::health::SourceCheck;
 use weir_proxy::{Backend, SyncKind};
 use weir_source::api::{start_api_source, ApiReport, ApiSource};
@@ -52,12 +52,14 @@ fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
 pub trait SyncObserver {
     /// A change was seen and a sync is queued.
     fn queued(&mut self) {}
-    /// `plan` is now in the kernel; `previous` was before.
+    /// `plan` is now in the kernel; `diff` is what changed since the previous successful
+    /// sync (`None` on the first: everything is new). Called per change, so an observer
+    /// should look at `diff`, not walk `plan`.
     /// `change_triggers`: the `last-change-trigger-time`s of the EndpointSlices this sync
     /// programmed (empty on the first sync, and when the objects carry none).
     fn synced(
         &mut self,
-        _previous: Option<&Plan>,
+        _diff: Option<&PlanDiff>,
         _plan: &Plan,
         _report: &weir_proxy::SyncReport,
         _change_triggers: &[SystemTime],
@@ -320,8 +322,11 @@ pub fn run(
     let source = start_source(settings, &store, observer)?;
     wait_for_first_view(&source);
 
-    let mut applied: Option<Plan> = None;
     let mut planner = Planner::default();
+    // What changed since the last successful sync (`None` before the first): a failed sync's
+    // diff is composed with the next, so observers never miss a change.
+    let mut unobserved: Option<PlanDiff> = None;
+    let mut synced_once = false;
     // Trigger times of the EndpointSlices changed since the last successful sync.
     let mut triggers: Vec<SystemTime> = Vec::new();
     // When the oldest change not yet in the kernel reached the store.
@@ -370,9 +375,10 @@ pub fn run(
         observer.node_eligible(node_eligible(own_node.as_deref()));
         let config = proxy_config(settings)?;
         let planning = Instant::now();
-        // Unchanged service ports keep their Arcs, which the backend's diff recognises by
-        // pointer.
-        let plan = planner.apply(changes.objects, &config);
+        // The planner replans the services the changes touch and hands over what changed in
+        // the plan: the backend applies only that, so nothing per change walks the cluster.
+        let diff = planner.update(changes.objects, &config);
+        let plan = planner.current();
         let plan_ms = planning.elapsed().as_secs_f64() * 1e3;
         for w in &plan.warnings {
             warn!("plan: {w}");
@@ -406,7 +412,12 @@ pub fn run(
         if last_full.is_some_and(|t| t.elapsed() >= settings.full_sync_period) {
             backend.invalidate();
         }
-        match backend.sync(&plan) {
+        let result = backend.sync_diff(plan, &diff);
+        let diff = match unobserved.take() {
+            Some(earlier) => earlier.then(diff),
+            None => diff,
+        };
+        match result {
             Ok(report) => {
                 failing = false;
                 if let Some(line) = failures.succeeded() {
@@ -432,15 +443,16 @@ pub fn run(
                         "synced"
                     );
                 }
-                observer.synced(applied.as_ref(), &plan, &report, &triggers);
+                observer.synced(synced_once.then_some(&diff), plan, &report, &triggers);
+                synced_once = true;
                 triggers.clear();
-                applied = Some(plan);
                 if report.kind == SyncKind::Full {
                     release_freed_memory();
                 }
             }
             Err(e) => {
                 failing = true;
+                unobserved = Some(diff);
                 if let Some(line) = failures.failed(&e.to_string(), Instant::now()) {
                     warn!(mode = backend.mode(), "{line}");
                 }

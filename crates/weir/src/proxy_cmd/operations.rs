@@ -3,12 +3,15 @@
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
+use std::collections::BTreeMap;
 use tracing::{debug, warn};
-use weir_model::Plan;
+
+use weir_model::{Plan, PlanDiff, ServicePortKey};
 use weir_proxy::conntrack::{stale_udp_flows, Conntrack};
 use weir_proxy::health::SourceCheck;
 use weir_proxy::health::{
     health_check_services, HttpRuntime, ProxyHealth, ProxyServers, ServiceHealthServers,
+    ServiceName,
 };
 use weir_proxy::metrics::ProxyMetrics;
 use weir_proxy::{SyncKind, SyncReport};
@@ -25,6 +28,11 @@ pub struct Operations {
     conntrack: Option<Conntrack>,
     /// When the oldest change not yet programmed was seen.
     queued_at: Option<Instant>,
+    /// Kept up to date from each sync's diff, so that a change costs what it touches:
+    /// the healthCheckNodePort servers wanted, and the no-local-endpoints counts
+    /// (internal, external).
+    health_checks: BTreeMap<ServiceName, (u16, usize)>,
+    no_local: (i64, i64),
     // Kept alive for the life of the agent; dropped last.
     _servers: ProxyServers,
     _runtime: HttpRuntime,
@@ -51,6 +59,8 @@ impl Operations {
             service_health,
             conntrack: None,
             queued_at: None,
+            health_checks: BTreeMap::new(),
+            no_local: (0, 0),
             _servers: servers,
             _runtime: runtime,
         })
@@ -86,6 +96,49 @@ impl Operations {
     }
 }
 
+impl Operations {
+    /// Moves the health-check services and no-local counts by `diff` (`plan`: after it).
+    fn follow(&mut self, diff: &PlanDiff, plan: &Plan) {
+        let olds = diff
+            .removed
+            .values()
+            .chain(diff.changed.values().map(|c| &c.old));
+        let news = diff
+            .added
+            .values()
+            .chain(diff.changed.values().map(|c| &c.new));
+        for (sp, sign) in olds.map(|sp| (sp, -1)).chain(news.map(|sp| (sp, 1))) {
+            let (i, e) = ProxyMetrics::no_local_endpoints(sp);
+            self.no_local.0 += sign * i;
+            self.no_local.1 += sign * e;
+        }
+        let services: std::collections::BTreeSet<ServiceName> = diff
+            .touched()
+            .into_iter()
+            .map(|k| (k.namespace.clone(), k.name.clone()))
+            .collect();
+        for name in services {
+            self.health_checks.remove(&name);
+            // The service's ports now: keys sort by namespace, then name.
+            let from = ServicePortKey {
+                namespace: name.0.clone(),
+                name: name.1.clone(),
+                port_name: String::new(),
+                protocol: weir_model::Protocol::Tcp,
+                family: weir_model::IpFamily::V4,
+            };
+            let mut ports = Plan::default();
+            ports.services.extend(
+                plan.services
+                    .range(from..)
+                    .take_while(|(k, _)| k.namespace == name.0 && k.name == name.1)
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+            self.health_checks.extend(health_check_services(&ports));
+        }
+    }
+}
+
 impl SyncObserver for Operations {
     fn queued(&mut self) {
         self.health.queued_update();
@@ -95,7 +148,7 @@ impl SyncObserver for Operations {
 
     fn synced(
         &mut self,
-        previous: Option<&Plan>,
+        diff: Option<&PlanDiff>,
         plan: &Plan,
         report: &SyncReport,
         change_triggers: &[SystemTime],
@@ -115,21 +168,34 @@ impl SyncObserver for Operations {
             // Objects without trigger times (hand-written manifests): from when weir saw it.
             self.metrics.observe_network_programming(at.elapsed());
         }
-        if let Some(previous) = previous {
-            let diff = previous.diff(plan);
-            let endpoints = diff
-                .touched()
-                .into_iter()
-                .filter(|k| {
-                    previous.services.get(*k).map(|s| &s.cluster_endpoints)
-                        != plan.services.get(*k).map(|s| &s.cluster_endpoints)
-                })
-                .count();
-            self.metrics.record_changes(diff.touched().len(), endpoints);
-            self.clean_conntrack(previous, plan);
+        match diff {
+            Some(diff) => {
+                let endpoints = diff
+                    .changed
+                    .values()
+                    .filter(|c| c.old.cluster_endpoints != c.new.cluster_endpoints)
+                    .count()
+                    + diff.added.len()
+                    + diff.removed.len();
+                self.metrics.record_changes(diff.touched().len(), endpoints);
+                // Only the touched ports matter to stale flows: the diff's two sides.
+                let (old, new) = diff.sides();
+                self.clean_conntrack(&old, &new);
+                self.follow(diff, plan);
+            }
+            None => {
+                self.health_checks = health_check_services(plan);
+                self.no_local = (0, 0);
+                for sp in plan.services.values() {
+                    let (i, e) = ProxyMetrics::no_local_endpoints(sp);
+                    self.no_local.0 += i;
+                    self.no_local.1 += e;
+                }
+            }
         }
-        self.metrics.record_plan(plan);
-        for e in self.service_health.sync(&health_check_services(plan)) {
+        self.metrics
+            .set_no_local_endpoints(self.no_local.0, self.no_local.1);
+        for e in self.service_health.sync(&self.health_checks) {
             warn!(service = ?e.service, port = e.port, "healthCheckNodePort not opened: {}", e.error);
         }
     }
