@@ -147,6 +147,19 @@ impl Zone {
         self.names.len() + self.reverse.len()
     }
 
+    /// Every owner name with stored records or existing empty (zone names, then reverse
+    /// names): what the server's wire table precomputes answers for. Names computed at lookup
+    /// (pod names) are not among them; see [`Zone::pod_records`].
+    pub fn owner_names(&self) -> impl Iterator<Item = &Name> {
+        self.names.keys().chain(self.reverse.keys())
+    }
+
+    /// How pod names are answered (anything but `Disabled` makes names outside
+    /// [`Zone::owner_names`] possibly positive).
+    pub fn pod_records(&self) -> PodRecords {
+        self.pods
+    }
+
     /// Answers `qname`/`qtype`. Answer owner names are the query's own spelling (case kept,
     /// so resolvers that randomise case still match).
     pub fn lookup(&self, qname: &Name, qtype: RecordType) -> Answer {
