@@ -397,17 +397,25 @@ impl Forwarder {
         (self.clock)()
     }
 
+    /// The answer to `q` if the cache has one to give now (fresh, or stale being served),
+    /// starting a prefetch when one is due. Needs a tokio runtime context.
+    pub fn cached(&self, q: &Query) -> Option<Upstream> {
+        let cached = self.lock_cache().lookup(q, self.now());
+        match cached {
+            Cached::Fresh(hit) | Cached::Stale(hit) => Some(hit),
+            Cached::Refresh(hit) => {
+                self.prefetch(q.clone());
+                Some(hit)
+            }
+            Cached::Miss => None,
+        }
+    }
+
     /// Resolves `q` from the cache or the upstreams; with serve-stale, an expired entry when
     /// every upstream fails.
     pub async fn resolve(&self, q: &Query) -> Result<Upstream, ForwardError> {
-        let cached = self.lock_cache().lookup(q, self.now());
-        match cached {
-            Cached::Fresh(hit) | Cached::Stale(hit) => return Ok(hit),
-            Cached::Refresh(hit) => {
-                self.prefetch(q.clone());
-                return Ok(hit);
-            }
-            Cached::Miss => {}
+        if let Some(hit) = self.cached(q) {
+            return Ok(hit);
         }
         match self.ask_upstreams(q).await {
             Err(ForwardError::AllFailed) => self

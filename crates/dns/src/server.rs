@@ -53,10 +53,12 @@ struct Current {
 impl ZoneHandle {
     pub fn new(zone: Zone) -> Self {
         let wire = Arc::new(WireZone::build(&zone));
-        ZoneHandle(Arc::new(Current {
+        let handle = ZoneHandle(Arc::new(Current {
             served: RwLock::new((Arc::new(zone), wire)),
             generation: AtomicU64::new(0),
-        }))
+        }));
+        release_free_memory();
+        handle
     }
 
     pub fn load(&self) -> Arc<Zone> {
@@ -86,8 +88,24 @@ impl ZoneHandle {
     /// Swaps in `zone`; its wire answers are encoded first, outside the lock.
     pub fn store(&self, zone: Zone) {
         let wire = Arc::new(WireZone::build(&zone));
-        *self.0.served.write().unwrap_or_else(|e| e.into_inner()) = (Arc::new(zone), wire);
+        let old = std::mem::replace(
+            &mut *self.0.served.write().unwrap_or_else(|e| e.into_inner()),
+            (Arc::new(zone), wire),
+        );
         self.0.generation.fetch_add(1, Ordering::AcqRel);
+        drop(old);
+        release_free_memory();
+    }
+}
+
+/// Hands freed heap pages back to the kernel. A rebuild frees the previous zone (and the first
+/// build follows the manifest parse, which peaks far above what stays); glibc keeps such pages
+/// in its arenas, so without this the resident size stays at the high-water mark.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -179,10 +197,18 @@ impl Handler {
                 }
                 Step::Done(negative)
             }
-            Answer::NotInZone if self.forwarder.is_some() => Step::Forward(req),
-            Answer::NotInZone => {
-                Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![]))
-            }
+            // A cached answer is sent from the receiving thread; only misses become tasks.
+            Answer::NotInZone => match self.forwarder.as_ref().map(|f| f.cached(q)) {
+                Some(Some(up)) => Step::Done(response(
+                    &req,
+                    up.rcode,
+                    false,
+                    up.answers,
+                    up.authority,
+                )),
+                Some(None) => Step::Forward(req),
+                None => Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![])),
+            },
         }
     }
 
@@ -320,6 +346,8 @@ pub fn serve_udp(
     handler: Handler,
     rt: tokio::runtime::Handle,
 ) -> std::io::Error {
+    // Prefetches start from this thread (a cache hit found due for one).
+    let _runtime = rt.enter();
     let sock = Arc::new(sock);
     let fd = sock.as_raw_fd();
     let mut inbox = udp::Inbox::new();
