@@ -199,13 +199,9 @@ impl Handler {
             }
             // A cached answer is sent from the receiving thread; only misses become tasks.
             Answer::NotInZone => match self.forwarder.as_ref().map(|f| f.cached(q)) {
-                Some(Some(up)) => Step::Done(response(
-                    &req,
-                    up.rcode,
-                    false,
-                    up.answers,
-                    up.authority,
-                )),
+                Some(Some(up)) => {
+                    Step::Done(response(&req, up.rcode, false, up.answers, up.authority))
+                }
                 Some(None) => Step::Forward(req),
                 None => Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![])),
             },
