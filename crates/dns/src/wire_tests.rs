@@ -231,6 +231,35 @@ proptest! {
     }
 }
 
+proptest! {
+    /// The whole request path (fast, then general) on arbitrary bytes, and on valid queries
+    /// cut short: never a panic, and any reply is a decodable response carrying the ID.
+    #[test]
+    fn the_request_path_survives_arbitrary_and_truncated_packets(
+        junk in proptest::collection::vec(any::<u8>(), 0..300),
+        r in req_strategy(),
+        cut in any::<prop::sample::Index>(),
+        which in 0usize..3,
+    ) {
+        let mut valid = encode_req(&r);
+        valid.truncate(cut.index(valid.len() + 1));
+        let paths = PATHS.with(|p| p[which].clone());
+        for bytes in [junk, valid] {
+            for udp in [true, false] {
+                let reply = paths.rt.block_on(paths.handler.handle(&bytes, udp));
+                if let Some(reply) = reply {
+                    let m = Message::from_vec(&reply).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(m.metadata.message_type, hickory_proto::op::MessageType::Response);
+                    prop_assert_eq!(&reply[..2], &bytes[..2]);
+                    if udp {
+                        prop_assert!(reply.len() <= 1232);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The fast path really takes the common queries (else the property above is vacuous).
 #[test]
 fn the_fast_path_takes_the_common_queries() {
