@@ -2,13 +2,23 @@
 //! turn (a server that timed out is skipped for a while), over UDP with a TCP retry when the
 //! answer is truncated, behind a bounded cache and a cap on queries in flight.
 //!
-//! Health is passive: an upstream that times out or fails is marked down for
-//! [`ForwarderConfig::down_for`] and skipped until then (unless every upstream is down). No active probes, no prefetch,
-//! no serve-stale yet.
+//! Health: an upstream that times out or fails is marked down for
+//! [`ForwarderConfig::down_for`] and skipped until then (unless every upstream is down).
+//! With [`ForwarderConfig::probe_interval`], a down upstream is also probed (`. NS`, as
+//! CoreDNS's forward plugin does) until it answers anything, and is back at once, without
+//! waiting for the timer or a client query.
+//!
+//! Optional, off by default: prefetch ([`Prefetch`]: a popular entry is refreshed in the
+//! background shortly before its TTL ends, so its clients never wait for the upstream) and
+//! serve-stale ([`ForwarderConfig::serve_stale`], RFC 8767: when every upstream fails, an
+//! expired entry is answered with a 30 s TTL, and for the next 30 s without asking again).
+//!
+//! Time comes from a [`Clock`], so the cache's behaviour over TTLs is tested without sleeping.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Edns, Message, MessageType, Query, ResponseCode};
@@ -64,7 +74,37 @@ pub struct ForwarderConfig {
     /// Ask over TCP only (a node-local cache to the cluster DNS: no UDP conntrack entry per
     /// query through the ClusterIP's DNAT, and no lost datagram to wait 5 s for).
     pub tcp_only: bool,
+    /// Refresh popular entries before they expire (None: off).
+    pub prefetch: Option<Prefetch>,
+    /// Keep expired entries this long to answer when every upstream fails (RFC 8767; None:
+    /// off). The RFC suggests 1 to 3 days.
+    pub serve_stale: Option<Duration>,
+    /// Probe a down upstream this often until it answers (None: only the `down_for` timer).
+    pub probe_interval: Option<Duration>,
 }
+
+/// When a cached entry is refreshed ahead of its expiry: once it has been answered from the
+/// cache `min_hits` times and less than `percent` % of its TTL is left (Unbound and CoreDNS
+/// use 10 %). The query that notices it is answered from the cache at once; the refresh runs
+/// in the background.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Prefetch {
+    pub min_hits: u32,
+    pub percent: u8,
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Prefetch {
+            min_hits: 2,
+            percent: 10,
+        }
+    }
+}
+
+/// The TTL of a stale answer, and how long after serving one the upstreams are not asked
+/// again for that name (RFC 8767's recommended stale answer TTL and failure recheck timer).
+pub const STALE_TTL: u32 = 30;
 
 impl ForwarderConfig {
     pub fn new(upstreams: Vec<SocketAddr>) -> Self {
@@ -77,6 +117,9 @@ impl ForwarderConfig {
             max_ttl: Duration::from_secs(3600),
             max_negative_ttl: Duration::from_secs(30),
             tcp_only: false,
+            prefetch: None,
+            serve_stale: None,
+            probe_interval: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -105,6 +148,25 @@ struct Entry {
     answer: Upstream,
     stored: Instant,
     expires: Instant,
+    /// Answers from the cache since stored.
+    hits: u32,
+    /// A prefetch of this entry has been started.
+    refreshing: bool,
+    /// Served stale: until then, answer stale without asking the upstreams.
+    stale_until: Option<Instant>,
+}
+
+/// What the cache has for a question.
+#[derive(Debug, PartialEq)]
+pub enum Cached {
+    /// A fresh answer, TTLs counted down.
+    Fresh(Upstream),
+    /// A fresh answer, and the entry is due for a prefetch (returned once per entry).
+    Refresh(Upstream),
+    /// An expired answer served stale recently: answer it again (TTL [`STALE_TTL`])
+    /// without asking the upstreams.
+    Stale(Upstream),
+    Miss,
 }
 
 /// A bounded TTL cache. Pure (the caller passes the time), so it is tested without sleeping.
@@ -114,6 +176,9 @@ pub struct Cache {
     capacity: usize,
     max_ttl: Duration,
     max_negative_ttl: Duration,
+    prefetch: Option<Prefetch>,
+    /// How long past expiry an entry is kept for serve-stale (zero: off).
+    stale_for: Duration,
 }
 
 impl Cache {
@@ -123,7 +188,21 @@ impl Cache {
             capacity,
             max_ttl,
             max_negative_ttl,
+            prefetch: None,
+            stale_for: Duration::ZERO,
         }
+    }
+
+    /// Enables prefetch decisions ([`Cached::Refresh`]).
+    pub fn with_prefetch(mut self, prefetch: Option<Prefetch>) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Keeps expired entries `stale_for` longer for [`Cache::stale`].
+    pub fn with_serve_stale(mut self, stale_for: Option<Duration>) -> Self {
+        self.stale_for = stale_for.unwrap_or_default();
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -140,19 +219,58 @@ impl Cache {
 
     /// The cached answer with TTLs counted down to what is left, or `None`.
     pub fn get(&mut self, q: &Query, now: Instant) -> Option<Upstream> {
-        let key = Self::key(q);
-        let e = self.entries.get(&key)?;
-        if now >= e.expires {
-            self.entries.remove(&key);
-            return None;
+        match self.lookup(q, now) {
+            Cached::Fresh(a) | Cached::Refresh(a) => Some(a),
+            Cached::Stale(_) | Cached::Miss => None,
         }
+    }
+
+    /// What the cache has for `q` at `now` (see [`Cached`]).
+    pub fn lookup(&mut self, q: &Query, now: Instant) -> Cached {
+        let key = Self::key(q);
+        let Some(e) = self.entries.get_mut(&key) else {
+            return Cached::Miss;
+        };
+        if now >= e.expires {
+            if now >= e.expires + self.stale_for {
+                self.entries.remove(&key);
+                return Cached::Miss;
+            }
+            if e.stale_until.is_some_and(|t| now < t) {
+                return Cached::Stale(stale_copy(&e.answer));
+            }
+            return Cached::Miss;
+        }
+        e.hits = e.hits.saturating_add(1);
         let elapsed = u32::try_from(now.duration_since(e.stored).as_secs()).unwrap_or(u32::MAX);
-        let left = u32::try_from(e.expires.duration_since(now).as_secs()).unwrap_or(u32::MAX);
+        let left = e.expires.duration_since(now);
+        let left_secs = u32::try_from(left.as_secs()).unwrap_or(u32::MAX);
         let mut answer = e.answer.clone();
         for r in answer.answers.iter_mut().chain(answer.authority.iter_mut()) {
-            r.ttl = r.ttl.saturating_sub(elapsed).min(left.max(1));
+            r.ttl = r.ttl.saturating_sub(elapsed).min(left_secs.max(1));
         }
-        Some(answer)
+        let lifetime = e.expires.duration_since(e.stored);
+        let due = self.prefetch.is_some_and(|p| {
+            e.hits >= p.min_hits
+                && left.as_millis() * 100 <= lifetime.as_millis() * u128::from(p.percent)
+        });
+        if due && !e.refreshing {
+            e.refreshing = true;
+            return Cached::Refresh(answer);
+        }
+        Cached::Fresh(answer)
+    }
+
+    /// For serve-stale: the expired (within the stale window) answer to `q` with TTLs of
+    /// [`STALE_TTL`], and `q` is answered stale without asking until `STALE_TTL` from now.
+    /// None if there is no such entry (or serve-stale is off).
+    pub fn stale(&mut self, q: &Query, now: Instant) -> Option<Upstream> {
+        let e = self.entries.get_mut(&Self::key(q))?;
+        if now < e.expires || now >= e.expires + self.stale_for {
+            return None;
+        }
+        e.stale_until = Some(now + Duration::from_secs(STALE_TTL.into()));
+        Some(stale_copy(&e.answer))
     }
 
     /// Caches NOERROR and NXDOMAIN answers (others are not cached) for their TTL within the
@@ -179,8 +297,18 @@ impl Cache {
                 answer,
                 stored: now,
                 expires: now + ttl,
+                hits: 0,
+                refreshing: false,
+                stale_until: None,
             },
         );
+    }
+
+    /// A prefetch that failed: the entry may be prefetched again.
+    fn refresh_failed(&mut self, q: &Query) {
+        if let Some(e) = self.entries.get_mut(&Self::key(q)) {
+            e.refreshing = false;
+        }
     }
 
     fn ttl_of(&self, a: &Upstream) -> Option<Duration> {
@@ -203,54 +331,125 @@ impl Cache {
     }
 }
 
+/// `a` with every TTL set to [`STALE_TTL`].
+fn stale_copy(a: &Upstream) -> Upstream {
+    let mut a = a.clone();
+    for r in a.answers.iter_mut().chain(a.authority.iter_mut()) {
+        r.ttl = STALE_TTL;
+    }
+    a
+}
+
 struct UpstreamState {
     addr: SocketAddr,
     down_until: Mutex<Option<Instant>>,
+    /// A probe task runs for this upstream.
+    probing: AtomicBool,
 }
 
-/// The forwarder; share it behind an `Arc`.
+/// Where the forwarder reads the time (tests pass a clock they move by hand).
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// The forwarder; share it behind an `Arc` (prefetches and probes run as tasks holding it).
 pub struct Forwarder {
     config: ForwarderConfig,
     upstreams: Vec<UpstreamState>,
     cache: Mutex<Cache>,
     in_flight: Semaphore,
+    clock: Clock,
+    /// Itself, for the background tasks (which end when the forwarder is dropped).
+    this: Weak<Forwarder>,
 }
 
 impl Forwarder {
-    pub fn new(config: ForwarderConfig) -> Self {
-        Forwarder {
+    pub fn new(config: ForwarderConfig) -> Arc<Self> {
+        Self::with_clock(config, Arc::new(Instant::now))
+    }
+
+    pub fn with_clock(config: ForwarderConfig, clock: Clock) -> Arc<Self> {
+        Arc::new_cyclic(|this| Forwarder {
             upstreams: config
                 .upstreams
                 .iter()
                 .map(|a| UpstreamState {
                     addr: *a,
                     down_until: Mutex::new(None),
+                    probing: AtomicBool::new(false),
                 })
                 .collect(),
-            cache: Mutex::new(Cache::new(
-                config.cache_entries,
-                config.max_ttl,
-                config.max_negative_ttl,
-            )),
+            cache: Mutex::new(
+                Cache::new(
+                    config.cache_entries,
+                    config.max_ttl,
+                    config.max_negative_ttl,
+                )
+                .with_prefetch(config.prefetch)
+                .with_serve_stale(config.serve_stale),
+            ),
             in_flight: Semaphore::new(config.max_in_flight),
+            clock,
+            this: this.clone(),
             config,
+        })
+    }
+
+    fn now(&self) -> Instant {
+        (self.clock)()
+    }
+
+    /// The answer to `q` if the cache has one to give now (fresh, or stale being served),
+    /// starting a prefetch when one is due. Needs a tokio runtime context.
+    pub fn cached(&self, q: &Query) -> Option<Upstream> {
+        let cached = self.lock_cache().lookup(q, self.now());
+        match cached {
+            Cached::Fresh(hit) | Cached::Stale(hit) => Some(hit),
+            Cached::Refresh(hit) => {
+                self.prefetch(q.clone());
+                Some(hit)
+            }
+            Cached::Miss => None,
         }
     }
 
-    /// Resolves `q` from the cache or the upstreams.
+    /// Resolves `q` from the cache or the upstreams; with serve-stale, an expired entry when
+    /// every upstream fails.
     pub async fn resolve(&self, q: &Query) -> Result<Upstream, ForwardError> {
-        if let Some(hit) = self.lock_cache().get(q, Instant::now()) {
+        if let Some(hit) = self.cached(q) {
             return Ok(hit);
         }
+        match self.ask_upstreams(q).await {
+            Err(ForwardError::AllFailed) => self
+                .lock_cache()
+                .stale(q, self.now())
+                .inspect(|_| tracing::debug!(name = %q.name(), "serving stale"))
+                .ok_or(ForwardError::AllFailed),
+            other => other,
+        }
+    }
+
+    /// Refreshes `q`'s entry in the background.
+    fn prefetch(&self, q: Query) {
+        let Some(this) = self.this.upgrade() else {
+            return;
+        };
+        tokio::spawn(async move {
+            if this.ask_upstreams(&q).await.is_err() {
+                this.lock_cache().refresh_failed(&q);
+            }
+        });
+    }
+
+    /// Asks the upstreams in turn and caches the first NOERROR or NXDOMAIN answer.
+    async fn ask_upstreams(&self, q: &Query) -> Result<Upstream, ForwardError> {
         let _permit = self
             .in_flight
             .try_acquire()
             .map_err(|_| ForwardError::Overloaded)?;
-        for i in self.attempt_order(Instant::now()) {
+        for i in self.attempt_order(self.now()) {
             let up = &self.upstreams[i];
             match exchange(
                 up.addr,
-                q,
+                &upstream_query(q, true),
                 self.config.attempt_timeout,
                 self.config.tcp_only,
             )
@@ -261,7 +460,7 @@ impl Forwarder {
                 {
                     *lock(&up.down_until) = None;
                     tracing::debug!(upstream = %up.addr, rcode = %answer.rcode, "upstream answered");
-                    self.lock_cache().put(q, answer.clone(), Instant::now());
+                    self.lock_cache().put(q, answer.clone(), self.now());
                     return Ok(answer);
                 }
                 Ok(answer) => {
@@ -269,11 +468,58 @@ impl Forwarder {
                 }
                 Err(e) => {
                     tracing::debug!(upstream = %up.addr, "upstream failed: {e}");
-                    *lock(&up.down_until) = Some(Instant::now() + self.config.down_for);
+                    *lock(&up.down_until) = Some(self.now() + self.config.down_for);
+                    self.probe(i);
                 }
             }
         }
         Err(ForwardError::AllFailed)
+    }
+
+    /// Starts probing upstream `i` (unless probes are off or one already runs): every
+    /// `probe_interval`, `. NS` without recursion; any matching answer, even REFUSED, means
+    /// the server is back.
+    fn probe(&self, i: usize) {
+        let Some(interval) = self.config.probe_interval else {
+            return;
+        };
+        if self.upstreams[i].probing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = self.this.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(interval).await;
+                let Some(this) = weak.upgrade() else {
+                    return;
+                };
+                let up = &this.upstreams[i];
+                let probe = upstream_query(&Query::query(Name::root(), RecordType::NS), false);
+                let answered = exchange(
+                    up.addr,
+                    &probe,
+                    this.config.attempt_timeout,
+                    this.config.tcp_only,
+                )
+                .await
+                .is_ok();
+                if answered {
+                    tracing::info!(upstream = %up.addr, "upstream answers probes again");
+                    *lock(&up.down_until) = None;
+                    up.probing.store(false, Ordering::Release);
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Whether each upstream is considered up now (file order).
+    pub fn upstreams_up(&self) -> Vec<(SocketAddr, bool)> {
+        let now = self.now();
+        self.upstreams
+            .iter()
+            .map(|u| (u.addr, lock(&u.down_until).is_none_or(|t| t <= now)))
+            .collect()
     }
 
     /// Healthy upstreams in file order; only when every upstream is marked down, all of them,
@@ -306,9 +552,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn upstream_query(q: &Query) -> Message {
+/// The query sent upstream: `rd` for client queries, not for health probes.
+fn upstream_query(q: &Query, rd: bool) -> Message {
     let mut m = Message::query();
-    m.metadata.recursion_desired = true;
+    m.metadata.recursion_desired = rd;
     m.add_query(q.clone());
     let mut e = Edns::new();
     e.set_max_payload(crate::respond::SERVER_UDP_PAYLOAD);
@@ -328,11 +575,10 @@ fn matches(req: &Message, reply: &Message) -> bool {
 /// only).
 async fn exchange(
     addr: SocketAddr,
-    q: &Query,
+    req: &Message,
     timeout: Duration,
     tcp_only: bool,
 ) -> std::io::Result<Upstream> {
-    let req = upstream_query(q);
     let bytes = req
         .to_vec()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -341,14 +587,14 @@ async fn exchange(
         None
     } else {
         Some(
-            tokio::time::timeout_at(deadline, udp_exchange(addr, &req, &bytes))
+            tokio::time::timeout_at(deadline, udp_exchange(addr, req, &bytes))
                 .await
                 .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??,
         )
     };
     let reply = match reply {
         Some(reply) if !reply.metadata.truncation => reply,
-        _ => tokio::time::timeout_at(deadline, tcp_exchange(addr, &req, &bytes))
+        _ => tokio::time::timeout_at(deadline, tcp_exchange(addr, req, &bytes))
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??,
     };
@@ -539,6 +785,7 @@ mod exchange_tests {
         let (live, live_count) = upstream(false).await;
         let mut cfg = ForwarderConfig::new(vec![dead, live]);
         cfg.attempt_timeout = Duration::from_millis(300);
+        cfg.probe_interval = None;
         let f = Forwarder::new(cfg);
         let started = Instant::now();
         let a = f.resolve(&q("a.example.")).await.unwrap();
@@ -576,7 +823,8 @@ mod exchange_tests {
         let mut cfg = ForwarderConfig::new(vec![dead]);
         cfg.attempt_timeout = Duration::from_millis(100);
         cfg.max_in_flight = 1;
-        let f = Arc::new(Forwarder::new(cfg));
+        cfg.probe_interval = None;
+        let f = Forwarder::new(cfg);
         let f2 = f.clone();
         let first = tokio::spawn(async move { f2.resolve(&q("x.example.")).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -627,5 +875,225 @@ mod exchange_tests {
         let a = Forwarder::new(cfg).resolve(&q("t.example.")).await.unwrap();
         assert_eq!(a.answers.len(), 1);
         assert_eq!(udp_count.load(Ordering::SeqCst), 0);
+    }
+}
+
+/// Prefetch, serve-stale and probes against real upstream servers on loopback that the test
+/// controls (answering or silent; each answer a new address, so a refreshed entry shows). The
+/// cache's time is a hand-moved clock: TTL behaviour is asserted without sleeping through it.
+#[cfg(test)]
+mod feature_tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+    use std::sync::atomic::AtomicUsize;
+
+    /// A UDP upstream on 127.0.0.1: while `answering`, the n-th query gets A 192.0.2.n with
+    /// `ttl`; otherwise it is counted and dropped.
+    struct TestUpstream {
+        addr: SocketAddr,
+        queries: Arc<AtomicUsize>,
+        answering: Arc<AtomicBool>,
+    }
+
+    impl TestUpstream {
+        async fn start(ttl: u32, answering: bool) -> Self {
+            let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            let addr = sock.local_addr().unwrap();
+            let queries = Arc::new(AtomicUsize::new(0));
+            let on = Arc::new(AtomicBool::new(answering));
+            let (seen, on2) = (queries.clone(), on.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    let (n, peer) = sock.recv_from(&mut buf).await.unwrap();
+                    let nth = seen.fetch_add(1, Ordering::SeqCst) + 1;
+                    if !on2.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    let req = Message::from_vec(&buf[..n]).unwrap();
+                    let mut resp = Message::response(req.metadata.id, req.metadata.op_code);
+                    resp.add_queries(req.queries.iter().cloned());
+                    resp.add_answer(Record::from_rdata(
+                        req.queries[0].name().clone(),
+                        ttl,
+                        RData::A(Ipv4Addr::new(192, 0, 2, nth as u8).into()),
+                    ));
+                    sock.send_to(&resp.to_vec().unwrap(), peer).await.unwrap();
+                }
+            });
+            TestUpstream {
+                addr,
+                queries,
+                answering: on,
+            }
+        }
+
+        fn count(&self) -> usize {
+            self.queries.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A clock that moves only when the test says.
+    fn manual_clock() -> (Clock, Arc<Mutex<Duration>>) {
+        let base = Instant::now();
+        let offset = Arc::new(Mutex::new(Duration::ZERO));
+        let o = offset.clone();
+        (Arc::new(move || base + *o.lock().unwrap()), offset)
+    }
+
+    fn advance(clock: &Mutex<Duration>, secs: u64) {
+        *clock.lock().unwrap() += Duration::from_secs(secs);
+    }
+
+    fn q(name: &str) -> Query {
+        Query::query(Name::from_ascii(name).unwrap(), RecordType::A)
+    }
+
+    fn addr_of(a: &Upstream) -> String {
+        match &a.answers[0].data {
+            RData::A(ip) => ip.to_string(),
+            other => panic!("not an A record: {other:?}"),
+        }
+    }
+
+    /// Polls `f` (bounded, so a broken feature fails instead of hanging).
+    async fn eventually(mut f: impl AsyncFnMut() -> bool) -> bool {
+        for _ in 0..500 {
+            if f().await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    fn config(up: &[&TestUpstream]) -> ForwarderConfig {
+        let mut cfg = ForwarderConfig::new(up.iter().map(|u| u.addr).collect());
+        cfg.attempt_timeout = Duration::from_millis(200);
+        cfg.probe_interval = None;
+        cfg
+    }
+
+    #[tokio::test]
+    async fn prefetch_refreshes_a_popular_entry_before_it_expires() {
+        let up = TestUpstream::start(100, true).await;
+        let mut cfg = config(&[&up]);
+        cfg.prefetch = Some(Prefetch {
+            min_hits: 2,
+            percent: 10,
+        });
+        let (clock, time) = manual_clock();
+        let f = Forwarder::with_clock(cfg, clock);
+        let name = q("popular.example.");
+        assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.1");
+        advance(&time, 50);
+        // One hit, half the TTL left: nothing to do.
+        assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.1");
+        advance(&time, 42);
+        // Second hit, 8 % left: answered from the cache at once, refreshed behind it.
+        let hit = f.resolve(&name).await.unwrap();
+        assert_eq!((addr_of(&hit), hit.answers[0].ttl), ("192.0.2.1".into(), 8));
+        assert!(
+            eventually(async || addr_of(&f.resolve(&name).await.unwrap()) == "192.0.2.2").await,
+            "the entry was not refreshed"
+        );
+        assert_eq!(up.count(), 2);
+        // Past the first answer's expiry: still no client query waits for the upstream.
+        advance(&time, 20);
+        assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.2");
+        assert_eq!(up.count(), 2);
+    }
+
+    #[tokio::test]
+    async fn without_prefetch_the_first_query_after_expiry_goes_upstream() {
+        let up = TestUpstream::start(100, true).await;
+        let (clock, time) = manual_clock();
+        let f = Forwarder::with_clock(config(&[&up]), clock);
+        let name = q("popular.example.");
+        for step in [0, 50, 42] {
+            advance(&time, step);
+            assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.1");
+        }
+        assert_eq!(up.count(), 1);
+        advance(&time, 20);
+        assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.2");
+        assert_eq!(up.count(), 2);
+    }
+
+    #[tokio::test]
+    async fn serve_stale_answers_an_expired_entry_when_every_upstream_fails() {
+        let up = TestUpstream::start(10, true).await;
+        let mut cfg = config(&[&up]);
+        cfg.serve_stale = Some(Duration::from_secs(3600));
+        let (clock, time) = manual_clock();
+        let f = Forwarder::with_clock(cfg, clock);
+        let name = q("stale.example.");
+        f.resolve(&name).await.unwrap();
+        up.answering.store(false, Ordering::SeqCst);
+        advance(&time, 20);
+        // Expired, the upstream silent: the old answer with the stale TTL.
+        let stale = f.resolve(&name).await.unwrap();
+        assert_eq!(
+            (addr_of(&stale), stale.answers[0].ttl),
+            ("192.0.2.1".into(), STALE_TTL)
+        );
+        assert_eq!(up.count(), 2, "the upstream was asked first");
+        // Within the recheck time: stale again, without asking.
+        advance(&time, 10);
+        assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.1");
+        assert_eq!(up.count(), 2);
+        // After it, the upstream is asked again; back up, its answer replaces the stale one.
+        advance(&time, 25);
+        up.answering.store(true, Ordering::SeqCst);
+        assert_eq!(addr_of(&f.resolve(&name).await.unwrap()), "192.0.2.3");
+        // Beyond the stale window nothing is served.
+        up.answering.store(false, Ordering::SeqCst);
+        advance(&time, 3600 + 20);
+        assert_eq!(f.resolve(&name).await, Err(ForwardError::AllFailed));
+        // A name never answered has nothing stale.
+        assert_eq!(
+            f.resolve(&q("never.example.")).await,
+            Err(ForwardError::AllFailed)
+        );
+    }
+
+    #[tokio::test]
+    async fn without_serve_stale_an_expired_entry_is_not_served() {
+        let up = TestUpstream::start(10, true).await;
+        let (clock, time) = manual_clock();
+        let f = Forwarder::with_clock(config(&[&up]), clock);
+        let name = q("stale.example.");
+        f.resolve(&name).await.unwrap();
+        up.answering.store(false, Ordering::SeqCst);
+        advance(&time, 20);
+        assert_eq!(f.resolve(&name).await, Err(ForwardError::AllFailed));
+    }
+
+    /// The first upstream fails and is marked down for an hour; once it answers again, the
+    /// probes bring it back without a client query, and the next query goes to it.
+    async fn down_upstream_returns(probes: bool) -> (bool, usize) {
+        let first = TestUpstream::start(60, false).await;
+        let second = TestUpstream::start(60, true).await;
+        let mut cfg = config(&[&first, &second]);
+        cfg.down_for = Duration::from_secs(3600);
+        cfg.probe_interval = probes.then_some(Duration::from_millis(50));
+        let f = Forwarder::new(cfg);
+        f.resolve(&q("a.example.")).await.unwrap();
+        assert_eq!(f.upstreams_up()[0], (first.addr, false));
+        first.answering.store(true, Ordering::SeqCst);
+        let came_back = eventually(async || f.upstreams_up()[0].1).await;
+        let before = first.count();
+        f.resolve(&q("b.example.")).await.unwrap();
+        (came_back, first.count() - before)
+    }
+
+    #[tokio::test]
+    async fn a_down_upstream_is_probed_back_without_client_queries() {
+        assert_eq!(down_upstream_returns(true).await, (true, 1));
+    }
+
+    #[tokio::test]
+    async fn without_probes_a_down_upstream_waits_for_its_timer() {
+        assert_eq!(down_upstream_returns(false).await, (false, 0));
     }
 }

@@ -8,16 +8,20 @@
 //! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
 //! * [`search`]: recognising a pod's first search-path expansion and the names its resolver
 //!   would try next (pure; the server's autopath option uses it).
-//! * [`server`]: the tokio UDP and TCP serving loops over a [`ZoneHandle`] that the caller
-//!   swaps atomically when objects change.
+//! * [`wire`]: the zone's answers precomputed as wire bytes, and the request fast path.
+//! * [`udp`]: SO_REUSEPORT sockets and recvmmsg/sendmmsg batches.
+//! * [`server`]: the serving loops (UDP threads, TCP and forwarding on tokio) over a
+//!   [`ZoneHandle`] that the caller swaps atomically when objects change.
 
 pub mod forward;
 pub mod respond;
 pub mod search;
 pub mod server;
+pub mod udp;
+pub mod wire;
 pub mod zone;
 
-pub use forward::{parse_resolv_conf, Forwarder, ForwarderConfig};
+pub use forward::{parse_resolv_conf, Forwarder, ForwarderConfig, Prefetch};
 pub use server::{serve, serve_blocking, Handler, ServerConfig, ZoneHandle};
 pub use zone::{pod_address, Answer, PodRecords, Zone, ZoneConfig, SCHEMA_VERSION};
 

@@ -1,9 +1,13 @@
-//! The serving loops: UDP and TCP on tokio, our own loop over hickory-proto's wire format.
+//! The serving loops, our own over hickory-proto's wire format: UDP on blocking threads
+//! ([`serve_udp`], batched with recvmmsg/sendmmsg, one SO_REUSEPORT socket per thread), TCP
+//! and forwarded queries on tokio.
 //!
 //! Why not hickory-server: its request path (authority catalog, async trait objects per
 //! request) is built for file-backed zones; the cluster zone is one immutable map swapped on
-//! change, answered synchronously on the receiving task with no allocation beyond the reply.
-//! Only forwarded queries become tasks.
+//! change. Zone answers are precomputed as wire bytes ([`crate::wire`]) and served on the
+//! receiving thread without decoding or allocating; requests the fast path does not take are
+//! decoded and answered by the general path ([`Handler::handle`]). Only forwarded queries
+//! become tasks.
 //!
 //! Bounds (the request path must never be a way to exhaust the server — aardvark-dns's
 //! CVE-2026-35406 was a TCP loop): at most [`ServerConfig::max_tcp_connections`]
@@ -15,6 +19,8 @@
 //! come back out of order, as RFC 7766 allows).
 
 use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -22,30 +28,84 @@ use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::rdata::CNAME;
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::forward::Forwarder;
 use crate::respond::{encode, parse_request, response, udp_limit, Request};
 use crate::search;
+use crate::udp;
+use crate::wire::WireZone;
 use crate::zone::{Answer, Zone};
 
-/// The current zone, replaced whole when objects change; readers clone the `Arc` and never
-/// see a half-built zone.
+/// The current zone and its precomputed wire answers ([`WireZone`]), replaced whole when
+/// objects change; readers never see a half-built zone. UDP threads keep their own `Arc` of
+/// the wire answers and reload it only when [`ZoneHandle::generation`] moves, so the hot path
+/// touches no shared reference count.
 #[derive(Clone)]
-pub struct ZoneHandle(Arc<RwLock<Arc<Zone>>>);
+pub struct ZoneHandle(Arc<Current>);
+
+struct Current {
+    served: RwLock<(Arc<Zone>, Arc<WireZone>)>,
+    generation: AtomicU64,
+}
 
 impl ZoneHandle {
     pub fn new(zone: Zone) -> Self {
-        ZoneHandle(Arc::new(RwLock::new(Arc::new(zone))))
+        let wire = Arc::new(WireZone::build(&zone));
+        let handle = ZoneHandle(Arc::new(Current {
+            served: RwLock::new((Arc::new(zone), wire)),
+            generation: AtomicU64::new(0),
+        }));
+        release_free_memory();
+        handle
     }
 
     pub fn load(&self) -> Arc<Zone> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .clone()
     }
 
+    /// The wire answers of the current zone.
+    pub fn load_wire(&self) -> Arc<WireZone> {
+        self.0
+            .served
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+
+    /// Counts [`ZoneHandle::store`]s.
+    pub fn generation(&self) -> u64 {
+        self.0.generation.load(Ordering::Acquire)
+    }
+
+    /// Swaps in `zone`; its wire answers are encoded first, outside the lock.
     pub fn store(&self, zone: Zone) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(zone);
+        let wire = Arc::new(WireZone::build(&zone));
+        let old = std::mem::replace(
+            &mut *self.0.served.write().unwrap_or_else(|e| e.into_inner()),
+            (Arc::new(zone), wire),
+        );
+        self.0.generation.fetch_add(1, Ordering::AcqRel);
+        drop(old);
+        release_free_memory();
+    }
+}
+
+/// Hands freed heap pages back to the kernel. A rebuild frees the previous zone (and the first
+/// build follows the manifest parse, which peaks far above what stays); glibc keeps such pages
+/// in its arenas, so without this the resident size stays at the high-water mark.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -57,7 +117,8 @@ pub struct ServerConfig {
     pub tcp_message_timeout: Duration,
     pub tcp_queries_per_connection: usize,
     pub tcp_in_flight_per_connection: usize,
-    /// Tasks receiving on the one UDP socket.
+    /// UDP serving threads, each with its own socket on the address (SO_REUSEPORT: the
+    /// kernel spreads clients over them).
     pub udp_workers: usize,
 }
 
@@ -136,10 +197,14 @@ impl Handler {
                 }
                 Step::Done(negative)
             }
-            Answer::NotInZone if self.forwarder.is_some() => Step::Forward(req),
-            Answer::NotInZone => {
-                Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![]))
-            }
+            // A cached answer is sent from the receiving thread; only misses become tasks.
+            Answer::NotInZone => match self.forwarder.as_ref().map(|f| f.cached(q)) {
+                Some(Some(up)) => {
+                    Step::Done(response(&req, up.rcode, false, up.answers, up.authority))
+                }
+                Some(None) => Step::Forward(req),
+                None => Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![])),
+            },
         }
     }
 
@@ -214,6 +279,19 @@ impl Handler {
 
     /// The reply to `bytes` (`udp`: sized to the client's EDNS0 limit), or none.
     pub async fn handle(&self, bytes: &[u8], udp: bool) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        if self
+            .zone
+            .load_wire()
+            .answer(bytes, udp, !self.autopath, &mut out)
+        {
+            return Some(out);
+        }
+        self.handle_general(bytes, udp).await
+    }
+
+    /// [`Handler::handle`] without the precomputed answers: decode, look up, encode.
+    pub(crate) async fn handle_general(&self, bytes: &[u8], udp: bool) -> Option<Vec<u8>> {
         let req = match parse_request(bytes) {
             Request::Query(m) => m,
             Request::Reply(r) => return Some(r),
@@ -228,90 +306,104 @@ impl Handler {
     }
 }
 
-/// Kernel buffer for the UDP socket: a burst waiting for the receiving task must not overflow
-/// the default (~200 KB) and be dropped silently (dnsperf counted lost queries at 37k QPS).
-const UDP_SOCKET_BUFFER: libc::c_int = 4 << 20;
-
-/// Sets SO_RCVBUF/SO_SNDBUF, beyond `net.core.rmem_max` when privileged (the *FORCE variants).
-/// Best effort: a smaller buffer only means earlier drops under overload.
-fn grow_socket_buffers(sock: &UdpSocket, bytes: libc::c_int) {
-    use std::os::fd::AsRawFd;
-    let fd = sock.as_raw_fd();
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
-    ] {
-        let set = |opt| {
-            // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    opt,
-                    (&bytes as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            }
-        };
-        if set(force) != 0 {
-            set(plain);
-        }
-    }
-}
-
-/// Binds UDP and TCP on `addr` and serves until the runtime stops.
+/// Binds UDP ([`ServerConfig::udp_workers`] sockets and threads) and TCP on `addr`, and
+/// serves until the runtime stops or a loop fails. Forwarded queries run on this runtime.
 pub async fn serve(
     addr: SocketAddr,
     handler: Handler,
     config: ServerConfig,
 ) -> std::io::Result<()> {
-    let udp = UdpSocket::bind(addr).await?;
-    grow_socket_buffers(&udp, UDP_SOCKET_BUFFER);
-    let udp = Arc::new(udp);
-    let tcp = TcpListener::bind(addr).await?;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..config.udp_workers.max(1) {
-        tasks.spawn(serve_udp(udp.clone(), handler.clone()));
+    let sockets = udp::bind(addr, config.udp_workers)?;
+    // Port 0: TCP on the port UDP got.
+    let tcp = TcpListener::bind(sockets[0].local_addr()?).await?;
+    let (failed, mut failure) = mpsc::channel(1);
+    let rt = tokio::runtime::Handle::current();
+    for (i, sock) in sockets.into_iter().enumerate() {
+        let (handler, rt, failed) = (handler.clone(), rt.clone(), failed.clone());
+        std::thread::Builder::new()
+            .name(format!("weir-dns-udp{i}"))
+            .spawn(move || {
+                let e = serve_udp(sock, handler, rt);
+                let _ = failed.blocking_send(e);
+            })?;
     }
-    tasks.spawn(serve_tcp(tcp, handler, config));
-    match tasks.join_next().await {
-        Some(Ok(r)) => r,
-        Some(Err(e)) => Err(std::io::Error::other(e)),
-        None => Ok(()),
+    tokio::select! {
+        r = serve_tcp(tcp, handler, config) => r,
+        Some(e) = failure.recv() => Err(e),
     }
 }
 
-/// One UDP receive loop; several may share the socket.
-pub async fn serve_udp(sock: Arc<UdpSocket>, handler: Handler) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 65535];
+/// One UDP serving thread (blocking; returns only on a socket error): batches in, each
+/// request answered from the precomputed wire answers when it can be, else by the general
+/// path; replies batched out. Queries that need the upstreams become tasks on `rt` and reply
+/// on their own.
+pub fn serve_udp(
+    sock: std::net::UdpSocket,
+    handler: Handler,
+    rt: tokio::runtime::Handle,
+) -> std::io::Error {
+    // Prefetches start from this thread (a cache hit found due for one).
+    let _runtime = rt.enter();
+    let sock = Arc::new(sock);
+    let fd = sock.as_raw_fd();
+    let mut inbox = udp::Inbox::new();
+    let mut outbox = udp::Outbox::new();
+    let mut generation = handler.zone.generation();
+    let mut wire = handler.zone.load_wire();
+    let nxdomain = !handler.autopath;
     loop {
-        let (n, peer) = match sock.recv_from(&mut buf).await {
-            Ok(x) => x,
-            // ICMP errors from earlier sends surface here on some systems; keep serving.
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
-            Err(e) => return Err(e),
+        let n = match inbox.recv(fd) {
+            Ok(n) => n,
+            Err(e) => match e.kind() {
+                // Signals, ICMP errors from earlier sends, momentary memory pressure.
+                std::io::ErrorKind::Interrupted | std::io::ErrorKind::ConnectionRefused => continue,
+                _ if e.raw_os_error() == Some(libc::ENOBUFS)
+                    || e.raw_os_error() == Some(libc::ENOMEM) =>
+                {
+                    continue
+                }
+                _ => return e,
+            },
         };
-        let req = match parse_request(&buf[..n]) {
-            Request::Query(m) => m,
-            Request::Reply(r) => {
-                let _ = sock.send_to(&r, peer).await;
+        let now = handler.zone.generation();
+        if now != generation {
+            generation = now;
+            wire = handler.zone.load_wire();
+        }
+        for i in 0..n {
+            let Some((bytes, peer)) = inbox.get(i) else {
+                continue;
+            };
+            let out = outbox.slot();
+            if wire.answer(bytes, true, nxdomain, out) {
+                outbox.commit(peer);
                 continue;
             }
-            Request::Drop => continue,
-        };
-        let limit = udp_limit(&req);
-        match handler.step(req) {
-            Step::Done(m) => {
-                let _ = sock.send_to(&encode(&m, limit), peer).await;
-            }
-            other => {
-                let (sock, handler) = (sock.clone(), handler.clone());
-                tokio::spawn(async move {
-                    let m = handler.forward(other).await;
-                    let _ = sock.send_to(&encode(&m, limit), peer).await;
-                });
+            let req = match parse_request(bytes) {
+                Request::Query(m) => m,
+                Request::Reply(r) => {
+                    *out = r;
+                    outbox.commit(peer);
+                    continue;
+                }
+                Request::Drop => continue,
+            };
+            let limit = udp_limit(&req);
+            match handler.step(req) {
+                Step::Done(m) => {
+                    *out = encode(&m, limit);
+                    outbox.commit(peer);
+                }
+                other => {
+                    let (sock, handler) = (sock.clone(), handler.clone());
+                    rt.spawn(async move {
+                        let m = handler.forward(other).await;
+                        udp::send_one(&sock, &encode(&m, limit), &peer);
+                    });
+                }
             }
         }
+        outbox.send(fd);
     }
 }
 
@@ -403,7 +495,8 @@ async fn connection(
     Ok(())
 }
 
-/// Runs [`serve`] on a runtime of its own with `threads` workers; returns only on error.
+/// Runs [`serve`] on a runtime of its own with `threads` workers (TCP and forwarding; UDP has
+/// its own [`ServerConfig::udp_workers`] threads); returns only on error.
 pub fn serve_blocking(
     addr: SocketAddr,
     handler: Handler,

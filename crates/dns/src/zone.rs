@@ -147,6 +147,19 @@ impl Zone {
         self.names.len() + self.reverse.len()
     }
 
+    /// Every owner name with stored records or existing empty (zone names, then reverse
+    /// names): what the server's wire table precomputes answers for. Names computed at lookup
+    /// (pod names) are not among them; see [`Zone::pod_records`].
+    pub fn owner_names(&self) -> impl Iterator<Item = &Name> {
+        self.names.keys().chain(self.reverse.keys())
+    }
+
+    /// How pod names are answered (anything but `Disabled` makes names outside
+    /// [`Zone::owner_names`] possibly positive).
+    pub fn pod_records(&self) -> PodRecords {
+        self.pods
+    }
+
     /// Answers `qname`/`qtype`. Answer owner names are the query's own spelling (case kept,
     /// so resolvers that randomise case still match).
     pub fn lookup(&self, qname: &Name, qtype: RecordType) -> Answer {
@@ -328,6 +341,10 @@ impl<'c> Builder<'c> {
         let mut parent = name.base_name();
         let records = self.names.entry(name).or_default();
         if !records.contains(&record) {
+            if records.is_empty() {
+                // Most names hold one record; a first push would reserve four (see finish).
+                records.reserve_exact(1);
+            }
             records.push(record);
         }
         while parent.num_labels() > self.config.origin.num_labels() {
@@ -357,6 +374,10 @@ impl<'c> Builder<'c> {
         );
         let records = self.reverse.entry(owner).or_default();
         if !records.contains(&record) {
+            if records.is_empty() {
+                // Most names hold one record; a first push would reserve four (see finish).
+                records.reserve_exact(1);
+            }
             records.push(record);
         }
     }
@@ -478,7 +499,14 @@ impl<'c> Builder<'c> {
         Ok(())
     }
 
-    fn finish(self) -> Zone {
+    fn finish(mut self) -> Zone {
+        // A Vec's first push reserves four records (272 bytes each); `add` reserves one for
+        // the first, and what grew beyond is trimmed here (the zone was 2.4 KB per service).
+        for records in self.names.values_mut().chain(self.reverse.values_mut()) {
+            records.shrink_to_fit();
+        }
+        self.names.shrink_to_fit();
+        self.reverse.shrink_to_fit();
         let soa = self.names[&self.config.origin]
             .iter()
             .find(|r| r.record_type() == RecordType::SOA)

@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, Query, ResponseCode};
@@ -31,6 +30,15 @@ fn config() -> ServerConfig {
         tcp_in_flight_per_connection: 4,
         udp_workers: 1,
     }
+}
+
+/// A UDP serving thread on 127.0.0.1 (forwarded queries run on the test's runtime).
+fn spawn_udp(handler: Handler) -> SocketAddr {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = sock.local_addr().unwrap();
+    let rt = tokio::runtime::Handle::current();
+    std::thread::spawn(move || serve_udp(sock, handler, rt));
+    addr
 }
 
 async fn tcp_server() -> SocketAddr {
@@ -71,9 +79,7 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
 
 #[tokio::test]
 async fn udp_answers_and_rejects() {
-    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    let addr = sock.local_addr().unwrap();
-    tokio::spawn(serve_udp(sock, handler()));
+    let addr = spawn_udp(handler());
     let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     client.connect(addr).await.unwrap();
     let mut buf = vec![0u8; 2048];
@@ -198,9 +204,7 @@ async fn tcp_connections_beyond_the_cap_are_closed_at_once() {
 }
 
 async fn udp_ask(handler: Handler, names: &[&str]) -> Vec<Message> {
-    let sock = Arc::new(UdpSocket::bind("127.0.0.1:0").await.unwrap());
-    let addr = sock.local_addr().unwrap();
-    tokio::spawn(serve_udp(sock, handler));
+    let addr = spawn_udp(handler);
     let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     client.connect(addr).await.unwrap();
     let mut out = Vec::new();

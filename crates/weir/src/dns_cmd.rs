@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use tracing::{info, warn};
 use weir_dns::{
-    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, PodRecords, ServerConfig, Zone,
-    ZoneConfig, ZoneHandle,
+    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch, ServerConfig,
+    Zone, ZoneConfig, ZoneHandle,
 };
 use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
 
@@ -48,7 +48,14 @@ pub struct DnsArgs {
     /// name gets the address it spells) or verified (not built yet: needs Pods in the store).
     #[arg(long, value_enum, default_value_t = PodsArg::Disabled)]
     pods: PodsArg,
-    /// Worker threads of the serving runtime.
+    /// Refresh popular cached entries of forwarded names shortly before their TTL ends.
+    #[arg(long)]
+    prefetch: bool,
+    /// Keep expired cached entries this long (e.g. `86400s`) and answer them, with a 30 s
+    /// TTL, when every upstream fails (RFC 8767). Off by default.
+    #[arg(long, value_parser = parse_interval)]
+    serve_stale: Option<Duration>,
+    /// UDP serving threads (one socket each) and worker threads of the TCP/forwarding runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
 }
@@ -110,7 +117,9 @@ fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
     );
     let mut config = ForwarderConfig::new(upstreams);
     config.tcp_only = args.upstream_tcp;
-    Ok(Some(Arc::new(Forwarder::new(config))))
+    config.prefetch = args.prefetch.then(Prefetch::default);
+    config.serve_stale = args.serve_stale;
+    Ok(Some(Forwarder::new(config)))
 }
 
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
@@ -171,7 +180,10 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     weir_dns::serve_blocking(
         args.listen,
         Handler::new(handle, forwarder).with_autopath(args.autopath),
-        ServerConfig::default(),
+        ServerConfig {
+            udp_workers: args.threads,
+            ..ServerConfig::default()
+        },
         args.threads,
     )
     .with_context(|| format!("serve on {}", args.listen))?;
