@@ -9,6 +9,7 @@ mod diff;
 mod objects;
 mod plan;
 mod planner;
+mod pod;
 
 pub use compact::{
     EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo, NodeInfo,
@@ -20,6 +21,7 @@ pub use plan::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
+pub use pod::PodInfo;
 pub use planner::{plan, NodePortDefault, Planner, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
 
 /// Re-export of the Kubernetes API types this crate is built on.

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -34,6 +34,49 @@ pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
 /// kube-proxy's selector for EndpointSlices: not the slices of headless Services.
 pub const ENDPOINTSLICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless";
 
+/// Which objects of each kind are asked for. The default is kube-proxy's; a consumer that
+/// needs what kube-proxy leaves out sets its own (`weir dns` needs headless Services and
+/// their slices: [`Selectors::everything`]). `None`: no selector of that sort.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selectors {
+    pub service_labels: Option<String>,
+    pub service_fields: Option<String>,
+    pub endpoint_slice_labels: Option<String>,
+}
+
+impl Default for Selectors {
+    fn default() -> Self {
+        Selectors {
+            service_labels: Some(SERVICE_LABEL_SELECTOR.into()),
+            service_fields: Some(SERVICE_FIELD_SELECTOR.into()),
+            endpoint_slice_labels: Some(ENDPOINTSLICE_LABEL_SELECTOR.into()),
+        }
+    }
+}
+
+impl Selectors {
+    /// Every Service and EndpointSlice (the cluster DNS's view, as CoreDNS's).
+    pub fn everything() -> Self {
+        Selectors {
+            service_labels: None,
+            service_fields: None,
+            endpoint_slice_labels: None,
+        }
+    }
+}
+
+/// A watcher configuration with the selectors that are set.
+fn selected(labels: Option<&str>, fields: Option<&str>) -> watcher::Config {
+    let mut c = watcher::Config::default();
+    if let Some(l) = labels {
+        c = c.labels(l);
+    }
+    if let Some(f) = fields {
+        c = c.fields(f);
+    }
+    c
+}
+
 /// Where the API server is and how the watches behave.
 #[derive(Debug, Clone)]
 pub struct ApiOptions {
@@ -44,7 +87,10 @@ pub struct ApiOptions {
     pub master: Option<String>,
     /// Watch only this Node (kube-proxy's node informer: `metadata.name=<node>`); `None`: all.
     pub node_name: Option<String>,
-    /// The kinds to watch (the proxy: all three; node routes: Nodes only). A kind not listed
+    /// Selectors of Services and EndpointSlices (default: kube-proxy's).
+    pub selectors: Selectors,
+    /// The kinds to watch (the proxy: Services, EndpointSlices and Nodes; node routes: Nodes
+    /// only; `weir dns`: Services, EndpointSlices and, for verified pod records, Pods). A kind not listed
     /// is never asked for, and readiness waits only for the listed ones.
     pub kinds: Vec<Kind>,
     /// The server-side `timeoutSeconds` of each watch request. kube-rs also gives up on a watch
@@ -66,6 +112,7 @@ impl Default for ApiOptions {
             kubeconfig: None,
             master: None,
             node_name: None,
+            selectors: Selectors::default(),
             kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
             watch_timeout: Duration::from_secs(290),
             backoff_min: Duration::from_millis(800),
@@ -346,7 +393,7 @@ async fn client_config(opts: &ApiOptions) -> Result<Config, ApiError> {
 }
 
 /// Connects (reading the configuration now, so a bad kubeconfig is an error at start) and
-/// starts watching Services, EndpointSlices and Nodes into `sink`.
+/// starts watching the kinds `opts` names into `sink`.
 pub fn start_api_source(
     opts: ApiOptions,
     sink: impl EventSink + 'static,
@@ -373,10 +420,12 @@ pub fn start_api_source(
         .spawn(move || {
             runtime.block_on(async move {
                 let timeout = u32::try_from(ctx.opts.watch_timeout.as_secs()).unwrap_or(290);
-                let services = watcher::Config::default()
-                    .labels(SERVICE_LABEL_SELECTOR)
-                    .fields(SERVICE_FIELD_SELECTOR);
-                let slices = watcher::Config::default().labels(ENDPOINTSLICE_LABEL_SELECTOR);
+                let sel = &ctx.opts.selectors;
+                let services = selected(
+                    sel.service_labels.as_deref(),
+                    sel.service_fields.as_deref(),
+                );
+                let slices = selected(sel.endpoint_slice_labels.as_deref(), None);
                 let nodes = match &ctx.opts.node_name {
                     Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),
                     None => watcher::Config::default(),
@@ -388,7 +437,7 @@ pub fn start_api_source(
                         .list_semantic(watcher::ListSemantic::MostRecent)
                 };
                 let wanted = |kind| ctx.opts.kinds.contains(&kind);
-                let watches = futures::future::join4(
+                let watches = futures::future::join5(
                     async {
                         if wanted(Kind::Service) {
                             let api = Api::all(client.clone());
@@ -406,6 +455,13 @@ pub fn start_api_source(
                         if wanted(Kind::Node) {
                             let api = Api::all(client.clone());
                             watch_kind::<Node>(Kind::Node, api, tune(nodes), &ctx).await
+                        }
+                    },
+                    async {
+                        if wanted(Kind::Pod) {
+                            let api = Api::all(client.clone());
+                            let all = watcher::Config::default();
+                            watch_kind::<Pod>(Kind::Pod, api, tune(all), &ctx).await
                         }
                     },
                     probe_while_failing(client.clone(), &ctx),
