@@ -490,9 +490,16 @@ pub fn notrack_table(ip: Ipv4Addr) -> String {
     )
 }
 
-/// Whether the node-local cache in `netns` answers.
+/// Whether the node-local cache in `netns` answers (asked only once its address exists: a
+/// query to an address the node does not have would wait for dig's timeout).
 fn node_local_answers(netns: &str) -> bool {
-    dig(netns, NODE_LOCAL_IP, &format!("dns-version.{ZONE}"), "TXT").status == "NOERROR"
+    let addrs = Command::new("ip")
+        .args(["-n", netns, "-o", "addr", "show", "dev", "lo"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    addrs.contains(&format!(" {NODE_LOCAL_IP}/"))
+        && dig(netns, NODE_LOCAL_IP, &format!("dns-version.{ZONE}"), "TXT").status == "NOERROR"
 }
 
 /// Node-local mode: on every node, [`NODE_LOCAL_IP`] on `lo`, the NOTRACK table, and a
@@ -543,7 +550,7 @@ pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Res
             &[
                 "ip",
                 "addr",
-                "add",
+                "replace",
                 &format!("{NODE_LOCAL_IP}/32"),
                 "dev",
                 "lo",

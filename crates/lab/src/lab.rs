@@ -378,11 +378,17 @@ fn build(
         let dns = crate::dns::up(&bins.weir, &dir, &state, topo.service_cidr, topo.dns)?;
         steps.step(&format!(
             "dns: weir dns on node {} ({}:53) behind {}, NSD outside serving {}, pods' \
-             resolv.conf in /etc/netns ({} ms)",
+             resolv.conf in /etc/netns naming {}{} ({} ms)",
             dns.node,
             dns.server_ip,
             dns.cluster_ip,
             crate::dns::EXTERNAL_ZONE,
+            dns.nameserver(),
+            if dns.node_local {
+                " (node-local caches on every node)"
+            } else {
+                ""
+            },
             ms(t)
         ));
     }
