@@ -381,7 +381,10 @@ status: {phase: Succeeded, podIP: 10.244.1.3}
         ask(&z, "fd00-244--9.shop.pod.cluster.local.", AAAA),
         ok(&["fd00:244::9"])
     );
-    assert_eq!(ask(&z, "10-244-1-2.shop.pod.cluster.local.", AAAA), nodata());
+    assert_eq!(
+        ask(&z, "10-244-1-2.shop.pod.cluster.local.", AAAA),
+        nodata()
+    );
     for n in [
         "10-244-1-2.other.pod.cluster.local.",
         "10-244-1-4.shop.pod.cluster.local.",
@@ -390,8 +393,5 @@ status: {phase: Succeeded, podIP: 10.244.1.3}
         assert_eq!(ask(&z, n, A), nxdomain(), "{n}");
     }
     let z = Zone::build(&snapshot(OBJECTS), &cfg);
-    assert_eq!(
-        ask(&z, "10-244-1-2.shop.pod.cluster.local.", A),
-        nxdomain()
-    );
+    assert_eq!(ask(&z, "10-244-1-2.shop.pod.cluster.local.", A), nxdomain());
 }

@@ -223,7 +223,10 @@ pub fn measure(
     // 1. Queries per lookup, counted at the cluster DNS, asked through the ClusterIP.
     let names = [
         ("external name", dns::EXTERNAL_NAME.to_string()),
-        ("external, no such name", format!("nx.{}", dns::EXTERNAL_ZONE)),
+        (
+            "external, no such name",
+            format!("nx.{}", dns::EXTERNAL_ZONE),
+        ),
         ("service, short name", dns::TARGET_SERVICE.to_string()),
     ];
     let mut search = Vec::new();

@@ -21,8 +21,8 @@ pub use plan::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
-pub use pod::PodInfo;
 pub use planner::{plan, NodePortDefault, Planner, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
+pub use pod::PodInfo;
 
 /// Re-export of the Kubernetes API types this crate is built on.
 pub use k8s_openapi;

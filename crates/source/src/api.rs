@@ -421,10 +421,8 @@ pub fn start_api_source(
             runtime.block_on(async move {
                 let timeout = u32::try_from(ctx.opts.watch_timeout.as_secs()).unwrap_or(290);
                 let sel = &ctx.opts.selectors;
-                let services = selected(
-                    sel.service_labels.as_deref(),
-                    sel.service_fields.as_deref(),
-                );
+                let services =
+                    selected(sel.service_labels.as_deref(), sel.service_fields.as_deref());
                 let slices = selected(sel.endpoint_slice_labels.as_deref(), None);
                 let nodes = match &ctx.opts.node_name {
                     Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),

@@ -197,8 +197,14 @@ fn records_follow_the_api_objects_within_a_second() {
     env.start(OBJECTS, &[]);
     let web = "web.shop.svc.cluster.local";
     let db = "db.shop.svc.cluster.local";
-    assert_eq!(env.dig(web, "A"), ("NOERROR".into(), vec!["10.96.0.20".into()]));
-    assert_eq!(env.dig(db, "A"), ("NOERROR".into(), vec!["10.244.1.7".into()]));
+    assert_eq!(
+        env.dig(web, "A"),
+        ("NOERROR".into(), vec!["10.96.0.20".into()])
+    );
+    assert_eq!(
+        env.dig(db, "A"),
+        ("NOERROR".into(), vec!["10.244.1.7".into()])
+    );
     assert_eq!(
         env.dig("db-0.db.shop.svc.cluster.local", "A").1,
         ["10.244.1.7"]
@@ -225,10 +231,11 @@ fn records_follow_the_api_objects_within_a_second() {
     // Appears.
     let t = Instant::now();
     env.api()
-        .apply_yaml(&OBJECTS.replace("name: web,", "name: shop2,").replace(
-            "10.96.0.20",
-            "10.96.0.21",
-        ))
+        .apply_yaml(
+            &OBJECTS
+                .replace("name: web,", "name: shop2,")
+                .replace("10.96.0.20", "10.96.0.21"),
+        )
         .unwrap();
     let appeared = env.until(
         t,
@@ -250,7 +257,11 @@ fn records_follow_the_api_objects_within_a_second() {
     assert!(env.api().delete("Service", "shop", "web"));
     let gone = env.until(t, web, "A", ("NXDOMAIN", &[]));
     eprintln!("appeared {appeared:?}, changed {changed:?}, disappeared {gone:?}");
-    for (what, took) in [("appear", appeared), ("change", changed), ("disappear", gone)] {
+    for (what, took) in [
+        ("appear", appeared),
+        ("change", changed),
+        ("disappear", gone),
+    ] {
         assert!(took < FOLLOW, "{what} took {took:?}");
     }
 }
@@ -267,7 +278,10 @@ fn pods_verified_answers_only_addresses_of_pods_in_the_namespace() {
     let mut env = Env::new("p");
     env.start(&format!("{OBJECTS}\n---\n{POD}"), &["--pods", "verified"]);
     let name = "10-244-1-5.shop.pod.cluster.local";
-    assert_eq!(env.dig(name, "A"), ("NOERROR".into(), vec!["10.244.1.5".into()]));
+    assert_eq!(
+        env.dig(name, "A"),
+        ("NOERROR".into(), vec!["10.244.1.5".into()])
+    );
     assert_eq!(env.dig(name, "AAAA"), ("NOERROR".into(), vec![]), "NODATA");
     for other in [
         "10-244-1-5.other.pod.cluster.local",
@@ -299,7 +313,13 @@ fn pods_verified_answers_only_addresses_of_pods_in_the_namespace() {
 #[test]
 fn api_flags_are_checked() {
     let out = Command::new(WEIR)
-        .args(["dns", "--manifests", "/tmp", "--master", "http://127.0.0.1:1"])
+        .args([
+            "dns",
+            "--manifests",
+            "/tmp",
+            "--master",
+            "http://127.0.0.1:1",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -359,7 +359,15 @@ fn node_local_mode_from_the_topology_and_the_measurement_command() {
     // b holds no conntrack entry towards it.
     let node_b = format!("wl-{}-b", lab.name);
     let entries = Command::new("ip")
-        .args(["netns", "exec", &node_b, "conntrack", "-L", "-d", "169.254.20.10"])
+        .args([
+            "netns",
+            "exec",
+            &node_b,
+            "conntrack",
+            "-L",
+            "-d",
+            "169.254.20.10",
+        ])
         .output()
         .unwrap();
     assert_eq!(
