@@ -336,10 +336,10 @@ pub fn render(r: &Report) -> String {
                 .join("; ");
             vec![
                 p.path.clone(),
-                format!("{}", s.lookups),
-                format!("{}", s.parallel),
-                format!("{}", s.failed),
-                format!("{}", s.over_1s),
+                s.lookups.to_string(),
+                s.parallel.to_string(),
+                s.failed.to_string(),
+                s.over_1s.to_string(),
                 format!("{:.2}", s.p50_ms),
                 format!("{:.2}", s.p99_ms),
                 format!("{:.1}", s.max_ms),
