@@ -88,10 +88,8 @@ mod tests {
         .unwrap();
         let info = PodInfo::from(&pod);
         assert_eq!(&*info.namespace, "shop");
-        assert_eq!(
-            &*info.ips,
-            &["10.244.1.5".parse().unwrap(), "fd00::5".parse().unwrap()]
-        );
+        let want: [IpAddr; 2] = ["10.244.1.5".parse().unwrap(), "fd00::5".parse().unwrap()];
+        assert_eq!(&*info.ips, &want);
         assert!(info.has_ip("fd00::5".parse().unwrap()));
         assert!(!info.has_ip("10.244.1.6".parse().unwrap()));
         assert_eq!(PodInfo::from(&Pod::from(&info)), info);
