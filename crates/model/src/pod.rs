@@ -12,7 +12,7 @@ use crate::compact::intern;
 pub struct PodInfo {
     pub namespace: Arc<str>,
     pub name: Arc<str>,
-    /// `status.podIPs` (else `status.podIP`) that parse as IPs.
+    /// `status.podIPs` (else `status.podIP`) that parse as IPs, each once.
     pub ips: Box<[IpAddr]>,
     /// `status.phase` is `Succeeded` or `Failed`: the pod's IPs are released and may already
     /// belong to another pod.
@@ -29,17 +29,17 @@ impl PodInfo {
 impl From<&Pod> for PodInfo {
     fn from(o: &Pod) -> Self {
         let status = o.status.as_ref();
-        let listed = status
-            .and_then(|s| s.pod_ips.as_ref())
-            .into_iter()
-            .flatten()
-            .map(|p| p.ip.as_str());
-        let single = status.and_then(|s| s.pod_ip.as_deref());
-        let mut ips: Vec<IpAddr> = listed
-            .chain(single)
-            .filter_map(|s| s.parse().ok())
-            .collect();
-        ips.dedup();
+        // `podIPs` when set (its first entry repeats `podIP`), else the older `podIP`.
+        let ips: Vec<IpAddr> = match status.and_then(|s| s.pod_ips.as_ref()) {
+            Some(list) if !list.is_empty() => {
+                list.iter().filter_map(|p| p.ip.parse().ok()).collect()
+            }
+            _ => status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|ip| ip.parse().ok())
+                .into_iter()
+                .collect(),
+        };
         let phase = status.and_then(|s| s.phase.as_deref());
         PodInfo {
             namespace: intern(o.metadata.namespace.as_deref().unwrap_or("default")),
