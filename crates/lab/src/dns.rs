@@ -1005,6 +1005,33 @@ mod tests {
     }
 
     #[test]
+    fn dns_key_takes_true_false_cluster_ip_and_node_local() {
+        let with = |v: &str| {
+            Topology::parse(
+                &crate::topology::DEFAULT_TOPOLOGY
+                    .lines()
+                    .map(|l| {
+                        if l.starts_with("dns:") {
+                            format!("dns: {v}")
+                        } else {
+                            l.into()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        };
+        assert_eq!(with("true").unwrap().dns, Dns::ClusterIp);
+        assert_eq!(with("cluster-ip").unwrap().dns, Dns::ClusterIp);
+        assert_eq!(with("node-local").unwrap().dns, Dns::NodeLocal);
+        assert_eq!(with("false").unwrap().dns, Dns::Off);
+        let e = with("nodelocal").unwrap_err().to_string();
+        assert!(e.contains("node-local"), "{e}");
+        // The default demo keeps the ClusterIP.
+        assert_eq!(Topology::default_demo().dns, Dns::ClusterIp);
+    }
+
+    #[test]
     fn parses_nft_counters() {
         let listing = "table inet weir-lab-dnscount {\n\tchain in {\n\t\ttype filter hook input \
                        priority -400; policy accept;\n\t\tip daddr 172.30.0.11 udp dport 53 \
