@@ -34,33 +34,34 @@ pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
 /// kube-proxy's selector for EndpointSlices: not the slices of headless Services.
 pub const ENDPOINTSLICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless";
 
-/// Which objects of each kind are asked for. The default is kube-proxy's; a consumer that
-/// needs what kube-proxy leaves out sets its own (`weir dns` needs headless Services and
-/// their slices: [`Selectors::everything`]). `None`: no selector of that sort.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Selectors {
-    pub service_labels: Option<String>,
-    pub service_fields: Option<String>,
-    pub endpoint_slice_labels: Option<String>,
-}
-
-impl Default for Selectors {
-    fn default() -> Self {
-        Selectors {
-            service_labels: Some(SERVICE_LABEL_SELECTOR.into()),
-            service_fields: Some(SERVICE_FIELD_SELECTOR.into()),
-            endpoint_slice_labels: Some(ENDPOINTSLICE_LABEL_SELECTOR.into()),
-        }
-    }
+/// Which Services and EndpointSlices are asked for. The default is kube-proxy's; a consumer
+/// that needs what kube-proxy leaves out asks for everything (`weir dns` needs headless
+/// Services and their slices, and services other proxies own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Selectors {
+    /// [`SERVICE_LABEL_SELECTOR`], [`SERVICE_FIELD_SELECTOR`], [`ENDPOINTSLICE_LABEL_SELECTOR`].
+    #[default]
+    KubeProxy,
+    /// Every Service and EndpointSlice (the cluster DNS's view, as CoreDNS's).
+    Everything,
 }
 
 impl Selectors {
-    /// Every Service and EndpointSlice (the cluster DNS's view, as CoreDNS's).
-    pub fn everything() -> Self {
-        Selectors {
-            service_labels: None,
-            service_fields: None,
-            endpoint_slice_labels: None,
+    /// (Service labels, Service fields, EndpointSlice labels).
+    fn terms(
+        self,
+    ) -> (
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+    ) {
+        match self {
+            Selectors::KubeProxy => (
+                Some(SERVICE_LABEL_SELECTOR),
+                Some(SERVICE_FIELD_SELECTOR),
+                Some(ENDPOINTSLICE_LABEL_SELECTOR),
+            ),
+            Selectors::Everything => (None, None, None),
         }
     }
 }
@@ -112,7 +113,7 @@ impl Default for ApiOptions {
             kubeconfig: None,
             master: None,
             node_name: None,
-            selectors: Selectors::default(),
+            selectors: Selectors::KubeProxy,
             kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
             watch_timeout: Duration::from_secs(290),
             backoff_min: Duration::from_millis(800),
@@ -420,10 +421,9 @@ pub fn start_api_source(
         .spawn(move || {
             runtime.block_on(async move {
                 let timeout = u32::try_from(ctx.opts.watch_timeout.as_secs()).unwrap_or(290);
-                let sel = &ctx.opts.selectors;
-                let services =
-                    selected(sel.service_labels.as_deref(), sel.service_fields.as_deref());
-                let slices = selected(sel.endpoint_slice_labels.as_deref(), None);
+                let (svc_labels, svc_fields, slice_labels) = ctx.opts.selectors.terms();
+                let services = selected(svc_labels, svc_fields);
+                let slices = selected(slice_labels, None);
                 let nodes = match &ctx.opts.node_name {
                     Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),
                     None => watcher::Config::default(),

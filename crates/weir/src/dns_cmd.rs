@@ -145,7 +145,7 @@ fn api_options(args: &DnsArgs) -> ApiOptions {
     ApiOptions {
         kubeconfig: args.kubeconfig.clone(),
         master: args.master.clone(),
-        selectors: Selectors::everything(),
+        selectors: Selectors::Everything,
         kinds,
         ..Default::default()
     }
