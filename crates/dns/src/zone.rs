@@ -13,12 +13,13 @@
 //! * ExternalName: CNAME to the external name.
 //! * `dns-version.<zone>` TXT `1.0.1`; SOA and NS at the apex.
 //! * Pod names `<a-b-c-d>.<ns>.pod.<zone>` ([`PodRecords`]): computed at lookup from the name,
-//!   not stored.
+//!   not stored; in verified mode only for an address a Pod in `<ns>` holds (the zone keeps
+//!   the set of (namespace, IP) pairs of the snapshot's Pods).
 //!
 //! Ready: an endpoint whose `ready` condition is not false (the API reads nil as ready), or any
 //! endpoint of a service with `publishNotReadyAddresses`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use hickory_proto::op::ResponseCode;
@@ -39,6 +40,9 @@ pub enum PodRecords {
     /// exists (kube-dns's behaviour, kept for compatibility). `pod.<zone>` and
     /// `<ns>.pod.<zone>` exist (NODATA).
     Insecure,
+    /// As insecure, but only when a Pod in `<ns>` (not Succeeded or Failed) holds the address
+    /// (CoreDNS's `pods verified`; the snapshot must carry Pods). Otherwise NXDOMAIN.
+    Verified,
 }
 
 /// How the zone is built.
@@ -121,6 +125,8 @@ pub struct Zone {
     /// PTR records of cluster IPs and endpoint IPs, keyed by the reverse name.
     reverse: HashMap<Name, Vec<Record>>,
     pods: PodRecords,
+    /// (namespace, IP) of every Pod holding an IP, in verified mode only (else empty).
+    pod_ips: HashSet<(Box<str>, IpAddr)>,
     /// Objects skipped because a name or value could not be a DNS name.
     pub warnings: Vec<String>,
 }
@@ -195,6 +201,13 @@ impl Zone {
             return Some(self.negative(ResponseCode::NoError));
         }
         let ip = pod_address(std::str::from_utf8(labels[0]).ok()?)?;
+        if self.pods == PodRecords::Verified {
+            // Namespaces are lower-case DNS labels; the query's spelling may not be.
+            let ns = std::str::from_utf8(labels[1]).ok()?.to_ascii_lowercase();
+            if !self.pod_ips.contains(&(ns.into_boxed_str(), ip)) {
+                return None;
+            }
+        }
         let record = Record::from_rdata(fqdn.clone(), self.ttl, address(ip));
         Some(self.positive(fqdn, qtype, &[record]))
     }
@@ -255,7 +268,16 @@ impl Zone {
                 b.warnings.push(format!("service {ns}/{name}: {e}"));
             }
         }
-        b.finish()
+        let mut zone = b.finish();
+        if config.pods == PodRecords::Verified {
+            zone.pod_ips = snapshot
+                .pods
+                .values()
+                .filter(|p| !p.terminated)
+                .flat_map(|p| p.ips.iter().map(|ip| (Box::from(&*p.namespace), *ip)))
+                .collect();
+        }
+        zone
     }
 }
 
@@ -519,6 +541,7 @@ impl<'c> Builder<'c> {
             names: self.names,
             reverse: self.reverse,
             pods: self.config.pods,
+            pod_ips: HashSet::new(),
             warnings: self.warnings,
         }
     }

@@ -347,3 +347,51 @@ fn pod_records_disabled_and_insecure() {
     assert_eq!(pod_address("01-2-3-4"), None);
     assert_eq!(pod_address(""), None);
 }
+
+/// Verified pod names: an address answers only in the namespace of a running Pod holding it
+/// (either of its IPs); another namespace, an address nobody holds, and a finished Pod's
+/// address are NXDOMAIN. Without Pods in the snapshot nothing verifies.
+#[test]
+fn pod_records_verified_answer_only_addresses_a_pod_in_the_namespace_holds() {
+    use crate::zone::PodRecords;
+    use RecordType::*;
+    let pods = "
+apiVersion: v1
+kind: Pod
+metadata: {name: api-0, namespace: shop}
+status: {phase: Running, podIP: 10.244.1.2, podIPs: [{ip: 10.244.1.2}, {ip: 'fd00:244::9'}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: job, namespace: shop}
+status: {phase: Succeeded, podIP: 10.244.1.3}
+";
+    let mut cfg = ZoneConfig::new("cluster.local").unwrap();
+    cfg.pods = PodRecords::Verified;
+    let z = Zone::build(&snapshot(&format!("{OBJECTS}\n---\n{pods}")), &cfg);
+    assert_eq!(
+        ask(&z, "10-244-1-2.shop.pod.cluster.local.", A),
+        ok(&["10.244.1.2"])
+    );
+    assert_eq!(
+        ask(&z, "10-244-1-2.SHOP.pod.cluster.local.", A),
+        ok(&["10.244.1.2"])
+    );
+    assert_eq!(
+        ask(&z, "fd00-244--9.shop.pod.cluster.local.", AAAA),
+        ok(&["fd00:244::9"])
+    );
+    assert_eq!(
+        ask(&z, "10-244-1-2.shop.pod.cluster.local.", AAAA),
+        nodata()
+    );
+    for n in [
+        "10-244-1-2.other.pod.cluster.local.",
+        "10-244-1-4.shop.pod.cluster.local.",
+        "10-244-1-3.shop.pod.cluster.local.",
+    ] {
+        assert_eq!(ask(&z, n, A), nxdomain(), "{n}");
+    }
+    let z = Zone::build(&snapshot(OBJECTS), &cfg);
+    assert_eq!(ask(&z, "10-244-1-2.shop.pod.cluster.local.", A), nxdomain());
+}

@@ -455,7 +455,8 @@ mod tests {
         );
         assert_eq!(route("/api/v1/nodes"), Some((Resource::Nodes, None)));
         assert_eq!(route("/api/v1/namespaces/x/nodes"), None);
-        assert_eq!(route("/api/v1/pods"), None);
+        assert_eq!(route("/api/v1/pods"), Some((Resource::Pods, None)));
+        assert_eq!(route("/api/v1/configmaps"), None);
     }
 
     #[test]

@@ -14,13 +14,15 @@ pub enum Resource {
     Services,
     EndpointSlices,
     Nodes,
+    Pods,
 }
 
 impl Resource {
-    pub const ALL: [Resource; 3] = [
+    pub const ALL: [Resource; 4] = [
         Resource::Services,
         Resource::EndpointSlices,
         Resource::Nodes,
+        Resource::Pods,
     ];
 
     pub fn kind(self) -> &'static str {
@@ -28,6 +30,7 @@ impl Resource {
             Resource::Services => "Service",
             Resource::EndpointSlices => "EndpointSlice",
             Resource::Nodes => "Node",
+            Resource::Pods => "Pod",
         }
     }
 
@@ -52,6 +55,7 @@ impl Resource {
             Resource::Services => "services",
             Resource::EndpointSlices => "endpointslices",
             Resource::Nodes => "nodes",
+            Resource::Pods => "pods",
         };
         match namespace {
             Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}"),

@@ -21,6 +21,7 @@ use weir_kernel::NetNs;
 use crate::echo::ECHO_PORT;
 use crate::manifests::{NAMESPACE, PORT_NAME};
 use crate::state::{LabDir, LabState};
+use crate::topology::Dns;
 
 /// The cluster domain.
 pub const ZONE: &str = "cluster.local";
@@ -53,6 +54,21 @@ pub struct DnsState {
     pub server_ip: Ipv4Addr,
     pub server_pid: u32,
     pub nsd_pid: u32,
+    /// `dns: node-local`: every node runs a cache on [`NODE_LOCAL_IP`], which the pods'
+    /// resolv.conf names instead of the ClusterIP.
+    #[serde(default)]
+    pub node_local: bool,
+}
+
+impl DnsState {
+    /// The address pods' resolv.conf names (kubelet `--cluster-dns`).
+    pub fn nameserver(&self) -> Ipv4Addr {
+        if self.node_local {
+            NODE_LOCAL_IP
+        } else {
+            self.cluster_ip
+        }
+    }
 }
 
 fn dns_dir(dir: &LabDir) -> PathBuf {
@@ -216,12 +232,15 @@ fn spawn_in(netns: &str, program: &Path, args: &[String], log: &Path) -> anyhow:
 }
 
 /// Starts NSD (outside) and `weir dns` (first node), writes the DNS objects and the pods'
-/// resolv.conf files, and waits until a pod gets an answer through the ClusterIP.
+/// resolv.conf files, and waits until a pod gets an answer through the ClusterIP. With
+/// `Dns::NodeLocal`, then starts the node-local caches ([`node_local_up`]) and the pods'
+/// resolv.conf names [`NODE_LOCAL_IP`].
 pub fn up(
     weir: &Path,
     dir: &LabDir,
     state: &LabState,
     service_cidr: ipnet::Ipv4Net,
+    mode: Dns,
 ) -> anyhow::Result<DnsState> {
     let d = dns_dir(dir);
     std::fs::create_dir_all(&d)?;
@@ -267,20 +286,15 @@ pub fn up(
         format!("nameserver {}\n", state.outside),
     )?;
     let server_pid = start_server(weir, dir, &node.netns, node.underlay_ip, false)?;
-    let dns = DnsState {
+    let mut dns = DnsState {
         cluster_ip: cip,
         node: node.name.clone(),
         server_ip: node.underlay_ip,
         server_pid,
         nsd_pid,
+        node_local: false,
     };
     std::fs::write(d.join("dns.json"), serde_json::to_vec_pretty(&dns)?)?;
-
-    for pod in &state.pods {
-        let etc = netns_etc(&pod.netns);
-        std::fs::create_dir_all(&etc)?;
-        std::fs::write(etc.join("resolv.conf"), resolv_conf(cip, NAMESPACE))?;
-    }
 
     // Ready: NSD answers in the outside, and a pod's query through the ClusterIP is answered.
     let started = Instant::now();
@@ -292,6 +306,19 @@ pub fn up(
             None => true,
         };
         if nsd_ok && dns_ok {
+            if mode == Dns::NodeLocal {
+                node_local_up(weir, dir, state)?;
+                dns.node_local = true;
+                std::fs::write(d.join("dns.json"), serde_json::to_vec_pretty(&dns)?)?;
+            }
+            for pod in &state.pods {
+                let etc = netns_etc(&pod.netns);
+                std::fs::create_dir_all(&etc)?;
+                std::fs::write(
+                    etc.join("resolv.conf"),
+                    resolv_conf(dns.nameserver(), NAMESPACE),
+                )?;
+            }
             return Ok(dns);
         }
         if started.elapsed() > READY_TIMEOUT {
@@ -463,15 +490,31 @@ pub fn notrack_table(ip: Ipv4Addr) -> String {
     )
 }
 
+/// Whether the node-local cache in `netns` answers (asked only once its address exists: a
+/// query to an address the node does not have would wait for dig's timeout).
+fn node_local_answers(netns: &str) -> bool {
+    let addrs = Command::new("ip")
+        .args(["-n", netns, "-o", "addr", "show", "dev", "lo"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    addrs.contains(&format!(" {NODE_LOCAL_IP}/"))
+        && dig(netns, NODE_LOCAL_IP, &format!("dns-version.{ZONE}"), "TXT").status == "NOERROR"
+}
+
 /// Node-local mode: on every node, [`NODE_LOCAL_IP`] on `lo`, the NOTRACK table, and a
 /// `weir dns` listening there that serves the cluster zone from the same objects and sends
-/// its cache misses to the cluster DNS over TCP. Returns the servers' pids.
+/// its cache misses to the cluster DNS over TCP. A node whose cache already answers is left
+/// as it is. Returns the pids of the servers started.
 pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Result<Vec<u32>> {
     let dns = load(dir).ok_or_else(|| anyhow::anyhow!("lab {} runs no DNS", state.lab))?;
     let upstream = dns_dir(dir).join("node-local-upstream.conf");
     std::fs::write(&upstream, format!("nameserver {}\n", dns.cluster_ip))?;
     let mut pids = Vec::new();
     for node in &state.nodes {
+        if node_local_answers(&node.netns) {
+            continue;
+        }
         let sh = |args: &[&str], stdin: Option<&str>| -> anyhow::Result<()> {
             let mut cmd = Command::new("ip");
             cmd.args(["netns", "exec", &node.netns]).args(args);
@@ -507,7 +550,7 @@ pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Res
             &[
                 "ip",
                 "addr",
-                "add",
+                "replace",
                 &format!("{NODE_LOCAL_IP}/32"),
                 "dev",
                 "lo",
@@ -531,15 +574,7 @@ pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Res
     }
     for node in &state.nodes {
         let started = Instant::now();
-        while dig(
-            &node.netns,
-            NODE_LOCAL_IP,
-            &format!("dns-version.{ZONE}"),
-            "TXT",
-        )
-        .status
-            != "NOERROR"
-        {
+        while !node_local_answers(&node.netns) {
             if started.elapsed() > READY_TIMEOUT {
                 bail!("node-local weir dns on node {} not answering", node.name);
             }
@@ -830,7 +865,7 @@ pub fn run_one(c: &NameCheck, dns: &DnsState, lab_dir: &LabDir) -> NameResult {
     let t = Instant::now();
     let got = match &c.via {
         Via::Dig { qtype } => {
-            let a = dig(&c.netns, dns.cluster_ip, &c.name, qtype);
+            let a = dig(&c.netns, dns.nameserver(), &c.name, qtype);
             if a.status == "NOERROR" {
                 Ok(a.answers.into_iter().map(|(_, d)| d).collect())
             } else {
@@ -840,7 +875,7 @@ pub fn run_one(c: &NameCheck, dns: &DnsState, lab_dir: &LabDir) -> NameResult {
         Via::Libc => getent(&c.netns, &c.name, None),
         Via::LibcHostNet => {
             let conf = dns_dir(lab_dir).join("resolv-hostnet.conf");
-            match std::fs::write(&conf, resolv_conf(dns.cluster_ip, NAMESPACE)) {
+            match std::fs::write(&conf, resolv_conf(dns.nameserver(), NAMESPACE)) {
                 Ok(()) => getent(&c.netns, &c.name, Some(&conf)),
                 Err(e) => Err(format!("write {}: {e}", conf.display())),
             }
@@ -917,8 +952,13 @@ pub fn render(results: &[NameResult]) -> String {
 
 pub fn summary(results: &[NameResult], dns: &DnsState) -> String {
     let ok = results.iter().filter(|r| r.ok).count();
+    let via = if dns.node_local {
+        format!(", pods asking the node-local cache on {NODE_LOCAL_IP}")
+    } else {
+        String::new()
+    };
     format!(
-        "dns: {ok}/{} name checks ok (weir dns on node {} behind {}, forwarding to NSD)",
+        "dns: {ok}/{} name checks ok (weir dns on node {} behind {}{via}, forwarding to NSD)",
         results.len(),
         dns.node,
         dns.cluster_ip
@@ -957,11 +997,38 @@ mod tests {
         let ips = |t: &Topology| -> Vec<Ipv4Addr> {
             t.allocate().unwrap().iter().map(|a| a.cluster_ip).collect()
         };
-        assert!(t.dns);
+        assert!(t.dns.on());
         assert!(!ips(&t).contains(&dns_ip), "{:?}", ips(&t));
         assert_eq!(ips(&t).len(), 13);
-        t.dns = false;
+        t.dns = Dns::Off;
         assert!(ips(&t).contains(&dns_ip));
+    }
+
+    #[test]
+    fn dns_key_takes_true_false_cluster_ip_and_node_local() {
+        let with = |v: &str| {
+            Topology::parse(
+                &crate::topology::DEFAULT_TOPOLOGY
+                    .lines()
+                    .map(|l| {
+                        if l.starts_with("dns:") {
+                            format!("dns: {v}")
+                        } else {
+                            l.into()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        };
+        assert_eq!(with("true").unwrap().dns, Dns::ClusterIp);
+        assert_eq!(with("cluster-ip").unwrap().dns, Dns::ClusterIp);
+        assert_eq!(with("node-local").unwrap().dns, Dns::NodeLocal);
+        assert_eq!(with("false").unwrap().dns, Dns::Off);
+        let e = with("nodelocal").unwrap_err().to_string();
+        assert!(e.contains("node-local"), "{e}");
+        // The default demo keeps the ClusterIP.
+        assert_eq!(Topology::default_demo().dns, Dns::ClusterIp);
     }
 
     #[test]
@@ -1036,6 +1103,7 @@ mod tests {
             server_ip: Ipv4Addr::new(172, 30, 0, 11),
             server_pid: 1,
             nsd_pid: 2,
+            node_local: false,
         };
         assert_eq!(dns.cluster_ip, Ipv4Addr::new(10, 96, 0, 10));
         let checks = plan(&state, &dns);

@@ -138,7 +138,7 @@ fn build(
             + 1
             + 1
             + usize::from(topo.proxy.mode().is_some())
-            + usize::from(topo.dns),
+            + usize::from(topo.dns.on()),
         out: progress,
     };
     let allocations = topo.allocate()?;
@@ -374,16 +374,22 @@ fn build(
             ms(t)
         ));
     }
-    if topo.dns {
+    if topo.dns.on() {
         let t = Instant::now();
-        let dns = crate::dns::up(&bins.weir, &dir, &state, topo.service_cidr)?;
+        let dns = crate::dns::up(&bins.weir, &dir, &state, topo.service_cidr, topo.dns)?;
         steps.step(&format!(
             "dns: weir dns on node {} ({}:53) behind {}, NSD outside serving {}, pods' \
-             resolv.conf in /etc/netns ({} ms)",
+             resolv.conf in /etc/netns naming {}{} ({} ms)",
             dns.node,
             dns.server_ip,
             dns.cluster_ip,
             crate::dns::EXTERNAL_ZONE,
+            dns.nameserver(),
+            if dns.node_local {
+                " (node-local caches on every node)"
+            } else {
+                ""
+            },
             ms(t)
         ));
     }

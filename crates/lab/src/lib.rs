@@ -9,6 +9,7 @@
 
 pub mod cni;
 pub mod dns;
+pub mod dns_measure;
 pub mod echo;
 pub mod eni;
 pub mod kube_proxy;

@@ -364,12 +364,62 @@ pub struct Topology {
     /// Where LoadBalancer ingress IPs come from (the outside routes each via a node).
     #[serde(rename = "loadBalancerCIDR", default = "default_lb_cidr")]
     pub lb_cidr: Ipv4Net,
-    /// Cluster DNS ([`crate::dns`]): `weir dns` behind serviceCIDR host 10 (default false).
+    /// Cluster DNS ([`crate::dns`]): `weir dns` behind serviceCIDR host 10 (default false);
+    /// `node-local` adds a node-local cache the pods ask instead.
     #[serde(default, skip_serializing_if = "is_default")]
-    pub dns: bool,
+    pub dns: Dns,
     pub nodes: Vec<Node>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<Service>,
+}
+
+/// The lab's cluster DNS (`dns:`): `false` (none), `true` or `cluster-ip` (pods' resolv.conf
+/// names the DNS Service's ClusterIP), or `node-local` (the same, plus `weir dns` on
+/// 169.254.20.10 on every node, NOTRACKed, which the pods' resolv.conf names instead, as
+/// kubelet `--cluster-dns` does with NodeLocal DNSCache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Dns {
+    #[default]
+    Off,
+    ClusterIp,
+    NodeLocal,
+}
+
+impl Dns {
+    /// Whether the lab runs cluster DNS at all.
+    pub fn on(self) -> bool {
+        self != Dns::Off
+    }
+}
+
+impl Serialize for Dns {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Dns::Off => s.serialize_bool(false),
+            Dns::ClusterIp => s.serialize_bool(true),
+            Dns::NodeLocal => s.serialize_str("node-local"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Dns {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bool(bool),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Bool(false) => Ok(Dns::Off),
+            Raw::Bool(true) => Ok(Dns::ClusterIp),
+            Raw::Text(t) if t == "cluster-ip" => Ok(Dns::ClusterIp),
+            Raw::Text(t) if t == "node-local" => Ok(Dns::NodeLocal),
+            Raw::Text(t) => Err(serde::de::Error::custom(format!(
+                "dns: {t:?} is not one of true, false, cluster-ip, node-local"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -749,13 +799,13 @@ impl Topology {
         }
         self.validate_services(&pod_names)?;
         self.allocate()?;
-        if self.dns && self.proxy.mode().is_none() {
+        if self.dns.on() && self.proxy.mode().is_none() {
             return Err(err(
                 "dns",
                 "the DNS Service's ClusterIP needs a proxy (proxy: none)",
             ));
         }
-        if self.dns && self.service_cidr.prefix_len() > 28 {
+        if self.dns.on() && self.service_cidr.prefix_len() > 28 {
             return Err(err(
                 "dns",
                 format!(
@@ -764,7 +814,7 @@ impl Topology {
                 ),
             ));
         }
-        if self.dns {
+        if self.dns.on() {
             let dns_ip = crate::dns::cluster_ip(self.service_cidr);
             if let Some(i) = self
                 .services
@@ -928,7 +978,7 @@ impl Topology {
     pub fn allocate(&self) -> Result<Vec<Allocation>, TopologyError> {
         let mut used_ips: BTreeSet<Ipv4Addr> =
             self.services.iter().filter_map(|s| s.cluster_ip).collect();
-        if self.dns {
+        if self.dns.on() {
             used_ips.insert(crate::dns::cluster_ip(self.service_cidr));
         }
         let mut used_ports: BTreeSet<u16> =

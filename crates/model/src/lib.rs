@@ -9,6 +9,7 @@ mod diff;
 mod objects;
 mod plan;
 mod planner;
+mod pod;
 
 pub use compact::{
     EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo, NodeInfo,
@@ -21,6 +22,7 @@ pub use plan::{
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
 pub use planner::{plan, NodePortDefault, Planner, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
+pub use pod::PodInfo;
 
 /// Re-export of the Kubernetes API types this crate is built on.
 pub use k8s_openapi;

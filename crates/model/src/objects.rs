@@ -2,10 +2,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::compact::{EndpointSliceInfo, NodeInfo, ServiceInfo};
+use crate::pod::PodInfo;
 
 /// The kinds of objects the proxy consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -13,6 +14,8 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    /// Only `weir dns --pods verified` watches Pods.
+    Pod,
 }
 
 impl Kind {
@@ -21,6 +24,7 @@ impl Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::Pod => "Pod",
         }
     }
 }
@@ -60,6 +64,7 @@ pub enum Object {
     Service(Arc<ServiceInfo>),
     EndpointSlice(Arc<EndpointSliceInfo>),
     Node(Arc<NodeInfo>),
+    Pod(Arc<PodInfo>),
 }
 
 /// Equal by pointer first: an object nobody changed is the same `Arc` in every snapshot.
@@ -72,6 +77,7 @@ impl PartialEq for Object {
             (Object::Service(a), Object::Service(b)) => same(a, b),
             (Object::EndpointSlice(a), Object::EndpointSlice(b)) => same(a, b),
             (Object::Node(a), Object::Node(b)) => same(a, b),
+            (Object::Pod(a), Object::Pod(b)) => same(a, b),
             _ => false,
         }
     }
@@ -83,6 +89,7 @@ impl Object {
             Object::Service(_) => Kind::Service,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
+            Object::Pod(_) => Kind::Pod,
         }
     }
 
@@ -93,6 +100,7 @@ impl Object {
                 ObjectKey::new(Kind::EndpointSlice, &*o.namespace, &*o.name)
             }
             Object::Node(o) => ObjectKey::new(Kind::Node, "", &*o.name),
+            Object::Pod(o) => ObjectKey::new(Kind::Pod, &*o.namespace, &*o.name),
         }
     }
 }
@@ -113,6 +121,12 @@ impl From<Node> for Object {
     }
 }
 
+impl From<Pod> for Object {
+    fn from(o: Pod) -> Self {
+        Object::Pod(Arc::new(PodInfo::from(&o)))
+    }
+}
+
 impl From<ServiceInfo> for Object {
     fn from(o: ServiceInfo) -> Self {
         Object::Service(Arc::new(o))
@@ -128,6 +142,11 @@ impl From<NodeInfo> for Object {
         Object::Node(Arc::new(o))
     }
 }
+impl From<PodInfo> for Object {
+    fn from(o: PodInfo) -> Self {
+        Object::Pod(Arc::new(o))
+    }
+}
 
 /// An immutable, ordered view of all objects (DNS and node routes read it; the proxy's
 /// planner is fed changes instead, see [`crate::Planner::apply`]).
@@ -137,6 +156,8 @@ pub struct Snapshot {
     pub services: BTreeMap<(String, String), Arc<ServiceInfo>>,
     pub endpoint_slices: BTreeMap<(String, String), Arc<EndpointSliceInfo>>,
     pub nodes: BTreeMap<String, Arc<NodeInfo>>,
+    /// Empty unless Pods are watched (`weir dns --pods verified`).
+    pub pods: BTreeMap<(String, String), Arc<PodInfo>>,
 }
 
 impl Snapshot {
@@ -161,6 +182,9 @@ impl Snapshot {
             Object::Node(v) => {
                 self.nodes.insert(k.name, v);
             }
+            Object::Pod(v) => {
+                self.pods.insert((k.namespace, k.name), v);
+            }
         }
     }
 
@@ -171,6 +195,7 @@ impl Snapshot {
             Kind::Service => self.services.remove(&nk).is_some(),
             Kind::EndpointSlice => self.endpoint_slices.remove(&nk).is_some(),
             Kind::Node => self.nodes.remove(&key.name).is_some(),
+            Kind::Pod => self.pods.remove(&nk).is_some(),
         }
     }
 
@@ -184,6 +209,7 @@ impl Snapshot {
                 .cloned()
                 .map(Object::EndpointSlice),
             Kind::Node => self.nodes.get(&key.name).cloned().map(Object::Node),
+            Kind::Pod => self.pods.get(&nk).cloned().map(Object::Pod),
         }
     }
 
@@ -196,11 +222,12 @@ impl Snapshot {
             .cloned()
             .map(Object::EndpointSlice);
         let nodes = self.nodes.values().cloned().map(Object::Node);
-        services.chain(slices).chain(nodes)
+        let pods = self.pods.values().cloned().map(Object::Pod);
+        services.chain(slices).chain(nodes).chain(pods)
     }
 
     pub fn len(&self) -> usize {
-        self.services.len() + self.endpoint_slices.len() + self.nodes.len()
+        self.services.len() + self.endpoint_slices.len() + self.nodes.len() + self.pods.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -265,6 +265,8 @@ impl Planner {
                     _ => self.nodes.remove(&nk.1),
                 };
             }
+            // Pods (watched only by `weir dns --pods verified`) plan nothing.
+            (Kind::Pod, _) => {}
         }
     }
 

@@ -285,6 +285,7 @@ fn compact_objects_round_trip_through_kubernetes_objects() {
             Object::Service(s) => Service::from(&**s).into(),
             Object::EndpointSlice(s) => EndpointSlice::from(&**s).into(),
             Object::Node(n) => Node::from(&**n).into(),
+            Object::Pod(p) => k8s_openapi::api::core::v1::Pod::from(&**p).into(),
         };
         assert_eq!(back, o);
     }

@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
@@ -34,6 +34,50 @@ pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
 /// kube-proxy's selector for EndpointSlices: not the slices of headless Services.
 pub const ENDPOINTSLICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless";
 
+/// Which Services and EndpointSlices are asked for. The default is kube-proxy's; a consumer
+/// that needs what kube-proxy leaves out asks for everything (`weir dns` needs headless
+/// Services and their slices, and services other proxies own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Selectors {
+    /// [`SERVICE_LABEL_SELECTOR`], [`SERVICE_FIELD_SELECTOR`], [`ENDPOINTSLICE_LABEL_SELECTOR`].
+    #[default]
+    KubeProxy,
+    /// Every Service and EndpointSlice (the cluster DNS's view, as CoreDNS's).
+    Everything,
+}
+
+impl Selectors {
+    /// (Service labels, Service fields, EndpointSlice labels).
+    fn terms(
+        self,
+    ) -> (
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<&'static str>,
+    ) {
+        match self {
+            Selectors::KubeProxy => (
+                Some(SERVICE_LABEL_SELECTOR),
+                Some(SERVICE_FIELD_SELECTOR),
+                Some(ENDPOINTSLICE_LABEL_SELECTOR),
+            ),
+            Selectors::Everything => (None, None, None),
+        }
+    }
+}
+
+/// A watcher configuration with the selectors that are set.
+fn selected(labels: Option<&str>, fields: Option<&str>) -> watcher::Config {
+    let mut c = watcher::Config::default();
+    if let Some(l) = labels {
+        c = c.labels(l);
+    }
+    if let Some(f) = fields {
+        c = c.fields(f);
+    }
+    c
+}
+
 /// Where the API server is and how the watches behave.
 #[derive(Debug, Clone)]
 pub struct ApiOptions {
@@ -44,7 +88,10 @@ pub struct ApiOptions {
     pub master: Option<String>,
     /// Watch only this Node (kube-proxy's node informer: `metadata.name=<node>`); `None`: all.
     pub node_name: Option<String>,
-    /// The kinds to watch (the proxy: all three; node routes: Nodes only). A kind not listed
+    /// Selectors of Services and EndpointSlices (default: kube-proxy's).
+    pub selectors: Selectors,
+    /// The kinds to watch (the proxy: Services, EndpointSlices and Nodes; node routes: Nodes
+    /// only; `weir dns`: Services, EndpointSlices and, for verified pod records, Pods). A kind not listed
     /// is never asked for, and readiness waits only for the listed ones.
     pub kinds: Vec<Kind>,
     /// The server-side `timeoutSeconds` of each watch request. kube-rs also gives up on a watch
@@ -66,6 +113,7 @@ impl Default for ApiOptions {
             kubeconfig: None,
             master: None,
             node_name: None,
+            selectors: Selectors::KubeProxy,
             kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
             watch_timeout: Duration::from_secs(290),
             backoff_min: Duration::from_millis(800),
@@ -346,7 +394,7 @@ async fn client_config(opts: &ApiOptions) -> Result<Config, ApiError> {
 }
 
 /// Connects (reading the configuration now, so a bad kubeconfig is an error at start) and
-/// starts watching Services, EndpointSlices and Nodes into `sink`.
+/// starts watching the kinds `opts` names into `sink`.
 pub fn start_api_source(
     opts: ApiOptions,
     sink: impl EventSink + 'static,
@@ -373,10 +421,9 @@ pub fn start_api_source(
         .spawn(move || {
             runtime.block_on(async move {
                 let timeout = u32::try_from(ctx.opts.watch_timeout.as_secs()).unwrap_or(290);
-                let services = watcher::Config::default()
-                    .labels(SERVICE_LABEL_SELECTOR)
-                    .fields(SERVICE_FIELD_SELECTOR);
-                let slices = watcher::Config::default().labels(ENDPOINTSLICE_LABEL_SELECTOR);
+                let (svc_labels, svc_fields, slice_labels) = ctx.opts.selectors.terms();
+                let services = selected(svc_labels, svc_fields);
+                let slices = selected(slice_labels, None);
                 let nodes = match &ctx.opts.node_name {
                     Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),
                     None => watcher::Config::default(),
@@ -388,7 +435,7 @@ pub fn start_api_source(
                         .list_semantic(watcher::ListSemantic::MostRecent)
                 };
                 let wanted = |kind| ctx.opts.kinds.contains(&kind);
-                let watches = futures::future::join4(
+                let watches = futures::future::join5(
                     async {
                         if wanted(Kind::Service) {
                             let api = Api::all(client.clone());
@@ -406,6 +453,13 @@ pub fn start_api_source(
                         if wanted(Kind::Node) {
                             let api = Api::all(client.clone());
                             watch_kind::<Node>(Kind::Node, api, tune(nodes), &ctx).await
+                        }
+                    },
+                    async {
+                        if wanted(Kind::Pod) {
+                            let api = Api::all(client.clone());
+                            let all = watcher::Config::default();
+                            watch_kind::<Pod>(Kind::Pod, api, tune(all), &ctx).await
                         }
                     },
                     probe_while_failing(client.clone(), &ctx),

@@ -1,7 +1,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -144,6 +144,7 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         ("v1", "Service") => Kind::Service,
         ("discovery.k8s.io/v1", "EndpointSlice") => Kind::EndpointSlice,
         ("v1", "Node") => Kind::Node,
+        ("v1", "Pod") => Kind::Pod,
         _ => {
             tracing::debug!(file = %file.display(), object = loc, %api_version, %kind, "ignoring kind");
             return;
@@ -180,6 +181,10 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
             Ok(s.into())
         }),
         Kind::Node => typed::<Node>(v).map(Object::from),
+        Kind::Pod => typed::<Pod>(v).map(|mut p| {
+            set_ns(&mut p.metadata, &key);
+            p.into()
+        }),
     };
     match typed {
         Ok(o) => p.objects.push(o),

@@ -1,5 +1,7 @@
-//! `weir dns`: the cluster DNS server. Objects come from the same watched manifest
-//! directory as `weir proxy`; the zone is rebuilt on every change and swapped in whole.
+//! `weir dns`: the cluster DNS server. Objects come from a watched manifest directory or from
+//! the Kubernetes API (as `weir proxy`'s, but with every Service and EndpointSlice: headless
+//! ones are the DNS's business, and Pods for verified pod records); the zone is rebuilt on
+//! every change and swapped in whole.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,13 +16,25 @@ use weir_dns::{
     parse_resolv_conf, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch, ServerConfig,
     Zone, ZoneConfig, ZoneHandle,
 };
-use weir_source::{watch_dir, Event, ManifestDir, SharedStore};
+use weir_source::api::{start_api_source, ApiOptions, ApiSource, Selectors};
+use weir_source::{watch_dir, Event, Kind, ManifestDir, PollWatcher, SharedStore};
+
+/// Where the manifests are read when no source is named (and not in a cluster).
+const DEFAULT_MANIFESTS: &str = "/etc/weir/manifests";
 
 #[derive(Debug, Args)]
 pub struct DnsArgs {
-    /// Directory of Kubernetes YAML manifests (Services, EndpointSlices), watched.
-    #[arg(long, default_value = "/etc/weir/manifests")]
-    manifests: PathBuf,
+    /// Directory of Kubernetes YAML manifests (Services, EndpointSlices, Pods), watched.
+    /// Default /etc/weir/manifests, unless --kubeconfig/--master is given or the command runs
+    /// in a pod (KUBERNETES_SERVICE_HOST set), where the API is read.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
+    manifests: Option<PathBuf>,
+    /// Objects from the Kubernetes API of this kubeconfig (as `weir proxy --kubeconfig`).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Objects from the Kubernetes API at URL (overrides the kubeconfig's server).
+    #[arg(long, value_name = "URL")]
+    master: Option<String>,
     /// Address to serve on, UDP and TCP.
     #[arg(long, default_value = "0.0.0.0:53")]
     listen: SocketAddr,
@@ -45,7 +59,8 @@ pub struct DnsArgs {
     #[arg(long)]
     autopath: bool,
     /// Pod names `<a-b-c-d>.<ns>.pod.<zone>`: disabled (NXDOMAIN), insecure (any well-formed
-    /// name gets the address it spells) or verified (not built yet: needs Pods in the store).
+    /// name gets the address it spells) or verified (only an address a Pod in <ns> holds;
+    /// Pods are watched, or read from the manifests).
     #[arg(long, value_enum, default_value_t = PodsArg::Disabled)]
     pods: PodsArg,
     /// Refresh popular cached entries of forwarded names shortly before their TTL ends.
@@ -122,6 +137,60 @@ fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
     Ok(Some(Forwarder::new(config)))
 }
 
+/// Keeps the object source running.
+#[allow(dead_code)] // held for its Drop
+enum Source {
+    Manifests(PollWatcher),
+    Api(ApiSource),
+}
+
+/// What `weir dns` asks the API for: every Service and EndpointSlice (kube-proxy's selectors
+/// leave out headless Services, which DNS answers), and Pods only for verified pod records.
+fn api_options(args: &DnsArgs) -> ApiOptions {
+    let mut kinds = vec![Kind::Service, Kind::EndpointSlice];
+    if args.pods == PodsArg::Verified {
+        kinds.push(Kind::Pod);
+    }
+    ApiOptions {
+        kubeconfig: args.kubeconfig.clone(),
+        master: args.master.clone(),
+        selectors: Selectors::Everything,
+        kinds,
+        ..Default::default()
+    }
+}
+
+/// Starts the object source and returns once the store holds one complete view: a restart
+/// never answers NXDOMAIN for every service because the directory is missing, a file is
+/// still being written, or the API's first lists are not in.
+fn start_source(args: &DnsArgs, store: &SharedStore) -> anyhow::Result<Source> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty());
+    let use_api = args.kubeconfig.is_some() || args.master.is_some();
+    if use_api || (in_cluster && args.manifests.is_none()) {
+        let source = start_api_source(
+            api_options(args),
+            store.clone(),
+            crate::manifest_view::log_api_report,
+        )
+        .context("Kubernetes API source")?;
+        crate::manifest_view::wait_for_api_lists(&source);
+        return Ok(Source::Api(source));
+    }
+    let path = args
+        .manifests
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_MANIFESTS));
+    let mut dir = ManifestDir::new(&path);
+    crate::manifest_view::wait_for_complete_view(&mut dir, args.manifest_poll_interval, false)?;
+    store.apply(Event::Resync(dir.objects()));
+    Ok(Source::Manifests(watch_dir(
+        dir,
+        args.manifest_poll_interval,
+        store.clone(),
+        crate::manifest_view::log_watch_event,
+    )))
+}
+
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
     let mut config = ZoneConfig::new(&args.zone).map_err(anyhow::Error::msg)?;
@@ -129,25 +198,12 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     config.pods = match args.pods {
         PodsArg::Disabled => PodRecords::Disabled,
         PodsArg::Insecure => PodRecords::Insecure,
-        PodsArg::Verified => anyhow::bail!(
-            "--pods verified is not built yet: the object store does not carry Pods \
-             (use disabled or insecure)"
-        ),
+        PodsArg::Verified => PodRecords::Verified,
     };
     let forwarder = forwarder(&args)?;
 
     let store = SharedStore::new();
-    // One complete view before serving: a restart never answers NXDOMAIN for every service
-    // because the directory is missing or a file is still being written.
-    let mut dir = ManifestDir::new(&args.manifests);
-    crate::manifest_view::wait_for_complete_view(&mut dir, args.manifest_poll_interval, false)?;
-    store.apply(Event::Resync(dir.objects()));
-    let _watcher = watch_dir(
-        dir,
-        args.manifest_poll_interval,
-        store.clone(),
-        crate::manifest_view::log_watch_event,
-    );
+    let _source = start_source(&args, &store)?;
 
     let build = |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
         config.serial = next_serial(config.serial);

@@ -152,6 +152,31 @@ enum LabCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Measure the lab's cluster DNS (needs `dns:`): queries per pod lookup with and without
+    /// `--autopath`, and many parallel getaddrinfo lookups through the DNS ClusterIP and
+    /// through the node-local cache, with the nodes' conntrack clash counters.
+    DnsMeasure {
+        lab: String,
+        /// Parallel lookups in total, per path.
+        #[arg(long, default_value_t = 5000)]
+        lookups: usize,
+        /// How many run at once.
+        #[arg(long, default_value_t = 100)]
+        parallel: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// getaddrinfo lookups of NAME from many threads here, as JSON (run by dns-measure inside
+    /// a pod's namespace).
+    #[command(hide = true)]
+    DnsLookups {
+        name: String,
+        #[arg(long)]
+        count: usize,
+        #[arg(long)]
+        parallel: usize,
+    },
     /// Serve `<name> <peer ip>` on TCP and UDP (run by the lab in every namespace).
     #[command(hide = true)]
     EchoServer {
@@ -299,6 +324,38 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 "lab {name}: node {node} left; no other node routes it any more ({} ms)",
                 t.elapsed().as_millis()
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::DnsMeasure {
+            lab: name,
+            lookups,
+            parallel,
+            json,
+        } => {
+            let state = lab::load_state(&name, &root)?;
+            let dir = weir_lab::state::LabDir::new(&root, &name);
+            let report = weir_lab::dns_measure::measure(
+                &binaries()?.weir,
+                &dir,
+                &state,
+                lookups,
+                parallel,
+                &mut progress,
+            )?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", weir_lab::dns_measure::render(&report));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        LabCommand::DnsLookups {
+            name,
+            count,
+            parallel,
+        } => {
+            let stats = weir_lab::dns_measure::lookups(&name, count, parallel);
+            println!("{}", serde_json::to_string(&stats)?);
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Check { lab: name, json } => {
@@ -489,7 +546,9 @@ fn demo(
         topo.proxy = p.into();
     }
     // Without a proxy nothing routes the DNS Service's ClusterIP.
-    topo.dns &= topo.proxy.mode().is_some();
+    if topo.proxy.mode().is_none() {
+        topo.dns = weir_lab::topology::Dns::Off;
+    }
     topo.validate()?;
     let bins = binaries()?;
     let teardown = |bins: &Binaries| -> anyhow::Result<()> {

@@ -318,3 +318,93 @@ fn node_local_cache_beside_the_cluster_ip() {
         sum("drop")
     );
 }
+
+/// `dns: node-local` (issue 11, item 4): the pods' resolv.conf names the node-local cache
+/// (169.254.20.10, as kubelet `--cluster-dns` does with NodeLocal DNSCache), every name check
+/// of `weir lab check` passes through it, and the pods' lookups leave no conntrack entry. Then
+/// `weir lab dns-measure` (small here; docs/dns.md has the full run) reports both
+/// measurements.
+#[test]
+fn node_local_mode_from_the_topology_and_the_measurement_command() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("dm");
+    let path = lab.state.path().join("topology-input.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "name: {}\n{}",
+            lab.name,
+            TOPOLOGY.replace("dns: true", "dns: node-local")
+        ),
+    )
+    .unwrap();
+    lab.ok(&["lab", "up", path.to_str().unwrap()]);
+    let pod_ns = format!("wl-{}-b-b1", lab.name);
+    let conf = std::fs::read_to_string(format!("/etc/netns/{pod_ns}/resolv.conf")).unwrap();
+    assert!(conf.contains("nameserver 169.254.20.10\n"), "{conf}");
+
+    let (ok, dns) = check(&lab);
+    let failed: Vec<&Value> = dns.iter().filter(|r| r["ok"] != true).collect();
+    assert!(ok && failed.is_empty(), "failed: {failed:#?}");
+    assert_eq!(dns.len(), 25);
+    let out = lab.weir(&["lab", "check", &lab.name]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("node-local cache on 169.254.20.10"), "{text}");
+
+    // The cluster-zone lookups of those checks went to the node-local cache, untracked: node
+    // b holds no conntrack entry towards it.
+    let node_b = format!("wl-{}-b", lab.name);
+    let entries = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &node_b,
+            "conntrack",
+            "-L",
+            "-d",
+            "169.254.20.10",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&entries.stdout).lines().count(),
+        0,
+        "node-local lookups were tracked"
+    );
+
+    let out = lab.ok(&[
+        "lab",
+        "dns-measure",
+        &lab.name,
+        "--lookups",
+        "200",
+        "--parallel",
+        "20",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let queries = |autopath: bool, name: &str| {
+        report["search"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["autopath"] == autopath && r["name"] == name)
+            .unwrap()["queries"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(queries(false, "www.example.test"), 8, "{report:#}");
+    assert!(queries(true, "www.example.test") < 8, "{report:#}");
+    let rows = report["parallel"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["stats"]["lookups"], 200, "{r:#}");
+        assert_eq!(r["stats"]["failed"], 0, "{r:#}");
+        assert_eq!(r["conntrack"].as_array().unwrap().len(), 2, "{r:#}");
+    }
+    eprintln!("{report:#}");
+}
