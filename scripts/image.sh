@@ -25,11 +25,13 @@ py=${WEIR_TOOLS:-/opt/weir-tools}/venv/bin/python
 mkdir -p "$cache"
 
 # runc and cgroupfs: crun 1.8 refuses this machine's cgroup v1/v2 hybrid layout, and there is no
-# systemd. Explicit ulimits: podman's defaults exceed the sandbox's hard limits.
+# systemd (nor journald: container logs go to files). Explicit ulimits: podman's defaults exceed
+# the sandbox's hard limits.
 export CONTAINERS_CONF=$cache/containers.conf
 cat >"$CONTAINERS_CONF" <<'EOF'
 [containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
+log_driver = "k8s-file"
 [engine]
 cgroup_manager = "cgroupfs"
 events_logger = "file"
@@ -250,7 +252,9 @@ pass "nftables: ClusterIP 10.96.7.7, NodePort 30080, endpoint 10.244.6.9"
 metrics=$(ip netns exec "$ns" curl -sf http://127.0.0.1:10249/metrics)
 grep -q '^weir_source_objects{kind="Service"} 1' <<<"$metrics" || fail "metrics: $(grep weir_source_objects <<<"$metrics")"
 pass "metrics: weir_source_objects per kind"
-podman logs "$tag-proxy" 2>&1 | head -1 | jq -e .level >/dev/null || fail "proxy logs are not JSON lines"
+podman logs "$tag-proxy" >"$work/proxy.log" 2>&1
+first=$(head -1 "$work/proxy.log")
+jq -e .level <<<"$first" >/dev/null 2>&1 || fail "proxy logs are not JSON lines: '$first'"
 pass "proxy logs: JSON lines (--log-format=json)"
 
 route=""

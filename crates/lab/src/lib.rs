@@ -23,6 +23,13 @@ pub mod services;
 pub mod state;
 pub mod topology;
 
+pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
+pub use state::{state_root, LabState};
+pub use topology::{
+    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, ENI_TOPOLOGY,
+    VXLAN_TOPOLOGY,
+};
+
 /// How long the lab waits for its agents and servers to start: `base` times
 /// `WEIR_LAB_TIMEOUT_SCALE` (a whole number, default 1). Under software emulation (the qemu VM
 /// of docs/vm.md, on a loaded machine) starting a process takes many times longer than here;
@@ -52,10 +59,3 @@ mod tests {
         }
     }
 }
-
-pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
-pub use state::{state_root, LabState};
-pub use topology::{
-    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, ENI_TOPOLOGY,
-    VXLAN_TOPOLOGY,
-};

@@ -1060,8 +1060,9 @@ fn kube_partial(full: &str, update: &str) -> String {
             .and_then(|r| r.split_whitespace().next());
         name.is_some_and(|n| LISTING.contains(&n))
     };
-    // Per table: (declarations, rules, deletions).
-    let mut tables: Vec<(String, Vec<String>, Vec<String>, Vec<String>)> = Vec::new();
+    /// One table of the restore input: its name, declarations, rules and deletions.
+    type Table = (String, Vec<String>, Vec<String>, Vec<String>);
+    let mut tables: Vec<Table> = Vec::new();
     let mut add = |text: &str, only_listing: bool| {
         let mut current: Option<usize> = None;
         for l in text.lines() {

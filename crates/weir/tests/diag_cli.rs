@@ -121,7 +121,14 @@ fn collect_a_namespace_then_doctor_reads_it_back() {
     // A new namespace may copy the host's IPv4 settings (net.core.devconf_inherit_init_net), and
     // a host that runs containers forwards: turn forwarding off here rather than assume it.
     assert!(Command::new("ip")
-        .args(["netns", "exec", &ns, "sysctl", "-qw", "net.ipv4.ip_forward=0"])
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=0"
+        ])
         .status()
         .unwrap()
         .success());
