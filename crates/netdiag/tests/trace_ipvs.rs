@@ -4,17 +4,19 @@
 //! virtual server lookup at LOCAL_IN and LOCAL_OUT, the real servers as "one of", masquerade,
 //! rejection without endpoints, and the node's own connections (the OUTPUT path).
 
+mod common;
+
 use std::path::PathBuf;
 
 use weir_netdiag::ipset;
 use weir_netdiag::ipvs::{self, VirtualKey};
 use weir_netdiag::state::NodeState;
-use weir_netdiag::trace::{self, Packet, Proto, Trace, Verdict, LOCAL};
+use weir_netdiag::trace::{Verdict, LOCAL};
+
+use common::{data_dir, has_hop, walk};
 
 fn data(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data/ipvs-node")
-        .join(path)
+    data_dir("ipvs-node").join(path)
 }
 
 fn node() -> NodeState {
@@ -27,30 +29,6 @@ fn node_from_saves() -> NodeState {
     st.ipvs = Some(std::fs::read_to_string(data("save/ipvsadm-Sn.txt")).unwrap());
     st.ipset = Some(std::fs::read_to_string(data("save/ipset-save.txt")).unwrap());
     st
-}
-
-fn walk(st: &NodeState, src: &str, dst: &str, dport: u16, iif: &str) -> Trace {
-    let t = trace::trace(
-        st,
-        &Packet {
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            proto: Proto::Tcp,
-            sport: 40000,
-            dport,
-            iif: iif.into(),
-        },
-    );
-    eprintln!("{}", trace::render(&t));
-    t
-}
-
-fn has_hop(t: &Trace, stage: &str, rule_part: &str, note_part: &str) -> bool {
-    t.hops.iter().any(|h| {
-        h.stage == stage
-            && h.rule.as_deref().unwrap_or("").contains(rule_part)
-            && h.note.contains(note_part)
-    })
 }
 
 #[test]

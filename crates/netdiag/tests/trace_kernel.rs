@@ -3,6 +3,8 @@
 //! verdict. Each case also flips the one setting that decides it, so a walk that always said
 //! "delivered" (or always "dropped") fails.
 
+mod common;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::Command;
 use std::time::Duration;
@@ -10,7 +12,7 @@ use std::time::Duration;
 use weir_kernel::NetNs;
 use weir_netdiag::live::Target;
 use weir_netdiag::state::NodeState;
-use weir_netdiag::trace::{self, Packet, Proto, Verdict};
+use weir_netdiag::trace::{self, Verdict};
 
 /// A network namespace for one test, deleted on drop (also when the test panics).
 struct Ns(String);
@@ -70,19 +72,7 @@ impl Ns {
                 .into_iter()
                 .filter_map(|r| r.result.ok().map(|t| (r.output, t))),
         );
-        let t = trace::trace(
-            &st,
-            &Packet {
-                src: src.parse().unwrap(),
-                dst: dst.parse().unwrap(),
-                proto: Proto::Tcp,
-                sport: 40000,
-                dport,
-                iif: iif.into(),
-            },
-        );
-        eprintln!("{}", trace::render(&t));
-        t
+        common::walk(&st, src, dst, dport, iif)
     }
 }
 

@@ -5,35 +5,20 @@
 //! → a1,b1; remote 10.96.0.3 → b1; np NodePort 30081 → b1; gone 10.96.0.8 without endpoints).
 //! No root needed.
 
-use std::path::PathBuf;
+mod common;
 
 use weir_netdiag::state::NodeState;
-use weir_netdiag::trace::{self, Packet, Proto, Trace, Verdict};
+use weir_netdiag::trace::{self, Verdict};
+
+use common::{data_dir, walk};
 
 const A1: &str = "10.244.1.2";
 const A1_VETH: &str = "weirf7a2b57a364";
 
 fn node(mode: &str) -> NodeState {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(format!("lab-bridge-{mode}-a"));
-    NodeState::from_dir(&dir).unwrap().0
-}
-
-fn walk(st: &NodeState, src: &str, dst: &str, dport: u16, iif: &str) -> Trace {
-    let t = trace::trace(
-        st,
-        &Packet {
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            proto: Proto::Tcp,
-            sport: 40000,
-            dport,
-            iif: iif.into(),
-        },
-    );
-    eprintln!("{}", trace::render(&t));
-    t
+    NodeState::from_dir(&data_dir(&format!("lab-bridge-{mode}-a")))
+        .unwrap()
+        .0
 }
 
 fn sorted(mut v: Vec<String>) -> Vec<String> {
@@ -127,7 +112,7 @@ fn userspace_redirect_is_local_delivery_to_the_listener() {
 /// it (the lab's hairpin probes pass).
 #[test]
 fn a_reply_from_a_directly_connected_backend_returns_on_its_link() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/lab-eni-a-fix-on");
+    let dir = data_dir("lab-eni-a-fix-on");
     let st = NodeState::from_dir(&dir).unwrap().0;
     let t = walk(&st, "10.12.192.18", "10.96.0.1", 80, "eniccaff4a074a3");
     assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);

@@ -2,40 +2,12 @@
 //! from a real lab node, and a NodePort to a hostNetwork backend on another node dropped by a
 //! FORWARD DROP policy.
 
-use std::path::PathBuf;
+mod common;
 
 use weir_netdiag::state::{NodeState, Output};
-use weir_netdiag::trace::{self, Packet, Proto, Trace, Verdict};
+use weir_netdiag::trace::{self, Verdict};
 
-fn dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
-
-fn walk(st: &NodeState, src: &str, dst: &str, dport: u16, iif: &str) -> Trace {
-    let t = trace::trace(
-        st,
-        &Packet {
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            proto: Proto::Tcp,
-            sport: 40000,
-            dport,
-            iif: iif.into(),
-        },
-    );
-    eprintln!("{}", trace::render(&t));
-    t
-}
-
-fn has_hop(t: &Trace, stage: &str, rule_part: &str, note_part: &str) -> bool {
-    t.hops.iter().any(|h| {
-        h.stage == stage
-            && h.rule.as_deref().unwrap_or("").contains(rule_part)
-            && h.note.contains(note_part)
-    })
-}
+use common::{data_dir as dir, has_hop, walk};
 
 /// `weir lab demo --topology eni --no-eni-fix --proxy-mode kube-proxy-iptables`, node a,
 /// collected with `weir trace collect --netns`: pod a1 (10.12.192.18, veth eni69381f0634bc) to

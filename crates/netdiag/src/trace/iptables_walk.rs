@@ -136,29 +136,12 @@ impl Walker<'_> {
                     return Flow::Accept;
                 }
                 "SNAT" => {
-                    let to = r.target_arg("--to-source").unwrap_or_default().to_string();
-                    if let Some((ip, _)) = split_host_port(&to) {
-                        p.src = ip;
-                    }
-                    p.nat_bound = true;
-                    self.hop(
-                        stage,
-                        place,
-                        Some(r.text.clone()),
-                        format!("SNAT to {}", p.src),
-                    );
+                    let to = split_host_port(r.target_arg("--to-source").unwrap_or_default());
+                    self.snat(p, to.map(|(ip, _)| ip), stage, &place, &r.text);
                     return Flow::Accept;
                 }
                 "MASQUERADE" => {
-                    let src = self.masquerade_source(p);
-                    self.hop(
-                        stage,
-                        place,
-                        Some(r.text.clone()),
-                        format!("MASQUERADE: source {} → {src}", p.src),
-                    );
-                    p.src = src;
-                    p.nat_bound = true;
+                    self.masquerade(p, "MASQUERADE", stage, &place, &r.text);
                     return Flow::Accept;
                 }
                 "LOG" | "TRACE" | "NFLOG" | "ULOG" | "CT" | "NOTRACK" | "AUDIT" => {}

@@ -5,6 +5,48 @@ use std::net::{IpAddr, Ipv4Addr};
 use super::{Pkt, Walker};
 
 impl Walker<'_> {
+    /// SNAT (iptables `SNAT --to-source`, nft `snat to`): the source becomes `to` when the rule
+    /// names one address, and the flow's NAT is bound either way.
+    pub(super) fn snat(
+        &mut self,
+        p: &mut Pkt,
+        to: Option<Ipv4Addr>,
+        stage: &str,
+        place: &str,
+        rule: &str,
+    ) {
+        if let Some(ip) = to {
+            p.src = ip;
+        }
+        p.nat_bound = true;
+        self.hop(
+            stage,
+            place,
+            Some(rule.to_string()),
+            format!("SNAT to {}", p.src),
+        );
+    }
+
+    /// MASQUERADE (`verb` as the dump spells it): the source becomes [`Self::masquerade_source`].
+    pub(super) fn masquerade(
+        &mut self,
+        p: &mut Pkt,
+        verb: &str,
+        stage: &str,
+        place: &str,
+        rule: &str,
+    ) {
+        let src = self.masquerade_source(p);
+        self.hop(
+            stage,
+            place,
+            Some(rule.to_string()),
+            format!("{verb}: source {} → {src}", p.src),
+        );
+        p.src = src;
+        p.nat_bound = true;
+    }
+
     /// MASQUERADE's source (`inet_select_addr(out, …)`, not the route's `src`): the outgoing
     /// interface's primary IPv4 address, else (an interface with no address) the first global
     /// address of another interface, in interface order.

@@ -117,32 +117,12 @@ impl Walker<'_> {
                         return Flow::Accept;
                     }
                     "snat" => {
-                        if let Some(ip) = v
-                            .get("addr")
-                            .and_then(Value::as_str)
-                            .and_then(|a| a.parse().ok())
-                        {
-                            p.src = ip;
-                        }
-                        p.nat_bound = true;
-                        self.hop(
-                            stage,
-                            place,
-                            Some(r.text.clone()),
-                            format!("SNAT to {}", p.src),
-                        );
+                        let to = v.get("addr").and_then(Value::as_str);
+                        self.snat(p, to.and_then(|a| a.parse().ok()), stage, &place, &r.text);
                         return Flow::Accept;
                     }
                     "masquerade" => {
-                        let src = self.masquerade_source(p);
-                        self.hop(
-                            stage,
-                            place,
-                            Some(r.text.clone()),
-                            format!("masquerade: source {} → {src}", p.src),
-                        );
-                        p.src = src;
-                        p.nat_bound = true;
+                        self.masquerade(p, "masquerade", stage, &place, &r.text);
                         return Flow::Accept;
                     }
                     "vmap" => {
