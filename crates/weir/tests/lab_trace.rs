@@ -147,36 +147,23 @@ impl Matrix<'_> {
             .underlay_ip
     }
 
+    /// Who answers at `ip`: (its echo server's name, its node), for a pod or a node.
+    fn owner(&self, ip: Ipv4Addr) -> Option<(String, String)> {
+        let pod = self.state.pods.iter().find(|p| p.ip == ip);
+        pod.map(|p| (p.name.clone(), p.node.clone())).or_else(|| {
+            let node = self.state.nodes.iter().find(|n| n.underlay_ip == ip)?;
+            Some((node.name.clone(), node.name.clone()))
+        })
+    }
+
     /// The echo server at `ip` (a pod's or a node's name).
     fn echo_name(&self, ip: Ipv4Addr) -> Option<String> {
-        self.state
-            .pods
-            .iter()
-            .find(|p| p.ip == ip)
-            .map(|p| p.name.clone())
-            .or_else(|| {
-                self.state
-                    .nodes
-                    .iter()
-                    .find(|n| n.underlay_ip == ip)
-                    .map(|n| n.name.clone())
-            })
+        self.owner(ip).map(|(name, _)| name)
     }
 
     /// The node whose pod or whose address `ip` is.
     fn node_of(&self, ip: Ipv4Addr) -> Option<String> {
-        self.state
-            .pods
-            .iter()
-            .find(|p| p.ip == ip)
-            .map(|p| p.node.clone())
-            .or_else(|| {
-                self.state
-                    .nodes
-                    .iter()
-                    .find(|n| n.underlay_ip == ip)
-                    .map(|n| n.name.clone())
-            })
+        self.owner(ip).map(|(_, node)| node)
     }
 
     fn service(&self, name: &str) -> &weir_lab::state::ServiceState {
