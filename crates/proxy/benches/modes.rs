@@ -166,31 +166,13 @@ fn sink(mut s: TcpStream) {
     while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
 }
 
-/// Closes with a reset (SO_LINGER 0): no TIME_WAIT, so the client's ports never run out.
-fn reset_close(s: TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt(2) with a correctly sized struct on a socket we own.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-}
-
 /// One connection that the endpoint answered: its byte read, then a reset close.
 fn answered(target: SocketAddr) -> std::io::Result<()> {
     let mut s = TcpStream::connect_timeout(&target, Duration::from_secs(2))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut byte = [0u8; 1];
     s.read_exact(&mut byte)?;
-    reset_close(s);
+    weir_proxy::userspace::serve::reset_on_close(&s);
     Ok(())
 }
 

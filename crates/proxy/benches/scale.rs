@@ -647,25 +647,6 @@ impl Drop for Server {
     }
 }
 
-/// Closes with a reset (SO_LINGER 0): no TIME_WAIT, so ports never run out and every round
-/// starts from the same state.
-fn reset_close(s: TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: setsockopt(2) with a correctly sized struct on a socket we own.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            &linger as *const libc::linger as *const libc::c_void,
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-}
-
 /// Connections per second from `clients` threads in the node namespace for `time`.
 fn connect_round(
     node: &Ns,
@@ -687,7 +668,7 @@ fn connect_round(
                     while Instant::now() < until {
                         match TcpStream::connect(targets[i % targets.len()]) {
                             Ok(s) => {
-                                reset_close(s);
+                                weir_proxy::userspace::serve::reset_on_close(&s);
                                 ok += 1;
                             }
                             Err(_) => failed += 1,

@@ -193,7 +193,7 @@ async fn proxy_tcp(
     traffic: SharedTraffic,
 ) {
     let Some(upstream) = dial(&pool, peer).await else {
-        reset(&client);
+        reset_on_close(&client);
         return;
     };
     let _ = client.set_nodelay(true);
@@ -202,14 +202,14 @@ async fn proxy_tcp(
 }
 
 /// Makes the close of `s` a reset, not a clean FIN: the client learns at once that nobody
-/// answered. (SO_LINGER 0: the close does not block.)
-fn reset(s: &TcpStream) {
-    use std::os::fd::AsRawFd;
+/// answered, and no TIME_WAIT is left behind (the benches use it for that). SO_LINGER 0: the
+/// close does not block.
+pub fn reset_on_close(s: &impl std::os::fd::AsRawFd) {
     let linger = libc::linger {
         l_onoff: 1,
         l_linger: 0,
     };
-    // SAFETY: setsockopt(2) with a correctly sized struct on a socket we own.
+    // SAFETY: setsockopt(2) with a correctly sized struct on a socket the caller owns.
     unsafe {
         libc::setsockopt(
             s.as_raw_fd(),
