@@ -95,12 +95,7 @@ impl Walker<'_> {
                     }
                     p.nat_bound = true;
                     self.note_endpoints(vec![format!("{}:{}", p.dst, p.dport)]);
-                    self.hop(
-                        stage,
-                        place,
-                        Some(r.text.clone()),
-                        format!("DNAT to {}:{}", p.dst, p.dport),
-                    );
+                    self.dnat_hop(p, "DNAT", stage, &place, &r.text);
                     return Flow::Accept;
                 }
                 "REDIRECT" => {
@@ -127,12 +122,7 @@ impl Walker<'_> {
                     p.dnat = true;
                     p.nat_bound = true;
                     self.note_endpoints(vec![format!("{}:{}", p.dst, p.dport)]);
-                    self.hop(
-                        stage,
-                        place,
-                        Some(r.text.clone()),
-                        format!("REDIRECT to {}:{}", p.dst, p.dport),
-                    );
+                    self.dnat_hop(p, "REDIRECT", stage, &place, &r.text);
                     return Flow::Accept;
                 }
                 "SNAT" => {

@@ -27,6 +27,13 @@ impl Walker<'_> {
         );
     }
 
+    /// The hop of a destination NAT already applied to `p` (`verb` as the dump spells it:
+    /// DNAT, REDIRECT, redirect).
+    pub(super) fn dnat_hop(&mut self, p: &Pkt, verb: &str, stage: &str, place: &str, rule: &str) {
+        let note = format!("{verb} to {}:{}", p.dst, p.dport);
+        self.hop(stage, place, Some(rule.to_string()), note);
+    }
+
     /// MASQUERADE (`verb` as the dump spells it): the source becomes [`Self::masquerade_source`].
     pub(super) fn masquerade(
         &mut self,

@@ -98,22 +98,12 @@ impl Walker<'_> {
                         if !self.nft_dnat(rs, family, table, k, v, p, &r.text) {
                             continue 'rules;
                         }
-                        self.hop(
-                            stage,
-                            place,
-                            Some(r.text.clone()),
-                            format!("DNAT to {}:{}", p.dst, p.dport),
-                        );
+                        self.dnat_hop(p, "DNAT", stage, &place, &r.text);
                         return Flow::Accept;
                     }
                     "redirect" => {
                         self.redirect(v.get("port").and_then(Value::as_u64), p);
-                        self.hop(
-                            stage,
-                            place,
-                            Some(r.text.clone()),
-                            format!("redirect to {}:{}", p.dst, p.dport),
-                        );
+                        self.dnat_hop(p, "redirect", stage, &place, &r.text);
                         return Flow::Accept;
                     }
                     "snat" => {
