@@ -1425,7 +1425,7 @@ mod tests {
                 "outside",
                 "loadBalancerCIDR",
             ),
-            ("proxy: nftables", "proxy: ipvs", "proxy", "unknown variant"),
+            ("proxy: nftables", "proxy: ebpf", "proxy", "unknown variant"),
             ("proxy: nftables", "proxy: none", "dns", "needs a proxy"),
             (
                 "serviceCIDR: 10.96.0.0/16",

@@ -629,11 +629,15 @@ fn sigkill_during_sync(a: &mut Agent) {
             std::thread::sleep(Duration::from_millis(1));
             running = children(a);
         }
-        restores.extend(
-            running
-                .into_iter()
-                .filter(|c| c.contains("iptables-restore")),
-        );
+        // iptables-restore under any of its names (iptables-nft-restore, iptables-legacy-restore:
+        // `--iptables-backend` runs the chosen one by name).
+        let iptables_restore = |c: &String| {
+            c.split_whitespace()
+                .next()
+                .map(|prog| prog.rsplit('/').next().unwrap_or(prog))
+                .is_some_and(|prog| prog.starts_with("iptables") && prog.ends_with("-restore"))
+        };
+        restores.extend(running.into_iter().filter(iptables_restore));
         std::thread::sleep(Duration::from_millis(20).mul_f64(jitter()));
         let in_child = children(a).iter().any(writing);
         a.kill();
