@@ -3,6 +3,7 @@
 //! Pure: the HTTP side is in `server`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 
@@ -150,8 +151,9 @@ pub struct State {
     history: Vec<Change>,
     /// Watches from a resourceVersion older than this get 410 Gone.
     compacted: u64,
-    /// Paged lists in progress: a token's snapshot (its resourceVersion and items).
-    pages: HashMap<u64, (u64, Vec<Value>)>,
+    /// Paged lists in progress: a token's snapshot (its resourceVersion and items), shared so
+    /// that serving a page copies that page only, not the whole snapshot.
+    pages: HashMap<u64, (u64, Arc<Vec<Value>>)>,
     next_page: u64,
 }
 
@@ -274,7 +276,7 @@ impl State {
                     .filter(|((r, _, _), o)| *r == resource && q.matches(o))
                     .map(|(_, o)| list_item(o))
                     .collect();
-                (self.rv, items, 0, None)
+                (self.rv, Arc::new(items), 0, None)
             }
         };
         let end = q
@@ -286,7 +288,7 @@ impl State {
         if end < items.len() {
             let id = page.unwrap_or_else(|| {
                 self.next_page += 1;
-                self.pages.insert(self.next_page, (rv, items.clone()));
+                self.pages.insert(self.next_page, (rv, Arc::clone(&items)));
                 self.next_page
             });
             metadata["continue"] = format!("{id}:{end}").into();
