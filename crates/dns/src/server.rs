@@ -341,6 +341,16 @@ pub async fn serve(
     handler: Handler,
     config: ServerConfig,
 ) -> std::io::Result<()> {
+    serve_then(addr, handler, config, || {}).await
+}
+
+/// [`serve`], calling `bound` once every socket is bound (the server answers from then on).
+async fn serve_then(
+    addr: SocketAddr,
+    handler: Handler,
+    config: ServerConfig,
+    bound: impl FnOnce(),
+) -> std::io::Result<()> {
     let sockets = udp::bind(addr, config.udp_workers)?;
     // Port 0: TCP on the port UDP got.
     let tcp = TcpListener::bind(sockets[0].local_addr()?).await?;
@@ -355,6 +365,7 @@ pub async fn serve(
                 let _ = failed.blocking_send(e);
             })?;
     }
+    bound();
     tokio::select! {
         r = serve_tcp(tcp, handler, config) => r,
         Some(e) = failure.recv() => Err(e),
@@ -539,17 +550,19 @@ async fn connection(
 }
 
 /// Runs [`serve`] on a runtime of its own with `threads` workers (TCP and forwarding; UDP has
-/// its own [`ServerConfig::udp_workers`] threads); returns only on error.
+/// its own [`ServerConfig::udp_workers`] threads); returns only on error. `bound` is called
+/// once the UDP and TCP sockets are bound (e.g. to report ready).
 pub fn serve_blocking(
     addr: SocketAddr,
     handler: Handler,
     config: ServerConfig,
     threads: usize,
+    bound: impl FnOnce(),
 ) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name("weir-dns")
         .enable_all()
         .build()?;
-    rt.block_on(serve(addr, handler, config))
+    rt.block_on(serve_then(addr, handler, config, bound))
 }
