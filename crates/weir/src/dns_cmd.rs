@@ -89,6 +89,12 @@ pub struct DnsArgs {
     /// --healthz-bind-address serves all three paths on one listener. Off when not given.
     #[arg(long, value_name = "ADDR")]
     metrics_bind_address: Option<SocketAddr>,
+    /// Node-local cache setup (NodeLocal DNSCache's, in the node's network namespace): put
+    /// the --listen address (e.g. 169.254.20.10) on `lo` and exempt DNS to and from it from
+    /// conntrack (nft table `ip weir-nodelocal-dns`) before serving. Needs CAP_NET_ADMIN; both
+    /// stay after exit, so a restart does not break lookups in between.
+    #[arg(long)]
+    node_local: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -291,8 +297,51 @@ fn start_http(
     }))
 }
 
+/// `--node-local`: the listen address on `lo`, and the NOTRACK table the lab's node-local mode
+/// uses ([`weir_lab::dns::notrack_table`]), replaced whole (`nft -f` with a delete first).
+fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
+    let std::net::IpAddr::V4(ip) = listen.ip() else {
+        anyhow::bail!("--node-local: {listen} is not an IPv4 address");
+    };
+    anyhow::ensure!(
+        !ip.is_unspecified(),
+        "--node-local needs the cache's own address in --listen (e.g. 169.254.20.10:53)"
+    );
+    let mut rtnl = weir_kernel::rtnl::Rtnl::new().context("rtnetlink")?;
+    let lo = rtnl.require_link("lo")?;
+    let net = ipnet::Ipv4Net::new(ip, 32).expect("/32 is a valid prefix");
+    rtnl.addr_ensure(lo.index, ipnet::IpNet::V4(net))
+        .with_context(|| format!("add {ip}/32 to lo"))?;
+    let table = weir_lab::dns::notrack_table(ip);
+    // `add table` first makes the delete valid on a first start; the file is one transaction.
+    let script =
+        format!("add table ip weir-nodelocal-dns\ndelete table ip weir-nodelocal-dns\n{table}");
+    let mut nft = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("run nft (package nftables)")?;
+    use std::io::Write;
+    nft.stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())?;
+    let out = nft.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "nft: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    info!(%ip, "node-local: address on lo, DNS to and from it not tracked");
+    Ok(())
+}
+
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
+    if args.node_local {
+        node_local_setup(args.listen)?;
+    }
     let mut config = ZoneConfig::new(&args.zone).map_err(anyhow::Error::msg)?;
     config.ttl = args.ttl;
     config.pods = match args.pods {

@@ -134,6 +134,11 @@ impl Env {
     /// Starts `weir dns` on the manifest directory (which may not exist yet) with `extra`
     /// arguments; returns at once.
     fn spawn_weir_dns(&mut self, extra: &[&str]) {
+        self.spawn_weir_dns_on(&format!("{SERVER_IP}:53"), extra);
+    }
+
+    /// [`Env::spawn_weir_dns`] listening on `listen`.
+    fn spawn_weir_dns_on(&mut self, listen: &str, extra: &[&str]) {
         std::fs::write(
             self.path("resolv.conf"),
             format!("search example.test\nnameserver {DEAD_UPSTREAM_IP}\nnameserver {UPSTREAM_IP}\noptions ndots:5\n"),
@@ -141,8 +146,15 @@ impl Env {
         .unwrap();
         let log = std::fs::File::create(self.path("weir-dns.log")).unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.server_ns, WEIR, "dns", "--listen"])
-            .arg(format!("{SERVER_IP}:53"))
+            .args([
+                "netns",
+                "exec",
+                &self.server_ns,
+                WEIR,
+                "dns",
+                "--listen",
+                listen,
+            ])
             .arg("--manifests")
             .arg(self.manifests())
             .arg("--upstream-resolv-conf")
@@ -634,4 +646,71 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
     );
     // Still ready.
     assert_eq!(env.http_get(&healthz).0, 200);
+}
+
+/// `weir dns --node-local` in a namespace standing for a node: the link-local address goes on
+/// `lo`, the cache answers there, and its DNS traffic makes no conntrack entry while other
+/// traffic to the same address does (conntrack is switched on in the namespace by a rule of
+/// the test's own, so "no entry" is not vacuous). A restart finds both in place.
+#[test]
+fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
+    if !is_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    const LOCAL: &str = "169.254.20.10";
+    let mut env = Env::new("n");
+    env.write_manifests();
+    let ns = env.server_ns.clone();
+    // Something in the namespace needs conntrack, as a node's proxy rules do.
+    env.sh(
+        &ns,
+        "nft add table ip wdntest && \
+         nft add chain ip wdntest c '{ type filter hook output priority 0; }' && \
+         nft add rule ip wdntest c ct state new counter",
+    );
+    for round in 0..2 {
+        env.spawn_weir_dns_on(&format!("{LOCAL}:53"), &["--node-local"]);
+        wait_until("the node-local cache answers", || {
+            dig_in(&ns, LOCAL, &["web.shop.svc.cluster.local", "A"]).data() == ["10.96.0.20"]
+        });
+        let lo = env.sh(&ns, "ip -o addr show dev lo");
+        let lo = String::from_utf8_lossy(&lo.stdout);
+        assert_eq!(lo.matches(&format!(" {LOCAL}/32 ")).count(), 1, "{lo}");
+        let tables = env.sh(&ns, "nft list tables");
+        let tables = String::from_utf8_lossy(&tables.stdout);
+        assert_eq!(tables.matches("weir-nodelocal-dns").count(), 1, "{tables}");
+        assert_eq!(
+            dig_in(&ns, LOCAL, &["+tcp", "db.shop.svc.cluster.local", "A"]).data(),
+            ["10.244.1.5", "10.244.2.6"]
+        );
+        // Another port of the same address is tracked as usual.
+        env.sh(
+            &ns,
+            &format!("bash -c 'echo x > /dev/udp/{LOCAL}/54' || true"),
+        );
+        let ct = env.sh(&ns, "conntrack -L 2>/dev/null");
+        let ct = String::from_utf8_lossy(&ct.stdout);
+        assert!(
+            ct.contains("dport=54"),
+            "round {round}: not tracked at all?\n{ct}"
+        );
+        assert!(!ct.contains("dport=53"), "round {round}: DNS tracked\n{ct}");
+        // Stop it; the next round starts over the address and table it left.
+        let mut child = env.children.pop().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        env.sh(&ns, "conntrack -F 2>/dev/null || true");
+    }
+    // Without an address of its own it refuses, saying why.
+    let out = Command::new(WEIR)
+        .args(["dns", "--node-local", "--listen", "0.0.0.0:53"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs the cache's own address"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
