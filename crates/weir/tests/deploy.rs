@@ -40,7 +40,7 @@ fn objects() -> BTreeMap<(String, String), Value> {
 fn objects_of(files: &[PathBuf]) -> BTreeMap<(String, String), Value> {
     let mut all = BTreeMap::new();
     for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
+        let text = std::fs::read_to_string(file).unwrap();
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = Value::deserialize(doc).unwrap();
             let key = (
