@@ -709,6 +709,184 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
     }
 }
 
+/// A network namespace standing for a pod, deleted on drop (even after a panic).
+struct PodNetns(String);
+
+impl PodNetns {
+    fn new(tag: &str) -> PodNetns {
+        let name = format!("wdp-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let ns = PodNetns(name);
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{script}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for PodNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The Deployment's `weir dns` started in `ns` as its securityContext says (its uid and gid,
+/// no capability at all), with its args and a manifest directory in place of the API.
+fn spawn_as_the_pod(ns: &PodNetns, dir: &Path) -> std::process::Child {
+    use std::os::unix::fs::PermissionsExt;
+    let (spec, c) = dns_pod("Deployment", "weir-dns");
+    let args = args_in_pod(&spec, &c, &dir.join("pod"));
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::copy(
+        repo().join("crates/dns/tests/fixtures/cluster.yaml"),
+        manifests.join("cluster.yaml"),
+    )
+    .unwrap();
+    // Readable by the pod's user, as a ConfigMap volume is.
+    for p in [dir, &dir.join("pod"), &manifests] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let security = &spec["securityContext"];
+    let (uid, gid) = (
+        security["runAsUser"].as_u64().unwrap(),
+        security["runAsGroup"].as_u64().unwrap(),
+    );
+    let log = std::fs::File::create(dir.join("weir-dns.log")).unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", &ns.0, "setpriv"])
+        .args([format!("--reuid={uid}"), format!("--regid={gid}")])
+        .args([
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ])
+        .arg(common::WEIR)
+        .args(&args)
+        .arg("--manifests")
+        .arg(&manifests)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// The cluster DNS pod run as the Deployment runs it (not root, every capability dropped, the
+/// pod's `net.ipv4.ip_unprivileged_port_start` sysctl set in its own network namespace): port
+/// 53 opens and `dig` gets answers, and the ports the probes and the scrape annotation name
+/// serve /livez, /healthz and /metrics. Without the sysctl the same process cannot open port
+/// 53: the sysctl, not a capability, is what lets it.
+#[test]
+fn the_cluster_dns_pod_runs_unprivileged_as_the_deployment_says() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let (spec, c) = dns_pod("Deployment", "weir-dns");
+    let dir = tempfile::tempdir().unwrap();
+    let ns = PodNetns::new("ok");
+    for s in spec["securityContext"]["sysctls"].as_sequence().unwrap() {
+        let (name, value) = (s["name"].as_str().unwrap(), s["value"].as_str().unwrap());
+        ns.sh(&format!("sysctl -q -w {name}={value}"));
+    }
+    let mut child = spawn_as_the_pod(&ns, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("weir-dns.log")).unwrap_or_default();
+    let get = |port: u64, path: &str| -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "curl", "-s", "-m", "2"])
+            .args(["-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{port}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let health = c["readinessProbe"]["httpGet"]["port"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !get(health, "/healthz").ends_with("\n200") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/healthz never 200: {}",
+            log()
+        );
+        assert!(child.try_wait().unwrap().is_none(), "exited: {}", log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let answer = ns.sh("dig @127.0.0.1 +short +time=2 +tries=1 web.shop.svc.cluster.local A");
+    let tcp = ns.sh("dig @127.0.0.1 +short +tcp +time=2 db-0.db.shop.svc.cluster.local A");
+    let liveness = c["livenessProbe"]["httpGet"]["port"].as_u64().unwrap();
+    let livez = get(liveness, "/livez");
+    let annotations =
+        &object("Deployment", "weir-dns")["spec"]["template"]["metadata"]["annotations"];
+    let scrape: u64 = annotations["prometheus.io/port"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let metrics = get(scrape, annotations["prometheus.io/path"].as_str().unwrap());
+    // Who it runs as, read back from the kernel.
+    let pid = child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(answer.trim(), "10.96.0.20", "{}", log());
+    assert_eq!(tcp.trim(), "10.244.1.5");
+    assert!(livez.ends_with("\n200"), "{livez}");
+    assert!(metrics.ends_with("\n200"), "{metrics}");
+    assert!(
+        metrics.contains("weir_dns_responses_total{transport=\"udp\",rcode=\"NOERROR\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_dns_responses_total{transport=\"tcp\",rcode=\"NOERROR\"} 1"),
+        "{metrics}"
+    );
+    // setpriv execs weir in place: the pid is weir's.
+    let field = |name: &str| -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapBnd:"), "0000000000000000", "{status}");
+
+    // The same without the sysctl: no port 53.
+    let ns = PodNetns::new("no");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_as_the_pod(&ns, dir.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("weir dns kept running without the sysctl");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!exited.success());
+    let log = std::fs::read_to_string(dir.path().join("weir-dns.log")).unwrap();
+    assert!(log.contains("Permission denied"), "{log}");
+}
+
 // ---- the CNI install step -----------------------------------------------------------------
 
 struct Install {
