@@ -27,6 +27,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 
+use crate::metrics::DnsMetrics;
+
 /// Upstream addresses from resolv.conf text: every `nameserver` line (port 53). As an
 /// extension, `nameserver 192.0.2.1:5353` / `nameserver [2001:db8::1]:5353` name a port.
 pub fn parse_resolv_conf(text: &str) -> Result<Vec<SocketAddr>, String> {
@@ -63,7 +65,7 @@ pub struct ForwarderConfig {
     pub attempt_timeout: Duration,
     /// How long an upstream that failed is tried only after the others.
     pub down_for: Duration,
-    /// Upstream exchanges in flight at most; beyond, clients get SERVFAIL at once.
+    /// Upstream exchanges in flight at most; beyond, clients get REFUSED at once.
     pub max_in_flight: usize,
     /// Cache entries at most.
     pub cache_entries: usize,
@@ -81,6 +83,8 @@ pub struct ForwarderConfig {
     pub serve_stale: Option<Duration>,
     /// Probe a down upstream this often until it answers (None: only the `down_for` timer).
     pub probe_interval: Option<Duration>,
+    /// Where cache hits and misses, upstream failures and queries in flight are counted.
+    pub metrics: Arc<DnsMetrics>,
 }
 
 /// When a cached entry is refreshed ahead of its expiry: once it has been answered from the
@@ -120,6 +124,7 @@ impl ForwarderConfig {
             prefetch: None,
             serve_stale: None,
             probe_interval: Some(Duration::from_secs(1)),
+            metrics: Arc::new(DnsMetrics::new()),
         }
     }
 }
@@ -400,7 +405,15 @@ impl Forwarder {
     /// The answer to `q` if the cache has one to give now (fresh, or stale being served),
     /// starting a prefetch when one is due. Needs a tokio runtime context.
     pub fn cached(&self, q: &Query) -> Option<Upstream> {
-        let cached = self.lock_cache().lookup(q, self.now());
+        let cached = {
+            let mut cache = self.lock_cache();
+            let cached = cache.lookup(q, self.now());
+            self.config.metrics.set_cache_entries(cache.len());
+            cached
+        };
+        self.config
+            .metrics
+            .cache_lookup(!matches!(cached, Cached::Miss));
         match cached {
             Cached::Fresh(hit) | Cached::Stale(hit) => Some(hit),
             Cached::Refresh(hit) => {
@@ -417,6 +430,12 @@ impl Forwarder {
         if let Some(hit) = self.cached(q) {
             return Ok(hit);
         }
+        self.resolve_missed(q).await
+    }
+
+    /// [`Forwarder::resolve`] for a query [`Forwarder::cached`] has just missed: the upstreams
+    /// (the miss is counted once).
+    pub async fn resolve_missed(&self, q: &Query) -> Result<Upstream, ForwardError> {
         match self.ask_upstreams(q).await {
             Err(ForwardError::AllFailed) => self
                 .lock_cache()
@@ -445,6 +464,7 @@ impl Forwarder {
             .in_flight
             .try_acquire()
             .map_err(|_| ForwardError::Overloaded)?;
+        let _counted = self.config.metrics.in_flight();
         for i in self.attempt_order(self.now()) {
             let up = &self.upstreams[i];
             match exchange(
@@ -460,14 +480,18 @@ impl Forwarder {
                 {
                     *lock(&up.down_until) = None;
                     tracing::debug!(upstream = %up.addr, rcode = %answer.rcode, "upstream answered");
-                    self.lock_cache().put(q, answer.clone(), self.now());
+                    let mut cache = self.lock_cache();
+                    cache.put(q, answer.clone(), self.now());
+                    self.config.metrics.set_cache_entries(cache.len());
                     return Ok(answer);
                 }
                 Ok(answer) => {
                     tracing::debug!(upstream = %up.addr, rcode = %answer.rcode, "upstream refused or failed");
+                    self.config.metrics.upstream_failed(up.addr);
                 }
                 Err(e) => {
                     tracing::debug!(upstream = %up.addr, "upstream failed: {e}");
+                    self.config.metrics.upstream_failed(up.addr);
                     *lock(&up.down_until) = Some(self.now() + self.config.down_for);
                     self.probe(i);
                 }
@@ -541,6 +565,11 @@ impl Forwarder {
 
     fn lock_cache(&self) -> std::sync::MutexGuard<'_, Cache> {
         lock(&self.cache)
+    }
+
+    /// Where this forwarder counts (its config's).
+    pub fn metrics(&self) -> &Arc<DnsMetrics> {
+        &self.config.metrics
     }
 
     pub fn cache_len(&self) -> usize {

@@ -6,6 +6,7 @@
 //! * [`respond`]: a request [`Message`](hickory_proto::op::Message) and an answer → the
 //!   response message and its bytes sized for the transport (EDNS0, TC bit). Pure.
 //! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
+//! * [`metrics`]: Prometheus counters of responses, the cache, upstreams and the zone.
 //! * [`search`]: recognising a pod's first search-path expansion and the names its resolver
 //!   would try next (pure; the server's autopath option uses it).
 //! * [`wire`]: the zone's answers precomputed as wire bytes, and the request fast path.
@@ -14,6 +15,7 @@
 //!   [`ZoneHandle`] that the caller swaps atomically when objects change.
 
 pub mod forward;
+pub mod metrics;
 pub mod respond;
 pub mod search;
 pub mod server;
@@ -21,7 +23,8 @@ pub mod udp;
 pub mod wire;
 pub mod zone;
 
-pub use forward::{parse_resolv_conf, Forwarder, ForwarderConfig, Prefetch};
+pub use forward::{parse_resolv_conf, ForwardError, Forwarder, ForwarderConfig, Prefetch};
+pub use metrics::DnsMetrics;
 pub use server::{serve, serve_blocking, Handler, ServerConfig, ZoneHandle};
 pub use zone::{pod_address, Answer, PodRecords, Zone, ZoneConfig, SCHEMA_VERSION};
 

@@ -31,7 +31,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::forward::Forwarder;
+use crate::forward::{ForwardError, Forwarder};
+use crate::metrics::{DnsMetrics, Tally, Transport};
 use crate::respond::{encode, parse_request, response, udp_limit, Request};
 use crate::search;
 use crate::udp;
@@ -141,6 +142,7 @@ pub struct Handler {
     zone: ZoneHandle,
     forwarder: Option<Arc<Forwarder>>,
     autopath: bool,
+    metrics: Arc<DnsMetrics>,
 }
 
 /// A request answered at once, or one that needs the upstreams.
@@ -155,12 +157,29 @@ enum Step {
 }
 
 impl Handler {
+    /// Responses are counted in the forwarder's metrics (a fresh set without a forwarder;
+    /// see [`Handler::with_metrics`]).
     pub fn new(zone: ZoneHandle, forwarder: Option<Arc<Forwarder>>) -> Self {
+        let metrics = forwarder
+            .as_ref()
+            .map(|f| f.metrics().clone())
+            .unwrap_or_default();
         Handler {
             zone,
             forwarder,
             autopath: false,
+            metrics,
         }
+    }
+
+    /// Counts responses in `metrics` (give the forwarder's too, in its config).
+    pub fn with_metrics(mut self, metrics: Arc<DnsMetrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<DnsMetrics> {
+        &self.metrics
     }
 
     /// Answers a pod's first search-path expansion with the first of the names its resolver
@@ -230,9 +249,18 @@ impl Handler {
                 }
                 negative
             }
-            Step::Forward(req) => match fwd().resolve(&req.queries[0]).await {
+            // `step` found no cached answer: straight to the upstreams.
+            Step::Forward(req) => match fwd().resolve_missed(&req.queries[0]).await {
                 Ok(up) => response(&req, up.rcode, false, up.answers, up.authority),
-                Err(_) => response(&req, ResponseCode::ServFail, false, vec![], vec![]),
+                // Beyond the in-flight cap: REFUSED at once, so the client tries another
+                // server instead of waiting (as CoreDNS's forward plugin's max_concurrent).
+                Err(ForwardError::Overloaded) => {
+                    self.metrics.overload_refused();
+                    response(&req, ResponseCode::Refused, false, vec![], vec![])
+                }
+                Err(ForwardError::AllFailed) => {
+                    response(&req, ResponseCode::ServFail, false, vec![], vec![])
+                }
             },
             Step::Chase(req, answer, target) => {
                 let Answer::Authoritative { mut answers, .. } = answer else {
@@ -313,6 +341,16 @@ pub async fn serve(
     handler: Handler,
     config: ServerConfig,
 ) -> std::io::Result<()> {
+    serve_then(addr, handler, config, || {}).await
+}
+
+/// [`serve`], calling `bound` once every socket is bound (the server answers from then on).
+async fn serve_then(
+    addr: SocketAddr,
+    handler: Handler,
+    config: ServerConfig,
+    bound: impl FnOnce(),
+) -> std::io::Result<()> {
     let sockets = udp::bind(addr, config.udp_workers)?;
     // Port 0: TCP on the port UDP got.
     let tcp = TcpListener::bind(sockets[0].local_addr()?).await?;
@@ -327,6 +365,7 @@ pub async fn serve(
                 let _ = failed.blocking_send(e);
             })?;
     }
+    bound();
     tokio::select! {
         r = serve_tcp(tcp, handler, config) => r,
         Some(e) = failure.recv() => Err(e),
@@ -351,6 +390,7 @@ pub fn serve_udp(
     let mut generation = handler.zone.generation();
     let mut wire = handler.zone.load_wire();
     let nxdomain = !handler.autopath;
+    let mut tally = Tally::default();
     loop {
         let n = match inbox.recv(fd) {
             Ok(n) => n,
@@ -376,6 +416,7 @@ pub fn serve_udp(
             };
             let out = outbox.slot();
             if wire.answer(bytes, true, nxdomain, out) {
+                tally.response(out);
                 outbox.commit(peer);
                 continue;
             }
@@ -383,27 +424,36 @@ pub fn serve_udp(
                 Request::Query(m) => m,
                 Request::Reply(r) => {
                     *out = r;
+                    tally.response(out);
                     outbox.commit(peer);
                     continue;
                 }
-                Request::Drop => continue,
+                Request::Drop => {
+                    tally.dropped();
+                    continue;
+                }
             };
             let limit = udp_limit(&req);
             match handler.step(req) {
                 Step::Done(m) => {
                     *out = encode(&m, limit);
+                    tally.response(out);
                     outbox.commit(peer);
                 }
                 other => {
                     let (sock, handler) = (sock.clone(), handler.clone());
                     rt.spawn(async move {
                         let m = handler.forward(other).await;
-                        udp::send_one(&sock, &encode(&m, limit), &peer);
+                        let reply = encode(&m, limit);
+                        handler.metrics.response(Transport::Udp, &reply);
+                        udp::send_one(&sock, &reply, &peer);
                     });
                 }
             }
         }
         outbox.send(fd);
+        // Counted once per batch, not per query: the shared counters stay off the hot path.
+        handler.metrics.add_udp(&std::mem::take(&mut tally));
     }
 }
 
@@ -484,8 +534,12 @@ async fn connection(
         let (handler, tx) = (handler.clone(), tx.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            if let Some(reply) = handler.handle(&msg, false).await {
-                let _ = tx.send(reply).await;
+            match handler.handle(&msg, false).await {
+                Some(reply) => {
+                    handler.metrics.response(Transport::Tcp, &reply);
+                    let _ = tx.send(reply).await;
+                }
+                None => handler.metrics.dropped(Transport::Tcp),
             }
         });
     }
@@ -496,17 +550,19 @@ async fn connection(
 }
 
 /// Runs [`serve`] on a runtime of its own with `threads` workers (TCP and forwarding; UDP has
-/// its own [`ServerConfig::udp_workers`] threads); returns only on error.
+/// its own [`ServerConfig::udp_workers`] threads); returns only on error. `bound` is called
+/// once the UDP and TCP sockets are bound (e.g. to report ready).
 pub fn serve_blocking(
     addr: SocketAddr,
     handler: Handler,
     config: ServerConfig,
     threads: usize,
+    bound: impl FnOnce(),
 ) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name("weir-dns")
         .enable_all()
         .build()?;
-    rt.block_on(serve(addr, handler, config))
+    rt.block_on(serve_then(addr, handler, config, bound))
 }

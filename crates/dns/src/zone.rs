@@ -153,6 +153,15 @@ impl Zone {
         self.names.len() + self.reverse.len()
     }
 
+    /// Number of stored records (pod names, computed at lookup, are not stored).
+    pub fn record_count(&self) -> usize {
+        self.names
+            .values()
+            .chain(self.reverse.values())
+            .map(Vec::len)
+            .sum()
+    }
+
     /// Every owner name with stored records or existing empty (zone names, then reverse
     /// names): what the server's wire table precomputes answers for. Names computed at lookup
     /// (pod names) are not among them; see [`Zone::pod_records`].

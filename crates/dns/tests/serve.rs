@@ -243,3 +243,96 @@ async fn autopath_answers_the_first_search_expansion() {
     let off = udp_ask(handler(), &names[..1]).await;
     assert_eq!(off[0].metadata.response_code, ResponseCode::NXDomain);
 }
+
+/// The value of the sample `series` in an OpenMetrics text.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Beyond the cap on upstream queries in flight, a forwarded query is REFUSED at once (the
+/// client moves to its next server instead of waiting), and the metrics count it: the
+/// refusal, the query in flight, both cache misses, and then the silent upstream's failure.
+#[tokio::test]
+async fn queries_beyond_the_upstream_cap_are_refused_and_counted() {
+    // An upstream that never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut cfg = weir_dns::ForwarderConfig::new(vec![silent.local_addr().unwrap()]);
+    cfg.max_in_flight = 1;
+    cfg.attempt_timeout = Duration::from_millis(800);
+    cfg.probe_interval = None;
+    let forwarder = weir_dns::Forwarder::new(cfg);
+    let metrics = forwarder.metrics().clone();
+    let yaml = include_str!("fixtures/cluster.yaml");
+    let parsed = weir_source::parse_manifest(Path::new("cluster.yaml"), yaml);
+    let zone = Zone::build(
+        &weir_model::Snapshot::from_objects(&parsed.objects),
+        &ZoneConfig::new("cluster.local").unwrap(),
+    );
+    let addr = spawn_udp(Handler::new(ZoneHandle::new(zone), Some(forwarder)));
+
+    let first = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    first.connect(addr).await.unwrap();
+    first
+        .send(&query("slow.example.", RecordType::A))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sample(&metrics.encode(), "weir_dns_upstream_in_flight") != Some(1.0) {
+        assert!(Instant::now() < deadline, "{}", metrics.encode());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    second.connect(addr).await.unwrap();
+    let asked = Instant::now();
+    second
+        .send(&query("other.example.", RecordType::A))
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 2048];
+    let n = second.recv(&mut buf).await.unwrap();
+    assert_eq!(
+        Message::from_vec(&buf[..n]).unwrap().metadata.response_code,
+        ResponseCode::Refused
+    );
+    assert!(
+        asked.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        asked.elapsed()
+    );
+    let text = metrics.encode();
+    for (series, want) in [
+        ("weir_dns_overload_refused_total", 1.0),
+        ("weir_dns_upstream_in_flight", 1.0),
+        ("weir_dns_cache_misses_total", 2.0),
+        ("weir_dns_cache_hits_total", 0.0),
+        (
+            "weir_dns_responses_total{transport=\"udp\",rcode=\"REFUSED\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+
+    // The first query ends in SERVFAIL when its one upstream times out.
+    let n = first.recv(&mut buf).await.unwrap();
+    assert_eq!(
+        Message::from_vec(&buf[..n]).unwrap().metadata.response_code,
+        ResponseCode::ServFail
+    );
+    let text = metrics.encode();
+    let upstream = format!(
+        "weir_dns_upstream_failures_total{{upstream=\"{}\"}}",
+        silent.local_addr().unwrap()
+    );
+    for (series, want) in [
+        (upstream.as_str(), 1.0),
+        ("weir_dns_upstream_in_flight", 0.0),
+        (
+            "weir_dns_responses_total{transport=\"udp\",rcode=\"SERVFAIL\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+}

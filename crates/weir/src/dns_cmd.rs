@@ -2,10 +2,16 @@
 //! the Kubernetes API (as `weir proxy`'s, but with every Service and EndpointSlice: headless
 //! ones are the DNS's business, and Pods for verified pod records); the zone is rebuilt on
 //! every change and swapped in whole.
+//!
+//! Health and metrics are served by the proxy's HTTP layer ([`PathServer`]): `/healthz` says
+//! ready only once the zone is built from a complete first view of the objects and the DNS
+//! sockets are bound (a pod is not sent queries it would answer NXDOMAIN for every service);
+//! `/livez` only that the process answers, so a long wait for the API does not get it killed.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -13,9 +19,10 @@ use anyhow::Context;
 use clap::Args;
 use tracing::{info, warn};
 use weir_dns::{
-    parse_resolv_conf, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch, ServerConfig,
-    Zone, ZoneConfig, ZoneHandle,
+    parse_resolv_conf, DnsMetrics, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch,
+    ServerConfig, Zone, ZoneConfig, ZoneHandle,
 };
+use weir_proxy::health::{HttpRuntime, PathResponse, PathServer};
 use weir_source::api::{start_api_source, ApiOptions, ApiSource, Selectors};
 use weir_source::{watch_dir, Event, Kind, ManifestDir, PollWatcher, SharedStore};
 
@@ -73,6 +80,21 @@ pub struct DnsArgs {
     /// UDP serving threads (one socket each) and worker threads of the TCP/forwarding runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Serve `/healthz` (200 once the zone is built from a complete first view of the
+    /// objects and the DNS sockets are bound, 503 before) and `/livez` here, e.g.
+    /// 0.0.0.0:8080. Off when not given.
+    #[arg(long, value_name = "ADDR")]
+    healthz_bind_address: Option<SocketAddr>,
+    /// Serve `/metrics` (Prometheus) here, e.g. 0.0.0.0:9153; the same address as
+    /// --healthz-bind-address serves all three paths on one listener. Off when not given.
+    #[arg(long, value_name = "ADDR")]
+    metrics_bind_address: Option<SocketAddr>,
+    /// Node-local cache setup (NodeLocal DNSCache's, in the node's network namespace): put
+    /// the --listen address (e.g. 169.254.20.10) on `lo` and exempt DNS to and from it from
+    /// conntrack (nft table `ip weir-nodelocal-dns`) before serving. Needs CAP_NET_ADMIN; both
+    /// stay after exit, so a restart does not break lookups in between.
+    #[arg(long)]
+    node_local: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -105,7 +127,7 @@ fn next_serial(previous: u32) -> u32 {
     now.max(previous.wrapping_add(1))
 }
 
-fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
+fn forwarder(args: &DnsArgs, metrics: &Arc<DnsMetrics>) -> anyhow::Result<Option<Arc<Forwarder>>> {
     let Some(path) = &args.upstream_resolv_conf else {
         return Ok(None);
     };
@@ -134,6 +156,7 @@ fn forwarder(args: &DnsArgs) -> anyhow::Result<Option<Arc<Forwarder>>> {
     config.tcp_only = args.upstream_tcp;
     config.prefetch = args.prefetch.then(Prefetch::default);
     config.serve_stale = args.serve_stale;
+    config.metrics = metrics.clone();
     Ok(Some(Forwarder::new(config)))
 }
 
@@ -191,8 +214,134 @@ fn start_source(args: &DnsArgs, store: &SharedStore) -> anyhow::Result<Source> {
     )))
 }
 
+/// What the health and metrics listeners answer for `path`: `health` and `metrics` say which
+/// paths this listener serves; `metrics_body` is only called for `/metrics`.
+fn route(
+    path: &str,
+    health: bool,
+    metrics: bool,
+    ready: bool,
+    metrics_body: impl FnOnce() -> String,
+) -> Option<PathResponse> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    match path {
+        "/healthz" if health && ready => Some((200, TEXT, "ok\n".into())),
+        "/healthz" if health => Some((
+            503,
+            TEXT,
+            "waiting for a complete first view of the objects\n".into(),
+        )),
+        "/livez" if health => Some((200, TEXT, "ok\n".into())),
+        "/metrics" if metrics => Some((200, weir_dns::metrics::CONTENT_TYPE, metrics_body())),
+        _ => None,
+    }
+}
+
+/// The health and metrics listeners, open while this is held.
+struct Http {
+    _servers: Vec<PathServer>,
+    _runtime: HttpRuntime,
+}
+
+/// Starts `/healthz` and `/livez` on --healthz-bind-address and `/metrics` on
+/// --metrics-bind-address (one listener for all three when both are the same address).
+fn start_http(
+    args: &DnsArgs,
+    ready: &Arc<AtomicBool>,
+    metrics: &Arc<DnsMetrics>,
+    forwarder: &Option<Arc<Forwarder>>,
+) -> anyhow::Result<Option<Http>> {
+    let (healthz, metrics_at) = (args.healthz_bind_address, args.metrics_bind_address);
+    if healthz.is_none() && metrics_at.is_none() {
+        return Ok(None);
+    }
+    let runtime = HttpRuntime::new().context("HTTP runtime")?;
+    // Port 0 twice means two free ports, not one.
+    let shared = healthz.is_some_and(|a| a.port() != 0) && healthz == metrics_at;
+    let mut wanted = Vec::new();
+    if let Some(a) = healthz {
+        wanted.push((a, true, shared));
+    }
+    if let Some(a) = metrics_at.filter(|_| !shared) {
+        wanted.push((a, false, true));
+    }
+    let mut servers = Vec::new();
+    for (addr, health, with_metrics) in wanted {
+        let (ready, metrics, forwarder) = (ready.clone(), metrics.clone(), forwarder.clone());
+        let server = PathServer::start(&runtime, addr, move |path| {
+            let body = || {
+                if let Some(f) = &forwarder {
+                    metrics.set_upstreams_up(&f.upstreams_up());
+                }
+                metrics.encode()
+            };
+            route(
+                path,
+                health,
+                with_metrics,
+                ready.load(Ordering::Acquire),
+                body,
+            )
+        })?;
+        let paths = match (health, with_metrics) {
+            (true, true) => "/healthz, /livez, /metrics",
+            (true, false) => "/healthz, /livez",
+            _ => "/metrics",
+        };
+        info!(addr = %server.addr(), paths, "serving HTTP");
+        servers.push(server);
+    }
+    Ok(Some(Http {
+        _servers: servers,
+        _runtime: runtime,
+    }))
+}
+
+/// `--node-local`: the listen address on `lo`, and the NOTRACK table the lab's node-local mode
+/// uses ([`weir_lab::dns::notrack_table`]), replaced whole (`nft -f` with a delete first).
+fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
+    let std::net::IpAddr::V4(ip) = listen.ip() else {
+        anyhow::bail!("--node-local: {listen} is not an IPv4 address");
+    };
+    anyhow::ensure!(
+        !ip.is_unspecified(),
+        "--node-local needs the cache's own address in --listen (e.g. 169.254.20.10:53)"
+    );
+    let mut rtnl = weir_kernel::rtnl::Rtnl::new().context("rtnetlink")?;
+    let lo = rtnl.require_link("lo")?;
+    let net = ipnet::Ipv4Net::new(ip, 32).expect("/32 is a valid prefix");
+    rtnl.addr_ensure(lo.index, ipnet::IpNet::V4(net))
+        .with_context(|| format!("add {ip}/32 to lo"))?;
+    let table = weir_lab::dns::notrack_table(ip);
+    // `add table` first makes the delete valid on a first start; the file is one transaction.
+    let script =
+        format!("add table ip weir-nodelocal-dns\ndelete table ip weir-nodelocal-dns\n{table}");
+    let mut nft = std::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("run nft (package nftables)")?;
+    use std::io::Write;
+    nft.stdin
+        .take()
+        .expect("piped")
+        .write_all(script.as_bytes())?;
+    let out = nft.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "nft: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    info!(%ip, "node-local: address on lo, DNS to and from it not tracked");
+    Ok(())
+}
+
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
+    if args.node_local {
+        node_local_setup(args.listen)?;
+    }
     let mut config = ZoneConfig::new(&args.zone).map_err(anyhow::Error::msg)?;
     config.ttl = args.ttl;
     config.pods = match args.pods {
@@ -200,12 +349,17 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
         PodsArg::Insecure => PodRecords::Insecure,
         PodsArg::Verified => PodRecords::Verified,
     };
-    let forwarder = forwarder(&args)?;
+    let metrics = Arc::new(DnsMetrics::new());
+    let forwarder = forwarder(&args, &metrics)?;
+    // Before the objects are read: /healthz says 503 while waiting for them.
+    let ready = Arc::new(AtomicBool::new(false));
+    let _http = start_http(&args, &ready, &metrics, &forwarder)?;
 
     let store = SharedStore::new();
     let _source = start_source(&args, &store)?;
 
-    let build = |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
+    let zone_metrics = metrics.clone();
+    let build = move |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
         config.serial = next_serial(config.serial);
         let zone = Zone::build(snapshot, config);
         for w in &zone.warnings {
@@ -217,6 +371,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
             serial = config.serial,
             "zone built"
         );
+        zone_metrics.zone_built(&zone);
         zone
     };
     let (mut seen, snapshot) = store.snapshot();
@@ -235,12 +390,15 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     info!(listen = %args.listen, zone = %args.zone, "serving");
     weir_dns::serve_blocking(
         args.listen,
-        Handler::new(handle, forwarder).with_autopath(args.autopath),
+        Handler::new(handle, forwarder)
+            .with_autopath(args.autopath)
+            .with_metrics(metrics),
         ServerConfig {
             udp_workers: args.threads,
             ..ServerConfig::default()
         },
         args.threads,
+        || ready.store(true, Ordering::Release),
     )
     .with_context(|| format!("serve on {}", args.listen))?;
     Ok(ExitCode::SUCCESS)
@@ -256,5 +414,19 @@ mod tests {
         assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
         assert!(parse_interval("5").is_err());
         assert!(parse_interval("-1s").is_err());
+    }
+
+    #[test]
+    fn health_paths_say_ready_only_when_ready() {
+        let status = |path, health, metrics, ready| {
+            route(path, health, metrics, ready, || "m".into()).map(|r| r.0)
+        };
+        assert_eq!(status("/healthz", true, false, false), Some(503));
+        assert_eq!(status("/healthz", true, false, true), Some(200));
+        assert_eq!(status("/livez", true, false, false), Some(200));
+        assert_eq!(status("/metrics", true, false, true), None);
+        assert_eq!(status("/metrics", false, true, false), Some(200));
+        assert_eq!(status("/healthz", false, true, true), None);
+        assert_eq!(status("/", true, true, true), None);
     }
 }

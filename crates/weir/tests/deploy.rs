@@ -33,9 +33,14 @@ fn manifest_files() -> Vec<PathBuf> {
 
 /// Every object of every manifest, by (kind, name).
 fn objects() -> BTreeMap<(String, String), Value> {
+    objects_of(&manifest_files())
+}
+
+/// Every object of `files`, by (kind, name).
+fn objects_of(files: &[PathBuf]) -> BTreeMap<(String, String), Value> {
     let mut all = BTreeMap::new();
-    for file in manifest_files() {
-        let text = std::fs::read_to_string(&file).unwrap();
+    for file in files {
+        let text = std::fs::read_to_string(file).unwrap();
         for doc in serde_yaml::Deserializer::from_str(&text) {
             let v = Value::deserialize(doc).unwrap();
             let key = (
@@ -50,8 +55,13 @@ fn objects() -> BTreeMap<(String, String), Value> {
 
 use serde::Deserialize;
 
+/// An object of deploy/ or of its DNS directories (names are unique across them).
 fn object(kind: &str, name: &str) -> Value {
-    objects()
+    let mut files = manifest_files();
+    for dir in dns_dirs() {
+        files.extend(yaml_files(&dir));
+    }
+    objects_of(&files)
         .remove(&(kind.to_string(), name.to_string()))
         .unwrap_or_else(|| panic!("no {kind} {name} in deploy/"))
 }
@@ -213,9 +223,18 @@ fn expand(arg: &str, env: &BTreeMap<String, String>) -> String {
 fn container_env(c: &Value) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     for e in c["env"].as_sequence().into_iter().flatten() {
+        let key_ref = &e["valueFrom"]["configMapKeyRef"];
         let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
             Some("spec.nodeName") => NODE.to_string(),
             Some(other) => panic!("fieldRef {other} not simulated"),
+            None if key_ref.is_mapping() => {
+                let cm = object("ConfigMap", key_ref["name"].as_str().unwrap());
+                let key = key_ref["key"].as_str().unwrap();
+                cm["data"][key]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("ConfigMap {:?} has no key {key}", key_ref["name"]))
+                    .to_string()
+            }
             None => e["value"].as_str().unwrap().to_string(),
         };
         env.insert(e["name"].as_str().unwrap().to_string(), value);
@@ -235,7 +254,11 @@ fn container_env(c: &Value) -> BTreeMap<String, String> {
 /// The container's ConfigMap volumes written to a temporary directory, and the args with
 /// their mount paths pointing there: what the process would read in the pod.
 fn mounted_config(c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
-    let spec = pod_spec();
+    mounted_config_in(&pod_spec(), c, root)
+}
+
+/// [`mounted_config`] for a container of the pod `spec`.
+fn mounted_config_in(spec: &Value, c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
     let mut mounts = Vec::new();
     for m in c["volumeMounts"].as_sequence().into_iter().flatten() {
         let name = m["name"].as_str().unwrap();
@@ -250,8 +273,21 @@ fn mounted_config(c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
         };
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
-        for (k, v) in object("ConfigMap", cm)["data"].as_mapping().unwrap() {
-            std::fs::write(dir.join(k.as_str().unwrap()), v.as_str().unwrap()).unwrap();
+        let data = object("ConfigMap", cm)["data"].clone();
+        match volume["configMap"]["items"].as_sequence() {
+            // Only the listed keys, at their paths.
+            Some(items) => {
+                for item in items {
+                    let key = item["key"].as_str().unwrap();
+                    let value = data[key].as_str().unwrap_or_else(|| panic!("no key {key}"));
+                    std::fs::write(dir.join(item["path"].as_str().unwrap()), value).unwrap();
+                }
+            }
+            None => {
+                for (k, v) in data.as_mapping().unwrap() {
+                    std::fs::write(dir.join(k.as_str().unwrap()), v.as_str().unwrap()).unwrap();
+                }
+            }
         }
         mounts.push((m["mountPath"].as_str().unwrap().to_string(), dir));
     }
@@ -260,8 +296,13 @@ fn mounted_config(c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
 
 /// The container's args as the process would get them, config paths moved to `root`.
 fn args_in(c: &Value, root: &Path) -> Vec<String> {
+    args_in_pod(&pod_spec(), c, root)
+}
+
+/// [`args_in`] for a container of the pod `spec`.
+fn args_in_pod(spec: &Value, c: &Value, root: &Path) -> Vec<String> {
     let env = container_env(c);
-    let mounts = mounted_config(c, root);
+    let mounts = mounted_config_in(spec, c, root);
     strings(&c["args"])
         .iter()
         .map(|a| {
@@ -410,6 +451,440 @@ fn every_weir_container_parses_its_args_and_every_reference_resolves() {
         .output()
         .unwrap();
     assert!(!out.status.success());
+}
+
+// ---- the cluster DNS (deploy/dns) and the node-local cache (deploy/dns-node-local) ---------
+
+fn dns_dirs() -> [PathBuf; 2] {
+    [
+        deploy_dir().join("dns"),
+        deploy_dir().join("dns-node-local"),
+    ]
+}
+
+/// The manifests of `dir` (not its kustomization.yaml).
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// (pod spec, its one container) of the workload `kind`/`name`.
+fn dns_pod(kind: &str, name: &str) -> (Value, Value) {
+    let spec = object(kind, name)["spec"]["template"]["spec"].clone();
+    let containers = spec["containers"].as_sequence().unwrap().clone();
+    assert_eq!(containers.len(), 1, "{kind} {name}");
+    (spec, containers[0].clone())
+}
+
+/// The value of `--flag=value` in `args`.
+fn flag<'a>(args: &'a [String], name: &str) -> &'a str {
+    args.iter()
+        .find_map(|a| a.strip_prefix(&format!("--{name}="))?.into())
+        .unwrap_or_else(|| panic!("no --{name}= in {args:?}"))
+}
+
+fn port_of(addr: &str) -> u64 {
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+#[test]
+fn dns_manifests_match_the_kubernetes_openapi_schemas() {
+    for dir in dns_dirs() {
+        let files = yaml_files(&dir);
+        assert!(!files.is_empty(), "{}", dir.display());
+        let count = objects_of(&files).len();
+        for out in validate(&files, &KUBERNETES) {
+            assert!(out.status.success(), "{}", text(&out));
+            let passed = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .chain(String::from_utf8_lossy(&out.stderr).lines())
+                .filter(|l| l.contains(" passed for resource "))
+                .count();
+            assert_eq!(passed, count, "{}: {}", dir.display(), text(&out));
+        }
+    }
+}
+
+#[test]
+fn dns_kustomizations_list_their_manifests_and_name_deploys_image() {
+    let read = |dir: &Path| -> Value {
+        serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+            .unwrap()
+    };
+    let root_images = read(&deploy_dir())["images"].clone();
+    for dir in dns_dirs() {
+        let k = read(&dir);
+        let resources: BTreeSet<String> = strings(&k["resources"]).into_iter().collect();
+        let files: BTreeSet<String> = yaml_files(&dir)
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(resources, files, "{}", dir.display());
+        // The same image and tag as the node agent's: one release of weir in the cluster.
+        assert_eq!(k["images"], root_images, "{}", dir.display());
+    }
+}
+
+/// Both DNS workloads' args, as kubelet expands them from the ConfigMaps, are `weir dns`
+/// flags with valid values (clap parses every one before it acts on --help), and each
+/// choice of upstream the ConfigMap offers is one weir dns can read.
+#[test]
+fn the_dns_containers_args_are_weir_dns_flags() {
+    let root = tempfile::tempdir().unwrap();
+    for (kind, name) in [
+        ("Deployment", "weir-dns"),
+        ("DaemonSet", "weir-dns-node-local"),
+    ] {
+        let (spec, c) = dns_pod(kind, name);
+        assert_eq!(strings(&c["command"]), ["weir"]);
+        let args = args_in_pod(&spec, &c, &root.path().join(name));
+        assert_eq!(args[0], "dns", "{args:?}");
+        let out = Command::new(common::WEIR)
+            .args(&args)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", text(&out));
+        // The upstream file is there in the pod and names servers weir dns accepts.
+        let upstream = flag(&args, "upstream-resolv-conf");
+        if upstream == "/etc/resolv.conf" {
+            assert_eq!(spec["dnsPolicy"], "Default", "{name}: the node's resolvers");
+        } else {
+            let text = std::fs::read_to_string(upstream)
+                .unwrap_or_else(|e| panic!("{name}: {upstream}: {e}"));
+            weir_dns::parse_resolv_conf(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        // Probes and the scrape annotation on the ports the flags bind.
+        let health = port_of(flag(&args, "healthz-bind-address"));
+        let metrics = port_of(flag(&args, "metrics-bind-address"));
+        assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/healthz");
+        for probe in ["livenessProbe", "readinessProbe"] {
+            assert_eq!(c[probe]["httpGet"]["port"].as_u64(), Some(health), "{name}");
+        }
+        let annotations = &object(kind, name)["spec"]["template"]["metadata"]["annotations"];
+        assert_eq!(annotations["prometheus.io/port"], metrics.to_string());
+        assert_eq!(annotations["prometheus.io/scrape"], "true");
+    }
+    // The cluster DNS's other upstream choice, the ConfigMap's own list, works too.
+    let (spec, c) = dns_pod("Deployment", "weir-dns");
+    let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    let mounts = mounted_config_in(&spec, &c, &root.path().join("alt"));
+    let own = format!("{mount}/upstream.conf");
+    let local = own.replace(mount, mounts[0].1.to_str().unwrap());
+    weir_dns::parse_resolv_conf(&std::fs::read_to_string(local).unwrap()).unwrap();
+    let config = object("ConfigMap", "weir-dns");
+    assert!(
+        config["data"]["upstream"] == "/etc/resolv.conf"
+            && config["data"]["upstream.conf"].as_str().is_some(),
+        "{config:?}"
+    );
+    // A value weir dns does not take fails the same check (so the loop above can fail).
+    let out = Command::new(common::WEIR)
+        .args(["dns", "--pods=secure", "--help"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+/// What kubelets, `kubectl`, runbooks and NodeLocal-style setups expect of the cluster DNS:
+/// `kube-dns` in kube-system on 10.96.0.10, ports 53 UDP and TCP, selecting `k8s-app:
+/// kube-dns`; two replicas kept apart; least privileges.
+#[test]
+fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
+    let svc = object("Service", "kube-dns");
+    assert_eq!(svc["metadata"]["namespace"], "kube-system");
+    assert_eq!(svc["spec"]["clusterIP"], "10.96.0.10");
+    let selector = svc["spec"]["selector"].as_mapping().unwrap().clone();
+    assert_eq!(
+        serde_yaml::to_string(&selector).unwrap().trim(),
+        "k8s-app: kube-dns"
+    );
+    let ports: BTreeSet<(u64, String, String)> = svc["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["port"].as_u64().unwrap(),
+                p["protocol"].as_str().unwrap().to_string(),
+                p["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for want in [(53, "UDP", "dns"), (53, "TCP", "dns-tcp")] {
+        let want = (want.0, want.1.to_string(), want.2.to_string());
+        assert!(ports.contains(&want), "{want:?} not in {ports:?}");
+    }
+
+    let deployment = object("Deployment", "weir-dns");
+    assert_eq!(deployment["metadata"]["namespace"], "kube-system");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in &selector {
+        assert_eq!(&labels[k], v, "the Service selects the Deployment's pods");
+    }
+    for (k, v) in deployment["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+    {
+        assert_eq!(&labels[k], v);
+    }
+    let (spec, c) = dns_pod("Deployment", "weir-dns");
+    let term = &spec["affinity"]["podAntiAffinity"]
+        ["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(term["labelSelector"]["matchLabels"]["k8s-app"], "kube-dns");
+    // The pod serves what the Service sends: port 53 over both protocols.
+    let container_ports: Vec<(u64, &str)> = c["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["containerPort"].as_u64().unwrap(),
+                p["protocol"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert!(container_ports.contains(&(53, "UDP")) && container_ports.contains(&(53, "TCP")));
+    let args = strings(&c["args"]);
+    assert!(
+        args.contains(&"--listen=0.0.0.0:53".to_string()),
+        "{args:?}"
+    );
+    // Not root, no capability; port 53 through the namespaced unprivileged-port sysctl.
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        strings(&c["securityContext"]["capabilities"]["drop"]),
+        ["ALL"]
+    );
+    assert!(c["securityContext"]["capabilities"]["add"].is_null());
+    assert_eq!(
+        spec["securityContext"]["sysctls"][0]["name"],
+        "net.ipv4.ip_unprivileged_port_start"
+    );
+
+    // The account, its binding and role: Services and EndpointSlices, list and watch; Pods
+    // only when a ConfigMap asks for verified pod records.
+    let sa = spec["serviceAccountName"].as_str().unwrap();
+    object("ServiceAccount", sa);
+    let binding = object("ClusterRoleBinding", "weir-dns");
+    assert_eq!(binding["subjects"][0]["name"], sa);
+    assert_eq!(binding["subjects"][0]["namespace"], "kube-system");
+    let role = object("ClusterRole", binding["roleRef"]["name"].as_str().unwrap());
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_sequence().unwrap() {
+        assert_eq!(strings(&rule["verbs"]), ["list", "watch"]);
+        granted.extend(strings(&rule["resources"]));
+    }
+    let verified = ["weir-dns", "weir-dns-node-local"]
+        .iter()
+        .any(|cm| object("ConfigMap", cm)["data"]["pods"] == "verified");
+    let mut wanted: BTreeSet<String> = ["services", "endpointslices"].map(String::from).into();
+    if verified {
+        wanted.insert("pods".into());
+    }
+    assert_eq!(granted, wanted);
+
+    // The node-local cache sends its misses to this Service, over TCP.
+    let (_, nl) = dns_pod("DaemonSet", "weir-dns-node-local");
+    let nl_config = object("ConfigMap", "weir-dns-node-local");
+    let upstreams =
+        weir_dns::parse_resolv_conf(nl_config["data"]["upstream.conf"].as_str().unwrap()).unwrap();
+    assert_eq!(upstreams, ["10.96.0.10:53".parse().unwrap()]);
+    let nl_args = strings(&nl["args"]);
+    for must in [
+        "--node-local",
+        "--upstream-tcp",
+        "--listen=169.254.20.10:53",
+    ] {
+        assert!(nl_args.contains(&must.to_string()), "{must}: {nl_args:?}");
+    }
+}
+
+/// A network namespace standing for a pod, deleted on drop (even after a panic).
+struct PodNetns(String);
+
+impl PodNetns {
+    fn new(tag: &str) -> PodNetns {
+        let name = format!("wdp-{tag}-{}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let ok = Command::new("ip")
+            .args(["netns", "add", &name])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let ns = PodNetns(name);
+        ns.sh("ip link set lo up");
+        ns
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.0, "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{script}: {}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for PodNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// The Deployment's `weir dns` started in `ns` as its securityContext says (its uid and gid,
+/// no capability at all), with its args and a manifest directory in place of the API.
+fn spawn_as_the_pod(ns: &PodNetns, dir: &Path) -> std::process::Child {
+    use std::os::unix::fs::PermissionsExt;
+    let (spec, c) = dns_pod("Deployment", "weir-dns");
+    let args = args_in_pod(&spec, &c, &dir.join("pod"));
+    let manifests = dir.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    std::fs::copy(
+        repo().join("crates/dns/tests/fixtures/cluster.yaml"),
+        manifests.join("cluster.yaml"),
+    )
+    .unwrap();
+    // Readable by the pod's user, as a ConfigMap volume is.
+    for p in [dir, &dir.join("pod"), &manifests] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let security = &spec["securityContext"];
+    let (uid, gid) = (
+        security["runAsUser"].as_u64().unwrap(),
+        security["runAsGroup"].as_u64().unwrap(),
+    );
+    let log = std::fs::File::create(dir.join("weir-dns.log")).unwrap();
+    Command::new("ip")
+        .args(["netns", "exec", &ns.0, "setpriv"])
+        .args([format!("--reuid={uid}"), format!("--regid={gid}")])
+        .args([
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ])
+        .arg(common::WEIR)
+        .args(&args)
+        .arg("--manifests")
+        .arg(&manifests)
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// The cluster DNS pod run as the Deployment runs it (not root, every capability dropped, the
+/// pod's `net.ipv4.ip_unprivileged_port_start` sysctl set in its own network namespace): port
+/// 53 opens and `dig` gets answers, and the ports the probes and the scrape annotation name
+/// serve /livez, /healthz and /metrics. Without the sysctl the same process cannot open port
+/// 53: the sysctl, not a capability, is what lets it.
+#[test]
+fn the_cluster_dns_pod_runs_unprivileged_as_the_deployment_says() {
+    if !common::is_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let (spec, c) = dns_pod("Deployment", "weir-dns");
+    let dir = tempfile::tempdir().unwrap();
+    let ns = PodNetns::new("ok");
+    for s in spec["securityContext"]["sysctls"].as_sequence().unwrap() {
+        let (name, value) = (s["name"].as_str().unwrap(), s["value"].as_str().unwrap());
+        ns.sh(&format!("sysctl -q -w {name}={value}"));
+    }
+    let mut child = spawn_as_the_pod(&ns, dir.path());
+    let log = || std::fs::read_to_string(dir.path().join("weir-dns.log")).unwrap_or_default();
+    let get = |port: u64, path: &str| -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns.0, "curl", "-s", "-m", "2"])
+            .args(["-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{port}{path}"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let health = c["readinessProbe"]["httpGet"]["port"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !get(health, "/healthz").ends_with("\n200") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/healthz never 200: {}",
+            log()
+        );
+        assert!(child.try_wait().unwrap().is_none(), "exited: {}", log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let answer = ns.sh("dig @127.0.0.1 +short +time=2 +tries=1 web.shop.svc.cluster.local A");
+    let tcp = ns.sh("dig @127.0.0.1 +short +tcp +time=2 db-0.db.shop.svc.cluster.local A");
+    let liveness = c["livenessProbe"]["httpGet"]["port"].as_u64().unwrap();
+    let livez = get(liveness, "/livez");
+    let annotations =
+        &object("Deployment", "weir-dns")["spec"]["template"]["metadata"]["annotations"];
+    let scrape: u64 = annotations["prometheus.io/port"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let metrics = get(scrape, annotations["prometheus.io/path"].as_str().unwrap());
+    // Who it runs as, read back from the kernel.
+    let pid = child.id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(answer.trim(), "10.96.0.20", "{}", log());
+    assert_eq!(tcp.trim(), "10.244.1.5");
+    assert!(livez.ends_with("\n200"), "{livez}");
+    assert!(metrics.ends_with("\n200"), "{metrics}");
+    assert!(
+        metrics.contains("weir_dns_responses_total{transport=\"udp\",rcode=\"NOERROR\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("weir_dns_responses_total{transport=\"tcp\",rcode=\"NOERROR\"} 1"),
+        "{metrics}"
+    );
+    // setpriv execs weir in place: the pid is weir's.
+    let field = |name: &str| -> String {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(field("Uid:"), "65534 65534 65534 65534", "{status}");
+    assert_eq!(field("CapEff:"), "0000000000000000", "{status}");
+    assert_eq!(field("CapBnd:"), "0000000000000000", "{status}");
+
+    // The same without the sysctl: no port 53.
+    let ns = PodNetns::new("no");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = spawn_as_the_pod(&ns, dir.path());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("weir dns kept running without the sysctl");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!exited.success());
+    let log = std::fs::read_to_string(dir.path().join("weir-dns.log")).unwrap();
+    assert!(log.contains("Permission denied"), "{log}");
 }
 
 // ---- the CNI install step -----------------------------------------------------------------

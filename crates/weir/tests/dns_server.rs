@@ -116,10 +116,29 @@ impl Env {
     }
 
     fn start_weir_dns(&mut self) {
+        self.write_manifests();
+        self.spawn_weir_dns(&["--autopath"]);
+        wait_until("weir dns answers", || {
+            self.dig(&["dns-version.cluster.local", "TXT"]).status == "NOERROR"
+        });
+    }
+
+    /// The manifest directory with the fixture's objects.
+    fn write_manifests(&self) {
         std::fs::create_dir(self.manifests()).unwrap();
         let fixture =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../dns/tests/fixtures/cluster.yaml");
         std::fs::copy(fixture, self.manifests().join("cluster.yaml")).unwrap();
+    }
+
+    /// Starts `weir dns` on the manifest directory (which may not exist yet) with `extra`
+    /// arguments; returns at once.
+    fn spawn_weir_dns(&mut self, extra: &[&str]) {
+        self.spawn_weir_dns_on(&format!("{SERVER_IP}:53"), extra);
+    }
+
+    /// [`Env::spawn_weir_dns`] listening on `listen`.
+    fn spawn_weir_dns_on(&mut self, listen: &str, extra: &[&str]) {
         std::fs::write(
             self.path("resolv.conf"),
             format!("search example.test\nnameserver {DEAD_UPSTREAM_IP}\nnameserver {UPSTREAM_IP}\noptions ndots:5\n"),
@@ -127,8 +146,15 @@ impl Env {
         .unwrap();
         let log = std::fs::File::create(self.path("weir-dns.log")).unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.server_ns, WEIR, "dns", "--listen"])
-            .arg(format!("{SERVER_IP}:53"))
+            .args([
+                "netns",
+                "exec",
+                &self.server_ns,
+                WEIR,
+                "dns",
+                "--listen",
+                listen,
+            ])
             .arg("--manifests")
             .arg(self.manifests())
             .arg("--upstream-resolv-conf")
@@ -138,17 +164,26 @@ impl Env {
                 "cluster.local",
                 "--manifest-poll-interval",
                 "100ms",
-                "--autopath",
             ])
+            .args(extra)
             .env("RUST_LOG", "info,weir_dns=debug")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .unwrap();
         self.children.push(child);
-        wait_until("weir dns answers", || {
-            self.dig(&["dns-version.cluster.local", "TXT"]).status == "NOERROR"
-        });
+    }
+
+    /// `curl` in the server's namespace: (HTTP status, body); status 0 when nothing answers.
+    fn http_get(&self, url: &str) -> (u16, String) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.server_ns, "curl", "-s", "-m", "2"])
+            .args(["-w", "\n%{http_code}", url])
+            .output()
+            .expect("curl must be installed");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
     }
 
     fn dig(&self, args: &[&str]) -> Dig {
@@ -453,6 +488,228 @@ fn pods_mode_is_checked() {
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("disabled, insecure, verified"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The value of the sample `series` in an OpenMetrics text (0 when the series is absent).
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `weir dns --healthz-bind-address --metrics-bind-address`, driven by `curl` and `dig`:
+/// /healthz is 503 while the manifest directory is missing and 200 once the zone is served;
+/// /livez is 200 throughout; /metrics counts what dig asked, by rcode and transport, the
+/// forwarder's cache miss then hit, the dead upstream's failure, and the zone's records as a
+/// service is added.
+#[test]
+fn health_and_metrics_follow_the_zone_and_the_queries() {
+    if !is_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let mut env = Env::new("h");
+    env.start_upstream();
+    let healthz = format!("http://{SERVER_IP}:8080/healthz");
+    let livez = format!("http://{SERVER_IP}:8080/livez");
+    let metrics = format!("http://{SERVER_IP}:9153/metrics");
+    env.spawn_weir_dns(&[
+        "--healthz-bind-address",
+        &format!("{SERVER_IP}:8080"),
+        "--metrics-bind-address",
+        &format!("{SERVER_IP}:9153"),
+    ]);
+
+    // No manifest directory yet: alive, not ready, and not serving DNS.
+    wait_until("the health port answers", || env.http_get(&livez).0 == 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, body) = env.http_get(&healthz);
+    assert_eq!(code, 503, "{body}\n{}", env.log());
+    assert_eq!(
+        env.dig(&["web.shop.svc.cluster.local", "A"]).status,
+        "NO-ANSWER"
+    );
+    let (code, text) = env.http_get(&metrics);
+    assert_eq!(code, 200);
+    assert_eq!(sample(&text, "weir_dns_zone_records"), 0.0, "{text}");
+
+    env.write_manifests();
+    wait_until("/healthz says ready", || env.http_get(&healthz).0 == 200);
+    // Ready means answering: the first query after it is served.
+    let web = env.dig(&["web.shop.svc.cluster.local", "A"]);
+    assert_eq!(web.data(), vec!["10.96.0.20"], "{}", web.raw);
+    assert_eq!(env.http_get(&livez).0, 200);
+
+    let before = env.http_get(&metrics).1;
+    let records = sample(&before, "weir_dns_zone_records");
+    assert!(records > 10.0, "{before}");
+    assert!(sample(&before, "weir_dns_zone_names") > 10.0, "{before}");
+
+    assert_eq!(
+        env.dig(&["web.shop.svc.cluster.local", "A"]).status,
+        "NOERROR"
+    );
+    assert_eq!(
+        env.dig(&["db.shop.svc.cluster.local", "A"]).status,
+        "NOERROR"
+    );
+    assert_eq!(
+        env.dig(&["nope.shop.svc.cluster.local", "A"]).status,
+        "NXDOMAIN"
+    );
+    assert_eq!(
+        env.dig(&["+tcp", "web.shop.svc.cluster.local", "A"]).status,
+        "NOERROR"
+    );
+    assert_eq!(
+        env.dig(&["+tcp", "nope.cluster.local", "A"]).status,
+        "NXDOMAIN"
+    );
+    // Outside the zone: the dead first upstream fails, NSD answers; then from the cache.
+    assert_eq!(
+        env.dig(&["www.example.test", "A"]).data(),
+        vec!["192.0.2.80"]
+    );
+    assert_eq!(
+        env.dig(&["www.example.test", "A"]).data(),
+        vec!["192.0.2.80"]
+    );
+
+    let after = env.http_get(&metrics).1;
+    let delta = |series: &str| sample(&after, series) - sample(&before, series);
+    let responses = |t: &str, rc: &str| {
+        delta(&format!(
+            "weir_dns_responses_total{{transport=\"{t}\",rcode=\"{rc}\"}}"
+        ))
+    };
+    assert_eq!(responses("udp", "NOERROR"), 4.0, "{after}");
+    assert_eq!(responses("udp", "NXDOMAIN"), 1.0, "{after}");
+    assert_eq!(responses("tcp", "NOERROR"), 1.0, "{after}");
+    assert_eq!(responses("tcp", "NXDOMAIN"), 1.0, "{after}");
+    assert_eq!(delta("weir_dns_cache_misses_total"), 1.0, "{after}");
+    assert_eq!(delta("weir_dns_cache_hits_total"), 1.0, "{after}");
+    assert!(sample(&after, "weir_dns_cache_entries") >= 1.0, "{after}");
+    let dead = format!("{{upstream=\"{DEAD_UPSTREAM_IP}:53\"}}");
+    let live = format!("{{upstream=\"{UPSTREAM_IP}:53\"}}");
+    assert_eq!(
+        delta(&format!("weir_dns_upstream_failures_total{dead}")),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, &format!("weir_dns_upstream_failures_total{live}")),
+        0.0
+    );
+    assert_eq!(
+        sample(&after, &format!("weir_dns_upstream_up{dead}")),
+        0.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, &format!("weir_dns_upstream_up{live}")),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "weir_dns_upstream_in_flight"),
+        0.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "weir_dns_overload_refused_total"),
+        0.0,
+        "{after}"
+    );
+
+    // A ClusterIP service with one address adds its A record and its PTR.
+    std::fs::write(
+        env.manifests().join("late.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {name: late, namespace: shop}\n\
+         spec: {clusterIP: 10.96.0.77}\n",
+    )
+    .unwrap();
+    wait_until("late appears", || {
+        env.dig(&["late.shop.svc.cluster.local", "A"]).status == "NOERROR"
+    });
+    let grown = env.http_get(&metrics).1;
+    assert_eq!(
+        sample(&grown, "weir_dns_zone_records"),
+        records + 2.0,
+        "{grown}"
+    );
+    assert!(
+        sample(&grown, "weir_dns_zone_builds_total")
+            > sample(&before, "weir_dns_zone_builds_total")
+    );
+    // Still ready.
+    assert_eq!(env.http_get(&healthz).0, 200);
+}
+
+/// `weir dns --node-local` in a namespace standing for a node: the link-local address goes on
+/// `lo`, the cache answers there, and its DNS traffic makes no conntrack entry while other
+/// traffic to the same address does (conntrack is switched on in the namespace by a rule of
+/// the test's own, so "no entry" is not vacuous). A restart finds both in place.
+#[test]
+fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
+    if !is_root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    const LOCAL: &str = "169.254.20.10";
+    let mut env = Env::new("n");
+    env.write_manifests();
+    let ns = env.server_ns.clone();
+    // Something in the namespace needs conntrack, as a node's proxy rules do.
+    env.sh(
+        &ns,
+        "nft add table ip wdntest && \
+         nft add chain ip wdntest c '{ type filter hook output priority 0; }' && \
+         nft add rule ip wdntest c ct state new counter",
+    );
+    for round in 0..2 {
+        env.spawn_weir_dns_on(&format!("{LOCAL}:53"), &["--node-local"]);
+        wait_until("the node-local cache answers", || {
+            dig_in(&ns, LOCAL, &["web.shop.svc.cluster.local", "A"]).data() == ["10.96.0.20"]
+        });
+        let lo = env.sh(&ns, "ip -o addr show dev lo");
+        let lo = String::from_utf8_lossy(&lo.stdout);
+        assert_eq!(lo.matches(&format!(" {LOCAL}/32 ")).count(), 1, "{lo}");
+        let tables = env.sh(&ns, "nft list tables");
+        let tables = String::from_utf8_lossy(&tables.stdout);
+        assert_eq!(tables.matches("weir-nodelocal-dns").count(), 1, "{tables}");
+        assert_eq!(
+            dig_in(&ns, LOCAL, &["+tcp", "db.shop.svc.cluster.local", "A"]).data(),
+            ["10.244.1.5", "10.244.2.6"]
+        );
+        // Another port of the same address is tracked as usual.
+        env.sh(
+            &ns,
+            &format!("bash -c 'echo x > /dev/udp/{LOCAL}/54' || true"),
+        );
+        let ct = env.sh(&ns, "conntrack -L 2>/dev/null");
+        let ct = String::from_utf8_lossy(&ct.stdout);
+        assert!(
+            ct.contains("dport=54"),
+            "round {round}: not tracked at all?\n{ct}"
+        );
+        assert!(!ct.contains("dport=53"), "round {round}: DNS tracked\n{ct}");
+        // Stop it; the next round starts over the address and table it left.
+        let mut child = env.children.pop().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        env.sh(&ns, "conntrack -F 2>/dev/null || true");
+    }
+    // Without an address of its own it refuses, saying why.
+    let out = Command::new(WEIR)
+        .args(["dns", "--node-local", "--listen", "0.0.0.0:53"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs the cache's own address"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -160,10 +160,45 @@ pub(crate) fn respond(status: u16, headers: &[(&str, String)], body: String) -> 
         .expect("static status and header names are valid")
 }
 
+/// What a [`PathServer`] answers for a path: status, content type and body.
+pub type PathResponse = (u16, &'static str, String);
+
+/// A listener for agents other than the proxy (node routes' `/metrics`, the DNS server's
+/// health and metrics): every request's path goes to `route`; `None` answers 404.
+pub struct PathServer {
+    served: Served,
+}
+
+impl PathServer {
+    /// Binds `addr` on the calling thread (so in its network namespace) and serves it on `rt`.
+    pub fn start(
+        rt: &HttpRuntime,
+        addr: SocketAddr,
+        route: impl Fn(&str) -> Option<PathResponse> + Send + Sync + 'static,
+    ) -> io::Result<Self> {
+        let handler: Handler =
+            Arc::new(
+                move |req: &Request<Incoming>| match route(req.uri().path()) {
+                    Some((status, kind, body)) => {
+                        respond(status, &[("Content-Type", kind.to_string())], body)
+                    }
+                    None => respond(404, &[], "404 page not found\n".into()),
+                },
+            );
+        Ok(PathServer {
+            served: serve(rt, bind(addr)?, handler)?,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.served.addr()
+    }
+}
+
 /// A `/metrics` listener for agents other than the proxy (node routes): every GET of
 /// `/metrics` answers `body()` in Prometheus' text format, any other path 404.
 pub struct MetricsServer {
-    served: Served,
+    server: PathServer,
 }
 
 impl MetricsServer {
@@ -173,20 +208,14 @@ impl MetricsServer {
         addr: SocketAddr,
         body: impl Fn() -> String + Send + Sync + 'static,
     ) -> io::Result<Self> {
-        let handler: Handler = Arc::new(move |req: &Request<Incoming>| {
-            if req.uri().path() == "/metrics" {
-                let kind = "text/plain; version=0.0.4; charset=utf-8".to_string();
-                respond(200, &[("Content-Type", kind)], body())
-            } else {
-                respond(404, &[], "404 page not found\n".into())
-            }
-        });
-        Ok(MetricsServer {
-            served: serve(rt, bind(addr)?, handler)?,
-        })
+        let kind = "text/plain; version=0.0.4; charset=utf-8";
+        let server = PathServer::start(rt, addr, move |path| {
+            (path == "/metrics").then(|| (200, kind, body()))
+        })?;
+        Ok(MetricsServer { server })
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.served.addr()
+        self.server.addr()
     }
 }
