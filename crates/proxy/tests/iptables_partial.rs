@@ -119,7 +119,7 @@ fn service(i: usize, eps: usize) -> ServicePortPlan {
         Some(IpAddr::V4(offset([10, 96, 0, 1], i))),
         80,
     )];
-    if i % 10 == 0 {
+    if i.is_multiple_of(10) {
         frontends.push(frontend(
             FrontendKind::NodePort,
             None,
