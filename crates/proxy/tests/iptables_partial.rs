@@ -387,3 +387,55 @@ fn a_one_endpoint_sync_allocates_the_same_at_any_cluster_size() {
         "{small_walked} → {big_walked}"
     );
 }
+
+impl Netns {
+    fn iptables(&self, args: &[&str]) {
+        let ok = Command::new("ip")
+            .args(["netns", "exec", &self.0, "iptables-nft", "-w"])
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "iptables-nft {args:?}");
+    }
+}
+
+/// A diff is relative to the previous call's plan, applied or not: after a sync the kernel
+/// refused, the next one (whose diff does not mention the refused change) must be full, or the
+/// refused change would never reach the kernel.
+#[test]
+fn a_diff_after_a_failed_sync_gets_a_full_sync() {
+    if !can_run_iptables_nft() {
+        return;
+    }
+    let ns = Netns::new("failed");
+    let mut b = IptablesBackend::new(IptablesOptions {
+        families: vec![IpFamily::V4],
+        backend: weir_proxy::iptables::BackendChoice::Nft,
+        ..IptablesOptions::default()
+    });
+    let p0 = cluster(6, 2);
+    let p1 = one_endpoint_changed(&p0, 3, 0);
+    let p2 = one_endpoint_changed(&p1, 4, 1);
+    ns.run(|| assert_eq!(b.sync(&p0).unwrap().kind, SyncKind::Full));
+    // Something else jumps to the chain of the endpoint p1 removes: deleting it fails
+    // ("too many links"), and iptables-restore rejects the whole update.
+    let sep = weir_proxy::iptables::names::endpoint_chain(
+        &key(3),
+        &endpoint(Ipv4Addr::new(10, 128, 0, 7)),
+    );
+    ns.iptables(&["-t", "nat", "-N", "TEST-REF"]);
+    ns.iptables(&["-t", "nat", "-A", "TEST-REF", "-j", &sep]);
+    assert!(ns.run(|| b.sync_diff(&p1, &p0.diff(&p1))).is_err());
+    ns.iptables(&["-t", "nat", "-F", "TEST-REF"]);
+    ns.iptables(&["-t", "nat", "-X", "TEST-REF"]);
+    let r = ns.run(|| b.sync_diff(&p2, &p1.diff(&p2)).unwrap());
+    assert_eq!(r.kind, SyncKind::Full);
+    let nat = ns.nat();
+    for present in ["10.200.0.1:8080", "10.200.0.2:8080"] {
+        assert!(nat.contains(present), "{present} missing:\n{nat}");
+    }
+    for gone in ["10.128.0.7:8080", "10.128.0.9:8080"] {
+        assert!(!nat.contains(gone), "{gone} still there:\n{nat}");
+    }
+    ns.run(|| b.cleanup().unwrap());
+}

@@ -249,7 +249,12 @@ impl IptablesBackend {
     /// [`Backend::sync`] and [`Backend::sync_diff`].
     fn sync_with(&mut self, plan: &Plan, given: Option<&PlanDiff>) -> Result<SyncReport> {
         let start = Instant::now();
-        self.choose_flavor()?;
+        if let Err(e) = self.choose_flavor() {
+            // A diff given with the next call is relative to this call's plan: only a full
+            // sync can follow a failed one.
+            self.applied.clear();
+            return Err(e);
+        }
         // Read before anything of this sync: a generation equal to the one recorded after the
         // last sync means no transaction at all ran in between.
         let untouched =
