@@ -15,13 +15,17 @@
 //! (seconds to wait for the agent's first sync, default 900), `WEIR_BENCH_AGENT` (default `1`; `0`
 //! skips the agent runs), `WEIR_BENCH_FULL_ROUNDS` (iptables: rounds of the side-by-side full
 //! syncs, default 3), `WEIR_BENCH_KUBE_NOFLUSH_MAX` (default 2000: above it kube-proxy's
-//! `--noflush` loads, quadratic with iptables-nft, are skipped), `WEIR_BENCH_STEPS` (default
+//! `--noflush` loads, quadratic with iptables-nft, are skipped), `WEIR_BENCH_ONE_CHANGES`
+//! (iptables: one-endpoint changes per side-by-side round, default 5), `WEIR_BENCH_STEPS` (default
 //! `1`; `0`: iptables rows run the side-by-side comparison only).
 //!
 //! iptables mode is measured beside kube-proxy's procedure on the same rules: kube-proxy's
 //! layout (weir renders the same chains, hashes and rules) loaded as kube-proxy loads it, one
 //! `iptables-restore --noflush` transaction per table, into an empty namespace ("first"), its
-//! partial sync after one endpoint changed, and the whole layout over itself ("resync"); and the
+//! partial sync after one endpoint changed, and the whole layout over itself ("resync"); the
+//! partial syncs and the resync run after kube-proxy's jump rules are inserted, as on a node
+//! (with the table hooked in, every commit that adds a jump makes the kernel check the whole
+//! table, so an unhooked namespace would make kube-proxy look cheaper than it is); and the
 //! same layout without `--noflush` (the tool flushes the tables: what kube-proxy never does,
 //! the tool's floor). Beside it weir's backend: a first full sync, the one-endpoint sync, and a
 //! restarted process's full sync over its predecessor's rules.
@@ -45,7 +49,7 @@ use serde_json::{json, Value};
 use weir_kernel::NetNs;
 use weir_model::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
-    Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+    PlanDiff, Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
@@ -63,6 +67,8 @@ struct Config {
     /// Above this many services, kube-proxy's `--noflush` loads are not run (quadratic in
     /// iptables-nft: about 1 min at 1,000 services, so ~25 min at 5,000).
     kube_noflush_max: usize,
+    /// iptables side by side: one-endpoint changes per round (each side makes the same ones).
+    one_changes: usize,
     /// `0`: iptables rows run only the side-by-side comparison, not the backend steps.
     steps: bool,
     churn: usize,
@@ -107,6 +113,7 @@ impl Config {
             agent: env_or("WEIR_BENCH_AGENT", "1") != "0",
             full_rounds: env_num("WEIR_BENCH_FULL_ROUNDS", 3).max(1),
             kube_noflush_max: env_num("WEIR_BENCH_KUBE_NOFLUSH_MAX", 2000),
+            one_changes: env_num("WEIR_BENCH_ONE_CHANGES", 5).max(1),
             steps: env_or("WEIR_BENCH_STEPS", "1") != "0",
             churn: env_num("WEIR_BENCH_CHURN", 20).max(15),
             rounds: env_num("WEIR_BENCH_ROUNDS", 3).max(3),
@@ -943,7 +950,8 @@ fn median_cost(v: &[Cost]) -> Option<Cost> {
 struct SideBySide {
     /// weir: first full sync into an empty namespace.
     weir_first: Cost,
-    /// weir: the sync after one endpoint of one service changed (partial).
+    /// weir: the sync after one endpoint of one service changed (partial), given the
+    /// planner's diff (`sync_diff`, as the agent calls it).
     weir_one: Cost,
     /// weir: a restarted process (new backend) fully syncing over its predecessor's rules.
     weir_resync: Cost,
@@ -952,12 +960,15 @@ struct SideBySide {
     kube_first: Option<Cost>,
     kube_resync: Option<Cost>,
     /// kube-proxy's partial sync after the same one-endpoint change: listing chains plus the
-    /// changed service's chains, one `--noflush` commit per table ([`kube_partial`]).
+    /// changed service's chains, one `--noflush` commit per table ([`kube_partial`]), over
+    /// its layout with its jumps inserted ([`hook_in`]).
     kube_one: Option<Cost>,
     /// The same layout without `--noflush` (the tool flushes each table first): into an empty
     /// namespace, then over itself.
     kube_flush_first: Cost,
     kube_flush_resync: Cost,
+    /// One-endpoint changes behind each side's median.
+    one_changes: usize,
     /// Load average (1 min) at the start and the end of the measurement.
     load: (f64, f64),
 }
@@ -996,14 +1007,19 @@ fn timed_restore(ns: &Ns, script: &str, noflush: bool) -> Result<Cost, String> {
 }
 
 /// One weir sync inside `ns` that must be of `want` kind.
+/// `diff`: the planner's diff from the previous plan (`sync_diff`, as the agent calls it).
 fn costed_sync(
     ns: &Ns,
     b: &mut IptablesBackend,
     plan: &Plan,
+    diff: Option<&PlanDiff>,
     want: SyncKind,
 ) -> Result<Cost, String> {
-    let (cost, kind) =
-        costed(|| ns.run(|| b.sync(plan).map(|r| r.kind).map_err(|e| e.to_string()))?)?;
+    let sync = |b: &mut IptablesBackend| match diff {
+        Some(d) => b.sync_diff(plan, d),
+        None => b.sync(plan),
+    };
+    let (cost, kind) = costed(|| ns.run(|| sync(b).map(|r| r.kind).map_err(|e| e.to_string()))?)?;
     if kind != want {
         return Err(format!("weir's sync was {kind:?}, not {want:?}"));
     }
@@ -1088,11 +1104,40 @@ fn kube_partial(full: &str, update: &str) -> String {
     out
 }
 
+/// Inserts kube-proxy's jump rules from the built-in chains into weir's chains in `ns`
+/// (weir's backend inserts the same ones), so kube-proxy's layout is hooked in as on a node.
+fn hook_in(ns: &Ns) -> Result<(), String> {
+    for j in weir_proxy::iptables::jumps().iter().rev() {
+        let mut args = vec!["iptables", "-w", "-t", j.table.name(), "-I", j.chain, "1"];
+        args.extend(j.args.iter().copied());
+        ns.exec(&args)?;
+    }
+    Ok(())
+}
+
+/// `plans[0]` and `changes` more, each with one endpoint of a different service replaced.
+fn one_endpoint_plans(shape: Shape, changes: usize) -> Vec<Plan> {
+    let mut plans = vec![generate_plan(shape, None)];
+    for k in 0..changes {
+        let mut next = plans[k].clone();
+        replace_endpoint(
+            &mut next,
+            (shape.services / 2 + k) % shape.services,
+            0,
+            fresh_ip(k),
+        );
+        plans.push(next);
+    }
+    plans
+}
+
 fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
     let load_start = load_average();
-    let plan = generate_plan(shape, None);
-    let mut changed = plan.clone();
-    replace_endpoint(&mut changed, shape.services / 2, 0, fresh_ip(0));
+    let plans = one_endpoint_plans(shape, cfg.one_changes);
+    let (plan, last) = (&plans[0], plans.last().expect("plans[0] exists"));
+    // The diffs the agent's planner hands the backend with each change (computed here, outside
+    // the measured sync, as the planner computes them outside the backend).
+    let diffs: Vec<_> = plans.windows(2).map(|w| w[0].diff(&w[1])).collect();
     // kube-proxy's transaction shape: the whole ruleset, one commit per table; its partial
     // sync: the listing chains and the changed service's chains, one commit.
     let kopts = IptablesOptions {
@@ -1100,11 +1145,14 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
         chains_per_commit: None,
         ..IptablesOptions::default()
     };
-    let script = weir_proxy::iptables::render_full(&plan, IpFamily::V4, &kopts);
-    let update = kube_partial(
-        &script,
-        &weir_proxy::iptables::render_update(&plan, &changed, IpFamily::V4, &kopts),
-    );
+    let script = weir_proxy::iptables::render_full(plan, IpFamily::V4, &kopts);
+    let updates: Vec<String> = plans
+        .windows(2)
+        .map(|w| {
+            let changed = weir_proxy::iptables::render_update(&w[0], &w[1], IpFamily::V4, &kopts);
+            kube_partial(&script, &changed)
+        })
+        .collect();
     let kube_noflush = shape.services <= cfg.kube_noflush_max;
     let (mut wf, mut wo, mut wr) = (vec![], vec![], vec![]);
     let (mut kf, mut ko, mut kr, mut xf, mut xr) = (vec![], vec![], vec![], vec![], vec![]);
@@ -1114,42 +1162,71 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
             let ns = Ns::create(ns_name("iptables", &shape.label(), &format!("-sbs{round}")))?;
             if weir_turn {
                 let mut b = v4_backend();
-                wf.push(costed_sync(&ns, &mut b, &plan, SyncKind::Full)?);
-                wo.push(costed_sync(&ns, &mut b, &changed, SyncKind::Partial)?);
+                wf.push(costed_sync(&ns, &mut b, plan, None, SyncKind::Full)?);
+                for (next, diff) in plans[1..].iter().zip(&diffs) {
+                    wo.push(costed_sync(
+                        &ns,
+                        &mut b,
+                        next,
+                        Some(diff),
+                        SyncKind::Partial,
+                    )?);
+                }
                 // A restart: a new process knows nothing of what its predecessor wrote.
                 let mut b = v4_backend();
-                wr.push(costed_sync(&ns, &mut b, &changed, SyncKind::Full)?);
+                wr.push(costed_sync(&ns, &mut b, last, None, SyncKind::Full)?);
             } else {
                 if kube_noflush {
                     kf.push(timed_restore(&ns, &script, true)?);
-                    ko.push(timed_restore(&ns, &update, true)?);
+                }
+                let flushing =
+                    Ns::create(ns_name("iptables", &shape.label(), &format!("-fl{round}")))?;
+                xf.push(timed_restore(&flushing, &script, false)?);
+                xr.push(timed_restore(&flushing, &script, false)?);
+                // The partial syncs go to whichever namespace holds the layout (the same
+                // rules either way), hooked in as kube-proxy's are on a node.
+                let node = if kube_noflush { &ns } else { &flushing };
+                hook_in(node)?;
+                for update in &updates {
+                    ko.push(timed_restore(node, update, true)?);
+                }
+                if kube_noflush {
                     kr.push(timed_restore(&ns, &script, true)?);
                 }
-                let ns = Ns::create(ns_name("iptables", &shape.label(), &format!("-fl{round}")))?;
-                xf.push(timed_restore(&ns, &script, false)?);
-                xr.push(timed_restore(&ns, &script, false)?);
             }
         }
-        let c = |v: &Vec<Cost>| {
-            v.get(round).map_or("not run".into(), |c| {
+        let c = |v: &Vec<Cost>, n: usize| {
+            let this_round = v.get(round * n..(round + 1) * n).unwrap_or_default();
+            median_cost(this_round).map_or("not run".into(), |c| {
                 format!("{:.0} ms ({:.0} ms CPU)", c.wall, c.cpu)
             })
         };
+        let n = cfg.one_changes;
         progress(format!(
-            "  round {round}: weir first {}, one-endpoint {}, restart resync {}; \
+            "  round {round}: weir first {}, one-endpoint {} (median of {n}), restart resync {}; \
              kube-proxy layout --noflush first {}, one-endpoint {}, resync {}; \
              flushing first {}, resync {} (load {:.1})",
-            c(&wf),
-            c(&wo),
-            c(&wr),
-            c(&kf),
-            c(&ko),
-            c(&kr),
-            c(&xf),
-            c(&xr),
+            c(&wf, 1),
+            c(&wo, n),
+            c(&wr, 1),
+            c(&kf, 1),
+            c(&ko, n),
+            c(&kr, 1),
+            c(&xf, 1),
+            c(&xr, 1),
             load_average()
         ));
     }
+    let cpus = |v: &Vec<Cost>| {
+        v.iter()
+            .map(|c| format!("{:.1}", c.cpu))
+            .collect::<Vec<_>>()
+    };
+    progress(format!(
+        "  one-endpoint CPU ms, every change: weir {:?}, kube-proxy {:?}",
+        cpus(&wo),
+        cpus(&ko)
+    ));
     let m = |v: &Vec<Cost>| median_cost(v).unwrap_or_default();
     Ok(SideBySide {
         weir_first: m(&wf),
@@ -1160,6 +1237,7 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
         kube_resync: median_cost(&kr),
         kube_flush_first: m(&xf),
         kube_flush_resync: m(&xr),
+        one_changes: wo.len(),
         load: (load_start, load_average()),
     })
 }
@@ -1314,8 +1392,8 @@ fn table(rows: &[Row], mode: &str) -> String {
 
 fn side_by_side_table(rows: &[Row]) -> String {
     let mut out = String::from(
-        "\n### iptables beside kube-proxy's layout (medians: wall ms / CPU ms; ratio of wall \
-         times, weir / kube-proxy --noflush)\n\n\
+        "\n### iptables beside kube-proxy's layout (medians: wall ms / CPU ms; ratio of CPU \
+         times, weir / kube-proxy --noflush; one-endpoint: medians of every change)\n\n\
          | services × endpoints | weir first | kube-proxy first | ratio | kube-proxy first, flushing \
          | weir one-endpoint | kube-proxy one-endpoint | ratio | weir restart resync \
          | kube-proxy resync | ratio | kube-proxy resync, flushing | load avg |\n\
@@ -1326,7 +1404,7 @@ fn side_by_side_table(rows: &[Row]) -> String {
             format!("{:.0} / {:.0}", c.wall, c.cpu)
         })
     };
-    let ratio = |w: Cost, k: Option<Cost>| cell(k.map(|k| w.wall / k.wall), 2, "—");
+    let ratio = |w: Cost, k: Option<Cost>| cell(k.map(|k| w.cpu / k.cpu), 2, "—");
     for r in rows {
         if let Some(s) = &r.side_by_side {
             let _ = writeln!(
@@ -1371,6 +1449,7 @@ fn row_json(r: &Row) -> Value {
             "kube_proxy_first": cost_json(s.kube_first),
             "weir_one_endpoint": cost_json(Some(s.weir_one)),
             "kube_proxy_one_endpoint": cost_json(s.kube_one),
+            "one_endpoint_changes": s.one_changes,
             "weir_restart_resync": cost_json(Some(s.weir_resync)),
             "kube_proxy_resync": cost_json(s.kube_resync),
             "kube_proxy_flushing_first": cost_json(Some(s.kube_flush_first)),

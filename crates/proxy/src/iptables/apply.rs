@@ -3,15 +3,15 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use weir_model::{IpFamily, NodePortAddresses, Plan};
+use weir_model::{IpFamily, NodePortAddresses, Plan, PlanDiff, ServicePortPlan};
 
 use super::detect;
 use super::jumps::jumps;
 use super::names::is_service_chain;
 use super::render::{
-    chains_in, delete_in_batches, family_view, is_weir_chain, nft_chains_per_commit,
-    render_full_replacing, render_update, IptablesOptions, KUBE_FIREWALL, KUBE_FORWARD,
-    KUBE_MARK_MASQ, KUBE_SERVICES, NFT_CHAINS_PER_COMMIT,
+    chains_in, delete_in_batches, diff_to_plan, family_diff, family_view, is_weir_chain,
+    nft_chains_per_commit, render_diff, render_full_replacing, IptablesOptions, KUBE_FIREWALL,
+    KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_SERVICES, NFT_CHAINS_PER_COMMIT,
 };
 use super::restore::{Restore, Table};
 use super::tools::{Flavor, Tool};
@@ -28,8 +28,10 @@ use crate::backend::{Backend, Result, SyncKind, SyncReport};
 ///   the plan no longer uses (left by a previous process) are deleted in the same step.
 ///   Then the jump rules in the built-in chains are checked (`iptables -C`) and only
 ///   missing ones inserted, so restarts never duplicate them.
-/// * Other syncs are **partial**: the listing chains plus the chains of changed service
-///   ports ([`render_update`]).
+/// * Other syncs are **partial**: the chains of changed service ports, and the listing
+///   chains only when a port's listing rules changed ([`render_diff`]). Its own work follows
+///   the change: given the planner's diff ([`Backend::sync_diff`]) it reads only the touched
+///   ports; without it, one walk comparing pointers finds them.
 ///
 /// Each family is its own set of tables (`iptables` / `ip6tables`) and is synced in turn.
 ///
@@ -53,6 +55,9 @@ pub struct IptablesBackend {
     applied: BTreeMap<IpFamily, Plan>,
     /// Per family, the number of rules weir wrote into each of its chains.
     expected: BTreeMap<IpFamily, RuleCounts>,
+    /// Per family, about how many nat chains `applied` needs ([`chains_in`]), kept up to date
+    /// by each partial sync: it sets the batch size without a walk over every port.
+    chains: BTreeMap<IpFamily, usize>,
 }
 
 /// Rules per (table, chain) that weir wrote, read from its own restore input.
@@ -101,6 +106,7 @@ impl IptablesBackend {
             synced_generation: None,
             applied: BTreeMap::new(),
             expected: BTreeMap::new(),
+            chains: BTreeMap::new(),
         }
     }
 
@@ -164,50 +170,128 @@ impl IptablesBackend {
 
     /// Syncs one family; returns its kind and the number of service ports written.
     /// `untouched`: nothing in the kernel changed since weir's last sync (same nf_tables
-    /// generation), so the rules need no listing to be trusted.
+    /// generation), so the rules need no listing to be trusted. `given`: the whole plan's
+    /// diff from the previous sync's plan ([`Backend::sync_diff`]), when the caller has it.
+    ///
+    /// A partial sync reads only the touched service ports (of `given`, or found by a walk
+    /// that compares pointers and copies nothing else), renders their chains, and moves the
+    /// applied view forward by the diff: nothing in weir's own work grows with the cluster.
+    /// (The kernel's commit still does: see docs/benchmarks.md.)
     fn sync_family(
         &mut self,
         family: IpFamily,
         plan: &Plan,
+        given: Option<&PlanDiff>,
         untouched: bool,
     ) -> Result<(SyncKind, usize)> {
-        let view = family_view(plan, family);
-        let ropts = self.render_options(&view, true);
-        let partial = match self.applied.get(&family) {
-            Some(old) if untouched || self.family_intact(family, false)? => {
-                let diff = old.diff(&view);
-                if diff.is_empty() {
-                    return Ok((SyncKind::Noop, 0));
-                }
-                (!diff.globals_changed).then(|| {
-                    (
-                        render_update(old, &view, family, &ropts),
-                        diff.touched().len(),
-                    )
-                })
-            }
-            Some(_) => {
+        let diff = match self.applied.get(&family) {
+            Some(_) if !(untouched || self.family_intact(family, false)?) => {
                 tracing::warn!(
                     ?family,
                     "weir's iptables rules were changed behind its back: full resync"
                 );
                 None
             }
+            Some(held) => Some(match given {
+                Some(d) if !d.globals_changed => family_diff(d, family),
+                // Either family's settings changed (or no diff was given): compare this
+                // family's settings and walk its ports.
+                _ => diff_to_plan(held, plan, family),
+            }),
             None => None,
         };
-        let (kind, touched) = match partial {
-            Some((script, touched)) => {
-                self.tool(family).restore(&script)?;
-                count_rules(self.expected.entry(family).or_default(), &script);
-                (SyncKind::Partial, touched)
-            }
-            None => {
+        let diff = match diff {
+            Some(d) if d.is_empty() => return Ok((SyncKind::Noop, 0)),
+            Some(d) if !d.globals_changed => d,
+            _ => {
+                let view = family_view(plan, family);
                 self.full(family, &view)?;
-                (SyncKind::Full, view.services.len())
+                self.chains.insert(family, chains_in(&view));
+                self.applied.insert(family, view);
+                return Ok((SyncKind::Full, plan_ports(plan, family)));
             }
         };
-        self.applied.insert(family, view);
-        Ok((kind, touched))
+        let held = self.applied.get_mut(&family).expect("matched above");
+        let chains = self.chains.entry(family).or_default();
+        let mut ropts = self.opts.clone();
+        if self.nf_tables == Some(true) && ropts.chains_per_commit.is_none() {
+            ropts.chains_per_commit = Some(nft_chains_per_commit(*chains, true));
+        }
+        let script = render_diff(held, &diff, family, &ropts);
+        let tool = Tool {
+            family,
+            flavor: self.flavor.unwrap_or_default(),
+        };
+        tool.restore(&script)?;
+        count_rules(self.expected.entry(family).or_default(), &script);
+        // What the kernel now holds: the applied view moved by the diff, and its chain
+        // count by the touched ports' (no walk over the other ports).
+        let port_chains =
+            |sp: &ServicePortPlan| sp.cluster_endpoints.len() + sp.local_endpoints.len() + 4;
+        for sp in diff
+            .removed
+            .values()
+            .chain(diff.changed.values().map(|c| &c.old))
+        {
+            *chains = chains.saturating_sub(port_chains(sp));
+        }
+        for sp in diff
+            .added
+            .values()
+            .chain(diff.changed.values().map(|c| &c.new))
+        {
+            *chains += port_chains(sp);
+        }
+        held.apply(&diff);
+        Ok((SyncKind::Partial, diff.touched().len()))
+    }
+
+    /// [`Backend::sync`] and [`Backend::sync_diff`].
+    fn sync_with(&mut self, plan: &Plan, given: Option<&PlanDiff>) -> Result<SyncReport> {
+        let start = Instant::now();
+        if let Err(e) = self.choose_flavor() {
+            // A diff given with the next call is relative to this call's plan: only a full
+            // sync can follow a failed one.
+            self.applied.clear();
+            return Err(e);
+        }
+        // Read before anything of this sync: a generation equal to the one recorded after the
+        // last sync means no transaction at all ran in between.
+        let untouched =
+            self.synced_generation.is_some() && self.generation() == self.synced_generation;
+        self.synced_generation = None;
+        let mut kinds = Vec::new();
+        let mut touched = 0;
+        for family in self.opts.families.clone() {
+            match self.sync_family(family, plan, given, untouched) {
+                Ok((k, n)) => {
+                    kinds.push(k);
+                    touched += n;
+                }
+                Err(e) => {
+                    // The kernel may now hold anything between the old and the new rules:
+                    // only a full sync (of every family) is safe next.
+                    self.applied.clear();
+                    self.expected.clear();
+                    return Err(e);
+                }
+            }
+        }
+        // A change by someone else between weir's last commit and this read would go unseen
+        // by the next quick check; the periodic `intact` (which always lists) catches it.
+        self.synced_generation = self.generation();
+        let kind = if kinds.contains(&SyncKind::Full) {
+            SyncKind::Full
+        } else if kinds.contains(&SyncKind::Partial) {
+            SyncKind::Partial
+        } else {
+            SyncKind::Noop
+        };
+        Ok(SyncReport {
+            kind,
+            elapsed: start.elapsed(),
+            service_ports_touched: touched,
+        })
     }
 
     fn full(&mut self, family: IpFamily, view: &Plan) -> Result<()> {
@@ -293,6 +377,11 @@ impl IptablesBackend {
         }
         Ok(true)
     }
+}
+
+/// The number of `family`'s service ports in `plan`.
+fn plan_ports(plan: &Plan, family: IpFamily) -> usize {
+    plan.services.keys().filter(|k| k.family == family).count()
 }
 
 /// Whether `view` serves NodePorts on a loopback address (`--nodeport-addresses
@@ -393,45 +482,11 @@ impl Backend for IptablesBackend {
     }
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
-        let start = Instant::now();
-        self.choose_flavor()?;
-        // Read before anything of this sync: a generation equal to the one recorded after the
-        // last sync means no transaction at all ran in between.
-        let untouched =
-            self.synced_generation.is_some() && self.generation() == self.synced_generation;
-        self.synced_generation = None;
-        let mut kinds = Vec::new();
-        let mut touched = 0;
-        for family in self.opts.families.clone() {
-            match self.sync_family(family, plan, untouched) {
-                Ok((k, n)) => {
-                    kinds.push(k);
-                    touched += n;
-                }
-                Err(e) => {
-                    // The kernel may now hold anything between the old and the new rules:
-                    // only a full sync (of every family) is safe next.
-                    self.applied.clear();
-                    self.expected.clear();
-                    return Err(e);
-                }
-            }
-        }
-        // A change by someone else between weir's last commit and this read would go unseen
-        // by the next quick check; the periodic `intact` (which always lists) catches it.
-        self.synced_generation = self.generation();
-        let kind = if kinds.contains(&SyncKind::Full) {
-            SyncKind::Full
-        } else if kinds.contains(&SyncKind::Partial) {
-            SyncKind::Partial
-        } else {
-            SyncKind::Noop
-        };
-        Ok(SyncReport {
-            kind,
-            elapsed: start.elapsed(),
-            service_ports_touched: touched,
-        })
+        self.sync_with(plan, None)
+    }
+
+    fn sync_diff(&mut self, plan: &Plan, diff: &PlanDiff) -> Result<SyncReport> {
+        self.sync_with(plan, Some(diff))
     }
 
     fn intact(&mut self) -> Result<bool> {

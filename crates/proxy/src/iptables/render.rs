@@ -31,13 +31,15 @@
 //! Not weir's: kubelet's `KUBE-FIREWALL` (its CVE-2020-8558 localnet rule) and the
 //! `KUBE-MARK-DROP` of kubelets before 1.28 — weir neither writes nor deletes them.
 
-use std::collections::BTreeSet;
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use weir_model::{
-    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
-    ServicePortKey, ServicePortPlan, Verdict,
+    Changed, Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade,
+    NodePortAddresses, Plan, PlanDiff, ServicePortKey, ServicePortPlan, Verdict,
 };
 
 use super::detect::BackendChoice;
@@ -879,15 +881,10 @@ pub fn render_full_replacing(
 /// are rewritten only when a changed port's listing rules differ, and nothing else is
 /// named. When this family's node-wide settings changed it
 /// is a full render instead (first line `# weir iptables full`). No change: only the
-/// header line.
+/// header line. (Compares and copies both plans; the backend uses [`render_diff`].)
 pub fn render_update(old: &Plan, new: &Plan, family: IpFamily, o: &IptablesOptions) -> String {
     let (ov, nv) = (family_view(old, family), family_view(new, family));
     let diff = ov.diff(&nv);
-    let header = format!(
-        "weir iptables update: {} service ports touched ({})",
-        diff.touched().len(),
-        family_name(family)
-    );
     if diff.globals_changed {
         let octx = Ctx::new(&ov, family, o);
         let mut existing: BTreeSet<String> = ov
@@ -900,29 +897,50 @@ pub fn render_update(old: &Plan, new: &Plan, family: IpFamily, o: &IptablesOptio
         }
         return render_full_replacing(new, family, o, &existing);
     }
+    render_diff(&ov, &diff, family, o)
+}
+
+/// [`render_update`] from what the kernel holds (`held`, a [`family_view`]) by `diff`: this
+/// family's service ports that changed, node-wide settings equal (`diff.globals_changed`
+/// must be false). Reads only the touched service ports of `diff` and `held`'s node-wide
+/// settings, so its cost follows the change, not the cluster.
+pub fn render_diff(held: &Plan, diff: &PlanDiff, family: IpFamily, o: &IptablesOptions) -> String {
+    debug_assert!(!diff.globals_changed, "render_diff needs unchanged globals");
+    let header = format!(
+        "weir iptables update: {} service ports touched ({})",
+        diff.touched().len(),
+        family_name(family)
+    );
     if diff.is_empty() {
         return format!("# {header}\n");
     }
-    let (octx, nctx) = (Ctx::new(&ov, family, o), Ctx::new(&nv, family, o));
+    // Node-wide settings are the same before and after: one context serves both sides.
+    let ctx = Ctx::new(held, family, o);
+    let old_of = |k: &ServicePortKey| {
+        diff.removed
+            .get(k)
+            .or_else(|| diff.changed.get(k).map(|c| &c.old))
+    };
+    let new_of = |k: &ServicePortKey| {
+        diff.added
+            .get(k)
+            .or_else(|| diff.changed.get(k).map(|c| &c.new))
+    };
     let mut r = Restore::default();
     let touched = diff.touched();
     let stale = |r: &Restore| -> Vec<String> {
         touched
             .iter()
-            .filter_map(|k| ov.services.get(*k).map(|sp| chain_names(k, sp, &octx)))
+            .filter_map(|k| old_of(k).map(|sp| chain_names(k, sp, &ctx)))
             .flatten()
             .filter(|c| !r.is_declared(Table::Nat, c))
             .collect()
     };
-    let changed = || {
-        touched
-            .iter()
-            .filter_map(|k| nv.services.get(*k).map(|sp| (*k, sp)))
-    };
+    let changed = || touched.iter().filter_map(|k| new_of(k).map(|sp| (*k, sp)));
     // Written and deleted chains both count.
     let sizes = touched
         .iter()
-        .flat_map(|k| [nv.services.get(*k), ov.services.get(*k)])
+        .flat_map(|k| [new_of(k), old_of(k)])
         .flatten()
         .map(|sp| &**sp);
     let batch = batch_for(o, sizes);
@@ -930,17 +948,93 @@ pub fn render_update(old: &Plan, new: &Plan, family: IpFamily, o: &IptablesOptio
     // rewriting them makes a one-endpoint change cost as much as the cluster is big. They
     // only need it when a touched port's listing rules differ (a port came or went, a
     // frontend or a verdict changed); an endpoint change alone names its own chains only.
-    let rewrite_listing =
-        touched
-            .iter()
-            .any(|k| match (ov.services.get(*k), nv.services.get(*k)) {
-                (Some(o), Some(n)) => {
-                    Shape::new(k, o).listed(&octx) != Shape::new(k, n).listed(&nctx)
-                }
-                _ => true,
-            });
-    commits(&mut r, &nv, &nctx, changed(), stale, batch, rewrite_listing);
+    let rewrite_listing = touched.iter().any(|k| match (old_of(k), new_of(k)) {
+        (Some(o), Some(n)) => Shape::new(k, o).listed(&ctx) != Shape::new(k, n).listed(&ctx),
+        _ => true,
+    });
+    if rewrite_listing {
+        // Only now is the whole new family needed: the listing chains name every port.
+        let mut new = held.clone();
+        new.apply(diff);
+        commits(&mut r, &new, &ctx, changed(), stale, batch, true);
+    } else {
+        commits(&mut r, held, &ctx, changed(), stale, batch, false);
+    }
     r.text(&header)
+}
+
+/// The part of `diff` (a whole plan's) that `family`'s tables hold: its service ports. The
+/// node-wide flag is kept as it is (a change of either family's settings sets it).
+pub fn family_diff(diff: &PlanDiff, family: IpFamily) -> PlanDiff {
+    let ours = |k: &&ServicePortKey| k.family == family;
+    let mut d = PlanDiff::default();
+    d.added = clone_where(&diff.added, ours);
+    d.removed = clone_where(&diff.removed, ours);
+    d.changed = clone_where(&diff.changed, ours);
+    d.globals_changed = diff.globals_changed;
+    d
+}
+
+fn clone_where<V: Clone>(
+    m: &BTreeMap<ServicePortKey, V>,
+    keep: impl Fn(&&ServicePortKey) -> bool,
+) -> BTreeMap<ServicePortKey, V> {
+    m.iter()
+        .filter(|(k, _)| keep(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// `held.diff(&family_view(plan, family))` without building the view: the two service maps
+/// are walked side by side (pointer comparisons for the ports the planner left alone), and
+/// only the ports that differ are copied. `globals_changed` says whether this family's
+/// node-wide settings differ from `held`'s.
+pub fn diff_to_plan(held: &Plan, plan: &Plan, family: IpFamily) -> PlanDiff {
+    let mut d = PlanDiff::default();
+    let mut old_it = held.services.iter().peekable();
+    let mut new_it = plan
+        .services
+        .iter()
+        .filter(|(k, _)| k.family == family)
+        .peekable();
+    loop {
+        let order = match (old_it.peek(), new_it.peek()) {
+            (None, None) => break,
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (Some((ok, _)), Some((nk, _))) => ok.cmp(nk),
+        };
+        match order {
+            Ordering::Less => {
+                let (k, v) = old_it.next().expect("peeked");
+                d.removed.insert(k.clone(), v.clone());
+            }
+            Ordering::Greater => {
+                let (k, v) = new_it.next().expect("peeked");
+                d.added.insert(k.clone(), v.clone());
+            }
+            Ordering::Equal => {
+                let ((k, ov), (_, nv)) = (
+                    old_it.next().expect("peeked"),
+                    new_it.next().expect("peeked"),
+                );
+                if !Arc::ptr_eq(ov, nv) && ov != nv {
+                    let (old, new) = (ov.clone(), nv.clone());
+                    d.changed.insert(k.clone(), Changed { old, new });
+                }
+            }
+        }
+    }
+    let cidrs: Vec<IpNet> = plan
+        .cluster_cidrs
+        .iter()
+        .filter(|n| IpFamily::of_net(n) == family)
+        .map(|n| n.trunc())
+        .collect();
+    d.globals_changed = held.node_port_addresses(family) != plan.node_port_addresses(family)
+        || held.cluster_cidrs != cidrs
+        || held.masquerade_all != plan.masquerade_all;
+    d
 }
 
 /// The nat chains a full render of `plan` declares for its service ports (for tests and
