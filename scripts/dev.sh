@@ -141,8 +141,8 @@ case "${1:-}" in
     ;;
   dns-bench)
     install_packages
-    step "building weir (release)"
-    cargo build --release -p weir
+    step "building weir and the fake API server (release)"
+    cargo build --release -p weir -p weir-fakeapi
     step "weir dns vs NSD under dnsperf"
     exec bash scripts/dns-bench.sh "${@:2}"
     ;;

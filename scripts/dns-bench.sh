@@ -10,19 +10,21 @@
 # over the rounds and weir/NSD. Cached external names: NSD also serves EXTERNAL names under
 # example.test; weir dns forwards to it and Unbound (one thread) has it as a stub zone; after one
 # pass over the names warms both caches, the same rounds measure weir and Unbound. Memory: each server's VmRSS after the runs; then weir dns alone
-# at each of MEMORY_SIZES services, RSS once the zone is served.
+# at each of MEMORY_SIZES services, RSS once the zone is served, fed from manifests and from
+# weir's fake API server (FAKEAPI, the source a cluster uses).
 # Environment: WEIR (binary, default target/release/weir), SECONDS_PER_RUN (10), RATE (10000),
 # ROUNDS (3), EXTERNAL (1000; 0: skip Unbound), MEMORY_SIZES ("1000 10000 100000"; empty: skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-10000}
 WEIR=${WEIR:-target/release/weir}
+FAKEAPI=${FAKEAPI:-target/release/weir-fakeapi}
 SECS=${SECONDS_PER_RUN:-10}
 RATE=${RATE:-10000}
 ROUNDS=${ROUNDS:-3}
 MEMORY_SIZES=${MEMORY_SIZES-1000 10000 100000}
 EXTERNAL=${EXTERNAL:-1000}
-[ -x "$WEIR" ] || { echo "build first: cargo build --release -p weir" >&2; exit 1; }
+[ -x "$WEIR" ] && [ -x "$FAKEAPI" ] || { echo "build first: cargo build --release -p weir -p weir-fakeapi" >&2; exit 1; }
 tools="nsd dnsperf"
 [ "$EXTERNAL" -gt 0 ] && tools="$tools unbound"
 for t in $tools; do command -v $t >/dev/null || { echo "$t missing (apt-get install $t)" >&2; exit 1; }; done
@@ -57,12 +59,13 @@ services() {
   fi
   for ((i = 0; i < n; i++)); do
     ip="10.$((96 + i / 62500)).$((i / 250 % 250)).$((i % 250 + 1))"
-    printf 'apiVersion: v1\nkind: Service\nmetadata: {name: svc-%d, namespace: bench}\nspec: {clusterIP: %s}\n---\n' "$i" "$ip"
+    # 1,000 services per file: the manifest source skips files over 4 MiB.
+    printf 'apiVersion: v1\nkind: Service\nmetadata: {name: svc-%d, namespace: bench}\nspec: {clusterIP: %s}\n---\n' "$i" "$ip" >>"$dir/services-$((i / 1000)).yaml"
     if [ -n "$zone" ]; then
       printf 'svc-%d.bench.svc IN A %s\n' "$i" "$ip" >>"$zone"
       printf 'svc-%d.bench.svc.cluster.local A\n' "$i" >>"$DIR/queries"
     fi
-  done >"$dir/services.yaml"
+  done
 }
 
 services "$N" "$DIR/manifests" "$DIR/cluster.local.zone"
@@ -207,24 +210,42 @@ PIDS=()
 [ -n "$MEMORY_SIZES" ] || exit 0
 
 echo
-echo "memory: weir dns alone, RSS once every service is served (CoreDNS: (pods + services) x 0.000858 + 49.1 MB, no pods)"
-printf '%9s %9s %11s %6s\n' services rss_mb coredns_mb ratio
+echo "memory: weir dns alone, RSS and high-water mark once every service is served, from a manifest"
+echo "directory and from the (fake) Kubernetes API server, as in a cluster (CoreDNS: (pods + services) x"
+echo "0.000858 + 49.1 MB, no pods)"
+printf '%9s %-10s %9s %9s %11s %6s\n' services source rss_mb hwm_mb coredns_mb ratio
+# weir dns at $1 services from source $2 (its flags in the rest): RSS and VmHWM once served.
+serve_and_measure() {
+  local m=$1 source=$2 pid last served="" rss hwm formula
+  shift 2
+  ip netns exec "$NS" "$WEIR" dns --listen 127.0.0.1:5303 --threads 1 "$@" 2>"$DIR/weir.log" &
+  pid=$!
+  PIDS+=("$pid")
+  last=$((m - 1))
+  for _ in $(seq 600); do
+    in_ns dig @127.0.0.1 -p 5303 +short +time=1 +tries=1 "svc-$last.bench.svc.cluster.local" | grep -q . && served=1 && break
+    sleep 0.5
+  done
+  # A zone that never loads would otherwise be reported as a small RSS.
+  [ -n "$served" ] || { echo "weir dns never served svc-$last at $m services ($source):" >&2; tail -5 "$DIR/weir.log" >&2; exit 1; }
+  sleep 2
+  rss=$(rss_mb "$pid")
+  hwm=$(awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
+  formula=$(awk -v n="$m" 'BEGIN {printf "%.1f", n * 0.000858 + 49.1}')
+  printf '%9s %-10s %9s %9s %11s %6.2f\n' "$m" "$source" "$rss" "$hwm" "$formula" "$(awk -v r="$rss" -v f="$formula" 'BEGIN {print r / f}')"
+  kill "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+}
 for m in $MEMORY_SIZES; do
   rm -rf "$DIR/mem"
   services "$m" "$DIR/mem"
-  ip netns exec "$NS" "$WEIR" dns --listen 127.0.0.1:5303 --manifests "$DIR/mem" --threads 1 2>"$DIR/weir.log" &
-  pid=$!
-  PIDS=("$pid")
-  last=$((m - 1))
-  for _ in $(seq 600); do
-    in_ns dig @127.0.0.1 -p 5303 +short +time=1 +tries=1 "svc-$last.bench.svc.cluster.local" | grep -q . && break
-    sleep 0.5
-  done
-  sleep 2
-  rss=$(rss_mb "$pid")
-  formula=$(awk -v n="$m" 'BEGIN {printf "%.1f", n * 0.000858 + 49.1}')
-  printf '%9s %9s %11s %6.2f\n' "$m" "$rss" "$formula" "$(awk -v r="$rss" -v f="$formula" 'BEGIN {print r / f}')"
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  PIDS=()
+  serve_and_measure "$m" manifests --manifests "$DIR/mem"
+  ip netns exec "$NS" "$FAKEAPI" --listen 127.0.0.1:6443 "$DIR"/mem/*.yaml 2>"$DIR/fakeapi.log" &
+  PIDS=("$!")
+  for _ in $(seq 600); do grep -q serving "$DIR/fakeapi.log" && break; sleep 0.5; done
+  serve_and_measure "$m" api --master http://127.0.0.1:6443
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
   PIDS=()
 done

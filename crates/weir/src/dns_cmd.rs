@@ -374,15 +374,22 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
         zone_metrics.zone_built(&zone);
         zone
     };
+    // Each snapshot is dropped before its zone is swapped in (the swap hands freed memory
+    // back to the kernel): the store keeps the objects, and the first snapshot would
+    // otherwise live as long as the server (12 MB at 100,000 services).
     let (mut seen, snapshot) = store.snapshot();
-    let handle = ZoneHandle::new(build(&mut config, &snapshot));
+    let zone = build(&mut config, &snapshot);
+    drop(snapshot);
+    let handle = ZoneHandle::new(zone);
     let updater = handle.clone();
     std::thread::Builder::new()
         .name("weir-dns-zone".into())
         .spawn(move || loop {
             if let Some((generation, snapshot)) = store.wait_newer(seen, Duration::from_secs(60)) {
                 seen = generation;
-                updater.store(build(&mut config, &snapshot));
+                let zone = build(&mut config, &snapshot);
+                drop(snapshot);
+                updater.store(zone);
             }
         })
         .context("spawn the zone updater")?;
