@@ -13,7 +13,8 @@
 # at each of MEMORY_SIZES services, RSS once the zone is served, fed from manifests and from
 # weir's fake API server (FAKEAPI, the source a cluster uses).
 # Environment: WEIR (binary, default target/release/weir), SECONDS_PER_RUN (10), RATE (10000),
-# ROUNDS (3), EXTERNAL (1000; 0: skip Unbound), MEMORY_SIZES ("1000 10000 100000"; empty: skip).
+# ROUNDS (3), EXTERNAL (1000; 0: skip Unbound), MEMORY_SIZES ("1000 10000 100000"; empty: skip),
+# PIN (1: servers on CPU 1, dnsperf on CPU 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-10000}
@@ -24,6 +25,12 @@ RATE=${RATE:-10000}
 ROUNDS=${ROUNDS:-3}
 MEMORY_SIZES=${MEMORY_SIZES-1000 10000 100000}
 EXTERNAL=${EXTERNAL:-1000}
+# With two cores or more, the servers run on one core and dnsperf on another (PIN=0: not):
+# sharing a core, the client's own scheduling shows up in the servers' tail latency.
+SERVER_CPU=() CLIENT_CPU=()
+if [ "${PIN:-1}" != 0 ] && [ "$(nproc)" -ge 2 ]; then
+  SERVER_CPU=(taskset -c 1) CLIENT_CPU=(taskset -c 0)
+fi
 [ -x "$WEIR" ] && [ -x "$FAKEAPI" ] || { echo "build first: cargo build --release -p weir -p weir-fakeapi" >&2; exit 1; }
 tools="nsd dnsperf"
 [ "$EXTERNAL" -gt 0 ] && tools="$tools unbound"
@@ -138,16 +145,16 @@ tree() { echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
 rss_mb() { ps -o rss= -p "$(tree "$1" | paste -sd,)" | awk '{s += $1} END {printf "%.1f", s / 1024}'; }
 
 # Started with `ip netns exec` directly (not through a function) so that $! is the server.
-ip netns exec "$NS" "$WEIR" dns --listen 127.0.0.1:5301 --manifests "$DIR/manifests" --threads 1 \
+ip netns exec "$NS" "${SERVER_CPU[@]}" "$WEIR" dns --listen 127.0.0.1:5301 --manifests "$DIR/manifests" --threads 1 \
   --upstream-resolv-conf "$DIR/upstreams" 2>"$DIR/weir.log" &
 PIDS+=($!)
-ip netns exec "$NS" nsd -d -c "$DIR/nsd.conf" &
+ip netns exec "$NS" "${SERVER_CPU[@]}" nsd -d -c "$DIR/nsd.conf" &
 PIDS+=($!)
 wait_ready 5301
 wait_ready 5302
 WEIR_PID=${PIDS[0]} NSD_PID=${PIDS[1]}
 if [ "$EXTERNAL" -gt 0 ]; then
-  ip netns exec "$NS" unbound -d -c "$DIR/unbound.conf" &
+  ip netns exec "$NS" "${SERVER_CPU[@]}" unbound -d -c "$DIR/unbound.conf" &
   PIDS+=($!)
   UNBOUND_PID=${PIDS[2]}
   for _ in $(seq 100); do in_ns dig @127.0.0.1 -p 5304 +short +time=1 +tries=1 host-0.example.test | grep -q . && break; sleep 0.2; done
@@ -158,12 +165,12 @@ fi
 # One run of one server on one query file: "qps avg_ms p50 p90 p99 p999 lost".
 measure() {
   local name=$1 port=$2 queries=$3 out qps avg lost
-  out=$(in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$queries" -l "$SECS" -c 4 -q 200 2>&1)
+  out=$(in_ns "${CLIENT_CPU[@]}" dnsperf -s 127.0.0.1 -p "$port" -d "$queries" -l "$SECS" -c 4 -q 200 2>&1)
   qps=$(awk '/Queries per second/ {print $4}' <<<"$out")
   avg=$(awk '/Average Latency/ {print $4 * 1000}' <<<"$out")
   lost=$(awk '/Queries lost/ {print $3}' <<<"$out")
   # Every query's latency at a fixed rate, sorted, for percentiles.
-  in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$queries" -l "$SECS" -Q "$RATE" -c 4 -v 2>/dev/null |
+  in_ns "${CLIENT_CPU[@]}" dnsperf -s 127.0.0.1 -p "$port" -d "$queries" -l "$SECS" -Q "$RATE" -c 4 -v 2>/dev/null |
     awk '$1 == ">" {print $NF}' | sort -g >"$DIR/lat.$name"
   pct() { awk -v p="$1" '{a[NR] = $1} END {i = int(NR * p); if (i < 1) i = 1; printf "%.3f", a[i] * 1000}' "$DIR/lat.$name"; }
   echo "$qps $avg $(pct 0.5) $(pct 0.9) $(pct 0.99) $(pct 0.999) $lost"
@@ -202,7 +209,7 @@ if [ "$EXTERNAL" -gt 0 ]; then
 fi
 echo
 echo "RSS after the runs: weir $(rss_mb "$WEIR_PID") MB, NSD $(rss_mb "$NSD_PID") MB${UNBOUND_PID:+, Unbound $(rss_mb "$UNBOUND_PID") MB}"
-echo "services: $N; $(nproc) cores shared with whatever else runs; dnsperf: 4 clients, ${SECS}s per run, percentiles at ${RATE} QPS"
+echo "services: $N; $(nproc) cores shared with whatever else runs; dnsperf: 4 clients, ${SECS}s per run, percentiles at ${RATE} QPS; pinned: ${SERVER_CPU[*]:-no} (servers), ${CLIENT_CPU[*]:-no} (dnsperf)"
 
 for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
 wait 2>/dev/null || true
