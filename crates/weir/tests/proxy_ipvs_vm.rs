@@ -19,7 +19,7 @@
 use std::time::{Duration, Instant};
 
 mod common;
-use common::services::{assert_services, SERVICES, TWO_NODES};
+use common::services::{assert_services_within, SERVICES, TWO_NODES};
 use common::{vm_lab, WEIR};
 
 /// A TCP Service (clusterIP, `spec`'s other fields) and, when it has endpoints, its
@@ -689,7 +689,11 @@ echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
         log.contains("weir proxy --proxy-mode ipvs healthy on 2"),
         "{log}"
     );
-    assert_services(run.json["services"].as_array().unwrap());
+    // The lab's refusal window is scaled in the VM (vm_lab::TIMEOUT_SCALE), and so is this.
+    assert_services_within(
+        run.json["services"].as_array().unwrap(),
+        Duration::from_secs(vm_lab::TIMEOUT_SCALE.into()),
+    );
     for r in run.json["matrix"].as_array().unwrap() {
         assert_eq!(r["ok"], true, "pod matrix with ipvs proxies: {r}");
     }
