@@ -93,7 +93,7 @@ fn traffic_policies_and_affinity_follow_kube_proxy() {
         "198.51.100.8/32 -p tcp -m tcp --dport 80".into(),
     ] {
         let want = format!(
-            "-A KUBE-PROXY-FIREWALL -d {vip} ! -s 10.244.0.0/16 -m addrtype ! --src-type LOCAL -m conntrack --ctstate NEW -m comment --comment \"default/etp-remote/tcp/v4 has no local endpoints\" -j DROP"
+            "-A KUBE-PROXY-FIREWALL ! -s 10.244.0.0/16 -d {vip} -m addrtype ! --src-type LOCAL -m conntrack --ctstate NEW -m comment --comment \"default/etp-remote/tcp/v4 has no local endpoints\" -j DROP"
         );
         assert!(ipt.lines().any(|l| l == want), "missing {want}\n{ipt}");
     }

@@ -475,7 +475,7 @@ fn no_local_endpoint_drops(
     for (addr, proto, port, svc) in frontends {
         let _ = writeln!(
             filter,
-            "-A {KUBE_PROXY_FIREWALL} -d {addr}/{host} -p {} -m {} --dport {port} {not_pods}-m addrtype ! --src-type LOCAL -m conntrack --ctstate NEW -m comment --comment \"{svc} has no local endpoints\" -j DROP",
+            "-A {KUBE_PROXY_FIREWALL} {not_pods}-d {addr}/{host} -p {} -m {} --dport {port} -m addrtype ! --src-type LOCAL -m conntrack --ctstate NEW -m comment --comment \"{svc} has no local endpoints\" -j DROP",
             proto.as_str(),
             proto.as_str()
         );
