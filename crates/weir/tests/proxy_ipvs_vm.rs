@@ -682,6 +682,7 @@ echo '## firewall a' >&2; ip netns exec wl-$LAB-a iptables -S KUBE-PROXY-FIREWAL
 echo '## health listener a' >&2; ip netns exec wl-$LAB-a ss -Hltn 'sport = :30002' >&2
 echo '## health set a' >&2; ip netns exec wl-$LAB-a ipset list KUBE-HEALTH-CHECK-NODE-PORT >&2
 echo '## end' >&2
+grep -h 'synced mode' $WEIR_LAB_STATE/$LAB/logs/proxy-[ab].log | head -2 >&2
 set -e
 {WEIR} lab down $LAB >&2
 echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
