@@ -81,7 +81,8 @@ pub enum Expect {
         sources: Vec<Ipv4Addr>,
         self_sources: Vec<Ipv4Addr>,
     },
-    /// Refused (TCP reset / ICMP unreachable) within [`REJECT_WITHIN`], not timed out.
+    /// Refused (TCP reset / ICMP unreachable) within [`REJECT_WITHIN`] (times
+    /// `WEIR_LAB_TIMEOUT_SCALE`), not timed out.
     Rejected,
     /// No answer (dropped) within [`NO_ANSWER_WAIT`].
     NoAnswer,
@@ -140,6 +141,21 @@ pub const UDP_TRIES: u32 = 3;
 pub const REJECT_WITHIN: Duration = Duration::from_secs(1);
 /// How long a dropped connection is waited for.
 pub const NO_ANSWER_WAIT: Duration = Duration::from_secs(1);
+
+/// [`REJECT_WITHIN`] and [`ANSWER_TIMEOUT`] as this run applies them: times
+/// `WEIR_LAB_TIMEOUT_SCALE` ([`crate::startup_timeout`]). In the qemu VM under software
+/// emulation every probe runs at once on one emulated CPU, and a refusal or answer that the
+/// kernel sent at once can reach its client thread seconds later (seen: a no-endpoints
+/// refusal after 1.3–2.0 s, a health check's HTTP answer after more than 2 s, while the same
+/// probes took 86–277 ms in the next check). [`NO_ANSWER_WAIT`] is not scaled: it is the
+/// least a drop is waited for.
+fn reject_within() -> Duration {
+    crate::startup_timeout(REJECT_WITHIN)
+}
+
+fn answer_timeout() -> Duration {
+    crate::startup_timeout(ANSWER_TIMEOUT)
+}
 
 struct Clients<'a> {
     state: &'a LabState,
@@ -565,7 +581,7 @@ pub fn run_one(p: &SvcProbe) -> SvcResult {
                 p.proto,
                 target,
                 bind,
-                REJECT_WITHIN + Duration::from_millis(500),
+                reject_within() + Duration::from_millis(500),
             ) {
                 Try::Answered(by, _) => Some(format!("answered by {by}, expected a rejection")),
                 Try::Failed(e) if is_timeout(&e) => Some(format!(
@@ -575,11 +591,11 @@ pub fn run_one(p: &SvcProbe) -> SvcResult {
                 Try::Failed(e) => {
                     let ms = t.elapsed();
                     result.outcome = Some(format!("rejected in {} ms ({e})", ms.as_millis()));
-                    (ms > REJECT_WITHIN).then(|| {
+                    (ms > reject_within()).then(|| {
                         format!(
                             "rejected only after {} ms (more than {} ms)",
                             ms.as_millis(),
-                            REJECT_WITHIN.as_millis()
+                            reject_within().as_millis()
                         )
                     })
                 }
@@ -652,7 +668,7 @@ fn run_answer(
     let mut error = None;
     for i in 0..p.max_tries {
         result.tries = i + 1;
-        match ask(p.proto, target, bind, ANSWER_TIMEOUT) {
+        match ask(p.proto, target, bind, answer_timeout()) {
             Try::Answered(by, src) => *counts.entry((by, src)).or_default() += 1,
             Try::Failed(e) => {
                 error = Some(format!("try {}: {} {target}: {e}", i + 1, p.proto.as_str()));
@@ -827,8 +843,8 @@ fn udp_ask(target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: Duration) -> i
 
 /// `GET /` over TCP: the HTTP status.
 fn http_get(target: SocketAddrV4, bind: Option<Ipv4Addr>) -> io::Result<u16> {
-    let mut s = tcp_connect(target, bind, ANSWER_TIMEOUT)?;
-    s.set_read_timeout(Some(ANSWER_TIMEOUT))?;
+    let mut s = tcp_connect(target, bind, answer_timeout())?;
+    s.set_read_timeout(Some(answer_timeout()))?;
     s.write_all(
         format!("GET / HTTP/1.1\r\nHost: {target}\r\nConnection: close\r\n\r\n").as_bytes(),
     )?;

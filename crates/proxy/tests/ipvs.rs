@@ -70,16 +70,34 @@ fn traffic_policies_and_affinity_follow_kube_proxy() {
     let d = rendered(&plan, IpFamily::V4, &opts);
     golden("ipvs-policies.txt", &dump(&d, IpFamily::V4));
     let save = ipvsadm_save(&d.services);
-    // externalTrafficPolicy Local with no endpoint on this node: the NodePort and
-    // externalIP virtual servers have no real server (IPVS rejects), the cluster IP does.
-    assert!(
-        save.contains(&format!("-A -t {NODE}:30081 -s sh\n-A")),
-        "{save}"
-    );
+    // externalTrafficPolicy Local with no endpoint on this node: as kube-proxy's
+    // syncEndpoint (kubernetes#97081), the NodePort and externalIP virtual servers hold the
+    // cluster endpoints, so pods and the node reach the service ...
+    for vip in [format!("{NODE}:30081"), "198.51.100.8:80".into()] {
+        assert!(
+            save.contains(&format!(
+                "-A -t {vip} -s sh\n-a -t {vip} -r 10.244.1.11:8080 -m -w 1\n"
+            )),
+            "{vip}: {save}"
+        );
+    }
     assert!(
         save.contains("-a -t 10.96.2.2:80 -r 10.244.1.11:8080 -m -w 1"),
         "{save}"
     );
+    // ... while new connections from outside the cluster CIDR and the node are dropped before
+    // IPVS sees them (filter INPUT), as the other modes drop them.
+    let ipt = &d.iptables;
+    for vip in [
+        format!("{NODE}/32 -p tcp -m tcp --dport 30081"),
+        "198.51.100.8/32 -p tcp -m tcp --dport 80".into(),
+    ] {
+        let want = format!(
+            "-A KUBE-PROXY-FIREWALL ! -s 10.244.0.0/16 -d {vip} -m addrtype ! --src-type LOCAL -m conntrack --ctstate NEW -m comment --comment \"default/etp-remote/tcp/v4 has no local endpoints\" -j DROP"
+        );
+        assert!(ipt.lines().any(|l| l == want), "missing {want}\n{ipt}");
+    }
+    assert_eq!(ipt.matches("has no local endpoints").count(), 2, "{ipt}");
     let np_local = &d.ipsets["KUBE-NODE-PORT-LOCAL-TCP"].entries;
     assert!(np_local.contains("30081"), "{np_local:?}");
     let ext_local = &d.ipsets["KUBE-EXTERNAL-IP-LOCAL"].entries;

@@ -19,7 +19,7 @@
 use std::time::{Duration, Instant};
 
 mod common;
-use common::services::{assert_services, SERVICES, TWO_NODES};
+use common::services::{assert_services_within, SERVICES, TWO_NODES};
 use common::{vm_lab, WEIR};
 
 /// A TCP Service (clusterIP, `spec`'s other fields) and, when it has endpoints, its
@@ -661,11 +661,10 @@ echo '## rules6'; inn $N ip6tables-save | grep -c KUBE- || true
 /// the same service probe set and semantic checks the nftables, iptables and userspace modes
 /// pass on this kernel (ClusterIP from pods and nodes, NodePort, LB IP, eTP Local keeping the
 /// client's address, hairpin, health check node port, no-endpoints rejection), and the pod
-/// matrix; then `weir lab down` leaves no namespace.
+/// matrix; then `weir lab down` leaves no namespace. Node a has no endpoint of `edge`
+/// (externalTrafficPolicy Local): its pods reach edge's LB IP through the cluster endpoints,
+/// outside clients of its NodePort get no answer, and its health check node port answers 503.
 #[test]
-#[ignore = "3 of 43 probes fail in ipvs mode (docs/proxy.md): edge pod -> LB IP with eTP Local \
-            and no local endpoint is rejected (IPVS has one real-server list, as kube-proxy's ipvs \
-            mode), and edge's health check node port gives no HTTP answer from outside"]
 fn lab_services_ipvs_in_the_vm() {
     let Some((vm, _turn)) = vm_lab::vm_turn() else {
         return;
@@ -679,6 +678,11 @@ fn lab_services_ipvs_in_the_vm() {
         &format!(
             "echo '## check' >&2; {WEIR} lab check $LAB >&2
 echo '## ipvsadm a' >&2; ip netns exec wl-$LAB-a ipvsadm -Ln >&2
+echo '## firewall a' >&2; ip netns exec wl-$LAB-a iptables -S KUBE-PROXY-FIREWALL >&2
+echo '## health listener a' >&2; ip netns exec wl-$LAB-a ss -Hltn 'sport = :30002' >&2
+echo '## health set a' >&2; ip netns exec wl-$LAB-a ipset list KUBE-HEALTH-CHECK-NODE-PORT >&2
+echo '## end' >&2
+grep -h 'synced mode' $WEIR_LAB_STATE/$LAB/logs/proxy-[ab].log | head -2 >&2
 set -e
 {WEIR} lab down $LAB >&2
 echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
@@ -689,12 +693,61 @@ echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
         log.contains("weir proxy --proxy-mode ipvs healthy on 2"),
         "{log}"
     );
-    assert_services(run.json["services"].as_array().unwrap());
+    // The lab's refusal window is scaled in the VM (vm_lab::TIMEOUT_SCALE), and so is this.
+    assert_services_within(
+        run.json["services"].as_array().unwrap(),
+        Duration::from_secs(vm_lab::TIMEOUT_SCALE.into()),
+    );
     for r in run.json["matrix"].as_array().unwrap() {
         assert_eq!(r["ok"], true, "pod matrix with ipvs proxies: {r}");
     }
     assert!(run.check_ok, "{log}");
     // the services really went through IPVS: node a's virtual servers
     assert!(log.contains("TCP  203.0.113.2:8443 rr"), "{log}");
+    let section = |from: &str, to: &str| {
+        let start = log
+            .find(from)
+            .unwrap_or_else(|| panic!("no {from}:\n{log}"));
+        let rest = &log[start..];
+        rest[..rest.find(to).unwrap_or(rest.len())].to_string()
+    };
+    // edge (policy Local) has no endpoint on node a: its LB IP's virtual server holds the
+    // cluster endpoints (b1, b2) as kube-proxy's does, for node a's pods ...
+    // (the real-server lines under its header)
+    let edge_lb: String = section("TCP  203.0.113.2:8443 rr", "## firewall a")
+        .lines()
+        .skip(1)
+        .take_while(|l| l.trim_start().starts_with("->"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for b in ["10.244.2.2:8080", "10.244.2.3:8080"] {
+        assert!(
+            edge_lb.contains(b),
+            "edge's LB virtual server lacks {b}:\n{edge_lb}"
+        );
+    }
+    // ... and outside clients are dropped before IPVS, on the LB IP and the NodePort.
+    let firewall = section("## firewall a", "## health listener a");
+    for vip in [
+        "-d 203.0.113.2/32 -p tcp -m tcp --dport 8443",
+        "-d 172.30.0.11/32 -p tcp -m tcp --dport 30001",
+    ] {
+        assert!(
+            firewall.lines().any(|l| l.contains(vip)
+                && l.contains("has no local endpoints")
+                && l.ends_with("-j DROP")),
+            "no drop for outside clients of {vip}:\n{firewall}"
+        );
+    }
+    // The health check node port is the proxy's own listener, in the accept set, and no
+    // virtual server takes it.
+    let ipvs_a = section("## ipvsadm a", "## firewall a");
+    assert!(!ipvs_a.contains(":30002 "), "{ipvs_a}");
+    assert!(
+        section("## health listener a", "## health set a").contains("LISTEN"),
+        "{log}"
+    );
+    let hc_set = section("## health set a", "## end");
+    assert!(hc_set.lines().any(|l| l.trim() == "30002"), "{hc_set}");
     assert!(log.contains("## namespaces left: 0"), "{log}");
 }

@@ -289,11 +289,6 @@ pub fn save(family: IpFamily, table: Option<Table>) -> Result<String> {
     Tool::system(family).save(table)
 }
 
-/// [`Tool::insert_rule`] with the system's programs.
-pub fn insert_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -> Result<()> {
-    Tool::system(family).insert_rule(table, chain, args)
-}
-
 /// [`Tool::delete_rule`] with the system's programs.
 pub fn delete_rule(family: IpFamily, table: Table, chain: &str, args: &[&str]) -> bool {
     Tool::system(family).delete_rule(table, chain, args)

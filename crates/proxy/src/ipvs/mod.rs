@@ -9,7 +9,9 @@
 //!   `<node IP>:<nodePort>` for every node address — with the scheduler of
 //!   `--ipvs-scheduler` (default rr), sessionAffinity ClientIP as persistence with its
 //!   timeout, and a masquerading (NAT) real server of weight 1 per endpoint (only local ones
-//!   where the traffic policy is Local);
+//!   where the traffic policy is Local — or, with no local one, every cluster endpoint, as
+//!   kube-proxy since kubernetes#97081, with outside clients dropped in filter
+//!   `KUBE-PROXY-FIREWALL` as the other modes drop them);
 //! * ipsets: `KUBE-CLUSTER-IP`, `KUBE-LOOP-BACK` (endpoint,port,endpoint: hairpin),
 //!   `KUBE-EXTERNAL-IP(-LOCAL)`, `KUBE-LOAD-BALANCER(-LOCAL, -FW, -SOURCE-IP, -SOURCE-CIDR)`,
 //!   `KUBE-NODE-PORT(-LOCAL)-TCP/UDP` (bitmap:port), `KUBE-NODE-PORT(-LOCAL)-SCTP-HASH`,

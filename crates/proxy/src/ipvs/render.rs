@@ -304,6 +304,8 @@ fn ip_port(ip: IpAddr, proto: Protocol, port: u16) -> String {
 /// loopback and `kube-ipvs0`'s own).
 pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOptions) -> Desired {
     let mut d = Desired::default();
+    // External frontends short-circuited to cluster endpoints: (VIP, protocol, port, service).
+    let mut no_local: Vec<(IpAddr, Protocol, u16, String)> = Vec::new();
     let mut sets: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
     let mut add = |set: &'static str, e: String| {
         sets.entry(set).or_default().insert(e);
@@ -315,16 +317,14 @@ pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOpt
             persistence: sp.affinity_timeout,
         };
         for fe in &sp.frontends {
+            let short_circuited = short_circuited(sp, fe);
             let real_servers: BTreeSet<RealServer> = match fe.verdict {
-                Verdict::Forward => sp
-                    .endpoints(fe.endpoints)
-                    .iter()
-                    .map(|e| RealServer {
-                        addr: e.ip,
-                        port: e.port,
-                        weight: 1,
-                    })
-                    .collect(),
+                Verdict::Forward => rs_of(sp.endpoints(fe.endpoints)),
+                // Policy Local without a local endpoint: kube-proxy's syncEndpoint gives the
+                // virtual server every cluster endpoint (kubernetes#97081), so pods and the
+                // node reach the service; outside sources are dropped by
+                // `no_local_endpoint_drops` below, as in the other modes.
+                Verdict::Drop if short_circuited => rs_of(&sp.cluster_endpoints),
                 // No real server: IPVS answers with ICMP port unreachable (a rejection).
                 Verdict::Reject | Verdict::Drop => BTreeSet::new(),
             };
@@ -400,6 +400,11 @@ pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOpt
                     vips.extend(node_ips.iter().filter(|ip| IpFamily::of(ip) == family));
                 }
             }
+            if short_circuited {
+                for &addr in &vips {
+                    no_local.push((addr, proto, fe.port, key.to_string()));
+                }
+            }
             for addr in vips {
                 let vs = d
                     .services
@@ -429,12 +434,63 @@ pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOpt
             },
         );
     }
-    d.iptables = iptables_rules(plan, family, &d, opts);
+    d.iptables = iptables_rules(plan, family, &d, opts, &no_local);
     d
 }
 
-/// kube-proxy's `writeIptablesRules`: rules for the non-empty sets only.
-fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions) -> String {
+/// A frontend with externalTrafficPolicy Local, no local endpoint, but cluster endpoints
+/// that pods and the node may use instead ([`weir_model::Frontend::short_circuit`]).
+fn short_circuited(sp: &weir_model::ServicePortPlan, fe: &weir_model::Frontend) -> bool {
+    fe.verdict == Verdict::Drop && fe.short_circuit && !sp.cluster_endpoints.is_empty()
+}
+
+fn rs_of(eps: &[weir_model::Endpoint]) -> BTreeSet<RealServer> {
+    eps.iter()
+        .map(|e| RealServer {
+            addr: e.ip,
+            port: e.port,
+            weight: 1,
+        })
+        .collect()
+}
+
+/// Drops, in filter `KUBE-PROXY-FIREWALL` (INPUT, before IPVS at LOCAL_IN), new traffic
+/// from outside the cluster CIDR and the node to short-circuited frontends: their virtual
+/// servers hold every cluster endpoint for the pods' sake, but an outside client of a
+/// policy-Local frontend must not be sent to another node (kube-proxy's ipvs mode forwards
+/// it unmasqueraded, so the reply never finds the client; the other modes drop it).
+fn no_local_endpoint_drops(
+    filter: &mut String,
+    plan: &Plan,
+    family: IpFamily,
+    frontends: &[(IpAddr, Protocol, u16, String)],
+) {
+    let not_pods = plan
+        .cluster_cidrs
+        .iter()
+        .find(|c| IpFamily::of_net(c) == family)
+        .map(|c| format!("! -s {c} "))
+        .unwrap_or_default();
+    let host = if family == IpFamily::V4 { 32 } else { 128 };
+    for (addr, proto, port, svc) in frontends {
+        let _ = writeln!(
+            filter,
+            "-A {KUBE_PROXY_FIREWALL} {not_pods}-d {addr}/{host} -p {} -m {} --dport {port} -m addrtype ! --src-type LOCAL -m conntrack --ctstate NEW -m comment --comment \"{svc} has no local endpoints\" -j DROP",
+            proto.as_str(),
+            proto.as_str()
+        );
+    }
+}
+
+/// kube-proxy's `writeIptablesRules`: rules for the non-empty sets only; `no_local`: the
+/// short-circuited frontends (see [`no_local_endpoint_drops`]).
+fn iptables_rules(
+    plan: &Plan,
+    family: IpFamily,
+    d: &Desired,
+    opts: &IpvsOptions,
+    no_local: &[(IpAddr, Protocol, u16, String)],
+) -> String {
     let name = |base: &str| set_name(base, family);
     let full = |base: &str| {
         d.ipsets
@@ -629,6 +685,7 @@ fn iptables_rules(plan: &Plan, family: IpFamily, d: &Desired, opts: &IpvsOptions
     );
     let _ = writeln!(nat, "-A {KUBE_LOAD_BALANCER} -j {KUBE_MARK_MASQ}");
     let _ = writeln!(filter, "-A {KUBE_SOURCE_RANGES_FIREWALL} -j DROP");
+    no_local_endpoint_drops(&mut filter, plan, family, no_local);
     // Accept what IPVS will take, in case later rules would drop it.
     for set in [CLUSTER_IP, LOAD_BALANCER] {
         if full(set) {

@@ -27,6 +27,10 @@ pub fn vm_turn() -> Option<(&'static weir_vmtest::Vm, MutexGuard<'static, ()>)> 
     Some((vm, turn))
 }
 
+/// `WEIR_LAB_TIMEOUT_SCALE` of the VM's labs: their startup waits, and their probes'
+/// refusal and answer windows, are this many times the host's (software emulation).
+pub const TIMEOUT_SCALE: u32 = 8;
+
 /// What a lab run in the VM left: check's exit status and JSON, and the script's stderr (`lab
 /// up`'s progress with its timings, check's table, whatever `after` printed).
 pub struct LabRun {
@@ -43,7 +47,7 @@ pub fn run(vm: &weir_vmtest::Vm, name: &str, topology: &str, proxy: &str, after:
     let script = format!(
         "set -e
 LAB={name}
-export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni} WEIR_LAB_TIMEOUT_SCALE=8
+export WEIR_LAB_STATE=/tmp/wl-state-{name} WEIR_CNI={cni} WEIR_LAB_TIMEOUT_SCALE={TIMEOUT_SCALE}
 mkdir -p $WEIR_LAB_STATE
 trap '{WEIR} lab down {name} >/dev/null 2>&1 || true' EXIT
 cat > $WEIR_LAB_STATE/topology-input.yaml <<'TOPOLOGY'
