@@ -363,10 +363,18 @@ fn check_plan_matches_planner() -> Result<(), String> {
     };
     let dir = TempDir::new("check")?;
     write_manifests(&dir.0, shape);
-    let mut md = weir_source::ManifestDir::new(&dir.0);
+    // Just written: without settle 0 the files would wait out the source's settle time.
+    let limits = weir_source::Limits {
+        settle: std::time::Duration::ZERO,
+        ..Default::default()
+    };
+    let mut md = weir_source::ManifestDir::with_limits(&dir.0, limits);
     let report = md.scan();
-    if !report.errors.is_empty() {
-        return Err(format!("manifests rejected: {:?}", report.errors));
+    if !report.errors.is_empty() || report.pending > 0 {
+        return Err(format!(
+            "manifests not read: {} pending, errors {:?}",
+            report.pending, report.errors
+        ));
     }
     let config = weir_model::ProxyConfig {
         node_name: "bench".into(),
