@@ -155,6 +155,8 @@ pub struct State {
     /// that serving a page copies that page only, not the whole snapshot.
     pages: HashMap<u64, (u64, Arc<Vec<Value>>)>,
     next_page: u64,
+    /// Objects serialized so far.
+    encodings: u64,
 }
 
 fn key_of(resource: Resource, object: &Value) -> Result<Key, String> {
@@ -181,6 +183,11 @@ impl State {
         self.objects
             .get(&(resource, ns.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// How many object serializations the state has made so far.
+    pub fn encodings(&self) -> u64 {
+        self.encodings
     }
 
     /// The current resourceVersion.
@@ -284,6 +291,7 @@ impl State {
             .filter(|l| *l > 0)
             .map_or(items.len(), |l| (offset + l).min(items.len()));
         let page_items = items[offset.min(items.len())..end].to_vec();
+        self.encodings += page_items.len() as u64;
         let mut metadata = json!({ "resourceVersion": rv.to_string() });
         if end < items.len() {
             let id = page.unwrap_or_else(|| {
@@ -408,6 +416,52 @@ mod tests {
         s.expire_continue_tokens();
         let gone = s.list(Resource::Services, &q(2, Some(&token))).unwrap_err();
         assert_eq!((gone.code, gone.reason), (410, "Expired"));
+    }
+
+    fn list_page(s: &mut State, q: &Query) -> Value {
+        s.list(Resource::Services, q).unwrap()
+    }
+
+    /// A list of N objects costs N encodings at apply and none after, whatever the page size.
+    #[test]
+    fn lists_and_watches_reuse_the_encodings_made_at_apply() {
+        let mut s = State::default();
+        let n = 1000;
+        for i in 0..n {
+            s.apply(svc(&format!("s{i:04}"), "10.96.0.1")).unwrap();
+        }
+        let at_apply = s.encodings();
+        assert!(at_apply <= 2 * n as u64, "{at_apply} encodings for {n} objects");
+        for limit in [1, 7, 500, 0] {
+            let mut names = Vec::new();
+            let mut token = None;
+            loop {
+                let q = Query {
+                    limit: Some(limit),
+                    continue_token: token.take(),
+                    ..Query::default()
+                };
+                let page = list_page(&mut s, &q);
+                for item in page["items"].as_array().unwrap() {
+                    names.push(item["metadata"]["name"].as_str().unwrap().to_string());
+                }
+                match page["metadata"]["continue"].as_str() {
+                    Some(t) => token = Some(t.to_string()),
+                    None => break,
+                }
+            }
+            let expected: Vec<String> = (0..n).map(|i| format!("s{i:04}")).collect();
+            assert_eq!(names, expected, "pages of {limit}");
+            assert_eq!(
+                s.encodings() - at_apply,
+                0,
+                "listing by pages of {limit} encoded objects again"
+            );
+        }
+        let q = Query::default();
+        assert_eq!(s.current_as_added(Resource::Services, &q).len(), n);
+        assert_eq!(s.events_since(Resource::Services, &q, 0).unwrap().0.len(), n);
+        assert_eq!(s.encodings(), at_apply, "watch events encoded objects again");
     }
 
     #[test]
