@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::state::{Query, Resource, State, Status};
+use crate::state::{Query, Resource, State, Status, WatchEvent};
 
 /// Faults and pacing a test sets.
 #[derive(Debug, Clone)]
@@ -75,11 +75,15 @@ impl Default for Shared {
 }
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
+    json_bytes(status, Bytes::from(body.to_string()))
+}
+
+fn json_bytes(status: StatusCode, body: Bytes) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
         .body(
-            Full::new(Bytes::from(body.to_string()))
+            Full::new(body)
                 .map_err(|e: Infallible| match e {})
                 .boxed_unsync(),
         )
@@ -305,7 +309,7 @@ async fn list_response(shared: &Shared, resource: Resource, q: &Query) -> Respon
     }
     let result = shared.state().list(resource, q);
     match result {
-        Ok(list) => full(StatusCode::OK, list),
+        Ok(list) => json_bytes(StatusCode::OK, list),
         Err(s) => status_response(&s),
     }
 }
@@ -320,6 +324,32 @@ fn line(v: &Value) -> Chunk {
 
 fn event(kind: &str, object: Value) -> Value {
     json!({ "type": kind, "object": object })
+}
+
+/// Watch events up to this many bytes go out as one chunk.
+const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Sends events as JSON lines built from the objects' stored encodings, several to a chunk.
+async fn send_events(
+    tx: &mpsc::Sender<Chunk>,
+    events: Vec<WatchEvent>,
+) -> Result<(), mpsc::error::SendError<Chunk>> {
+    let mut buf = Vec::new();
+    for (kind, object) in events {
+        buf.extend_from_slice(b"{\"type\":\"");
+        buf.extend_from_slice(kind.as_bytes());
+        buf.extend_from_slice(b"\",\"object\":");
+        buf.extend_from_slice(&object);
+        buf.extend_from_slice(b"}\n");
+        if buf.len() >= CHUNK_BYTES {
+            tx.send(Ok(Frame::data(Bytes::from(std::mem::take(&mut buf)))))
+                .await?;
+        }
+    }
+    if !buf.is_empty() {
+        tx.send(Ok(Frame::data(Bytes::from(buf)))).await?;
+    }
+    Ok(())
 }
 
 /// A 200 whose chunked body carries the watch's events, one JSON object per line.
@@ -379,9 +409,7 @@ async fn stream_watch(
                 let s = shared.state();
                 (s.current_as_added(resource, q), s.resource_version())
             };
-            for (t, o) in events {
-                tx.send(line(&event(t, o))).await?;
-            }
+            send_events(tx, events).await?;
             rv
         }
         rv => match rv.parse() {
@@ -397,9 +425,7 @@ async fn stream_watch(
         let result = shared.state().events_since(resource, q, at);
         match result {
             Ok((events, rv)) => {
-                for (t, o) in events {
-                    tx.send(line(&event(t, o))).await?;
-                }
+                send_events(tx, events).await?;
                 at = rv;
             }
             Err(gone) => {
@@ -457,6 +483,43 @@ mod tests {
         assert_eq!(route("/api/v1/namespaces/x/nodes"), None);
         assert_eq!(route("/api/v1/pods"), Some((Resource::Pods, None)));
         assert_eq!(route("/api/v1/configmaps"), None);
+    }
+
+    #[tokio::test]
+    async fn watch_events_are_json_lines_from_the_stored_bytes_several_to_a_chunk() {
+        let mut state = State::default();
+        for i in 0..2000 {
+            let svc = json!({"kind": "Service", "metadata": {"name": format!("s{i}")}});
+            state.apply(svc).unwrap();
+        }
+        let events = state.current_as_added(Resource::Services, &Query::default());
+        let (tx, mut rx) = mpsc::channel(1024);
+        send_events(&tx, events).await.unwrap();
+        drop(tx);
+        let mut chunks = 0;
+        let mut names = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            chunks += 1;
+            let data = chunk.unwrap().into_data().unwrap();
+            assert!(data.ends_with(b"\n"), "a chunk ends with a whole line");
+            for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let event: Value = serde_json::from_slice(line).unwrap();
+                assert_eq!(event["type"], "ADDED");
+                assert_eq!(event["object"]["kind"], "Service");
+                assert_eq!(event["object"]["apiVersion"], "v1");
+                names.push(
+                    event["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                );
+            }
+        }
+        assert_eq!(names.len(), 2000);
+        assert!(
+            (2..2000).contains(&chunks),
+            "{chunks} chunks for 2000 events"
+        );
     }
 
     #[test]
