@@ -98,9 +98,10 @@ pub struct Planner {
     services: HashMap<NsName, Arc<ServiceInfo>>,
     slices: HashMap<NsName, Arc<EndpointSliceInfo>>,
     nodes: HashMap<String, Arc<NodeInfo>>,
-    /// Labelled slices by (namespace, service name), then slice name (the order the
-    /// endpoints are merged in).
-    by_service: HashMap<NsName, BTreeMap<String, Arc<EndpointSliceInfo>>>,
+    /// Labelled slices by (namespace, service name), sorted by slice name (the order the
+    /// endpoints are merged in). A sorted `Vec`, not a map: most services have one slice,
+    /// and a B-tree's node has room for eleven (~400 bytes per service at 10,000).
+    by_service: HashMap<NsName, Vec<Arc<EndpointSliceInfo>>>,
     planned: HashMap<NsName, Planned>,
     /// Every standing warning with the number of places reporting it.
     warnings: BTreeMap<String, usize>,
@@ -279,10 +280,11 @@ impl Planner {
         match &slice.service_name {
             Some(svc) => {
                 let group = ns_name(&key.0, svc);
-                self.by_service
-                    .entry(group.clone())
-                    .or_default()
-                    .insert(key.1.clone(), slice.clone());
+                let slices = self.by_service.entry(group.clone()).or_default();
+                match slices.binary_search_by(|s| (*s.name).cmp(&key.1)) {
+                    Ok(i) => slices[i] = slice.clone(),
+                    Err(i) => slices.insert(i, slice.clone()),
+                }
                 dirty.insert(group);
             }
             None => add_warning(&mut self.warnings, unlabelled(key)),
@@ -294,7 +296,9 @@ impl Planner {
             Some(svc) => {
                 let group = ns_name(&key.0, svc);
                 if let Some(g) = self.by_service.get_mut(&group) {
-                    g.remove(&key.1);
+                    if let Ok(i) = g.binary_search_by(|s| (*s.name).cmp(&key.1)) {
+                        g.remove(i);
+                    }
                     if g.is_empty() {
                         self.by_service.remove(&group);
                     }
@@ -324,7 +328,7 @@ impl Planner {
             slices
                 .into_iter()
                 .flatten()
-                .map(|(n, s)| (n.as_str(), &**s)),
+                .map(|s| (&*s.name, &**s)),
             &ctx.config.node_name,
             &mut warnings,
         );
