@@ -554,8 +554,8 @@ impl EndpointIndex {
                             serving: e.serving.unwrap_or(true),
                             terminating: e.terminating.unwrap_or(false),
                         },
-                        zone_hints: e.zone_hints.clone(),
-                        node_hints: e.node_hints.clone(),
+                        zone_hints: e.zone_hints().into(),
+                        node_hints: e.node_hints().into(),
                     };
                     let k = (ip, num as u16);
                     if !set.contains_key(&k) || is_local {
