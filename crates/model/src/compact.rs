@@ -179,8 +179,25 @@ pub struct EndpointInfo {
     pub hostname: Option<Box<str>>,
     pub node_name: Option<Arc<str>>,
     pub zone: Option<Arc<str>>,
-    pub zone_hints: Box<[Arc<str>]>,
-    pub node_hints: Box<[Arc<str>]>,
+    /// Topology hints, boxed: most endpoints have none, and two empty lists inline would
+    /// cost 32 bytes per endpoint (3 MiB at 10,000 services × 10 endpoints).
+    pub hints: Option<Box<EndpointHints>>,
+}
+
+/// `hints.forZones[].name` and `hints.forNodes[].name`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EndpointHints {
+    pub zones: Box<[Arc<str>]>,
+    pub nodes: Box<[Arc<str>]>,
+}
+
+impl EndpointInfo {
+    pub fn zone_hints(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.zones)
+    }
+    pub fn node_hints(&self) -> &[Arc<str>] {
+        self.hints.as_deref().map_or(&[], |h| &h.nodes)
+    }
 }
 
 /// What weir keeps of a Node.
@@ -321,16 +338,20 @@ impl From<&EndpointSlice> for EndpointSliceInfo {
                         hostname: e.hostname.as_deref().map(Into::into),
                         node_name: intern_opt(e.node_name.as_ref()),
                         zone: intern_opt(e.zone.as_ref()),
-                        zone_hints: names(
-                            hints
-                                .and_then(|h| h.for_zones.as_ref())
-                                .map(|z| z.iter().map(|z| &z.name).collect()),
-                        ),
-                        node_hints: names(
-                            hints
-                                .and_then(|h| h.for_nodes.as_ref())
-                                .map(|n| n.iter().map(|n| &n.name).collect()),
-                        ),
+                        hints: Some(EndpointHints {
+                            zones: names(
+                                hints
+                                    .and_then(|h| h.for_zones.as_ref())
+                                    .map(|z| z.iter().map(|z| &z.name).collect()),
+                            ),
+                            nodes: names(
+                                hints
+                                    .and_then(|h| h.for_nodes.as_ref())
+                                    .map(|n| n.iter().map(|n| &n.name).collect()),
+                            ),
+                        })
+                        .filter(|h| !h.zones.is_empty() || !h.nodes.is_empty())
+                        .map(Box::new),
                     }
                 })
                 .collect(),
@@ -487,18 +508,18 @@ impl From<&EndpointSliceInfo> for EndpointSlice {
             .as_ref()
             .map(|t| [(ANNOTATION_TRIGGER_TIME.to_string(), t.to_string())].into());
         let hints = |e: &EndpointInfo| {
-            (!e.zone_hints.is_empty() || !e.node_hints.is_empty()).then(|| {
+            (!e.zone_hints().is_empty() || !e.node_hints().is_empty()).then(|| {
                 discovery::EndpointHints {
-                    for_zones: (!e.zone_hints.is_empty()).then(|| {
-                        e.zone_hints
+                    for_zones: (!e.zone_hints().is_empty()).then(|| {
+                        e.zone_hints()
                             .iter()
                             .map(|z| discovery::ForZone {
                                 name: z.to_string(),
                             })
                             .collect()
                     }),
-                    for_nodes: (!e.node_hints.is_empty()).then(|| {
-                        e.node_hints
+                    for_nodes: (!e.node_hints().is_empty()).then(|| {
+                        e.node_hints()
                             .iter()
                             .map(|n| discovery::ForNode {
                                 name: n.to_string(),

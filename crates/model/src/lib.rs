@@ -12,7 +12,7 @@ mod planner;
 mod pod;
 
 pub use compact::{
-    EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo, NodeInfo,
+    EndpointHints, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo, NodeInfo,
     ServiceInfo, ServicePortInfo, ServiceSpecInfo,
 };
 pub use diff::{Changed, PlanDiff};

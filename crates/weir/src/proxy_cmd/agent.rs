@@ -23,6 +23,19 @@ fn release_freed_memory() {
     }
 }
 
+/// One glibc arena for the whole process instead of one per thread that allocates: the API
+/// source's thread builds the objects the main loop keeps, and a second arena held the
+/// objects in one heap and its free space in another (at 10,000 services: RSS 1.4 MiB and
+/// the high-water mark 3.6 MiB lower with one). The threads seldom allocate at the same
+/// time (the store's lock orders them), so sharing one arena costs little. Must run before
+/// the threads start.
+pub fn use_one_malloc_arena() {
+    // SAFETY: mallopt only changes glibc's allocator's tuning.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
 /// Every address configured in this network namespace (NodePort address matching).
 fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
     let mut rtnl = weir_kernel::Rtnl::new().context("open rtnetlink")?;

@@ -100,6 +100,7 @@ fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    agent::use_one_malloc_arena();
     crate::init_logging();
     match args.command {
         Some(ProxyCommand::Cleanup { proxy_mode }) => cleanup(proxy_mode),
