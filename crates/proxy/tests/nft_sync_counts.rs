@@ -143,7 +143,7 @@ fn netlink_elements(plan: &Plan) -> Vec<usize> {
 
 /// Rendering builds each element once: before, finding repeated keys copied every element's
 /// set name and key, and every endpoint entry built a hairpin element (name and key) even
-/// when its address was seen before — 7.x allocations per element, now under 5.
+/// when its address was seen before: 5.6 allocations per element at 2,000 services, now 3.4.
 #[test]
 fn rendering_copies_no_set_name_or_key_per_element() {
     let plan = plan(2000);
@@ -157,7 +157,7 @@ fn rendering_copies_no_set_name_or_key_per_element() {
     let per_element = allocs as f64 / elements as f64;
     eprintln!("ruleset: {allocs} allocations for {elements} elements ({per_element:.2} each)");
     assert!(
-        per_element < 5.0,
+        per_element < 4.5,
         "{per_element:.2} allocations per element"
     );
 }
@@ -189,7 +189,8 @@ impl Drop for TestNs {
 /// A cold full sync sends every element once, in as few messages and transactions as the
 /// limits allow, and allocates a bounded amount per element (before: every element was
 /// encoded into a buffer of its own and then copied into the message, and every datagram
-/// read allocated a fresh megabyte). A second process's full sync over those rules (a
+/// read allocated a fresh megabyte): 7.4 allocations per element at 2,000 services, now 3.5.
+/// A second process's full sync over those rules (a
 /// restart) sends nothing.
 #[test]
 fn a_cold_full_sync_sends_each_element_once_in_full_messages() {
@@ -227,7 +228,7 @@ fn a_cold_full_sync_sends_each_element_once_in_full_messages() {
     let per_element = cold_allocs as f64 / total as f64;
     eprintln!("cold full sync: {cold:?}, {cold_allocs} allocations ({per_element:.2} per element)");
     assert!(
-        per_element < 6.0,
+        per_element < 5.0,
         "{per_element:.2} allocations per element"
     );
     assert_eq!(resync.elements, 0, "a restart rewrote elements: {resync:?}");
