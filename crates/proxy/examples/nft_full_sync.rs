@@ -55,7 +55,7 @@ fn service(i: usize) -> (ServicePortKey, ServicePortPlan) {
         Some(IpAddr::V4(add(Ipv4Addr::new(10, 96, 0, 1), i))),
         80,
     )];
-    if i % 10 == 0 && i / 10 < 2768 {
+    if i.is_multiple_of(10) && i / 10 < 2768 {
         frontends.push(frontend(
             FrontendKind::NodePort,
             None,

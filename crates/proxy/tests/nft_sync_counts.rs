@@ -86,7 +86,7 @@ fn plan(n: usize) -> Plan {
             Some(IpAddr::V4(add(Ipv4Addr::new(10, 96, 0, 1), i))),
             80,
         )];
-        if i % 10 == 0 {
+        if i.is_multiple_of(10) {
             frontends.push(frontend(
                 FrontendKind::NodePort,
                 None,
