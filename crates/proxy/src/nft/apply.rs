@@ -17,7 +17,9 @@ use std::time::Instant;
 
 use weir_model::{Plan, PlanDiff};
 
-use super::netlink::{NftNetlink, Op, RawData, RawElement};
+use super::element::Element;
+
+use super::netlink::{NftNetlink, Op, RawData, RawElement, Sent, Wire};
 use super::render::{
     render_full, render_structure, render_update_parts, ruleset, update, EndpointRefs, NftOptions,
     Ruleset, Update,
@@ -48,6 +50,15 @@ impl NftBackend {
             expected_rules: HashMap::new(),
             netlink: None,
         }
+    }
+
+    /// What the backend's netlink socket has sent (zero before it opened one): counts for
+    /// tests, never times.
+    pub fn netlink_sent(&self) -> Sent {
+        self.netlink
+            .as_ref()
+            .map(NftNetlink::sent)
+            .unwrap_or_default()
     }
 
     fn netlink(&mut self) -> Result<&mut NftNetlink> {
@@ -136,14 +147,14 @@ impl NftBackend {
             (Some(mut old), Some(d)) if !d.globals_changed => {
                 let u = update(&old, plan, d, &self.opts, &self.refs);
                 if u.elements_only() {
-                    let ops: Vec<(Op, &str, RawElement)> = u
+                    let ops: Vec<(Op, &str, Wire)> = u
                         .del_el
                         .iter()
-                        .map(|(s, e)| (Op::Delete, s.as_str(), RawElement::of(e)))
+                        .map(|(s, e)| (Op::Delete, s.as_str(), Wire::Plan(e)))
                         .chain(
                             u.add_el
                                 .iter()
-                                .map(|(s, e)| (Op::Add, s.as_str(), RawElement::of(e))),
+                                .map(|(s, e)| (Op::Add, s.as_str(), Wire::Plan(e))),
                         )
                         .collect();
                     let table = self.opts.table.clone();
@@ -186,27 +197,28 @@ impl NftBackend {
     }
 
     /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
-    /// maps before the endpoint maps they lead to), then adds (endpoint maps first).
-    fn reconcile_elements<'r>(
-        &mut self,
-        rs: &'r Ruleset,
-    ) -> Result<Vec<(Op, &'r str, RawElement)>> {
+    /// maps before the endpoint maps they lead to), then adds (endpoint maps first). The adds
+    /// borrow the ruleset's elements (encoded once, into the netlink message); a map the
+    /// kernel holds empty (a first start) is compared with nothing.
+    fn reconcile_elements<'r>(&mut self, rs: &'r Ruleset) -> Result<Vec<(Op, &'r str, Wire<'r>)>> {
         let table = self.opts.table.clone();
         let mut deletes = Vec::new();
         let mut adds = Vec::new();
         for (name, _) in rs.decls.iter().filter(|(n, _)| rs.via_netlink(n)) {
-            let current: HashMap<Vec<u8>, Option<RawData>> = self
-                .netlink()?
-                .dump(&table, name)?
-                .into_iter()
-                .map(|e| (e.key, e.data))
-                .collect();
-            let desired: Vec<RawElement> = rs
-                .elements
-                .get(name)
-                .map(|els| els.iter().map(RawElement::of).collect())
-                .unwrap_or_default();
-            let wanted: HashMap<&[u8], &Option<RawData>> = desired
+            let desired: &[Element] = rs.elements.get(name).map_or(&[], Vec::as_slice);
+            let current = self.netlink()?.dump(&table, name)?;
+            if current.is_empty() {
+                adds.extend(
+                    desired
+                        .iter()
+                        .map(|e| (Op::Add, name.as_str(), Wire::Plan(e))),
+                );
+                continue;
+            }
+            let current: HashMap<Vec<u8>, Option<RawData>> =
+                current.into_iter().map(|e| (e.key, e.data)).collect();
+            let desired_raw: Vec<RawElement> = desired.iter().map(RawElement::of).collect();
+            let wanted: HashMap<&[u8], &Option<RawData>> = desired_raw
                 .iter()
                 .map(|e| (e.key.as_slice(), &e.data))
                 .collect();
@@ -216,19 +228,20 @@ impl NftBackend {
                     set_deletes.push((
                         Op::Delete,
                         name.as_str(),
-                        RawElement {
+                        Wire::Raw(RawElement {
                             key: key.clone(),
                             data: data.clone(),
-                        },
+                        }),
                     ));
                 }
             }
             deletes.push(set_deletes);
             adds.extend(
                 desired
-                    .into_iter()
-                    .filter(|e| current.get(&e.key) != Some(&e.data))
-                    .map(|e| (Op::Add, name.as_str(), e)),
+                    .iter()
+                    .zip(&desired_raw)
+                    .filter(|(_, raw)| current.get(&raw.key) != Some(&raw.data))
+                    .map(|(e, _)| (Op::Add, name.as_str(), Wire::Plan(e))),
             );
         }
         Ok(deletes.into_iter().rev().flatten().chain(adds).collect())

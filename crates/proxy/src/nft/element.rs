@@ -101,6 +101,12 @@ impl fmt::Display for Element {
 /// expression writes a native u32 into the register).
 pub fn encode(vals: &[Val]) -> Vec<u8> {
     let mut out = Vec::with_capacity(vals.len() * 8);
+    encode_into(&mut out, vals);
+    out
+}
+
+/// [`encode`], appended to `out`.
+pub fn encode_into(out: &mut Vec<u8>, vals: &[Val]) {
     for v in vals {
         match v {
             Val::Addr(IpAddr::V4(a)) => out.extend_from_slice(&a.octets()),
@@ -117,7 +123,6 @@ pub fn encode(vals: &[Val]) -> Vec<u8> {
             Val::Slot(s) => out.extend_from_slice(&s.to_ne_bytes()),
         }
     }
-    out
 }
 
 fn proto_number(p: Protocol) -> u8 {

@@ -7,7 +7,7 @@ pub mod element;
 pub mod netlink;
 mod render;
 
-pub use apply::NftBackend;
+pub use apply::{NftBackend, COLD_START_CHUNK};
 pub use render::{
     render_full, render_structure, render_update, render_update_parts, ruleset, update,
     EndpointRefs, NftOptions, Ruleset, Update,

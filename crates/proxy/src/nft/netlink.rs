@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
-use super::element::{encode, Data, Element};
+use super::element::{encode, encode_into, Data, Element, Val};
 use crate::backend::{Error, Result};
 
 const NFNL_SUBSYS_NFTABLES: u16 = 10;
@@ -56,6 +56,9 @@ const NF_DROP: i32 = 0;
 const NFT_GOTO: i32 = -4;
 /// Elements per netlink message; a transaction holds as many messages as it needs.
 const ELEMENTS_PER_MESSAGE: usize = 1024;
+/// Bytes of elements after which a message is closed: one more element (at most a few
+/// hundred bytes: a verdict names a chain of up to 256) must still fit a 16-bit length.
+const MESSAGE_LIST_BYTES: usize = 64 * 1024 - 1024;
 
 /// Element data as the kernel stores it (what a dump returns), for comparing with a plan.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -90,6 +93,28 @@ impl RawElement {
     }
 }
 
+/// An element of a batch: one of the plan's (encoded straight into the message, with no
+/// copy in between) or one as a dump returned it (a stale element to delete).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wire<'a> {
+    Plan(&'a Element),
+    Raw(RawElement),
+}
+
+/// What a socket has sent so far: counts that tests bound (elements per message, messages per
+/// batch), never times.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Transactions (batches) sent.
+    pub batches: usize,
+    /// Element messages in them.
+    pub messages: usize,
+    /// Elements in those messages.
+    pub elements: usize,
+    /// Bytes handed to the kernel.
+    pub bytes: usize,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     Add,
@@ -100,6 +125,10 @@ pub enum Op {
 pub struct NftNetlink {
     socket: Socket,
     seq: u32,
+    /// One receive buffer for the socket's life: a fresh megabyte per datagram cost a page
+    /// fault per page touched, hundreds of datagrams per full sync.
+    rx: Vec<u8>,
+    sent: Sent,
 }
 
 fn attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
@@ -111,9 +140,28 @@ fn attr(buf: &mut Vec<u8>, kind: u16, payload: &[u8]) {
 }
 
 fn attr_str(buf: &mut Vec<u8>, kind: u16, s: &str) {
-    let mut p = s.as_bytes().to_vec();
-    p.push(0);
-    attr(buf, kind, &p);
+    let at = buf.len();
+    buf.extend_from_slice(&[0, 0]);
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    buf.extend_from_slice(s.as_bytes());
+    buf.push(0);
+    attr_end(buf, at);
+}
+
+/// Sets the length of the attribute starting at `at` and pads it to 4 bytes.
+fn attr_end(buf: &mut Vec<u8>, at: usize) {
+    let len = buf.len() - at;
+    buf[at..at + 2].copy_from_slice(&(len as u16).to_ne_bytes());
+    buf.resize(buf.len() + (4 - len % 4) % 4, 0);
+}
+
+/// A value attribute holding the kernel encoding of `vals`, written in place.
+fn attr_vals(buf: &mut Vec<u8>, kind: u16, vals: &[Val]) {
+    let at = buf.len();
+    buf.extend_from_slice(&[0, 0]);
+    buf.extend_from_slice(&kind.to_ne_bytes());
+    encode_into(buf, vals);
+    attr_end(buf, at);
 }
 
 /// Starts a nested attribute; returns its offset for [`nest_end`].
@@ -129,27 +177,46 @@ fn nest_end(buf: &mut [u8], at: usize) {
     buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
 }
 
-fn encode_element(buf: &mut Vec<u8>, e: &RawElement, with_data: bool) {
+fn encode_element(buf: &mut Vec<u8>, e: &Wire, with_data: bool) {
     let el = nest_start(buf, NFTA_LIST_ELEM);
     let key = nest_start(buf, NFTA_SET_ELEM_KEY);
-    attr(buf, NFTA_DATA_VALUE, &e.key);
+    match e {
+        Wire::Plan(e) => attr_vals(buf, NFTA_DATA_VALUE, &e.key),
+        Wire::Raw(e) => attr(buf, NFTA_DATA_VALUE, &e.key),
+    }
     nest_end(buf, key);
-    if let (true, Some(d)) = (with_data, &e.data) {
-        let data = nest_start(buf, NFTA_SET_ELEM_DATA);
-        match d {
-            RawData::Value(v) => attr(buf, NFTA_DATA_VALUE, v),
-            RawData::Verdict(code, chain) => {
-                let v = nest_start(buf, NFTA_DATA_VERDICT);
-                attr(buf, NFTA_VERDICT_CODE, &code.to_be_bytes());
-                if let Some(c) = chain {
-                    attr_str(buf, NFTA_VERDICT_CHAIN, c);
+    if with_data {
+        match e {
+            Wire::Plan(Element { data: Some(d), .. }) => {
+                let data = nest_start(buf, NFTA_SET_ELEM_DATA);
+                match d {
+                    Data::Values(v) => attr_vals(buf, NFTA_DATA_VALUE, v),
+                    Data::Goto(chain) => verdict(buf, NFT_GOTO, Some(chain)),
+                    Data::Drop => verdict(buf, NF_DROP, None),
                 }
-                nest_end(buf, v);
+                nest_end(buf, data);
             }
+            Wire::Raw(RawElement { data: Some(d), .. }) => {
+                let data = nest_start(buf, NFTA_SET_ELEM_DATA);
+                match d {
+                    RawData::Value(v) => attr(buf, NFTA_DATA_VALUE, v),
+                    RawData::Verdict(code, chain) => verdict(buf, *code, chain.as_deref()),
+                }
+                nest_end(buf, data);
+            }
+            _ => {}
         }
-        nest_end(buf, data);
     }
     nest_end(buf, el);
+}
+
+fn verdict(buf: &mut Vec<u8>, code: i32, chain: Option<&str>) {
+    let v = nest_start(buf, NFTA_DATA_VERDICT);
+    attr(buf, NFTA_VERDICT_CODE, &code.to_be_bytes());
+    if let Some(c) = chain {
+        attr_str(buf, NFTA_VERDICT_CHAIN, c);
+    }
+    nest_end(buf, v);
 }
 
 /// Iterates over the attributes in `buf`: (type without flags, payload).
@@ -201,6 +268,77 @@ fn message(buf: &mut Vec<u8>, kind: u16, flags: u16, seq: u32, res_id: u16, body
     buf.extend_from_slice(body);
 }
 
+/// The bytes of one transaction applying `ops` to sets of `table`, and (seq, op, set) of each
+/// element message in it. Consecutive ops on one set share a message, up to
+/// [`ELEMENTS_PER_MESSAGE`] elements and [`MESSAGE_LIST_BYTES`] bytes of elements (a nested
+/// attribute's length is 16 bits: a thousand IPv6 elements would overflow it).
+fn batch<'o>(
+    seq: &mut u32,
+    table: &str,
+    ops: &'o [(Op, &'o str, Wire)],
+) -> (Vec<u8>, Vec<(u32, Op, &'o str)>) {
+    let mut next = || {
+        *seq = seq.wrapping_add(1);
+        *seq
+    };
+    let mut buf = Vec::with_capacity(64 + ops.len() * 64);
+    message(
+        &mut buf,
+        NFNL_MSG_BATCH_BEGIN,
+        NLM_F_REQUEST,
+        next(),
+        NFNL_SUBSYS_NFTABLES,
+        &[],
+    );
+    let mut sent = Vec::new();
+    let mut i = 0;
+    while i < ops.len() {
+        let (op, set) = (ops[i].0, ops[i].1);
+        let (kind, flags) = match op {
+            Op::Add => (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE),
+            Op::Delete => (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK),
+        };
+        let seq = next();
+        // Written in place: the header first, its length set once the body is known.
+        let at = buf.len();
+        message(
+            &mut buf,
+            (NFNL_SUBSYS_NFTABLES << 8) | kind,
+            flags,
+            seq,
+            0,
+            &[],
+        );
+        attr_str(&mut buf, NFTA_SET_ELEM_LIST_TABLE, table);
+        attr_str(&mut buf, NFTA_SET_ELEM_LIST_SET, set);
+        let list = nest_start(&mut buf, NFTA_SET_ELEM_LIST_ELEMENTS);
+        let mut j = i;
+        while j < ops.len()
+            && j - i < ELEMENTS_PER_MESSAGE
+            && buf.len() - list < MESSAGE_LIST_BYTES
+            && ops[j].0 == op
+            && ops[j].1 == set
+        {
+            encode_element(&mut buf, &ops[j].2, op == Op::Add);
+            j += 1;
+        }
+        nest_end(&mut buf, list);
+        let len = (buf.len() - at) as u32;
+        buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
+        sent.push((seq, op, set));
+        i = j;
+    }
+    message(
+        &mut buf,
+        NFNL_MSG_BATCH_END,
+        NLM_F_REQUEST,
+        next(),
+        NFNL_SUBSYS_NFTABLES,
+        &[],
+    );
+    (buf, sent)
+}
+
 fn netlink_error(what: &str, errno: i32) -> Error {
     Error::Netlink(format!(
         "{what}: {}",
@@ -215,7 +353,12 @@ impl NftNetlink {
         socket.connect(&SocketAddr::new(0, 0))?;
         // A cold-start transaction can be megabytes; the default send buffer is ~200 KiB.
         set_buffers(&socket, 64 << 20);
-        Ok(NftNetlink { socket, seq: 1 })
+        Ok(NftNetlink {
+            socket,
+            seq: 1,
+            rx: vec![0u8; 1 << 20],
+            sent: Sent::default(),
+        })
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -223,64 +366,22 @@ impl NftNetlink {
         self.seq
     }
 
+    /// What this socket has sent so far.
+    pub fn sent(&self) -> Sent {
+        self.sent
+    }
+
     /// Applies `ops` to sets of `table` (family inet) as ONE transaction: all or nothing.
-    pub fn apply(&mut self, table: &str, ops: &[(Op, &str, RawElement)]) -> Result<()> {
+    pub fn apply(&mut self, table: &str, ops: &[(Op, &str, Wire)]) -> Result<()> {
         if ops.is_empty() {
             return Ok(());
         }
-        let mut buf = Vec::with_capacity(64 + ops.len() * 96);
-        let begin = self.next_seq();
-        message(
-            &mut buf,
-            NFNL_MSG_BATCH_BEGIN,
-            NLM_F_REQUEST,
-            begin,
-            NFNL_SUBSYS_NFTABLES,
-            &[],
-        );
-        let mut sent = Vec::new();
-        let mut i = 0;
-        while i < ops.len() {
-            let (op, set) = (ops[i].0, ops[i].1);
-            let mut j = i;
-            while j < ops.len() && j - i < ELEMENTS_PER_MESSAGE && ops[j].0 == op && ops[j].1 == set
-            {
-                j += 1;
-            }
-            let mut body = Vec::new();
-            attr_str(&mut body, NFTA_SET_ELEM_LIST_TABLE, table);
-            attr_str(&mut body, NFTA_SET_ELEM_LIST_SET, set);
-            let list = nest_start(&mut body, NFTA_SET_ELEM_LIST_ELEMENTS);
-            for (_, _, e) in &ops[i..j] {
-                encode_element(&mut body, e, op == Op::Add);
-            }
-            nest_end(&mut body, list);
-            let (kind, flags) = match op {
-                Op::Add => (NFT_MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE),
-                Op::Delete => (NFT_MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK),
-            };
-            let seq = self.next_seq();
-            message(
-                &mut buf,
-                (NFNL_SUBSYS_NFTABLES << 8) | kind,
-                flags,
-                seq,
-                0,
-                &body,
-            );
-            sent.push((seq, op, set.to_string()));
-            i = j;
-        }
-        let end = self.next_seq();
-        message(
-            &mut buf,
-            NFNL_MSG_BATCH_END,
-            NLM_F_REQUEST,
-            end,
-            NFNL_SUBSYS_NFTABLES,
-            &[],
-        );
+        let (buf, sent) = batch(&mut self.seq, table, ops);
+        self.sent.messages += sent.len();
+        self.sent.elements += ops.len();
         self.socket.send(&buf, 0)?;
+        self.sent.batches += 1;
+        self.sent.bytes += buf.len();
         // One answer per message (ack or error), delivered after the whole batch ran.
         let mut answered = 0;
         let mut first_error = None;
@@ -470,10 +571,9 @@ impl NftNetlink {
 
     /// Reads one datagram: (type, seq, payload after the header) of each message in it.
     fn recv(&mut self) -> Result<Vec<(u16, u32, Vec<u8>)>> {
-        let mut buf = vec![0u8; 1 << 20];
-        let n = self.socket.recv(&mut &mut buf[..], 0)?;
+        let n = self.socket.recv(&mut &mut self.rx[..], 0)?;
         let mut out = Vec::new();
-        let mut b = &buf[..n];
+        let mut b = &self.rx[..n];
         while b.len() >= 16 {
             let len = u32::from_ne_bytes(b[0..4].try_into().expect("4 bytes")) as usize;
             if len < 16 || len > b.len() {
@@ -530,10 +630,101 @@ mod tests {
             Data::Goto("ep4-n2-o".into()),
         );
         let raw = RawElement::of(&e);
-        let mut buf = Vec::new();
-        encode_element(&mut buf, &raw, true);
-        let (kind, inner) = attrs(&buf).next().unwrap();
+        // Both ways of writing an element give the same bytes, which decode to the element.
+        let mut from_plan = Vec::new();
+        encode_element(&mut from_plan, &Wire::Plan(&e), true);
+        let mut from_raw = Vec::new();
+        encode_element(&mut from_raw, &Wire::Raw(raw.clone()), true);
+        assert_eq!(from_plan, from_raw);
+        let (kind, inner) = attrs(&from_plan).next().unwrap();
         assert_eq!(kind, NFTA_LIST_ELEM);
         assert_eq!(decode_element(inner), Some(raw));
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use super::*;
+    use crate::nft::element::Val;
+
+    /// The element messages of a batch, decoded back: (message type, set, elements).
+    fn decode_batch(buf: &[u8]) -> Vec<(u16, String, Vec<RawElement>)> {
+        let mut out = Vec::new();
+        let mut b = buf;
+        while b.len() >= 16 {
+            let len = u32::from_ne_bytes(b[0..4].try_into().unwrap()) as usize;
+            let kind = u16::from_ne_bytes([b[4], b[5]]);
+            let body = &b[20..len];
+            if kind & 0xff == NFT_MSG_NEWSETELEM || kind & 0xff == NFT_MSG_DELSETELEM {
+                let set = find(body, NFTA_SET_ELEM_LIST_SET).unwrap();
+                let set = String::from_utf8_lossy(&set[..set.len() - 1]).into_owned();
+                let list = find(body, NFTA_SET_ELEM_LIST_ELEMENTS).unwrap();
+                let els = attrs(list).filter_map(|(_, e)| decode_element(e)).collect();
+                out.push((kind & 0xff, set, els));
+            }
+            b = &b[(len + 3) & !3..];
+        }
+        out
+    }
+
+    fn v6_endpoint(i: u32) -> Element {
+        let vip: std::net::Ipv6Addr = "fd00:96::1".parse().unwrap();
+        let ep = std::net::Ipv6Addr::from(u128::from(vip) + 0x1_0000 + u128::from(i));
+        Element::map(
+            vec![
+                Val::Addr(vip.into()),
+                Val::Proto(weir_model::Protocol::Tcp),
+                Val::Port(80),
+                Val::Slot(i),
+            ],
+            Data::Values(vec![Val::Addr(ep.into()), Val::Port(8080)]),
+        )
+    }
+
+    /// A full message of IPv6 endpoint elements is over 64 KiB: its element list's 16-bit
+    /// length wrapped, and the kernel (like this decoder) read a different list than sent.
+    #[test]
+    fn every_element_of_a_large_ipv6_batch_decodes_back() {
+        let els: Vec<Element> = (0..3000).map(v6_endpoint).collect();
+        let ops: Vec<(Op, &str, Wire)> = els
+            .iter()
+            .map(|e| (Op::Add, "ep6tcp", Wire::Plan(e)))
+            .collect();
+        let mut seq = 0;
+        let (buf, sent) = batch(&mut seq, "weir", &ops);
+        let decoded = decode_batch(&buf);
+        assert_eq!(decoded.len(), sent.len());
+        let back: Vec<RawElement> = decoded.into_iter().flat_map(|(_, _, e)| e).collect();
+        let want: Vec<RawElement> = els.iter().map(RawElement::of).collect();
+        assert_eq!(back.len(), want.len(), "elements lost in the encoding");
+        assert_eq!(back, want);
+    }
+
+    /// Counts, not times: consecutive operations on one set share messages of up to
+    /// ELEMENTS_PER_MESSAGE elements, a new set or operation starts a new one.
+    #[test]
+    fn a_batch_has_as_few_messages_as_its_sets_allow() {
+        let v4: Vec<Element> = (0..2500u32)
+            .map(|i| {
+                Element::set(vec![
+                    Val::Addr(std::net::Ipv4Addr::from(0x0a80_0000 + i).into()),
+                    Val::Addr(std::net::Ipv4Addr::from(0x0a80_0000 + i).into()),
+                ])
+            })
+            .collect();
+        let mut ops: Vec<(Op, &str, Wire)> = v4[..100]
+            .iter()
+            .map(|e| (Op::Delete, "hairpin4", Wire::Plan(e)))
+            .collect();
+        ops.extend(v4.iter().map(|e| (Op::Add, "hairpin4", Wire::Plan(e))));
+        let mut seq = 0;
+        let (buf, sent) = batch(&mut seq, "weir", &ops);
+        // 100 deletes in one message, 2,500 adds in ⌈2500 / 1024⌉ = 3.
+        assert_eq!(sent.len(), 4);
+        let decoded = decode_batch(&buf);
+        let sizes: Vec<usize> = decoded.iter().map(|(_, _, e)| e.len()).collect();
+        assert_eq!(sizes, vec![100, 1024, 1024, 452]);
+        // Deletes carry the key only.
+        assert!(decoded[0].2.iter().all(|e| e.data.is_none()));
     }
 }

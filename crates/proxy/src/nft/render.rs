@@ -488,8 +488,8 @@ fn base_chains(plan: &Plan, o: &NftOptions) -> Vec<(String, String, Vec<String>)
 }
 
 /// Elements that do not belong to one service port: cluster CIDRs, node-port addresses,
-/// hairpin pairs (every endpoint address).
-fn global_elements(plan: &Plan) -> BTreeSet<(String, Element)> {
+/// hairpin pairs (every endpoint address, once), in the order of their keys.
+fn global_elements(plan: &Plan) -> Vec<SetElement> {
     let mut e = BTreeSet::new();
     for n in &plan.cluster_cidrs {
         e.insert((
@@ -507,10 +507,16 @@ fn global_elements(plan: &Plan) -> BTreeSet<(String, Element)> {
             }
         }
     }
-    for sp in plan.services.values() {
-        e.extend(endpoint_ips(sp).map(hairpin_element));
-    }
-    e
+    // Every endpoint address once: ordered as addresses (the order the elements' keys
+    // sort in), without a set name and a key built per endpoint entry to find repeats.
+    let addrs: BTreeSet<IpAddr> = plan
+        .services
+        .values()
+        .flat_map(|sp| endpoint_ips(sp))
+        .collect();
+    e.into_iter()
+        .chain(addrs.into_iter().map(hairpin_element))
+        .collect()
 }
 
 /// An element and the set or map it belongs to.
@@ -633,32 +639,46 @@ fn hairpin_changes(
     )
 }
 
-/// Drops elements whose key (text before ` : `) repeats in the same map (conflicting
-/// frontends of different services); the first in plan order wins. Keys are compared by
-/// reference within each map: a set of copies of every key was a third of a full sync's
-/// peak memory at 10,000 services.
-fn dedup(
-    elements: Vec<(String, Element)>,
-    conflicts: &mut Vec<String>,
-) -> BTreeMap<String, Vec<Element>> {
-    let mut out: BTreeMap<String, Vec<Element>> = BTreeMap::new();
-    for (m, e) in elements {
-        out.entry(m).or_default().push(e);
-    }
-    for (m, els) in out.iter_mut() {
-        let mut seen = std::collections::HashSet::with_capacity(els.len());
-        let first: Vec<bool> = els.iter().map(|e| seen.insert(&e.key)).collect();
-        drop(seen);
-        for (e, _) in els.iter().zip(&first).filter(|(_, first)| !**first) {
-            conflicts.push(format!(
-                "{m}: duplicate key {}, dropped \"{e}\"",
-                KeyText(e)
-            ));
+/// Elements grouped by their set or map, in the order they come, without copying a set's
+/// name per element.
+#[derive(Default)]
+struct Grouped(BTreeMap<String, Vec<Element>>);
+
+impl Grouped {
+    fn push(&mut self, (m, e): SetElement) {
+        match self.0.get_mut(&m) {
+            Some(els) => els.push(e),
+            None => {
+                self.0.insert(m, vec![e]);
+            }
         }
-        let mut keep = first.into_iter();
-        els.retain(|_| keep.next().unwrap_or(true));
     }
-    out
+
+    /// Drops elements whose key repeats in the same map (conflicting frontends of different
+    /// services); the first in plan order wins. One hash lookup per element, on a borrowed
+    /// key: no key or name is copied unless it conflicts.
+    fn dedup(mut self, conflicts: &mut Vec<String>) -> BTreeMap<String, Vec<Element>> {
+        for (m, els) in self.0.iter_mut() {
+            let mut seen = std::collections::HashSet::with_capacity(els.len());
+            let first: Vec<bool> = els.iter().map(|e| seen.insert(&e.key[..])).collect();
+            drop(seen);
+            if first.iter().all(|f| *f) {
+                continue;
+            }
+            let mut keep = first.iter();
+            els.retain(|e| {
+                let k = *keep.next().expect("one flag per element");
+                if !k {
+                    conflicts.push(format!(
+                        "{m}: duplicate key {}, dropped \"{e}\"",
+                        KeyText(e)
+                    ));
+                }
+                k
+            });
+        }
+        self.0
+    }
 }
 
 /// Everything a plan puts into weir's table, before it is written out.
@@ -691,7 +711,10 @@ impl Ruleset {
 }
 
 pub fn ruleset(plan: &Plan, o: &NftOptions) -> Ruleset {
-    let mut elements: Vec<(String, Element)> = global_elements(plan).into_iter().collect();
+    let mut elements = Grouped::default();
+    for e in global_elements(plan) {
+        elements.push(e);
+    }
     let mut chains: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut sets: BTreeMap<String, String> = BTreeMap::new();
     let mut classes = BTreeSet::new();
@@ -699,13 +722,15 @@ pub fn ruleset(plan: &Plan, o: &NftOptions) -> Ruleset {
     for (k, sp) in &plan.services {
         let c = contrib(k, sp, o);
         refs.add(sp, &c.classes, 1);
-        elements.extend(c.elements);
+        for e in c.elements {
+            elements.push(e);
+        }
         chains.extend(c.chains);
         sets.extend(c.sets);
         classes.extend(c.classes);
     }
     let mut conflicts = Vec::new();
-    let elements = dedup(elements, &mut conflicts);
+    let elements = elements.dedup(&mut conflicts);
     let mut decls: Vec<(String, String)> = FAMILIES.iter().flat_map(|f| declarations(*f)).collect();
     decls.extend(sets);
     let mut all_chains = base_chains(plan, o);
