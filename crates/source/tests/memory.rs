@@ -62,7 +62,7 @@ fn objects(i: usize) -> (Service, EndpointSlice) {
     let mut svc = Service::default();
     svc.metadata.name = Some(name.clone());
     svc.metadata.namespace = Some("bench".into());
-    let node_port = i % 4 == 0;
+    let node_port = i.is_multiple_of(4);
     svc.spec = Some(ServiceSpec {
         type_: Some(if node_port { "NodePort" } else { "ClusterIP" }.into()),
         cluster_ip: Some(format!("10.96.{}.{}", i / 250, i % 250 + 1)),
