@@ -751,3 +751,37 @@ echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
     assert!(hc_set.lines().any(|l| l.trim() == "30002"), "{hc_set}");
     assert!(log.contains("## namespaces left: 0"), "{log}");
 }
+
+/// nftables mode's ruleset, as the renderer writes it (the golden scripts of
+/// crates/proxy/tests/nft.rs, which hold short-circuited frontends), loads on Debian 12's
+/// kernel. Until this test the node-originated marking rules looked the short-circuit verdict
+/// maps up as sets (`... @sc4 meta mark set ...`), which 6.1 refuses with EINVAL, so nftables
+/// mode could not sync at all on a stock Debian 12 node; this machine's 6.18 accepts it.
+#[test]
+fn nftables_ruleset_loads_on_debians_kernel() {
+    let Some((vm, _turn)) = vm_lab::vm_turn() else {
+        return;
+    };
+    let ns = format!("nf{}", std::process::id());
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../proxy/tests/golden");
+    let out = vm
+        .run_timeout(
+            &format!(
+                "uname -r; ip netns add {ns}; rc=0
+for f in v1 v2; do
+  ip netns exec {ns} nft -f {golden}/$f.nft || rc=1
+  ip netns exec {ns} nft list set inet weir sckeys4 >/dev/null || rc=1
+done
+ip netns del {ns}; exit $rc"
+            ),
+            Duration::from_secs(120),
+        )
+        .expect("the VM answers");
+    assert_eq!(
+        out.status,
+        0,
+        "the nftables ruleset does not load on {}:\n{}",
+        out.stdout.trim(),
+        out.stderr
+    );
+}

@@ -233,6 +233,8 @@ fn contrib(key: &ServicePortKey, sp: &ServicePortPlan, o: &NftOptions) -> Contri
                 format!("{p}sc{s}"),
                 Element::map(fkey.clone(), Data::Goto(target)),
             ));
+            c.elements
+                .insert((format!("{p}sckeys{s}"), Element::set(fkey.clone())));
         }
     }
     c
@@ -359,8 +361,12 @@ fn declarations(f: IpFamily) -> Vec<(String, String)> {
     decls.extend([
         (format!("svc{s}"), format!("typeof {vip} : verdict;")),
         (format!("sc{s}"), format!("typeof {vip} : verdict;")),
+        // The keys of `sc`/`npsc` as plain sets, for the node-originated marking rules:
+        // Debian 12's kernel (6.1) refuses a map used as a set (EINVAL; 6.18 accepts it).
+        (format!("sckeys{s}"), format!("typeof {vip};")),
         (format!("np{s}"), format!("typeof {np} : verdict;")),
         (format!("npsc{s}"), format!("typeof {np} : verdict;")),
+        (format!("npsckeys{s}"), format!("typeof {np};")),
         (format!("noep{s}"), format!("typeof {vip} : verdict;")),
         (format!("npnoep{s}"), format!("typeof {np} : verdict;")),
     ]);
@@ -384,7 +390,7 @@ fn base_chains(plan: &Plan, o: &NftOptions) -> Vec<(String, String, Vec<String>)
         let (s, kw) = (sfx(f), ipkw(f));
         let vip = format!("{kw} daddr . meta l4proto . th dport");
         services.push(format!("{kw} saddr @cidrs{s} {vip} vmap @sc{s}"));
-        services.push(format!("fib saddr type local {vip} @sc{s} {set_mark}"));
+        services.push(format!("fib saddr type local {vip} @sckeys{s} {set_mark}"));
         services.push(format!("fib saddr type local {vip} vmap @sc{s}"));
         services.push(format!("{vip} vmap @svc{s}"));
         no_ep.push(format!("{vip} vmap @noep{s}"));
@@ -417,7 +423,7 @@ fn base_chains(plan: &Plan, o: &NftOptions) -> Vec<(String, String, Vec<String>)
             String::new(),
             vec![
                 format!("{kw} saddr @cidrs{s} {np} vmap @npsc{s}"),
-                format!("fib saddr type local {np} @npsc{s} {set_mark}"),
+                format!("fib saddr type local {np} @npsckeys{s} {set_mark}"),
                 format!("fib saddr type local {np} vmap @npsc{s}"),
                 format!("{np} vmap @np{s}"),
             ],
