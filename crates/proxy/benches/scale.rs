@@ -48,12 +48,16 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use weir_kernel::NetNs;
 use weir_model::{
-    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
-    PlanDiff, Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+    Endpoint, FrontendKind, IpFamily, NodePortAddresses, Plan, PlanDiff, Protocol, ServicePortKey,
+    ServicePortPlan, TopologyMode,
 };
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::{Backend, SyncKind};
+
+#[path = "../tests/common/plans.rs"]
+mod plans;
+use plans::{add, frontend};
 
 // ---------------------------------------------------------------------------------------------
 // Configuration
@@ -161,10 +165,6 @@ impl Shape {
     }
 }
 
-fn add(base: Ipv4Addr, offset: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(base) + offset as u32)
-}
-
 fn svc_name(i: usize) -> String {
     format!("svc-{i:05}")
 }
@@ -210,25 +210,6 @@ fn endpoint(ip: Ipv4Addr) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-    }
-}
-
-fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend {
-    Frontend {
-        kind,
-        addr,
-        port,
-        endpoints: EndpointSet::Cluster,
-        verdict: Verdict::Forward,
-        // What the planner gives with a cluster CIDR: ClusterIP traffic from outside the
-        // cluster is masqueraded, external traffic (policy Cluster) always.
-        masquerade: if kind == FrontendKind::ClusterIp {
-            Masquerade::OffCluster
-        } else {
-            Masquerade::Always
-        },
-        short_circuit: false,
-        source_ranges: None,
     }
 }
 

@@ -15,32 +15,15 @@ use std::time::Instant;
 
 use weir_kernel::NetNs;
 use weir_model::{
-    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
-    Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+    Endpoint, FrontendKind, IpFamily, NodePortAddresses, Plan, Protocol, ServicePortKey,
+    ServicePortPlan, TopologyMode,
 };
 use weir_proxy::backend::Backend;
 use weir_proxy::nft::{NftBackend, NftOptions};
 
-fn add(base: Ipv4Addr, offset: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(base) + offset as u32)
-}
-
-fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend {
-    Frontend {
-        kind,
-        addr,
-        port,
-        endpoints: EndpointSet::Cluster,
-        verdict: Verdict::Forward,
-        masquerade: if kind == FrontendKind::ClusterIp {
-            Masquerade::OffCluster
-        } else {
-            Masquerade::Always
-        },
-        short_circuit: false,
-        source_ranges: None,
-    }
-}
+#[path = "../tests/common/plans.rs"]
+mod plans;
+use plans::{add, frontend};
 
 fn service(i: usize) -> (ServicePortKey, ServicePortPlan) {
     let key = ServicePortKey {

@@ -12,14 +12,18 @@ use std::sync::Arc;
 
 use weir_kernel::NetNs;
 use weir_model::{
-    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
-    Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+    Endpoint, FrontendKind, IpFamily, NodePortAddresses, Plan, Protocol, ServicePortKey,
+    ServicePortPlan, TopologyMode,
 };
 use weir_proxy::iptables::{
     diff_to_plan, family_diff, family_view, render_diff, render_update, IptablesBackend,
     IptablesOptions,
 };
 use weir_proxy::{Backend, SyncKind};
+
+#[path = "common/plans.rs"]
+mod plans;
+use plans::frontend;
 
 // ---------------------------------------------------------------------------------------------
 // Heap allocations made by the calling thread (tests run in parallel threads: a global count
@@ -89,23 +93,6 @@ fn endpoint(ip: Ipv4Addr) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-    }
-}
-
-fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend {
-    Frontend {
-        kind,
-        addr,
-        port,
-        endpoints: EndpointSet::Cluster,
-        verdict: Verdict::Forward,
-        masquerade: if kind == FrontendKind::ClusterIp {
-            Masquerade::OffCluster
-        } else {
-            Masquerade::Always
-        },
-        short_circuit: false,
-        source_ranges: None,
     }
 }
 

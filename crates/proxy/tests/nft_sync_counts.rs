@@ -11,11 +11,15 @@ use std::process::Command;
 
 use weir_kernel::NetNs;
 use weir_model::{
-    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
-    Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
+    Endpoint, FrontendKind, IpFamily, NodePortAddresses, Plan, Protocol, ServicePortKey,
+    ServicePortPlan, TopologyMode,
 };
 use weir_proxy::nft::{ruleset, NftBackend, NftOptions, COLD_START_CHUNK};
 use weir_proxy::{Backend, SyncKind};
+
+#[path = "common/plans.rs"]
+mod plans;
+use plans::{add, frontend};
 
 mod common;
 
@@ -48,27 +52,6 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (usize, T) {
     let before = ALLOCATIONS.with(Cell::get);
     let out = f();
     (ALLOCATIONS.with(Cell::get) - before, out)
-}
-
-fn add(base: Ipv4Addr, offset: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(base) + offset as u32)
-}
-
-fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend {
-    Frontend {
-        kind,
-        addr,
-        port,
-        endpoints: EndpointSet::Cluster,
-        verdict: Verdict::Forward,
-        masquerade: if kind == FrontendKind::ClusterIp {
-            Masquerade::OffCluster
-        } else {
-            Masquerade::Always
-        },
-        short_circuit: false,
-        source_ranges: None,
-    }
 }
 
 /// `n` services × 10 endpoints, every 10th also a NodePort: the agent bench's shape.
