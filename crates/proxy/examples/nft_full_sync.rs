@@ -14,62 +14,15 @@ use std::process::Command;
 use std::time::Instant;
 
 use weir_kernel::NetNs;
-use weir_model::{
-    Endpoint, FrontendKind, IpFamily, NodePortAddresses, Plan, Protocol, ServicePortKey,
-    ServicePortPlan, TopologyMode,
-};
+use weir_model::{NodePortAddresses, Plan, ServicePortKey, ServicePortPlan};
 use weir_proxy::backend::Backend;
 use weir_proxy::nft::{NftBackend, NftOptions};
 
 #[path = "../tests/common/plans.rs"]
 mod plans;
-use plans::{add, frontend};
 
 fn service(i: usize) -> (ServicePortKey, ServicePortPlan) {
-    let key = ServicePortKey {
-        namespace: "bench".into(),
-        name: format!("svc-{i:05}"),
-        port_name: String::new(),
-        protocol: Protocol::Tcp,
-        family: IpFamily::V4,
-    };
-    let mut frontends = vec![frontend(
-        FrontendKind::ClusterIp,
-        Some(IpAddr::V4(add(Ipv4Addr::new(10, 96, 0, 1), i))),
-        80,
-    )];
-    if i.is_multiple_of(10) && i / 10 < 2768 {
-        frontends.push(frontend(
-            FrontendKind::NodePort,
-            None,
-            30000 + (i / 10) as u16,
-        ));
-    }
-    let cluster_endpoints = (0..10)
-        .map(|j| Endpoint {
-            ip: IpAddr::V4(add(Ipv4Addr::new(10, 128, 0, 1), i * 10 + j)),
-            port: 8080,
-            node_name: Some("other".into()),
-            zone: None,
-            is_local: false,
-            ready: true,
-            serving: true,
-            terminating: false,
-        })
-        .collect();
-    let sp = ServicePortPlan {
-        port: 80,
-        frontends,
-        cluster_endpoints,
-        local_endpoints: Vec::new(),
-        affinity_timeout: None,
-        internal_policy_local: false,
-        external_policy_local: false,
-        health_check_node_port: None,
-        topology: TopologyMode::None,
-        has_any_endpoints: true,
-    };
-    (key, sp)
+    plans::bench_service("bench", i)
 }
 
 /// CPU time of the calling thread (user and system: the kernel runs a netlink batch in the

@@ -10,16 +10,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::Command;
 
 use weir_kernel::NetNs;
-use weir_model::{
-    Endpoint, FrontendKind, IpFamily, NodePortAddresses, Plan, Protocol, ServicePortKey,
-    ServicePortPlan, TopologyMode,
-};
+use weir_model::{NodePortAddresses, Plan};
 use weir_proxy::nft::{ruleset, NftBackend, NftOptions, COLD_START_CHUNK};
 use weir_proxy::{Backend, SyncKind};
 
 #[path = "common/plans.rs"]
 mod plans;
-use plans::{add, frontend};
 
 mod common;
 
@@ -57,49 +53,7 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (usize, T) {
 /// `n` services × 10 endpoints, every 10th also a NodePort: the agent bench's shape.
 fn plan(n: usize) -> Plan {
     let service = |i: usize| {
-        let key = ServicePortKey {
-            namespace: "counts".into(),
-            name: format!("svc-{i:05}"),
-            port_name: String::new(),
-            protocol: Protocol::Tcp,
-            family: IpFamily::V4,
-        };
-        let mut frontends = vec![frontend(
-            FrontendKind::ClusterIp,
-            Some(IpAddr::V4(add(Ipv4Addr::new(10, 96, 0, 1), i))),
-            80,
-        )];
-        if i.is_multiple_of(10) {
-            frontends.push(frontend(
-                FrontendKind::NodePort,
-                None,
-                30000 + i as u16 / 10,
-            ));
-        }
-        let cluster_endpoints = (0..10)
-            .map(|j| Endpoint {
-                ip: IpAddr::V4(add(Ipv4Addr::new(10, 128, 0, 1), i * 10 + j)),
-                port: 8080,
-                node_name: Some("other".into()),
-                zone: None,
-                is_local: false,
-                ready: true,
-                serving: true,
-                terminating: false,
-            })
-            .collect();
-        let sp = ServicePortPlan {
-            port: 80,
-            frontends,
-            cluster_endpoints,
-            local_endpoints: Vec::new(),
-            affinity_timeout: None,
-            internal_policy_local: false,
-            external_policy_local: false,
-            health_check_node_port: None,
-            topology: TopologyMode::None,
-            has_any_endpoints: true,
-        };
+        let (key, sp) = plans::bench_service("counts", i);
         (key, sp.into())
     };
     Plan {

@@ -6,7 +6,10 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use weir_model::{EndpointSet, Frontend, FrontendKind, Masquerade, Verdict};
+use weir_model::{
+    Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, Protocol, ServicePortKey,
+    ServicePortPlan, TopologyMode, Verdict,
+};
 
 /// `base` + `offset`, for generating address ranges.
 pub fn add(base: Ipv4Addr, offset: usize) -> Ipv4Addr {
@@ -31,4 +34,54 @@ pub fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend
         short_circuit: false,
         source_ranges: None,
     }
+}
+
+/// Service port `i` of the agent bench's shape in `namespace`: a ClusterIP 10.96.0.1 + i on
+/// port 80, every 10th also a NodePort (while the NodePort range lasts), and 10 ready
+/// endpoints on another node from 10.128.0.1 + 10 i, port 8080.
+pub fn bench_service(namespace: &str, i: usize) -> (ServicePortKey, ServicePortPlan) {
+    let key = ServicePortKey {
+        namespace: namespace.into(),
+        name: format!("svc-{i:05}"),
+        port_name: String::new(),
+        protocol: Protocol::Tcp,
+        family: IpFamily::V4,
+    };
+    let mut frontends = vec![frontend(
+        FrontendKind::ClusterIp,
+        Some(IpAddr::V4(add(Ipv4Addr::new(10, 96, 0, 1), i))),
+        80,
+    )];
+    if i.is_multiple_of(10) && i / 10 < 2768 {
+        frontends.push(frontend(
+            FrontendKind::NodePort,
+            None,
+            30000 + (i / 10) as u16,
+        ));
+    }
+    let cluster_endpoints = (0..10)
+        .map(|j| Endpoint {
+            ip: IpAddr::V4(add(Ipv4Addr::new(10, 128, 0, 1), i * 10 + j)),
+            port: 8080,
+            node_name: Some("other".into()),
+            zone: None,
+            is_local: false,
+            ready: true,
+            serving: true,
+            terminating: false,
+        })
+        .collect();
+    let sp = ServicePortPlan {
+        port: 80,
+        frontends,
+        cluster_endpoints,
+        local_endpoints: Vec::new(),
+        affinity_timeout: None,
+        internal_policy_local: false,
+        external_policy_local: false,
+        health_check_node_port: None,
+        topology: TopologyMode::None,
+        has_any_endpoints: true,
+    };
+    (key, sp)
 }
