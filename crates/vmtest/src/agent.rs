@@ -1,7 +1,7 @@
 //! The host side of the guest agent protocol (described in [`crate::guest`]): one writer, one
 //! reader thread that routes each `DONE` to the request waiting for it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -20,6 +20,10 @@ pub enum Message {
         release: String,
         missing: Vec<String>,
     },
+    /// The guest has read request `id` and is starting its script.
+    Got {
+        id: u64,
+    },
     Done {
         id: u64,
         status: i32,
@@ -37,6 +41,9 @@ pub fn parse_message(line: &str) -> Option<Message> {
             };
             Some(Message::Ready { release, missing })
         }
+        "GOT" => Some(Message::Got {
+            id: words.next()?.parse().ok()?,
+        }),
         "DONE" => Some(Message::Done {
             id: words.next()?.parse().ok()?,
             status: words.next()?.parse().ok()?,
@@ -65,6 +72,8 @@ impl Output {
 #[derive(Default)]
 struct Pending {
     waiters: HashMap<u64, mpsc::Sender<i32>>,
+    /// Requests the guest has acknowledged (`GOT`) and not yet answered.
+    acknowledged: HashSet<u64>,
     /// Why the connection ended, once it has.
     closed: Option<String>,
 }
@@ -94,6 +103,35 @@ impl Agent {
 
     /// Runs `script` with `/bin/sh` in the guest and waits up to `timeout` for it.
     pub fn run(&self, script: &str, timeout: Duration) -> anyhow::Result<Output> {
+        self.run_sending(script, timeout, |port, line| {
+            port.write_all(line.as_bytes())
+        })
+    }
+
+    /// As [`Agent::run`], but the request line goes out in two writes with `pause` between
+    /// them, as the port may deliver it: the harness's own regression test for a guest that lost
+    /// a request arriving in pieces while another script ended.
+    #[doc(hidden)]
+    pub fn run_split_request(
+        &self,
+        script: &str,
+        timeout: Duration,
+        pause: Duration,
+    ) -> anyhow::Result<Output> {
+        self.run_sending(script, timeout, |port, line| {
+            let (head, tail) = line.split_at(line.len() / 2);
+            port.write_all(head.as_bytes())?;
+            std::thread::sleep(pause);
+            port.write_all(tail.as_bytes())
+        })
+    }
+
+    fn run_sending(
+        &self,
+        script: &str,
+        timeout: Duration,
+        send: impl FnOnce(&mut UnixStream, &str) -> std::io::Result<()>,
+    ) -> anyhow::Result<Output> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let file = |ext: &str| self.io_dir.join(format!("{id}.{ext}"));
         fs::write(file("sh"), script).context("write the script into the I/O directory")?;
@@ -108,7 +146,7 @@ impl Agent {
         let started = Instant::now();
         // Whole seconds for the guest's `timeout`, at least one.
         let secs = timeout.as_secs().max(1);
-        let result = self.send_and_wait(id, secs, rx, started);
+        let result = self.send_and_wait(id, secs, rx, started, send);
         for ext in ["sh", "out", "err"] {
             let _ = fs::remove_file(file(ext));
         }
@@ -121,16 +159,31 @@ impl Agent {
         secs: u64,
         rx: mpsc::Receiver<i32>,
         started: Instant,
+        send: impl FnOnce(&mut UnixStream, &str) -> std::io::Result<()>,
     ) -> anyhow::Result<Output> {
         let file = |ext: &str| self.io_dir.join(format!("{id}.{ext}"));
-        writeln!(self.writer.lock().unwrap(), "RUN {id} {secs}").context("send to the VM")?;
+        // One write for the whole line (writeln! would make several).
+        send(
+            &mut self.writer.lock().unwrap(),
+            &format!("RUN {id} {secs}\n"),
+        )
+        .context("send to the VM")?;
         // The guest kills the script at `secs`; the margin covers reporting that.
         let margin = Duration::from_secs(15);
         let status = match rx.recv_timeout(Duration::from_secs(secs) + margin) {
             Ok(status) => status,
             Err(mpsc::RecvTimeoutError::Timeout) => {
-                self.pending.lock().unwrap().waiters.remove(&id);
-                bail!("no answer from the VM within {} s", secs + margin.as_secs())
+                let mut pending = self.pending.lock().unwrap();
+                pending.waiters.remove(&id);
+                let heard = if pending.acknowledged.remove(&id) {
+                    "the guest started the script but never reported its end"
+                } else {
+                    "the guest never acknowledged the request"
+                };
+                bail!(
+                    "no answer from the VM within {} s: {heard}",
+                    secs + margin.as_secs()
+                )
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let why = self.pending.lock().unwrap().closed.clone();
@@ -160,10 +213,18 @@ fn route_replies(reader: BufReader<UnixStream>, pending: &Mutex<Pending>) {
     for line in reader.lines() {
         match line {
             Ok(line) => {
-                if let Some(Message::Done { id, status }) = parse_message(&line) {
-                    if let Some(tx) = pending.lock().unwrap().waiters.remove(&id) {
-                        let _ = tx.send(status);
+                let mut pending = pending.lock().unwrap();
+                match parse_message(&line) {
+                    Some(Message::Got { id }) if pending.waiters.contains_key(&id) => {
+                        pending.acknowledged.insert(id);
                     }
+                    Some(Message::Done { id, status }) => {
+                        pending.acknowledged.remove(&id);
+                        if let Some(tx) = pending.waiters.remove(&id) {
+                            let _ = tx.send(status);
+                        }
+                    }
+                    _ => {}
                 }
             }
             Err(e) => {
@@ -206,6 +267,8 @@ mod tests {
             parse_message("DONE 7 137"),
             Some(Message::Done { id: 7, status: 137 })
         );
+        assert_eq!(parse_message("GOT 7"), Some(Message::Got { id: 7 }));
+        assert_eq!(parse_message("GOT"), None);
         assert_eq!(parse_message("DONE x 0"), None);
         assert_eq!(parse_message("DONE 7"), None);
         assert_eq!(parse_message("[ 1.0] kernel noise"), None);

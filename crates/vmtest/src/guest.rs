@@ -7,6 +7,8 @@
 //! - host → guest: `RUN <id> <timeout secs>`; the script is the file `<id>.sh` in the shared
 //!   I/O directory (mounted at [`GUEST_IO_DIR`]), run by `/bin/sh` in the host's root, with its
 //!   stdout and stderr written to `<id>.out` and `<id>.err` there
+//! - guest → host: `GOT <id>` as soon as the request is read (so a host that hears nothing can
+//!   tell a request the guest never saw from a script that did not finish)
 //! - guest → host: `DONE <id> <exit status>` once those files are complete.
 //!
 //! Why a serial port for the messages and a shared directory for the data: the port is an
@@ -226,9 +228,16 @@ io=/mnt{GUEST_IO_DIR}
 # Output collects in the initramfs's own memory and moves to the I/O directory in one copy at the
 # end: written straight to 9p, every small write() would be a round trip to the host.
 mkdir -p /spool
-while read -r verb id secs <&3; do
+# Two loops: the first only reads the port and has no children; the second starts the scripts.
+# Why: ash's `read` takes a line byte by byte, and when a signal (SIGCHLD from a finished script)
+# interrupts it mid-line it starts over, dropping the bytes it had read. The port can deliver a
+# request line in pieces, so a script ending at that moment lost the next request. The second
+# loop reads the pipe, where each line arrives whole in one write: a signal can only interrupt it
+# between lines, which loses nothing.
+while read -r verb id secs <&3; do echo "$verb $id $secs"; done | while read -r verb id secs; do
   case "$verb" in
     RUN)
+      echo "GOT $id" >&3
       # 3>&-: the script (and the servers it leaves running) must not hold the port
       (
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb \

@@ -88,6 +88,17 @@ impl Vm {
         self.agent.run(script, timeout)
     }
 
+    /// [`crate::agent::Agent::run_split_request`]: for the harness's own tests.
+    #[doc(hidden)]
+    pub fn run_split_request(
+        &self,
+        script: &str,
+        timeout: Duration,
+        pause: Duration,
+    ) -> anyhow::Result<Output> {
+        self.agent.run_split_request(script, timeout, pause)
+    }
+
     /// Runs `script` and returns its stdout; panics (failing the test) with everything it printed
     /// if it exits non-zero or the VM does not answer.
     pub fn run_ok(&self, script: &str) -> String {

@@ -97,6 +97,29 @@ fn a_script_past_its_timeout_is_killed_and_reported() {
     assert!(started.elapsed() < Duration::from_secs(20));
 }
 
+/// Regression: ash's `read` drops the bytes of the line it is reading when a signal interrupts
+/// it, and the agent read requests while its scripts ran as its children. A request that reached
+/// the guest in pieces while a script ended (SIGCHLD) was lost, and its caller waited for an
+/// answer that never came (CI saw `uname -r` time out beside the concurrent-scripts test).
+#[test]
+fn a_request_arriving_in_pieces_while_scripts_end_is_not_lost() {
+    let vm = vm_or_skip!();
+    // Scripts ending at different moments, so some end while the request is half sent.
+    let enders: Vec<_> = (1..=4)
+        .map(|i| {
+            std::thread::spawn(move || vm.run_ok(&format!("sleep 0.{}; echo ended-{i}", 3 * i)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let out = vm
+        .run_split_request("echo whole", Duration::from_secs(5), Duration::from_secs(3))
+        .unwrap_or_else(|e| panic!("{e:#}\n--- console\n{}", vm.console_tail()));
+    assert_eq!(out.stdout, "whole\n");
+    for (i, t) in enders.into_iter().enumerate() {
+        assert_eq!(t.join().unwrap(), format!("ended-{}\n", i + 1));
+    }
+}
+
 #[test]
 fn concurrent_scripts_each_get_their_own_output() {
     let vm = vm_or_skip!();
