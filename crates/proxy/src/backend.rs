@@ -59,8 +59,10 @@ pub trait Backend: Send {
     /// Whether the kernel still holds the rules the last sync wrote — cheap enough to call
     /// every few seconds, and sensitive to contents, not just to chains existing: an outside
     /// flush (`iptables -t nat -F`, `nft flush table`) or a deleted jump rule makes it
-    /// false. `sync` checks it too, so a flush turns the next sync into a full one. True
-    /// before the first sync.
+    /// false. `sync` checks what it can see cheaply too (nftables: the same check; ipvs: the
+    /// dummy and the virtual servers, from the dumps the sync makes anyway), so such a flush
+    /// turns the next sync into a full one; the agent calls this every --sync-period for the
+    /// rest. True before the first sync.
     fn intact(&mut self) -> Result<bool>;
     /// Makes the next `sync` a full one (the periodic full resync).
     fn invalidate(&mut self);

@@ -634,6 +634,8 @@ echo '## rr-left'; inn $N ipvsadm -Ln | grep -c ' rr' || true
         "every virtual server changed scheduler: {out}"
     );
 
+    outside_changes_are_repaired(vm, &tag);
+
     // --- cleanup leaves nothing
     let out = step(
         vm,
@@ -653,6 +655,57 @@ echo '## rules6'; inn $N ip6tables-save | grep -c KUBE- || true
     assert!(out.contains("does not exist"), "{out}");
     assert!(
         out.contains("## sets\n## rules\n0\n## rules6\n0\n"),
+        "{out}"
+    );
+}
+
+/// Outside changes to what ipvs mode wrote. A deleted virtual server is seen by the next sync's
+/// own dump and repaired (with --sync-period 10m, so the agent's periodic `intact` check cannot
+/// be what repairs it); a flushed iptables chain, which no sync looks at, is repaired by the
+/// periodic check (--sync-period 1s) with no object change.
+fn outside_changes_are_repaired(vm: &weir_vmtest::Vm, tag: &str) {
+    let extra = service(
+        "extra",
+        "10.96.0.15",
+        "  ports: [{port: 80, targetPort: 8080}]\n",
+        &[P1],
+    );
+    let out = step(
+        vm,
+        tag,
+        "outside changes",
+        &format!(
+            r#"n=$(grep -c synced $D/proxy.log)
+stop_proxy
+start_proxy --sync-period 10m
+wait_for "[ \$(grep -c synced $D/proxy.log) -gt $n ]" 100
+inn $N ipvsadm -D -t 10.96.0.10:80
+echo '## deleted'; inn $N ipvsadm -Ln | grep -c '10.96.0.10:80' || true
+cat > $D/m/extra.yaml <<'EOF'
+{extra}EOF
+wait_for "inn $N ipvsadm -Ln -t 10.96.0.15:80" 60
+wait_for "inn $N ipvsadm -Ln -t 10.96.0.10:80" 60
+echo '## resynced'; grep -c 'changed behind its back' $D/proxy.log
+echo '## web'; ask $C 10.96.0.10 80
+n=$(grep -c synced $D/proxy.log)
+stop_proxy
+start_proxy --sync-period 1s
+wait_for "[ \$(grep -c synced $D/proxy.log) -gt $n ]" 100
+inn $N iptables -t nat -F KUBE-MARK-MASQ
+wait_for "inn $N iptables -t nat -S KUBE-MARK-MASQ | grep -q -- '-A KUBE-MARK-MASQ'" 60
+echo '## masq'; inn $N iptables -t nat -S KUBE-MARK-MASQ
+"#
+        ),
+    );
+    eprintln!("{out}");
+    assert!(out.contains("## deleted\n0\n"), "the deletion: {out}");
+    assert!(out.contains("## resynced\n1\n"), "{out}");
+    let web = out.split("## web\n").nth(1).unwrap();
+    assert!(web.starts_with("p1 ") || web.starts_with("p2 "), "{out}");
+    assert!(
+        out.contains(
+            "## masq\n-N KUBE-MARK-MASQ\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"
+        ),
         "{out}"
     );
 }

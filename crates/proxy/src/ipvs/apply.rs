@@ -1,6 +1,6 @@
 //! [`IpvsBackend`]: applies the rendered state to the calling thread's network namespace.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
@@ -23,8 +23,9 @@ use crate::iptables::tools;
 /// The ipvs mode (kube-proxy's layout; see the [module](super) documentation).
 ///
 /// * A **full** sync (the first of a process, after a failure, after
-///   [`invalidate`](Backend::invalidate) or when [`intact`](Backend::intact) found something
-///   changed behind weir's back) dumps every virtual server and real server and changes only
+///   [`invalidate`](Backend::invalidate), when [`intact`](Backend::intact) found something
+///   changed behind weir's back, or when the sync's own dumps show `kube-ipvs0` or one of its
+///   virtual servers gone) dumps every virtual server and real server and changes only
 ///   what differs, rebuilds every ipset under a temporary name and swaps it in, and replaces
 ///   weir's iptables chains in one restore per table: a restart breaks no connection.
 /// * A **partial** sync compares the new rendering with the last applied one: it sends
@@ -50,14 +51,32 @@ impl IpvsBackend {
         &self.opts
     }
 
+    /// Every virtual server the last sync left is still in the kernel (`held`).
+    fn holds_applied(&self, held: &HashSet<ServiceKey>) -> bool {
+        self.applied
+            .values()
+            .all(|d| d.services.keys().all(|k| held.contains(k)))
+    }
+
     fn sync_all(&mut self, plan: &Plan) -> Result<(SyncKind, usize)> {
         let mut rtnl = Rtnl::new()?;
-        let dummy = ensure_dummy(&mut rtnl)?;
+        let (dummy, dummy_created) = ensure_dummy(&mut rtnl)?;
+        let mut ipvs = Ipvs::open()?;
+        let observed_keys: Vec<(ServiceKey, _)> = ipvs
+            .services()
+            .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?;
+        let held: HashSet<ServiceKey> = observed_keys.iter().map(|(k, _)| *k).collect();
+        // What this sync's own dumps show for free; the iptables side is `intact`'s, which the
+        // agent runs every --sync-period (a process per family was most of a partial sync's
+        // cost under the test VM's emulation).
+        if !self.applied.is_empty() && (dummy_created || !self.holds_applied(&held)) {
+            tracing::warn!("weir's ipvs state was changed behind its back: full resync");
+            self.applied.clear();
+        }
         let full = self.applied.is_empty();
         if full {
             ensure_sysctls(&self.opts)?;
         }
-        let mut ipvs = Ipvs::open()?;
         if full
             && (
                 self.opts.tcp_timeout,
@@ -85,9 +104,6 @@ impl IpvsBackend {
             .collect();
         let mut touched = 0;
         let mut all_addresses = BTreeSet::new();
-        let observed_keys: Vec<(ServiceKey, _)> = ipvs
-            .services()
-            .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?;
         let mut kinds = Vec::new();
         for family in self.opts.families.clone() {
             let node_ips = node_port_ips(plan.node_port_addresses(family), &node_addrs, family);
@@ -152,7 +168,7 @@ impl IpvsBackend {
             let wanted: BTreeMap<ServiceKey, _> = desired
                 .services
                 .iter()
-                .filter(|(k, _)| look.contains(k) || !observed_keys.iter().any(|(o, _)| o == *k))
+                .filter(|(k, _)| look.contains(k) || !held.contains(k))
                 .map(|(k, v)| (*k, v.clone()))
                 .collect();
             let previous: BTreeSet<IpAddr> = old
@@ -266,10 +282,10 @@ fn ensure_sysctls(_opts: &IpvsOptions) -> Result<()> {
 }
 
 /// Creates `kube-ipvs0` (a dummy, left down as kube-proxy leaves it) unless it exists;
-/// returns its index.
-fn ensure_dummy(rtnl: &mut Rtnl) -> Result<u32> {
+/// returns its index and whether it had to be created.
+fn ensure_dummy(rtnl: &mut Rtnl) -> Result<(u32, bool)> {
     if let Some(l) = rtnl.link_by_name(DUMMY)? {
-        return Ok(l.index);
+        return Ok((l.index, false));
     }
     let msg = rtnetlink::LinkDummy::new(DUMMY).build();
     if let Err(e) = rtnl.link_add(msg, DUMMY) {
@@ -277,7 +293,7 @@ fn ensure_dummy(rtnl: &mut Rtnl) -> Result<u32> {
             return Err(e.into());
         }
     }
-    Ok(rtnl.require_link(DUMMY)?.index)
+    Ok((rtnl.require_link(DUMMY)?.index, true))
 }
 
 /// Inserts the missing jumps: one `iptables-save` says which exist, one `iptables-restore
@@ -356,10 +372,6 @@ impl Backend for IpvsBackend {
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
         let start = Instant::now();
-        if !self.applied.is_empty() && !self.intact()? {
-            tracing::warn!("weir's ipvs state was changed behind its back: full resync");
-            self.applied.clear();
-        }
         match self.sync_all(plan) {
             Ok((kind, touched)) => Ok(SyncReport {
                 kind,
