@@ -27,7 +27,7 @@ mod prepare;
 mod qemu;
 mod vm;
 
-pub use agent::Output;
+pub use agent::{Agent, Output};
 pub use guest::{GUEST_IO_DIR, MODULES};
 pub use qemu::Accel;
 pub use vm::{BootTimes, Skip, Vm};

@@ -88,15 +88,10 @@ impl Vm {
         self.agent.run(script, timeout)
     }
 
-    /// [`crate::agent::Agent::run_split_request`]: for the harness's own tests.
+    /// The guest agent's host side, for the harness's own tests of its protocol.
     #[doc(hidden)]
-    pub fn run_split_request(
-        &self,
-        script: &str,
-        timeout: Duration,
-        pause: Duration,
-    ) -> anyhow::Result<Output> {
-        self.agent.run_split_request(script, timeout, pause)
+    pub fn agent(&self) -> &Agent {
+        &self.agent
     }
 
     /// Runs `script` and returns its stdout; panics (failing the test) with everything it printed

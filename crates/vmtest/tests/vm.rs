@@ -112,6 +112,7 @@ fn a_request_arriving_in_pieces_while_scripts_end_is_not_lost() {
         .collect();
     std::thread::sleep(Duration::from_millis(100));
     let out = vm
+        .agent()
         .run_split_request("echo whole", Duration::from_secs(5), Duration::from_secs(3))
         .unwrap_or_else(|e| panic!("{e:#}\n--- console\n{}", vm.console_tail()));
     assert_eq!(out.stdout, "whole\n");
