@@ -546,6 +546,8 @@ pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Res
             }
             Ok(())
         };
+        // The table first: the address's DNS traffic is never tracked (as `weir dns --node-local`).
+        sh(&["nft", "-f", "-"], Some(&notrack_table(NODE_LOCAL_IP)))?;
         sh(
             &[
                 "ip",
@@ -557,7 +559,6 @@ pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Res
             ],
             None,
         )?;
-        sh(&["nft", "-f", "-"], Some(&notrack_table(NODE_LOCAL_IP)))?;
         let mut args = server_args(dir, NODE_LOCAL_IP, false);
         let i = args
             .iter()

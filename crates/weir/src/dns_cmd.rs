@@ -297,8 +297,9 @@ fn start_http(
     }))
 }
 
-/// `--node-local`: the listen address on `lo`, and the NOTRACK table the lab's node-local mode
-/// uses ([`weir_lab::dns::notrack_table`]), replaced whole (`nft -f` with a delete first).
+/// `--node-local`: the NOTRACK table the lab's node-local mode uses
+/// ([`weir_lab::dns::notrack_table`]), replaced whole (`nft -f` with a delete first), then the
+/// listen address on `lo`.
 fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
     let std::net::IpAddr::V4(ip) = listen.ip() else {
         anyhow::bail!("--node-local: {listen} is not an IPv4 address");
@@ -307,11 +308,6 @@ fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
         !ip.is_unspecified(),
         "--node-local needs the cache's own address in --listen (e.g. 169.254.20.10:53)"
     );
-    let mut rtnl = weir_kernel::rtnl::Rtnl::new().context("rtnetlink")?;
-    let lo = rtnl.require_link("lo")?;
-    let net = ipnet::Ipv4Net::new(ip, 32).expect("/32 is a valid prefix");
-    rtnl.addr_ensure(lo.index, ipnet::IpNet::V4(net))
-        .with_context(|| format!("add {ip}/32 to lo"))?;
     let table = weir_lab::dns::notrack_table(ip);
     // `add table` first makes the delete valid on a first start; the file is one transaction.
     let script =
@@ -333,6 +329,13 @@ fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
         "nft: {}",
         String::from_utf8_lossy(&out.stderr).trim()
     );
+    // The address only once its traffic is untracked: queries sent to it in between would
+    // each leave a conntrack entry (the test saw them).
+    let mut rtnl = weir_kernel::rtnl::Rtnl::new().context("rtnetlink")?;
+    let lo = rtnl.require_link("lo")?;
+    let net = ipnet::Ipv4Net::new(ip, 32).expect("/32 is a valid prefix");
+    rtnl.addr_ensure(lo.index, ipnet::IpNet::V4(net))
+        .with_context(|| format!("add {ip}/32 to lo"))?;
     info!(%ip, "node-local: address on lo, DNS to and from it not tracked");
     Ok(())
 }
