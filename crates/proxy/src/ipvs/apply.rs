@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 use weir_kernel::{sysctl, Rtnl};
-use weir_model::{IpFamily, NodePortAddresses, Plan};
+use weir_model::{IpFamily, NodePortAddresses, Plan, PlanDiff};
 
 use super::diff::{requests, Draining, ObservedService};
+use super::incremental::{Changes, Rendering};
 use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey};
 use super::render::{
-    ipset_full, ipset_update, render, set_names, Desired, IpvsOptions, CHAINS, DUMMY, JUMPS,
-    KUBE_MARK_MASQ,
+    ipset_full, ipset_update, set_names, Desired, IpvsOptions, CHAINS, DUMMY, JUMPS, KUBE_MARK_MASQ,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 use crate::iptables::restore::{Restore, Table};
@@ -34,7 +34,7 @@ use crate::iptables::tools;
 ///   chains only if their text changed.
 pub struct IpvsBackend {
     opts: IpvsOptions,
-    applied: BTreeMap<IpFamily, Desired>,
+    applied: BTreeMap<IpFamily, Rendering>,
     draining: Draining,
 }
 
@@ -51,14 +51,30 @@ impl IpvsBackend {
         &self.opts
     }
 
+    fn sync_with(&mut self, plan: &Plan, diff: Option<&PlanDiff>) -> Result<SyncReport> {
+        let start = Instant::now();
+        match self.sync_all(plan, diff) {
+            Ok((kind, touched)) => Ok(SyncReport {
+                kind,
+                elapsed: start.elapsed(),
+                service_ports_touched: touched,
+            }),
+            Err(e) => {
+                self.applied.clear();
+                Err(e)
+            }
+        }
+    }
+
     /// Every virtual server the last sync left is still in the kernel (`held`).
     fn holds_applied(&self, held: &HashSet<ServiceKey>) -> bool {
         self.applied
             .values()
-            .all(|d| d.services.keys().all(|k| held.contains(k)))
+            .all(|r| r.desired.services.keys().all(|k| held.contains(k)))
     }
 
-    fn sync_all(&mut self, plan: &Plan) -> Result<(SyncKind, usize)> {
+    /// `diff`: `applied`'s plan to `plan`, when the caller knows it ([`Backend::sync_diff`]).
+    fn sync_all(&mut self, plan: &Plan, diff: Option<&PlanDiff>) -> Result<(SyncKind, usize)> {
         let mut rtnl = Rtnl::new()?;
         let (dummy, dummy_created) = ensure_dummy(&mut rtnl)?;
         let mut ipvs = Ipvs::open()?;
@@ -107,33 +123,56 @@ impl IpvsBackend {
         let mut kinds = Vec::new();
         for family in self.opts.families.clone() {
             let node_ips = node_port_ips(plan.node_port_addresses(family), &node_addrs, family);
-            let desired = render(plan, family, &node_ips, &self.opts);
             let old = self.applied.remove(&family);
+            // A change the planner's diff names is rendered alone (same node addresses); any
+            // other sync renders everything and compares it with the last rendering.
+            let (rendering, step) = match (old, diff) {
+                (Some(mut r), Some(d)) if !d.globals_changed && r.serves(&node_ips) => {
+                    let keys = d
+                        .added
+                        .keys()
+                        .chain(d.removed.keys())
+                        .chain(d.changed.keys());
+                    let changes = r.update(plan, keys, &self.opts);
+                    (r, Step::Updated(changes))
+                }
+                (old, _) => (
+                    Rendering::full(plan, family, &node_ips, &self.opts),
+                    Step::Rendered(old.map(|o| o.desired)),
+                ),
+            };
+            let desired = &rendering.desired;
+            let first = matches!(step, Step::Rendered(None));
             // ipsets first (the rules name them), then the rules, then IPVS.
-            let ipset_script = match &old {
-                Some(o) => ipset_update(&o.ipsets, &desired.ipsets),
-                None => ipset_full(&desired.ipsets, family),
+            let ipset_script = match &step {
+                Step::Updated(c) => c.ipset_script.clone(),
+                Step::Rendered(Some(o)) => ipset_update(&o.ipsets, &desired.ipsets),
+                Step::Rendered(None) => ipset_full(&desired.ipsets, family),
             };
             if !ipset_script.is_empty() {
                 run_tool("ipset", &["restore"], &ipset_script)?;
             }
-            if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {
+            let rules_changed = match &step {
+                Step::Updated(c) => c.iptables_changed,
+                Step::Rendered(o) => o.as_ref().map(|o| &o.iptables) != Some(&desired.iptables),
+            };
+            if rules_changed {
                 tools::restore(family, &desired.iptables)?;
-                if old.is_none() {
+                if first {
                     ensure_jumps(family)?;
                 }
             }
             // Which virtual servers to look at: all on a full sync, else the changed ones
             // and those with real servers still draining.
             let mut look: BTreeSet<ServiceKey> = BTreeSet::new();
-            match &old {
-                None => look.extend(
+            match &step {
+                Step::Rendered(None) => look.extend(
                     observed_keys
                         .iter()
                         .map(|(k, _)| *k)
                         .filter(|k| k.family() == family),
                 ),
-                Some(o) => {
+                Step::Rendered(Some(o)) => {
                     for (k, vs) in &desired.services {
                         if o.services.get(k) != Some(vs) {
                             look.insert(*k);
@@ -145,6 +184,7 @@ impl IpvsBackend {
                             .filter(|k| !desired.services.contains_key(k)),
                     );
                 }
+                Step::Updated(c) => look.extend(c.servers.iter().copied()),
             }
             look.extend(
                 self.draining
@@ -171,10 +211,15 @@ impl IpvsBackend {
                 .filter(|(k, _)| look.contains(k) || !held.contains(k))
                 .map(|(k, v)| (*k, v.clone()))
                 .collect();
-            let previous: BTreeSet<IpAddr> = old
-                .as_ref()
-                .map(|o| o.services.keys().map(|k| k.addr).collect())
-                .unwrap_or_default();
+            // What weir made before (an update's node addresses did not change, so the servers
+            // it changed are the only ones to add).
+            let previous: BTreeSet<IpAddr> = match &step {
+                Step::Rendered(o) => o
+                    .iter()
+                    .flat_map(|o| o.services.keys().map(|k| k.addr))
+                    .collect(),
+                Step::Updated(c) => c.servers.iter().map(|k| k.addr).collect(),
+            };
             // Weir's virtual servers: on its dummy, on a node address, or ones it made.
             let owned = |k: &ServiceKey| {
                 dummy_addrs.contains(&k.addr)
@@ -196,14 +241,13 @@ impl IpvsBackend {
                     .map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
             }
             all_addresses.extend(desired.addresses.iter().copied());
-            kinds.push(
-                match (&old, reqs.is_empty() && old.as_ref() == Some(&desired)) {
-                    (None, _) => SyncKind::Full,
-                    (Some(_), true) => SyncKind::Noop,
-                    (Some(_), false) => SyncKind::Partial,
-                },
-            );
-            self.applied.insert(family, desired);
+            kinds.push(match &step {
+                Step::Rendered(None) => SyncKind::Full,
+                Step::Rendered(Some(o)) if reqs.is_empty() && o == desired => SyncKind::Noop,
+                Step::Updated(c) if reqs.is_empty() && c.is_empty() => SyncKind::Noop,
+                _ => SyncKind::Partial,
+            });
+            self.applied.insert(family, rendering);
         }
         // Addresses last: a VIP appears once its virtual server exists, and goes after it.
         for a in all_addresses.difference(&dummy_addrs) {
@@ -221,6 +265,14 @@ impl IpvsBackend {
         };
         Ok((kind, touched))
     }
+}
+
+/// How a family's new state was found.
+enum Step {
+    /// Rendered whole; the last sync's state, if there was one, to compare with.
+    Rendered(Option<Desired>),
+    /// The last rendering updated by the planner's diff.
+    Updated(Changes),
 }
 
 fn request_key(r: &Request) -> ServiceKey {
@@ -371,18 +423,12 @@ impl Backend for IpvsBackend {
     }
 
     fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
-        let start = Instant::now();
-        match self.sync_all(plan) {
-            Ok((kind, touched)) => Ok(SyncReport {
-                kind,
-                elapsed: start.elapsed(),
-                service_ports_touched: touched,
-            }),
-            Err(e) => {
-                self.applied.clear();
-                Err(e)
-            }
-        }
+        self.sync_with(plan, None)
+    }
+
+    /// Renders only the service ports `diff` names (see [`Rendering::update`]).
+    fn sync_diff(&mut self, plan: &Plan, diff: &PlanDiff) -> Result<SyncReport> {
+        self.sync_with(plan, Some(diff))
     }
 
     /// The dummy exists, the kernel holds as many virtual servers as weir made, and the
@@ -401,8 +447,8 @@ impl Backend for IpvsBackend {
             .into_iter()
             .map(|(k, _)| k)
             .collect();
-        for (family, d) in &self.applied {
-            if !d.services.keys().all(|k| held.contains(k)) {
+        for (family, r) in &self.applied {
+            if !r.desired.services.keys().all(|k| held.contains(k)) {
                 return Ok(false);
             }
             let masq = tools::list_chain(*family, Table::Nat, KUBE_MARK_MASQ, None)?;
@@ -423,7 +469,7 @@ impl Backend for IpvsBackend {
         let previous: BTreeSet<IpAddr> = self
             .applied
             .values()
-            .flat_map(|d| d.services.keys().map(|k| k.addr))
+            .flat_map(|r| r.desired.services.keys().map(|k| k.addr))
             .collect();
         self.applied.clear();
         self.draining.clear();

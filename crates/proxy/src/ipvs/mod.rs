@@ -35,6 +35,7 @@
 //! * [`netlink`]: IPVS over generic netlink (encoders pure and byte-tested, plus a client).
 mod apply;
 pub mod diff;
+pub mod incremental;
 pub mod netlink;
 pub mod render;
 pub use apply::{conn_reuse_mode, node_port_ips, IpvsBackend};

@@ -5,7 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use weir_model::{EndpointSet, FrontendKind, IpFamily, Masquerade, Plan, Protocol, Verdict};
+use weir_model::{
+    EndpointSet, FrontendKind, IpFamily, Masquerade, Plan, Protocol, ServicePortKey,
+    ServicePortPlan, Verdict,
+};
 
 use super::netlink::{RealServer, ServiceKey, ServiceSpec};
 use crate::iptables::Table;
@@ -302,140 +305,194 @@ fn ip_port(ip: IpAddr, proto: Protocol, port: u16) -> String {
 /// Renders one family. `node_ips`: the addresses NodePorts are served on (the apply layer
 /// resolves [`weir_model::NodePortAddresses`] against the node's addresses, leaving out
 /// loopback and `kube-ipvs0`'s own).
+///
+/// The plain way, kept as the oracle of [`super::incremental::Rendering`] (which a sync uses,
+/// and which must come to the same state): every service port's fragment added in plan order,
+/// the first one to name a virtual server giving its scheduler and persistence.
 pub fn render(plan: &Plan, family: IpFamily, node_ips: &[IpAddr], opts: &IpvsOptions) -> Desired {
-    let mut d = Desired::default();
-    // External frontends short-circuited to cluster endpoints: (VIP, protocol, port, service).
-    let mut no_local: Vec<(IpAddr, Protocol, u16, String)> = Vec::new();
-    let mut sets: BTreeMap<&'static str, BTreeSet<String>> = BTreeMap::new();
-    let mut add = |set: &'static str, e: String| {
-        sets.entry(set).or_default().insert(e);
+    let mut d = Desired {
+        ipsets: empty_sets(family),
+        ..Desired::default()
     };
+    let mut no_local = Vec::new();
     for (key, sp) in plan.services.iter().filter(|(k, _)| k.family == family) {
-        let proto = key.protocol;
-        let spec = ServiceSpec {
-            scheduler: opts.scheduler.clone(),
-            persistence: sp.affinity_timeout,
-        };
-        for fe in &sp.frontends {
-            let short_circuited = short_circuited(sp, fe);
-            let real_servers: BTreeSet<RealServer> = match fe.verdict {
-                Verdict::Forward => rs_of(sp.endpoints(fe.endpoints)),
-                // Policy Local without a local endpoint: kube-proxy's syncEndpoint gives the
-                // virtual server every cluster endpoint (kubernetes#97081), so pods and the
-                // node reach the service; outside sources are dropped by
-                // `no_local_endpoint_drops` below, as in the other modes.
-                Verdict::Drop if short_circuited => rs_of(&sp.cluster_endpoints),
-                // No real server: IPVS answers with ICMP port unreachable (a rejection).
-                Verdict::Reject | Verdict::Drop => BTreeSet::new(),
-            };
-            for rs in &real_servers {
-                add(
-                    LOOP_BACK,
-                    format!("{},{}:{},{}", rs.addr, proto.as_str(), rs.port, rs.addr),
-                );
-            }
-            let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
-            let mut vips = Vec::new();
-            match fe.kind {
-                FrontendKind::ClusterIp => {
-                    let Some(ip) = fe.addr else { continue };
-                    add(CLUSTER_IP, ip_port(ip, proto, fe.port));
-                    add(IPVS_IPS, ip.to_string());
-                    d.addresses.insert(ip);
-                    vips.push(ip);
-                }
-                FrontendKind::ExternalIp => {
-                    let Some(ip) = fe.addr else { continue };
-                    add(
-                        if local {
-                            EXTERNAL_IP_LOCAL
-                        } else {
-                            EXTERNAL_IP
-                        },
-                        ip_port(ip, proto, fe.port),
-                    );
-                    add(IPVS_IPS, ip.to_string());
-                    d.addresses.insert(ip);
-                    vips.push(ip);
-                }
-                FrontendKind::LoadBalancer => {
-                    let Some(ip) = fe.addr else { continue };
-                    let e = ip_port(ip, proto, fe.port);
-                    add(LOAD_BALANCER, e.clone());
-                    if local {
-                        add(LOAD_BALANCER_LOCAL, e.clone());
-                    }
-                    if let Some(ranges) = &fe.source_ranges {
-                        add(LOAD_BALANCER_FW, e.clone());
-                        for r in ranges {
-                            add(LOAD_BALANCER_SOURCE_CIDR, format!("{e},{r}"));
-                        }
-                    }
-                    add(IPVS_IPS, ip.to_string());
-                    d.addresses.insert(ip);
-                    vips.push(ip);
-                }
-                FrontendKind::NodePort => {
-                    match proto {
-                        Protocol::Tcp | Protocol::Udp => {
-                            let (all, loc) = if proto == Protocol::Tcp {
-                                (NODE_PORT_TCP, NODE_PORT_LOCAL_TCP)
-                            } else {
-                                (NODE_PORT_UDP, NODE_PORT_LOCAL_UDP)
-                            };
-                            add(all, fe.port.to_string());
-                            if local {
-                                add(loc, fe.port.to_string());
-                            }
-                        }
-                        Protocol::Sctp => {
-                            for ip in node_ips {
-                                add(NODE_PORT_SCTP, ip_port(*ip, proto, fe.port));
-                                if local {
-                                    add(NODE_PORT_LOCAL_SCTP, ip_port(*ip, proto, fe.port));
-                                }
-                            }
-                        }
-                    }
-                    vips.extend(node_ips.iter().filter(|ip| IpFamily::of(ip) == family));
-                }
-            }
-            if short_circuited {
-                for &addr in &vips {
-                    no_local.push((addr, proto, fe.port, key.to_string()));
-                }
-            }
-            for addr in vips {
-                let vs = d
-                    .services
-                    .entry(ServiceKey {
-                        protocol: proto,
-                        addr,
-                        port: fe.port,
-                    })
-                    .or_insert_with(|| VirtualServer {
-                        spec: spec.clone(),
-                        real_servers: BTreeSet::new(),
-                    });
-                vs.real_servers.extend(real_servers.iter().copied());
-            }
+        let f = render_service(key, sp, node_ips, opts);
+        for (set, entry) in f.sets {
+            let name = set_name(set, family);
+            d.ipsets
+                .get_mut(&name)
+                .expect("every set")
+                .entries
+                .insert(entry);
         }
-        if let Some(p) = sp.health_check_node_port {
-            add(HEALTH_CHECK_NODE_PORT, p.to_string());
+        d.addresses.extend(f.addresses);
+        for (k, spec, real_servers) in f.servers {
+            d.services
+                .entry(k)
+                .or_insert_with(|| VirtualServer {
+                    spec,
+                    real_servers: BTreeSet::new(),
+                })
+                .real_servers
+                .extend(real_servers);
         }
-    }
-    for (name, kind, comment) in SETS {
-        d.ipsets.insert(
-            set_name(name, family),
-            IpSet {
-                kind,
-                comment,
-                entries: sets.remove(name).unwrap_or_default(),
-            },
-        );
+        no_local.extend(f.no_local);
     }
     d.iptables = iptables_rules(plan, family, &d, opts, &no_local);
     d
+}
+
+/// An external frontend short-circuited to cluster endpoints: (VIP, protocol, port, service).
+pub(super) type NoLocal = (IpAddr, Protocol, u16, String);
+
+/// What one service port contributes to its family's [`Desired`] (see
+/// [`super::incremental`], which adds and removes these).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Fragment {
+    /// (set base name, entry)
+    pub sets: Vec<(&'static str, String)>,
+    pub addresses: Vec<IpAddr>,
+    /// Virtual servers with this service port's real servers (a key may repeat).
+    pub servers: Vec<(ServiceKey, ServiceSpec, BTreeSet<RealServer>)>,
+    pub no_local: Vec<NoLocal>,
+}
+
+/// One service port's part of the rendering.
+pub(super) fn render_service(
+    key: &ServicePortKey,
+    sp: &ServicePortPlan,
+    node_ips: &[IpAddr],
+    opts: &IpvsOptions,
+) -> Fragment {
+    let family = key.family;
+    let mut f = Fragment::default();
+    let proto = key.protocol;
+    let spec = ServiceSpec {
+        scheduler: opts.scheduler.clone(),
+        persistence: sp.affinity_timeout,
+    };
+    let mut add = |set: &'static str, e: String| f.sets.push((set, e));
+    for fe in &sp.frontends {
+        let short_circuited = short_circuited(sp, fe);
+        let real_servers: BTreeSet<RealServer> = match fe.verdict {
+            Verdict::Forward => rs_of(sp.endpoints(fe.endpoints)),
+            // Policy Local without a local endpoint: kube-proxy's syncEndpoint gives the
+            // virtual server every cluster endpoint (kubernetes#97081), so pods and the
+            // node reach the service; outside sources are dropped by
+            // `no_local_endpoint_drops` below, as in the other modes.
+            Verdict::Drop if short_circuited => rs_of(&sp.cluster_endpoints),
+            // No real server: IPVS answers with ICMP port unreachable (a rejection).
+            Verdict::Reject | Verdict::Drop => BTreeSet::new(),
+        };
+        for rs in &real_servers {
+            add(
+                LOOP_BACK,
+                format!("{},{}:{},{}", rs.addr, proto.as_str(), rs.port, rs.addr),
+            );
+        }
+        let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
+        let mut vips = Vec::new();
+        match fe.kind {
+            FrontendKind::ClusterIp => {
+                let Some(ip) = fe.addr else { continue };
+                add(CLUSTER_IP, ip_port(ip, proto, fe.port));
+                add(IPVS_IPS, ip.to_string());
+                vips.push(ip);
+            }
+            FrontendKind::ExternalIp => {
+                let Some(ip) = fe.addr else { continue };
+                add(
+                    if local {
+                        EXTERNAL_IP_LOCAL
+                    } else {
+                        EXTERNAL_IP
+                    },
+                    ip_port(ip, proto, fe.port),
+                );
+                add(IPVS_IPS, ip.to_string());
+                vips.push(ip);
+            }
+            FrontendKind::LoadBalancer => {
+                let Some(ip) = fe.addr else { continue };
+                let e = ip_port(ip, proto, fe.port);
+                add(LOAD_BALANCER, e.clone());
+                if local {
+                    add(LOAD_BALANCER_LOCAL, e.clone());
+                }
+                if let Some(ranges) = &fe.source_ranges {
+                    add(LOAD_BALANCER_FW, e.clone());
+                    for r in ranges {
+                        add(LOAD_BALANCER_SOURCE_CIDR, format!("{e},{r}"));
+                    }
+                }
+                add(IPVS_IPS, ip.to_string());
+                vips.push(ip);
+            }
+            FrontendKind::NodePort => {
+                match proto {
+                    Protocol::Tcp | Protocol::Udp => {
+                        let (all, loc) = if proto == Protocol::Tcp {
+                            (NODE_PORT_TCP, NODE_PORT_LOCAL_TCP)
+                        } else {
+                            (NODE_PORT_UDP, NODE_PORT_LOCAL_UDP)
+                        };
+                        add(all, fe.port.to_string());
+                        if local {
+                            add(loc, fe.port.to_string());
+                        }
+                    }
+                    Protocol::Sctp => {
+                        for ip in node_ips {
+                            add(NODE_PORT_SCTP, ip_port(*ip, proto, fe.port));
+                            if local {
+                                add(NODE_PORT_LOCAL_SCTP, ip_port(*ip, proto, fe.port));
+                            }
+                        }
+                    }
+                }
+                vips.extend(node_ips.iter().filter(|ip| IpFamily::of(ip) == family));
+            }
+        }
+        if fe.kind != FrontendKind::NodePort {
+            f.addresses.extend(vips.iter().copied());
+        }
+        if short_circuited {
+            for &addr in &vips {
+                f.no_local.push((addr, proto, fe.port, key.to_string()));
+            }
+        }
+        for addr in vips {
+            f.servers.push((
+                ServiceKey {
+                    protocol: proto,
+                    addr,
+                    port: fe.port,
+                },
+                spec.clone(),
+                real_servers.clone(),
+            ));
+        }
+    }
+    if let Some(p) = sp.health_check_node_port {
+        add(HEALTH_CHECK_NODE_PORT, p.to_string());
+    }
+    f
+}
+
+/// The family's sets, every one present (empty or not), by name.
+pub(super) fn empty_sets(family: IpFamily) -> BTreeMap<String, IpSet> {
+    SETS.iter()
+        .map(|(name, kind, comment)| {
+            (
+                set_name(name, family),
+                IpSet {
+                    kind,
+                    comment,
+                    entries: BTreeSet::new(),
+                },
+            )
+        })
+        .collect()
 }
 
 /// A frontend with externalTrafficPolicy Local, no local endpoint, but cluster endpoints
@@ -484,7 +541,7 @@ fn no_local_endpoint_drops(
 
 /// kube-proxy's `writeIptablesRules`: rules for the non-empty sets only; `no_local`: the
 /// short-circuited frontends (see [`no_local_endpoint_drops`]).
-fn iptables_rules(
+pub(super) fn iptables_rules(
     plan: &Plan,
     family: IpFamily,
     d: &Desired,
