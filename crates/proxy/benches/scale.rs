@@ -506,12 +506,22 @@ fn new_backend(mode: &str) -> Result<Box<dyn Backend>, String> {
     }
 }
 
-/// Runs one `sync` inside `ns`, timed from outside the backend (its own report is not trusted
-/// to include everything).
-fn timed_sync(ns: &Ns, backend: &mut dyn Backend, plan: &Plan) -> Result<(f64, SyncKind), String> {
+/// Runs one sync inside `ns`, timed from outside the backend (its own report is not trusted
+/// to include everything). `diff`: the planner's diff from the last synced plan, given as the
+/// agent gives it (`sync_diff`).
+fn timed_sync(
+    ns: &Ns,
+    backend: &mut dyn Backend,
+    plan: &Plan,
+    diff: Option<&PlanDiff>,
+) -> Result<(f64, SyncKind), String> {
     ns.run(|| {
         let start = Instant::now();
-        let report = backend.sync(plan).map_err(|e| e.to_string())?;
+        let report = match diff {
+            Some(d) => backend.sync_diff(plan, d),
+            None => backend.sync(plan),
+        }
+        .map_err(|e| e.to_string())?;
         Ok((ms(start.elapsed()), report.kind))
     })?
 }
@@ -549,8 +559,8 @@ fn churn(
         let start = Instant::now();
         let diff = before.diff(plan);
         diffs.push(ms(start.elapsed()));
-        drop((diff, before));
-        let (t, kind) = timed_sync(ns, backend, plan)?;
+        drop(before);
+        let (t, kind) = timed_sync(ns, backend, plan, Some(&diff))?;
         if kind != SyncKind::Partial {
             unexpected.push(format!("sync {k}: {kind:?}"));
         }
@@ -1244,7 +1254,7 @@ fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &
         None => return,
     };
     progress(format!("{mode} {}: full sync", shape.label()));
-    let full = timed_sync(&node, backend.as_mut(), &plan);
+    let full = timed_sync(&node, backend.as_mut(), &plan, None);
     let Some((full_ms, _)) = row.record("full sync", full) else {
         return;
     };
