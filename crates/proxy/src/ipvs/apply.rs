@@ -28,10 +28,12 @@ use crate::iptables::tools;
 ///   virtual servers gone) dumps every virtual server and real server and changes only
 ///   what differs, rebuilds every ipset under a temporary name and swaps it in, and replaces
 ///   weir's iptables chains in one restore per table: a restart breaks no connection.
-/// * A **partial** sync compares the new rendering with the last applied one: it sends
-///   IPVS requests for the virtual servers that changed (dumping only those and the ones
-///   still draining), adds and deletes changed ipset entries, and rewrites the iptables
-///   chains only if their text changed.
+/// * A **partial** sync finds what changed: given the planner's diff
+///   ([`sync_diff`](Backend::sync_diff)) by rendering only the service ports it names
+///   ([`Rendering::update`]), otherwise by rendering everything and comparing with the last
+///   rendering. It sends IPVS requests for the virtual servers that changed (dumping only
+///   those and the ones still draining), adds and deletes changed ipset entries, and rewrites
+///   the iptables chains only if their text changed.
 pub struct IpvsBackend {
     opts: IpvsOptions,
     applied: BTreeMap<IpFamily, Rendering>,
@@ -441,16 +443,16 @@ impl Backend for IpvsBackend {
         if rtnl.link_by_name(DUMMY)?.is_none() {
             return Ok(false);
         }
-        let held: BTreeSet<ServiceKey> = Ipvs::open()?
+        let held: HashSet<ServiceKey> = Ipvs::open()?
             .services()
             .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?
             .into_iter()
             .map(|(k, _)| k)
             .collect();
-        for (family, r) in &self.applied {
-            if !r.desired.services.keys().all(|k| held.contains(k)) {
-                return Ok(false);
-            }
+        if !self.holds_applied(&held) {
+            return Ok(false);
+        }
+        for family in self.applied.keys() {
             let masq = tools::list_chain(*family, Table::Nat, KUBE_MARK_MASQ, None)?;
             if !masq.is_some_and(|t| t.lines().any(|l| l.starts_with("-A "))) {
                 return Ok(false);

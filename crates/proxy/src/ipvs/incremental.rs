@@ -44,7 +44,7 @@ struct Before {
     servers: BTreeMap<ServiceKey, Option<VirtualServer>>,
 }
 
-/// What an [`Rendering::update`] changed.
+/// What a [`Rendering::update`] changed.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     /// Virtual servers added, removed or changed.
@@ -77,20 +77,14 @@ impl Rendering {
             },
         };
         for (key, sp) in plan.services.iter().filter(|(k, _)| k.family == family) {
-            let f = render_service(key, sp, node_ips, opts);
-            r.add(key, &f, None);
-            if !f.no_local.is_empty() {
-                r.no_local.insert(key.clone(), f.no_local.clone());
-            }
-            r.fragments.insert(key.clone(), f);
+            r.insert(key, render_service(key, sp, node_ips, opts), None);
         }
         let keys: Vec<ServiceKey> = r.contributors.keys().copied().collect();
         for k in keys {
             let vs = r.rebuild_server(&k).expect("a contributed server");
             r.desired.services.insert(k, vs);
         }
-        let no_local: Vec<NoLocal> = r.no_local.values().flatten().cloned().collect();
-        r.desired.iptables = iptables_rules(plan, family, &r.desired, opts, &no_local);
+        r.desired.iptables = r.rules(plan, opts);
         r
     }
 
@@ -118,11 +112,7 @@ impl Rendering {
             }
             self.no_local.remove(key);
             if let Some(new) = new {
-                self.add(key, &new, Some(&mut before));
-                if !new.no_local.is_empty() {
-                    self.no_local.insert(key.clone(), new.no_local.clone());
-                }
-                self.fragments.insert(key.clone(), new);
+                self.insert(key, new, Some(&mut before));
             }
         }
         let mut changes = Changes::default();
@@ -144,11 +134,26 @@ impl Rendering {
                 let _ = writeln!(changes.ipset_script, "{verb} {name} {entry} -exist");
             }
         }
-        let no_local: Vec<NoLocal> = self.no_local.values().flatten().cloned().collect();
-        let iptables = iptables_rules(plan, self.family, &self.desired, opts, &no_local);
+        let iptables = self.rules(plan, opts);
         changes.iptables_changed = iptables != self.desired.iptables;
         self.desired.iptables = iptables;
         changes
+    }
+
+    /// Takes `f` in as `key`'s part; `before` (none in a full rendering) records what it
+    /// touches first.
+    fn insert(&mut self, key: &ServicePortKey, f: Fragment, before: Option<&mut Before>) {
+        self.add(key, &f, before);
+        if !f.no_local.is_empty() {
+            self.no_local.insert(key.clone(), f.no_local.clone());
+        }
+        self.fragments.insert(key.clone(), f);
+    }
+
+    /// The iptables text for the current state (the firewall drops in plan order).
+    fn rules(&self, plan: &Plan, opts: &IpvsOptions) -> String {
+        let no_local: Vec<NoLocal> = self.no_local.values().flatten().cloned().collect();
+        iptables_rules(plan, self.family, &self.desired, opts, &no_local)
     }
 
     /// Counts `f` in; `before` (none in a full rendering) records what it touches first.
