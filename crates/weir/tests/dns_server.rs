@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{is_root, WEIR};
+use common::{is_root, KillOnDrop, WEIR};
 
 const SERVER_IP: &str = "10.53.0.1";
 const UPSTREAM_IP: &str = "10.53.0.2";
@@ -204,16 +204,6 @@ impl Drop for Env {
         for ns in [&self.server_ns, &self.upstream_ns] {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
-    }
-}
-
-/// A helper process that must not outlive its test, even one that panics.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

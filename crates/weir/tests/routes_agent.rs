@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{is_root, WEIR};
+use common::{is_root, KillOnDrop, WEIR};
 
 /// Two namespaces `<tag>-1`, `<tag>-2` (10.78.0.1/24, 10.78.0.2/24), a manifest directory and
 /// any running agent; all removed on drop.
@@ -368,16 +368,6 @@ fn host_gw_routes_follow_nodes_from_the_api() {
     );
 }
 
-/// Kills the agent when the test ends, however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// vxlan through the API, as flanneld does it: each agent patches its VTEP MAC and underlay
 /// address onto its own Node, and the other reads them from the watch and programs the peer.
 #[test]
@@ -394,7 +384,7 @@ fn vxlan_agents_publish_their_vteps_on_their_nodes_through_the_api() {
     api.apply_yaml(&api_node(1)).unwrap();
     api.apply_yaml(&api_node(2)).unwrap();
     let agent = |i: u8| {
-        Running(
+        KillOnDrop(
             p.routes(
                 i,
                 &[
