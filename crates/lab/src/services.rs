@@ -515,25 +515,62 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
 
 // ---- running ----
 
-/// Runs every probe, each on its own thread inside its client's namespace.
+/// Runs every probe inside its client's namespace: one thread per frontend (address, port,
+/// protocol), whose probes run one after another, so frontends are probed in parallel.
+///
+/// Two clients probing one frontend at once can see one backend each: with a round-robin
+/// scheduler (IPVS `rr`) their connections alternate, and on the test VM's one emulated CPU
+/// they fell into step, so each of 40 tries from either client reached the same backend.
 pub fn run(probes: &[SvcProbe]) -> Vec<SvcResult> {
+    let groups = by_frontend(probes);
+    let mut results: Vec<Option<SvcResult>> = vec![None; probes.len()];
     std::thread::scope(|s| {
-        let handles: Vec<_> = probes.iter().map(|p| s.spawn(move || run_one(p))).collect();
-        handles
-            .into_iter()
-            .zip(probes)
-            .map(|(h, p)| {
-                h.join().unwrap_or_else(|_| SvcResult {
-                    probe: p.clone(),
-                    ok: false,
-                    tries: 0,
-                    answers: vec![],
-                    outcome: None,
-                    error: Some("probe thread panicked".into()),
-                    ms: 0,
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|group| {
+                s.spawn(move || {
+                    group
+                        .iter()
+                        .map(|&i| (i, run_caught(&probes[i])))
+                        .collect::<Vec<_>>()
                 })
             })
-            .collect()
+            .collect();
+        for handle in handles {
+            let done = handle.join().expect("run_caught does not panic");
+            for (i, result) in done {
+                results[i] = Some(result);
+            }
+        }
+    });
+    results
+        .into_iter()
+        .map(|r| r.expect("every probe is in one group"))
+        .collect()
+}
+
+/// The indices of `probes`, grouped by the frontend they dial, in their original order.
+pub fn by_frontend(probes: &[SvcProbe]) -> Vec<Vec<usize>> {
+    let mut groups: BTreeMap<(Ipv4Addr, u16, &str), Vec<usize>> = BTreeMap::new();
+    for (i, p) in probes.iter().enumerate() {
+        groups
+            .entry((p.to_ip, p.port, p.proto.as_str()))
+            .or_default()
+            .push(i);
+    }
+    groups.into_values().collect()
+}
+
+/// [`run_one`], with a panic reported as the probe's failure rather than losing the others.
+fn run_caught(p: &SvcProbe) -> SvcResult {
+    std::panic::catch_unwind(|| run_one(p)).unwrap_or_else(|_| SvcResult {
+        probe: p.clone(),
+        ok: false,
+        tries: 0,
+        answers: vec![],
+        outcome: None,
+        error: Some("probe thread panicked".into()),
+        ms: 0,
     })
 }
 
@@ -1072,6 +1109,38 @@ pub(crate) mod tests {
         assert_eq!(p.expect, Expect::Rejected);
         let p = find(&probes, "gone", SvcKind::NoEndpoints, "outside", "node a");
         assert_eq!(p.port, 30001);
+    }
+
+    #[test]
+    fn probes_of_one_frontend_share_a_thread() {
+        let probes = plan(&demo_state(&Topology::default_demo()));
+        let groups = by_frontend(&probes);
+        let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            (0..probes.len()).collect::<Vec<_>>(),
+            "each probe once"
+        );
+        let frontend = |i: usize| (probes[i].to_ip, probes[i].port, probes[i].proto);
+        for group in &groups {
+            assert!(group.windows(2).all(|w| w[0] < w[1]), "in plan order");
+            assert!(group.iter().all(|&i| frontend(i) == frontend(group[0])));
+        }
+        // web's ClusterIP is dialled from a2, b2, a1 (hairpin) and node a: one thread.
+        let web = groups
+            .iter()
+            .find(|g| frontend(g[0]) == (ip("10.96.0.1"), 80, Protocol::Tcp))
+            .unwrap();
+        assert_eq!(web.len(), 4);
+        assert_eq!(groups.len(), {
+            let mut f: Vec<_> = (0..probes.len())
+                .map(|i| format!("{:?}", frontend(i)))
+                .collect();
+            f.sort();
+            f.dedup();
+            f.len()
+        });
     }
 
     #[test]
