@@ -278,7 +278,9 @@ const VIEW_SCRIPT: &str =
 /// runtime's live attachments in both reserved keys. Leaves a leaked attachment first (an ADD the
 /// runtime forgot, as after a crash), then checks GC reclaims it and only it.
 fn gc_as_libcni_would(node: &TestNs, net: &Network, live: &[(String, &str)]) {
-    let leaked_ns = TestNs::new(&format!("{}-leak", unique("rt")));
+    // Named after the network: the runtimes' tests run at once in one process, and a name
+    // per process made two of them delete and create the same namespace (a CI failure).
+    let leaked_ns = TestNs::new(&format!("wc-{}-leak", net.name));
     let mut conf = net.weir_plugin();
     conf["cniVersion"] = "1.0.0".into();
     conf["name"] = net.name.clone().into();
