@@ -119,7 +119,10 @@ fn ipv6_sets_take_kube_proxys_names() {
 fn an_endpoint_change_updates_only_its_entries() {
     let v1 = rendered(&load("v1"), IpFamily::V4, &IpvsOptions::default());
     let v2 = rendered(&load("v2"), IpFamily::V4, &IpvsOptions::default());
-    let script = ipset_update(&v1.ipsets, &v2.ipsets);
+    let script: String = ipset_update(&v1.ipsets, &v2.ipsets)
+        .iter()
+        .map(|c| format!("{c}\n"))
+        .collect();
     golden("ipvs-v1-to-v2-ipset.txt", &script);
     assert!(script
         .lines()

@@ -14,7 +14,7 @@ use weir_model::{
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
 use weir_proxy::ipvs::incremental::Rendering;
-use weir_proxy::ipvs::render::{render, Desired};
+use weir_proxy::ipvs::render::{render, Desired, EntryChange};
 use weir_proxy::ipvs::IpvsOptions;
 
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 10);
@@ -165,21 +165,18 @@ fn plan(services: &BTreeMap<ServicePortKey, Arc<ServicePortPlan>>) -> Plan {
 }
 
 /// `ipset restore` lines applied to the sets' entries.
-fn apply_script(before: &Desired, script: &str) -> BTreeMap<String, BTreeSet<String>> {
+fn apply_entries(before: &Desired, changes: &[EntryChange]) -> BTreeMap<String, BTreeSet<String>> {
     let mut sets: BTreeMap<String, BTreeSet<String>> = before
         .ipsets
         .iter()
         .map(|(n, s)| (n.clone(), s.entries.clone()))
         .collect();
-    for line in script.lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        assert_eq!(words.len(), 4, "{line}");
-        assert_eq!(words[3], "-exist");
-        let set = sets.get_mut(words[1]).expect("a known set");
-        match words[0] {
-            "add" => assert!(set.insert(words[2].to_string()), "added twice: {line}"),
-            "del" => assert!(set.remove(words[2]), "deleted but absent: {line}"),
-            other => panic!("verb {other}"),
+    for c in changes {
+        let set = sets.get_mut(&c.set).expect("a known set");
+        if c.add {
+            assert!(set.insert(c.entry.clone()), "added twice: {c}");
+        } else {
+            assert!(set.remove(&c.entry), "deleted but absent: {c}");
         }
     }
     sets
@@ -216,7 +213,7 @@ proptest! {
                 .copied()
                 .collect();
             prop_assert_eq!(&changes.servers, &differing);
-            let sets = apply_script(&before, &changes.ipset_script);
+            let sets = apply_entries(&before, &changes.ipset);
             let want: BTreeMap<String, BTreeSet<String>> =
                 full.ipsets.iter().map(|(n, s)| (n.clone(), s.entries.clone())).collect();
             prop_assert_eq!(sets, want);

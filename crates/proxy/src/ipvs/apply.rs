@@ -12,6 +12,7 @@ use weir_model::{IpFamily, NodePortAddresses, Plan, PlanDiff};
 
 use super::diff::{requests, Draining, ObservedService};
 use super::incremental::{Changes, Rendering};
+use super::ipset::Ipset;
 use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey};
 use super::render::{
     ipset_full, ipset_update, set_names, Desired, IpvsOptions, CHAINS, DUMMY, JUMPS, KUBE_MARK_MASQ,
@@ -145,14 +146,19 @@ impl IpvsBackend {
             };
             let desired = &rendering.desired;
             let first = matches!(step, Step::Rendered(None));
-            // ipsets first (the rules name them), then the rules, then IPVS.
-            let ipset_script = match &step {
-                Step::Updated(c) => c.ipset_script.clone(),
+            // ipsets first (the rules name them), then the rules, then IPVS. A full sync
+            // builds every set with `ipset restore`; later ones add and delete entries over
+            // netlink (no process per sync).
+            let entries = match &step {
+                Step::Updated(c) => c.ipset.clone(),
                 Step::Rendered(Some(o)) => ipset_update(&o.ipsets, &desired.ipsets),
-                Step::Rendered(None) => ipset_full(&desired.ipsets, family),
+                Step::Rendered(None) => {
+                    run_tool("ipset", &["restore"], &ipset_full(&desired.ipsets, family))?;
+                    Vec::new()
+                }
             };
-            if !ipset_script.is_empty() {
-                run_tool("ipset", &["restore"], &ipset_script)?;
+            if !entries.is_empty() {
+                Ipset::open()?.apply(&entries)?;
             }
             let rules_changed = match &step {
                 Step::Updated(c) => c.iptables_changed,

@@ -9,15 +9,14 @@
 //! state equals the full rendering, and that what an update reports changed is what differs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use weir_model::{IpFamily, Plan, ServicePortKey};
 
 use super::netlink::ServiceKey;
 use super::render::{
-    empty_sets, iptables_rules, render_service, set_name, Desired, Fragment, IpvsOptions, NoLocal,
-    VirtualServer,
+    empty_sets, iptables_rules, render_service, set_name, Desired, EntryChange, Fragment,
+    IpvsOptions, NoLocal, VirtualServer,
 };
 
 /// One family's [`Desired`] and the per-service-port parts it is made of.
@@ -49,14 +48,14 @@ struct Before {
 pub struct Changes {
     /// Virtual servers added, removed or changed.
     pub servers: BTreeSet<ServiceKey>,
-    /// `ipset restore` input adding and deleting the entries that changed.
-    pub ipset_script: String,
+    /// The ipset entries added and deleted.
+    pub ipset: Vec<EntryChange>,
     pub iptables_changed: bool,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.servers.is_empty() && self.ipset_script.is_empty() && !self.iptables_changed
+        self.servers.is_empty() && self.ipset.is_empty() && !self.iptables_changed
     }
 }
 
@@ -129,9 +128,11 @@ impl Rendering {
         for ((set, entry), was) in before.entries {
             let is = self.set_refs.contains_key(&(set, entry.clone()));
             if is != was {
-                let verb = if is { "add" } else { "del" };
-                let name = set_name(set, self.family);
-                let _ = writeln!(changes.ipset_script, "{verb} {name} {entry} -exist");
+                changes.ipset.push(EntryChange {
+                    add: is,
+                    set: set_name(set, self.family),
+                    entry,
+                });
             }
         }
         let iptables = self.rules(plan, opts);

@@ -33,9 +33,11 @@
 //!
 //! Modules:
 //! * [`netlink`]: IPVS over generic netlink (encoders pure and byte-tested, plus a client).
+//! * [`ipset`]: ipset entries added and deleted over nfnetlink (the same, for partial syncs).
 mod apply;
 pub mod diff;
 pub mod incremental;
+pub mod ipset;
 pub mod netlink;
 pub mod render;
 pub use apply::{conn_reuse_mode, node_port_ips, IpvsBackend};

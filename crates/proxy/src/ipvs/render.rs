@@ -480,7 +480,7 @@ pub(super) fn render_service(
 }
 
 /// The family's sets, every one present (empty or not), by name.
-pub(super) fn empty_sets(family: IpFamily) -> BTreeMap<String, IpSet> {
+pub fn empty_sets(family: IpFamily) -> BTreeMap<String, IpSet> {
     SETS.iter()
         .map(|(name, kind, comment)| {
             (
@@ -847,18 +847,38 @@ pub fn ipset_full(sets: &BTreeMap<String, IpSet>, family: IpFamily) -> String {
     out
 }
 
-/// `ipset restore` input turning `old` into `new` entry by entry (sets already exist).
-pub fn ipset_update(old: &BTreeMap<String, IpSet>, new: &BTreeMap<String, IpSet>) -> String {
+/// One ipset entry to add or delete; displayed as its `ipset restore` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryChange {
+    pub add: bool,
+    pub set: String,
+    pub entry: String,
+}
+
+impl std::fmt::Display for EntryChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verb = if self.add { "add" } else { "del" };
+        write!(f, "{verb} {} {} -exist", self.set, self.entry)
+    }
+}
+
+/// The entries turning `old` into `new` (sets already exist): deletions, then additions, set
+/// by set.
+pub fn ipset_update(
+    old: &BTreeMap<String, IpSet>,
+    new: &BTreeMap<String, IpSet>,
+) -> Vec<EntryChange> {
     let empty = BTreeSet::new();
-    let mut out = String::new();
+    let mut out = Vec::new();
     for (name, s) in new {
         let before = old.get(name).map(|o| &o.entries).unwrap_or(&empty);
-        for e in before.difference(&s.entries) {
-            let _ = writeln!(out, "del {name} {e} -exist");
-        }
-        for e in s.entries.difference(before) {
-            let _ = writeln!(out, "add {name} {e} -exist");
-        }
+        let change = |add: bool, e: &String| EntryChange {
+            add,
+            set: name.clone(),
+            entry: e.clone(),
+        };
+        out.extend(before.difference(&s.entries).map(|e| change(false, e)));
+        out.extend(s.entries.difference(before).map(|e| change(true, e)));
     }
     out
 }
