@@ -134,7 +134,9 @@ fn entries_over_netlink_match_the_ipset_tool_for_every_set_of_the_layout() {
         assert_eq!(listed, by_tool.entries(), "{family:?} after adding");
         for c in &adds {
             assert!(
-                listed.iter().any(|l| l.starts_with(&format!("add {} ", c.set))),
+                listed
+                    .iter()
+                    .any(|l| l.starts_with(&format!("add {} ", c.set))),
                 "{c} is not listed:\n{listed:?}"
             );
         }

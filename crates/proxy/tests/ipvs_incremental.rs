@@ -217,6 +217,11 @@ proptest! {
             let want: BTreeMap<String, BTreeSet<String>> =
                 full.ipsets.iter().map(|(n, s)| (n.clone(), s.entries.clone())).collect();
             prop_assert_eq!(sets, want);
+            let mut addresses = before.addresses.clone();
+            for &(a, add) in &changes.addresses {
+                prop_assert!(if add { addresses.insert(a) } else { addresses.remove(&a) }, "{a} {add}");
+            }
+            prop_assert_eq!(&addresses, &full.addresses);
             prop_assert_eq!(changes.iptables_changed, before.iptables != full.iptables);
         }
     }

@@ -659,10 +659,11 @@ echo '## rules6'; inn $N ip6tables-save | grep -c KUBE- || true
     );
 }
 
-/// Outside changes to what ipvs mode wrote. A deleted virtual server is seen by the next sync's
-/// own dump and repaired (with --sync-period 10m, so the agent's periodic `intact` check cannot
-/// be what repairs it); a flushed iptables chain, which no sync looks at, is repaired by the
-/// periodic check (--sync-period 1s) with no object change.
+/// Outside changes to what ipvs mode wrote, none of which a partial sync looks at (its cost
+/// follows the change, not the cluster): the agent's periodic `intact` check (--sync-period
+/// 1s) repairs them with no object change. A virtual server deleted with `ipvsadm -D`, a VIP
+/// deleted from kube-ipvs0, a flushed nat `KUBE-MARK-MASQ`, and a new node address, which
+/// gets its NodePort virtual server. Then a new service still arrives by a partial sync.
 fn outside_changes_are_repaired(vm: &weir_vmtest::Vm, tag: &str) {
     let extra = service(
         "extra",
@@ -677,37 +678,50 @@ fn outside_changes_are_repaired(vm: &weir_vmtest::Vm, tag: &str) {
         &format!(
             r#"n=$(grep -c synced $D/proxy.log)
 stop_proxy
-start_proxy --sync-period 10m
+start_proxy --sync-period 1s
 wait_for "[ \$(grep -c synced $D/proxy.log) -gt $n ]" 100
 inn $N ipvsadm -D -t 10.96.0.10:80
 echo '## deleted'; inn $N ipvsadm -Ln | grep -c '10.96.0.10:80' || true
-cat > $D/m/extra.yaml <<'EOF'
-{extra}EOF
-wait_for "inn $N ipvsadm -Ln -t 10.96.0.15:80" 60
 wait_for "inn $N ipvsadm -Ln -t 10.96.0.10:80" 60
-echo '## resynced'; grep -c 'changed behind its back' $D/proxy.log
 echo '## web'; ask $C 10.96.0.10 80
-n=$(grep -c synced $D/proxy.log)
-stop_proxy
-start_proxy --sync-period 1s
-wait_for "[ \$(grep -c synced $D/proxy.log) -gt $n ]" 100
+inn $N ip addr del 10.96.0.10/32 dev kube-ipvs0
+wait_for "inn $N ip -o addr show dev kube-ipvs0 | grep -q 10.96.0.10/32" 60
+echo '## vip'; ask $C 10.96.0.10 80
 inn $N iptables -t nat -F KUBE-MARK-MASQ
 wait_for "inn $N iptables -t nat -S KUBE-MARK-MASQ | grep -q -- '-A KUBE-MARK-MASQ'" 60
 echo '## masq'; inn $N iptables -t nat -S KUBE-MARK-MASQ
+inn $N ip addr add 10.0.0.9/24 dev $T-nc
+wait_for "inn $N ipvsadm -Ln -t 10.0.0.9:30080" 60
+echo '## new node address'; ask $C 10.0.0.9 30080
+echo '## resynced'; grep -c 'changed behind its back' $D/proxy.log
+grep -c 'NodePort addresses changed' $D/proxy.log
+cat > $D/m/extra.yaml <<'EOF'
+{extra}EOF
+wait_for "inn $N ipvsadm -Ln -t 10.96.0.15:80" 60
+echo '## extra'; ask $C 10.96.0.15 80
 "#
         ),
     );
     eprintln!("{out}");
     assert!(out.contains("## deleted\n0\n"), "the deletion: {out}");
-    assert!(out.contains("## resynced\n1\n"), "{out}");
-    let web = out.split("## web\n").nth(1).unwrap();
-    assert!(web.starts_with("p1 ") || web.starts_with("p2 "), "{out}");
+    let answered = |section: &str| {
+        let after = out.split(&format!("## {section}\n")).nth(1).unwrap();
+        assert!(
+            after.starts_with("p1 ") || after.starts_with("p2 "),
+            "{section}: {out}"
+        );
+    };
+    for section in ["web", "vip", "new node address", "extra"] {
+        answered(section);
+    }
     assert!(
         out.contains(
             "## masq\n-N KUBE-MARK-MASQ\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000"
         ),
         "{out}"
     );
+    // one full resync per outside change: the server, the VIP, the chain, the address
+    assert!(out.contains("## resynced\n4\n1\n"), "{out}");
 }
 
 /// `weir lab up --proxy-mode ipvs` on the two-node lab of `lab_services`, then `weir lab check`:

@@ -8,14 +8,15 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 use weir_kernel::{sysctl, Rtnl};
-use weir_model::{IpFamily, NodePortAddresses, Plan, PlanDiff};
+use weir_model::{IpFamily, NodePortAddresses, Plan, PlanDiff, ServicePortKey};
 
 use super::diff::{requests, Draining, ObservedService};
-use super::incremental::{Changes, Rendering};
+use super::incremental::Rendering;
 use super::ipset::Ipset;
-use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey};
+use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey, ServiceSpec};
 use super::render::{
-    ipset_full, ipset_update, set_names, Desired, IpvsOptions, CHAINS, DUMMY, JUMPS, KUBE_MARK_MASQ,
+    ipset_full, ipset_update, set_names, EntryChange, IpvsOptions, VirtualServer, CHAINS, DUMMY,
+    JUMPS, KUBE_MARK_MASQ,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 use crate::iptables::restore::{Restore, Table};
@@ -24,20 +25,27 @@ use crate::iptables::tools;
 /// The ipvs mode (kube-proxy's layout; see the [module](super) documentation).
 ///
 /// * A **full** sync (the first of a process, after a failure, after
-///   [`invalidate`](Backend::invalidate), when [`intact`](Backend::intact) found something
-///   changed behind weir's back, or when the sync's own dumps show `kube-ipvs0` or one of its
-///   virtual servers gone) dumps every virtual server and real server and changes only
-///   what differs, rebuilds every ipset under a temporary name and swaps it in, and replaces
-///   weir's iptables chains in one restore per table: a restart breaks no connection.
-/// * A **partial** sync finds what changed: given the planner's diff
-///   ([`sync_diff`](Backend::sync_diff)) by rendering only the service ports it names
-///   ([`Rendering::update`]), otherwise by rendering everything and comparing with the last
-///   rendering. It sends IPVS requests for the virtual servers that changed (dumping only
-///   those and the ones still draining), adds and deletes changed ipset entries, and rewrites
-///   the iptables chains only if their text changed.
+///   [`invalidate`](Backend::invalidate), or when [`intact`](Backend::intact) or a sync
+///   found something changed behind weir's back) dumps every virtual server and real server
+///   and changes only what differs, rebuilds every ipset under a temporary name and swaps it
+///   in, and replaces weir's iptables chains in one restore per table: a restart breaks no
+///   connection.
+/// * A **partial** sync given the planner's diff ([`sync_diff`](Backend::sync_diff)) renders
+///   only the service ports it names ([`Rendering::update`]) and touches only what that
+///   changed: ipset entries over netlink, the iptables chains if their text changed, the
+///   changed virtual servers (fetched one by one, with those still draining), and
+///   `kube-ipvs0`'s changed addresses. Nothing it does grows with the cluster. Without a diff
+///   (or after a global change) a sync renders everything, dumps every virtual server and
+///   address, and compares.
+/// * [`intact`](Backend::intact), every `--sync-period`, checks what partial syncs do not
+///   look at: `kube-ipvs0` and its addresses, every virtual server, the node addresses the
+///   NodePorts were rendered for, and the nat `KUBE-MARK-MASQ` rule.
 pub struct IpvsBackend {
     opts: IpvsOptions,
     applied: BTreeMap<IpFamily, Rendering>,
+    /// Each family's `nodePortAddresses` of the last full rendering: [`Backend::intact`]
+    /// checks that the node's addresses still give the NodePort addresses it was rendered for.
+    node_ports: BTreeMap<IpFamily, NodePortAddresses>,
     draining: Draining,
 }
 
@@ -46,6 +54,7 @@ impl IpvsBackend {
         IpvsBackend {
             opts,
             applied: BTreeMap::new(),
+            node_ports: BTreeMap::new(),
             draining: Draining::new(),
         }
     }
@@ -80,35 +89,46 @@ impl IpvsBackend {
     fn sync_all(&mut self, plan: &Plan, diff: Option<&PlanDiff>) -> Result<(SyncKind, usize)> {
         let mut rtnl = Rtnl::new()?;
         let (dummy, dummy_created) = ensure_dummy(&mut rtnl)?;
+        if dummy_created && !self.applied.is_empty() {
+            tracing::warn!("weir's kube-ipvs0 was deleted behind its back: full resync");
+            self.applied.clear();
+        }
         let mut ipvs = Ipvs::open()?;
+        let every_family = self
+            .opts
+            .families
+            .iter()
+            .all(|f| self.applied.contains_key(f));
+        match diff {
+            Some(d) if !d.globals_changed && every_family => {
+                self.sync_changes(plan, d, &mut rtnl, dummy, &mut ipvs)
+            }
+            _ => self.sync_rendered(plan, &mut rtnl, dummy, &mut ipvs),
+        }
+    }
+
+    /// Renders every service port and compares with the last rendering (none: a full sync).
+    /// Dumps every virtual server and address: a virtual server or VIP of the last sync gone
+    /// means a full resync.
+    fn sync_rendered(
+        &mut self,
+        plan: &Plan,
+        rtnl: &mut Rtnl,
+        dummy: u32,
+        ipvs: &mut Ipvs,
+    ) -> Result<(SyncKind, usize)> {
         let observed_keys: Vec<(ServiceKey, _)> = ipvs
             .services()
             .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?;
         let held: HashSet<ServiceKey> = observed_keys.iter().map(|(k, _)| *k).collect();
-        // What this sync's own dumps show for free; the iptables side is `intact`'s, which the
-        // agent runs every --sync-period (a process per family was most of a partial sync's
-        // cost under the test VM's emulation).
-        if !self.applied.is_empty() && (dummy_created || !self.holds_applied(&held)) {
+        if !self.applied.is_empty() && !self.holds_applied(&held) {
             tracing::warn!("weir's ipvs state was changed behind its back: full resync");
             self.applied.clear();
         }
         let full = self.applied.is_empty();
         if full {
             ensure_sysctls(&self.opts)?;
-        }
-        if full
-            && (
-                self.opts.tcp_timeout,
-                self.opts.tcp_fin_timeout,
-                self.opts.udp_timeout,
-            ) != (0, 0, 0)
-        {
-            ipvs.send_payload(set_timeouts(
-                self.opts.tcp_timeout,
-                self.opts.tcp_fin_timeout,
-                self.opts.udp_timeout,
-            ))
-            .map_err(|e| Error::Netlink(format!("IPVS timeouts: {e}")))?;
+            self.set_timeouts(ipvs)?;
         }
         let addrs = rtnl.addrs(None)?;
         let dummy_addrs: BTreeSet<IpAddr> = addrs
@@ -125,62 +145,34 @@ impl IpvsBackend {
         let mut all_addresses = BTreeSet::new();
         let mut kinds = Vec::new();
         for family in self.opts.families.clone() {
-            let node_ips = node_port_ips(plan.node_port_addresses(family), &node_addrs, family);
-            let old = self.applied.remove(&family);
-            // A change the planner's diff names is rendered alone (same node addresses); any
-            // other sync renders everything and compares it with the last rendering.
-            let (rendering, step) = match (old, diff) {
-                (Some(mut r), Some(d)) if !d.globals_changed && r.serves(&node_ips) => {
-                    let keys = d
-                        .added
-                        .keys()
-                        .chain(d.removed.keys())
-                        .chain(d.changed.keys());
-                    let changes = r.update(plan, keys, &self.opts);
-                    (r, Step::Updated(changes))
-                }
-                (old, _) => (
-                    Rendering::full(plan, family, &node_ips, &self.opts),
-                    Step::Rendered(old.map(|o| o.desired)),
-                ),
-            };
+            let np = plan.node_port_addresses(family).clone();
+            let node_ips = node_port_ips(&np, &node_addrs, family);
+            let old = self.applied.remove(&family).map(|o| o.desired);
+            let rendering = Rendering::full(plan, family, &node_ips, &self.opts);
+            self.node_ports.insert(family, np);
             let desired = &rendering.desired;
-            let first = matches!(step, Step::Rendered(None));
-            // ipsets first (the rules name them), then the rules, then IPVS. A full sync
-            // builds every set with `ipset restore`; later ones add and delete entries over
-            // netlink (no process per sync).
-            let entries = match &step {
-                Step::Updated(c) => c.ipset.clone(),
-                Step::Rendered(Some(o)) => ipset_update(&o.ipsets, &desired.ipsets),
-                Step::Rendered(None) => {
-                    run_tool("ipset", &["restore"], &ipset_full(&desired.ipsets, family))?;
-                    Vec::new()
-                }
-            };
-            if !entries.is_empty() {
-                Ipset::open()?.apply(&entries)?;
+            // ipsets first (the rules name them), then the rules, then IPVS.
+            match &old {
+                None => run_tool("ipset", &["restore"], &ipset_full(&desired.ipsets, family))?,
+                Some(o) => apply_entries(&ipset_update(&o.ipsets, &desired.ipsets))?,
             }
-            let rules_changed = match &step {
-                Step::Updated(c) => c.iptables_changed,
-                Step::Rendered(o) => o.as_ref().map(|o| &o.iptables) != Some(&desired.iptables),
-            };
-            if rules_changed {
+            if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {
                 tools::restore(family, &desired.iptables)?;
-                if first {
+                if old.is_none() {
                     ensure_jumps(family)?;
                 }
             }
             // Which virtual servers to look at: all on a full sync, else the changed ones
             // and those with real servers still draining.
             let mut look: BTreeSet<ServiceKey> = BTreeSet::new();
-            match &step {
-                Step::Rendered(None) => look.extend(
+            match &old {
+                None => look.extend(
                     observed_keys
                         .iter()
                         .map(|(k, _)| *k)
                         .filter(|k| k.family() == family),
                 ),
-                Step::Rendered(Some(o)) => {
+                Some(o) => {
                     for (k, vs) in &desired.services {
                         if o.services.get(k) != Some(vs) {
                             look.insert(*k);
@@ -192,26 +184,11 @@ impl IpvsBackend {
                             .filter(|k| !desired.services.contains_key(k)),
                     );
                 }
-                Step::Updated(c) => look.extend(c.servers.iter().copied()),
             }
-            look.extend(
-                self.draining
-                    .keys()
-                    .map(|(k, _, _)| *k)
-                    .filter(|k| k.family() == family),
-            );
+            look.extend(self.draining_keys(family));
             let mut observed = BTreeMap::new();
             for (k, spec) in observed_keys.iter().filter(|(k, _)| look.contains(k)) {
-                let real_servers = ipvs
-                    .dests(k)
-                    .map_err(|e| Error::Netlink(format!("IPVS list real servers of {k}: {e}")))?;
-                observed.insert(
-                    *k,
-                    ObservedService {
-                        spec: spec.clone(),
-                        real_servers,
-                    },
-                );
+                observed.insert(*k, observe(ipvs, k, spec.clone())?);
             }
             let wanted: BTreeMap<ServiceKey, _> = desired
                 .services
@@ -219,41 +196,24 @@ impl IpvsBackend {
                 .filter(|(k, _)| look.contains(k) || !held.contains(k))
                 .map(|(k, v)| (*k, v.clone()))
                 .collect();
-            // What weir made before (an update's node addresses did not change, so the servers
-            // it changed are the only ones to add).
-            let previous: BTreeSet<IpAddr> = match &step {
-                Step::Rendered(o) => o
-                    .iter()
-                    .flat_map(|o| o.services.keys().map(|k| k.addr))
-                    .collect(),
-                Step::Updated(c) => c.servers.iter().map(|k| k.addr).collect(),
-            };
+            // What weir made before.
+            let previous: BTreeSet<IpAddr> = old
+                .iter()
+                .flat_map(|o| o.services.keys().map(|k| k.addr))
+                .collect();
             // Weir's virtual servers: on its dummy, on a node address, or ones it made.
             let owned = |k: &ServiceKey| {
                 dummy_addrs.contains(&k.addr)
                     || node_addrs.contains(&k.addr)
                     || previous.contains(&k.addr)
             };
-            let reqs = requests(
-                &wanted,
-                &observed,
-                owned,
-                &mut self.draining,
-                Instant::now(),
-                self.opts.graceful_termination_timeout,
-            );
-            let changed: BTreeSet<ServiceKey> = reqs.iter().map(request_key).collect();
-            touched += changed.len();
-            for r in &reqs {
-                ipvs.request(r)
-                    .map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
-            }
+            let sent = self.send(ipvs, &wanted, &observed, owned)?;
+            touched += sent;
             all_addresses.extend(desired.addresses.iter().copied());
-            kinds.push(match &step {
-                Step::Rendered(None) => SyncKind::Full,
-                Step::Rendered(Some(o)) if reqs.is_empty() && o == desired => SyncKind::Noop,
-                Step::Updated(c) if reqs.is_empty() && c.is_empty() => SyncKind::Noop,
-                _ => SyncKind::Partial,
+            kinds.push(match &old {
+                None => SyncKind::Full,
+                Some(o) if sent == 0 && o == desired => SyncKind::Noop,
+                Some(_) => SyncKind::Partial,
             });
             self.applied.insert(family, rendering);
         }
@@ -273,14 +233,140 @@ impl IpvsBackend {
         };
         Ok((kind, touched))
     }
+
+    /// A partial sync from the planner's diff: each family's rendering is updated for the
+    /// service ports `diff` names ([`Rendering::update`]), and only what that changed is
+    /// looked at and sent — ipset entries over netlink, the iptables chains if their text
+    /// changed, the changed virtual servers fetched one by one, `kube-ipvs0`'s changed
+    /// addresses — so its cost follows the change, not the cluster. What no change touches
+    /// (node addresses, every other virtual server and VIP, the iptables chains) is
+    /// [`intact`](Backend::intact)'s, which the agent runs every `--sync-period`.
+    fn sync_changes(
+        &mut self,
+        plan: &Plan,
+        diff: &PlanDiff,
+        rtnl: &mut Rtnl,
+        dummy: u32,
+        ipvs: &mut Ipvs,
+    ) -> Result<(SyncKind, usize)> {
+        let keys: Vec<&ServicePortKey> = diff
+            .added
+            .keys()
+            .chain(diff.removed.keys())
+            .chain(diff.changed.keys())
+            .collect();
+        let mut touched = 0;
+        let mut addresses = Vec::new();
+        let mut changed = false;
+        for family in self.opts.families.clone() {
+            let mut rendering = self.applied.remove(&family).expect("every family rendered");
+            let c = rendering.update(plan, keys.iter().copied(), &self.opts);
+            apply_entries(&c.ipset)?;
+            if c.iptables_changed {
+                tools::restore(family, &rendering.desired.iptables)?;
+            }
+            let mut look: BTreeSet<ServiceKey> = c.servers.clone();
+            look.extend(self.draining_keys(family));
+            let mut observed = BTreeMap::new();
+            for k in &look {
+                let spec = ipvs
+                    .service(k)
+                    .map_err(|e| Error::Netlink(format!("IPVS get {k}: {e}")))?;
+                if let Some(spec) = spec {
+                    observed.insert(*k, observe(ipvs, k, spec)?);
+                }
+            }
+            let wanted: BTreeMap<ServiceKey, _> = look
+                .iter()
+                .filter_map(|k| Some((*k, rendering.desired.services.get(k)?.clone())))
+                .collect();
+            // Every server looked at is weir's: one it changed, or one still draining.
+            let sent = self.send(ipvs, &wanted, &observed, |_| true)?;
+            touched += sent;
+            changed |= sent > 0 || !c.is_empty();
+            addresses.extend(c.addresses.iter().copied());
+            self.applied.insert(family, rendering);
+        }
+        // Addresses last: a VIP appears once its virtual server exists, and goes after it.
+        for (a, add) in addresses {
+            let net = IpNet::from(a);
+            match add {
+                true => rtnl.addr_ensure(dummy, net)?,
+                false => match rtnl.addr_del(dummy, net) {
+                    Err(e) if e.is_not_found() => {}
+                    other => other?,
+                },
+            }
+        }
+        let kind = if changed {
+            SyncKind::Partial
+        } else {
+            SyncKind::Noop
+        };
+        Ok((kind, touched))
+    }
+
+    /// The virtual servers of `family` with real servers still draining.
+    fn draining_keys(&self, family: IpFamily) -> Vec<ServiceKey> {
+        self.draining
+            .keys()
+            .map(|(k, _, _)| *k)
+            .filter(|k| k.family() == family)
+            .collect()
+    }
+
+    /// Sends the requests turning `observed` into `wanted`; returns how many virtual servers
+    /// they changed.
+    fn send(
+        &mut self,
+        ipvs: &mut Ipvs,
+        wanted: &BTreeMap<ServiceKey, VirtualServer>,
+        observed: &BTreeMap<ServiceKey, ObservedService>,
+        owned: impl Fn(&ServiceKey) -> bool,
+    ) -> Result<usize> {
+        let reqs = requests(
+            wanted,
+            observed,
+            owned,
+            &mut self.draining,
+            Instant::now(),
+            self.opts.graceful_termination_timeout,
+        );
+        for r in &reqs {
+            ipvs.request(r)
+                .map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
+        }
+        Ok(reqs.iter().map(request_key).collect::<BTreeSet<_>>().len())
+    }
+
+    fn set_timeouts(&self, ipvs: &mut Ipvs) -> Result<()> {
+        let o = &self.opts;
+        if (o.tcp_timeout, o.tcp_fin_timeout, o.udp_timeout) == (0, 0, 0) {
+            return Ok(());
+        }
+        ipvs.send_payload(set_timeouts(
+            o.tcp_timeout,
+            o.tcp_fin_timeout,
+            o.udp_timeout,
+        ))
+        .map_err(|e| Error::Netlink(format!("IPVS timeouts: {e}")))
+    }
 }
 
-/// How a family's new state was found.
-enum Step {
-    /// Rendered whole; the last sync's state, if there was one, to compare with.
-    Rendered(Option<Desired>),
-    /// The last rendering updated by the planner's diff.
-    Updated(Changes),
+/// A virtual server as the kernel has it: `spec` and its real servers.
+fn observe(ipvs: &mut Ipvs, k: &ServiceKey, spec: ServiceSpec) -> Result<ObservedService> {
+    let real_servers = ipvs
+        .dests(k)
+        .map_err(|e| Error::Netlink(format!("IPVS list real servers of {k}: {e}")))?;
+    Ok(ObservedService { spec, real_servers })
+}
+
+/// Adds and deletes ipset entries over netlink (no socket when there are none).
+fn apply_entries(changes: &[EntryChange]) -> Result<()> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    Ipset::open()?.apply(changes)
 }
 
 fn request_key(r: &Request) -> ServiceKey {
@@ -439,16 +525,17 @@ impl Backend for IpvsBackend {
         self.sync_with(plan, Some(diff))
     }
 
-    /// The dummy exists, the kernel holds as many virtual servers as weir made, and the
+    /// `kube-ipvs0` exists with every VIP, the kernel holds every virtual server weir made,
+    /// the node's addresses still give the NodePort addresses of the last rendering, and the
     /// nat `KUBE-MARK-MASQ` chain (emptied by any nat flush) still has its rule.
     fn intact(&mut self) -> Result<bool> {
         if self.applied.is_empty() {
             return Ok(true);
         }
         let mut rtnl = Rtnl::new()?;
-        if rtnl.link_by_name(DUMMY)?.is_none() {
+        let Some(dummy) = rtnl.link_by_name(DUMMY)? else {
             return Ok(false);
-        }
+        };
         let held: HashSet<ServiceKey> = Ipvs::open()?
             .services()
             .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?
@@ -458,7 +545,29 @@ impl Backend for IpvsBackend {
         if !self.holds_applied(&held) {
             return Ok(false);
         }
-        for family in self.applied.keys() {
+        let addrs = rtnl.addrs(None)?;
+        let vips: HashSet<IpAddr> = addrs
+            .iter()
+            .filter(|a| a.index == dummy.index)
+            .map(|a| a.net.addr())
+            .collect();
+        let node_addrs: Vec<IpAddr> = addrs
+            .iter()
+            .filter(|a| a.index != dummy.index)
+            .map(|a| a.net.addr())
+            .collect();
+        for (family, r) in &self.applied {
+            if !r.desired.addresses.iter().all(|a| vips.contains(a)) {
+                return Ok(false);
+            }
+            let np = self.node_ports.get(family).cloned().unwrap_or_default();
+            if !r.serves(&node_port_ips(&np, &node_addrs, *family)) {
+                tracing::info!(
+                    ?family,
+                    "the node's NodePort addresses changed: full resync"
+                );
+                return Ok(false);
+            }
             let masq = tools::list_chain(*family, Table::Nat, KUBE_MARK_MASQ, None)?;
             if !masq.is_some_and(|t| t.lines().any(|l| l.starts_with("-A "))) {
                 return Ok(false);

@@ -40,6 +40,7 @@ pub struct Rendering {
 #[derive(Default)]
 struct Before {
     entries: BTreeMap<(&'static str, String), bool>,
+    addresses: BTreeMap<IpAddr, bool>,
     servers: BTreeMap<ServiceKey, Option<VirtualServer>>,
 }
 
@@ -50,12 +51,17 @@ pub struct Changes {
     pub servers: BTreeSet<ServiceKey>,
     /// The ipset entries added and deleted.
     pub ipset: Vec<EntryChange>,
+    /// `kube-ipvs0`'s addresses added (true) and removed (false).
+    pub addresses: Vec<(IpAddr, bool)>,
     pub iptables_changed: bool,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.servers.is_empty() && self.ipset.is_empty() && !self.iptables_changed
+        self.servers.is_empty()
+            && self.ipset.is_empty()
+            && self.addresses.is_empty()
+            && !self.iptables_changed
     }
 }
 
@@ -135,6 +141,12 @@ impl Rendering {
                 });
             }
         }
+        for (a, was) in before.addresses {
+            let is = self.address_refs.contains_key(&a);
+            if is != was {
+                changes.addresses.push((a, is));
+            }
+        }
         let iptables = self.rules(plan, opts);
         changes.iptables_changed = iptables != self.desired.iptables;
         self.desired.iptables = iptables;
@@ -176,6 +188,9 @@ impl Rendering {
         }
         for &a in &f.addresses {
             let refs = self.address_refs.entry(a).or_insert(0);
+            if let Some(b) = &mut before {
+                b.addresses.entry(a).or_insert(*refs > 0);
+            }
             *refs += 1;
             self.desired.addresses.insert(a);
         }
@@ -204,6 +219,7 @@ impl Rendering {
             }
         }
         for a in &f.addresses {
+            before.addresses.entry(*a).or_insert(true);
             let refs = self
                 .address_refs
                 .get_mut(a)

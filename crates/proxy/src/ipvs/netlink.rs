@@ -467,6 +467,22 @@ impl Ipvs {
         Ok(out)
     }
 
+    /// One virtual server's settings, or None when the kernel has none at `key`.
+    pub fn service(&mut self, key: &ServiceKey) -> io::Result<Option<ServiceSpec>> {
+        let mut found = None;
+        let p = IpvsPayload {
+            cmd: CMD_GET_SERVICE,
+            attrs: service_attr(key, None),
+        };
+        match self.exchange(GenlMessage::from_payload(p), self.family_id, 0, |b| {
+            found = parse_service(b).map(|(_, spec)| spec);
+        }) {
+            Ok(()) => Ok(found),
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The real servers of one virtual server, with their connection counts.
     pub fn dests(&mut self, key: &ServiceKey) -> io::Result<Vec<RealServerState>> {
         let mut out = Vec::new();
