@@ -542,9 +542,10 @@ fn add_twice_is_refused_and_del_then_add_works() {
     );
     assert!(node.links().contains(&veth("twice", "eth0")));
     // DEL returns before its background child has deleted the veth: an ADD right after it
-    // (a runtime retrying a sandbox) must not see the leftover as an attachment. Repeated,
-    // because the race was lost only now and then (CI saw it once).
-    for _ in 0..5 {
+    // (a runtime retrying a sandbox) must not see the leftover as an attachment, nor take the
+    // pod end for someone else's when the child deletes the pair between its two lookups.
+    // Repeated, because each race was lost only now and then (CI saw each once).
+    for _ in 0..20 {
         cni.del("twice", &pod, &conf).ok();
         let second = add().ok().json();
         assert_eq!(allocation_files(node.data()).len(), 1);
