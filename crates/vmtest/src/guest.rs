@@ -240,6 +240,11 @@ while read -r verb id secs <&3; do echo "$verb $id $secs"; done | while read -r 
       echo "GOT $id" >&3
       # 3>&-: the script (and the servers it leaves running) must not hold the port
       (
+        # The host writes the script before it sends the request, yet once (CI, under load) the
+        # shell could not open it. Until that is understood: wait up to 5 s for it, and say on
+        # the console when it was late.
+        n=0; while [ ! -e "$io/$id.sh" ] && [ $n -lt 50 ]; do sleep 0.1; n=$((n+1)); done
+        [ $n -eq 0 ] || echo "weir-vm: $id.sh was not there at RUN; waited $n x 0.1 s" >/dev/console
         env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb \
           timeout -s KILL "$secs" chroot /mnt /bin/sh "{GUEST_IO_DIR}/$id.sh" \
           </dev/null >"/spool/$id.out" 2>"/spool/$id.err" 3>&-

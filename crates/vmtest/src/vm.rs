@@ -100,8 +100,11 @@ impl Vm {
         match self.run(script) {
             Ok(out) if out.success() => out.stdout,
             Ok(out) => panic!(
-                "VM script failed with status {}:\n--- script\n{script}\n--- stdout\n{}--- stderr\n{}",
-                out.status, out.stdout, out.stderr
+                "VM script failed with status {}:\n--- script\n{script}\n--- stdout\n{}--- stderr\n{}--- console\n{}",
+                out.status,
+                out.stdout,
+                out.stderr,
+                self.console_tail()
             ),
             Err(e) => panic!(
                 "VM script did not complete: {e:#}\n--- script\n{script}\n--- console\n{}",
