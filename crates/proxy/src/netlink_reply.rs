@@ -1,6 +1,7 @@
-//! Reading the answer to one netlink request, shared by the conntrack and IPVS clients: split
-//! each datagram into messages, skip late answers to earlier requests, end at `NLMSG_DONE` or
-//! the ACK, and turn an error message into the errno it carries.
+//! Reading the answer to one netlink request, shared by the conntrack, IPVS and ipset clients:
+//! split each datagram into messages, skip late answers to earlier requests, end at
+//! `NLMSG_DONE` or the ACK, and turn an error message into the errno it carries; and reading
+//! the acknowledgements of a batch of requests sent in one datagram.
 
 use std::io;
 
@@ -59,5 +60,126 @@ pub(crate) fn read_answer(
                 }
             }
         }
+    }
+}
+
+/// Receives the acknowledgements of `count` requests sent with consecutive sequence numbers
+/// from `first`; returns the first refusal (the request's offset from `first`, and the errno).
+pub(crate) fn read_acks(
+    socket: &mut Socket,
+    first: u32,
+    count: usize,
+) -> io::Result<Option<(usize, io::Error)>> {
+    let mut acks = Acks::default();
+    while acks.seen < count {
+        let (data, _) = socket.recv_from_full()?;
+        acks.take(&data, first, count)?;
+    }
+    Ok(acks
+        .refused
+        .map(|(offset, errno)| (offset, io::Error::from_raw_os_error(errno))))
+}
+
+/// The acknowledgements of one batch seen so far.
+#[derive(Debug, Default, PartialEq)]
+struct Acks {
+    seen: usize,
+    /// The earliest refused request: its offset and errno.
+    refused: Option<(usize, i32)>,
+}
+
+impl Acks {
+    /// Counts the acknowledgements in one datagram; other messages (late answers to earlier
+    /// requests) are skipped.
+    fn take(&mut self, data: &[u8], first: u32, count: usize) -> io::Result<()> {
+        let mut rest = data;
+        while rest.len() >= NLMSG_HDRLEN {
+            let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
+            if len < NLMSG_HDRLEN || len > rest.len() {
+                return Err(io::Error::other("truncated netlink message"));
+            }
+            let kind = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
+            let seq = u32::from_ne_bytes(rest[8..12].try_into().unwrap());
+            let payload = &rest[NLMSG_HDRLEN..len];
+            rest = &rest[((len + 3) & !3).min(rest.len())..];
+            let offset = seq.wrapping_sub(first) as usize;
+            if kind != NLMSG_ERROR || offset >= count {
+                continue;
+            }
+            self.seen += 1;
+            let code = payload
+                .get(0..4)
+                .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+                .unwrap_or(-libc::EIO);
+            if code != 0 && self.refused.is_none_or(|(o, _)| offset < o) {
+                self.refused = Some((offset, -code));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A netlink message: header (type, sequence) and payload.
+    fn msg(kind: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let len = (NLMSG_HDRLEN + payload.len()) as u32;
+        let mut m = len.to_ne_bytes().to_vec();
+        m.extend(kind.to_ne_bytes());
+        m.extend(0u16.to_ne_bytes());
+        m.extend(seq.to_ne_bytes());
+        m.extend(0u32.to_ne_bytes());
+        m.extend(payload);
+        m
+    }
+
+    fn ack(seq: u32, code: i32) -> Vec<u8> {
+        msg(NLMSG_ERROR, seq, &code.to_ne_bytes())
+    }
+
+    #[test]
+    fn a_batch_is_done_once_every_request_is_acknowledged() {
+        let mut acks = Acks::default();
+        // a late answer to an earlier request, then two of three acknowledgements
+        let data = [msg(16, 99, &[0; 8]), ack(99, 0), ack(100, 0), ack(101, 0)].concat();
+        acks.take(&data, 100, 3).unwrap();
+        assert_eq!(
+            acks,
+            Acks {
+                seen: 2,
+                refused: None
+            }
+        );
+        acks.take(&ack(102, 0), 100, 3).unwrap();
+        assert_eq!(acks.seen, 3);
+    }
+
+    #[test]
+    fn the_earliest_refusal_is_reported() {
+        let mut acks = Acks::default();
+        let data = [
+            ack(7, 0),
+            ack(9, -libc::ENOENT),
+            ack(8, -libc::EEXIST),
+            ack(10, 0),
+        ]
+        .concat();
+        acks.take(&data, 7, 4).unwrap();
+        assert_eq!(
+            acks,
+            Acks {
+                seen: 4,
+                refused: Some((1, libc::EEXIST))
+            }
+        );
+        assert!(
+            Acks::default().take(&ack(1, 0)[..10], 1, 1).is_ok(),
+            "short tail ignored"
+        );
+        let mut truncated = ack(1, 0);
+        truncated[0] = 200;
+        assert!(Acks::default().take(&truncated, 1, 1).is_err());
     }
 }

@@ -108,8 +108,8 @@ impl IpvsBackend {
     }
 
     /// Renders every service port and compares with the last rendering (none: a full sync).
-    /// Dumps every virtual server and address: a virtual server or VIP of the last sync gone
-    /// means a full resync.
+    /// Dumps every virtual server and address: a virtual server of the last sync gone means a
+    /// full resync, and missing VIPs are added back.
     fn sync_rendered(
         &mut self,
         plan: &Plan,
@@ -332,10 +332,8 @@ impl IpvsBackend {
             Instant::now(),
             self.opts.graceful_termination_timeout,
         );
-        for r in &reqs {
-            ipvs.request(r)
-                .map_err(|e| Error::Netlink(format!("IPVS {r:?}: {e}")))?;
-        }
+        ipvs.request_all(&reqs)
+            .map_err(|(i, e)| Error::Netlink(format!("IPVS {:?}: {e}", reqs[i])))?;
         Ok(reqs.iter().map(request_key).collect::<BTreeSet<_>>().len())
     }
 

@@ -19,7 +19,7 @@ use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr};
 use weir_model::{IpFamily, Protocol};
 
-use crate::netlink_reply::{read_answer, Next};
+use crate::netlink_reply::{read_acks, read_answer, Next};
 use crate::{Error, Result};
 
 // ip_vs.h: commands.
@@ -62,6 +62,10 @@ const SVC_F_PERSISTENT: u32 = 0x1;
 /// `IP_VS_CONN_F_MASQ`: NAT forwarding, the only method kube-proxy uses.
 const FWD_MASQ: u32 = 0;
 const GENL_HDRLEN: usize = 4;
+/// How many bytes of requests go in one datagram: about a hundred requests, whose
+/// acknowledgements (some 768 bytes of socket buffer each) stay well inside a receive buffer
+/// capped by the default `net.core.rmem_max` (208 KiB); an overflow would lose them.
+const BATCH_BYTES: usize = 8 << 10;
 
 /// What identifies an IPVS virtual server (weir never uses fwmark services).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -449,6 +453,33 @@ impl Ipvs {
         )
     }
 
+    /// Sends `reqs` in order, many to a datagram, and waits for every acknowledgement. The
+    /// kernel takes a datagram's messages one by one and acknowledges each, so a full sync's
+    /// tens of thousands of requests cost a few hundred system calls, not one round trip each.
+    /// On a refusal the rest of that datagram is still applied; the first refusal is returned
+    /// with its request's index.
+    pub fn request_all(&mut self, reqs: &[Request]) -> std::result::Result<(), (usize, io::Error)> {
+        let mut next = 0;
+        while next < reqs.len() {
+            let start = next;
+            let first = self.sequence.wrapping_add(1);
+            let mut datagram = Vec::new();
+            while next < reqs.len() && datagram.len() < BATCH_BYTES {
+                datagram.extend(
+                    self.encode(GenlMessage::from_payload(reqs[next].payload()), NLM_F_ACK),
+                );
+                next += 1;
+            }
+            self.socket.send(&datagram, 0).map_err(|e| (start, e))?;
+            let refused =
+                read_acks(&mut self.socket, first, next - start).map_err(|e| (start, e))?;
+            if let Some((i, e)) = refused {
+                return Err((start + i, e));
+            }
+        }
+        Ok(())
+    }
+
     /// Every virtual server (fwmark ones left out).
     pub fn services(&mut self) -> io::Result<Vec<(ServiceKey, ServiceSpec)>> {
         let mut out = Vec::new();
@@ -502,6 +533,26 @@ impl Ipvs {
         Ok(out)
     }
 
+    /// An IPVS message with the next sequence number.
+    fn encode(&mut self, msg: GenlMessage<IpvsPayload>, flags: u16) -> Vec<u8> {
+        self.encode_for(msg, self.family_id, flags)
+    }
+
+    fn encode_for<F>(&mut self, mut msg: GenlMessage<F>, family_id: u16, flags: u16) -> Vec<u8>
+    where
+        F: GenlFamily + Emitable + std::fmt::Debug,
+    {
+        msg.set_resolved_family_id(family_id);
+        let mut nl = NetlinkMessage::from(msg);
+        self.sequence = self.sequence.wrapping_add(1);
+        nl.header.flags = NLM_F_REQUEST | flags;
+        nl.header.sequence_number = self.sequence;
+        nl.finalize();
+        let mut buf = vec![0u8; nl.buffer_len()];
+        nl.serialize(&mut buf);
+        buf
+    }
+
     /// Sends `msg` and hands the attribute bytes of each answer to `each` until the ACK or
     /// the end of the dump.
     fn exchange<F>(
@@ -514,15 +565,7 @@ impl Ipvs {
     where
         F: GenlFamily + Emitable + std::fmt::Debug,
     {
-        let mut msg = msg;
-        msg.set_resolved_family_id(family_id);
-        let mut nl = NetlinkMessage::from(msg);
-        self.sequence = self.sequence.wrapping_add(1);
-        nl.header.flags = NLM_F_REQUEST | flags;
-        nl.header.sequence_number = self.sequence;
-        nl.finalize();
-        let mut buf = vec![0u8; nl.buffer_len()];
-        nl.serialize(&mut buf);
+        let buf = self.encode_for(msg, family_id, flags);
         self.socket.send(&buf, 0)?;
         read_answer(&mut self.socket, self.sequence, |_, payload| {
             if let Some(a) = payload.get(GENL_HDRLEN..) {
