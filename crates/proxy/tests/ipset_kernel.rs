@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use weir_kernel::NetNs;
 use weir_model::IpFamily;
 use weir_proxy::ipvs::ipset::Ipset;
-use weir_proxy::ipvs::render::{empty_sets, ipset_full, EntryChange};
+use weir_proxy::ipvs::render::{empty_sets, ipset_full, ipset_rebuild, EntryChange, IpSet};
 
 fn runnable() -> bool {
     let root = Command::new("id")
@@ -160,6 +160,49 @@ fn entries_over_netlink_match_the_ipset_tool_for_every_set_of_the_layout() {
             "{family:?} after deleting"
         );
         assert_eq!(by_netlink.entries().len(), listed.len() - dels.len());
+    }
+}
+
+/// `layout`'s sets with its entries in them.
+fn filled(family: IpFamily) -> std::collections::BTreeMap<String, IpSet> {
+    let (_, adds) = layout(family);
+    let mut sets = empty_sets(family);
+    for c in adds {
+        sets.get_mut(&c.set).unwrap().entries.insert(c.entry);
+    }
+    sets
+}
+
+#[test]
+fn a_full_rebuild_filled_over_netlink_equals_the_tools() {
+    if !runnable() {
+        return;
+    }
+    let pid = std::process::id();
+    let by_netlink = Ns::new(format!("wis-rb-nl-{pid}"));
+    let by_tool = Ns::new(format!("wis-rb-tool-{pid}"));
+    let mut total = 0;
+    for family in [IpFamily::V4, IpFamily::V6] {
+        let sets = filled(family);
+        total += sets.values().map(|s| s.entries.len()).sum::<usize>();
+        by_tool.restore(&ipset_full(&sets, family));
+        let rebuild = ipset_rebuild(&sets, family);
+        // A rebuild that died after filling leaves its temporary sets: the next one empties
+        // and reuses them.
+        by_netlink.restore(&rebuild.create);
+        by_netlink.netlink(&rebuild.fill).unwrap();
+        for _ in 0..2 {
+            by_netlink.restore(&rebuild.create);
+            by_netlink.netlink(&rebuild.fill).unwrap();
+            by_netlink.restore(&rebuild.swap);
+            let listed = by_netlink.entries();
+            assert_eq!(listed, by_tool.entries(), "{family:?}");
+            assert_eq!(listed.len(), total, "every entry once: {listed:?}");
+            assert!(
+                listed.iter().all(|l| !l.starts_with("add weir-")),
+                "no temporary set left: {listed:?}"
+            );
+        }
     }
 }
 

@@ -15,7 +15,7 @@ use super::incremental::Rendering;
 use super::ipset::Ipset;
 use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey, ServiceSpec};
 use super::render::{
-    ipset_full, ipset_update, set_names, EntryChange, IpvsOptions, VirtualServer, CHAINS, DUMMY,
+    ipset_rebuild, ipset_update, set_names, EntryChange, IpvsOptions, VirtualServer, CHAINS, DUMMY,
     JUMPS, KUBE_MARK_MASQ,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
@@ -153,7 +153,12 @@ impl IpvsBackend {
             let desired = &rendering.desired;
             // ipsets first (the rules name them), then the rules, then IPVS.
             match &old {
-                None => run_tool("ipset", &["restore"], &ipset_full(&desired.ipsets, family))?,
+                None => {
+                    let rebuild = ipset_rebuild(&desired.ipsets, family);
+                    run_tool("ipset", &["restore"], &rebuild.create)?;
+                    apply_entries(&rebuild.fill)?;
+                    run_tool("ipset", &["restore"], &rebuild.swap)?;
+                }
                 Some(o) => apply_entries(&ipset_update(&o.ipsets, &desired.ipsets))?,
             }
             if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {

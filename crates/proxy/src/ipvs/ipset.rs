@@ -19,7 +19,7 @@ use netlink_packet_netfilter::{
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
 use super::render::EntryChange;
-use crate::netlink_reply::{read_answer, Next};
+use crate::netlink_reply::{read_acks, read_answer, Next};
 use crate::{Error, Result};
 
 // ip_set.h
@@ -45,6 +45,9 @@ const NLA_F_NESTED: u16 = 0x8000;
 const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 /// The protocol version weir speaks (ipset 7.x, kernels since 4.x).
 const PROTOCOL: u8 = 7;
+/// Bytes of requests per datagram: as for IPVS (`netlink::BATCH_BYTES`), their
+/// acknowledgements must fit a receive buffer capped by the default `net.core.rmem_max`.
+const BATCH_BYTES: usize = 8 << 10;
 
 /// One entry in ipset's syntax, parsed: `30080` (bitmap:port), `10.96.0.1` (hash:ip),
 /// `10.96.0.1,tcp:80` (hash:ip,port), then `,10.244.1.2` (hash:ip,port,ip) or
@@ -229,12 +232,32 @@ impl Ipset {
         Ok(me)
     }
 
-    /// Adds and deletes `changes` in order, each acknowledged; stops at the first refusal.
+    /// Adds and deletes `changes` in order, many to a datagram (a full sync fills whole sets
+    /// this way), each acknowledged. On a refusal the rest of that datagram is still applied;
+    /// the first refusal is the error.
     pub fn apply(&mut self, changes: &[EntryChange]) -> Result<()> {
-        for change in changes {
-            let (cmd, attrs) = entry_request(self.protocol, change)?;
-            self.exchange(cmd, attrs, NLM_F_ACK, |_| {})
-                .map_err(|e| Error::Netlink(format!("ipset {change}: {}", describe(&e))))?;
+        let mut next = 0;
+        while next < changes.len() {
+            let start = next;
+            let first = self.sequence.wrapping_add(1);
+            let mut datagram = Vec::new();
+            while next < changes.len() && datagram.len() < BATCH_BYTES {
+                let (cmd, attrs) = entry_request(self.protocol, &changes[next])?;
+                self.sequence = self.sequence.wrapping_add(1);
+                datagram.extend(message(cmd, attrs, NLM_F_ACK, self.sequence));
+                next += 1;
+            }
+            let failed = |i: usize, e: &io::Error| {
+                Error::Netlink(format!("ipset {}: {}", changes[i], describe(e)))
+            };
+            self.socket
+                .send(&datagram, 0)
+                .map_err(|e| failed(start, &e))?;
+            let refused =
+                read_acks(&mut self.socket, first, next - start).map_err(|e| failed(start, &e))?;
+            if let Some((i, e)) = refused {
+                return Err(failed(start + i, &e));
+            }
         }
         Ok(())
     }
