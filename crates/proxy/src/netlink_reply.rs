@@ -28,27 +28,15 @@ pub(crate) fn read_answer(
 ) -> io::Result<()> {
     loop {
         let (data, _) = socket.recv_from_full()?;
-        let mut rest = &data[..];
-        while rest.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-            if len < NLMSG_HDRLEN || len > rest.len() {
-                return Err(io::Error::other("truncated netlink message"));
-            }
-            let kind = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
-            let seq = u32::from_ne_bytes(rest[8..12].try_into().unwrap());
-            let payload = &rest[NLMSG_HDRLEN..len];
-            rest = &rest[((len + 3) & !3).min(rest.len())..];
+        for message in messages(&data) {
+            let Message { kind, seq, payload } = message?;
             if seq != sequence {
                 continue; // a late answer to an earlier request
             }
             match kind {
                 NLMSG_DONE => return Ok(()),
                 NLMSG_ERROR => {
-                    let code = payload
-                        .get(0..4)
-                        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                        .unwrap_or(-libc::EIO);
-                    return match code {
+                    return match error_code(payload) {
                         0 => Ok(()),
                         c => Err(io::Error::from_raw_os_error(-c)),
                     };
@@ -61,6 +49,44 @@ pub(crate) fn read_answer(
             }
         }
     }
+}
+
+/// One netlink message of a datagram.
+struct Message<'a> {
+    kind: u16,
+    seq: u32,
+    /// After the netlink header.
+    payload: &'a [u8],
+}
+
+/// The messages of one datagram; a length that runs past its end is an error.
+fn messages(data: &[u8]) -> impl Iterator<Item = io::Result<Message<'_>>> {
+    let mut rest = data;
+    std::iter::from_fn(move || {
+        if rest.len() < NLMSG_HDRLEN {
+            return None;
+        }
+        let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
+        if len < NLMSG_HDRLEN || len > rest.len() {
+            rest = &[];
+            return Some(Err(io::Error::other("truncated netlink message")));
+        }
+        let message = Message {
+            kind: u16::from_ne_bytes(rest[4..6].try_into().unwrap()),
+            seq: u32::from_ne_bytes(rest[8..12].try_into().unwrap()),
+            payload: &rest[NLMSG_HDRLEN..len],
+        };
+        rest = &rest[((len + 3) & !3).min(rest.len())..];
+        Some(Ok(message))
+    })
+}
+
+/// The (negative) errno of an `NLMSG_ERROR` message; 0 is an acknowledgement.
+fn error_code(payload: &[u8]) -> i32 {
+    payload
+        .get(0..4)
+        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+        .unwrap_or(-libc::EIO)
 }
 
 /// Receives the acknowledgements of `count` requests sent with consecutive sequence numbers
@@ -92,25 +118,14 @@ impl Acks {
     /// Counts the acknowledgements in one datagram; other messages (late answers to earlier
     /// requests) are skipped.
     fn take(&mut self, data: &[u8], first: u32, count: usize) -> io::Result<()> {
-        let mut rest = data;
-        while rest.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(rest[0..4].try_into().unwrap()) as usize;
-            if len < NLMSG_HDRLEN || len > rest.len() {
-                return Err(io::Error::other("truncated netlink message"));
-            }
-            let kind = u16::from_ne_bytes(rest[4..6].try_into().unwrap());
-            let seq = u32::from_ne_bytes(rest[8..12].try_into().unwrap());
-            let payload = &rest[NLMSG_HDRLEN..len];
-            rest = &rest[((len + 3) & !3).min(rest.len())..];
+        for message in messages(data) {
+            let Message { kind, seq, payload } = message?;
             let offset = seq.wrapping_sub(first) as usize;
             if kind != NLMSG_ERROR || offset >= count {
                 continue;
             }
             self.seen += 1;
-            let code = payload
-                .get(0..4)
-                .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
-                .unwrap_or(-libc::EIO);
+            let code = error_code(payload);
             if code != 0 && self.refused.is_none_or(|(o, _)| offset < o) {
                 self.refused = Some((offset, -code));
             }

@@ -1,7 +1,8 @@
 //! ipset entries added and deleted over netlink (nfnetlink's ipset subsystem,
-//! `include/uapi/linux/netfilter/ipset/ip_set.h`), so a partial sync starts no `ipset restore`
-//! process: under the test VM's emulation that process was 73 of a one-endpoint sync's 101 ms.
-//! Sets are still created, filled and swapped by `ipset restore` on a full sync.
+//! `include/uapi/linux/netfilter/ipset/ip_set.h`), in batches. A partial sync starts no
+//! `ipset restore` process (under the test VM's emulation it was 73 of a one-endpoint sync's
+//! 101 ms), and a full sync fills its freshly created sets this way (the tool took 13 of its
+//! 15 s at 1,000 services); sets are still created and swapped by `ipset restore`.
 //!
 //! No crate speaks ipset's protocol for the set types kube-proxy uses (`ripset` handles plain
 //! addresses only; `ipset` and `ipset-sys` link the C library), so the one message weir needs,
