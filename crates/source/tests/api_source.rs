@@ -117,6 +117,20 @@ fn listed(r: &Running, kind: Kind) -> Vec<Object> {
     }
 }
 
+/// The first list of each of the three kinds, by kind: the watchers list at once, in no set
+/// order (waiting for them one kind after another dropped a list that came early: a CI
+/// failure, "no list of Node").
+fn initial_lists(r: &Running) -> std::collections::BTreeMap<Kind, Vec<String>> {
+    let mut lists = std::collections::BTreeMap::new();
+    while lists.len() < 3 {
+        match next_event(r, "a list", |e| matches!(e, Event::Listed(..))) {
+            Event::Listed(k, l) => lists.insert(k, names(&l)),
+            _ => unreachable!(),
+        };
+    }
+    lists
+}
+
 fn wait_until(what: &str, cond: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
@@ -130,13 +144,7 @@ fn initial_lists_honour_kube_proxys_selectors_and_then_changes_stream() {
     let api = server();
     api.apply_yaml(WORLD).unwrap();
     let r = start(&api);
-    let mut lists = std::collections::BTreeMap::new();
-    for _ in 0..3 {
-        match next_event(&r, "a list", |e| matches!(e, Event::Listed(..))) {
-            Event::Listed(k, l) => lists.insert(k, names(&l)),
-            _ => unreachable!(),
-        };
-    }
+    let lists = initial_lists(&r);
     assert_eq!(lists[&Kind::Service], ["Service/shop/web"]);
     assert_eq!(lists[&Kind::EndpointSlice], ["EndpointSlice/shop/web-1"]);
     assert_eq!(lists[&Kind::Node], ["Node/node-a"], "only this node");
@@ -282,9 +290,7 @@ fn an_expired_resource_version_relists_and_applies_deletions_missed_in_the_gap()
     let api = server();
     api.apply_yaml(WORLD).unwrap();
     let r = start(&api);
-    for k in [Kind::Service, Kind::EndpointSlice, Kind::Node] {
-        listed(&r, k);
-    }
+    initial_lists(&r);
     api.stop();
     // While weir cannot see it: web goes, another comes, and etcd compacts the history.
     assert!(api.delete("Service", "shop", "web"));
