@@ -681,7 +681,6 @@ stop_proxy
 start_proxy --sync-period 1s
 wait_for "[ \$(grep -c synced $D/proxy.log) -gt $n ]" 100
 inn $N ipvsadm -D -t 10.96.0.10:80
-echo '## deleted'; inn $N ipvsadm -Ln | grep -c '10.96.0.10:80' || true
 wait_for "inn $N ipvsadm -Ln -t 10.96.0.10:80" 60
 echo '## web'; ask $C 10.96.0.10 80
 inn $N ip addr del 10.96.0.10/32 dev kube-ipvs0
@@ -703,7 +702,8 @@ echo '## extra'; ask $C 10.96.0.15 80
         ),
     );
     eprintln!("{out}");
-    assert!(out.contains("## deleted\n0\n"), "the deletion: {out}");
+    // (No check that the deleted server was gone: with a 1 s period the repair may already
+    // have run. The resync count below shows each outside change was seen.)
     let answered = |section: &str| {
         let after = out.split(&format!("## {section}\n")).nth(1).unwrap();
         assert!(
