@@ -72,13 +72,40 @@ impl Lab {
                 String::from_utf8_lossy(&out.stderr)
             )
         });
-        (out.status.success(), json)
+        let ok = out.status.success();
+        if !ok {
+            // The rows that failed, from this run: a rerun's table may pass (a flake), and
+            // then only these say what happened.
+            eprintln!(
+                "lab check failed:\n{}\n{}",
+                failed_rows(&json).join("\n"),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        (ok, json)
     }
 
     fn check_table(&self) -> String {
         let out = self.weir(&["lab", "check", &self.name]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+}
+
+/// Every result of `lab check --json` that failed: a probe or name check with `ok` false, a
+/// process with `alive` false.
+fn failed_rows(json: &Value) -> Vec<String> {
+    let Some(sections) = json.as_object() else {
+        return vec![json.to_string()];
+    };
+    sections
+        .iter()
+        .filter_map(|(section, rows)| Some((section, rows.as_array()?)))
+        .flat_map(|(section, rows)| {
+            rows.iter()
+                .filter(|r| r["ok"] == false || r["alive"] == false)
+                .map(move |r| format!("{section}: {r}"))
+        })
+        .collect()
 }
 
 fn alive(pid: i32) -> bool {
@@ -116,7 +143,7 @@ fn services_in_mode(tag: &str, mode: &str) {
     eprintln!("check in {:?}", started.elapsed());
     let results = json["services"].as_array().unwrap();
     if !ok {
-        eprintln!("{}", lab.check_table());
+        eprintln!("rerun:\n{}", lab.check_table());
     }
     assert_services(results);
     for r in json["matrix"].as_array().unwrap() {
@@ -164,7 +191,7 @@ fn services_userspace() {
     lab.up(&format!("{TWO_NODES}{SERVICES}"), "userspace");
     let (ok, json) = lab.check();
     if !ok {
-        eprintln!("{}", lab.check_table());
+        eprintln!("rerun:\n{}", lab.check_table());
     }
     assert!(ok, "check exit status");
     let results = json["services"].as_array().unwrap();
@@ -252,7 +279,7 @@ fn restart_keeps_connection(tag: &str, mode: &str) {
     // New connections are served by the new proxies as well.
     let (ok, json) = lab.check();
     if !ok {
-        eprintln!("{}", lab.check_table());
+        eprintln!("rerun:\n{}", lab.check_table());
     }
     assert!(ok, "check after restarts: {json}");
     assert_eq!(

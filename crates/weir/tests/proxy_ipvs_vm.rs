@@ -2,7 +2,8 @@
 //! machine's does not): kube-proxy's layout as `ipvsadm`, `ipset` and `iptables-save` show
 //! it, and real packets through it — ClusterIP spread per scheduler (rr, sh), NodePort, LB
 //! IP, hairpin, externalTrafficPolicy Local, rejection without endpoints, session affinity,
-//! an incremental change, graceful termination, a restart keeping a connection, cleanup,
+//! externalIPs, internalTrafficPolicy Local, terminating endpoints, topology hints, an
+//! incremental change, graceful termination, a restart keeping a connection, cleanup,
 //! IPv6 and SCTP packets; and `weir lab` with ipvs proxies on the lab_services probe set.
 //! One VM boot for the binary; skips with a clear message where qemu cannot run
 //! (docs/vm.md).
@@ -213,6 +214,109 @@ fn v6_and_sctp() -> String {
         ),
     ]
     .concat()
+}
+
+/// The services of the policies step, as crates/proxy/tests/fixtures/parity has them for the
+/// other modes: an externalIP, internalTrafficPolicy Local, endpoints that are all terminating
+/// (p1 still serving, p2 not) and zone hints (p1 for zone-a, p2 for zone-b), with this node's
+/// Node object in zone-a.
+fn policies() -> String {
+    let slice = |name: &str, endpoints: &str| {
+        format!(
+            "---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{port: 8080, protocol: TCP}}]
+endpoints:
+{endpoints}"
+        )
+    };
+    [
+        service(
+            "eip",
+            "10.96.0.16",
+            "  externalIPs: [198.51.100.16]\n  ports: [{port: 80, targetPort: 8080}]\n",
+            &[P1, P2],
+        ),
+        service(
+            "itp",
+            "10.96.0.17",
+            "  internalTrafficPolicy: Local\n  ports: [{port: 80, targetPort: 8080}]\n",
+            &[P1, P2],
+        ),
+        service("term", "10.96.0.18", "  ports: [{port: 80, targetPort: 8080}]\n", &[]),
+        slice(
+            "term",
+            "  - {addresses: [10.244.1.11], nodeName: node-a, conditions: {ready: false, serving: true, terminating: true}}
+  - {addresses: [10.244.2.12], nodeName: node-b, conditions: {ready: false, serving: false, terminating: true}}
+",
+        ),
+        service("hints", "10.96.0.19", "  ports: [{port: 80, targetPort: 8080}]\n", &[]),
+        slice(
+            "hints",
+            "  - {addresses: [10.244.1.11], nodeName: node-a, zone: zone-a, hints: {forZones: [{name: zone-a}]}}
+  - {addresses: [10.244.2.12], nodeName: node-b, zone: zone-b, hints: {forZones: [{name: zone-b}]}}
+",
+        ),
+        "---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
+"
+        .to_string(),
+    ]
+    .concat()
+}
+
+/// The parity cells the other steps leave: externalIPs, internalTrafficPolicy Local,
+/// terminating endpoints and topology hints, with packets (a step of [`ipvs_mode_in_the_vm`]
+/// after its datapath step).
+fn traffic_policies(vm: &weir_vmtest::Vm, tag: &str) {
+    let out = step(
+        vm,
+        tag,
+        "policies",
+        &format!(
+            r#"cat > $D/m/policies.yaml <<'EOF'
+{policies}EOF
+wait_for "inn $N ipvsadm -Ln -t 10.96.0.19:80 | grep -q 10.244.1.11"
+echo '## ipvsadm'; for vs in 198.51.100.16:80 10.96.0.17:80 10.96.0.18:80 10.96.0.19:80; do inn $N ipvsadm -Ln -t $vs | grep -E '^TCP|->' | grep -v 'RemoteAddress'; done
+echo '## eip'; for i in 1 2 3 4; do ask $C 198.51.100.16 80; done
+echo '## itp'; for i in 1 2 3 4; do ask $P2 10.96.0.17 80; done
+echo '## term'; for i in 1 2 3 4; do ask $P2 10.96.0.18 80; done
+echo '## hints'; for i in 1 2 3 4; do ask $P2 10.96.0.19 80; done
+echo '## end'
+"#,
+            policies = policies()
+        ),
+    );
+    eprintln!("{out}");
+    let section = |name: &str| section_of(&out, name);
+    // externalIP from outside: its own virtual server, both pods, masqueraded (kube-proxy's
+    // KUBE-EXTERNAL-IP rule marks it)
+    assert!(
+        section("ipvsadm").contains("TCP  198.51.100.16:80 rr"),
+        "{out}"
+    );
+    let eip = section("eip");
+    let eip_names = names(&eip);
+    assert_eq!(eip_names.len(), 4, "{out}");
+    assert!(
+        eip_names.contains(&"p1") && eip_names.contains(&"p2"),
+        "{out}"
+    );
+    assert!(!eip.contains("10.0.0.2"), "not masqueraded: {out}");
+    // The other three: only p1 (the local, the serving, the hinted endpoint), from p2
+    // routed, so p2's own address is kept.
+    for s in ["itp", "term", "hints"] {
+        let got = section(s);
+        assert!(
+            got.lines().count() == 4 && got.lines().all(|l| l == "p1 10.244.2.12"),
+            "{s}: {out}"
+        );
+    }
 }
 
 /// Python (the host's, so also the guest's): an echo server for what `weir lab echo-server`
@@ -491,6 +595,9 @@ echo '## end'
     assert!(empty.to_lowercase().contains("refused"), "{empty}");
     // A VIP's other ports are rejected (KUBE-IPVS-FILTER), not the node's own.
     assert!(section("other-port").to_lowercase().contains("refused"));
+
+    // --- externalIPs, iTP Local, terminating endpoints, topology hints
+    traffic_policies(vm, &tag);
 
     // --- IPv6 and SCTP
     ipv6_and_sctp(vm, &tag);
