@@ -199,6 +199,11 @@ impl Address {
     }
 }
 
+/// Requests per datagram of [`Rtnl::request_batch`], in bytes. Their acknowledgements must
+/// fit the socket's receive buffer (an error's echoes the request), which the default
+/// `net.core.rmem_max` caps at 208 KiB: 8 KiB leaves room for refusals with extended acks.
+pub const BATCH_BYTES: usize = 8 * 1024;
+
 pub struct Rtnl {
     socket: Socket,
     sequence: u32,
@@ -274,6 +279,93 @@ impl Rtnl {
                 }
             }
         }
+    }
+
+    /// Sends `requests` (each a message and its flags; every one acknowledged) many to a
+    /// datagram and returns each one's outcome, in order: one round trip per
+    /// [`BATCH_BYTES`] of requests instead of one per request. `context` names a request in
+    /// its error.
+    pub fn request_batch(
+        &mut self,
+        requests: Vec<(RouteNetlinkMessage, u16)>,
+        context: impl Fn(usize) -> String,
+    ) -> Vec<Result<()>> {
+        let mut outcomes: Vec<Option<io::Result<()>>> = Vec::with_capacity(requests.len());
+        let mut pending = requests.into_iter().peekable();
+        while pending.peek().is_some() {
+            let start = outcomes.len();
+            let first = self.sequence.wrapping_add(1);
+            let mut datagram = Vec::new();
+            while datagram.len() < BATCH_BYTES {
+                let Some((message, flags)) = pending.next() else {
+                    break;
+                };
+                let mut msg = NetlinkMessage::from(message);
+                self.sequence = self.sequence.wrapping_add(1);
+                msg.header.flags = flags | NLM_F_ACK;
+                msg.header.sequence_number = self.sequence;
+                msg.finalize();
+                let at = datagram.len();
+                datagram.resize(at + msg.buffer_len(), 0);
+                msg.serialize(&mut datagram[at..]);
+                outcomes.push(None);
+            }
+            let batch = &mut outcomes[start..];
+            let answered = self
+                .socket
+                .send(&datagram, 0)
+                .and_then(|_| self.read_acks(first, batch));
+            if let Err(e) = answered {
+                // Whatever was not acknowledged has an unknown fate: it reports the failure.
+                for o in batch.iter_mut().filter(|o| o.is_none()) {
+                    *o = Some(Err(io::Error::new(e.kind(), e.to_string())));
+                }
+            }
+        }
+        outcomes
+            .into_iter()
+            .enumerate()
+            .map(|(i, o)| {
+                o.expect("every request has an outcome")
+                    .map_err(|e| NlError::new(context(i), e))
+            })
+            .collect()
+    }
+
+    /// Fills `outcomes` (of requests sent with consecutive sequence numbers from `first`)
+    /// from their acknowledgements.
+    fn read_acks(&mut self, first: u32, outcomes: &mut [Option<io::Result<()>>]) -> io::Result<()> {
+        let mut missing = outcomes.len();
+        while missing > 0 {
+            let (data, _) = self.socket.recv_from_full()?;
+            let mut offset = 0;
+            while offset < data.len() {
+                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let len = reply.header.length as usize;
+                if len == 0 {
+                    break;
+                }
+                offset += (len + 3) & !3;
+                let NetlinkPayload::Error(e) = reply.payload else {
+                    continue;
+                };
+                // Skipped unless it is one of this batch's (not a late answer to an earlier
+                // request) and not yet answered.
+                let i = reply.header.sequence_number.wrapping_sub(first) as usize;
+                match outcomes.get_mut(i) {
+                    Some(slot) if slot.is_none() => {
+                        *slot = Some(match e.code {
+                            None => Ok(()),
+                            Some(_) => Err(e.to_io()),
+                        });
+                        missing -= 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     fn create(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {
@@ -409,6 +501,39 @@ impl Rtnl {
     /// Adds an address unless the link already has it.
     pub fn addr_ensure(&mut self, index: u32, net: IpNet) -> Result<()> {
         exists_is_ok(self.addr_add(index, net))
+    }
+
+    /// Adds (`true`) and deletes (`false`) addresses of link `index` in the given order, in
+    /// batches ([`Rtnl::request_batch`]). An address to add that is there already, or one to
+    /// delete that is gone, is success; the first other refusal is returned, after every
+    /// request has been made.
+    pub fn addrs_change(&mut self, index: u32, changes: &[(IpNet, bool)]) -> Result<()> {
+        let requests = changes
+            .iter()
+            .map(|(net, add)| match add {
+                true => (
+                    RouteNetlinkMessage::NewAddress(address_message(index, *net)),
+                    NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL,
+                ),
+                false => (
+                    RouteNetlinkMessage::DelAddress(address_message(index, *net)),
+                    NLM_F_REQUEST,
+                ),
+            })
+            .collect();
+        let context = |i: usize| match changes[i] {
+            (net, true) => format!("add address {net}"),
+            (net, false) => format!("delete address {net}"),
+        };
+        let outcomes = self.request_batch(requests, context);
+        for (outcome, (_, add)) in outcomes.into_iter().zip(changes) {
+            match outcome {
+                Err(e) if *add && e.is_exists() => {}
+                Err(e) if !*add && e.is_not_found() => {}
+                other => other?,
+            }
+        }
+        Ok(())
     }
 
     /// All addresses, or those of one link.

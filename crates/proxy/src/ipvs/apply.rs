@@ -223,12 +223,16 @@ impl IpvsBackend {
             self.applied.insert(family, rendering);
         }
         // Addresses last: a VIP appears once its virtual server exists, and goes after it.
-        for a in all_addresses.difference(&dummy_addrs) {
-            rtnl.addr_ensure(dummy, IpNet::from(*a))?;
-        }
-        for a in dummy_addrs.difference(&all_addresses) {
-            rtnl.addr_del(dummy, IpNet::from(*a))?;
-        }
+        let address_changes: Vec<(IpNet, bool)> = all_addresses
+            .difference(&dummy_addrs)
+            .map(|a| (IpNet::from(*a), true))
+            .chain(
+                dummy_addrs
+                    .difference(&all_addresses)
+                    .map(|a| (IpNet::from(*a), false)),
+            )
+            .collect();
+        rtnl.addrs_change(dummy, &address_changes)?;
         let kind = if kinds.contains(&SyncKind::Full) {
             SyncKind::Full
         } else if kinds.contains(&SyncKind::Partial) {
@@ -293,16 +297,11 @@ impl IpvsBackend {
             self.applied.insert(family, rendering);
         }
         // Addresses last: a VIP appears once its virtual server exists, and goes after it.
-        for (a, add) in addresses {
-            let net = IpNet::from(a);
-            match add {
-                true => rtnl.addr_ensure(dummy, net)?,
-                false => match rtnl.addr_del(dummy, net) {
-                    Err(e) if e.is_not_found() => {}
-                    other => other?,
-                },
-            }
-        }
+        let address_changes: Vec<(IpNet, bool)> = addresses
+            .into_iter()
+            .map(|(a, add)| (IpNet::from(a), add))
+            .collect();
+        rtnl.addrs_change(dummy, &address_changes)?;
         let kind = if changed {
             SyncKind::Partial
         } else {
