@@ -3,7 +3,7 @@
 
 use weir_model::{IpFamily, Plan};
 use weir_proxy::ipvs::render::{
-    ipset_full, ipset_update, ipvsadm_save, render, Desired, IpvsOptions,
+    ipset_full, ipset_update, ipvsadm_save, render, Desired, IpvsOptions, LOOP_BACK,
 };
 
 mod common;
@@ -58,6 +58,15 @@ fn v1_fixture_renders_kube_proxys_ipvs_layout() {
             "{vs}"
         );
     }
+    // KUBE-LOOP-BACK holds node-a's endpoints (10.244.0.x) and, as kube-proxy's, no other
+    // node's: it held every real server, and overflowed its 65,536 entries at ~6,600
+    // services of ten endpoints, failing every full sync.
+    let loop_back = &d.ipsets[LOOP_BACK].entries;
+    assert!(!loop_back.is_empty());
+    assert!(
+        loop_back.iter().all(|e| e.starts_with("10.244.0.")),
+        "{loop_back:?}"
+    );
 }
 
 #[test]

@@ -15,7 +15,9 @@
 //!                                                        10.244.2.1 ── pod p2 10.244.2.12 ("node-b")
 //! ```
 //! p2 is attached to the same namespace but its EndpointSlice says node-b, so it is a
-//! remote endpoint for traffic policy Local.
+//! remote endpoint for traffic policy Local — and for hairpin: p2 reaching itself through a
+//! service would be masqueraded on its own node, so no step has p2 ask a service that may
+//! send it to itself.
 
 use std::time::{Duration, Instant};
 
@@ -361,10 +363,12 @@ fn section_of(out: &str, name: &str) -> String {
         .to_string()
 }
 
-/// The backend's name per answer line ("p1 10.0.0.2" → "p1").
+/// The backend's name per answer line ("p1 10.0.0.2" → "p1"); lines that are not an
+/// answer ("nc: timed out") have none, so they never count as one.
 fn names(out: &str) -> Vec<&str> {
     out.lines()
         .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.len() > 1 && w.starts_with('p') && w[1..].bytes().all(|b| b.is_ascii_digit()))
         .collect()
 }
 
@@ -381,7 +385,6 @@ fn ipv6_and_sctp(vm: &weir_vmtest::Vm, tag: &str) {
 cat > $D/ask.py <<'EOF'
 {PY_CLIENT}EOF
 i=1; for P in $P1 $P2; do
-  inn $N ip -6 addr add fd00:244:$i::1/64 dev $T-p$i nodad
   inn $P ip -6 addr add fd00:244:$i::1$i/64 dev eth0 nodad
   inn $P ip -6 route add default via fd00:244:$i::1
   inn $P setsid python3 $D/echo.py p$i >$D/py$i.log 2>&1 </dev/null &
@@ -473,6 +476,9 @@ i=1; for P in $P1 $P2; do
   ip link add $T-p$i netns $N type veth peer name eth0 netns $P
   inn $N ip addr add 10.244.$i.1/24 dev $T-p$i; inn $N ip link set $T-p$i up
   inn $P ip addr add 10.244.$i.1$i/24 dev eth0; inn $P ip link set eth0 up; inn $P ip route add default via 10.244.$i.1
+  # (the node's IPv6 side now: a node address added later changes the NodePort addresses,
+  # and the next periodic check would turn some later step's partial sync into a full one)
+  inn $N ip -6 addr add fd00:244:$i::1/64 dev $T-p$i nodad
   setsid $WEIR lab echo-server --netns /run/netns/$P --name p$i >$D/echo$i.log 2>&1 </dev/null &
   echo $! > $D/echo$i.pid
   i=$((i+1))
@@ -546,7 +552,7 @@ echo '## hairpin'; for i in 1 2 3 4; do ask $P1 10.96.0.10 80; done | grep '^p1'
 echo '## nodeport'; for i in 1 2; do ask $C 10.0.0.1 30080; done
 echo '## lb'; for i in 1 2; do ask $C 192.0.2.80 80; done
 echo '## local'; for i in 1 2 3; do ask $C 10.0.0.1 30081; done
-echo '## affinity'; for i in 1 2 3 4 5 6; do ask $P2 10.96.0.13 80; done
+echo '## affinity'; for i in 1 2 3 4 5 6; do ask $P1 10.96.0.13 80; done
 echo '## empty'; ask $P1 10.96.0.12 80
 echo '## other-port'; ask $P1 10.96.0.10 81
 echo '## end'

@@ -374,20 +374,24 @@ pub(super) fn render_service(
     let mut add = |set: &'static str, e: String| f.sets.push((set, e));
     for fe in &sp.frontends {
         let short_circuited = short_circuited(sp, fe);
-        let real_servers: BTreeSet<RealServer> = match fe.verdict {
-            Verdict::Forward => rs_of(sp.endpoints(fe.endpoints)),
+        let endpoints: &[weir_model::Endpoint] = match fe.verdict {
+            Verdict::Forward => sp.endpoints(fe.endpoints),
             // Policy Local without a local endpoint: kube-proxy's syncEndpoint gives the
             // virtual server every cluster endpoint (kubernetes#97081), so pods and the
             // node reach the service; outside sources are dropped by
             // `no_local_endpoint_drops` below, as in the other modes.
-            Verdict::Drop if short_circuited => rs_of(&sp.cluster_endpoints),
+            Verdict::Drop if short_circuited => &sp.cluster_endpoints,
             // No real server: IPVS answers with ICMP port unreachable (a rejection).
-            Verdict::Reject | Verdict::Drop => BTreeSet::new(),
+            Verdict::Reject | Verdict::Drop => &[],
         };
-        for rs in &real_servers {
+        let real_servers = rs_of(endpoints);
+        // Hairpin (a pod reaching itself through a service) can only start on the pod's own
+        // node: kube-proxy puts this node's endpoints in the set and no others, which also
+        // keeps it far below its 65,536 entries in a large cluster.
+        for e in endpoints.iter().filter(|e| e.is_local) {
             add(
                 LOOP_BACK,
-                format!("{},{}:{},{}", rs.addr, proto.as_str(), rs.port, rs.addr),
+                format!("{},{}:{},{}", e.ip, proto.as_str(), e.port, e.ip),
             );
         }
         let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
