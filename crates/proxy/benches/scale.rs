@@ -12,7 +12,8 @@
 //! backend level only), `WEIR_BENCH_JSON=path` (write the results as JSON), `WEIR_BIN` (the
 //! agent binary, default `target/release/weir`), `WEIR_BENCH_CHURN` (one-endpoint syncs, default 20),
 //! `WEIR_BENCH_ROUNDS` (connection-rate rounds per target, default 3), `WEIR_BENCH_AGENT_TIMEOUT`
-//! (seconds to wait for the agent's first sync, default 900), `WEIR_BENCH_AGENT` (default `1`; `0`
+//! (seconds to wait for the agent's first sync, default 900), `RUST_LOG` (e.g. `info`: the
+//! backends' own logs, such as each full sync's phases, on stderr), `WEIR_BENCH_AGENT` (default `1`; `0`
 //! skips the agent runs), `WEIR_BENCH_FULL_ROUNDS` (iptables: rounds of the side-by-side full
 //! syncs, default 3), `WEIR_BENCH_KUBE_NOFLUSH_MAX` (default 2000: above it kube-proxy's
 //! `--noflush` loads, quadratic with iptables-nft, are skipped), `WEIR_BENCH_ONE_CHANGES`
@@ -1477,6 +1478,13 @@ fn main() {
     // and a multi-minute benchmark has no place in the test suite.
     if !std::env::args().any(|a| a == "--bench") {
         return;
+    }
+    // RUST_LOG=info shows what the backends log, such as each full sync's phases.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
     }
     let cfg = Config::from_env();
     if !nix_is_root() {

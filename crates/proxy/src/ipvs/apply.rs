@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Write;
 use std::net::IpAddr;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 use weir_kernel::{sysctl, Rtnl};
@@ -126,6 +126,7 @@ impl IpvsBackend {
             self.applied.clear();
         }
         let full = self.applied.is_empty();
+        let mut phases = Phases::default();
         if full {
             ensure_sysctls(&self.opts)?;
             self.set_timeouts(ipvs)?;
@@ -148,9 +149,11 @@ impl IpvsBackend {
             let np = plan.node_port_addresses(family).clone();
             let node_ips = node_port_ips(&np, &node_addrs, family);
             let old = self.applied.remove(&family).map(|o| o.desired);
+            let mut clock = Instant::now();
             let rendering = Rendering::full(plan, family, &node_ips, &self.opts);
             self.node_ports.insert(family, np);
             let desired = &rendering.desired;
+            phases.render += lap(&mut clock);
             // ipsets first (the rules name them), then the rules, then IPVS.
             match &old {
                 None => {
@@ -161,12 +164,14 @@ impl IpvsBackend {
                 }
                 Some(o) => apply_entries(&ipset_update(&o.ipsets, &desired.ipsets))?,
             }
+            phases.ipsets += lap(&mut clock);
             if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {
                 tools::restore(family, &desired.iptables)?;
                 if old.is_none() {
                     ensure_jumps(family)?;
                 }
             }
+            phases.iptables += lap(&mut clock);
             // Which virtual servers to look at: all on a full sync, else the changed ones
             // and those with real servers still draining.
             let mut look: BTreeSet<ServiceKey> = BTreeSet::new();
@@ -213,6 +218,7 @@ impl IpvsBackend {
                     || previous.contains(&k.addr)
             };
             let sent = self.send(ipvs, &wanted, &observed, owned)?;
+            phases.ipvs += lap(&mut clock);
             touched += sent;
             all_addresses.extend(desired.addresses.iter().copied());
             kinds.push(match &old {
@@ -232,7 +238,22 @@ impl IpvsBackend {
                     .map(|a| (IpNet::from(*a), false)),
             )
             .collect();
+        let mut clock = Instant::now();
         rtnl.addrs_change(dummy, &address_changes)?;
+        phases.addresses = lap(&mut clock);
+        if full {
+            // Where a full sync's time goes (the figures docs/benchmarks.md reports).
+            tracing::info!(
+                render_ms = ms(phases.render),
+                ipsets_ms = ms(phases.ipsets),
+                iptables_ms = ms(phases.iptables),
+                ipvs_ms = ms(phases.ipvs),
+                addresses_ms = ms(phases.addresses),
+                virtual_servers_touched = touched,
+                addresses = address_changes.len(),
+                "full sync phases"
+            );
+        }
         let kind = if kinds.contains(&SyncKind::Full) {
             SyncKind::Full
         } else if kinds.contains(&SyncKind::Partial) {
@@ -745,4 +766,26 @@ COMMIT
         assert_eq!(v6, vec!["2001:db8::5".parse::<IpAddr>().unwrap()]);
         assert!(node_port_ips(&NodePortAddresses::None, &local, IpFamily::V4).is_empty());
     }
+}
+
+/// Time spent per phase of a sync that renders everything, summed over the families.
+#[derive(Default)]
+struct Phases {
+    render: Duration,
+    ipsets: Duration,
+    iptables: Duration,
+    ipvs: Duration,
+    addresses: Duration,
+}
+
+/// The time since `clock`, which then restarts.
+fn lap(clock: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let lap = now - *clock;
+    *clock = now;
+    lap
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
