@@ -200,7 +200,7 @@ impl Address {
 }
 
 /// Requests per datagram of [`Rtnl::request_batch`], in bytes. Their acknowledgements must
-/// fit the socket's receive buffer (an error's echoes the request), which the default
+/// fit the socket's receive buffer (a refusal echoes its request), which the default
 /// `net.core.rmem_max` caps at 208 KiB: 8 KiB leaves room for refusals with extended acks.
 pub const BATCH_BYTES: usize = 8 * 1024;
 

@@ -687,6 +687,28 @@ impl From<weir_kernel::NlError> for Error {
     }
 }
 
+/// Time spent per phase of a sync that renders everything, summed over the families.
+#[derive(Default)]
+struct Phases {
+    render: Duration,
+    ipsets: Duration,
+    iptables: Duration,
+    ipvs: Duration,
+    addresses: Duration,
+}
+
+/// The time since `clock`, which then restarts.
+fn lap(clock: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let lap = now - *clock;
+    *clock = now;
+    lap
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -766,26 +788,4 @@ COMMIT
         assert_eq!(v6, vec!["2001:db8::5".parse::<IpAddr>().unwrap()]);
         assert!(node_port_ips(&NodePortAddresses::None, &local, IpFamily::V4).is_empty());
     }
-}
-
-/// Time spent per phase of a sync that renders everything, summed over the families.
-#[derive(Default)]
-struct Phases {
-    render: Duration,
-    ipsets: Duration,
-    iptables: Duration,
-    ipvs: Duration,
-    addresses: Duration,
-}
-
-/// The time since `clock`, which then restarts.
-fn lap(clock: &mut Instant) -> Duration {
-    let now = Instant::now();
-    let lap = now - *clock;
-    *clock = now;
-    lap
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
