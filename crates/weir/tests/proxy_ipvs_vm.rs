@@ -236,6 +236,13 @@ endpoints:
         )
     };
     [
+        // First: the services after it are waited for, and the hints need the node's zone.
+        "---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
+"
+        .to_string(),
         service(
             "eip",
             "10.96.0.16",
@@ -262,12 +269,6 @@ endpoints:
   - {addresses: [10.244.2.12], nodeName: node-b, zone: zone-b, hints: {forZones: [{name: zone-b}]}}
 ",
         ),
-        "---
-apiVersion: v1
-kind: Node
-metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
-"
-        .to_string(),
     ]
     .concat()
 }
