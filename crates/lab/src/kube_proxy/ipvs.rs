@@ -56,7 +56,8 @@ pub fn render(input: &Input) -> anyhow::Result<Ipvs> {
             format!("{}:{}", svc.cluster_ip, svc.port),
             &p.endpoints,
         );
-        for ep in &p.endpoints {
+        // Upstream skips the endpoints of other nodes (`if !ep.IsLocal() { continue }`).
+        for ep in &p.local {
             loopback.push(format!("{ep},{}:{ECHO_PORT},{ep}", p.proto));
         }
         for ip in p.external_ips() {
@@ -177,5 +178,33 @@ mod tests {
             .iptables
             .contains("-m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE"));
         assert!(r.sysctls.contains(&("net.ipv4.vs.conntrack", "1")));
+        // KUBE-LOOP-BACK: the rendered node's (node a's) endpoints only, as upstream's
+        let loop_back: Vec<&str> = r
+            .ipset
+            .lines()
+            .filter(|l| l.starts_with("add KUBE-LOOP-BACK "))
+            .collect();
+        let node_a = eni_input(|i| {
+            i.state
+                .pods
+                .iter()
+                .filter(|p| p.node == i.node.name)
+                .map(|p| p.ip.to_string())
+                .collect::<Vec<_>>()
+        });
+        assert!(!loop_back.is_empty());
+        for l in &loop_back {
+            assert!(
+                node_a
+                    .iter()
+                    .any(|ip| l.starts_with(&format!("add KUBE-LOOP-BACK {ip},"))),
+                "{l} is not node a's: {node_a:?}"
+            );
+        }
+        assert!(
+            !r.ipset.contains("add KUBE-LOOP-BACK 10.12.192.35,"),
+            "{}",
+            r.ipset
+        );
     }
 }
