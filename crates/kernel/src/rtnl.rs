@@ -26,7 +26,7 @@ use netlink_packet_route::rule::RuleMessage;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-use crate::NetNs;
+use crate::{netlink_reply, NetNs};
 
 /// Address families of dumps (`Inet`, `Inet6`, `Bridge` for forwarding entries).
 pub use netlink_packet_route::AddressFamily as Family;
@@ -311,10 +311,15 @@ impl Rtnl {
                 outcomes.push(None);
             }
             let batch = &mut outcomes[start..];
-            let answered = self
-                .socket
-                .send(&datagram, 0)
-                .and_then(|_| self.read_acks(first, batch));
+            let count = batch.len();
+            let answered = self.socket.send(&datagram, 0).and_then(|_| {
+                netlink_reply::read_each_ack(&mut self.socket, first, count, |i, errno| {
+                    batch[i] = Some(match errno {
+                        0 => Ok(()),
+                        e => Err(io::Error::from_raw_os_error(e)),
+                    })
+                })
+            });
             if let Err(e) = answered {
                 // Whatever was not acknowledged has an unknown fate: it reports the failure.
                 for o in batch.iter_mut().filter(|o| o.is_none()) {
@@ -330,42 +335,6 @@ impl Rtnl {
                     .map_err(|e| NlError::new(context(i), e))
             })
             .collect()
-    }
-
-    /// Fills `outcomes` (of requests sent with consecutive sequence numbers from `first`)
-    /// from their acknowledgements.
-    fn read_acks(&mut self, first: u32, outcomes: &mut [Option<io::Result<()>>]) -> io::Result<()> {
-        let mut missing = outcomes.len();
-        while missing > 0 {
-            let (data, _) = self.socket.recv_from_full()?;
-            let mut offset = 0;
-            while offset < data.len() {
-                let reply = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&data[offset..])
-                    .map_err(|e| io::Error::other(e.to_string()))?;
-                let len = reply.header.length as usize;
-                if len == 0 {
-                    break;
-                }
-                offset += (len + 3) & !3;
-                let NetlinkPayload::Error(e) = reply.payload else {
-                    continue;
-                };
-                // Skipped unless it is one of this batch's (not a late answer to an earlier
-                // request) and not yet answered.
-                let i = reply.header.sequence_number.wrapping_sub(first) as usize;
-                match outcomes.get_mut(i) {
-                    Some(slot) if slot.is_none() => {
-                        *slot = Some(match e.code {
-                            None => Ok(()),
-                            Some(_) => Err(e.to_io()),
-                        });
-                        missing -= 1;
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(())
     }
 
     fn create(&mut self, message: RouteNetlinkMessage, context: &str) -> Result<()> {

@@ -15,7 +15,6 @@ pub mod health;
 pub mod iptables;
 pub mod ipvs;
 pub mod metrics;
-mod netlink_reply;
 pub mod nft;
 pub mod process_stats;
 pub mod userspace;

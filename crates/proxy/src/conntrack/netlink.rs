@@ -19,8 +19,8 @@ use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 use weir_model::IpFamily;
 
 use super::{ConntrackFilter, Flow, FlowTuple};
-use crate::netlink_reply::{read_answer, Next};
 use crate::{Error, Result};
+use weir_kernel::netlink_reply::{read_answer, Next};
 
 // include/uapi/linux/netlink.h and nfnetlink_conntrack.h
 const CTA_ID: u16 = 12;

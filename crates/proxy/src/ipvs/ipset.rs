@@ -20,8 +20,8 @@ use netlink_packet_netfilter::{
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
 use super::render::EntryChange;
-use crate::netlink_reply::{read_acks, read_answer, Next};
 use crate::{Error, Result};
+use weir_kernel::netlink_reply::{read_acks, read_answer, Next};
 
 // ip_set.h
 const NFNL_SUBSYS_IPSET: u8 = 6;

@@ -19,8 +19,8 @@ use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr};
 use weir_model::{IpFamily, Protocol};
 
-use crate::netlink_reply::{read_acks, read_answer, Next};
 use crate::{Error, Result};
+use weir_kernel::netlink_reply::{read_acks, read_answer, Next};
 
 // ip_vs.h: commands.
 const CMD_NEW_SERVICE: u8 = 1;

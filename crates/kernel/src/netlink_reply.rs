@@ -1,7 +1,8 @@
 //! Reading the answer to one netlink request, shared by the conntrack, IPVS and ipset clients:
 //! split each datagram into messages, skip late answers to earlier requests, end at
 //! `NLMSG_DONE` or the ACK, and turn an error message into the errno it carries; and reading
-//! the acknowledgements of a batch of requests sent in one datagram.
+//! the acknowledgements of a batch of requests sent in one datagram (those clients and
+//! [`crate::Rtnl::request_batch`]).
 
 use std::io;
 
@@ -12,7 +13,7 @@ const NLMSG_DONE: u16 = 3;
 const NLMSG_HDRLEN: usize = 16;
 
 /// What the caller wants after one answer message.
-pub(crate) enum Next {
+pub enum Next {
     /// More messages belong to this answer (a dump, or an ACK still to come).
     More,
     /// This was the whole answer (a plain request sent without `NLM_F_ACK`).
@@ -21,7 +22,7 @@ pub(crate) enum Next {
 
 /// Receives the answer to the request sent with `sequence`, handing each message's type and
 /// payload (after the netlink header) to `each`.
-pub(crate) fn read_answer(
+pub fn read_answer(
     socket: &mut Socket,
     sequence: u32,
     mut each: impl FnMut(u16, &[u8]) -> Next,
@@ -91,19 +92,55 @@ fn error_code(payload: &[u8]) -> i32 {
 
 /// Receives the acknowledgements of `count` requests sent with consecutive sequence numbers
 /// from `first`; returns the first refusal (the request's offset from `first`, and the errno).
-pub(crate) fn read_acks(
+pub fn read_acks(
     socket: &mut Socket,
     first: u32,
     count: usize,
 ) -> io::Result<Option<(usize, io::Error)>> {
     let mut acks = Acks::default();
-    while acks.seen < count {
-        let (data, _) = socket.recv_from_full()?;
-        acks.take(&data, first, count)?;
-    }
+    read_each_ack(socket, first, count, |offset, errno| {
+        acks.note(offset, errno)
+    })?;
     Ok(acks
         .refused
         .map(|(offset, errno)| (offset, io::Error::from_raw_os_error(errno))))
+}
+
+/// Receives the acknowledgements of `count` requests sent with consecutive sequence numbers
+/// from `first`, handing each one's offset from `first` and errno (0: done) to `each`.
+pub fn read_each_ack(
+    socket: &mut Socket,
+    first: u32,
+    count: usize,
+    mut each: impl FnMut(usize, i32),
+) -> io::Result<()> {
+    let mut seen = 0;
+    while seen < count {
+        let (data, _) = socket.recv_from_full()?;
+        seen += acks_in(&data, first, count, &mut each)?;
+    }
+    Ok(())
+}
+
+/// The acknowledgements in one datagram, handed to `each`; other messages (late answers to
+/// earlier requests) are skipped. Returns how many there were.
+fn acks_in(
+    data: &[u8],
+    first: u32,
+    count: usize,
+    each: &mut impl FnMut(usize, i32),
+) -> io::Result<usize> {
+    let mut seen = 0;
+    for message in messages(data) {
+        let Message { kind, seq, payload } = message?;
+        let offset = seq.wrapping_sub(first) as usize;
+        if kind != NLMSG_ERROR || offset >= count {
+            continue;
+        }
+        seen += 1;
+        each(offset, -error_code(payload));
+    }
+    Ok(seen)
 }
 
 /// The acknowledgements of one batch seen so far.
@@ -115,22 +152,19 @@ struct Acks {
 }
 
 impl Acks {
-    /// Counts the acknowledgements in one datagram; other messages (late answers to earlier
-    /// requests) are skipped.
-    fn take(&mut self, data: &[u8], first: u32, count: usize) -> io::Result<()> {
-        for message in messages(data) {
-            let Message { kind, seq, payload } = message?;
-            let offset = seq.wrapping_sub(first) as usize;
-            if kind != NLMSG_ERROR || offset >= count {
-                continue;
-            }
-            self.seen += 1;
-            let code = error_code(payload);
-            if code != 0 && self.refused.is_none_or(|(o, _)| offset < o) {
-                self.refused = Some((offset, -code));
-            }
+    fn note(&mut self, offset: usize, errno: i32) {
+        self.seen += 1;
+        if errno != 0 && self.refused.is_none_or(|(o, _)| offset < o) {
+            self.refused = Some((offset, errno));
         }
-        Ok(())
+    }
+
+    #[cfg(test)]
+    fn take(&mut self, data: &[u8], first: u32, count: usize) -> io::Result<()> {
+        acks_in(data, first, count, &mut |offset, errno| {
+            self.note(offset, errno)
+        })
+        .map(|_| ())
     }
 }
 
