@@ -346,7 +346,8 @@ fn a_taken_port_is_reported_and_retried() {
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].error.kind(), std::io::ErrorKind::AddrInUse);
     drop(squatter);
-    assert!(hc.sync(&want(&[("lb", port, 1)])).is_empty());
+    let errors = hc.sync(&want(&[("lb", port, 1)]));
+    assert!(errors.is_empty(), "the freed port {port}: {errors:?}");
     assert_eq!(get(&format!("http://127.0.0.1:{port}/")).unwrap().code, 200);
 }
 

@@ -207,7 +207,13 @@ fn flush_while_directory_gone(a: &mut Agent) {
     a.wait_for("repaired from the last view", || {
         normalized(a) == before && a.solo_answers()
     });
-    assert_eq!(a.health().code, 503, "the source is still gone");
+    // Asked here rather than required of the background samples: those are sparse on a
+    // loaded machine (CI once saw four in the whole case, none in the 503 window).
+    let gone = a.health();
+    assert!(
+        gone.code == 503 && gone.reason.contains("serving the last complete view"),
+        "the source is still gone: {gone:?}"
+    );
     std::fs::rename(away(a), a.manifests()).unwrap();
     a.wait_for("200 once back", || a.health().code == 200);
     assert_health(
@@ -218,7 +224,7 @@ fn flush_while_directory_gone(a: &mut Agent) {
             SILENT,
             (503, "serving the last complete view"),
         ],
-        &[(503, "serving the last complete view")],
+        &[],
     );
     logged_once(a, &["behind its back"]);
 }
