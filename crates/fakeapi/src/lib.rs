@@ -29,7 +29,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 pub use selector::{FieldSelector, LabelSelector};
-pub use server::Faults;
+pub use server::{slice_v1_to_v1beta1, Emulate, Faults};
 pub use state::{Query, Resource, State, Status};
 
 use server::Shared;
@@ -186,6 +186,11 @@ impl FakeApi {
     /// Changes the faults (see [`Faults`]).
     pub fn set_faults(&self, f: impl FnOnce(&mut Faults)) {
         self.shared.faults.send_modify(f);
+    }
+
+    /// Behave as another Kubernetes release from now on (see [`Emulate`]).
+    pub fn emulate(&self, release: Emulate) {
+        *self.shared.emulate.lock().unwrap() = release;
     }
 
     /// Every request served so far (`GET /path?query`).

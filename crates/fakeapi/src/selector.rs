@@ -56,6 +56,15 @@ impl FieldSelector {
         Ok(FieldSelector(terms))
     }
 
+    /// The fields the selector tests (`spec.clusterIP`, …).
+    pub fn fields(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|t| match t {
+            Term::Equals(k, _) | Term::NotEquals(k, _) | Term::Exists(k) | Term::NotExists(k) => {
+                k.as_str()
+            }
+        })
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         let get = |path: &str| {
             let pointer = format!("/{}", path.replace('.', "/"));

@@ -38,6 +38,20 @@ impl Default for Faults {
     }
 }
 
+/// Which Kubernetes release the fake behaves as, where releases differ for weir's clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Emulate {
+    /// Today's API server: EndpointSlices `discovery.k8s.io/v1` only (v1beta1 went in 1.25),
+    /// every field selector weir sends.
+    #[default]
+    Current,
+    /// kube-apiserver 1.20 as found by pointing weir at a real one: EndpointSlices
+    /// `discovery.k8s.io/v1beta1` only (`v1` is 404; endpoints carry `topology` instead of
+    /// `nodeName`/`zone`, no `hints`), and a Service list refuses any field selector but
+    /// `metadata.name`/`metadata.namespace` with 400.
+    Kube1_20,
+}
+
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
 
 /// What connections share.
@@ -50,6 +64,7 @@ pub struct Shared {
     pub kill: watch::Sender<u64>,
     /// Every request served: `GET <path>?<query>`.
     pub requests: Mutex<Vec<String>>,
+    pub emulate: Mutex<Emulate>,
 }
 
 impl Shared {
@@ -60,6 +75,7 @@ impl Shared {
             faults: watch::channel(Faults::default()).0,
             kill: watch::channel(0).0,
             requests: Mutex::new(Vec::new()),
+            emulate: Mutex::new(Emulate::default()),
         }
     }
 
@@ -153,13 +169,98 @@ fn route(path: &str) -> Option<(Resource, Option<String>)> {
     None
 }
 
-fn version() -> Value {
+fn version(emulate: Emulate) -> Value {
+    let (minor, git, go) = match emulate {
+        Emulate::Current => ("37", "v1.37.0-weir-fakeapi", "go1.25"),
+        Emulate::Kube1_20 => ("20", "v1.20.2-weir-fakeapi", "go1.19"),
+    };
     json!({
-        "major": "1", "minor": "37", "gitVersion": "v1.37.0-weir-fakeapi",
+        "major": "1", "minor": minor, "gitVersion": git,
         "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
-        "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25", "compiler": "gc",
+        "buildDate": "2026-01-01T00:00:00Z", "goVersion": go, "compiler": "gc",
         "platform": "linux/amd64"
     })
+}
+
+const SLICES_V1: &str = "/apis/discovery.k8s.io/v1";
+const SLICES_V1BETA1: &str = "/apis/discovery.k8s.io/v1beta1";
+
+/// The discovery document of a group version the emulated release serves (`GET
+/// /apis/discovery.k8s.io/v1`), or `None`.
+fn discovery(emulate: Emulate, path: &str) -> Option<Value> {
+    let group_version = match (emulate, path) {
+        (Emulate::Current, SLICES_V1) => "discovery.k8s.io/v1",
+        (Emulate::Kube1_20, SLICES_V1BETA1) => "discovery.k8s.io/v1beta1",
+        _ => return None,
+    };
+    Some(json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+        "resources": [{
+            "name": "endpointslices", "singularName": "", "namespaced": true,
+            "kind": "EndpointSlice",
+            "verbs": ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        }]
+    }))
+}
+
+/// The path as stored (EndpointSlices under v1), and whether the client asked for v1beta1;
+/// `None` for a version the emulated release does not serve.
+fn served_path(emulate: Emulate, path: &str) -> Option<(String, bool)> {
+    let beta = path
+        .strip_prefix(SLICES_V1BETA1)
+        .filter(|rest| rest.starts_with('/'));
+    let v1 = path
+        .strip_prefix(SLICES_V1)
+        .filter(|rest| rest.starts_with('/'));
+    match emulate {
+        Emulate::Current if beta.is_some() => None,
+        Emulate::Kube1_20 if v1.is_some() => None,
+        Emulate::Kube1_20 => match beta {
+            Some(rest) => Some((format!("{SLICES_V1}{rest}"), true)),
+            None => Some((path.to_string(), false)),
+        },
+        Emulate::Current => Some((path.to_string(), false)),
+    }
+}
+
+/// A v1 EndpointSlice as 1.20 serves it in `discovery.k8s.io/v1beta1`: `nodeName` and
+/// `zone` in each endpoint's `topology` map (with `deprecatedTopology`), no `hints`.
+pub fn slice_v1_to_v1beta1(slice: &mut Value) {
+    if let Some(o) = slice.as_object_mut() {
+        if o.contains_key("apiVersion") {
+            o.insert("apiVersion".into(), "discovery.k8s.io/v1beta1".into());
+        }
+    }
+    let Some(endpoints) = slice.get_mut("endpoints").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for e in endpoints.iter_mut().filter_map(Value::as_object_mut) {
+        let mut topology = match e.remove("deprecatedTopology") {
+            Some(Value::Object(t)) => t,
+            _ => serde_json::Map::new(),
+        };
+        if let Some(node) = e.remove("nodeName") {
+            topology.insert("kubernetes.io/hostname".into(), node);
+        }
+        if let Some(zone) = e.remove("zone") {
+            topology.insert("topology.kubernetes.io/zone".into(), zone);
+        }
+        e.remove("hints");
+        if !topology.is_empty() {
+            e.insert("topology".into(), Value::Object(topology));
+        }
+    }
+}
+
+/// Re-encodes one stored object for a v1beta1 client.
+fn as_v1beta1(object: &[u8]) -> Bytes {
+    match serde_json::from_slice::<Value>(object) {
+        Ok(mut v) => {
+            slice_v1_to_v1beta1(&mut v);
+            Bytes::from(v.to_string())
+        }
+        Err(_) => Bytes::copy_from_slice(object),
+    }
 }
 
 pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) -> Response<Body> {
@@ -179,10 +280,16 @@ pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) ->
             message: "the fake API server serves GET, and PATCH of a Node".into(),
         });
     }
+    let emulate = *shared.emulate.lock().unwrap_or_else(|p| p.into_inner());
     if path == "/version" {
-        return full(StatusCode::OK, version());
+        return full(StatusCode::OK, version(emulate));
     }
-    let Some((resource, namespace)) = route(&path) else {
+    if let Some(doc) = discovery(emulate, &path) {
+        return full(StatusCode::OK, doc);
+    }
+    let Some((resource, namespace, beta)) =
+        served_path(emulate, &path).and_then(|(p, beta)| route(&p).map(|(r, ns)| (r, ns, beta)))
+    else {
         return status_response(&Status {
             code: 404,
             reason: "NotFound",
@@ -199,6 +306,13 @@ pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) ->
         Ok(f) => f,
         Err(e) => return status_response(&Status::bad_request(e)),
     };
+    if emulate == Emulate::Kube1_20 && resource == Resource::Services {
+        if let Some(field) = fields.fields().find(|f| !f.starts_with("metadata.")) {
+            return status_response(&Status::bad_request(format!(
+                "\"{field}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+            )));
+        }
+    }
     let query = Query {
         namespace,
         labels,
@@ -214,9 +328,9 @@ pub async fn handle(shared: Arc<Shared>, req: Request<hyper::body::Incoming>) ->
         let timeout = get("timeoutSeconds")
             .and_then(|t| t.parse().ok())
             .map_or(Duration::from_secs(1800), Duration::from_secs);
-        return watch_response(shared, resource, query, from, bookmarks, timeout);
+        return watch_response(shared, resource, query, from, bookmarks, timeout, beta);
     }
-    list_response(&shared, resource, &query).await
+    list_response(&shared, resource, &query, beta).await
 }
 
 /// `PATCH /api/v1/nodes/<name>` with a JSON merge patch (RFC 7386, what `kubectl patch
@@ -290,7 +404,12 @@ fn merge_patch(target: &mut Value, patch: &Value) {
     }
 }
 
-async fn list_response(shared: &Shared, resource: Resource, q: &Query) -> Response<Body> {
+async fn list_response(
+    shared: &Shared,
+    resource: Resource,
+    q: &Query,
+    beta: bool,
+) -> Response<Body> {
     let mut faults = shared.faults.subscribe();
     loop {
         let (hold, delay) = {
@@ -309,6 +428,14 @@ async fn list_response(shared: &Shared, resource: Resource, q: &Query) -> Respon
     }
     let result = shared.state().list(resource, q);
     match result {
+        Ok(list) if beta => {
+            let mut v: Value = serde_json::from_slice(&list).unwrap_or_default();
+            v["apiVersion"] = "discovery.k8s.io/v1beta1".into();
+            if let Some(items) = v.get_mut("items").and_then(Value::as_array_mut) {
+                items.iter_mut().for_each(slice_v1_to_v1beta1);
+            }
+            full(StatusCode::OK, v)
+        }
         Ok(list) => json_bytes(StatusCode::OK, list),
         Err(s) => status_response(&s),
     }
@@ -333,9 +460,11 @@ const CHUNK_BYTES: usize = 64 * 1024;
 async fn send_events(
     tx: &mpsc::Sender<Chunk>,
     events: Vec<WatchEvent>,
+    beta: bool,
 ) -> Result<(), mpsc::error::SendError<Chunk>> {
     let mut buf = Vec::new();
     for (kind, object) in events {
+        let object = if beta { as_v1beta1(&object) } else { object };
         buf.extend_from_slice(b"{\"type\":\"");
         buf.extend_from_slice(kind.as_bytes());
         buf.extend_from_slice(b"\",\"object\":");
@@ -360,11 +489,20 @@ fn watch_response(
     from: &str,
     bookmarks: bool,
     timeout: Duration,
+    beta: bool,
 ) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Chunk>(64);
     let from = from.to_string();
     tokio::spawn(async move {
-        let _ = stream_watch(&shared, resource, &q, &from, bookmarks, timeout, &tx).await;
+        let watch = Watch {
+            resource,
+            q: &q,
+            from: &from,
+            bookmarks,
+            timeout,
+            beta,
+        };
+        let _ = stream_watch(&shared, watch, &tx).await;
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         let item = rx.recv().await?;
@@ -377,17 +515,32 @@ fn watch_response(
         .expect("valid response")
 }
 
+/// What one watch asked for.
+struct Watch<'a> {
+    resource: Resource,
+    q: &'a Query,
+    from: &'a str,
+    bookmarks: bool,
+    timeout: Duration,
+    /// EndpointSlices as `discovery.k8s.io/v1beta1`.
+    beta: bool,
+}
+
 /// Feeds one watch until its timeout (a clean end), the client leaves, or the connection is
 /// killed (an abrupt end: the body fails, so the client sees a broken chunked stream).
 async fn stream_watch(
     shared: &Shared,
-    resource: Resource,
-    q: &Query,
-    from: &str,
-    bookmarks: bool,
-    timeout: Duration,
+    w: Watch<'_>,
     tx: &mpsc::Sender<Chunk>,
 ) -> Result<(), mpsc::error::SendError<Chunk>> {
+    let Watch {
+        resource,
+        q,
+        from,
+        bookmarks,
+        timeout,
+        beta,
+    } = w;
     let mut kill = shared.kill.subscribe();
     kill.borrow_and_update();
     let mut changed = shared.changed.subscribe();
@@ -409,7 +562,7 @@ async fn stream_watch(
                 let s = shared.state();
                 (s.current_as_added(resource, q), s.resource_version())
             };
-            send_events(tx, events).await?;
+            send_events(tx, events, beta).await?;
             rv
         }
         rv => match rv.parse() {
@@ -425,7 +578,7 @@ async fn stream_watch(
         let result = shared.state().events_since(resource, q, at);
         match result {
             Ok((events, rv)) => {
-                send_events(tx, events).await?;
+                send_events(tx, events, beta).await?;
                 at = rv;
             }
             Err(gone) => {
@@ -438,9 +591,14 @@ async fn stream_watch(
         tokio::select! {
             _ = changed.changed() => {}
             _ = tokio::time::sleep(interval), if bookmarks => {
+                let api_version = if beta {
+                    "discovery.k8s.io/v1beta1"
+                } else {
+                    resource.api_version()
+                };
                 let mark = json!({
                     "kind": resource.kind(),
-                    "apiVersion": resource.api_version(),
+                    "apiVersion": api_version,
                     "metadata": {
                         "resourceVersion": at.to_string(),
                         "annotations": {}

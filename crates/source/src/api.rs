@@ -25,11 +25,15 @@ use kube::{Api, Client, Config, Resource};
 use serde::de::DeserializeOwned;
 use weir_model::{Kind, Object};
 
+use crate::served::{
+    discover_slice_version, refuses_field_selector, EndpointSliceV1beta1, FieldFilter, SliceVersion,
+};
 use crate::store::{Event, EventSink};
 
 /// kube-proxy's selector for Services: not those another proxy implementation owns
 /// (`service.kubernetes.io/service-proxy-name`); plus its field selector: not headless.
 pub const SERVICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name";
+/// Servers before 1.22 refuse it (400): the watch then drops it and filters on its side.
 pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
 /// kube-proxy's selector for EndpointSlices: not the slices of headless Services.
 pub const ENDPOINTSLICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless";
@@ -52,13 +56,13 @@ impl Selectors {
         self,
     ) -> (
         Option<&'static str>,
-        Option<&'static str>,
+        Option<FieldFilter>,
         Option<&'static str>,
     ) {
         match self {
             Selectors::KubeProxy => (
                 Some(SERVICE_LABEL_SELECTOR),
-                Some(SERVICE_FIELD_SELECTOR),
+                Some(FieldFilter::NotHeadless),
                 Some(ENDPOINTSLICE_LABEL_SELECTOR),
             ),
             Selectors::Everything => (None, None, None),
@@ -154,6 +158,10 @@ pub enum ApiReport {
     },
     /// `kind` works again after failing.
     Recovered { kind: Kind },
+    /// The server is older than the default requests assume, and how `kind` is read instead
+    /// (EndpointSlices from `v1beta1`; a refused field selector applied by weir). Once per
+    /// source.
+    Compat { kind: Kind, note: String },
 }
 
 #[derive(Debug, Default, Clone)]
@@ -422,8 +430,6 @@ pub fn start_api_source(
             runtime.block_on(async move {
                 let timeout = u32::try_from(ctx.opts.watch_timeout.as_secs()).unwrap_or(290);
                 let (svc_labels, svc_fields, slice_labels) = ctx.opts.selectors.terms();
-                let services = selected(svc_labels, svc_fields);
-                let slices = selected(slice_labels, None);
                 let nodes = match &ctx.opts.node_name {
                     Some(n) => watcher::Config::default().fields(&format!("metadata.name={n}")),
                     None => watcher::Config::default(),
@@ -438,28 +444,36 @@ pub fn start_api_source(
                 let watches = futures::future::join5(
                     async {
                         if wanted(Kind::Service) {
-                            let api = Api::all(client.clone());
-                            watch_kind::<Service>(Kind::Service, api, tune(services), &ctx).await
+                            watch_services(&client, svc_labels, svc_fields, tune, &ctx).await
                         }
                     },
                     async {
                         if wanted(Kind::EndpointSlice) {
-                            let api = Api::all(client.clone());
                             let kind = Kind::EndpointSlice;
-                            watch_kind::<EndpointSlice>(kind, api, tune(slices), &ctx).await
+                            let slices = tune(selected(slice_labels, None));
+                            match served_slice_version(&client, &ctx).await {
+                                SliceVersion::V1 => {
+                                    let api = Api::<EndpointSlice>::all(client.clone());
+                                    watch_kind(kind, api, slices, every, &ctx).await;
+                                }
+                                SliceVersion::V1beta1 => {
+                                    let api = Api::<EndpointSliceV1beta1>::all(client.clone());
+                                    watch_kind(kind, api, slices, every, &ctx).await;
+                                }
+                            }
                         }
                     },
                     async {
                         if wanted(Kind::Node) {
                             let api = Api::all(client.clone());
-                            watch_kind::<Node>(Kind::Node, api, tune(nodes), &ctx).await
+                            watch_kind::<Node>(Kind::Node, api, tune(nodes), every, &ctx).await;
                         }
                     },
                     async {
                         if wanted(Kind::Pod) {
                             let api = Api::all(client.clone());
-                            let all = watcher::Config::default();
-                            watch_kind::<Pod>(Kind::Pod, api, tune(all), &ctx).await
+                            let all_pods = watcher::Config::default();
+                            watch_kind::<Pod>(Kind::Pod, api, tune(all_pods), every, &ctx).await;
                         }
                     },
                     probe_while_failing(client.clone(), &ctx),
@@ -525,12 +539,61 @@ fn key_hash(o: &Object) -> u64 {
     h.finish()
 }
 
-/// One kind's watcher, forever (until the sink closes).
-async fn watch_kind<K>(my_kind: Kind, api: Api<K>, config: watcher::Config, ctx: &Ctx)
+/// The Services, with kube-proxy's field selector if the server takes it. A server before
+/// 1.22 refuses `spec.clusterIP!=None` (400: only `metadata.name`/`metadata.namespace`);
+/// then every Service is listed and the selector applied here.
+async fn watch_services(
+    client: &Client,
+    labels: Option<&str>,
+    fields: Option<FieldFilter>,
+    tune: impl Fn(watcher::Config) -> watcher::Config,
+    ctx: &Ctx,
+) {
+    let kind = Kind::Service;
+    let api = Api::<Service>::all(client.clone());
+    let server_side = tune(selected(labels, fields.as_ref().map(FieldFilter::selector)));
+    let end = watch_kind(kind, api.clone(), server_side, every, ctx).await;
+    let (WatchEnd::FieldSelectorRefused, Some(filter)) = (end, fields) else {
+        return;
+    };
+    let note = format!(
+        "the API server refuses the field selector {:?}; listing every Service and leaving those out here",
+        filter.selector()
+    );
+    (ctx.report)(&ApiReport::Compat { kind, note });
+    let keep = |s: &Service| filter.passes(s);
+    watch_kind(kind, api, tune(selected(labels, None)), keep, ctx).await;
+}
+
+/// Why a kind's watch ended.
+#[derive(Debug, PartialEq, Eq)]
+enum WatchEnd {
+    /// The consumer is gone.
+    SinkClosed,
+    /// The server refused the field selector (400): retrying cannot help.
+    FieldSelectorRefused,
+}
+
+/// A `keep` for kinds whose selectors the server applies.
+fn every<K>(_: &K) -> bool {
+    true
+}
+
+/// One kind's watcher, forever (until the sink closes). `keep` is a selector the server
+/// could not apply: objects failing it are left out of lists, and one that stops passing
+/// is deleted.
+async fn watch_kind<K>(
+    my_kind: Kind,
+    api: Api<K>,
+    config: watcher::Config,
+    keep: impl Fn(&K) -> bool,
+    ctx: &Ctx,
+) -> WatchEnd
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     Object: From<K>,
 {
+    let has_fields = config.field_selector.is_some();
     let mut stream = std::pin::pin!(watcher(api, config));
     let mut backoff = Backoff::new(ctx.opts.backoff_min, ctx.opts.backoff_max);
     // The objects of the list being received, until it is complete.
@@ -540,6 +603,11 @@ where
     while let Some(item) = stream.next().await {
         let event = match item {
             Ok(ev) => ev,
+            Err(watcher::Error::InitialListFailed(e))
+                if has_fields && refuses_field_selector(&e) =>
+            {
+                return WatchEnd::FieldSelectorRefused;
+            }
             Err(e) => {
                 let retry_in = backoff.next_delay(jitter());
                 let error = e.to_string();
@@ -562,7 +630,9 @@ where
                 continue;
             }
             watcher::Event::InitApply(o) => {
-                listing.push(Object::from(o));
+                if keep(&o) {
+                    listing.push(Object::from(o));
+                }
                 continue;
             }
             watcher::Event::InitDone => {
@@ -578,9 +648,16 @@ where
                 sent
             }
             watcher::Event::Apply(o) => {
+                let kept = keep(&o);
                 let o = Object::from(o);
-                present.insert(key_hash(&o));
-                ctx.sink.send(Event::Applied(o))
+                if kept {
+                    present.insert(key_hash(&o));
+                    ctx.sink.send(Event::Applied(o))
+                } else if present.remove(&key_hash(&o)) {
+                    ctx.sink.send(Event::Deleted(o.key()))
+                } else {
+                    continue;
+                }
             }
             watcher::Event::Delete(o) => {
                 let o = Object::from(o);
@@ -593,9 +670,53 @@ where
             objects: present.len(),
         });
         if !sent {
-            return;
+            return WatchEnd::SinkClosed;
         }
     }
+    WatchEnd::SinkClosed
+}
+
+/// Retries `attempt` with the kind's backoff, reporting each failure, until it answers.
+async fn until_answered<T>(
+    kind: Kind,
+    ctx: &Ctx,
+    mut attempt: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let mut backoff = Backoff::new(ctx.opts.backoff_min, ctx.opts.backoff_max);
+    loop {
+        match attempt().await {
+            Ok(v) => {
+                ctx.working(kind);
+                return v;
+            }
+            Err(error) => {
+                let retry_in = backoff.next_delay(jitter());
+                let first = ctx.status.failed(kind, error.clone());
+                (ctx.report)(&ApiReport::Failed {
+                    kind,
+                    error,
+                    retry_in,
+                    first,
+                });
+                tokio::time::sleep(retry_in).await;
+            }
+        }
+    }
+}
+
+/// The EndpointSlice version to watch: `v1`, else `v1beta1` (servers before 1.21), asked of
+/// the server's discovery documents until it answers.
+async fn served_slice_version(client: &Client, ctx: &Ctx) -> SliceVersion {
+    let kind = Kind::EndpointSlice;
+    let version = until_answered(kind, ctx, async || discover_slice_version(client).await).await;
+    if version != SliceVersion::V1 {
+        let note = format!(
+            "the API server does not serve discovery.k8s.io/v1; reading {} (nodeName and zone from each endpoint's topology, no hints)",
+            version.as_str()
+        );
+        (ctx.report)(&ApiReport::Compat { kind, note });
+    }
+    version
 }
 
 /// kube-rs reports a failed watch but not its recovery: a watch that resumes from its

@@ -20,6 +20,8 @@ mod dir;
 mod last_good;
 mod manifest;
 mod nesting;
+#[cfg(feature = "kube")]
+pub mod served;
 mod store;
 mod watch;
 

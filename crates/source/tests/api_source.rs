@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use weir_fakeapi::FakeApi;
+use weir_fakeapi::{Emulate, FakeApi};
 use weir_source::api::{start_api_source, ApiOptions, ApiReport, ApiSource};
 use weir_source::{Event, Kind, Object};
 
@@ -397,4 +397,104 @@ fn a_kubeconfig_file_names_the_server() {
         ..options(&api)
     });
     wait_until("ready", || r.source.status().ready());
+}
+
+/// kube-apiserver 1.20 (as `weir proxy` met a real one): EndpointSlices only in
+/// `discovery.k8s.io/v1beta1`, and the Service field selector refused with 400. The source
+/// reads v1beta1 slices (node and zone from `topology`) and filters headless Services itself.
+#[test]
+fn a_1_20_server_gets_v1beta1_slices_and_the_service_field_selector_applied_here() {
+    let api = server();
+    api.emulate(Emulate::Kube1_20);
+    api.apply_yaml(WORLD).unwrap();
+    let r = start(&api);
+    let lists = initial_lists(&r);
+    assert_eq!(
+        lists[&Kind::Service],
+        ["Service/shop/web"],
+        "headless left out here, other-proxy by the label selector the server applies"
+    );
+    assert_eq!(lists[&Kind::EndpointSlice], ["EndpointSlice/shop/web-1"]);
+    assert_eq!(lists[&Kind::Node], ["Node/node-a"]);
+    wait_until("ready", || r.source.status().ready());
+    assert_eq!(r.source.status().check(), Ok(()));
+    let reports: Vec<ApiReport> = r.reports.try_iter().collect();
+    let compat: Vec<&ApiReport> = reports
+        .iter()
+        .filter(|r| matches!(r, ApiReport::Compat { .. }))
+        .collect();
+    assert_eq!(compat.len(), 2, "one note per adapted kind: {compat:#?}");
+    let reqs = api.requests();
+    assert!(
+        reqs.iter()
+            .any(|q| q.starts_with("GET /apis/discovery.k8s.io/v1beta1/endpointslices?")),
+        "{reqs:#?}"
+    );
+    assert!(
+        !reqs
+            .iter()
+            .any(|q| q.starts_with("GET /apis/discovery.k8s.io/v1/endpointslices")),
+        "discovery first, no request the server cannot serve: {reqs:#?}"
+    );
+    let services: Vec<&String> = reqs
+        .iter()
+        .filter(|q| q.starts_with("GET /api/v1/services?"))
+        .collect();
+    assert!(
+        services[0].contains("fieldSelector=") && !services[1].contains("fieldSelector="),
+        "kube-proxy's selector first, then none: {services:#?}"
+    );
+
+    // A v1beta1 endpoint's topology names its node and zone.
+    api.apply_yaml(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {name: web-2, namespace: shop, labels: {kubernetes.io/service-name: web}}\n\
+         addressType: IPv4\n\
+         endpoints: [{addresses: [10.244.1.9], nodeName: node-b, zone: zone-2}]\n",
+    )
+    .unwrap();
+    let ev = next_event(&r, "the new slice", |e| matches!(e, Event::Applied(_)));
+    let Event::Applied(Object::EndpointSlice(slice)) = ev else {
+        panic!("not a slice: {ev:?}")
+    };
+    assert_eq!(slice.endpoints[0].node_name.as_deref(), Some("node-b"));
+    assert_eq!(slice.endpoints[0].zone.as_deref(), Some("zone-2"));
+
+    // New headless Services stay out; one that was in and turns headless is deleted.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: hl2, namespace: shop}\n\
+         spec: {clusterIP: None, ports: [{port: 81}]}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: shop}\n\
+         spec: {clusterIP: None, ports: [{port: 80}]}\n",
+    )
+    .unwrap();
+    let ev = next_event(&r, "a service event", |e| {
+        matches!(e, Event::Applied(Object::Service(_)) | Event::Deleted(_))
+    });
+    assert_eq!(
+        ev,
+        Event::Deleted(weir_source::ObjectKey::new(Kind::Service, "shop", "web")),
+        "hl2 was never sent"
+    );
+}
+
+/// Today's servers: discovery says v1, the selector is sent and taken, no note.
+#[test]
+fn a_current_server_gets_v1_slices_and_the_selector_with_no_compat_note() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    let r = start(&api);
+    initial_lists(&r);
+    let reqs = api.requests();
+    assert!(
+        reqs.iter().any(|q| q == "GET /apis/discovery.k8s.io/v1"),
+        "{reqs:#?}"
+    );
+    assert!(!reqs.iter().any(|q| q.contains("v1beta1")), "{reqs:#?}");
+    assert!(
+        r.reports
+            .try_iter()
+            .all(|r| !matches!(r, ApiReport::Compat { .. })),
+        "no compat note"
+    );
 }

@@ -73,6 +73,7 @@ pub fn log_api_report(r: &ApiReport) {
             "API watch still failing: {error}"
         ),
         ApiReport::Recovered { kind } => info!(kind = kind.as_str(), "API watch recovered"),
+        ApiReport::Compat { kind, note } => warn!(kind = kind.as_str(), "older API server: {note}"),
         ApiReport::Objects { .. } => {}
     }
 }

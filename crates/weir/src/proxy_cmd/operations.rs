@@ -218,7 +218,7 @@ impl SyncObserver for Operations {
             ApiReport::Listed { kind, objects } => metrics.source_listed(kind.as_str(), *objects),
             ApiReport::Objects { kind, objects } => metrics.source_objects(kind.as_str(), *objects),
             ApiReport::Failed { kind, .. } => metrics.source_watch_restarted(kind.as_str()),
-            ApiReport::Recovered { .. } => {}
+            ApiReport::Recovered { .. } | ApiReport::Compat { .. } => {}
         })
     }
 
