@@ -1,0 +1,263 @@
+//! A corpus of real tickets (`tests/data/tickets/<name>/`): the outputs reporters pasted into
+//! public Kubernetes, CNI-plugin and cloud-CNI issues whose threads found the cause, each with a
+//! `case.json` naming the issue, the packet, the cause and a word the verdict must contain to name
+//! it. Every case is run through `weir trace` (or `weir doctor`) as a library on its directory.
+//!
+//! The cases the tools cannot explain yet are listed in [`UNEXPLAINED`] with the reason, and the
+//! list is asserted exactly: a listed case that starts to pass fails the test as much as an
+//! unlisted case that does not, so the list (and the score in the corpus README) stays the truth.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use weir_netdiag::doctor::{self, Status};
+use weir_netdiag::state::NodeState;
+use weir_netdiag::trace::{self, Packet, Proto, Verdict};
+
+/// Cases the verdict does not name the cause of yet, and why.
+const UNEXPLAINED: &[(&str, &str)] = &[
+    (
+        "aws-vpc-cni-231-eni-source-dest-check",
+        "only rp_filter values were pasted, as /proc/sys paths the sysctl parser keeps verbatim \
+         (not net.ipv4.conf.* keys); no routes, so the walk ends at `no route`; the cause (the \
+         EC2 source/destination check on secondary ENIs) is in the cloud, in no node dump",
+    ),
+    (
+        "calico-3258-ipvs-vip-as-source",
+        "only a grep of `ipvsadm -Sn` and an `ipvsadm -Lnc` connection entry (not read) were \
+         pasted: without `ip addr`/`ip route` the walk neither knows 10.254.0.1 is on \
+         kube-ipvs0 nor picks it as the source, and stops at `output routing: no route`",
+    ),
+    (
+        "cilium-12098-eks-nodeport-reply-eni-rule",
+        "one `ip rule` line and one mangle CONNMARK line were pasted, no kube-proxy DNAT rules \
+         and no routes: the walk never reaches the pod, so the reply's policy rule 110 is not \
+         consulted (`routing: no route to 192.168.21.197`)",
+    ),
+    (
+        "flannel-841-vxlan-mtu-aws",
+        "`ip -d link` (with prompts) is read, but doctor's mtu check flags an overlay MTU too \
+         large for its underlay or its bridge; flannel.1 at 1500 over eth0 at 9001 is smaller \
+         than it should be, which passes, and no pod-side MTU was pasted",
+    ),
+    (
+        "k8s-23322-hairpin-veth-fallback",
+        "the only paste is sysfs hairpin_mode (all 0), which no parser reads; bridge-port \
+         hairpin is not modelled, and without routes the walk ends at `no route`",
+    ),
+    (
+        "k8s-36835-no-cluster-cidr-no-masquerade",
+        "the stored paste stops before KUBE-SERVICES and the KUBE-SEP DNAT rules, so the \
+         missing KUBE-MARK-MASQ jumps cannot be seen; no routes, so the walk ends at `no route`",
+    ),
+    (
+        "k8s-39658-canal-nodeport-forward-drop",
+        "the FORWARD chain was pasted as an `iptables -v --line-numbers -L` listing, which the \
+         iptables parser skips line by line; doctor's forward-policy then reports ok (`no \
+         iptables filter FORWARD chain in the dump`) instead of skip",
+    ),
+    (
+        "k8s-48370-udp-conntrack-empty-endpoints",
+        "only `conntrack -L` entries were pasted, which no parser reads, and the walk models a \
+         new connection, not a packet matching an existing (stale) conntrack entry",
+    ),
+    (
+        "k8s-55923-ipvs-nodeport-non-eth-nic",
+        "the pasted `ipvsadm -ln` predates the NodePort Service, and without `ip addr` the \
+         node's address is not local to the walk (`routing: no route to 10.0.3.15`)",
+    ),
+    (
+        "k8s-63479-hostnetwork-forward-drop",
+        "the only paste is one iptables LOG line (kernel log, not read): no iptables-save, \
+         routes or addresses, so the walk ends at `output routing: no route`",
+    ),
+    (
+        "k8s-65158-ipvs-host-to-clusterip",
+        "`ip route show table local` lines carry no `table local`, so the parser puts them in \
+         main, and 10.200.10.10's own local route is cut from the stored paste; the output \
+         lookup finds no route although `ip addr` puts 10.200.10.10 on kube-ipvs0",
+    ),
+    (
+        "lyft-ipvlan-38-nodeport-rp-filter",
+        "only `ip route get` answers and a martian-source kernel log were pasted, which no \
+         parser reads; no ip rule/route table or rp_filter sysctls to walk",
+    ),
+];
+
+fn tickets_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tickets")
+}
+
+fn case_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(tickets_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+fn name_of(dir: &Path) -> String {
+    dir.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+fn field<'a>(case: &'a Value, key: &str, name: &str) -> &'a str {
+    case[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}/case.json: `{key}` is not a string"))
+}
+
+/// What the tool said about the case, and whether it names the cause (contains `expect`,
+/// compared case-insensitively, in a drop/reject verdict or a failing/warning check).
+struct Outcome {
+    explained: bool,
+    said: String,
+}
+
+fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome {
+    let p = &case["packet"];
+    let addr = |k: &str| {
+        p[k].as_str()
+            .unwrap_or_else(|| panic!("{name}: packet.{k}"))
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}: packet.{k}: {e}"))
+    };
+    let proto = match p["proto"].as_str().unwrap_or("tcp") {
+        "tcp" => Proto::Tcp,
+        "udp" => Proto::Udp,
+        other => panic!("{name}: packet.proto {other}"),
+    };
+    let iif = p["iif"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name}: packet.iif (a directory has no pod netns to follow)"));
+    let packet = Packet {
+        src: addr("from"),
+        dst: addr("to"),
+        proto,
+        sport: 40000,
+        dport: p["dport"]
+            .as_u64()
+            .and_then(|d| u16::try_from(d).ok())
+            .unwrap_or_else(|| panic!("{name}: packet.dport")),
+        iif: iif.into(),
+    };
+    let t = trace::trace(st, &packet);
+    let cause = t.cause.clone().unwrap_or_default();
+    let explained =
+        t.verdict != Verdict::Delivered && cause.to_lowercase().contains(&expect.to_lowercase());
+    Outcome {
+        explained,
+        said: format!("{:?}: {}", t.verdict, cause),
+    }
+}
+
+fn run_doctor(st: &NodeState, expect: &str) -> Outcome {
+    let checks = doctor::run_all(st, None);
+    let want = expect.to_lowercase();
+    let hits: Vec<String> = checks
+        .iter()
+        .filter(|c| matches!(c.status, Status::Fail | Status::Warn))
+        .filter(|c| {
+            let text = format!(
+                "{} {} {} {}",
+                c.id,
+                c.title,
+                c.evidence.join(" "),
+                c.fix.as_deref().unwrap_or("")
+            );
+            text.to_lowercase().contains(&want)
+        })
+        .map(|c| format!("{} {}", c.status.label(), c.id))
+        .collect();
+    let summary: Vec<String> = checks
+        .iter()
+        .map(|c| format!("{} {}", c.status.label(), c.id))
+        .collect();
+    Outcome {
+        explained: !hits.is_empty(),
+        said: format!("{} (naming it: {:?})", summary.join(", "), hits),
+    }
+}
+
+#[test]
+fn tickets_corpus_verdicts_match_the_list_of_unexplained_cases() {
+    let dirs = case_dirs();
+    assert!(dirs.len() >= 12, "only {} cases", dirs.len());
+    let names: Vec<String> = dirs.iter().map(|d| name_of(d)).collect();
+    for (listed, why) in UNEXPLAINED {
+        assert!(
+            names.iter().any(|n| n == listed),
+            "UNEXPLAINED names {listed}, which is not a case"
+        );
+        assert!(!why.is_empty(), "{listed}: no reason given");
+    }
+
+    let mut explained = 0;
+    let mut mismatches = Vec::new();
+    for dir in &dirs {
+        let name = name_of(dir);
+        let text = std::fs::read_to_string(dir.join("case.json"))
+            .unwrap_or_else(|e| panic!("{name}/case.json: {e}"));
+        let case: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}/case.json: {e}"));
+        let url = field(&case, "url", &name);
+        assert!(url.starts_with("https://github.com/"), "{name}: url {url}");
+        assert!(!field(&case, "cause", &name).is_empty(), "{name}: no cause");
+        let expect = field(&case, "expect", &name);
+        assert!(!expect.is_empty(), "{name}: empty expect");
+
+        let (st, ignored) = NodeState::from_dir(dir).unwrap();
+        let outcome = match field(&case, "tool", &name) {
+            "trace" => run_trace(&st, &case, &name, expect),
+            "doctor" => run_doctor(&st, expect),
+            other => panic!("{name}: tool {other}"),
+        };
+        let listed = UNEXPLAINED.iter().find(|(n, _)| *n == name);
+        println!(
+            "{name}: {} — {}\n  read {:?}, not read {:?}, skipped {} line(s)\n  {}",
+            if outcome.explained {
+                "explained"
+            } else {
+                "not explained"
+            },
+            url,
+            st.present,
+            ignored,
+            st.skipped.len(),
+            outcome.said
+        );
+        if outcome.explained {
+            explained += 1;
+        }
+        match (outcome.explained, listed) {
+            (true, Some(_)) => mismatches.push(format!(
+                "{name} now names the cause ({expect:?}): move it out of UNEXPLAINED"
+            )),
+            (false, None) => mismatches.push(format!(
+                "{name} does not name the cause ({expect:?}) and is not in UNEXPLAINED: {}",
+                outcome.said
+            )),
+            _ => {}
+        }
+    }
+    let score = format!("{explained} of {} explained", dirs.len());
+    println!("{score}");
+
+    let readme = std::fs::read_to_string(tickets_dir().join("README.md")).unwrap();
+    for name in &names {
+        assert!(
+            readme.contains(name.as_str()),
+            "README.md does not list {name}"
+        );
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{score}; mismatches:\n{}",
+        mismatches.join("\n")
+    );
+    assert!(
+        readme.contains(&score),
+        "README.md does not state the score `{score}`"
+    );
+}
