@@ -652,7 +652,7 @@ mod tests {
         }
         let events = state.current_as_added(Resource::Services, &Query::default());
         let (tx, mut rx) = mpsc::channel(1024);
-        send_events(&tx, events).await.unwrap();
+        send_events(&tx, events, false).await.unwrap();
         drop(tx);
         let mut chunks = 0;
         let mut names = Vec::new();

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 
 pub mod agent;
+pub mod cluster;
 pub mod services;
 pub mod vm_lab;
 

@@ -1,0 +1,348 @@
+//! weir as the networking of a real Kubernetes cluster: kube-apiserver, controller-manager
+//! and scheduler 1.20.2 (built from Debian's source), two nodes each with its own containerd
+//! (CRI) and kubelet calling weir-cni, and weir proxy, weir routes (host-gw) and weir dns on
+//! every node (scripts/cluster/up.sh). Every check goes through the objects the real
+//! controllers make (Deployment → ReplicaSet → Pods → EndpointSlices v1beta1).
+//!
+//! Root; the Kubernetes build from `bash scripts/dev.sh test` (fails under CI=true without
+//! it, skips with a message elsewhere).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+mod common;
+use common::cluster::{can_run, Cluster};
+
+const WEB: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  strategy: {rollingUpdate: {maxUnavailable: 0, maxSurge: 1}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: httpd
+        image: localhost/weir/busybox:1.35
+        imagePullPolicy: Never
+        env: [{name: GENERATION, value: "1"}]
+        command: ["/bin/sh", "-c", "mkdir -p /www && echo $HOSTNAME > /www/index.html && exec busybox httpd -f -p 8080 -h /www"]
+        ports: [{containerPort: 8080}]
+        readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec: {selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-np, namespace: default}
+spec: {type: NodePort, selector: {app: web}, ports: [{port: 80, targetPort: 8080, nodePort: 30080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-headless, namespace: default}
+spec: {clusterIP: None, selector: {app: web}, ports: [{port: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: docs, namespace: default}
+spec: {type: ExternalName, externalName: web.default.svc.cluster.local}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default}
+spec:
+  nodeName: node-2
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: ["/bin/sh", "-c", "exec sleep 100000"]}
+"#;
+
+/// The distinct answers of `tries` requests.
+fn answers(tries: usize, mut get: impl FnMut() -> Option<String>) -> BTreeSet<String> {
+    (0..tries).filter_map(|_| get()).collect()
+}
+
+fn names(pods: &[(String, String, String)]) -> BTreeSet<String> {
+    pods.iter().map(|p| p.0.clone()).collect()
+}
+
+/// Requests sent in a loop from the client pod's namespace (curl, 1 s timeout) until stopped:
+/// (sent, failed).
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(netns: String, url: String) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let failed = Arc::new(AtomicUsize::new(0));
+        let (s, n, f) = (stop.clone(), sent.clone(), failed.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let ok = std::process::Command::new("ip")
+                    .args(["netns", "exec", &netns, "curl", "-sf", "-m", "1", &url])
+                    .output()
+                    .is_ok_and(|o| o.status.success());
+                n.fetch_add(1, Ordering::Relaxed);
+                if !ok {
+                    f.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Load {
+            stop,
+            sent,
+            failed,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
+#[test]
+fn weir_networks_a_real_two_node_cluster() {
+    if !can_run("weir_networks_a_real_two_node_cluster") {
+        return;
+    }
+    let c = Cluster::up("kc");
+    let long = Duration::from_secs(90);
+
+    // weir met a 1.20 apiserver: slices from v1beta1, the Service field selector refused.
+    for node in c.nodes {
+        let log = c.log(&format!("{node}-proxy"));
+        assert!(
+            log.contains("reading discovery.k8s.io/v1beta1")
+                && log.contains("refuses the field selector"),
+            "{node}'s proxy did not note the 1.20 API differences:\n{log}"
+        );
+    }
+
+    c.apply(WEB);
+    c.wait("3 web pods Running", long, || c.pods("app=web").len() == 3);
+    c.wait("the client pod", long, || c.pods("app!=web").len() == 1);
+    let web = c.pods("app=web");
+    let on: BTreeSet<&str> = web.iter().map(|p| p.2.as_str()).collect();
+    c.step(&format!("pods running: {web:?}"));
+    let cluster_ip = c.k(&["get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let want = names(&web);
+
+    // Pod → pod, to every web pod directly (node-1's across the host-gw route).
+    for (name, ip, node) in &web {
+        let got = c.http_from_pod("client", ip, 8080);
+        assert_eq!(
+            got.as_deref(),
+            Some(name.as_str()),
+            "client (node-2) → {name} at {ip} on {node}"
+        );
+    }
+    assert!(
+        on.contains("node-1"),
+        "no web pod landed on node-1, so nothing crossed nodes: {web:?}"
+    );
+    c.step("pod → pod across nodes: every web pod answers the client on node-2");
+
+    // Pod → ClusterIP: every endpoint is reached.
+    c.wait("the ClusterIP to reach all 3 pods", long, || {
+        answers(12, || c.http_from_pod("client", &cluster_ip, 80)) == want
+    });
+    c.step(&format!("pod → ClusterIP {cluster_ip}: all 3 endpoints"));
+
+    // Outside (the control plane's namespace, beyond the nodes' underlay) → NodePort of each node.
+    for ip in c.node_ips {
+        let url = format!("http://{ip}:30080/");
+        let seen = answers(15, || c.curl_from(&c.cp_ns(), &url));
+        assert!(
+            seen.len() >= 2 && seen.is_subset(&want),
+            "outside → NodePort on {ip}: {seen:?}"
+        );
+    }
+    c.step("outside → NodePort 30080 on both nodes: answered by several endpoints");
+
+    // Names through the resolv.conf the kubelet wrote (clusterDNS 10.96.0.10 → weir dns).
+    let (_, resolv) = c.exec("client", "busybox cat /etc/resolv.conf");
+    assert!(
+        resolv.contains("nameserver 10.96.0.10")
+            && resolv.contains("search default.svc.cluster.local svc.cluster.local cluster.local"),
+        "{resolv}"
+    );
+    let (_, a) = c.exec("client", "busybox nslookup web");
+    assert!(
+        a.contains("web.default.svc.cluster.local") && a.contains(&cluster_ip),
+        "web → {cluster_ip}:\n{a}"
+    );
+    let (_, h) = c.exec("client", "busybox nslookup web-headless");
+    for (_, ip, _) in &web {
+        assert!(h.contains(ip), "headless answer lacks {ip}:\n{h}");
+    }
+    let (_, e) = c.exec("client", "busybox nslookup docs");
+    assert!(
+        e.contains("canonical name = web.default.svc.cluster.local"),
+        "ExternalName → CNAME:\n{e}"
+    );
+    c.step("DNS via the kubelet's resolv.conf: ClusterIP, headless (3 pods), ExternalName (CNAME)");
+
+    // Scale 3 → 0 → 3.
+    c.k(&["scale", "deploy/web", "--replicas=0"]);
+    c.wait("no web pod left in the rules", long, || {
+        (0..2).all(|n| web.iter().all(|(_, ip, _)| !c.nft(n).contains(ip.as_str())))
+    });
+    assert_eq!(c.http_from_pod("client", &cluster_ip, 80), None);
+    c.k(&["scale", "deploy/web", "--replicas=3"]);
+    c.wait("3 web pods again", long, || c.pods("app=web").len() == 3);
+    let web = c.pods("app=web");
+    let want = names(&web);
+    c.wait("the ClusterIP to reach the 3 new pods", long, || {
+        answers(12, || c.http_from_pod("client", &cluster_ip, 80)) == want
+    });
+    c.step("scale 3 → 0 (no endpoint in either node's rules, no answer) → 3 (all answer)");
+
+    // A rolling update under continuous requests from the client's namespace.
+    let (_, client_ip, _) = c.pods("app!=web").remove(0);
+    let client_ns = c
+        .pod_netns(1, &client_ip)
+        .expect("the client pod's network namespace");
+    let load = Load::start(client_ns.clone(), format!("http://{cluster_ip}/"));
+    std::thread::sleep(Duration::from_secs(1));
+    c.k(&["set", "env", "deploy/web", "GENERATION=2"]);
+    c.k(&["rollout", "status", "deploy/web", "--timeout=120s"]);
+    std::thread::sleep(Duration::from_secs(1));
+    let (sent, failed) = load.finish();
+    let after = c.pods("app=web");
+    assert_eq!(after.len(), 3);
+    assert!(names(&after).is_disjoint(&want), "every pod replaced");
+    c.wait("the ClusterIP to reach the new pods", long, || {
+        answers(12, || c.http_from_pod("client", &cluster_ip, 80)) == names(&after)
+    });
+    assert!(sent > 20, "the load ran: {sent} requests");
+    c.step(&format!(
+        "rolling update under load: {sent} requests, {failed} failed ({:.1}%)",
+        100.0 * failed as f64 / sent as f64
+    ));
+
+    // A deleted pod's endpoint leaves both nodes' rules: measured.
+    let (victim, victim_ip, _) = after[0].clone();
+    let t0 = Instant::now();
+    c.k(&["delete", "pod", &victim, "--wait=false"]);
+    c.wait(
+        "the deleted pod's endpoint out of both nodes' rules",
+        long,
+        || {
+            (0..2).all(|n| !c.nft(n).contains(&format!("{victim_ip} . ")))
+                && (0..2).all(|n| !c.nft(n).contains(&format!(": {victim_ip} .")))
+        },
+    );
+    let gone = t0.elapsed();
+    assert!(
+        gone < Duration::from_secs(10),
+        "endpoint removal took {gone:?}"
+    );
+    c.step(&format!(
+        "pod deleted → its endpoint out of both nodes' rules in {} ms",
+        gone.as_millis()
+    ));
+    c.wait("3 web pods after the deletion", long, || {
+        c.pods("app=web").len() == 3
+    });
+
+    // kubelet restart: pods keep running and serving, new pods start after it.
+    c.ctl("restart", "node-1-kubelet");
+    let before = c.pods("app=web");
+    c.wait("the ClusterIP through the kubelet restart", long, || {
+        answers(12, || c.http_from_pod("client", &cluster_ip, 80)) == names(&before)
+    });
+    c.k(&["scale", "deploy/web", "--replicas=4"]);
+    c.wait("a fourth pod after the kubelet restart", long, || {
+        c.pods("app=web").len() == 4
+    });
+    c.step("kubelet restart on node-1: pods kept serving, a new pod started");
+
+    // apiserver restart: rules kept, health truthful, resync after.
+    c.ctl("stop", "kube-apiserver");
+    c.wait("weir proxy's /healthz to say stale (503)", long, || {
+        c.health(0, 10256) == 503
+    });
+    let during = answers(8, || {
+        c.curl_from(&c.node_ns(1), &format!("http://{cluster_ip}/"))
+    });
+    assert!(
+        !during.is_empty(),
+        "the rules kept serving while the apiserver was down"
+    );
+    c.ctl("start", "kube-apiserver");
+    c.wait("weir proxy's /healthz back to 200", long, || {
+        (0..2).all(|n| c.health(n, 10256) == 200)
+    });
+    c.apply(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: after, namespace: default}\n\
+         spec: {selector: {app: web}, ports: [{port: 81, targetPort: 8080}]}\n",
+    );
+    let after_ip = c.k(&["get", "svc", "after", "-o", "jsonpath={.spec.clusterIP}"]);
+    c.wait("a Service made after the restart to answer", long, || {
+        c.http_from_pod("client", &after_ip, 81).is_some()
+    });
+    c.step("apiserver restart: rules kept, /healthz 503 while down, 200 after; new Service synced");
+
+    // Every pod deleted: no veth, no address file, no nft element left.
+    c.k(&["delete", "deploy/web"]);
+    c.k(&["delete", "pod", "client", "--grace-period=1"]);
+    c.wait("every pod gone", long, || {
+        c.k(&["get", "pods", "-o", "name"]).trim().is_empty()
+    });
+    for n in 0..2 {
+        let node = c.nodes[n];
+        c.wait(&format!("no pod veth left on {node}"), long, || {
+            !c.in_ns_text(&c.node_ns(n), "ip -o link show type veth")
+                .contains("weir")
+        });
+        let dir = c.path(&format!("{node}/cni/networks/weir"));
+        let files: Vec<String> = std::fs::read_dir(&dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .filter(|f| f.starts_with("10.244."))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(files.is_empty(), "{node}: address files left: {files:?}");
+        let nft = c.nft(n);
+        assert!(
+            !nft.contains("10.244.1.") && !nft.contains("10.244.2."),
+            "{node}: pod addresses left in nftables:\n{nft}"
+        );
+    }
+    c.step("every pod deleted: no veth, no address file, no nft element left");
+
+    // Node deleted → its pod route gone from the other node.
+    let route = "10.244.2.0/24 via 10.77.0.12";
+    assert!(c.in_ns_text(&c.node_ns(0), "ip route").contains(route));
+    c.ctl("stop", "node-2-kubelet");
+    c.k(&["delete", "node", "node-2"]);
+    c.wait("node-2's pod route gone from node-1", long, || {
+        !c.in_ns_text(&c.node_ns(0), "ip route").contains(route)
+    });
+    c.step("node-2 deleted: its pod route left node-1");
+}

@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# A real two-node Kubernetes 1.20 cluster with weir as its networking, in network namespaces on
+# this machine (nothing can leave it: no namespace has a default route).
+#
+#   <name>-cp   control plane: etcd, kube-apiserver, controller-manager, scheduler; the underlay
+#               bridge (the nodes' "switch") and the outside client of NodePort checks
+#   <name>-n1   node-1: containerd (CRI) + kubelet calling weir-cni; weir proxy, weir routes
+#   <name>-n2   node-2    (host-gw), weir dns (serving the kubelets' clusterDNS behind kube-dns)
+#
+# Usage: up.sh NAME RUN_DIR   (as root; NAME: at most 8 letters/digits, unique per cluster)
+# Env: KUBE_BUILD (build-kube.sh's OUT, default /opt/weir-tools/kube-1.20.2), WEIR_BIN (the
+#      directory holding weir and weir-cni, default target/debug), WEIR_PROXY_MODE (nftables).
+# RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
+# everything by PID and deletes the namespaces, even after a failed up.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+NAME=${1:?usage: up.sh NAME RUN_DIR}
+R=${2:?usage: up.sh NAME RUN_DIR}
+[[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || { echo "up.sh: NAME must be 1-8 lowercase letters/digits" >&2; exit 2; }
+KB=${KUBE_BUILD:-/opt/weir-tools/kube-1.20.2}
+BIN=$KB/bin
+WEIR_BIN=${WEIR_BIN:-$ROOT/target/debug}
+MODE=${WEIR_PROXY_MODE:-nftables}
+for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kubectl; do
+  [ -x "$BIN/$b" ] || { echo "up.sh: no $BIN/$b: run scripts/cluster/build-kube.sh $KB" >&2; exit 2; }
+done
+for b in weir weir-cni; do
+  [ -x "$WEIR_BIN/$b" ] || { echo "up.sh: no $WEIR_BIN/$b: cargo build first" >&2; exit 2; }
+done
+for c in etcd containerd runc ctr openssl gcc busybox; do
+  command -v $c >/dev/null || { echo "up.sh: $c is missing (scripts/cluster/build-kube.sh installs it)" >&2; exit 2; }
+done
+mkdir -p "$R"
+R=$(cd "$R" && pwd)
+export PATH=$BIN:$PATH
+CP=$NAME-cp
+CP_IP=10.77.0.1
+NODES=(node-1 node-2)
+NODE_IPS=(10.77.0.11 10.77.0.12)
+POD_CIDRS=(10.244.1.0/24 10.244.2.0/24)
+cat >"$R/env" <<EOF
+NAME=$NAME
+RUN=$R
+CP_NS=$CP
+CP_IP=$CP_IP
+NODES="${NODES[*]}"
+NODE_NS="$NAME-n1 $NAME-n2"
+NODE_IPS="${NODE_IPS[*]}"
+POD_CIDRS="${POD_CIDRS[*]}"
+KUBECONFIG=$R/kubeconfig
+KUBECTL=$R/kubectl
+PROXY_MODE=$MODE
+EOF
+# kubectl 1.20 (as the server), run where the apiserver is reachable: the control plane's namespace
+cat >"$R/kubectl" <<EOF
+#!/bin/sh
+exec nsenter --net=/run/netns/$CP env KUBECONFIG=$R/kubeconfig $BIN/kubectl "\$@"
+EOF
+chmod +x "$R/kubectl"
+kubectl() { "$R/kubectl" "$@"; }
+step() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+# Start a process in a namespace with its log, PID file and command line under RUN_DIR
+# (down.sh stops them; ctl.sh stops and starts one again).
+bg() { local ns=$1 name=$2; shift 2
+  printf '%s\n' "$ns" "$@" >"$R/$name.cmd"
+  bash "$HERE/ctl.sh" "$R" start "$name"; }
+wait_for() { local what=$1 tries=$2; shift 2
+  for _ in $(seq 1 "$tries"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "up.sh: timed out waiting for $what" >&2; return 1; }
+
+step "namespaces and the underlay ($CP_IP/24 on a bridge in $CP)"
+ip netns add "$CP"
+ip -n "$CP" link set lo up
+ip -n "$CP" link add br0 type bridge
+ip -n "$CP" addr add $CP_IP/24 dev br0
+ip -n "$CP" link set br0 up
+for i in 0 1; do
+  ns=$NAME-n$((i + 1))
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip link add "$NAME-e$i" type veth peer name eth0 netns "$ns"
+  ip link set "$NAME-e$i" netns "$CP"
+  ip -n "$CP" link set "$NAME-e$i" master br0 up
+  ip -n "$ns" addr add "${NODE_IPS[$i]}/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  # Service traffic the node sends itself needs a route before the OUTPUT DNAT (no default
+  # route here: a real node's default route covers it).
+  ip -n "$ns" route add 10.96.0.0/16 dev eth0
+  # The underlay router of a real network knows the pod CIDRs (a VPC's route table): the
+  # control plane reaches pods (webhooks, the apiserver's ClusterIP replies).
+  ip -n "$CP" route add "${POD_CIDRS[$i]}" via "${NODE_IPS[$i]}"
+done
+
+step "PKI and kubeconfig (apiserver at https://$CP_IP:16443)"
+P=$R/pki; mkdir -p "$P"
+ossl() { openssl "$@" 2>/dev/null; }
+ossl req -x509 -newkey rsa:2048 -nodes -days 30 -keyout "$P/ca.key" -out "$P/ca.crt" -subj "/CN=weir-cluster-ca"
+ossl req -newkey rsa:2048 -nodes -keyout "$P/apiserver.key" -out "$P/apiserver.csr" -subj "/CN=kube-apiserver"
+printf "subjectAltName=IP:127.0.0.1,IP:%s,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nextendedKeyUsage=serverAuth\n" "$CP_IP" >"$P/srv.cnf"
+ossl x509 -req -in "$P/apiserver.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial -days 30 -extfile "$P/srv.cnf" -out "$P/apiserver.crt"
+ossl req -newkey rsa:2048 -nodes -keyout "$P/kubelet-client.key" -out "$P/kubelet-client.csr" -subj "/O=system:masters/CN=kube-apiserver-kubelet-client"
+printf "extendedKeyUsage=clientAuth\n" >"$P/cli.cnf"
+ossl x509 -req -in "$P/kubelet-client.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial -days 30 -extfile "$P/cli.cnf" -out "$P/kubelet-client.crt"
+ossl genrsa -out "$P/sa.key" 2048
+ossl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub"
+TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+echo "$TOKEN,admin,uid-admin,system:masters" >"$R/tokens.csv"
+cat >"$R/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: weir
+  cluster: {server: "https://$CP_IP:16443", certificate-authority: "$P/ca.crt"}
+users:
+- name: admin
+  user: {token: $TOKEN}
+contexts:
+- name: weir
+  context: {cluster: weir, user: admin}
+current-context: weir
+KC
+
+step "etcd and kube-apiserver in $CP"
+bg "$CP" etcd etcd --name weir --data-dir "$R/etcd-data" \
+  --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
+  --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+  --initial-cluster weir=http://127.0.0.1:23800 --listen-metrics-urls http://127.0.0.1:23810
+# The flags of one place, reused by restart-apiserver (the test restarts it).
+cat >"$R/apiserver.args" <<EOF
+--etcd-servers=http://127.0.0.1:23790
+--bind-address=0.0.0.0
+--advertise-address=$CP_IP
+--secure-port=16443
+--insecure-port=0
+--tls-cert-file=$P/apiserver.crt
+--tls-private-key-file=$P/apiserver.key
+--client-ca-file=$P/ca.crt
+--token-auth-file=$R/tokens.csv
+--authorization-mode=Node,RBAC
+--service-account-issuer=https://kubernetes.default.svc.cluster.local
+--service-account-key-file=$P/sa.pub
+--service-account-signing-key-file=$P/sa.key
+--api-audiences=https://kubernetes.default.svc.cluster.local
+--service-cluster-ip-range=10.96.0.0/16
+--service-node-port-range=30000-32767
+--allow-privileged=true
+--profiling=false
+--kubelet-preferred-address-types=InternalIP
+--kubelet-client-certificate=$P/kubelet-client.crt
+--kubelet-client-key=$P/kubelet-client.key
+--cert-dir=$R/apiserver-certs
+EOF
+# shellcheck disable=SC2046
+bg "$CP" kube-apiserver "$BIN/kube-apiserver" $(cat "$R/apiserver.args")
+wait_for "the apiserver" 120 kubectl get --raw /readyz
+bg "$CP" kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$R/kubeconfig" \
+  --bind-address=127.0.0.1 --secure-port=10257 --port=0 --leader-elect=false \
+  --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" --use-service-account-credentials=false \
+  --cluster-cidr=10.244.0.0/16 --allocate-node-cidrs=false --cert-dir="$R/kcm-certs" \
+  --node-monitor-grace-period=20s --pod-eviction-timeout=30s
+bg "$CP" kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$R/kubeconfig" \
+  --bind-address=127.0.0.1 --secure-port=10259 --port=0 --leader-elect=false --cert-dir="$R/sched-certs"
+
+step "local images (nothing is pulled): pause from the Kubernetes source, busybox"
+mkdir -p "$R/images"
+gcc -Os -static -DVERSION=3.4.1-weir -o "$R/images/pause" "$KB/pause.c" && strip "$R/images/pause"
+python3 "$HERE/mkimage.py" "$R/images/pause.tar" localhost/weir/pause:3.4.1 '["/pause"]' pause="$R/images/pause" >/dev/null
+python3 "$HERE/mkimage.py" "$R/images/busybox.tar" localhost/weir/busybox:1.35 '["/bin/sh"]' \
+  bin/busybox=/bin/busybox bin/sh=@busybox >/dev/null
+
+# weir-cni and the reference plugins containerd's CRI also calls (loopback; portmap chained)
+mkdir -p "$R/cni-bin"
+ln -sf "$WEIR_BIN/weir-cni" "$R/cni-bin/weir-cni"
+for p in loopback portmap; do ln -sf "/usr/lib/cni/$p" "$R/cni-bin/$p"; done
+
+for i in 0 1; do
+  node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]} cidr=${POD_CIDRS[$i]}
+  N=$R/$node; mkdir -p "$N/cni/net.d" "$N/kubelet" "$N/containerd"
+  step "$node ($ns, $ip, pods $cidr): containerd, kubelet"
+  cat >"$N/cni/net.d/10-weir.conflist" <<CN
+{"cniVersion": "1.0.0", "name": "weir", "plugins": [
+  {"type": "weir-cni", "mode": "bridge", "bridge": "cni0", "mtu": 1500, "isGateway": true,
+   "ipMasq": true, "hairpinMode": true, "clusterCIDR": "10.244.0.0/16",
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": "$N/cni/networks"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+CN
+  cat >"$N/containerd/config.toml" <<CT
+version = 2
+root = "$N/containerd/root"
+state = "$N/containerd/state"
+[grpc]
+  address = "$N/containerd/containerd.sock"
+[ttrpc]
+  address = "$N/containerd/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$N/containerd/opt"
+  [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
+    sandbox_image = "localhost/weir/pause:3.4.1"
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "$R/cni-bin"
+      conf_dir = "$N/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "$N/runc"
+CT
+  bg "$ns" "$node-containerd" containerd --config "$N/containerd/config.toml"
+  A=$N/containerd/containerd.sock
+  wait_for "$node's containerd" 60 ctr -a "$A" version
+  ctr -a "$A" -n k8s.io images import "$R/images/pause.tar" >/dev/null
+  ctr -a "$A" -n k8s.io images import "$R/images/busybox.tar" >/dev/null
+  cat >"$N/kubelet/config.yaml" <<KL
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $ip
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}, x509: {clientCAFile: $P/ca.crt}}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+makeIPTablesUtilChains: false
+clusterDNS: ["10.96.0.10"]
+clusterDomain: cluster.local
+resolvConf: /dev/null
+evictionHard: {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusUpdateFrequency: 4s
+KL
+  cat >"$N/kubelet.args" <<EOF
+--config=$N/kubelet/config.yaml
+--kubeconfig=$R/kubeconfig
+--container-runtime=remote
+--container-runtime-endpoint=unix://$A
+--root-dir=$N/kubelet/root
+--cert-dir=$N/kubelet/pki
+--hostname-override=$node
+--node-ip=$ip
+EOF
+  # AWS_EC2_METADATA_DISABLED: the in-tree credential provider would probe the metadata address
+  # shellcheck disable=SC2046
+  bg "$ns" "$node-kubelet" env AWS_EC2_METADATA_DISABLED=true "$BIN/kubelet" $(cat "$N/kubelet.args")
+done
+for i in 0 1; do
+  node=${NODES[$i]}
+  wait_for "Node $node" 120 kubectl get node "$node"
+  # The pod CIDR weir-cni's conflist uses; weir routes reads it from the Node (no allocation
+  # by the controller-manager: its order of registration would pick which node gets which).
+  kubectl patch node "$node" -p "{\"spec\":{\"podCIDR\":\"${POD_CIDRS[$i]}\",\"podCIDRs\":[\"${POD_CIDRS[$i]}\"]}}" >/dev/null
+done
+
+step "weir on each node: proxy ($MODE), routes (host-gw), dns"
+for i in 0 1; do
+  node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]}
+  N=$R/$node
+  cat >"$N/proxy.args" <<EOF
+proxy
+--kubeconfig=$R/kubeconfig
+--hostname-override=$node
+--proxy-mode=$MODE
+--cluster-cidr=10.244.0.0/16
+--state-dir=$N/weir-proxy
+--healthz-bind-address=127.0.0.1:10256
+--metrics-bind-address=127.0.0.1:10249
+EOF
+  # shellcheck disable=SC2046
+  bg "$ns" "$node-proxy" env RUST_LOG=info "$WEIR_BIN/weir" $(cat "$N/proxy.args")
+  bg "$ns" "$node-routes" env RUST_LOG=info "$WEIR_BIN/weir" routes --kubeconfig="$R/kubeconfig" \
+    --node-name="$node" --backend=host-gw --mtu-file="$N/routes-mtu" --metrics-bind-address=127.0.0.1:10259
+  bg "$ns" "$node-dns" env RUST_LOG=info "$WEIR_BIN/weir" dns --kubeconfig="$R/kubeconfig" \
+    --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081
+done
+
+step "kube-dns: the kubelets' clusterDNS 10.96.0.10, served by weir dns on every node"
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1beta1
+kind: EndpointSlice
+metadata:
+  name: kube-dns-nodes
+  namespace: kube-system
+  labels: {kubernetes.io/service-name: kube-dns, endpointslice.kubernetes.io/managed-by: weir-cluster-script}
+addressType: IPv4
+endpoints:
+- addresses: ["${NODE_IPS[0]}"]
+  conditions: {ready: true}
+  topology: {kubernetes.io/hostname: ${NODES[0]}}
+- addresses: ["${NODE_IPS[1]}"]
+  conditions: {ready: true}
+  topology: {kubernetes.io/hostname: ${NODES[1]}}
+ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
+EOF
+for node in "${NODES[@]}"; do
+  wait_for "Node $node Ready" 120 sh -c "'$R/kubectl' get node $node | grep -q ' Ready'"
+done
+for i in 0 1; do
+  ns=$NAME-n$((i + 1))
+  wait_for "weir proxy ready on ${NODES[$i]}" 120 nsenter --net=/run/netns/$ns curl -sf http://127.0.0.1:10256/healthz
+  wait_for "weir dns ready on ${NODES[$i]}" 120 nsenter --net=/run/netns/$ns curl -sf http://127.0.0.1:8081/healthz
+done
+kubectl get nodes -o wide >&2
+step "up: KUBECONFIG=$R/kubeconfig ($BIN/kubectl)"
