@@ -78,6 +78,18 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          lookup finds no route although `ip addr` puts 10.200.10.10 on kube-ipvs0",
     ),
     (
+        "k8s-81635-forward-reject-rule-order",
+        "only `ip route` (and `ip route get`) made it into the stored copy, no iptables: with \
+         no rules the walk assumes every policy ACCEPT and says delivered, a false verdict \
+         where `cannot tell without iptables-save` is the truth",
+    ),
+    (
+        "kubeadm-139-firewalld-forward-reject",
+        "the pasted FORWARD chain (header-less, read into filter) holds the catch-all REJECT, \
+         but with no routes and no nat rules the walk stops at `routing: no route to \
+         10.96.0.1` before reaching FORWARD",
+    ),
+    (
         "lyft-ipvlan-38-nodeport-rp-filter",
         "only `ip route get` answers and a martian-source kernel log were pasted, which no \
          parser reads; no ip rule/route table or rp_filter sysctls to walk",
