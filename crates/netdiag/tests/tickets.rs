@@ -67,6 +67,12 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          node's address is not local to the walk (`routing: no route to 10.0.3.15`)",
     ),
     (
+        "k8s-59976-ipvs-lb-ip-not-on-kube-ipvs0",
+        "the stored copy cuts the `ipvsadm` paste after its header and no `ip addr` of \
+         kube-ipvs0 or routes are in it, so nothing shows the LoadBalancer IP missing from \
+         kube-ipvs0; the walk ends at `routing: no route`",
+    ),
+    (
         "k8s-63479-hostnetwork-forward-drop",
         "the only paste is one iptables LOG line (kernel log, not read): no iptables-save, \
          routes or addresses, so the walk ends at `output routing: no route`",
