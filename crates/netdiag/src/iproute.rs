@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::{Parsed, Skipped};
+use crate::{paste, Parsed, Skipped};
 
 /// One policy rule (`ip rule`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -97,6 +97,15 @@ fn is_json(text: &str) -> bool {
     text.trim_start().starts_with('[') || text.trim_start().starts_with('{')
 }
 
+/// A pasted output's lines and its JSON form when it is one (`ip -j …`, with any prompt line
+/// and `\r` taken away).
+fn pasted(text: &str) -> (paste::Pasted<'_>, Option<String>) {
+    let p = paste::lines(text);
+    let body = p.body();
+    let json = is_json(&body).then_some(body);
+    (p, json)
+}
+
 /// A JSON array from `ip -j`, or the one skip saying why not.
 fn json_array(text: &str) -> Result<Vec<Value>, Skipped> {
     match serde_json::from_str::<Value>(text.trim()) {
@@ -147,7 +156,8 @@ fn fwmark(mark: &str, mask: Option<&str>) -> Option<(u32, u32)> {
 pub fn parse_rules(text: &str) -> Parsed<Vec<PolicyRule>> {
     let mut rules = Vec::new();
     let mut skipped = Vec::new();
-    if is_json(text) {
+    let (p, json) = pasted(text);
+    if let Some(text) = json.as_deref() {
         match json_array(text) {
             Ok(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -160,13 +170,10 @@ pub fn parse_rules(text: &str) -> Parsed<Vec<PolicyRule>> {
             Err(e) => skipped.push(e),
         }
     } else {
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            match rule_from_text(line) {
+        for l in p.data() {
+            match rule_from_text(l.text) {
                 Ok(r) => rules.push(r),
-                Err(e) => skipped.push(Skipped::new(i + 1, line, e)),
+                Err(e) => skipped.push(Skipped::new(l.no, l.text, l.reason(e))),
             }
         }
     }
@@ -355,7 +362,8 @@ fn default_net(gateway: Option<IpAddr>) -> IpNet {
 pub fn parse_routes(text: &str) -> Parsed<Vec<Route>> {
     let mut routes = Vec::new();
     let mut skipped = Vec::new();
-    if is_json(text) {
+    let (p, json) = pasted(text);
+    if let Some(text) = json.as_deref() {
         match json_array(text) {
             Ok(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -368,22 +376,19 @@ pub fn parse_routes(text: &str) -> Parsed<Vec<Route>> {
             Err(e) => skipped.push(e),
         }
     } else {
-        for (i, line) in text.lines().enumerate() {
+        for l in p.data() {
             // Multipath next hops are continuation lines ("\tnexthop via …"): not modelled.
-            if line.trim().is_empty() {
-                continue;
-            }
-            if line.starts_with(char::is_whitespace) {
+            if l.text.starts_with(char::is_whitespace) {
                 skipped.push(Skipped::new(
-                    i + 1,
-                    line,
+                    l.no,
+                    l.text,
                     "multipath next hop (not modelled)",
                 ));
                 continue;
             }
-            match route_from_text(line) {
+            match route_from_text(l.text) {
                 Ok(r) => routes.push(r),
-                Err(e) => skipped.push(Skipped::new(i + 1, line, e)),
+                Err(e) => skipped.push(Skipped::new(l.no, l.text, l.reason(e))),
             }
         }
     }
@@ -534,7 +539,8 @@ fn route_from_text(line: &str) -> Result<Route, String> {
 pub fn parse_links(text: &str) -> Parsed<Vec<Link>> {
     let mut links = Vec::new();
     let mut skipped = Vec::new();
-    if is_json(text) {
+    let (p, json) = pasted(text);
+    if let Some(text) = json.as_deref() {
         match json_array(text) {
             Ok(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -551,13 +557,18 @@ pub fn parse_links(text: &str) -> Parsed<Vec<Link>> {
             skipped,
         };
     }
-    for block in text_blocks(text) {
+    let (blocks, stray) = text_blocks(&p);
+    for block in blocks {
         match link_from_text(&block.lines) {
             Ok(l) => links.push(l),
             Err(e) => skipped.push(Skipped::new(block.first_line, &block.lines[0], e)),
         }
     }
-    skipped.extend(stray_lines(text));
+    skipped.extend(
+        stray
+            .into_iter()
+            .map(|(no, text, why)| Skipped::new(no, text, why)),
+    );
     Parsed {
         value: links,
         skipped,
@@ -605,36 +616,40 @@ fn starts_block(line: &str) -> bool {
         .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
 }
 
-fn text_blocks(text: &str) -> Vec<Block> {
+/// The interface blocks of a pasted `ip link`/`ip addr`, and the lines that belong to none
+/// (pasted noise, or continuation lines whose interface line grep cut away).
+fn text_blocks(p: &paste::Pasted) -> (Vec<Block>, Vec<(usize, String, &'static str)>) {
     let mut blocks: Vec<Block> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if starts_block(line) {
+    let mut stray = Vec::new();
+    let mut open = false;
+    for l in &p.lines {
+        if l.grep_break {
+            open = false;
+            continue;
+        }
+        if l.text.trim().is_empty() {
+            continue;
+        }
+        if starts_block(l.text) {
             blocks.push(Block {
-                first_line: i + 1,
-                lines: vec![line.to_string()],
+                first_line: l.no,
+                lines: vec![l.text.to_string()],
             });
-        } else if line.starts_with(char::is_whitespace) && !line.trim().is_empty() {
+            open = true;
+        } else if open && l.text.starts_with(char::is_whitespace) {
             if let Some(b) = blocks.last_mut() {
-                b.lines.push(line.to_string());
+                b.lines.push(l.text.to_string());
             }
+        } else {
+            let why = if l.text.starts_with(char::is_whitespace) && !blocks.is_empty() {
+                "an interface's line whose interface line grep cut away"
+            } else {
+                "not part of an interface block"
+            };
+            stray.push((l.no, l.text.to_string(), why));
         }
     }
-    blocks
-}
-
-/// Lines that belong to no interface block (pasted noise).
-fn stray_lines(text: &str) -> Vec<Skipped> {
-    let mut seen_block = false;
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if starts_block(line) {
-            seen_block = true;
-        } else if !line.trim().is_empty() && (!line.starts_with(char::is_whitespace) || !seen_block)
-        {
-            out.push(Skipped::new(i + 1, line, "not part of an interface block"));
-        }
-    }
-    out
+    (blocks, stray)
 }
 
 /// `5: eth1@eth1p: <BROADCAST,…,UP,LOWER_UP> mtu 1500 … master cni0 state UP …`
@@ -734,7 +749,8 @@ fn link_from_text(lines: &[String]) -> Result<Link, String> {
 pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
     let mut addrs = Vec::new();
     let mut skipped = Vec::new();
-    if is_json(text) {
+    let (p, json) = pasted(text);
+    if let Some(text) = json.as_deref() {
         match json_array(text) {
             Ok(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -777,7 +793,8 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
             skipped,
         };
     }
-    for block in text_blocks(text) {
+    let (blocks, stray) = text_blocks(&p);
+    for block in blocks {
         let Ok((_, name, ..)) = link_header(&block.lines[0]) else {
             skipped.push(Skipped::new(
                 block.first_line,
@@ -787,51 +804,103 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
             continue;
         };
         for (k, l) in block.lines.iter().enumerate().skip(1) {
-            let words: Vec<&str> = l.split_whitespace().collect();
-            if !matches!(words.first(), Some(&"inet") | Some(&"inet6")) {
-                continue;
+            match inet_line(l, Some(&name)) {
+                Some(Ok(a)) => addrs.push(a),
+                Some(Err(e)) => skipped.push(Skipped::new(block.first_line + k, l, e)),
+                None => {}
             }
-            let Some((a, len)) = words.get(1).and_then(|w| w.split_once('/')) else {
-                // `inet 10.0.0.1 peer …` without a prefix: rare, skip.
-                skipped.push(Skipped::new(
-                    block.first_line + k,
-                    l,
-                    "address without /prefix",
-                ));
-                continue;
-            };
-            let (Ok(addr), Ok(prefix_len)) = (a.parse::<IpAddr>(), len.parse::<u8>()) else {
-                skipped.push(Skipped::new(block.first_line + k, l, "bad address"));
-                continue;
-            };
-            let scope = words
-                .iter()
-                .position(|w| *w == "scope")
-                .and_then(|p| words.get(p + 1))
-                .unwrap_or(&"global")
-                .to_string();
-            addrs.push(Address {
-                ifname: name.clone(),
-                addr,
-                prefix_len,
-                scope,
-                secondary: words.contains(&"secondary"),
-                noprefixroute: words.contains(&"noprefixroute"),
-            });
         }
     }
-    skipped.extend(stray_lines(text));
+    // `ip addr | grep inet` and other cuts: an IPv4 address line names its interface by its
+    // label, the last word (`eth0`, or `eth0:1` for an alias), so it is read without its block.
+    let mut unread = Vec::new();
+    for (no, text, why) in stray {
+        if text.trim_start().starts_with("valid_lft") {
+            continue; // lifetimes: nothing the walk uses
+        }
+        match inet_line(&text, None) {
+            Some(Ok(a)) => addrs.push(a),
+            Some(Err(e)) => unread.push(Skipped::new(no, &text, e)),
+            None => unread.push(Skipped::new(no, &text, why)),
+        }
+    }
+    let stray = unread;
+    skipped.extend(stray);
     Parsed {
         value: addrs,
         skipped,
     }
 }
 
+/// An `inet`/`inet6` line of `ip addr` on interface `ifname`, or, without one, on the
+/// interface its label names (IPv4 lines only: `inet6` lines carry no label). `None`: not an
+/// address line.
+fn inet_line(l: &str, ifname: Option<&str>) -> Option<Result<Address, String>> {
+    let words: Vec<&str> = l.split_whitespace().collect();
+    let family = *words.first()?;
+    if family != "inet" && family != "inet6" {
+        return None;
+    }
+    let Some((a, len)) = words.get(1).and_then(|w| w.split_once('/')) else {
+        // `inet 10.0.0.1 peer …` without a prefix: rare, skip.
+        return Some(Err("address without /prefix".into()));
+    };
+    let (Ok(addr), Ok(prefix_len)) = (a.parse::<IpAddr>(), len.parse::<u8>()) else {
+        return Some(Err("bad address".into()));
+    };
+    let ifname = match ifname {
+        Some(n) => n.to_string(),
+        None => {
+            const NOT_LABELS: &[&str] = &[
+                "secondary",
+                "dynamic",
+                "noprefixroute",
+                "deprecated",
+                "tentative",
+                "permanent",
+                "global",
+                "host",
+                "link",
+                "site",
+                "nodad",
+                "mngtmpaddr",
+            ];
+            match words.last() {
+                Some(label)
+                    if family == "inet" && words.len() > 2 && !NOT_LABELS.contains(label) =>
+                {
+                    label.split(':').next().unwrap_or(label).to_string()
+                }
+                _ => {
+                    return Some(Err(
+                        "an address line whose interface line grep cut away (and no label)".into(),
+                    ))
+                }
+            }
+        }
+    };
+    let scope = words
+        .iter()
+        .position(|w| *w == "scope")
+        .and_then(|p| words.get(p + 1))
+        .unwrap_or(&"global")
+        .to_string();
+    Some(Ok(Address {
+        ifname,
+        addr,
+        prefix_len,
+        scope,
+        secondary: words.contains(&"secondary"),
+        noprefixroute: words.contains(&"noprefixroute"),
+    }))
+}
+
 /// `ip neigh` or `ip -j neigh`.
 pub fn parse_neighbours(text: &str) -> Parsed<Vec<Neighbour>> {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
-    if is_json(text) {
+    let (p, json) = pasted(text);
+    if let Some(text) = json.as_deref() {
         match json_array(text) {
             Ok(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -852,11 +921,9 @@ pub fn parse_neighbours(text: &str) -> Parsed<Vec<Neighbour>> {
             Err(e) => skipped.push(e),
         }
     } else {
-        for (i, line) in text.lines().enumerate() {
+        for l in p.data() {
+            let (i, line) = (l.no - 1, l.text);
             let words: Vec<&str> = line.split_whitespace().collect();
-            if words.is_empty() {
-                continue;
-            }
             let dev = words
                 .iter()
                 .position(|w| *w == "dev")

@@ -14,6 +14,12 @@ pub struct IpSet {
     pub kind: String,
     /// Members as written, without comments.
     pub members: Vec<String>,
+    /// The member list may be incomplete: the output was cut with grep and the list ends
+    /// where a cut does, or it has fewer members than its `Number of entries:`.
+    pub cut: bool,
+    /// `Number of entries:` of `ipset list`.
+    #[serde(skip)]
+    entries: Option<usize>,
 }
 
 /// The packet fields a set lookup reads.
@@ -53,7 +59,9 @@ impl IpSet {
                 }
             })
             .collect::<Option<_>>()?;
-        Some(self.members.iter().any(|m| member_matches(m, &want)))
+        let found = self.members.iter().any(|m| member_matches(m, &want));
+        // Not found in a list grep cut: unknown, not absent.
+        (found || !self.cut).then_some(found)
     }
 }
 
@@ -98,24 +106,44 @@ fn port_matches(p: &str, proto: &str, port: u16) -> bool {
     proto_ok && in_range
 }
 
-/// Parses `ipset list` or `ipset save` output.
+/// Parses `ipset list` or `ipset save` output, as pasted (a `grep` cut ends the member list
+/// it falls in, and marks that set [`IpSet::cut`]).
 pub fn parse(text: &str) -> Parsed<Vec<IpSet>> {
     let mut sets: Vec<IpSet> = Vec::new();
     let mut skipped = Vec::new();
     let mut in_members = false;
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
+    let pasted = crate::paste::lines(text);
+    let new = |name: &str, kind: &str| IpSet {
+        name: name.into(),
+        kind: kind.into(),
+        members: Vec::new(),
+        cut: false,
+        entries: None,
+    };
+    for l in &pasted.lines {
+        let (i, raw, line) = (l.no - 1, l.text, l.text.trim());
+        if l.grep_break {
+            if in_members {
+                if let Some(s) = sets.last_mut() {
+                    s.cut = true;
+                }
+            }
+            in_members = false;
+            continue;
+        }
         if line.is_empty() {
             in_members = false;
             continue;
         }
         if let Some(name) = line.strip_prefix("Name: ") {
             in_members = false;
-            sets.push(IpSet {
-                name: name.trim().into(),
-                kind: String::new(),
-                members: Vec::new(),
-            });
+            sets.push(new(name.trim(), ""));
+            continue;
+        }
+        if let Some(n) = line.strip_prefix("Number of entries: ") {
+            if let (Some(s), Ok(n)) = (sets.last_mut(), n.trim().parse::<usize>()) {
+                s.entries = Some(n);
+            }
             continue;
         }
         if let Some(kind) = line.strip_prefix("Type: ") {
@@ -132,11 +160,7 @@ pub fn parse(text: &str) -> Parsed<Vec<IpSet>> {
         match words.as_slice() {
             ["create", name, kind, ..] => {
                 in_members = false;
-                sets.push(IpSet {
-                    name: name.to_string(),
-                    kind: kind.to_string(),
-                    members: Vec::new(),
-                });
+                sets.push(new(name, kind));
             }
             ["add", name, member, ..] => match sets.iter_mut().find(|s| s.name == *name) {
                 Some(s) => s.members.push(member.to_string()),
@@ -147,7 +171,26 @@ pub fn parse(text: &str) -> Parsed<Vec<IpSet>> {
                 None => skipped.push(Skipped::new(i + 1, raw, "a member before any set")),
             },
             _ if line.contains(": ") => {} // Revision:, Header:, References: …
-            _ => skipped.push(Skipped::new(i + 1, raw, "not an ipset list or save line")),
+            _ if pasted.grep_cut => skipped.push(Skipped::new(
+                i + 1,
+                raw,
+                "a member whose set's header grep cut away",
+            )),
+            _ => skipped.push(Skipped::new(
+                i + 1,
+                raw,
+                l.reason("not an ipset list or save line"),
+            )),
+        }
+    }
+    if pasted.grep_cut && in_members {
+        if let Some(s) = sets.last_mut() {
+            s.cut = true;
+        }
+    }
+    for s in &mut sets {
+        if s.entries.is_some_and(|n| s.members.len() < n) {
+            s.cut = true;
         }
     }
     Parsed {

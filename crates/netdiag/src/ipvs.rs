@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Serialize;
 
-use crate::{Parsed, Skipped};
+use crate::{paste, Parsed, Skipped};
 
 /// A virtual server's key: `TCP 10.96.0.10:80`, or a firewall mark (`FWM 5`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -33,6 +33,9 @@ pub struct VirtualServer {
     pub real_servers: Vec<RealServer>,
     /// As written in the input.
     pub text: String,
+    /// Its real-server list may be incomplete: the output was cut with grep and the list ends
+    /// where a cut does (a `--` separator or the end of the file), or the paste cut it off.
+    pub cut: bool,
 }
 
 impl VirtualServer {
@@ -50,12 +53,27 @@ impl VirtualServer {
     }
 }
 
-/// Parses `ipvsadm -Ln` or `ipvsadm -Sn` output (or both).
+/// Parses `ipvsadm -Ln` or `ipvsadm -Sn` output (or both), as pasted: a `grep -A`/`-B` cut
+/// (`--` separators) ends the current virtual server, so real servers after a separator are
+/// never given to the one before it, and a list that ends at a cut is marked
+/// [`VirtualServer::cut`].
 pub fn parse(text: &str) -> Parsed<Vec<VirtualServer>> {
     let mut out: Vec<VirtualServer> = Vec::new();
     let mut skipped = Vec::new();
-    for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
+    let pasted = paste::lines(text);
+    // The `-Ln` virtual server the following `->` lines belong to (an index into `out`).
+    let mut current: Option<usize> = None;
+    // The `->` lines follow a virtual server already read (the file holds both forms).
+    let mut repeated = false;
+    for l in &pasted.lines {
+        if l.grep_break {
+            if let Some(i) = current.take() {
+                out[i].cut = true;
+            }
+            repeated = false;
+            continue;
+        }
+        let (raw, line) = (l.text, l.text.trim());
         if line.is_empty()
             || line.starts_with("IP Virtual Server")
             || line.starts_with("Prot ")
@@ -65,17 +83,38 @@ pub fn parse(text: &str) -> Parsed<Vec<VirtualServer>> {
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
-        let res = if line.starts_with("->") {
-            list_real(&words[1..]).and_then(|r| match out.last_mut() {
-                Some(v) => {
-                    v.real_servers.push(r);
-                    Ok(())
+        let res = if line.starts_with("->") && repeated {
+            Ok(())
+        } else if line.starts_with("->") {
+            if l.unterminated && words.len() < 6 {
+                if let Some(i) = current {
+                    out[i].cut = true;
                 }
-                None => Err("a real server before any virtual server".into()),
-            })
+                Err(
+                    "the last line, cut off by the paste? (a real server line has 5 columns)"
+                        .into(),
+                )
+            } else {
+                list_real(&words[1..]).and_then(|r| match current {
+                    Some(i) => {
+                        out[i].real_servers.push(r);
+                        Ok(())
+                    }
+                    None if pasted.grep_cut => {
+                        Err("a real server whose virtual server grep cut away".into())
+                    }
+                    None => Err("a real server before any virtual server".into()),
+                })
+            }
         } else if words[0] == "-A" {
-            save_virtual(&words, line).map(|v| upsert(&mut out, v))
+            current = None;
+            repeated = false;
+            save_virtual(&words, line).map(|v| {
+                upsert(&mut out, v);
+            })
         } else if words[0] == "-a" {
+            current = None;
+            repeated = false;
             save_real(&words).and_then(|(key, r)| match out.iter_mut().find(|v| v.key == key) {
                 Some(v) => {
                     v.real_servers.push(r);
@@ -84,10 +123,20 @@ pub fn parse(text: &str) -> Parsed<Vec<VirtualServer>> {
                 None => Err("a real server of a virtual server not listed".into()),
             })
         } else {
-            list_virtual(&words, line).map(|v| upsert(&mut out, v))
+            current = None;
+            list_virtual(&words, line).map(|v| {
+                current = upsert(&mut out, v);
+                repeated = current.is_none();
+            })
         };
         if let Err(reason) = res {
-            skipped.push(Skipped::new(i + 1, raw, reason));
+            skipped.push(Skipped::new(l.no, raw, l.reason(reason)));
+        }
+    }
+    // A grep cut file ends with a cut too.
+    if pasted.grep_cut {
+        if let Some(i) = current {
+            out[i].cut = true;
         }
     }
     Parsed {
@@ -98,10 +147,13 @@ pub fn parse(text: &str) -> Parsed<Vec<VirtualServer>> {
 
 /// A virtual server seen twice (both formats in one file) is kept once, with the first's real
 /// servers.
-fn upsert(out: &mut Vec<VirtualServer>, v: VirtualServer) {
-    if !out.iter().any(|x| x.key == v.key) {
-        out.push(v);
+/// Its index in `out` when it is new.
+fn upsert(out: &mut Vec<VirtualServer>, v: VirtualServer) -> Option<usize> {
+    if out.iter().any(|x| x.key == v.key) {
+        return None;
     }
+    out.push(v);
+    Some(out.len() - 1)
 }
 
 fn sock(s: &str) -> Result<SocketAddr, String> {
@@ -130,6 +182,7 @@ fn list_virtual(w: &[&str], line: &str) -> Result<VirtualServer, String> {
         persistent,
         real_servers: Vec::new(),
         text: line.to_string(),
+        cut: false,
     })
 }
 
@@ -178,6 +231,7 @@ fn save_virtual(w: &[&str], line: &str) -> Result<VirtualServer, String> {
         persistent: opt(w, &["-p", "--persistent"]).and_then(|s| s.parse().ok()),
         real_servers: Vec::new(),
         text: line.to_string(),
+        cut: false,
     })
 }
 

@@ -17,6 +17,7 @@ pub mod iptables;
 pub mod ipvs;
 pub mod live;
 pub mod nft;
+pub mod paste;
 pub mod state;
 pub mod sysctl;
 pub mod trace;

@@ -109,6 +109,14 @@ fn str_field(obj: &Value, key: &str) -> Option<String> {
 pub fn parse(text: &str) -> Parsed<Ruleset> {
     let mut rs = Ruleset::default();
     let mut skipped = Vec::new();
+    // A prompt line above the JSON (`$ nft -j list ruleset`) or `\r\n` line ends.
+    let body;
+    let text = if text.trim_start().starts_with('{') {
+        text
+    } else {
+        body = crate::paste::lines(text).body();
+        &body
+    };
     let doc: Value = match serde_json::from_str(text.trim()) {
         Ok(v) => v,
         Err(e) => {

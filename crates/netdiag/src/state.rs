@@ -159,6 +159,9 @@ impl NodeState {
         }
         for (o, text) in by_kind {
             st.present.push(o);
+            for note in crate::paste::lines(&text).notes() {
+                st.assumptions.push(format!("{}: {note}", o.file_name()));
+            }
             let skipped = match o {
                 Output::IptablesSave | Output::Ip6tablesSave => {
                     let p = iptables::parse(&text);

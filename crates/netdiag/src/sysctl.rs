@@ -15,16 +15,20 @@ pub struct Sysctls(pub BTreeMap<String, String>);
 pub fn parse(text: &str) -> Parsed<Sysctls> {
     let mut map = BTreeMap::new();
     let mut skipped = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+    let pasted = crate::paste::lines(text);
+    for l in pasted.data() {
+        let line = l.text.trim();
+        if line.starts_with('#') || line.starts_with(';') {
             continue;
         }
         match line.split_once('=') {
-            Some((k, v)) if !k.trim().is_empty() && !k.trim().contains(' ') => {
+            // A cut-off last line `net.ipv4.conf.eth0.rp_filter =` has no value: not read.
+            Some((k, v))
+                if !k.trim().is_empty() && !k.trim().contains(' ') && !v.trim().is_empty() =>
+            {
                 map.insert(k.trim().to_string(), v.trim().to_string());
             }
-            _ => skipped.push(Skipped::new(i + 1, line, "not `key = value`")),
+            _ => skipped.push(Skipped::new(l.no, line, l.reason("not `key = value`"))),
         }
     }
     Parsed {

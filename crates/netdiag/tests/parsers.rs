@@ -323,3 +323,286 @@ fn a_collected_directory_reads_whole() {
     let r = st.lookup("1003", "1.1.1.1".parse().unwrap()).unwrap();
     assert_eq!(r.dev.as_deref(), Some("eth1"));
 }
+
+// What people paste: grep cuts, old and new iptables-save, `ip -s`/`-d`, prompts, CRLF and
+// cut-off last lines (tests/data/pasted/, README.md there says where each file comes from).
+
+fn pasted(name: &str) -> String {
+    data(&format!("pasted/{name}"))
+}
+
+#[test]
+fn ipvsadm_grep_a_cut_keeps_real_servers_with_their_own_virtual_server() {
+    let p = weir_netdiag::ipvs::parse(&pasted("ipvsadm-Ln-grep-A3.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let v = p.value;
+    let keys: Vec<String> = v.iter().map(|s| s.text.clone()).collect();
+    assert_eq!(
+        keys,
+        [
+            "TCP  10.12.115.101:443 rr",
+            "TCP  10.12.115.102:80 rr",
+            "TCP  10.96.140.12:80 rr persistent 10800",
+            "UDP  10.96.0.10:53 rr"
+        ]
+    );
+    // The first list ends at a `--`: grep may have cut real servers (it did: 3 of 4).
+    assert_eq!(v[0].real_servers.len(), 3);
+    assert!(v[0].cut);
+    // Followed by another virtual server in the same group: complete, and empty.
+    assert!(v[1].real_servers.is_empty());
+    assert!(!v[1].cut);
+    assert_eq!(v[2].persistent, Some(10800));
+    assert_eq!(v[2].real_servers.len(), 1);
+    assert!(!v[2].cut);
+    // The file's last group ends the cut too.
+    assert!(v[3].real_servers.is_empty());
+    assert!(v[3].cut);
+
+    // grep for a real server: each group starts with a real server whose virtual server was
+    // cut away. It must not be given to the virtual server of the group before.
+    let p = weir_netdiag::ipvs::parse(&pasted("ipvsadm-Ln-grep-A1-real-server.txt"));
+    assert_eq!(p.value.len(), 2);
+    assert!(
+        p.value.iter().all(|v| v.real_servers.is_empty() && v.cut),
+        "{:?}",
+        p.value
+    );
+    assert_eq!(p.skipped.len(), 2, "{:?}", p.skipped);
+    assert!(p.skipped.iter().all(|s| s.reason.contains("grep cut away")));
+}
+
+#[test]
+fn ipvsadm_cut_off_last_line_is_not_read_as_a_real_server() {
+    let p = weir_netdiag::ipvs::parse(&pasted("ipvsadm-Ln-cut.txt"));
+    assert_eq!(p.skipped.len(), 1, "{:?}", p.skipped);
+    assert!(p.skipped[0].reason.contains("cut off"), "{:?}", p.skipped);
+    let udp = p.value.last().unwrap();
+    assert_eq!(udp.text, "UDP  10.96.0.10:53 rr");
+    assert_eq!(udp.real_servers.len(), 1);
+    assert!(udp.cut);
+}
+
+#[test]
+fn iptables_save_1_4_1_6_and_1_8_with_and_without_counters() {
+    // 1.4.21 `iptables-save -c` (CentOS 7): `[packets:bytes]` before every rule.
+    let p = iptables::parse(&pasted("iptables-1.4.21-save-c.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let d = p.value;
+    assert_eq!(d.version.as_deref(), Some("v1.4.21"));
+    assert_eq!(d.backend, Some(Backend::Unknown));
+    assert_eq!(d.rules().count(), 14);
+    let sep = &d.chain("nat", "KUBE-SEP-6QRBCJZ3WLAYCLRH").unwrap().rules[1];
+    assert_eq!(sep.target_arg("--to-destination"), Some("10.12.97.21:6443"));
+    assert!(sep.text.starts_with("-A KUBE-SEP-6QRBCJZ3WLAYCLRH -p tcp"));
+    assert_eq!(
+        d.chain("filter", "FORWARD").unwrap().policy.as_deref(),
+        Some("DROP")
+    );
+
+    // 1.6.1 (Ubuntu 18.04), legacy, no counters.
+    let p = iptables::parse(&pasted("iptables-1.6.1-save.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    assert_eq!(p.value.version.as_deref(), Some("v1.6.1"));
+    assert_eq!(p.value.chain("filter", "FORWARD").unwrap().rules.len(), 6);
+    assert_eq!(p.value.chain("nat", "POSTROUTING").unwrap().rules.len(), 1);
+
+    // 1.8.0–1.8.2's nf_tables back end calls itself xtables-save (Debian 10).
+    let p = iptables::parse(&pasted("xtables-save-1.8.2.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    assert_eq!(p.value.backend, Some(Backend::Nft));
+    assert_eq!(p.value.version.as_deref(), Some("v1.8.2"));
+
+    // 1.8.9, both back ends, `-c` (captured here).
+    for (file, backend, rules) in [
+        ("iptables-nft-save-c.txt", Backend::Nft, 3),
+        ("iptables-legacy-save-c.txt", Backend::Unknown, 1),
+    ] {
+        let p = iptables::parse(&pasted(file));
+        assert!(p.skipped.is_empty(), "{file}: {:?}", p.skipped);
+        assert_eq!(p.value.backend, Some(backend), "{file}");
+        assert_eq!(p.value.rules().count(), rules, "{file}");
+    }
+}
+
+#[test]
+fn iptables_grep_separators_prompts_and_the_legacy_tables_warning() {
+    let p = iptables::parse(&pasted("iptables-save-grep-A1.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    for svc in [
+        "KUBE-SVC-EFAVJPJYEOP7DL27",
+        "KUBE-SVC-SHGWCLVQCYJ7H4SR",
+        "KUBE-SVC-XFW3ZTDNSF72EH34",
+    ] {
+        assert_eq!(p.value.chain("nat", svc).unwrap().rules.len(), 2, "{svc}");
+    }
+
+    // `iptables-save 2>&1` on an nft node that also has legacy tables.
+    let p = iptables::parse(&pasted("iptables-nft-save-2to1.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    assert!(
+        p.value
+            .assumptions
+            .iter()
+            .any(|a| a.contains("iptables-legacy tables exist")),
+        "{:?}",
+        p.value.assumptions
+    );
+}
+
+#[test]
+fn iptables_cut_off_inside_a_table_keeps_no_half_rule() {
+    let p = iptables::parse(&pasted("iptables-nft-save-c-cut.txt"));
+    assert_eq!(p.skipped.len(), 1, "{:?}", p.skipped);
+    assert!(p.skipped[0].text.ends_with("--dport 44"));
+    assert!(p.skipped[0].reason.contains("cut off"));
+    let d = p.value;
+    assert_eq!(d.chain("nat", "KUBE-SERVICES").unwrap().rules.len(), 0);
+    assert!(
+        d.assumptions.iter().any(|a| a.contains("no COMMIT")),
+        "{:?}",
+        d.assumptions
+    );
+}
+
+#[test]
+fn ip_s_and_ip_d_outputs() {
+    let p = parse_links(&pasted("ip-s-link.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let names: Vec<&str> = p.value.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "lo",
+            "eth0p",
+            "eth0",
+            "eth1p",
+            "eth1",
+            "eni3f9c1a2b4d5",
+            "kipvsp",
+            "kube-ipvs0"
+        ]
+    );
+    let d = parse_links(&pasted("ip-d-link.txt"));
+    assert!(d.skipped.is_empty(), "{:?}", d.skipped);
+    assert_eq!(
+        d.value
+            .iter()
+            .find(|l| l.name == "eth1")
+            .unwrap()
+            .kind
+            .as_deref(),
+        Some("veth")
+    );
+    let a = parse_addrs(&pasted("ip-s-d-addr.txt"));
+    assert!(a.skipped.is_empty(), "{:?}", a.skipped);
+    let v4: Vec<(String, String)> = a
+        .value
+        .iter()
+        .filter(|x| x.addr.is_ipv4())
+        .map(|x| (x.ifname.clone(), format!("{}/{}", x.addr, x.prefix_len)))
+        .collect();
+    assert_eq!(
+        v4,
+        [
+            ("lo".to_string(), "127.0.0.1/8".to_string()),
+            ("eth0".into(), "10.12.97.49/24".into()),
+            ("kube-ipvs0".into(), "10.12.115.101/32".into()),
+            ("kube-ipvs0".into(), "10.96.0.1/32".into()),
+        ]
+    );
+}
+
+#[test]
+fn ip_addr_cut_with_grep_reads_each_address_on_its_own_interface() {
+    let want = [
+        ("eth0".to_string(), "10.12.97.49".to_string()),
+        ("kube-ipvs0".into(), "10.12.115.101".into()),
+        ("kube-ipvs0".into(), "10.96.0.1".into()),
+    ];
+    // `ip addr | grep -B2 -A1 "inet 1[0-9]\."`: blocks with their interface lines.
+    let a = parse_addrs(&pasted("ip-addr-grep.txt"));
+    assert!(a.skipped.is_empty(), "{:?}", a.skipped);
+    let got: Vec<(String, String)> = a
+        .value
+        .iter()
+        .map(|x| (x.ifname.clone(), x.addr.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    // `ip addr | grep -A1 "inet "`: no interface lines at all; the label names the interface.
+    let a = parse_addrs(&pasted("ip-addr-grep-inet.txt"));
+    assert!(a.skipped.is_empty(), "{:?}", a.skipped);
+    let got: Vec<(String, String)> = a
+        .value
+        .iter()
+        .filter(|x| x.ifname != "lo")
+        .map(|x| (x.ifname.clone(), x.addr.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(a.value[0].scope, "host");
+}
+
+#[test]
+fn ip_route_list_ip_rule_behind_a_prompt_in_crlf_and_a_cut_route() {
+    let r = parse_routes(&pasted("ip-route-list.txt"));
+    assert!(r.skipped.is_empty(), "{:?}", r.skipped);
+    assert_eq!(r.value.len(), 3);
+    assert!(r.value.iter().all(|x| x.table == "main"));
+
+    // PuTTY → Notepad: CRLF, the prompt and command above, an empty prompt below.
+    let p = parse_rules(&pasted("ip-rule-prompt-crlf.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let prios: Vec<u32> = p.value.iter().map(|r| r.priority).collect();
+    assert_eq!(prios, [0, 512, 1536, 32766, 32767]);
+    assert_eq!(p.value[2].table.as_deref(), Some("1003"));
+    assert_eq!(p.value[2].src, Some("10.12.192.44/32".parse().unwrap()));
+
+    let c = parse_routes(&pasted("ip-route-cut.txt"));
+    assert_eq!(c.skipped.len(), 1, "{:?}", c.skipped);
+    assert!(c.skipped[0].reason.contains("cut off"), "{:?}", c.skipped);
+    assert!(c.value.iter().any(|x| x.kind == "local"));
+}
+
+#[test]
+fn a_dump_cut_with_grep_says_so() {
+    let st = NodeState::from_outputs([
+        (Output::IpvsadmLn, pasted("ipvsadm-Ln-grep-A3.txt")),
+        (Output::IpRoute, pasted("ip-route-cut.txt")),
+    ]);
+    assert!(
+        st.assumptions
+            .iter()
+            .any(|a| a.starts_with("ipvsadm-Ln.txt: cut with grep")),
+        "{:?}",
+        st.assumptions
+    );
+    assert!(
+        st.assumptions
+            .iter()
+            .any(|a| a.starts_with("ip-route.json: line") && a.contains("no line end")),
+        "{:?}",
+        st.assumptions
+    );
+}
+
+#[test]
+fn ipset_list_cut_by_grep_answers_unknown_for_members_it_does_not_show() {
+    use std::net::IpAddr;
+    use weir_netdiag::ipset::{self, Fields};
+    let p = ipset::parse(&pasted("ipset-list-grep-A9.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let set = &p.value[0];
+    assert_eq!(set.name, "KUBE-CLUSTER-IP");
+    assert_eq!(set.members, ["10.96.0.10,udp:53", "10.96.0.1,tcp:443"]);
+    assert!(set.cut);
+    let f = |dst: &str, dport| Fields {
+        src: "10.12.192.44".parse::<IpAddr>().unwrap(),
+        dst: dst.parse().unwrap(),
+        proto: "tcp",
+        sport: 40000,
+        dport,
+    };
+    assert_eq!(set.contains("dst,dst", &f("10.96.0.1", 443)), Some(true));
+    // 10.96.140.12,tcp:80 is in the set, below the cut: not "absent".
+    assert_eq!(set.contains("dst,dst", &f("10.96.140.12", 80)), None);
+}

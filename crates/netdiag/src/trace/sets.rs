@@ -58,7 +58,12 @@ impl Walker<'_> {
             dport: p.dport,
         };
         let hit = set.contains(flags, &fields);
-        if hit.is_none() {
+        if hit.is_none() && set.cut {
+            self.assume(format!(
+                "set {name} was cut with grep and the packet is not among the members shown: rules using it count as not matching (`{}`)",
+                r.text
+            ));
+        } else if hit.is_none() {
             self.assume(format!(
                 "ipset type {} (set {name}) not modelled: rules using it count as not matching",
                 set.kind
