@@ -21,6 +21,22 @@ pub fn parse(text: &str) -> Parsed<Sysctls> {
         if line.starts_with('#') || line.starts_with(';') {
             continue;
         }
+        // `/proc/sys/net/ipv4/conf/eth0/rp_filter = 2` (a `for f in /proc/sys/…` loop) and
+        // `/proc/sys/net/ipv4/conf/eth0/rp_filter:2` (`grep . /proc/sys/…`): the key as
+        // sysctl spells it, a dot inside a component (an interface name) becoming `/`.
+        let proc_line;
+        let line = match line.strip_prefix("/proc/sys/") {
+            Some(path) => {
+                let (k, v) = path
+                    .split_once('=')
+                    .or_else(|| path.split_once(':'))
+                    .unwrap_or((path, ""));
+                let key: Vec<String> = k.trim().split('/').map(|c| c.replace('.', "/")).collect();
+                proc_line = format!("{} = {}", key.join("."), v.trim());
+                proc_line.as_str()
+            }
+            None => line,
+        };
         match line.split_once('=') {
             // A cut-off last line `net.ipv4.conf.eth0.rp_filter =` has no value: not read.
             Some((k, v))
@@ -97,5 +113,9 @@ mod tests {
         assert_eq!(s.effective_rp_filter("flannel.1"), Some(2));
         assert_eq!(s.effective_rp_filter("eth9"), Some(2));
         assert_eq!(Sysctls::default().effective_rp_filter("eth0"), None);
+        let p = parse("/proc/sys/net/ipv4/conf/all/rp_filter = 1\n/proc/sys/net/ipv4/conf/flannel.1/rp_filter:2\n");
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+        assert_eq!(p.value.conf("ipv4", "all", "rp_filter"), Some(1));
+        assert_eq!(p.value.conf("ipv4", "flannel.1", "rp_filter"), Some(2));
     }
 }

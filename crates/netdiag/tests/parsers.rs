@@ -606,3 +606,21 @@ fn ipset_list_cut_by_grep_answers_unknown_for_members_it_does_not_show() {
     // 10.96.140.12,tcp:80 is in the set, below the cut: not "absent".
     assert_eq!(set.contains("dst,dst", &f("10.96.140.12", 80)), None);
 }
+
+#[test]
+fn the_command_above_a_paste_names_the_route_table_it_showed() {
+    // `ip route show table local` prints no `table local`; the echoed command says it.
+    for text in [
+        "ip route show table local\nlocal 10.0.0.5 dev ens4 proto kernel scope host src 10.0.0.5 \nbroadcast 10.0.0.255 dev ens4 proto kernel scope link src 10.0.0.5 \n",
+        "[root@node ~]# ip route show table 1003\ndefault via 10.12.192.1 dev eth1 onlink \n",
+    ] {
+        let r = parse_routes(text);
+        assert!(r.skipped.is_empty(), "{:?}", r.skipped);
+        assert!(r.value.iter().all(|x| x.table != "main"), "{:?}", r.value);
+    }
+    let st = NodeState::from_outputs([(
+        Output::IpRoute,
+        "ip route show table local\nlocal 10.0.0.5 dev ens4 proto kernel scope host src 10.0.0.5 \n".to_string(),
+    )]);
+    assert!(st.is_local_address("10.0.0.5".parse().unwrap()));
+}
