@@ -19,6 +19,9 @@
 #                              the fake API server in a netns (minutes: a release build inside)
 #   bash scripts/dev.sh vm-bench  build release weir, the proxy modes side by side in ONE VM boot
 #                              (ipvs needs the VM's kernel): sync times, conn/s, throughput
+#   bash scripts/dev.sh cluster [--keep]  a real two-node Kubernetes 1.20 cluster (built from
+#                              Debian's source, cached) with weir as its networking: nodes, pods,
+#                              services and a probe matrix, then torn down (--keep: left up)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,6 +45,9 @@ KUBERNETES_VALIDATE_VERSION=1.37.0
 WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
 PACKAGES+=(iputils-ping) # lab_e2e: DF pings (ping -M do) across the vxlan overlay
 PACKAGES+=(debootstrap) # scripts/image.sh: local base images where Docker Hub is unreachable
+# A real Kubernetes (tests/kube_cluster.rs, `dev.sh cluster`): 1.20.2 built once from Debian's
+# source package into $WEIR_TOOLS (~5 min cold on 2 cores), with etcd, containerd and runc.
+export WEIR_KUBE_BUILD=${WEIR_KUBE_BUILD:-$WEIR_TOOLS/kube-1.20.2}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -69,6 +75,10 @@ install_packages() {
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
   fi
+  if [ ! -x "$WEIR_KUBE_BUILD/bin/kubelet" ]; then
+    step "building Kubernetes 1.20.2 from Debian's source into $WEIR_KUBE_BUILD (once; ~5 min)"
+  fi
+  bash scripts/cluster/build-kube.sh "$WEIR_KUBE_BUILD" >/dev/null
   command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
   [ "$(id -u)" = 0 ] || { echo "run as root: weir creates network namespaces" >&2; exit 1; }
 }
@@ -151,8 +161,33 @@ case "${1:-}" in
     step "the node agent's image: podman build, then run as the DaemonSet runs it"
     exec bash scripts/image.sh "${@:2}"
     ;;
+  cluster)
+    install_packages
+    keep=""; [ "${2:-}" = "--keep" ] && keep=1
+    step "building weir"
+    cargo build -q -p weir -p weir-cni --bins
+    run=${WEIR_CLUSTER_RUN:-/tmp/weir-cluster}
+    name=${WEIR_CLUSTER_NAME:-demo}
+    bash scripts/cluster/down.sh "$run" >/dev/null 2>&1 || true
+    rm -rf "$run"
+    [ -n "$keep" ] || trap 'step "tearing down"; bash scripts/cluster/down.sh "$run"' EXIT
+    step "a two-node Kubernetes 1.20 cluster, networked by weir ($run)"
+    bash scripts/cluster/up.sh "$name" "$run"
+    "$run/kubectl" apply -f scripts/cluster/demo.yaml >/dev/null
+    "$run/kubectl" rollout status deploy/web --timeout=120s >/dev/null
+    "$run/kubectl" wait --for=condition=Ready pod/client --timeout=60s >/dev/null
+    step "nodes, pods, services"
+    "$run/kubectl" get nodes,pods,services -o wide
+    step "probe matrix"
+    status=0
+    bash scripts/cluster/matrix.sh "$run" || status=$?
+    if [ -n "$keep" ]; then
+      step "left up: $run/kubectl (KUBECONFIG=$run/kubeconfig, from the namespace ${name}-cp); stop: bash scripts/cluster/down.sh $run"
+    fi
+    exit $status
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster" >&2
     exit 2
     ;;
 esac

@@ -21,10 +21,12 @@ if alive kube-apiserver && { alive node-1-kubelet || alive node-2-kubelet; }; th
   for _ in $(seq 1 60); do
     [ -z "$("$KUBECTL" get pods -A -o name 2>/dev/null)" ] && break; sleep 0.5; done
 fi
+# in parallel: each may take its grace period
 for node in $NODES; do
-  for p in proxy routes dns kubelet; do stop "$node-$p"; done
+  for p in proxy routes dns kubelet; do stop "$node-$p" & done
 done
-stop kube-scheduler; stop kube-controller-manager
+stop kube-scheduler & stop kube-controller-manager &
+wait
 # Sandboxes the kubelets did not tear down: their network namespaces (containerd names them
 # cni-<uuid> under /run/netns; only this cluster's, read from its own containerds), then the tasks.
 for node in $NODES; do

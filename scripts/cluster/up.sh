@@ -320,8 +320,8 @@ for node in "${NODES[@]}"; do
 done
 for i in 0 1; do
   ns=$NAME-n$((i + 1))
-  wait_for "weir proxy ready on ${NODES[$i]}" 120 nsenter --net=/run/netns/$ns curl -sf http://127.0.0.1:10256/healthz
-  wait_for "weir dns ready on ${NODES[$i]}" 120 nsenter --net=/run/netns/$ns curl -sf http://127.0.0.1:8081/healthz
+  wait_for "weir proxy ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:10256/healthz
+  wait_for "weir dns ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:8081/healthz
 done
 kubectl get nodes -o wide >&2
 step "up: KUBECONFIG=$R/kubeconfig ($BIN/kubectl)"

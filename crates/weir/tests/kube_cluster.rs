@@ -15,56 +15,8 @@ use std::time::{Duration, Instant};
 mod common;
 use common::cluster::{can_run, Cluster};
 
-const WEB: &str = r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web, namespace: default}
-spec:
-  replicas: 3
-  selector: {matchLabels: {app: web}}
-  strategy: {rollingUpdate: {maxUnavailable: 0, maxSurge: 1}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      terminationGracePeriodSeconds: 2
-      containers:
-      - name: httpd
-        image: localhost/weir/busybox:1.35
-        imagePullPolicy: Never
-        env: [{name: GENERATION, value: "1"}]
-        command: ["/bin/sh", "-c", "mkdir -p /www && echo $HOSTNAME > /www/index.html && exec busybox httpd -f -p 8080 -h /www"]
-        ports: [{containerPort: 8080}]
-        readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec: {selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-np, namespace: default}
-spec: {type: NodePort, selector: {app: web}, ports: [{port: 80, targetPort: 8080, nodePort: 30080}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: web-headless, namespace: default}
-spec: {clusterIP: None, selector: {app: web}, ports: [{port: 8080}]}
----
-apiVersion: v1
-kind: Service
-metadata: {name: docs, namespace: default}
-spec: {type: ExternalName, externalName: web.default.svc.cluster.local}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: client, namespace: default}
-spec:
-  nodeName: node-2
-  terminationGracePeriodSeconds: 1
-  containers:
-  - {name: c, image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: ["/bin/sh", "-c", "exec sleep 100000"]}
-"#;
+/// The demo workload (shared with `bash scripts/dev.sh cluster`).
+const WEB: &str = include_str!("../../../scripts/cluster/demo.yaml");
 
 /// The distinct answers of `tries` requests.
 fn answers(tries: usize, mut get: impl FnMut() -> Option<String>) -> BTreeSet<String> {
