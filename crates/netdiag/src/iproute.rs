@@ -43,6 +43,8 @@ pub struct Route {
     pub scope: Option<String>,
     pub metric: u32,
     pub onlink: bool,
+    /// `proto kernel`, `static`, `boot`, … (`None` when the dump names none).
+    pub proto: Option<String>,
     pub text: String,
 }
 
@@ -441,6 +443,7 @@ fn route_from_json(v: &Value) -> Result<Route, String> {
         scope: s(v, "scope"),
         metric: v.get("metric").and_then(Value::as_u64).unwrap_or(0) as u32,
         onlink: flags.iter().any(|f| f == "onlink"),
+        proto: s(v, "protocol"),
         text: String::new(),
     };
     r.text = render_route(&r);
@@ -503,6 +506,7 @@ fn route_from_text(line: &str) -> Result<Route, String> {
         scope: None,
         metric: 0,
         onlink: false,
+        proto: None,
         text: line.trim().to_string(),
     };
     while i < words.len() {
@@ -540,9 +544,13 @@ fn route_from_text(line: &str) -> Result<Route, String> {
                 i += 1;
             }
             "onlink" => r.onlink = true,
-            "proto" | "pref" | "mtu" | "advmss" | "realms" | "expires" | "weight" | "nhid"
-            | "encap" | "tos" | "initcwnd" | "initrwnd" | "rto_min" | "quickack" | "congctl"
-            | "features" | "hoplimit" => i += 1,
+            "proto" => {
+                r.proto = Some(need()?.to_string());
+                i += 1;
+            }
+            "pref" | "mtu" | "advmss" | "realms" | "expires" | "weight" | "nhid" | "encap"
+            | "tos" | "initcwnd" | "initrwnd" | "rto_min" | "quickack" | "congctl" | "features"
+            | "hoplimit" => i += 1,
             _ => {}
         }
         i += 1;

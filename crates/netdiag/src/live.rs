@@ -39,6 +39,8 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::IpvsadmLn => &["ipvsadm", "-Ln"],
         Output::Sysctl => &["sysctl", "-a"],
         Output::ConntrackStats => &["conntrack", "-S"],
+        // Run in the pod's namespace, not the node's: not part of a node's collection.
+        Output::PodIpAddr => &["ip", "addr"],
     }
 }
 
@@ -85,6 +87,7 @@ impl Target {
     pub fn collect(&self) -> Vec<Ran> {
         Output::ALL
             .into_iter()
+            .filter(|o| *o != Output::PodIpAddr)
             .map(|output| {
                 let argv = command_for(output);
                 // ipvsadm loads ip_vs when it is missing: diagnosis must not change the node.

@@ -30,10 +30,12 @@ pub enum Output {
     IpvsadmLn,
     Sysctl,
     ConntrackStats,
+    /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
+    PodIpAddr,
 }
 
 impl Output {
-    pub const ALL: [Output; 12] = [
+    pub const ALL: [Output; 13] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -46,6 +48,7 @@ impl Output {
         Output::IpvsadmLn,
         Output::Sysctl,
         Output::ConntrackStats,
+        Output::PodIpAddr,
     ];
 
     /// The file name `weir trace collect` writes.
@@ -63,6 +66,7 @@ impl Output {
             Output::IpvsadmLn => "ipvsadm-Ln.txt",
             Output::Sysctl => "sysctl.txt",
             Output::ConntrackStats => "conntrack-stats.txt",
+            Output::PodIpAddr => "pod-ip-addr.txt",
         }
     }
 
@@ -109,6 +113,14 @@ impl Output {
             ],
             Output::Sysctl => &["sysctl", "sysctl-a", "sysctls"],
             Output::ConntrackStats => &["conntrack-stats", "conntrack-S", "conntrack"],
+            Output::PodIpAddr => &[
+                "pod-ip-addr",
+                "pod-ip-a",
+                "pod-addr",
+                "ip-addr-pod",
+                "ip-a-pod",
+                "pod-ip-addr-show",
+            ],
         }
     }
 
@@ -127,6 +139,21 @@ impl Output {
     }
 }
 
+/// A pod's side of its veth, from the pod's own `ip addr`, and the host interface it maps to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PodSide {
+    pub addr: std::net::Ipv4Addr,
+    /// The pod's interface (`eth0`).
+    pub ifname: String,
+    /// `eth0@if7`: the host-side peer's ifindex.
+    pub peer_index: Option<u32>,
+    /// The host veth: the node's link with the peer index, else the device of the node's route
+    /// to the pod's address.
+    pub host_iface: Option<String>,
+    /// How the host veth was found, for the assumptions list.
+    pub how: String,
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct NodeState {
     pub iptables: Option<Dump>,
@@ -141,6 +168,11 @@ pub struct NodeState {
     pub ipvs: Option<String>,
     pub sysctls: Option<Sysctls>,
     pub conntrack_stats: Option<String>,
+    /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
+    /// `local` routes, `proto kernel` routes' `src`): see [`NodeState::local_addresses`].
+    pub inferred_addrs: Vec<Address>,
+    /// The pod a packet comes from, read from its own `ip addr` (`pod-ip-addr.txt`).
+    pub pod: Option<PodSide>,
     /// What each parser left out, by output.
     pub skipped: Vec<(Output, Skipped)>,
     /// Guesses made for missing or partial input.
@@ -153,13 +185,19 @@ impl NodeState {
     /// Builds the state from outputs (each at most once; a later one replaces an earlier one).
     pub fn from_outputs(outputs: impl IntoIterator<Item = (Output, String)>) -> NodeState {
         let mut st = NodeState::default();
+        let mut pod_text = None;
+        let mut addrs_cut = false;
         let mut by_kind: BTreeMap<Output, String> = BTreeMap::new();
         for (o, text) in outputs {
             by_kind.insert(o, text);
         }
         for (o, text) in by_kind {
             st.present.push(o);
-            for note in crate::paste::lines(&text).notes() {
+            let pasted = crate::paste::lines(&text);
+            if o == Output::IpAddr && pasted.grep_cut {
+                addrs_cut = true;
+            }
+            for note in pasted.notes() {
                 st.assumptions.push(format!("{}: {note}", o.file_name()));
             }
             let skipped = match o {
@@ -223,10 +261,249 @@ impl NodeState {
                     st.conntrack_stats = Some(text);
                     Vec::new()
                 }
+                Output::PodIpAddr => {
+                    pod_text = Some(text);
+                    Vec::new()
+                }
             };
             st.skipped.extend(skipped.into_iter().map(|s| (o, s)));
         }
+        st.infer_addresses(addrs_cut);
+        if let Some(text) = pod_text {
+            st.pod = st.read_pod(&text);
+        }
         st
+    }
+
+    /// Whether the routes hold more than table main (`ip route show table all`, or table local
+    /// pasted): every local address then has its `local` route in table local.
+    pub fn has_table_local(&self) -> bool {
+        self.routes
+            .iter()
+            .flatten()
+            .any(|r| r.table == "local" || r.table == "255")
+    }
+
+    /// Whether the routes hold every table (`show table all`: table local is in it), so a table a
+    /// rule names and the dump lacks is empty rather than unknown.
+    pub fn has_all_tables(&self) -> bool {
+        self.has_table_local()
+    }
+
+    /// Whether this node's IPv4 addresses are all known: a whole `ip addr`, or table local.
+    pub fn addresses_complete(&self) -> bool {
+        self.has_table_local()
+            || (self.addrs.is_some()
+                && !self
+                    .assumptions
+                    .iter()
+                    .any(|a| a.starts_with("ip-addr.json: cut with grep")))
+    }
+
+    /// Local addresses from every source the dump offers besides `ip addr`: table local's
+    /// `local` routes (each address has one), and the `src` of `proto kernel` routes in any
+    /// table (the primary address of the subnet on that device). Only what `ip addr` lacks is
+    /// added, and what was learnt is an assumption with its evidence.
+    fn infer_addresses(&mut self, addrs_cut: bool) {
+        if self.addrs.is_some() && !addrs_cut {
+            return;
+        }
+        let Some(routes) = &self.routes else { return };
+        let mut found: Vec<(Address, String)> = Vec::new();
+        let known = |ifname: &str, ip: IpAddr, found: &[(Address, String)]| {
+            self.addrs
+                .iter()
+                .flatten()
+                .chain(found.iter().map(|(a, _)| a))
+                .any(|a| a.ifname == ifname && a.addr == ip)
+        };
+        // `proto kernel` prefix routes first: they carry the prefix length and mark the primary.
+        for r in routes {
+            let (Some(dev), Some(src)) = (&r.dev, r.prefsrc) else {
+                continue;
+            };
+            if r.proto.as_deref() == Some("kernel")
+                && r.kind == "unicast"
+                && dev != "lo"
+                && r.dst.contains(&src)
+                && !known(dev, src, &found)
+            {
+                found.push((
+                    Address {
+                        ifname: dev.clone(),
+                        addr: src,
+                        prefix_len: r.dst.prefix_len(),
+                        scope: "global".into(),
+                        secondary: false,
+                        noprefixroute: false,
+                    },
+                    format!("`{}`", r.text.trim()),
+                ));
+            }
+        }
+        for r in routes {
+            let Some(dev) = &r.dev else { continue };
+            if r.kind == "local"
+                && (r.table == "local" || r.table == "255")
+                && r.dst.prefix_len() == r.dst.max_prefix_len()
+                && dev != "lo"
+                && !known(dev, r.dst.addr(), &found)
+            {
+                found.push((
+                    Address {
+                        ifname: dev.clone(),
+                        addr: r.dst.addr(),
+                        prefix_len: r.dst.max_prefix_len(),
+                        scope: "global".into(),
+                        secondary: false,
+                        noprefixroute: true,
+                    },
+                    format!("`{}`", r.text.trim()),
+                ));
+            }
+        }
+        if found.is_empty() {
+            return;
+        }
+        let list: Vec<String> = found
+            .iter()
+            .map(|(a, why)| format!("{} {}/{} ({why})", a.ifname, a.addr, a.prefix_len))
+            .collect();
+        let mut note = format!(
+            "{}: local addresses learnt from the routes: {}",
+            if self.addrs.is_some() {
+                "ip addr is cut"
+            } else {
+                "no ip addr output"
+            },
+            list.join("; ")
+        );
+        let without: Vec<&str> = self
+            .links
+            .iter()
+            .flatten()
+            .map(|l| l.name.as_str())
+            .filter(|n| *n != "lo")
+            .filter(|n| {
+                !found
+                    .iter()
+                    .any(|(a, _)| a.ifname == *n && a.addr.is_ipv4())
+                    && !self
+                        .addrs
+                        .iter()
+                        .flatten()
+                        .any(|a| a.ifname == *n && a.addr.is_ipv4())
+            })
+            .collect();
+        if !without.is_empty() {
+            if self.has_table_local() {
+                note.push_str(&format!(
+                    "; no IPv4 address on {} (table local has a route for every local address)",
+                    without.join(", ")
+                ));
+            } else {
+                note.push_str(&format!(
+                    "; {} may still hold addresses the routes do not show (no table local)",
+                    without.join(", ")
+                ));
+            }
+        }
+        self.assumptions.push(note);
+        self.inferred_addrs = found.into_iter().map(|(a, _)| a).collect();
+    }
+
+    /// The pod's address and interface from its `ip addr`, and the host veth they map to.
+    fn read_pod(&mut self, text: &str) -> Option<PodSide> {
+        let pasted = crate::paste::lines(text);
+        let mut cur: Option<(String, Option<u32>)> = None;
+        let mut side = None;
+        for l in pasted.data() {
+            let t = l.text;
+            if !t.starts_with(char::is_whitespace) {
+                // `3: eth0@if7: <BROADCAST,…>`
+                let mut parts = t.splitn(3, ": ");
+                let _index = parts.next();
+                cur = parts.next().map(|full| {
+                    let (name, peer) = full.split_once('@').unwrap_or((full, ""));
+                    (
+                        name.to_string(),
+                        peer.strip_prefix("if").and_then(|n| n.parse().ok()),
+                    )
+                });
+                continue;
+            }
+            let words: Vec<&str> = t.split_whitespace().collect();
+            if words.first() != Some(&"inet") {
+                continue;
+            }
+            let Some((ifname, peer)) = cur.clone() else {
+                continue;
+            };
+            let Some(Ok(addr)) = words
+                .get(1)
+                .and_then(|w| w.split('/').next())
+                .map(|a| a.parse::<std::net::Ipv4Addr>())
+            else {
+                continue;
+            };
+            if ifname == "lo" || addr.is_loopback() {
+                continue;
+            }
+            side = Some(PodSide {
+                addr,
+                ifname,
+                peer_index: peer,
+                host_iface: None,
+                how: String::new(),
+            });
+            break;
+        }
+        let mut side = side?;
+        let by_index = side.peer_index.and_then(|i| {
+            self.links
+                .iter()
+                .flatten()
+                .find(|l| l.index == i)
+                .map(|l| l.name.clone())
+        });
+        let by_route = self
+            .routes
+            .iter()
+            .flatten()
+            .find(|r| {
+                r.table == "main"
+                    && r.dst.prefix_len() == 32
+                    && r.dst.addr() == IpAddr::V4(side.addr)
+                    && r.gateway.is_none()
+            })
+            .and_then(|r| r.dev.clone());
+        (side.host_iface, side.how) = match (by_index, by_route) {
+            (Some(i), _) => (
+                Some(i.clone()),
+                format!(
+                    "the pod's {}@if{} is the peer of the node's link {} (ifindex {})",
+                    side.ifname,
+                    side.peer_index.unwrap_or(0),
+                    i,
+                    side.peer_index.unwrap_or(0)
+                ),
+            ),
+            (None, Some(d)) => (
+                Some(d.clone()),
+                format!(
+                    "the node routes the pod's {} to {d} (no ip link with ifindex {:?})",
+                    side.addr, side.peer_index
+                ),
+            ),
+            (None, None) => (None, String::new()),
+        };
+        if side.host_iface.is_some() {
+            self.assumptions.push(format!(
+                "pod-ip-addr.txt: the pod is {}; {}",
+                side.addr, side.how
+            ));
+        }
+        Some(side)
     }
 
     /// Reads every file of `dir` whose name stands for an output ([`Output::for_file_name`]);
@@ -255,9 +532,13 @@ impl NodeState {
         Ok((NodeState::from_outputs(outputs), ignored))
     }
 
-    /// Every address assigned on this node, with its interface.
+    /// Every address assigned on this node, with its interface: `ip addr`'s, then those learnt
+    /// from the routes ([`NodeState::inferred_addrs`]).
     pub fn local_addresses(&self) -> impl Iterator<Item = &Address> {
-        self.addrs.iter().flatten()
+        self.addrs
+            .iter()
+            .flatten()
+            .chain(self.inferred_addrs.iter())
     }
 
     pub fn is_local_address(&self, ip: IpAddr) -> bool {

@@ -246,7 +246,10 @@ fn a_hand_made_directory_with_one_grep_cut_file_says_what_it_assumed() {
     let t = walk(&st, "10.12.192.44", "10.96.0.50", 443, "eni0");
     let all = t.assumptions.join("\n");
     assert!(all.contains("no ip rule output"), "{all}");
-    assert!(all.contains("no sysctl output: rp_filter 0"), "{all}");
+    assert!(
+        all.contains("no sysctl output: rp_filter, src_valid_mark and ip_forward unknown"),
+        "{all}"
+    );
     assert!(
         st.assumptions
             .iter()
@@ -364,9 +367,11 @@ COMMIT
     let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
 192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
 ";
+    // Forwarding on (without it the verdict would be conditional on ip_forward).
     let st = NodeState::from_outputs([
         (Output::IptablesSave, save.to_string()),
         (Output::IpRoute, routes.to_string()),
+        (Output::Sysctl, "net.ipv4.ip_forward = 1\n".to_string()),
     ]);
     assert!(st.skipped.is_empty(), "{:?}", st.skipped);
     let t = walk(&st, "192.168.0.99", "10.96.0.11", 80, "eth0");
@@ -421,6 +426,7 @@ fn nft_dnat_through_a_numgen_map_and_affinity_chains_are_one_of() {
     let st = NodeState::from_outputs([
         (Output::NftRuleset, json),
         (Output::IpRoute, routes.to_string()),
+        (Output::Sysctl, "net.ipv4.ip_forward = 1\n".to_string()),
     ]);
     assert!(st.skipped.is_empty(), "{:?}", st.skipped);
     let t = walk(&st, "192.168.0.99", "10.96.0.10", 80, "eth0");

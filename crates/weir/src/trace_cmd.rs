@@ -139,7 +139,19 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
             from.context("--from is required without --pod")?,
             iif.clone(),
         ),
-        (None, None) => bail!("say where the packet comes from: --iif IFACE or --pod NETNS"),
+        // A dump with the pod's own `ip addr` (pod-ip-addr.txt) names the pod's address and,
+        // through its eth0@ifN peer index (or the node's route to it), the host veth.
+        (None, None) => match st
+            .pod
+            .as_ref()
+            .and_then(|p| Some((p.addr, p.host_iface.clone()?)))
+        {
+            Some((ip, iif)) if a.dir.is_some() => (from.unwrap_or(ip), iif),
+            _ => bail!(
+                "say where the packet comes from: --iif IFACE or --pod NETNS (or, with a \
+                 directory, the pod's `ip addr` saved as pod-ip-addr.txt)"
+            ),
+        },
     };
     let packet = Packet {
         src: from,
@@ -169,9 +181,17 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
         }
         let _ = write!(out, "{text}");
     }
+    // A conditional verdict fails when one of its branches does: the connection may fail.
     Ok(match t.verdict {
         Verdict::Delivered => ExitCode::SUCCESS,
-        Verdict::Dropped | Verdict::Rejected => ExitCode::FAILURE,
+        Verdict::Dropped | Verdict::Rejected | Verdict::Unknown => ExitCode::FAILURE,
+        Verdict::Conditional => {
+            if t.branches.iter().all(|b| b.verdict == Verdict::Delivered) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
     })
 }
 

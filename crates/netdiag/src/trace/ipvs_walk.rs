@@ -9,7 +9,7 @@
 //! tunnelling, the scheduler's actual pick (the walk follows the first real server and lists
 //! the others).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::ipvs::VirtualServer;
 
@@ -109,8 +109,8 @@ impl Walker<'_> {
             );
             return Ok(());
         }
-        self.assume("IPVS routes to the real server without the packet's mark (an output lookup, do_output_route4)");
-        let route = self.route("IPVS routing", p.src, p.dst, 0, "lo")?;
+        self.assume("IPVS routes to the real server by its address alone (do_output_route4: an output lookup with no source and no mark), so source and fwmark policy rules do not apply to it");
+        let route = self.route("IPVS routing", Ipv4Addr::UNSPECIFIED, p.dst, 0, "lo")?;
         if route.local {
             self.hop("deliver", "local", None, "the real server is local");
             return Ok(());

@@ -18,6 +18,7 @@
 //! evaluate (match modules it does not know, sets missing from the input) count as not
 //! matching, and are named there.
 
+mod facts;
 mod hooks;
 mod iptables_walk;
 mod ipvs_walk;
@@ -33,11 +34,12 @@ mod reply;
 mod routing;
 mod sets;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 
 use crate::state::NodeState;
 
+pub use facts::{Branch, Condition, Fact, Unknown};
 pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict, LOCAL};
 use packet::{Flow, Pkt};
 pub use render::{render, svg};
@@ -58,22 +60,147 @@ struct Walker<'a> {
     sets: Option<Vec<crate::ipset::IpSet>>,
     /// `ipvsadm -Ln`/`-Sn`, parsed once.
     ipvs: Option<Vec<crate::ipvs::VirtualServer>>,
+    /// Values this walk takes for facts the dump lacks ([`facts`]).
+    forced: BTreeMap<Fact, i64>,
+    /// The facts the dump lacks that this walk asked for, with the values it took.
+    asked: Vec<(Fact, i64)>,
+    /// The walk reached something the dump cannot tell (a table it lacks).
+    unknown_outcome: bool,
 }
 
-/// Runs the walk.
+/// Walks at most this many combinations of unknown facts.
+const MAX_WALKS: usize = 64;
+
+/// Runs the walk. Where the verdict depends on a fact the dump lacks (a sysctl, a route
+/// table), the packet is walked once per value the fact could have, and when the outcomes
+/// differ the verdict is [`Verdict::Conditional`]: [`Trace::branches`] gives each outcome with
+/// the values that lead to it, [`Trace::unknowns`] the facts and the files that settle them,
+/// and the hops, cause and fixes are those of the first branch that fails.
 pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
-    let mut w = Walker {
-        st,
-        hops: Vec::new(),
-        choices: Vec::new(),
-        assumptions: BTreeSet::new(),
-        rejected: false,
-        via_router: false,
-        endpoints: Vec::new(),
-        egress: None,
-        sets: None,
-        ipvs: None,
+    let mut leaves: Vec<facts::Leaf> = Vec::new();
+    let mut queue: Vec<BTreeMap<Fact, i64>> = vec![BTreeMap::new()];
+    let mut truncated = false;
+    while let Some(forced) = queue.pop() {
+        if leaves.len() >= MAX_WALKS {
+            truncated = true;
+            break;
+        }
+        let (t, asked) = walk_once(st, packet, forced.clone());
+        // Every other value of each fact asked here (the ones before it kept as taken).
+        let mut next = Vec::new();
+        for (i, (f, v)) in asked.iter().enumerate() {
+            if forced.contains_key(f) {
+                continue;
+            }
+            let options = fact_options(st, f);
+            for alt in options.into_iter().filter(|o| o != v) {
+                let mut nf = forced.clone();
+                for (pf, pv) in &asked[..i] {
+                    nf.insert(pf.clone(), *pv);
+                }
+                nf.insert(f.clone(), alt);
+                next.push(nf);
+            }
+        }
+        // Depth first, in the order the facts were asked.
+        queue.extend(next.into_iter().rev());
+        leaves.push(facts::Leaf { trace: t, asked });
+    }
+    let groups = facts::branches(&leaves);
+    let first = leaves.first().map(|l| l.trace.clone()).expect("one walk");
+    let mut unknowns: Vec<Unknown> = Vec::new();
+    let probe = Walker::new(st, BTreeMap::new());
+    let mut mattered: BTreeSet<Fact> = BTreeSet::new();
+    if groups.len() > 1 {
+        for (_, conds, _) in &groups {
+            for c in conds {
+                mattered.insert(c.fact.clone());
+            }
+        }
+        if mattered.is_empty() {
+            // The fallback description lists every leaf: every fact asked matters.
+            for l in &leaves {
+                for (f, _) in &l.asked {
+                    mattered.insert(f.clone());
+                }
+            }
+        }
+    }
+    let asked_all: BTreeSet<Fact> = leaves
+        .iter()
+        .flat_map(|l| l.asked.iter().map(|(f, _)| f.clone()))
+        .collect();
+    for f in &mattered {
+        unknowns.push(Unknown {
+            fact: f.clone(),
+            why: probe.unknown_why(f),
+            settle: f.settle(),
+        });
+    }
+    let idle: Vec<String> = asked_all
+        .iter()
+        .filter(|f| !mattered.contains(*f))
+        .map(|f| f.describe(&fact_options(st, f).into_iter().collect()))
+        .collect();
+    let mut t = if groups.len() <= 1 {
+        first
+    } else {
+        // The path shown is the failing branch that goes furthest (it explains the most).
+        let shown = groups
+            .iter()
+            .map(|(m, _, _)| m[0])
+            .filter(|&i| leaves[i].trace.verdict != Verdict::Delivered)
+            .max_by_key(|&i| (leaves[i].trace.hops.len(), std::cmp::Reverse(i)))
+            .unwrap_or(0);
+        let mut t = leaves[shown].trace.clone();
+        t.branches = groups
+            .iter()
+            .map(|(m, conds, text)| {
+                let lt = &leaves[m[0]].trace;
+                Branch {
+                    when: conds.clone(),
+                    when_text: text.clone(),
+                    verdict: lt.verdict.clone(),
+                    cause: lt.cause.clone(),
+                    fixes: lt.fixes.clone(),
+                }
+            })
+            .collect();
+        t.verdict = Verdict::Conditional;
+        // Assumptions of every branch (a branch's own notes name its path).
+        let mut all: BTreeSet<String> = BTreeSet::new();
+        for l in &leaves {
+            all.extend(l.trace.assumptions.iter().cloned());
+        }
+        t.assumptions = all.into_iter().collect();
+        t
     };
+    t.unknowns = unknowns;
+    if !idle.is_empty() {
+        t.assumptions.push(format!(
+            "not in the dump but without effect on this verdict (walked every way): {}",
+            idle.join("; ")
+        ));
+    }
+    if truncated {
+        t.assumptions.push(format!(
+            "more than {MAX_WALKS} combinations of unknown facts: only the first {MAX_WALKS} walked"
+        ));
+    }
+    t
+}
+
+fn fact_options(st: &NodeState, f: &Fact) -> Vec<i64> {
+    Walker::new(st, BTreeMap::new()).fact_options(f)
+}
+
+/// One walk with the given values for unknown facts; the trace and the facts it asked.
+fn walk_once(
+    st: &NodeState,
+    packet: &Packet,
+    forced: BTreeMap<Fact, i64>,
+) -> (Trace, Vec<(Fact, i64)>) {
+    let mut w = Walker::new(st, forced);
     w.note_missing();
     w.parse_sets_and_ipvs();
     let mut p = Pkt {
@@ -98,24 +225,51 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
     };
     let (verdict, cause, fixes) = match walked {
         Ok(()) => (Verdict::Delivered, None, Vec::new()),
+        Err((cause, fixes)) if w.unknown_outcome => (Verdict::Unknown, Some(cause), fixes),
         Err((cause, fixes)) if w.rejected => (Verdict::Rejected, Some(cause), fixes),
         Err((cause, fixes)) => (Verdict::Dropped, Some(cause), fixes),
     };
-    Trace {
-        packet: packet.clone(),
-        hops: w.hops,
-        verdict,
-        cause,
-        fixes,
-        choices: w.choices,
-        endpoints: w.endpoints,
-        egress: w.egress,
-        assumptions: w.assumptions.into_iter().collect(),
-    }
+    let asked = std::mem::take(&mut w.asked);
+    (
+        Trace {
+            packet: packet.clone(),
+            hops: w.hops,
+            verdict,
+            cause,
+            fixes,
+            choices: w.choices,
+            endpoints: w.endpoints,
+            egress: w.egress,
+            assumptions: w.assumptions.into_iter().collect(),
+            branches: Vec::new(),
+            unknowns: Vec::new(),
+        },
+        asked,
+    )
 }
 
 /// Why the packet was dropped, and candidate fixes.
 type Dropped = (String, Vec<String>);
+
+impl<'a> Walker<'a> {
+    fn new(st: &'a NodeState, forced: BTreeMap<Fact, i64>) -> Walker<'a> {
+        Walker {
+            st,
+            hops: Vec::new(),
+            choices: Vec::new(),
+            assumptions: BTreeSet::new(),
+            rejected: false,
+            via_router: false,
+            endpoints: Vec::new(),
+            egress: None,
+            sets: None,
+            ipvs: None,
+            forced,
+            asked: Vec::new(),
+            unknown_outcome: false,
+        }
+    }
+}
 
 impl Walker<'_> {
     fn hop(
@@ -192,16 +346,14 @@ impl Walker<'_> {
         if st.routes.is_none() {
             self.assume("no ip route output: no routes, nothing is reachable");
         }
-        if st.addrs.is_none() {
-            self.assume("no ip addr output: local addresses only from table local's routes; masquerade's source unknown");
+        if st.addrs.is_none() && st.inferred_addrs.is_empty() {
+            self.assume("no ip addr output, and no route names a local address: masquerade's source unknown");
+        } else if st.addrs.is_none() {
+            self.assume("no ip addr output: local addresses learnt from the routes (table local, `proto kernel … src`)");
         }
         if st.sysctls.is_none() {
-            self.assume("no sysctl output: rp_filter 0 (the kernel's default; many distributions set 1 or 2), ip_forward 1, src_valid_mark 0");
+            self.assume("no sysctl output: rp_filter, src_valid_mark and ip_forward unknown (not assumed: where one decides, the verdict is conditional)");
         }
-    }
-
-    fn sysctl(&self, key: &str) -> Option<i64> {
-        self.st.sysctls.as_ref()?.int(key)
     }
 
     fn is_local(&self, ip: Ipv4Addr) -> bool {

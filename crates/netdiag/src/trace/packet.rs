@@ -95,6 +95,10 @@ pub enum Verdict {
     /// Refused on this node by a reject rule (TCP reset or ICMP unreachable): the client
     /// learns at once, unlike a drop.
     Rejected,
+    /// The outcome depends on facts the dump lacks: see [`Trace::branches`].
+    Conditional,
+    /// The walk reached something the dump cannot tell (a route table it lacks).
+    Unknown,
 }
 
 /// The request as it leaves this node (or is handed to a local socket): after DNAT and
@@ -128,6 +132,11 @@ pub struct Trace {
     /// The request as it left (`None` when dropped before).
     pub egress: Option<Egress>,
     pub assumptions: Vec<String>,
+    /// With a [`Verdict::Conditional`] verdict: each outcome and the facts' values that lead
+    /// to it. Empty otherwise.
+    pub branches: Vec<super::Branch>,
+    /// The facts the dump lacks that the verdict depends on, and what settles each.
+    pub unknowns: Vec<super::Unknown>,
 }
 
 /// How a chain (or a whole hook) ended.

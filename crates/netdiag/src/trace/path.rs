@@ -1,7 +1,7 @@
 //! The request's way through the node: PREROUTING, routing, then INPUT or FORWARD and
 //! POSTROUTING.
 
-use super::{Dropped, Pkt, Walker};
+use super::{Dropped, Fact, Pkt, Walker};
 
 impl Walker<'_> {
     pub(super) fn request_and_reply(&mut self, p: &mut Pkt) -> Result<(), Dropped> {
@@ -29,7 +29,13 @@ impl Walker<'_> {
             );
             return Ok(());
         }
-        if self.sysctl("net.ipv4.ip_forward") == Some(0) {
+        if self.fact(Fact::IpForward) == 0 {
+            self.hop(
+                "routing",
+                "ip_forward",
+                None,
+                format!("{} must be forwarded and net.ipv4.ip_forward is 0", p.dst),
+            );
             return Err((
                 "net.ipv4.ip_forward = 0: the node does not forward".into(),
                 vec!["sysctl -w net.ipv4.ip_forward=1".into()],

@@ -27,24 +27,69 @@ pub fn render(t: &Trace) -> String {
         Verdict::Delivered => {
             out.push_str("verdict: delivered (request and reply pass this node)\n")
         }
-        Verdict::Dropped | Verdict::Rejected => {
-            let word = match t.verdict {
-                Verdict::Rejected => "REJECTED",
-                _ => "DROPPED",
-            };
+        Verdict::Dropped | Verdict::Rejected | Verdict::Unknown => {
             out.push_str(&format!(
-                "verdict: {word}: {}\n",
+                "verdict: {}: {}\n",
+                verdict_word(&t.verdict),
                 t.cause.as_deref().unwrap_or("")
             ));
             for (i, f) in t.fixes.iter().enumerate() {
                 out.push_str(&format!("  fix {}: {f}\n", i + 1));
             }
         }
+        Verdict::Conditional => {
+            out.push_str("verdict: CONDITIONAL: it depends on what the dump does not say\n");
+            for b in &t.branches {
+                match &b.cause {
+                    Some(c) => out.push_str(&format!(
+                        "  {} if {}: {c}\n",
+                        verdict_word(&b.verdict),
+                        b.when_text
+                    )),
+                    None => out.push_str(&format!(
+                        "  {} if {}\n",
+                        verdict_word(&b.verdict),
+                        b.when_text
+                    )),
+                }
+                for (i, f) in b.fixes.iter().enumerate() {
+                    out.push_str(&format!("    fix {}: {f}\n", i + 1));
+                }
+            }
+            if let Some(b) = t
+                .branches
+                .iter()
+                .find(|b| b.verdict != Verdict::Delivered && b.cause == t.cause)
+            {
+                out.push_str(&format!(
+                    "  (the hops above are the path where {})\n",
+                    b.when_text
+                ));
+            }
+        }
+    }
+    for u in &t.unknowns {
+        out.push_str(&format!(
+            "unknown: {}: {}; settle it with {}\n",
+            u.fact.name(),
+            u.why,
+            u.settle
+        ));
     }
     for a in &t.assumptions {
         out.push_str(&format!("assumed: {a}\n"));
     }
     out
+}
+
+fn verdict_word(v: &Verdict) -> &'static str {
+    match v {
+        Verdict::Delivered => "delivered",
+        Verdict::Dropped => "DROPPED",
+        Verdict::Rejected => "REJECTED",
+        Verdict::Conditional => "CONDITIONAL",
+        Verdict::Unknown => "UNKNOWN",
+    }
 }
 
 fn xml_escape(s: &str) -> String {
@@ -94,7 +139,9 @@ pub fn svg(t: &Trace) -> String {
         ))
     ));
     let dropped_at = match t.verdict {
-        Verdict::Dropped | Verdict::Rejected => n.checked_sub(1),
+        Verdict::Dropped | Verdict::Rejected | Verdict::Conditional | Verdict::Unknown => {
+            n.checked_sub(1)
+        }
         Verdict::Delivered => None,
     };
     for (i, h) in t.hops.iter().enumerate() {
@@ -143,6 +190,15 @@ pub fn svg(t: &Trace) -> String {
         Verdict::Delivered => "verdict: delivered".to_string(),
         Verdict::Dropped => format!("verdict: DROPPED: {}", t.cause.as_deref().unwrap_or("")),
         Verdict::Rejected => format!("verdict: REJECTED: {}", t.cause.as_deref().unwrap_or("")),
+        Verdict::Unknown => format!("verdict: UNKNOWN: {}", t.cause.as_deref().unwrap_or("")),
+        Verdict::Conditional => format!(
+            "verdict: CONDITIONAL: {}",
+            t.branches
+                .iter()
+                .map(|b| format!("{} if {}", verdict_word(&b.verdict), b.when_text))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
     };
     let color = if t.verdict == Verdict::Delivered {
         "#2e7d32"

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 
-use super::{Dropped, Pkt, Walker};
+use super::{Dropped, Fact, Pkt, Walker};
 
 impl Walker<'_> {
     /// The reply to the request `p` (as it left; `orig` as it arrived, `before` its source
@@ -57,6 +57,24 @@ impl Walker<'_> {
             self.hop("reply deliver", "local", None, "the reply is for this node");
             return Ok(());
         }
+        if self.fact(Fact::IpForward) == 0 {
+            self.hop(
+                "reply routing",
+                "ip_forward",
+                None,
+                format!(
+                    "the reply to {} must be forwarded and net.ipv4.ip_forward is 0",
+                    orig.src
+                ),
+            );
+            return Err((
+                format!(
+                    "reply routing: net.ipv4.ip_forward = 0: the node does not forward the reply to {}",
+                    orig.src
+                ),
+                vec!["sysctl -w net.ipv4.ip_forward=1".into()],
+            ));
+        }
         r.oif = Some(back.oif.clone());
         self.hook("reply FORWARD", &mut r)?;
         self.hop(
@@ -75,23 +93,23 @@ impl Walker<'_> {
     /// route back to its source, looked up from its destination with `iif lo` and the packet's
     /// mark only under `src_valid_mark`, must leave by `iif` (strict, 1) or exist (loose, 2).
     pub(super) fn rp_check(&mut self, stage: &str, p: &Pkt, iif: &str) -> Result<(), Dropped> {
-        let rp = self
-            .st
-            .sysctls
-            .as_ref()
-            .and_then(|s| s.effective_rp_filter(iif))
-            .unwrap_or(0);
+        let rp = self.fact(Fact::RpFilter(iif.to_string()));
         if rp == 0 {
             return Ok(());
         }
-        let svm = self
-            .st
-            .sysctls
-            .as_ref()
-            .and_then(|s| s.effective_src_valid_mark(iif))
-            .unwrap_or(false);
+        // src_valid_mark only matters for a marked packet.
+        let svm = p.mark != 0 && self.fact(Fact::SrcValidMark(iif.to_string())) != 0;
         let mark = if svm { p.mark } else { 0 };
         let back = self.lookup(p.dst, p.src, mark, Some("lo"));
+        if back.as_ref().is_some_and(|(_, r)| r.kind == "unknown") {
+            let (rule, route) = back.expect("checked");
+            self.unknown_outcome = true;
+            self.hop(stage, "rp_filter", Some(rule.clone()), route.text.clone());
+            return Err((
+                format!("{stage}: reverse-path check: the route back to {} is in a table the dump lacks (`{rule}`)", p.src),
+                vec![],
+            ));
+        }
         let Some((rule, route)) = back else {
             self.hop(
                 stage,

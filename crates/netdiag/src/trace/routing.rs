@@ -4,7 +4,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use crate::iproute::PolicyRule;
 
-use super::{Dropped, Walker};
+use super::{Dropped, Fact, Walker};
 
 /// The result of a routing decision.
 #[derive(Debug, Clone)]
@@ -27,6 +27,14 @@ impl Walker<'_> {
         match found {
             Some((rule, route)) => {
                 let local = route.kind == "local";
+                if route.kind == "unknown" {
+                    self.unknown_outcome = true;
+                    self.hop(stage, "rules", Some(rule.clone()), route.text.clone());
+                    return Err((
+                        format!("{stage}: `{rule}` sends {dst} to a table the dump does not hold: where it goes is unknown"),
+                        vec![],
+                    ));
+                }
                 match route.kind.as_str() {
                     "blackhole" | "unreachable" | "prohibit" => {
                         self.hop(
@@ -78,21 +86,17 @@ impl Walker<'_> {
 
     /// The policy rules (or the default ones) and the route they lead to.
     pub(super) fn lookup(
-        &self,
+        &mut self,
         src: Ipv4Addr,
         dst: Ipv4Addr,
         mark: u32,
         iif: Option<&str>,
     ) -> Option<(String, crate::iproute::Route)> {
-        let defaults;
-        let rules: &[PolicyRule] = match &self.st.rules {
-            Some(r) => r,
-            None => {
-                defaults = crate::iproute::parse_rules("0: from all lookup local\n32766: from all lookup main\n32767: from all lookup default\n").value;
-                &defaults
-            }
+        let rules: Vec<PolicyRule> = match &self.st.rules {
+            Some(r) => r.clone(),
+            None => crate::iproute::parse_rules("0: from all lookup local\n32766: from all lookup main\n32767: from all lookup default\n").value,
         };
-        for r in rules {
+        for r in &rules {
             let mut hit = r.src.is_none_or(|n| n.contains(&IpAddr::V4(src)))
                 && r.dst.is_none_or(|n| n.contains(&IpAddr::V4(dst)))
                 && r.fwmark.is_none_or(|(m, k)| mark & k == m)
@@ -115,6 +119,29 @@ impl Walker<'_> {
                     if let Some(route) = self.st.lookup(table, IpAddr::V4(dst)) {
                         return Some((r.text.replace('\t', " "), route.clone()));
                     }
+                    // A table the dump does not show at all (`ip route list` is main only):
+                    // empty, or holding routes nobody can see.
+                    let absent = !matches!(table, "main" | "local" | "default")
+                        && !self.st.routes.iter().flatten().any(|x| x.table == table);
+                    if absent && self.fact(Fact::Table(table.to_string())) == 1 {
+                        let text = format!(
+                            "table {table} is not in the dump: if it holds a route for {dst}, that route decides"
+                        );
+                        let route = crate::iproute::Route {
+                            table: table.to_string(),
+                            kind: "unknown".into(),
+                            dst: ipnet::IpNet::from(IpAddr::V4(dst)),
+                            gateway: None,
+                            dev: None,
+                            prefsrc: None,
+                            scope: None,
+                            metric: 0,
+                            onlink: false,
+                            proto: None,
+                            text,
+                        };
+                        return Some((r.text.replace('\t', " "), route));
+                    }
                 }
                 "blackhole" | "unreachable" | "prohibit" => {
                     let route = crate::iproute::Route {
@@ -127,6 +154,7 @@ impl Walker<'_> {
                         scope: None,
                         metric: 0,
                         onlink: false,
+                        proto: None,
                         text: r.text.replace('\t', " "),
                     };
                     return Some((r.text.replace('\t', " "), route));

@@ -1,0 +1,283 @@
+//! Facts a verdict can depend on that a dump may not hold (a sysctl, a route table): the walk
+//! asks for them through [`Walker::fact`], which answers from the dump when it can and
+//! otherwise records the question. [`super::trace`] then walks again for every other value the
+//! question could have had, and when the answers differ the verdict is conditional: one
+//! [`Branch`] per outcome, each with the values that lead to it, and the file that settles it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::Walker;
+
+/// A fact the walk needed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "on")]
+pub enum Fact {
+    /// The effective `rp_filter` on an interface: max(conf/all, conf/IFACE); 0, 1 or 2.
+    RpFilter(String),
+    /// `src_valid_mark` on an interface (conf/all OR conf/IFACE); 0 or 1.
+    SrcValidMark(String),
+    /// `net.ipv4.ip_forward`; 0 or 1.
+    IpForward,
+    /// Whether a route table a rule names holds routes the dump does not show (the routes are
+    /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
+    Table(String),
+}
+
+impl Fact {
+    /// What the fact is, without a value.
+    pub fn name(&self) -> String {
+        match self {
+            Fact::RpFilter(i) => format!("rp_filter on {i} (max of conf/all and conf/{i})"),
+            Fact::SrcValidMark(i) => format!("src_valid_mark on {i}"),
+            Fact::IpForward => "net.ipv4.ip_forward".into(),
+            Fact::Table(t) => format!("route table {t}"),
+        }
+    }
+
+    /// The fact with a value, as a condition people read.
+    pub fn describe(&self, values: &BTreeSet<i64>) -> String {
+        let v: Vec<i64> = values.iter().copied().collect();
+        let or = |names: Vec<String>| names.join(" or ");
+        match self {
+            Fact::RpFilter(i) => format!(
+                "rp_filter on {i} is {}",
+                or(v.iter()
+                    .map(|x| match x {
+                        0 => "0 (off)".to_string(),
+                        1 => "1 (strict)".to_string(),
+                        2 => "2 (loose)".to_string(),
+                        o => o.to_string(),
+                    })
+                    .collect())
+            ),
+            Fact::SrcValidMark(i) => format!(
+                "src_valid_mark on {i} is {}",
+                or(v.iter().map(|x| x.to_string()).collect())
+            ),
+            Fact::IpForward => format!(
+                "net.ipv4.ip_forward is {}",
+                or(v.iter().map(|x| x.to_string()).collect())
+            ),
+            Fact::Table(t) => match v.as_slice() {
+                [0] => format!("table {t} is empty"),
+                [1] => format!("table {t} holds routes"),
+                _ => format!("table {t} is empty or holds routes"),
+            },
+        }
+    }
+
+    /// What settles it.
+    pub fn settle(&self) -> String {
+        match self {
+            Fact::RpFilter(i) => format!(
+                "`sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{}.rp_filter` (sysctl.txt; `weir trace collect` saves it)",
+                i.replace('.', "/")
+            ),
+            Fact::SrcValidMark(i) => format!(
+                "`sysctl net.ipv4.conf.all.src_valid_mark net.ipv4.conf.{}.src_valid_mark` (sysctl.txt)",
+                i.replace('.', "/")
+            ),
+            Fact::IpForward => "`sysctl net.ipv4.ip_forward` (sysctl.txt)".into(),
+            Fact::Table(t) => format!(
+                "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
+            ),
+        }
+    }
+}
+
+/// One outcome of a conditional verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Branch {
+    /// The conditions, each a fact and the values that lead here (one conjunction).
+    pub when: Vec<Condition>,
+    /// The same, as text: "rp_filter on eth0 is 1 (strict)".
+    pub when_text: String,
+    pub verdict: super::Verdict,
+    pub cause: Option<String>,
+    pub fixes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Condition {
+    pub fact: Fact,
+    pub values: Vec<i64>,
+}
+
+/// A fact the dump lacks and the verdict depends on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unknown {
+    pub fact: Fact,
+    /// "sysctl.txt is missing", "no net.ipv4.conf.eth0.rp_filter in sysctl.txt" …
+    pub why: String,
+    /// The command (and file) that settles it.
+    pub settle: String,
+}
+
+impl Walker<'_> {
+    /// The value of `f`: from the dump when it pins it, else the value this walk was told to
+    /// take (or the first possible one), recorded as asked.
+    pub(super) fn fact(&mut self, f: Fact) -> i64 {
+        let options = self.fact_options(&f);
+        if options.len() == 1 {
+            return options[0];
+        }
+        let v = self.forced.get(&f).copied().unwrap_or(options[0]);
+        if !self.asked.iter().any(|(g, _)| *g == f) {
+            self.asked.push((f, v));
+        }
+        v
+    }
+
+    /// Every value `f` can have given what the dump says.
+    pub(super) fn fact_options(&self, f: &Fact) -> Vec<i64> {
+        let s = self.st.sysctls.as_ref();
+        let conf = |iface: &str, name: &str| s.and_then(|s| s.conf("ipv4", iface, name));
+        let set = |v: BTreeSet<i64>| v.into_iter().collect::<Vec<_>>();
+        match f {
+            Fact::RpFilter(i) => {
+                let all = conf("all", "rp_filter")
+                    .map(|v| vec![v])
+                    .unwrap_or(vec![0, 1, 2]);
+                let one = conf(i, "rp_filter")
+                    .map(|v| vec![v])
+                    .unwrap_or(vec![0, 1, 2]);
+                set(all
+                    .iter()
+                    .flat_map(|a| one.iter().map(move |b| *a.max(b)))
+                    .collect())
+            }
+            Fact::SrcValidMark(i) => {
+                let all = conf("all", "src_valid_mark").map(|v| vec![(v != 0) as i64]);
+                let one = conf(i, "src_valid_mark").map(|v| vec![(v != 0) as i64]);
+                let all = all.unwrap_or(vec![0, 1]);
+                let one = one.unwrap_or(vec![0, 1]);
+                set(all
+                    .iter()
+                    .flat_map(|a| one.iter().map(move |b| *a.max(b)))
+                    .collect())
+            }
+            Fact::IpForward => match s.and_then(|s| s.int("net.ipv4.ip_forward")) {
+                Some(v) => vec![(v != 0) as i64],
+                None => vec![1, 0],
+            },
+            Fact::Table(_) => {
+                if self.st.routes.is_none() || self.st.has_all_tables() {
+                    vec![0]
+                } else {
+                    vec![0, 1]
+                }
+            }
+        }
+    }
+
+    /// Why `f` is unknown.
+    pub(super) fn unknown_why(&self, f: &Fact) -> String {
+        let Some(s) = &self.st.sysctls else {
+            return match f {
+                Fact::Table(t) => format!(
+                    "the routes are main only (`ip route list`): table {t} is not in the dump"
+                ),
+                _ => "no sysctl output in the dump".into(),
+            };
+        };
+        match f {
+            Fact::RpFilter(i) => format!(
+                "sysctl output without {}",
+                [("all", "rp_filter"), (i.as_str(), "rp_filter")]
+                    .iter()
+                    .map(|(i, n)| crate::sysctl::Sysctls::conf_key("ipv4", i, n))
+                    .filter(|k| s.get(k).is_none())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ),
+            Fact::SrcValidMark(i) => {
+                format!("sysctl output without net.ipv4.conf.{{all,{i}}}.src_valid_mark")
+            }
+            Fact::IpForward => "sysctl output without net.ipv4.ip_forward".into(),
+            Fact::Table(t) => {
+                format!("the routes are main only (`ip route list`): table {t} is not in the dump")
+            }
+        }
+    }
+}
+
+/// One walk's outcome and the facts it asked for, with the values it took.
+pub(super) struct Leaf {
+    pub(super) trace: super::Trace,
+    pub(super) asked: Vec<(Fact, i64)>,
+}
+
+/// Groups leaves by outcome and describes each group by the values that lead to it: per fact,
+/// the values its leaves took, left out when they are every value seen for that fact. When that
+/// description would also cover a leaf of another group, each leaf's own values are listed
+/// instead (joined by "or").
+pub(super) fn branches(leaves: &[Leaf]) -> Vec<(Vec<usize>, Vec<Condition>, String)> {
+    let key = |t: &super::Trace| (format!("{:?}", t.verdict), t.cause.clone());
+    // (verdict, cause) → the leaves with that outcome.
+    type Outcome = (String, Option<String>);
+    let mut groups: Vec<(Outcome, Vec<usize>)> = Vec::new();
+    for (i, l) in leaves.iter().enumerate() {
+        let k = key(&l.trace);
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, v)) => v.push(i),
+            None => groups.push((k, vec![i])),
+        }
+    }
+    let mut seen: BTreeMap<Fact, BTreeSet<i64>> = BTreeMap::new();
+    for l in leaves {
+        for (f, v) in &l.asked {
+            seen.entry(f.clone()).or_default().insert(*v);
+        }
+    }
+    let leaf_values = |l: &Leaf| -> BTreeMap<Fact, i64> { l.asked.iter().cloned().collect() };
+    let mut out = Vec::new();
+    for (_, members) in &groups {
+        let mut desc: BTreeMap<Fact, BTreeSet<i64>> = BTreeMap::new();
+        for &i in members {
+            for (f, v) in &leaves[i].asked {
+                desc.entry(f.clone()).or_default().insert(*v);
+            }
+        }
+        desc.retain(|f, vals| seen.get(f) != Some(vals));
+        let covers_other = leaves.iter().enumerate().any(|(j, l)| {
+            !members.contains(&j) && {
+                let lv = leaf_values(l);
+                desc.iter()
+                    .all(|(f, vals)| lv.get(f).is_none_or(|v| vals.contains(v)))
+            }
+        });
+        let (conds, text) = if !covers_other {
+            let conds: Vec<Condition> = desc
+                .iter()
+                .map(|(f, v)| Condition {
+                    fact: f.clone(),
+                    values: v.iter().copied().collect(),
+                })
+                .collect();
+            let text = desc
+                .iter()
+                .map(|(f, v)| f.describe(v))
+                .collect::<Vec<_>>()
+                .join(" and ");
+            (conds, text)
+        } else {
+            let text = members
+                .iter()
+                .map(|&i| {
+                    leaves[i]
+                        .asked
+                        .iter()
+                        .map(|(f, v)| f.describe(&BTreeSet::from([*v])))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                })
+                .collect::<Vec<_>>()
+                .join("; or ");
+            (Vec::new(), text)
+        };
+        out.push((members.clone(), conds, text));
+    }
+    out
+}

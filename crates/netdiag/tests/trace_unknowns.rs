@@ -1,0 +1,168 @@
+//! Facts a dump does not hold are not assumed: local addresses are learnt from the routes, and
+//! where a verdict depends on a missing sysctl or route table, every value is walked and the
+//! verdict is conditional, with what settles it.
+
+mod common;
+
+use std::path::Path;
+
+use weir_netdiag::state::NodeState;
+use weir_netdiag::trace::{Fact, Verdict};
+
+use common::{data_dir as dir, has_hop, walk};
+
+/// `tests/data/<name>` copied without `drop` (file names).
+fn without(name: &str, drop: &[&str]) -> (tempfile::TempDir, NodeState) {
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(dir(name)).unwrap() {
+        let e = e.unwrap();
+        let n = e.file_name().to_string_lossy().into_owned();
+        if !drop.contains(&n.as_str()) {
+            std::fs::copy(e.path(), tmp.path().join(&n)).unwrap();
+        }
+    }
+    let (st, _) = NodeState::from_dir(Path::new(tmp.path())).unwrap();
+    (tmp, st)
+}
+
+/// The lab's eni-shared node with the fix off, as a ticket would paste it: no sysctls, no
+/// `ip addr`. The walk used to take rp_filter as 0 and say "delivered", and to leave the
+/// masqueraded source unchanged.
+#[test]
+fn eni_fix_off_without_sysctls_or_addresses_is_conditional_on_rp_filter() {
+    let (_tmp, st) = without("lab-eni-a-fix-off", &["sysctl.txt", "ip-addr.json"]);
+    assert!(st.addrs.is_none() && st.sysctls.is_none());
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eni69381f0634bc",
+    );
+    // eth0's address from table local and its proto kernel route: masquerade's fallback.
+    assert!(has_hop(
+        &t,
+        "POSTROUTING",
+        "-j MASQUERADE",
+        "10.12.192.18 → 10.12.97.11"
+    ));
+    assert_eq!(t.verdict, Verdict::Conditional);
+    let strict = t
+        .branches
+        .iter()
+        .find(|b| {
+            b.verdict == Verdict::Dropped && b.when_text.contains("rp_filter on eth0 is 1 (strict)")
+        })
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert!(strict
+        .cause
+        .as_deref()
+        .unwrap()
+        .starts_with("reply routing: strict reverse-path filter on eth0"));
+    assert!(strict
+        .fixes
+        .iter()
+        .any(|f| f.contains("give eth1 an IPv4 address")));
+    assert!(strict.fixes.iter().any(|f| f.contains("rp_filter=2")));
+    assert!(t.branches.iter().any(|b| b.verdict == Verdict::Delivered
+        && b.when_text
+            .contains("rp_filter on eth0 is 0 (off) or 2 (loose)")
+        && b.when_text.contains("net.ipv4.ip_forward is 1")));
+    assert!(t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Dropped && b.when_text == "net.ipv4.ip_forward is 0"));
+    let facts: Vec<&Fact> = t.unknowns.iter().map(|u| &u.fact).collect();
+    assert!(facts.contains(&&Fact::RpFilter("eth0".into())), "{facts:?}");
+    assert!(t
+        .unknowns
+        .iter()
+        .any(|u| u.settle.contains("net.ipv4.conf.eth0.rp_filter")));
+    // The pod's veth is asked about too, and does not matter: said, not listed as unknown.
+    assert!(!facts.contains(&&Fact::RpFilter("eni69381f0634bc".into())));
+    assert!(t
+        .assumptions
+        .iter()
+        .any(|a| a.contains("without effect") && a.contains("eni69381f0634bc")));
+    // The text and the JSON carry the branches; the old fields stay.
+    let text = weir_netdiag::trace::render(&t);
+    assert!(
+        text.contains("DROPPED if rp_filter on eth0 is 1 (strict) and net.ipv4.ip_forward is 1: reply routing"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unknown: rp_filter on eth0 (max of conf/all and conf/eth0): no sysctl output in the dump; settle it with `sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.eth0.rp_filter`"),
+        "{text}"
+    );
+    let v = serde_json::to_value(&t).unwrap();
+    assert_eq!(v["verdict"], "conditional");
+    assert!(v["branches"].as_array().unwrap().len() >= 3);
+    for k in [
+        "hops",
+        "cause",
+        "fixes",
+        "endpoints",
+        "egress",
+        "assumptions",
+    ] {
+        assert!(v.get(k).is_some(), "{k}");
+    }
+    assert_eq!(v["unknowns"][0]["fact"]["kind"], "rp_filter");
+    assert_eq!(v["unknowns"][0]["fact"]["on"], "eth0");
+    assert_eq!(v["unknowns"][1]["fact"]["kind"], "ip_forward");
+}
+
+/// With every file, nothing is unknown: the same walk is unconditional.
+#[test]
+fn with_the_sysctls_the_same_walk_is_not_conditional() {
+    let (st, _) = NodeState::from_dir(&dir("lab-eni-a-fix-off")).unwrap();
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eni69381f0634bc",
+    );
+    assert_eq!(t.verdict, Verdict::Dropped);
+    assert!(t.branches.is_empty() && t.unknowns.is_empty());
+}
+
+/// A partial sysctl paste: conf.all.rp_filter = 1 leaves the effective value on eth0 (the max
+/// of conf/all and conf/eth0) 1 or 2, so the verdict is still conditional, on those two; with
+/// conf.all = 2 it is 2 whatever conf/eth0 says, and nothing is conditional.
+#[test]
+fn conf_all_bounds_the_effective_rp_filter_from_below() {
+    let (tmp, _) = without("lab-eni-a-fix-off", &["sysctl.txt"]);
+    let sysctl = |all: u8| {
+        std::fs::write(
+            tmp.path().join("sysctl.txt"),
+            format!("net.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = {all}\n"),
+        )
+        .unwrap();
+        let (st, _) = NodeState::from_dir(tmp.path()).unwrap();
+        walk(
+            &st,
+            "10.12.192.18",
+            "10.12.115.102",
+            8443,
+            "eni69381f0634bc",
+        )
+    };
+    let t = sysctl(1);
+    assert_eq!(t.verdict, Verdict::Conditional);
+    let whens: Vec<(&Verdict, &str)> = t
+        .branches
+        .iter()
+        .map(|b| (&b.verdict, b.when_text.as_str()))
+        .collect();
+    assert_eq!(
+        whens,
+        [
+            (&Verdict::Dropped, "rp_filter on eth0 is 1 (strict)"),
+            (&Verdict::Delivered, "rp_filter on eth0 is 2 (loose)")
+        ]
+    );
+    let t = sysctl(2);
+    assert_eq!(t.verdict, Verdict::Delivered);
+    assert!(t.unknowns.is_empty(), "{:?}", t.unknowns);
+}
