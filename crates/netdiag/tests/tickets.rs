@@ -79,15 +79,15 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     ),
     (
         "k8s-65158-ipvs-host-to-clusterip",
-        "`ip route show table local` lines carry no `table local`, so the parser puts them in \
-         main, and 10.200.10.10's own local route is cut from the stored paste; the output \
-         lookup finds no route although `ip addr` puts 10.200.10.10 on kube-ipvs0",
+        "the `ip route show table local` paste is read into table local, but the VIP's own local \
+         route is cut from the stored paste, and the output lookup does not take \
+         10.200.10.10 on kube-ipvs0 (from `ip addr`) as local: `output routing: no route`",
     ),
     (
         "k8s-81635-forward-reject-rule-order",
-        "only `ip route` (and `ip route get`) made it into the stored copy, no iptables: with \
-         no rules the walk assumes every policy ACCEPT and says delivered, a false verdict \
-         where `cannot tell without iptables-save` is the truth",
+        "only `ip route` (and `ip route get`) made it into the stored copy, no iptables: the \
+         verdict is conditional on the missing ip_forward (delivered when 1), and with no rules \
+         every policy is taken as ACCEPT, so no branch can name the REJECT",
     ),
     (
         "kubeadm-139-firewalld-forward-reject",
@@ -162,12 +162,23 @@ fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome 
     };
     let t = trace::trace(st, &packet);
     let cause = t.cause.clone().unwrap_or_default();
-    let explained =
-        t.verdict != Verdict::Delivered && cause.to_lowercase().contains(&expect.to_lowercase());
-    Outcome {
-        explained,
-        said: format!("{:?}: {}", t.verdict, cause),
+    // Only a definite drop or reject that names the cause counts: a conditional verdict is
+    // "cannot tell from these files", even when one of its branches names it.
+    let explained = matches!(t.verdict, Verdict::Dropped | Verdict::Rejected)
+        && cause.to_lowercase().contains(&expect.to_lowercase());
+    let mut said = format!("{:?}: {}", t.verdict, cause);
+    for b in &t.branches {
+        said.push_str(&format!(
+            "\n    when {}: {:?}: {}",
+            b.when_text,
+            b.verdict,
+            b.cause.as_deref().unwrap_or("")
+        ));
     }
+    for u in &t.unknowns {
+        said.push_str(&format!("\n    unknown: {} ({})", u.why, u.settle));
+    }
+    Outcome { explained, said }
 }
 
 fn run_doctor(st: &NodeState, expect: &str) -> Outcome {
