@@ -17,13 +17,18 @@ stop() { local f=$R/$1.pid; [ -f "$f" ] || return 0; local p; p=$(cat "$f")
   rm -f "$f"; }
 if alive kube-apiserver && { alive node-1-kubelet || alive node-2-kubelet; }; then
   "$KUBECTL" delete deploy,ds,rs,statefulset --all -A --wait=false >/dev/null 2>&1
-  "$KUBECTL" delete pods --all -A --grace-period=1 --wait=false >/dev/null 2>&1
-  for _ in $(seq 1 60); do
-    [ -z "$("$KUBECTL" get pods -A -o name 2>/dev/null)" ] && break; sleep 0.5; done
+  # No grace: the kubelets kill the containers at once, then tear the sandboxes down (CNI
+  # DEL); wait for that on each node's containerd.
+  "$KUBECTL" delete pods --all -A --grace-period=0 --force >/dev/null 2>&1
+  for node in $NODES; do
+    A=$R/$node/containerd/containerd.sock
+    for _ in $(seq 1 60); do
+      [ -z "$(ctr -a "$A" -n k8s.io tasks ls -q 2>/dev/null)" ] && break; sleep 0.25; done
+  done
 fi
 # in parallel: each may take its grace period
 for node in $NODES; do
-  for p in proxy routes dns kubelet; do stop "$node-$p" & done
+  for p in proxy kube-proxy routes dns kubelet; do stop "$node-$p" & done
 done
 stop kube-scheduler & stop kube-controller-manager &
 wait
@@ -45,7 +50,8 @@ for node in $NODES; do
   done
   stop "$node-containerd"
 done
-stop kube-apiserver; stop etcd
+# their state goes with RUN_DIR: no graceful shutdown to wait for
+for p in kube-apiserver etcd; do [ -f "$R/$p.pid" ] && kill -9 "$(cat "$R/$p.pid")" 2>/dev/null; rm -f "$R/$p.pid"; done
 grep -oE " $R/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null; done
 if [ -f "$R/pod-netns" ]; then
   sort -u "$R/pod-netns" | while read -r n; do ip netns delete "$(basename "$n")" 2>/dev/null; done

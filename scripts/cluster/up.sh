@@ -9,7 +9,9 @@
 #
 # Usage: up.sh NAME RUN_DIR   (as root; NAME: at most 8 letters/digits, unique per cluster)
 # Env: KUBE_BUILD (build-kube.sh's OUT, default /opt/weir-tools/kube-1.20.2), WEIR_BIN (the
-#      directory holding weir and weir-cni, default target/debug), WEIR_PROXY_MODE (nftables).
+#      directory holding weir and weir-cni, default target/debug), WEIR_PROXY_MODE (nftables,
+#      iptables, ipvs, userspace: weir proxy's mode; kube-proxy: upstream kube-proxy 1.20 in
+#      iptables mode instead).
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
 # everything by PID and deletes the namespaces, even after a failed up.
 set -euo pipefail
@@ -50,6 +52,7 @@ NODE_IPS="${NODE_IPS[*]}"
 POD_CIDRS="${POD_CIDRS[*]}"
 KUBECONFIG=$R/kubeconfig
 KUBECTL=$R/kubectl
+KUBE_PROXY=$BIN/kube-proxy
 PROXY_MODE=$MODE
 EOF
 # kubectl 1.20 (as the server), run where the apiserver is reachable: the control plane's namespace
@@ -282,8 +285,19 @@ proxy
 --healthz-bind-address=127.0.0.1:10256
 --metrics-bind-address=127.0.0.1:10249
 EOF
-  # shellcheck disable=SC2046
-  bg "$ns" "$node-proxy" env RUST_LOG=info "$WEIR_BIN/weir" $(cat "$N/proxy.args")
+  # Real kube-proxy 1.20 on the same node, for parity and benchmarks (started instead of
+  # weir proxy when WEIR_PROXY_MODE=kube-proxy; ctl.sh starts it otherwise). It touches no
+  # host-wide sysctl: conntrack limits and timeouts are left alone.
+  printf '%s\n' "$ns" "$BIN/kube-proxy" --kubeconfig="$R/kubeconfig" --hostname-override="$node" \
+    --proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
+    --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
+    --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 >"$R/$node-kube-proxy.cmd"
+  if [ "$MODE" = kube-proxy ]; then
+    bash "$HERE/ctl.sh" "$R" start "$node-kube-proxy"
+  else
+    # shellcheck disable=SC2046
+    bg "$ns" "$node-proxy" env RUST_LOG=info "$WEIR_BIN/weir" $(cat "$N/proxy.args")
+  fi
   bg "$ns" "$node-routes" env RUST_LOG=info "$WEIR_BIN/weir" routes --kubeconfig="$R/kubeconfig" \
     --node-name="$node" --backend=host-gw --mtu-file="$N/routes-mtu" --metrics-bind-address=127.0.0.1:10259
   bg "$ns" "$node-dns" env RUST_LOG=info "$WEIR_BIN/weir" dns --kubeconfig="$R/kubeconfig" \

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::cluster::{can_run, Cluster};
+use common::WEIR;
 
 /// The demo workload (shared with `bash scripts/dev.sh cluster`).
 const WEB: &str = include_str!("../../../scripts/cluster/demo.yaml");
@@ -80,6 +81,7 @@ fn weir_networks_a_real_two_node_cluster() {
     if !can_run("weir_networks_a_real_two_node_cluster") {
         return;
     }
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
     let c = Cluster::up("kc");
     let long = Duration::from_secs(90);
 
@@ -297,4 +299,274 @@ fn weir_networks_a_real_two_node_cluster() {
         !c.in_ns_text(&c.node_ns(0), "ip route").contains(route)
     });
     c.step("node-2 deleted: its pod route left node-1");
+}
+
+/// One cluster at a time in this binary: each is ten processes, and this machine has two
+/// cores.
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The parity workload: four pods spread over both nodes and one Service per probe kind.
+const PARITY: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: par, namespace: default}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: par}}
+  template:
+    metadata: {labels: {app: par}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: par}}}
+      containers:
+      - name: httpd
+        image: localhost/weir/busybox:1.35
+        imagePullPolicy: Never
+        command: ["/bin/sh", "-c", "mkdir -p /www && echo $HOSTNAME > /www/index.html && exec busybox httpd -f -p 8080 -h /www"]
+        readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par, namespace: default}
+spec: {selector: {app: par}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-np, namespace: default}
+spec: {type: NodePort, selector: {app: par}, ports: [{port: 80, targetPort: 8080, nodePort: 30082}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-local, namespace: default}
+spec: {type: NodePort, externalTrafficPolicy: Local, selector: {app: par}, ports: [{port: 80, targetPort: 8080, nodePort: 30081}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-affinity, namespace: default}
+spec: {sessionAffinity: ClientIP, selector: {app: par}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-none, namespace: default}
+spec: {selector: {app: nothing}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-solo, namespace: default}
+spec: {selector: {solo: "yes"}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: pclient, namespace: default}
+spec:
+  nodeName: node-2
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: c, image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: ["/bin/sh", "-c", "exec sleep 100000"]}
+"#;
+
+/// One curl from a namespace: the body, or how it failed (curl's exit code: 7 refused,
+/// 28 timed out).
+fn curl(ns: &str, url: &str) -> Result<String, String> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sS", "-m", "2", url])
+        .output()
+        .expect("curl");
+    match out.status.code() {
+        Some(0) => Ok(String::from_utf8_lossy(&out.stdout).trim().to_string()),
+        Some(7) => Err("refused".into()),
+        Some(28) => Err("timeout".into()),
+        code => Err(format!("curl exit {code:?}")),
+    }
+}
+
+/// The distinct answers (pod names or failures) of `tries` requests.
+fn distinct(tries: usize, ns: &str, url: &str) -> BTreeSet<String> {
+    (0..tries)
+        .map(|_| curl(ns, url).unwrap_or_else(|e| format!("({e})")))
+        .collect()
+}
+
+/// The lab's service probe kinds, answered through whichever proxy runs on the nodes now:
+/// probe → what answered, with pod names replaced by which group they belong to.
+fn parity_answers(c: &Cluster) -> Vec<(String, String)> {
+    let pods = c.pods("app=par");
+    let all = names(&pods);
+    let on = |node: &str| -> BTreeSet<String> {
+        pods.iter()
+            .filter(|p| p.2 == node)
+            .map(|p| p.0.clone())
+            .collect()
+    };
+    let describe = |seen: &BTreeSet<String>| -> String {
+        if *seen == all {
+            "all 4 pods".into()
+        } else if *seen == on("node-1") {
+            "node-1's pods only".into()
+        } else if *seen == on("node-2") {
+            "node-2's pods only".into()
+        } else {
+            format!("{seen:?}")
+        }
+    };
+    let ip = |svc: &str| c.k(&["get", "svc", svc, "-o", "jsonpath={.spec.clusterIP}"]);
+    let (_, client_ip, _) = c.pods("app!=par").remove(0);
+    let client = c.pod_netns(1, &client_ip).expect("the client's namespace");
+    let (solo, solo_ip, solo_node) = c
+        .pods("solo=yes")
+        .first()
+        .cloned()
+        .expect("the pod labelled solo");
+    let solo_n = usize::from(solo_node == "node-2");
+    let solo_ns = c
+        .pod_netns(solo_n, &solo_ip)
+        .expect("the solo pod's namespace");
+    let cp = c.cp_ns();
+    let mut a = vec![(
+        "ClusterIP from a pod (40 tries)".to_string(),
+        describe(&distinct(40, &client, &format!("http://{}/", ip("par")))),
+    )];
+    let hairpin = distinct(5, &solo_ns, &format!("http://{}/", ip("par-solo")));
+    a.push((
+        "hairpin: a pod to itself through its Service".into(),
+        if hairpin == BTreeSet::from([solo.clone()]) {
+            "itself".into()
+        } else {
+            format!("{hairpin:?}")
+        },
+    ));
+    for (n, node_ip) in c.node_ips.iter().enumerate() {
+        a.push((
+            format!("NodePort on node-{} from outside (40 tries)", n + 1),
+            describe(&distinct(40, &cp, &format!("http://{node_ip}:30082/"))),
+        ));
+        a.push((
+            format!(
+                "eTP Local NodePort on node-{} from outside (20 tries)",
+                n + 1
+            ),
+            describe(&distinct(20, &cp, &format!("http://{node_ip}:30081/"))),
+        ));
+    }
+    a.push((
+        "no endpoints".into(),
+        format!(
+            "{:?}",
+            distinct(2, &client, &format!("http://{}/", ip("par-none")))
+        ),
+    ));
+    let sticky = distinct(15, &client, &format!("http://{}/", ip("par-affinity")));
+    a.push((
+        "ClientIP affinity (15 tries)".into(),
+        format!(
+            "{} distinct pod(s){}",
+            sticky.len(),
+            if sticky.iter().any(|s| s.starts_with('(')) {
+                format!(" {sticky:?}")
+            } else {
+                String::new()
+            }
+        ),
+    ));
+    a
+}
+
+/// Real kube-proxy 1.20 (iptables mode) and weir proxy in iptables and nftables modes, one
+/// after another on the same cluster, the same objects and the same pods: the probe kinds of
+/// the lab's matrix give the same answers.
+#[test]
+fn weir_proxy_answers_as_real_kube_proxy_does() {
+    if !can_run("weir_proxy_answers_as_real_kube_proxy_does") {
+        return;
+    }
+    let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
+    let c = Cluster::up_with("kp", "kube-proxy");
+    let long = Duration::from_secs(90);
+    c.apply(PARITY);
+    c.wait("4 par pods, 2 per node", long, || {
+        let p = c.pods("app=par");
+        p.len() == 4 && p.iter().filter(|p| p.2 == "node-1").count() == 2
+    });
+    c.wait("the client pod", long, || c.pods("app!=par").len() == 1);
+    let first = c.pods("app=par")[0].0.clone();
+    c.k(&["label", "pod", &first, "solo=yes"]);
+
+    let wait_serving = |who: &str| {
+        let url = format!(
+            "http://{}/",
+            c.k(&["get", "svc", "par", "-o", "jsonpath={.spec.clusterIP}"])
+        );
+        c.wait(&format!("{who} to serve the ClusterIP"), long, || {
+            (0..2).all(|n| c.health(n, 10256) == 200) && c.curl_from(&c.node_ns(1), &url).is_some()
+        });
+        // every Service programmed: the last one applied answers too
+        let solo = format!(
+            "http://{}/",
+            c.k(&["get", "svc", "par-solo", "-o", "jsonpath={.spec.clusterIP}"])
+        );
+        c.wait(&format!("{who} to serve every Service"), long, || {
+            c.curl_from(&c.node_ns(1), &solo).is_some()
+        });
+    };
+    let mut results: Vec<(&str, Vec<(String, String)>)> = Vec::new();
+    wait_serving("kube-proxy");
+    results.push(("kube-proxy 1.20 iptables", parity_answers(&c)));
+    c.step("kube-proxy's answers taken");
+
+    for (i, mode) in ["iptables", "nftables"].into_iter().enumerate() {
+        for n in 0..2 {
+            let node = c.nodes[n];
+            if i == 0 {
+                c.ctl("stop", &format!("{node}-kube-proxy"));
+                let out = c.in_ns(
+                    &c.node_ns(n),
+                    &format!("{} --cleanup >/dev/null 2>&1; true", c.kube_proxy()),
+                );
+                assert!(out.status.success());
+            } else {
+                c.ctl("stop", &format!("{node}-proxy"));
+                let out = c.in_ns(&c.node_ns(n), &format!("{WEIR} proxy cleanup"));
+                assert!(out.status.success(), "weir proxy cleanup on {node}");
+            }
+            c.start_weir_proxy(n, mode);
+        }
+        let who = format!("weir proxy {mode}");
+        wait_serving(&who);
+        results.push((
+            if mode == "iptables" {
+                "weir proxy iptables"
+            } else {
+                "weir proxy nftables"
+            },
+            parity_answers(&c),
+        ));
+        c.step(&format!("{who}'s answers taken"));
+    }
+
+    eprintln!(
+        "\n{:<52} {:<28} {:<28} {:<28}",
+        "probe", results[0].0, results[1].0, results[2].0
+    );
+    for (i, (probe, _)) in results[0].1.iter().enumerate() {
+        eprintln!(
+            "{probe:<52} {:<28} {:<28} {:<28}",
+            results[0].1[i].1, results[1].1[i].1, results[2].1[i].1
+        );
+    }
+    let expected = [
+        "all 4 pods",
+        "itself",
+        "all 4 pods",
+        "node-1's pods only",
+        "all 4 pods",
+        "node-2's pods only",
+        "{\"(refused)\"}",
+        "1 distinct pod(s)",
+    ];
+    let kube: Vec<&str> = results[0].1.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(kube, expected, "kube-proxy's own answers");
+    for (who, answers) in &results[1..] {
+        assert_eq!(answers, &results[0].1, "{who} differs from kube-proxy");
+    }
 }

@@ -76,8 +76,14 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Brings the cluster up (about 15 s); panics with the script's output if it cannot.
+    /// Brings the cluster up (about 15 s) with weir proxy in nftables mode; panics with the
+    /// script's output if it cannot.
     pub fn up(tag: &str) -> Cluster {
+        Cluster::up_with(tag, "nftables")
+    }
+
+    /// The same, the nodes' proxy being weir proxy in `mode`, or `kube-proxy` (upstream 1.20).
+    pub fn up_with(tag: &str, mode: &str) -> Cluster {
         let name = format!("{tag}{}", std::process::id() % 1_000_000);
         assert!(name.len() <= 8, "{name}");
         let run = tempfile::Builder::new()
@@ -98,6 +104,7 @@ impl Cluster {
             .args([&cluster.name, cluster.run.path().to_str().unwrap()])
             .env("WEIR_BIN", &weir_bin)
             .env("KUBE_BUILD", kube_build())
+            .env("WEIR_PROXY_MODE", mode)
             .output()
             .expect("run up.sh");
         assert!(
@@ -295,6 +302,37 @@ impl Cluster {
             ),
         );
         out.trim().parse().unwrap_or(0)
+    }
+
+    /// The kube-proxy 1.20 binary of the build.
+    pub fn kube_proxy(&self) -> String {
+        kube_build().join("bin/kube-proxy").display().to_string()
+    }
+
+    /// Starts weir proxy in `mode` on a node (as up.sh would, with the mode changed).
+    pub fn start_weir_proxy(&self, node: usize, mode: &str) {
+        let name = self.nodes[node];
+        let n = self.path(name);
+        let cmd = [
+            self.node_ns(node),
+            "env".into(),
+            "RUST_LOG=info".into(),
+            super::WEIR.into(),
+            "proxy".into(),
+            format!("--kubeconfig={}", self.path("kubeconfig").display()),
+            format!("--hostname-override={name}"),
+            format!("--proxy-mode={mode}"),
+            "--cluster-cidr=10.244.0.0/16".into(),
+            format!("--state-dir={}", n.join("weir-proxy").display()),
+            "--healthz-bind-address=127.0.0.1:10256".into(),
+            "--metrics-bind-address=127.0.0.1:10249".into(),
+        ];
+        std::fs::write(
+            self.path(&format!("{name}-proxy.cmd")),
+            cmd.join("\n") + "\n",
+        )
+        .unwrap();
+        self.ctl("start", &format!("{name}-proxy"));
     }
 
     pub fn log(&self, process: &str) -> String {
