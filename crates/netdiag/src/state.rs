@@ -323,6 +323,7 @@ impl NodeState {
                 continue;
             };
             if r.proto.as_deref() == Some("kernel")
+                && src.is_ipv4()
                 && r.kind == "unicast"
                 && dev != "lo"
                 && r.dst.contains(&src)
@@ -344,6 +345,7 @@ impl NodeState {
         for r in routes {
             let Some(dev) = &r.dev else { continue };
             if r.kind == "local"
+                && r.dst.addr().is_ipv4()
                 && (r.table == "local" || r.table == "255")
                 && r.dst.prefix_len() == r.dst.max_prefix_len()
                 && dev != "lo"

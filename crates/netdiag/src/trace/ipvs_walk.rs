@@ -35,6 +35,24 @@ impl Walker<'_> {
         let vs = self.virtual_server(p)?;
         let eligible = vs.eligible();
         let Some(first) = eligible.first() else {
+            if vs.cut {
+                // grep cut the list right after the virtual server: its real servers are
+                // unknown, not absent.
+                self.unknown_outcome = true;
+                self.hop(
+                    stage,
+                    "IPVS",
+                    Some(vs.text.clone()),
+                    "virtual server whose real servers grep cut from the ipvsadm output",
+                );
+                return Some(Err((
+                    format!(
+                        "{stage}: IPVS virtual server {}:{}: its real servers are not in the dump (ipvsadm output cut with grep)",
+                        p.dst, p.dport
+                    ),
+                    vec![],
+                )));
+            }
             self.hop(
                 stage,
                 "IPVS",
@@ -50,6 +68,13 @@ impl Walker<'_> {
             )));
         };
         let all: Vec<String> = eligible.iter().map(|r| r.addr.to_string()).collect();
+        if vs.cut {
+            self.assume(format!(
+                "the real servers of `{}` end where grep cut the ipvsadm output: there may be more than {}",
+                vs.text,
+                all.len()
+            ));
+        }
         let persistent = vs
             .persistent
             .map(|t| format!(", persistent {t}s (ClientIP affinity)"))
@@ -93,9 +118,9 @@ impl Walker<'_> {
         Some(self.ipvs_send(p, orig))
     }
 
-    /// From IPVS to the wire: the route to the real server (an output lookup without the
-    /// packet's mark, as `do_output_route4` does), LOCAL_OUT (nat already bound), POSTROUTING
-    /// (masquerade), then the reply.
+    /// From IPVS to the wire: IPVS's route to the real server (an output lookup by its address
+    /// alone, as `do_output_route4` does), LOCAL_OUT (nat already bound, but nf_nat routes the
+    /// DNATed packet again with its source and mark), POSTROUTING (masquerade), then the reply.
     fn ipvs_send(&mut self, p: &mut Pkt, orig: &Pkt) -> Result<(), Dropped> {
         if self.is_local(p.dst) {
             self.hop(
@@ -109,7 +134,8 @@ impl Walker<'_> {
             );
             return Ok(());
         }
-        self.assume("IPVS routes to the real server by its address alone (do_output_route4: an output lookup with no source and no mark), so source and fwmark policy rules do not apply to it");
+        // IPVS's own route (do_output_route4): the real server's address alone, no source,
+        // no mark.
         let route = self.route("IPVS routing", Ipv4Addr::UNSPECIFIED, p.dst, 0, "lo")?;
         if route.local {
             self.hop("deliver", "local", None, "the real server is local");
@@ -119,15 +145,69 @@ impl Walker<'_> {
         p.skip_nat = true;
         self.hook("OUTPUT", p)?;
         p.skip_nat = false;
+        // nf_nat's LOCAL_OUT hook (nf_nat_ipv4_local_fn): IPVS has rewritten the connection's
+        // reply tuple (net.ipv4.vs.conntrack = 1), so its original destination (the virtual
+        // server) differs from the reply's source (the real server), and ip_route_me_harder
+        // routes the packet again, with its source and its mark: source policy rules apply.
+        let route = if self.ipvs_conntrack() && self.nat_output_hooked() {
+            let again = self.route("OUTPUT reroute", p.src, p.dst, p.mark, "lo")?;
+            if again.oif != route.oif {
+                self.assume(format!(
+                    "IPVS's route to {} leaves by {}, but nf_nat's LOCAL_OUT hook routes the packet again with its source {} and mark {:#x} (ip_route_me_harder, as for any DNATed locally sent packet): out {}",
+                    p.dst, route.oif, p.src, p.mark, again.oif
+                ));
+            }
+            p.oif = Some(again.oif.clone());
+            again
+        } else {
+            route
+        };
         let before = p.src;
         self.hook("POSTROUTING", p)?;
-        self.hop(
-            "send",
-            route.oif.clone(),
-            None,
-            format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport),
-        );
+        let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
+        if p.src != before
+            && self.via_router
+            && self.owner_of(p.src).is_some_and(|o| o != route.oif)
+        {
+            sent.push_str(&format!(
+                "; {} is not {}'s address: a cloud's source/destination check on {} drops it before any reply",
+                p.src, route.oif, route.oif
+            ));
+        }
+        self.hop("send", route.oif.clone(), None, sent);
+        self.note_egress(p, false);
         self.reply(p, orig, before, &route.oif)
+    }
+
+    /// Whether IPVS keeps conntrack up to date (`net.ipv4.vs.conntrack`), which kube-proxy's
+    /// ipvs mode sets to 1 and its masquerade rules need.
+    fn ipvs_conntrack(&mut self) -> bool {
+        match self
+            .st
+            .sysctls
+            .as_ref()
+            .and_then(|s| s.int("net.ipv4.vs.conntrack"))
+        {
+            Some(v) => v != 0,
+            None => {
+                self.assume("net.ipv4.vs.conntrack not in the dump: taken as 1, which kube-proxy's ipvs mode sets (its masquerade rules need conntrack)");
+                true
+            }
+        }
+    }
+
+    /// Whether a nat chain is hooked at LOCAL_OUT (an iptables nat table, or an nft nat chain
+    /// on output): only then does nf_nat route a DNATed packet again.
+    fn nat_output_hooked(&self) -> bool {
+        self.st
+            .iptables
+            .as_ref()
+            .is_some_and(|d| d.tables.contains_key("nat"))
+            || self.st.nft.as_ref().is_some_and(|rs| {
+                rs.base_chains("output", &["ip", "inet"])
+                    .iter()
+                    .any(|c| c.hook.as_ref().is_some_and(|h| h.kind == "nat"))
+            })
     }
 
     /// The OUTPUT path's IPVS hook (LOCAL_OUT, after nat OUTPUT): a node's own connection to

@@ -145,12 +145,27 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
     let mut t = if groups.len() <= 1 {
         first
     } else {
-        // The path shown is the failing branch that goes furthest (it explains the most).
-        let shown = groups
+        // The path shown is a failing branch: the one needing the least unusual values
+        // (ip_forward 0 is rare on a node that runs pods at all), then the one going furthest.
+        let cost = |l: &facts::Leaf| -> usize {
+            l.asked
+                .iter()
+                .map(|(f, v)| {
+                    let rank = fact_options(st, f).iter().position(|o| o == v).unwrap_or(0);
+                    if *f == Fact::IpForward {
+                        rank * 2
+                    } else {
+                        rank
+                    }
+                })
+                .sum()
+        };
+        let shown = leaves
             .iter()
-            .map(|(m, _, _)| m[0])
-            .filter(|&i| leaves[i].trace.verdict != Verdict::Delivered)
-            .max_by_key(|&i| (leaves[i].trace.hops.len(), std::cmp::Reverse(i)))
+            .enumerate()
+            .filter(|(_, l)| l.trace.verdict != Verdict::Delivered)
+            .min_by_key(|(i, l)| (cost(l), std::cmp::Reverse(l.trace.hops.len()), *i))
+            .map(|(i, _)| i)
             .unwrap_or(0);
         let mut t = leaves[shown].trace.clone();
         t.branches = groups

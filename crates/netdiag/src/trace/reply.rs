@@ -143,21 +143,22 @@ impl Walker<'_> {
         );
         let mut fixes = Vec::new();
         let out_has_addr = !self.st.ipv4_on(&out).is_empty();
-        if !out_has_addr && stage.starts_with("reply") {
-            fixes.push(format!("give {out} an IPv4 address of its own, so masquerade picks it and the reply returns on {out} (weir-cni eni-shared's eniAddress)"));
-        }
         if stage.starts_with("reply") {
+            if !out_has_addr {
+                fixes.push(format!("give {out} an IPv4 address of its own, so masquerade picks it and the reply returns on {out} (weir-cni eni-shared's eniAddress)"));
+            }
+            fixes.push(format!("connmark the connection and restore the mark on its packets and replies, with `ip rule add fwmark <mark> lookup main` before `{}` and net.ipv4.conf.all.src_valid_mark=1: the request then follows main's route out of {iif} with {iif}'s address, and the reply's reverse-path lookup carries the mark into main, back to {iif}", rule.trim()));
             fixes.push(format!("loose reverse-path filtering on {iif}: sysctl -w net.ipv4.conf.{iif}.rp_filter=2 (the effective value is max(conf/all, conf/{iif})); a cloud's source check may still drop the request"));
         } else {
             fixes.push(format!("connmark connections arriving on {iif} and add `ip rule add fwmark <mark> lookup main` before `{}`, with net.ipv4.conf.all.src_valid_mark=1 (weir-cni eni-shared does this)", rule.trim()));
             fixes.push(format!(
                 "loose reverse-path filtering on {iif}: sysctl -w net.ipv4.conf.{iif}.rp_filter=2"
             ));
+            fixes.push(format!(
+                "mark the traffic in mangle and route it through main with a fwmark rule before `{}`",
+                rule.trim()
+            ));
         }
-        fixes.push(format!(
-            "mark the traffic in mangle and route it through main with a fwmark rule before `{}`",
-            rule.trim()
-        ));
         Err((format!("{stage}: strict reverse-path filter on {iif} drops {} → {} (the route back leaves by {out})", p.src, p.dst), fixes))
     }
 }
