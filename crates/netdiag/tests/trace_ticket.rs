@@ -186,3 +186,47 @@ fn ticket_eni_ipvs_lb_settled_by_the_sysctls() {
         .iter()
         .any(|h| h.stage == "send" && h.note.contains("source/destination check")));
 }
+
+/// The ticket pasted with `ip route` instead of `ip route show table all`: table 1003 (where rule
+/// 1536 sends the pod's traffic) and table local are not in the dump. The LB IP is still local
+/// (an IPVS virtual server's), and what table 1003 holds is an unknown the verdict depends on,
+/// not an empty table.
+#[test]
+fn ticket_eni_ipvs_lb_with_main_only_routes_does_not_guess_table_1003() {
+    let (tmp, _) = ticket_with(None);
+    std::fs::write(
+        tmp.path().join("ip-route.txt"),
+        "[root@ip-10-12-97-49 ~]# ip route\ndefault via 10.12.97.1 dev eth0 \n10.12.97.0/24 dev eth0 proto kernel scope link src 10.12.97.49 \n10.12.192.44 dev eni3f9c1a2b4d5 scope link \n169.254.169.254 dev eth0 scope link \n",
+    )
+    .unwrap();
+    let (st, _) = NodeState::from_dir(tmp.path()).unwrap();
+    let t = walk_pod(&st);
+    assert!(has_hop(
+        &t,
+        "routing",
+        "0: from all lookup local",
+        "is local"
+    ));
+    assert_eq!(t.verdict, Verdict::Conditional);
+    let unknown = t
+        .branches
+        .iter()
+        .find(|b| b.verdict == Verdict::Unknown)
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert_eq!(unknown.when_text, "table 1003 holds routes");
+    assert!(unknown
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("1536: from 10.12.192.44 lookup 1003"));
+    assert!(t
+        .unknowns
+        .iter()
+        .any(|u| u.fact == Fact::Table("1003".into())
+            && u.settle.contains("ip route show table all")));
+    // If table 1003 were empty, main would carry both ways through eth0.
+    assert!(t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Delivered && b.when_text.contains("table 1003 is empty")));
+}

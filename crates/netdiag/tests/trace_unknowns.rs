@@ -166,3 +166,42 @@ fn conf_all_bounds_the_effective_rp_filter_from_below() {
     assert_eq!(t.verdict, Verdict::Delivered);
     assert!(t.unknowns.is_empty(), "{:?}", t.unknowns);
 }
+
+/// The lab's bridge node without its sysctls: pod a1 → ClusterIP 10.96.0.2 whose endpoint a2
+/// sits on the same bridge. The reply (a2 → a1, not masqueraded) is bridged; only
+/// br_netfilter gets it to conntrack to be un-DNATed, so the verdict depends on it. With the
+/// collected sysctls (bridge-nf-call-iptables = 1) it is delivered, as the kernel showed.
+#[test]
+fn same_bridge_service_reply_depends_on_br_netfilter() {
+    const A1: &str = "10.244.1.2";
+    const A1_VETH: &str = "weirf7a2b57a364";
+    let (_tmp, st) = without("lab-bridge-iptables-a", &["sysctl.txt"]);
+    let t = walk(&st, A1, "10.96.0.2", 80, A1_VETH);
+    assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
+    let off = t
+        .branches
+        .iter()
+        .find(|b| b.when_text.contains("bridge-nf-call-iptables is 0"))
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert_eq!(off.verdict, Verdict::Dropped);
+    assert!(off
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("without br_netfilter"));
+    assert!(off.fixes[0].contains("modprobe br_netfilter"));
+    assert!(t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Delivered
+            && b.when_text.contains("bridge-nf-call-iptables is 1")));
+    assert!(t.unknowns.iter().any(|u| u.fact == Fact::BrNetfilter));
+
+    let (st, _) = NodeState::from_dir(&dir("lab-bridge-iptables-a")).unwrap();
+    let t = walk(&st, A1, "10.96.0.2", 80, A1_VETH);
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert!(t
+        .hops
+        .iter()
+        .any(|h| h.note.contains("br_netfilter hands it to conntrack")));
+}

@@ -20,6 +20,8 @@ pub enum Fact {
     SrcValidMark(String),
     /// `net.ipv4.ip_forward`; 0 or 1.
     IpForward,
+    /// `net.bridge.bridge-nf-call-iptables` (0 also when br_netfilter is not loaded); 0 or 1.
+    BrNetfilter,
     /// Whether a route table a rule names holds routes the dump does not show (the routes are
     /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
     Table(String),
@@ -32,6 +34,7 @@ impl Fact {
             Fact::RpFilter(i) => format!("rp_filter on {i} (max of conf/all and conf/{i})"),
             Fact::SrcValidMark(i) => format!("src_valid_mark on {i}"),
             Fact::IpForward => "net.ipv4.ip_forward".into(),
+            Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
             Fact::Table(t) => format!("route table {t}"),
         }
     }
@@ -60,6 +63,11 @@ impl Fact {
                 "net.ipv4.ip_forward is {}",
                 or(v.iter().map(|x| x.to_string()).collect())
             ),
+            Fact::BrNetfilter => match v.as_slice() {
+                [0] => "bridge-nf-call-iptables is 0 (or br_netfilter not loaded)".into(),
+                [1] => "bridge-nf-call-iptables is 1".into(),
+                _ => "bridge-nf-call-iptables is 0 or 1".into(),
+            },
             Fact::Table(t) => match v.as_slice() {
                 [0] => format!("table {t} is empty"),
                 [1] => format!("table {t} holds routes"),
@@ -80,6 +88,7 @@ impl Fact {
                 i.replace('.', "/")
             ),
             Fact::IpForward => "`sysctl net.ipv4.ip_forward` (sysctl.txt)".into(),
+            Fact::BrNetfilter => "`sysctl net.bridge.bridge-nf-call-iptables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
             Fact::Table(t) => format!(
                 "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
             ),
@@ -162,6 +171,20 @@ impl Walker<'_> {
                 Some(v) => vec![(v != 0) as i64],
                 None => vec![1, 0],
             },
+            Fact::BrNetfilter => match s {
+                Some(s) => match s.int("net.bridge.bridge-nf-call-iptables") {
+                    Some(v) => vec![(v != 0) as i64],
+                    // A whole `sysctl -a` (or weir's cut of it, which keeps every
+                    // net.bridge.* key) without the key: the module is not loaded.
+                    None if s.0.len() >= 20
+                        && !s.0.keys().any(|k| k.starts_with("net.bridge.")) =>
+                    {
+                        vec![0]
+                    }
+                    None => vec![1, 0],
+                },
+                None => vec![1, 0],
+            },
             Fact::Table(_) => {
                 if self.st.routes.is_none() || self.st.has_all_tables() {
                     vec![0]
@@ -196,6 +219,9 @@ impl Walker<'_> {
                 format!("sysctl output without net.ipv4.conf.{{all,{i}}}.src_valid_mark")
             }
             Fact::IpForward => "sysctl output without net.ipv4.ip_forward".into(),
+            Fact::BrNetfilter => {
+                "a short sysctl paste without net.bridge.bridge-nf-call-iptables".into()
+            }
             Fact::Table(t) => {
                 format!("the routes are main only (`ip route list`): table {t} is not in the dump")
             }

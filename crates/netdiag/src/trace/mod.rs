@@ -372,7 +372,21 @@ impl Walker<'_> {
     }
 
     fn is_local(&self, ip: Ipv4Addr) -> bool {
-        self.st.is_local_address(IpAddr::V4(ip))
+        if self.st.is_local_address(IpAddr::V4(ip)) {
+            return true;
+        }
+        // Without table local or a whole `ip addr`, an IPVS virtual server's address is still
+        // known to be local: kube-proxy's ipvs mode binds every one to kube-ipvs0.
+        if !self.st.addresses_complete()
+            && self
+                .ipvs
+                .iter()
+                .flatten()
+                .any(|v| matches!(&v.key, crate::ipvs::VirtualKey::Addr(_, a) if a.ip() == IpAddr::V4(ip)))
+        {
+            return true;
+        }
+        false
     }
 
     fn owner_of(&self, ip: Ipv4Addr) -> Option<String> {

@@ -25,6 +25,47 @@ impl Walker<'_> {
         } else {
             oif.to_string()
         };
+        // A reply to a client on the same bridge, to the client's own address (no
+        // masquerade), is bridged, not routed: only br_netfilter hands it to conntrack, which
+        // must restore its source (the service address) for the client to take it.
+        let bridge = self
+            .st
+            .link(&reply_iif)
+            .is_some_and(|l| l.kind.as_deref() == Some("bridge"));
+        if bridge && masq_src == orig.src && p.dnat && orig.iif == reply_iif {
+            if self.fact(Fact::BrNetfilter) == 0 {
+                self.hop(
+                    "reply",
+                    reply_iif.clone(),
+                    None,
+                    format!(
+                        "{}:{} → {} is bridged on {reply_iif} past netfilter (bridge-nf-call-iptables 0): conntrack never restores its source to {}:{}",
+                        p.dst, p.dport, orig.src, orig.dst, orig.dport
+                    ),
+                );
+                return Err((
+                    format!(
+                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {}:{} instead of {}:{}: the client drops it (TCP answers a reset)",
+                        p.dst, orig.src, p.dst, p.dport, orig.dst, orig.dport
+                    ),
+                    vec![
+                        "modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.bridge-nf-call-iptables=1".into(),
+                        format!(
+                            "or masquerade this traffic (the client then gets the reply through {reply_iif}'s address, routed): e.g. kube-proxy's --masquerade-all"
+                        ),
+                    ],
+                ));
+            }
+            self.hop(
+                "reply",
+                reply_iif.clone(),
+                None,
+                format!(
+                    "{}:{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack (bridge-nf-call-iptables 1)",
+                    p.dst, p.dport, orig.src
+                ),
+            );
+        }
         self.hop(
             "reply",
             reply_iif.clone(),

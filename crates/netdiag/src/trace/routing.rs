@@ -119,6 +119,24 @@ impl Walker<'_> {
                     if let Some(route) = self.st.lookup(table, IpAddr::V4(dst)) {
                         return Some((r.text.replace('\t', " "), route.clone()));
                     }
+                    // Table local is not in the dump (`ip route list`): a destination known to
+                    // be local otherwise (ip addr, an IPVS virtual server) has its local route.
+                    if table == "local" && !self.st.has_table_local() && self.is_local(dst) {
+                        let route = crate::iproute::Route {
+                            table: "local".into(),
+                            kind: "local".into(),
+                            dst: ipnet::IpNet::from(IpAddr::V4(dst)),
+                            gateway: None,
+                            dev: None,
+                            prefsrc: None,
+                            scope: Some("host".into()),
+                            metric: 0,
+                            onlink: false,
+                            proto: None,
+                            text: format!("local {dst} table local (not in the dump: {dst} is a local address)"),
+                        };
+                        return Some((r.text.replace('\t', " "), route));
+                    }
                     // A table the dump does not show at all (`ip route list` is main only):
                     // empty, or holding routes nobody can see.
                     let absent = !matches!(table, "main" | "local" | "default")

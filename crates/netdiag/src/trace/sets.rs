@@ -28,6 +28,9 @@ impl Walker<'_> {
                     s.line, s.reason, s.text
                 ));
             }
+            if !parsed.value.is_empty() && !self.st.addresses_complete() {
+                self.assume("IPVS virtual servers' addresses are taken as local (kube-proxy's ipvs mode binds them to kube-ipvs0): neither table local nor a whole ip addr is in the dump to say so");
+            }
             self.ipvs = Some(parsed.value);
         }
     }
