@@ -22,6 +22,8 @@
 #   bash scripts/dev.sh cluster [--keep]  a real two-node Kubernetes 1.20 cluster (built from
 #                              Debian's source, cached) with weir as its networking: nodes, pods,
 #                              services and a probe matrix, then torn down (--keep: left up)
+#   bash scripts/dev.sh cluster-bench  weir proxy vs real kube-proxy 1.20 fed by a real apiserver
+#                              (1,000 and 10,000 Services x 10 endpoints; WEIR_BENCH_SIZES, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -186,8 +188,15 @@ case "${1:-}" in
     fi
     exit $status
     ;;
+  cluster-bench)
+    install_packages
+    step "building weir (release)"
+    cargo build --release -p weir -p weir-cni --bins
+    step "weir proxy vs kube-proxy 1.20 through a real apiserver (scripts/cluster/bench.sh)"
+    exec bash scripts/cluster/bench.sh
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-bench" >&2
     exit 2
     ;;
 esac

@@ -11,7 +11,8 @@
 # Env: KUBE_BUILD (build-kube.sh's OUT, default /opt/weir-tools/kube-1.20.2), WEIR_BIN (the
 #      directory holding weir and weir-cni, default target/debug), WEIR_PROXY_MODE (nftables,
 #      iptables, ipvs, userspace: weir proxy's mode; kube-proxy: upstream kube-proxy 1.20 in
-#      iptables mode instead).
+#      iptables mode instead), or WEIR_PROXY_MODES: one per node ("kube-proxy nftables": the
+#      two side by side, as the API benchmark runs them).
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
 # everything by PID and deletes the namespaces, even after a failed up.
 set -euo pipefail
@@ -24,6 +25,7 @@ KB=${KUBE_BUILD:-/opt/weir-tools/kube-1.20.2}
 BIN=$KB/bin
 WEIR_BIN=${WEIR_BIN:-$ROOT/target/debug}
 MODE=${WEIR_PROXY_MODE:-nftables}
+read -r -a MODES <<<"${WEIR_PROXY_MODES:-$MODE $MODE}"
 for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kubectl; do
   [ -x "$BIN/$b" ] || { echo "up.sh: no $BIN/$b: run scripts/cluster/build-kube.sh $KB" >&2; exit 2; }
 done
@@ -53,7 +55,7 @@ POD_CIDRS="${POD_CIDRS[*]}"
 KUBECONFIG=$R/kubeconfig
 KUBECTL=$R/kubectl
 KUBE_PROXY=$BIN/kube-proxy
-PROXY_MODE=$MODE
+PROXY_MODES="${MODES[*]}"
 EOF
 # kubectl 1.20 (as the server), run where the apiserver is reachable: the control plane's namespace
 cat >"$R/kubectl" <<EOF
@@ -271,7 +273,7 @@ for i in 0 1; do
   kubectl patch node "$node" -p "{\"spec\":{\"podCIDR\":\"${POD_CIDRS[$i]}\",\"podCIDRs\":[\"${POD_CIDRS[$i]}\"]}}" >/dev/null
 done
 
-step "weir on each node: proxy ($MODE), routes (host-gw), dns"
+step "weir on each node: proxy (${MODES[*]}), routes (host-gw), dns"
 for i in 0 1; do
   node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]}
   N=$R/$node
@@ -279,7 +281,7 @@ for i in 0 1; do
 proxy
 --kubeconfig=$R/kubeconfig
 --hostname-override=$node
---proxy-mode=$MODE
+--proxy-mode=${MODES[$i]}
 --cluster-cidr=10.244.0.0/16
 --state-dir=$N/weir-proxy
 --healthz-bind-address=127.0.0.1:10256
@@ -292,7 +294,7 @@ EOF
     --proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
     --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
     --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 >"$R/$node-kube-proxy.cmd"
-  if [ "$MODE" = kube-proxy ]; then
+  if [ "${MODES[$i]}" = kube-proxy ]; then
     bash "$HERE/ctl.sh" "$R" start "$node-kube-proxy"
   else
     # shellcheck disable=SC2046

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Service proxies fed by a real kube-apiserver, side by side: real kube-proxy 1.20 on node-1,
+weir proxy on node-2 (up.sh with WEIR_PROXY_MODES="kube-proxy <weir mode>"), the same objects
+at the same moment.
+
+N Services x E endpoints are created through the API (selector-less Services and their
+EndpointSlices, 16 requests in flight). The last Service's one endpoint is a real pod (A), so
+"rules in the kernel" is tested by the packet: curl from each node to its ClusterIP, every 50 ms,
+until it answers. Then R endpoint changes (the slice's endpoint A -> B -> A ...): from the API
+write's answer until each node's curl gets the new pod's page. Medians and ratios (kube-proxy /
+weir) are printed as a table, with --json for machines; the probe floor is what one nsenter +
+curl costs when the answer is there at once (a direct request to pod A), included in each figure.
+
+Run in the control plane's namespace (dev.sh cluster-bench does): it talks to the apiserver
+directly and reaches the nodes with `nsenter`.
+usage: api_bench.py RUN_DIR SERVICES ENDPOINTS POD_A_IP POD_A_NAME POD_B_IP POD_B_NAME [--json]
+"""
+import base64
+import http.client
+import json
+import os
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+RUN, N, E = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+A_IP, A_NAME, B_IP, B_NAME = sys.argv[4:8]
+AS_JSON = "--json" in sys.argv
+ROUNDS = int(os.environ.get("WEIR_BENCH_CHANGES", "5"))
+NS = "bench"
+
+env = dict(l.strip().split("=", 1) for l in open(f"{RUN}/env") if "=" in l)
+NODE_NS = env["NODE_NS"].strip('"').split()
+MODES = env["PROXY_MODES"].strip('"').split()
+kc = open(f"{RUN}/kubeconfig").read()
+TOKEN = kc.split("token: ")[1].split("}")[0].strip()
+HOST = env["CP_IP"]
+CTX = ssl.create_default_context(cafile=f"{RUN}/pki/ca.crt")
+local = threading.local()
+
+
+def request(method, path, body=None):
+    conn = getattr(local, "conn", None)
+    if conn is None:
+        conn = local.conn = http.client.HTTPSConnection(HOST, 16443, context=CTX, timeout=60)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    for attempt in range(5):
+        try:
+            conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            if r.status == 429 or r.status >= 500:
+                time.sleep(0.2 * (attempt + 1))
+                continue
+            if r.status >= 300 and not (method == "POST" and r.status == 409):
+                raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+            return json.loads(data or b"{}")
+        except (ConnectionError, http.client.HTTPException):
+            conn = local.conn = http.client.HTTPSConnection(HOST, 16443, context=CTX, timeout=60)
+    raise RuntimeError(f"{method} {path}: gave up")
+
+
+def service(i):
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"s{i}", "namespace": NS},
+            "spec": {"ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]}}
+
+
+def fake_endpoints(i):
+    # addresses outside every pod CIDR: nothing answers them, the rules still hold them
+    return [{"addresses": [f"10.{200 + (i * E + j) // 65536 % 50}.{(i * E + j) // 256 % 256}.{(i * E + j) % 256}"],
+             "conditions": {"ready": True}} for j in range(E)]
+
+
+def slice_(i, endpoints):
+    return {"apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice",
+            "metadata": {"name": f"s{i}-bench", "namespace": NS,
+                         "labels": {"kubernetes.io/service-name": f"s{i}",
+                                    "endpointslice.kubernetes.io/managed-by": "weir-bench"}},
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{"name": "", "port": 8080, "protocol": "TCP"}]}
+
+
+SVC = f"/api/v1/namespaces/{NS}/services"
+SLICES = f"/apis/discovery.k8s.io/v1beta1/namespaces/{NS}/endpointslices"
+
+
+def create(i):
+    request("POST", SVC, service(i))
+    request("POST", SLICES, slice_(i, fake_endpoints(i)))
+
+
+def answer(ns, url):
+    r = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", "curl", "-s", "--connect-timeout", "0.1", "-m", "0.5", url],
+                       capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def until(ns, url, want, since, limit):
+    """Seconds from `since` until `url` answers `want` from namespace `ns` (polled every 50 ms)."""
+    while time.monotonic() - since < limit:
+        got = answer(ns, url)
+        if got is not None and (want is None or got == want):
+            return time.monotonic() - since
+        time.sleep(0.05)
+    return None
+
+
+def both(url, want, since, limit):
+    out = [None, None]
+    ts = [threading.Thread(target=lambda k=k: out.__setitem__(k, until(NODE_NS[k], url, want, since, limit)))
+          for k in range(2)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    return out
+
+
+def log(msg):
+    print(f"[{time.strftime('%T')}] {msg}", file=sys.stderr, flush=True)
+
+
+request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+log(f"creating {N - 1} Services x {E} endpoints through the API")
+t0 = time.monotonic()
+done = 0
+with ThreadPoolExecutor(16) as pool:
+    for _ in pool.map(create, range(N - 1)):
+        done += 1
+        if done % 1000 == 0:
+            log(f"  {done} created ({done / (time.monotonic() - t0):.0f}/s)")
+create_s = time.monotonic() - t0
+last = N - 1
+request("POST", SVC, service(last))
+request("POST", SLICES, slice_(last, [{"addresses": [A_IP], "conditions": {"ready": True}}]))
+t_last = time.monotonic()
+cip = request("GET", f"{SVC}/s{last}")["spec"]["clusterIP"]
+url = f"http://{cip}/"
+log(f"last object created after {create_s:.1f} s; waiting for {url} to answer on both nodes")
+limit = float(os.environ.get("WEIR_BENCH_LIMIT", "900"))
+ready = both(url, A_NAME, t_last, limit)
+log(f"rules in the kernel after the last create: {ready}")
+
+changes = [[], []]
+target = (B_IP, B_NAME)
+for r in range(ROUNDS):
+    s = request("GET", f"{SLICES}/s{last}-bench")
+    s["endpoints"] = [{"addresses": [target[0]], "conditions": {"ready": True}}]
+    request("PUT", f"{SLICES}/s{last}-bench", s)
+    t = time.monotonic()
+    got = both(url, target[1], t, 60)
+    for k in range(2):
+        if got[k] is not None:
+            changes[k].append(got[k])
+    log(f"endpoint change {r + 1}: {got}")
+    target = (A_IP, A_NAME) if target[0] == B_IP else (B_IP, B_NAME)
+    time.sleep(0.5)
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+# The measurement's own floor: one nsenter + curl that answers at once (the pod directly).
+floor = [med([until(NODE_NS[k], f"http://{A_IP}:8080/", None, time.monotonic(), 5) or 0 for _ in range(7)])
+         for k in range(2)]
+
+
+rows = []
+for k in range(2):
+    who = "kube-proxy 1.20 iptables" if MODES[k] == "kube-proxy" else f"weir proxy {MODES[k]}"
+    rows.append({"proxy": who, "node": f"node-{k + 1}", "services": N, "endpoints": E,
+                 "last_create_to_rules_s": ready[k], "endpoint_change_ms_median": (med(changes[k]) or 0) * 1000,
+                 "endpoint_change_ms": [round(x * 1000, 1) for x in changes[k]], "create_s": create_s,
+                 "probe_floor_ms": floor[k] * 1000})
+if AS_JSON:
+    print(json.dumps(rows, indent=1))
+else:
+    def f(x, unit=""):
+        return "timeout" if x is None else f"{x:.2f}{unit}"
+    print(f"\n{N} Services x {E} endpoints, created through the API in {create_s:.1f} s")
+    print(f"{'proxy':<28} {'last create -> rules':>22} {'one endpoint change (median)':>30} {'probe floor':>12}")
+    for r in rows:
+        print(f"{r['proxy']:<28} {f(r['last_create_to_rules_s'], ' s'):>22} "
+              f"{r['endpoint_change_ms_median']:>27.0f} ms {r['probe_floor_ms']:>9.0f} ms")
+    k, w = rows[0], rows[1]
+    if k["last_create_to_rules_s"] and w["last_create_to_rules_s"]:
+        print(f"{'ratio kube-proxy / weir':<28} {k['last_create_to_rules_s'] / w['last_create_to_rules_s']:>21.1f}x "
+              f"{k['endpoint_change_ms_median'] / max(w['endpoint_change_ms_median'], 1e-9):>29.1f}x")
