@@ -92,6 +92,18 @@ pub struct PodDns {
     pub probes: Vec<(IpAddr, Result<(), String>)>,
 }
 
+impl PodDns {
+    /// The pod's resolv.conf saved in a directory (`pod-resolv.conf`): its lines can be
+    /// checked, its nameservers cannot be probed.
+    pub fn from_saved(st: &NodeState) -> Option<PodDns> {
+        Some(PodDns {
+            source: "pod-resolv.conf".into(),
+            resolv_conf: st.pod_resolv_conf.clone()?,
+            probes: Vec::new(),
+        })
+    }
+}
+
 /// Every check, in a fixed order.
 pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
     vec![
@@ -130,6 +142,14 @@ pub fn br_netfilter(st: &NodeState) -> Check {
         .map(|l| l.name.as_str())
         .collect();
     let loaded = s.0.keys().any(|k| k.starts_with("net.bridge."));
+    // Only a whole dump (`sysctl -a`, or `weir trace collect`'s cut, which keeps every
+    // net.bridge.* key) shows the module missing by the keys' absence; a few pasted lines do not.
+    if !loaded && !crate::sysctl::looks_whole(s) {
+        return c.skip(format!(
+            "the sysctl output has {} key(s) and no net.bridge.*: it cannot tell whether br_netfilter is loaded; needs `sysctl net.bridge` (or `sysctl -a`) as sysctl.txt",
+            s.0.len()
+        ));
+    }
     if !loaded {
         let status = if bridges.is_empty() {
             Status::Warn
@@ -312,6 +332,13 @@ pub fn forward_policy(st: &NodeState) -> Check {
     if st.iptables.is_none() && st.nft.is_none() {
         return c.skip("neither iptables-save nor nft -j list ruleset output");
     }
+    // A dump cut with grep (or without its table headers) may have lost the accept rules.
+    let cut = st.assumptions.iter().any(|a| {
+        a.starts_with("iptables-save.txt: cut with grep")
+            || (a.starts_with("iptables-save.txt:") && a.contains("no `*table` header"))
+    });
+    let mut unjudged: Vec<String> = Vec::new();
+    let mut judged = 0;
     let judge = |c: &mut Check, what: String, acc: &Accepts| {
         if let Some(e) = &acc.everything {
             c.note(format!(
@@ -328,7 +355,15 @@ pub fn forward_policy(st: &NodeState) -> Check {
             Some(r) => c.note(format!("{what}: replies accepted by `{r}`")),
             None => missing.push("RELATED,ESTABLISHED replies"),
         }
-        if !missing.is_empty() {
+        if !missing.is_empty() && cut && what.starts_with("iptables") {
+            c.found(
+                Status::Warn,
+                format!(
+                    "{what} has policy drop and the dump shows no accept for {}; but iptables-save was cut (grep, or no table headers): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
+                    missing.join(", nor ")
+                ),
+            );
+        } else if !missing.is_empty() {
             c.found(
                 Status::Fail,
                 format!(
@@ -345,14 +380,17 @@ pub fn forward_policy(st: &NodeState) -> Check {
                 let mut acc = Accepts::default();
                 iptables_accepts(d, "filter", "FORWARD", 0, &mut acc);
                 judge(&mut c, "iptables filter FORWARD".into(), &acc);
+                judged += 1;
             }
-            Some(ch) => c.note(format!(
+            Some(ch) if ch.policy.is_some() => c.note(format!(
                 "iptables filter FORWARD policy {}",
-                ch.policy
-                    .as_deref()
-                    .unwrap_or("unknown (declaration cut away)")
+                ch.policy.as_deref().unwrap_or_default()
             )),
-            None => c.note("no iptables filter FORWARD chain in the dump"),
+            Some(_) => unjudged.push(
+                "iptables filter FORWARD's policy line (`:FORWARD DROP [..]`) is not in the dump"
+                    .to_string(),
+            ),
+            None => unjudged.push("iptables-save has no filter FORWARD chain".to_string()),
         }
     }
     if let Some(rs) = &st.nft {
@@ -366,6 +404,7 @@ pub fn forward_policy(st: &NodeState) -> Check {
             if compat || (st.iptables.is_some() && ch.family == "ip" && ch.table == "filter") {
                 continue;
             }
+            judged += 1;
             if hook.policy == "drop" {
                 let mut acc = Accepts::default();
                 nft_accepts(rs, &ch.family, &ch.table, &ch.name, 0, &mut acc);
@@ -380,6 +419,16 @@ pub fn forward_policy(st: &NodeState) -> Check {
             c.found(Status::Warn, "firewalld is active (table inet firewalld): its zones drop forwarded traffic unless pod and service traffic is allowed");
             c.add_fix("put the pod interfaces (cni0, veths) in a trusted zone or allow forwarding between zones, or stop firewalld");
         }
+    }
+    // A FORWARD policy nobody could read is not a pass.
+    if !unjudged.is_empty() && judged == 0 && c.status == Status::Ok {
+        return c.skip(format!(
+            "{}: the forward policy cannot be judged; needs the whole `iptables-save` (its *filter table) as iptables-save.txt",
+            unjudged.join("; ")
+        ));
+    }
+    for u in unjudged {
+        c.note(u);
     }
     c
 }
@@ -444,13 +493,33 @@ pub fn stale_dnat(st: &NodeState) -> Check {
         "stale-dnat",
         "DNAT targets that are no longer anyone's address",
     );
-    if st.iptables.is_none() && st.nft.is_none() {
-        return c.skip("neither iptables-save nor nft -j list ruleset output");
+    if st.iptables.is_none() && st.nft.is_none() && st.ipvs.is_none() {
+        return c.skip("neither iptables-save, nft -j list ruleset nor ipvsadm -Ln output");
     }
     if st.routes.is_none() {
         return c.skip("no ip route output to look the targets up in");
     }
-    let targets = dnat_targets(st);
+    let mut targets = dnat_targets(st);
+    // IPVS's real servers are its DNAT targets (masquerading forwarding).
+    if let Some(text) = &st.ipvs {
+        let vs = crate::ipvs::parse(text).value;
+        let before = targets.len();
+        for v in &vs {
+            for r in &v.real_servers {
+                targets.push((r.addr.ip(), format!("IPVS `{}` -> {}", v.text, r.addr)));
+            }
+        }
+        c.note(format!(
+            "{} IPVS real server(s) of {} virtual server(s) included{}",
+            targets.len() - before,
+            vs.len(),
+            if vs.iter().any(|v| v.cut) {
+                " (ipvsadm output cut with grep: only those shown)"
+            } else {
+                ""
+            }
+        ));
+    }
     let mut seen = BTreeSet::new();
     let (mut local, mut remote, mut verified, mut idle) = (0, 0, 0, Vec::new());
     for (ip, rule) in &targets {
@@ -545,9 +614,10 @@ pub fn stale_dnat(st: &NodeState) -> Check {
 pub fn pod_dns(pod: Option<&PodDns>) -> Check {
     let mut c = Check::new("pod-dns", "pod resolv.conf nameservers dead or host-only");
     let Some(pod) = pod else {
-        return c.skip("no --pod-netns given");
+        return c.skip("no --pod-netns given, and no pod-resolv.conf in the directory");
     };
     let servers = nameservers(&pod.resolv_conf);
+    let mut unprobed: Vec<String> = Vec::new();
     if servers.is_empty() {
         c.found(Status::Fail, format!("{}: no nameserver line", pod.source));
         c.add_fix(
@@ -573,8 +643,20 @@ pub fn pod_dns(pod: Option<&PodDns>) -> Check {
                 );
                 c.add_fix("point the pod at a live server (the cluster DNS ClusterIP); a resolv.conf copied from a DHCP-managed host may name a server that has since gone");
             }
+            None if pod.probes.is_empty() => unprobed.push(ip.to_string()),
             None => c.found(Status::Warn, format!("nameserver {ip} was not probed")),
         }
+    }
+    if !unprobed.is_empty() {
+        let why = format!(
+            "nameserver {} not probed: {} is a saved file, and whether a server answers can only be asked from the pod's namespace (`weir doctor --pod-netns NS` on the node)",
+            unprobed.join(", "),
+            pod.source
+        );
+        if c.status == Status::Ok {
+            return c.skip(why);
+        }
+        c.note(why);
     }
     c
 }
@@ -595,24 +677,34 @@ pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
 /// at the limit: "nf_conntrack: table full, dropping packet"), and `conntrack -S` drop counters.
 pub fn conntrack(st: &NodeState) -> Check {
     let mut c = Check::new("conntrack", "conntrack table pressure");
-    let Some(s) = &st.sysctls else {
-        return c.skip("no sysctl output");
-    };
-    let (Some(count), Some(max)) = (
-        s.int("net.netfilter.nf_conntrack_count"),
-        s.int("net.netfilter.nf_conntrack_max"),
-    ) else {
-        return c
-            .skip("nf_conntrack_count/max not in the sysctl output (nf_conntrack not loaded?)");
-    };
-    let pct = if max > 0 { count * 100 / max } else { 100 };
-    let line = format!("{count} of {max} entries ({pct}%)");
-    if pct >= 90 {
-        c.found(Status::Fail, line);
-    } else if pct >= 75 {
-        c.found(Status::Warn, line);
-    } else {
-        c.note(line);
+    let counts = st.sysctls.as_ref().and_then(|s| {
+        Some((
+            s.int("net.netfilter.nf_conntrack_count")?,
+            s.int("net.netfilter.nf_conntrack_max")?,
+        ))
+    });
+    match (counts, &st.sysctls) {
+        (Some((count, max)), _) => {
+            let pct = if max > 0 { count * 100 / max } else { 100 };
+            let line = format!("{count} of {max} entries ({pct}%)");
+            if pct >= 90 {
+                c.found(Status::Fail, line);
+            } else if pct >= 75 {
+                c.found(Status::Warn, line);
+            } else {
+                c.note(line);
+            }
+        }
+        // `conntrack -S` alone still shows drops: judged, with the fill level said unknown.
+        (None, _) if st.conntrack_stats.is_some() => c.note(
+            "nf_conntrack_count/max not in the dump: the table's fill level is unknown (needs `sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max` as sysctl.txt)",
+        ),
+        (None, None) => return c.skip("no sysctl output and no conntrack -S output"),
+        (None, Some(_)) => {
+            return c.skip(
+                "nf_conntrack_count/max not in the sysctl output (nf_conntrack not loaded?)",
+            )
+        }
     }
     if let Some(stats) = &st.conntrack_stats {
         let total = |key: &str| -> u64 {
@@ -782,7 +874,9 @@ pub fn eni_asymmetric(st: &NodeState) -> Check {
         });
         if seen_tables.insert(table.to_string()) {
             let addrs = st.ipv4_on(&out_dev);
-            if addrs.is_empty() {
+            if addrs.is_empty() && !st.addresses_complete() {
+                c.found(Status::Warn, format!("rule `{}` sends the pod's traffic to table {table} (`{}`) out of {out_dev}, and the dump cannot tell whether {out_dev} has an IPv4 address of its own (no ip addr, no table local): if it has none, masquerade takes another interface's and the reply returns elsewhere; needs `ip addr` (ip-addr.txt) or `ip route show table all`", r.text, out.text));
+            } else if addrs.is_empty() {
                 let masq = primary_src
                     .map(|a| a.to_string())
                     .unwrap_or_else(|| format!("{primary_dev}'s address"));
@@ -793,7 +887,7 @@ pub fn eni_asymmetric(st: &NodeState) -> Check {
                 match rp {
                     Some(1) => c.found(Status::Fail, format!("{ev}; rp_filter on {primary_dev} is strict (1): the reply is dropped (TcpExtIPReversePathFilter rises)")),
                     Some(v) => c.found(Status::Warn, format!("{ev}; rp_filter on {primary_dev} is {v}, so the reply passes, but the SYN leaves {out_dev} with {masq}: a cloud's source/destination check drops it")),
-                    None => c.found(Status::Warn, format!("{ev}; rp_filter unknown (no sysctl output; the kernel default is 0, most distributions set 1 or 2)")),
+                    None => c.found(Status::Warn, format!("{ev}; rp_filter on {primary_dev} unknown: dropped if it is 1 (strict); needs `sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{primary_dev}.rp_filter` as sysctl.txt")),
                 }
                 c.add_fix(format!("give {out_dev} an IPv4 address of its own (weir-cni eni-shared: eniAddress, /32 noprefixroute) so masquerade picks it and the path stays symmetric; or loose rp_filter (sysctl -w net.ipv4.conf.{primary_dev}.rp_filter=2; the effective value is the max of conf/all and conf/{primary_dev}), which still leaves the cloud's source check"));
             } else {

@@ -379,14 +379,15 @@ pub fn parse_routes(text: &str) -> Parsed<Vec<Route>> {
         }
     } else {
         // `ip route show table local` prints no `table local` on its lines: the command above
-        // the paste (a prompt or echoed line) names the table.
-        let shown_table = p.commands.last().and_then(|c| {
+        // them (a prompt or echoed line) names the table.
+        let shown_table = |no: usize| {
+            let c = p.command_above(no)?;
             let w: Vec<&str> = c.split_whitespace().collect();
             let i = w.iter().position(|x| *x == "table")?;
             w.get(i + 1)
                 .filter(|t| !matches!(**t, "all" | "0"))
                 .map(|t| t.to_string())
-        });
+        };
         for l in p.data() {
             // Multipath next hops are continuation lines ("\tnexthop via …"): not modelled.
             if l.text.starts_with(char::is_whitespace) {
@@ -399,9 +400,9 @@ pub fn parse_routes(text: &str) -> Parsed<Vec<Route>> {
             }
             match route_from_text(l.text) {
                 Ok(mut r) => {
-                    if let Some(t) = &shown_table {
+                    if let Some(t) = shown_table(l.no) {
                         if !l.text.split_whitespace().any(|w| w == "table") {
-                            r.table = t.clone();
+                            r.table = t;
                         }
                     }
                     routes.push(r)

@@ -41,6 +41,7 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::ConntrackStats => &["conntrack", "-S"],
         // Run in the pod's namespace, not the node's: not part of a node's collection.
         Output::PodIpAddr => &["ip", "addr"],
+        Output::PodResolvConf => &["cat", "/etc/resolv.conf"],
     }
 }
 
@@ -87,7 +88,7 @@ impl Target {
     pub fn collect(&self) -> Vec<Ran> {
         Output::ALL
             .into_iter()
-            .filter(|o| *o != Output::PodIpAddr)
+            .filter(|o| !matches!(o, Output::PodIpAddr | Output::PodResolvConf))
             .map(|output| {
                 let argv = command_for(output);
                 // ipvsadm loads ip_vs when it is missing: diagnosis must not change the node.

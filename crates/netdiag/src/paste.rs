@@ -37,6 +37,8 @@ pub struct Pasted<'a> {
     pub lines: Vec<Line<'a>>,
     /// The commands of the prompt lines (`ip route show table all`), in order.
     pub commands: Vec<String>,
+    /// The same with the line number of each prompt line.
+    pub command_lines: Vec<(usize, String)>,
     /// There were `--` separators, or the prompt's command pipes into grep: grep cut the
     /// output, what it left out is unknown.
     pub grep_cut: bool,
@@ -60,6 +62,16 @@ impl<'a> Pasted<'a> {
             out.push('\n');
         }
         out
+    }
+
+    /// The command of the last prompt line above line `no`, when there is one (a paste of
+    /// several commands' outputs has one above each).
+    pub fn command_above(&self, no: usize) -> Option<&str> {
+        self.command_lines
+            .iter()
+            .rev()
+            .find(|(n, _)| *n < no)
+            .map(|(_, c)| c.as_str())
     }
 
     /// The number of the last line when it has no line end (it may be cut), else `None`.
@@ -126,6 +138,7 @@ pub fn lines(text: &str) -> Pasted<'_> {
                     out.grep_cut = true;
                 }
                 out.commands.push(cmd.to_string());
+                out.command_lines.push((no, cmd.to_string()));
             }
             continue;
         }

@@ -32,10 +32,12 @@ pub enum Output {
     ConntrackStats,
     /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
     PodIpAddr,
+    /// The pod's `/etc/resolv.conf`.
+    PodResolvConf,
 }
 
 impl Output {
-    pub const ALL: [Output; 13] = [
+    pub const ALL: [Output; 14] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -49,6 +51,7 @@ impl Output {
         Output::Sysctl,
         Output::ConntrackStats,
         Output::PodIpAddr,
+        Output::PodResolvConf,
     ];
 
     /// The file name `weir trace collect` writes.
@@ -67,6 +70,7 @@ impl Output {
             Output::Sysctl => "sysctl.txt",
             Output::ConntrackStats => "conntrack-stats.txt",
             Output::PodIpAddr => "pod-ip-addr.txt",
+            Output::PodResolvConf => "pod-resolv.conf",
         }
     }
 
@@ -121,6 +125,13 @@ impl Output {
                 "ip-a-pod",
                 "pod-ip-addr-show",
             ],
+            Output::PodResolvConf => &[
+                "pod-resolv.conf",
+                "resolv.conf",
+                "pod-resolv-conf",
+                "pod-resolv",
+                "resolv-conf",
+            ],
         }
     }
 
@@ -173,6 +184,8 @@ pub struct NodeState {
     pub inferred_addrs: Vec<Address>,
     /// The pod a packet comes from, read from its own `ip addr` (`pod-ip-addr.txt`).
     pub pod: Option<PodSide>,
+    /// The pod's resolv.conf (`pod-resolv.conf`), for doctor's pod-dns check.
+    pub pod_resolv_conf: Option<String>,
     /// What each parser left out, by output.
     pub skipped: Vec<(Output, Skipped)>,
     /// Guesses made for missing or partial input.
@@ -263,6 +276,10 @@ impl NodeState {
                 }
                 Output::PodIpAddr => {
                     pod_text = Some(text);
+                    Vec::new()
+                }
+                Output::PodResolvConf => {
+                    st.pod_resolv_conf = Some(text);
                     Vec::new()
                 }
             };

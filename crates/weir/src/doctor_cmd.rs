@@ -58,7 +58,8 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     };
     let pod = match &args.pod_netns {
         Some(ns) => Some(pod_dns(ns, args.resolv_conf.as_ref())?),
-        None => None,
+        // A directory may hold the pod's resolv.conf (pod-resolv.conf): its lines are checked.
+        None => PodDns::from_saved(&st),
     };
     let checks = doctor::run_all(&st, pod.as_ref());
     if args.json {

@@ -1,0 +1,150 @@
+//! `weir doctor` on pasted dumps: every check that can run from the files runs, and one that
+//! cannot says which output it needs instead of passing.
+
+use std::path::PathBuf;
+
+use weir_netdiag::doctor::{self, Check, PodDns, Status};
+use weir_netdiag::state::{NodeState, Output};
+
+fn data(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn show(c: Check) -> Check {
+    eprintln!("{}", doctor::render_table(std::slice::from_ref(&c)));
+    c
+}
+
+/// A grep of iptables-save with no FORWARD chain in it used to make forward-policy say "ok".
+#[test]
+fn forward_policy_on_a_cut_iptables_save_skips_or_warns_instead_of_passing() {
+    let st = NodeState::from_outputs([(
+        Output::IptablesSave,
+        data("pasted/iptables-save-grep-A1.txt"),
+    )]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Skip);
+    assert!(
+        c.evidence[0].contains("no filter FORWARD chain"),
+        "{:?}",
+        c.evidence
+    );
+    assert!(c.evidence[0].contains("needs the whole `iptables-save`"));
+
+    // FORWARD DROP shown, its accepts cut away by grep: not a confident FAIL.
+    let cut = "[root@node ~]# iptables-save | grep -A1 FORWARD\n:FORWARD DROP [0:0]\n-A FORWARD -j DOCKER-USER\n";
+    let st = NodeState::from_outputs([(Output::IptablesSave, cut.to_string())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert!(c
+        .evidence
+        .iter()
+        .any(|e| e.contains("may be in what was cut")));
+
+    // A whole dump still fails: Ubuntu 18.04's Docker rules (FORWARD DROP) without their
+    // RELATED,ESTABLISHED accept.
+    let whole = data("pasted/iptables-1.6.1-save.txt").replace(
+        "-A FORWARD -o docker0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n",
+        "",
+    );
+    let st = NodeState::from_outputs([(Output::IptablesSave, whole)]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Fail, "{:?}", c.evidence);
+}
+
+/// A few pasted sysctl lines without net.bridge.* used to be read as "br_netfilter not loaded".
+#[test]
+fn br_netfilter_needs_a_whole_sysctl_dump_to_call_the_module_missing() {
+    let st = NodeState::from_outputs([(
+        Output::Sysctl,
+        "$ sysctl net.ipv4.ip_forward net.ipv4.conf.all.rp_filter\nnet.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = 1\n".to_string(),
+    )]);
+    let c = show(doctor::br_netfilter(&st));
+    assert_eq!(c.status, Status::Skip);
+    assert!(c.evidence[0].contains("needs `sysctl net.bridge`"));
+    // A whole dump without the keys: the module is not loaded.
+    let whole: String = (0..30)
+        .map(|i| format!("net.ipv4.conf.eth{i}.rp_filter = 1\n"))
+        .collect();
+    let st = NodeState::from_outputs([(Output::Sysctl, whole)]);
+    assert_ne!(doctor::br_netfilter(&st).status, Status::Skip);
+}
+
+/// IPVS's real servers are DNAT targets too: one behind a blackhole route is stale.
+#[test]
+fn stale_dnat_reads_ipvs_real_servers() {
+    let st = NodeState::from_outputs([
+        (Output::IpvsadmLn, data("pasted/ipvsadm-Ln-grep-A3.txt")),
+        (
+            Output::IpRoute,
+            "default via 10.12.97.1 dev eth0 \n10.12.97.0/24 dev eth0 proto kernel scope link src 10.12.97.49 \nblackhole 10.12.202.0/24 \n".to_string(),
+        ),
+    ]);
+    let c = show(doctor::stale_dnat(&st));
+    assert_eq!(c.status, Status::Fail);
+    assert!(c
+        .evidence
+        .iter()
+        .any(|e| e.contains("10.12.202.9") && e.contains("IPVS")));
+    assert!(c.evidence.iter().any(|e| e.contains("only those shown")));
+}
+
+/// Main-only routes and no ip addr: whether the ENI has an address is unknown, and said so.
+#[test]
+fn eni_asymmetric_says_which_files_settle_it() {
+    let st = NodeState::from_outputs([
+        (Output::IpRule, data("ticket-eni-ipvs-lb/ip-rule.txt")),
+        (
+            Output::IpRoute,
+            "default via 10.12.97.1 dev eth0 \n10.12.97.0/24 dev eth0 proto kernel scope link src 10.12.97.49 \n10.12.192.44 dev eni3f9c1a2b4d5 scope link \n$ ip route show table 1003\ndefault via 10.12.192.1 dev eth1 onlink \n".to_string(),
+        ),
+    ]);
+    let c = show(doctor::eni_asymmetric(&st));
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.evidence[0].contains("cannot tell whether eth1 has an IPv4 address"));
+    assert!(c.evidence[0].contains("needs `ip addr`"));
+
+    // The ticket as pasted: table local says eth1 has none; rp_filter is what is missing.
+    let (st, _) = NodeState::from_dir(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/ticket-eni-ipvs-lb"),
+    )
+    .unwrap();
+    let c = show(doctor::eni_asymmetric(&st));
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.evidence[0].contains("takes 10.12.97.49 from eth0"));
+    assert!(c.evidence[0]
+        .contains("needs `sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.eth0.rp_filter`"));
+}
+
+/// conntrack -S alone is read; the pod's saved resolv.conf is checked as far as a file can be.
+#[test]
+fn conntrack_stats_and_a_saved_pod_resolv_conf_run_from_files() {
+    let st = NodeState::from_outputs([(
+        Output::ConntrackStats,
+        "cpu=0   \tfound=0 invalid=12 insert=0 insert_failed=0 drop=3 early_drop=0 error=0 search_restart=0 \ncpu=1   \tfound=0 invalid=4 insert=0 insert_failed=0 drop=0 early_drop=0 error=0 search_restart=0 \n".to_string(),
+    )]);
+    let c = show(doctor::conntrack(&st));
+    assert_eq!(c.status, Status::Warn);
+    assert!(c
+        .evidence
+        .iter()
+        .any(|e| e.contains("fill level is unknown")));
+
+    for (resolv, status, says) in [
+        ("nameserver 127.0.0.53\noptions edns0 trust-ad\n", Status::Fail, "host-only"),
+        ("search shop.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n", Status::Skip, "not probed"),
+    ] {
+        let st = NodeState::from_outputs([(Output::PodResolvConf, resolv.to_string())]);
+        let pod = PodDns::from_saved(&st).unwrap();
+        let c = show(doctor::pod_dns(Some(&pod)));
+        assert_eq!(c.status, status);
+        assert!(c.evidence.iter().any(|e| e.contains(says)), "{:?}", c.evidence);
+    }
+    assert_eq!(
+        Output::for_file_name("resolv.conf"),
+        Some(Output::PodResolvConf)
+    );
+}
