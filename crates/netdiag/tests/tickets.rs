@@ -53,8 +53,8 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "k8s-39658-canal-nodeport-forward-drop",
         "the FORWARD chain was pasted as an `iptables -v --line-numbers -L` listing, which the \
-         iptables parser skips line by line; doctor's forward-policy then reports ok (`no \
-         iptables filter FORWARD chain in the dump`) instead of skip",
+         iptables parser skips line by line; doctor's forward-policy then skips (no filter \
+         FORWARD chain or policy line) instead of naming the DROP policy",
     ),
     (
         "k8s-48370-udp-conntrack-empty-endpoints",
