@@ -18,9 +18,9 @@ use weir_netdiag::trace::{self, Packet, Proto, Verdict};
 const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "aws-vpc-cni-231-eni-source-dest-check",
-        "only rp_filter values were pasted, as /proc/sys paths the sysctl parser keeps verbatim \
-         (not net.ipv4.conf.* keys); no routes, so the walk ends at `no route`; the cause (the \
-         EC2 source/destination check on secondary ENIs) is in the cloud, in no node dump",
+        "only rp_filter values were pasted (read now that /proc/sys paths become \
+         net.ipv4.conf.* keys); no routes, so the walk ends at `no route`; the cause (the EC2 \
+         source/destination check on secondary ENIs) is in the cloud, in no node dump",
     ),
     (
         "calico-3258-ipvs-vip-as-source",
