@@ -33,6 +33,12 @@ pub fn parse_request(bytes: &[u8]) -> Request {
         return Request::Drop;
     }
     let reject = |code| Request::Reply(encode_header_only(&msg, code));
+    if msg.edns.as_ref().is_some_and(|e| e.version() > 0) {
+        // RFC 6891 6.1.3: a version this server does not implement is answered BADVERS
+        // (extended RCODE 16), with this server's OPT (version 0) and no answer; the client
+        // falls back to version 0.
+        return reject(ResponseCode::BADVERS);
+    }
     if msg.metadata.op_code != OpCode::Query {
         return reject(ResponseCode::NotImp);
     }
@@ -286,5 +292,33 @@ mod tests {
                 prop_assert!(Message::from_vec(&r).is_ok());
             }
         }
+    }
+
+    #[test]
+    fn an_edns_version_above_0_gets_badvers_with_our_version_0_opt() {
+        let mut q = query("web.shop.svc.cluster.local.", RecordType::A, Some(1232));
+        q.edns.as_mut().unwrap().set_version(1);
+        let Request::Reply(bytes) = parse_request(&q.to_vec().unwrap()) else {
+            panic!("EDNS version 1 must be answered at once")
+        };
+        let m = Message::from_vec(&bytes).unwrap();
+        // hickory names the decoded 16 BADSIG (the same number in TSIG's space): check the value.
+        assert_eq!(u16::from(m.metadata.response_code), 16, "BADVERS");
+        assert_eq!(m.metadata.id, q.metadata.id);
+        let opt = m.edns.as_ref().expect("an OPT record in the reply");
+        assert_eq!(opt.version(), 0);
+        assert_eq!(
+            opt.rcode_high(),
+            1,
+            "BADVERS is 16: extended RCODE 1, header RCODE 0"
+        );
+        assert_eq!(bytes[3] & 0x0f, 0);
+        assert!(m.answers.is_empty());
+        // Version 0 is served as before.
+        let q0 = query("web.shop.svc.cluster.local.", RecordType::A, Some(1232));
+        assert!(matches!(
+            parse_request(&q0.to_vec().unwrap()),
+            Request::Query(_)
+        ));
     }
 }
