@@ -84,20 +84,25 @@ enum LabCommand {
     },
     /// Namespaces, pods, addresses and echo servers of a lab.
     Status {
+        /// The lab's name.
         lab: String,
+        /// Print the status as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Run a command inside one of the lab's namespaces.
     Exec {
+        /// The lab's name.
         lab: String,
         /// `<node>`, `<node>/<pod>`, `out` or `sw`.
         target: String,
+        /// The command and its arguments, after `--`.
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
     /// Stop a node's `weir proxy` and start it again (its rules stay in the kernel meanwhile).
     RestartProxy {
+        /// The lab's name.
         lab: String,
         /// The node (default: every node).
         node: Option<String>,
@@ -108,6 +113,7 @@ enum LabCommand {
     /// Add a node (with pods) to a running lab: its namespace, Node object, `weir routes`, pods,
     /// echo servers and proxy; returns once every node's agent routes it.
     AddNode {
+        /// The lab's name.
         lab: String,
         /// The node's name ([a-z0-9], at most 10).
         node: String,
@@ -120,9 +126,15 @@ enum LabCommand {
     },
     /// Remove a node from a running lab: its Node object first (every other node's `weir
     /// routes` drops its entries, waited for), then its pods, processes and namespaces.
-    RemoveNode { lab: String, node: String },
+    RemoveNode {
+        /// The lab's name.
+        lab: String,
+        /// The node to remove.
+        node: String,
+    },
     /// Probe the connectivity matrix and the services (exit code 1 if any probe fails).
     Check {
+        /// The lab's name.
         lab: String,
         /// Print the results as JSON.
         #[arg(long)]
@@ -156,6 +168,7 @@ enum LabCommand {
     /// `--autopath`, and many parallel getaddrinfo lookups through the DNS ClusterIP and
     /// through the node-local cache, with the nodes' conntrack clash counters.
     DnsMeasure {
+        /// The lab's name.
         lab: String,
         /// Parallel lookups in total, per path.
         #[arg(long, default_value_t = 5000)]

@@ -14,7 +14,7 @@ mod trace_cmd;
 #[command(
     name = "weir",
     version = env!("WEIR_VERSION_LINE"),
-    about = "Kubernetes node networking: CNI, service proxy, DNS, diagnostics, lab"
+    about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,7 +37,7 @@ static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 enum Command {
     /// A whole cluster simulated with network namespaces on this machine.
     Lab(lab_cmd::LabArgs),
-    /// The service proxy (kube-proxy's job): nftables or iptables mode.
+    /// The service proxy (kube-proxy's job): nftables, iptables, ipvs or userspace mode.
     Proxy(Box<proxy_cmd::ProxyArgs>),
     /// Routes to the other nodes' pods from Node objects (flanneld's job): host-gw or vxlan.
     Routes(routes_cmd::RoutesArgs),
@@ -45,7 +45,8 @@ enum Command {
     Dns(dns_cmd::DnsArgs),
     /// Checks a node (or a lab node, or a collected directory) for known networking faults.
     Doctor(doctor_cmd::DoctorArgs),
-    /// Saves a node's state for diagnosis (`weir trace collect DIR`).
+    /// Walks a packet through a node's state: where it goes or why it is dropped (`trace
+    /// collect DIR` saves a node's state).
     Trace(trace_cmd::TraceArgs),
 }
 
@@ -82,5 +83,39 @@ fn main() -> std::process::ExitCode {
             eprintln!("weir: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every subcommand and every flag of every subcommand says what it is for.
+    #[test]
+    fn every_subcommand_and_flag_has_help() {
+        let cli = Cli::command();
+        cli.clone().debug_assert();
+        let mut missing = Vec::new();
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && !arg.is_hide_set() && arg.get_help().is_none() {
+                    missing.push(format!("{path} --{}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_name() == "help" || sub.is_hide_set() {
+                    continue;
+                }
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(sub_path.clone());
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        walk(&cli, "weir", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
     }
 }

@@ -30,6 +30,7 @@ struct WalkArgs {
     /// The packet's destination address.
     #[arg(long, required = true)]
     to: Option<IpAddr>,
+    /// The packet's transport protocol.
     #[arg(long, value_enum, default_value = "tcp")]
     proto: ProtoArg,
     /// Destination port.

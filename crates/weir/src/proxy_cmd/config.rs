@@ -55,6 +55,8 @@ pub struct ProxyFlags {
     /// Where last-known-good copies of the manifests' objects are kept across restarts.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// How services are programmed: nftables (the default), iptables, ipvs, or userspace
+    /// (connections relayed through this process). Unset: the --config file's `mode`.
     #[arg(long, value_enum)]
     pub proxy_mode: Option<ProxyMode>,
     /// IPVS scheduler in ipvs mode: rr (default), wrr, lc, wlc, lblc, lblcr, sh, dh, sed,

@@ -65,6 +65,8 @@ pub struct RoutesFlags {
     /// This node's name (default: the host name).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    /// How pod traffic reaches other nodes: host-gw (a route via each node's address; the
+    /// nodes share one L2 network) or vxlan (an overlay device, any underlay).
     #[arg(long, value_enum, default_value = "vxlan")]
     backend: BackendName,
     /// VXLAN network identifier (flannel's default 1).

@@ -1,0 +1,75 @@
+//! What a user reads from the `weir` binary without root: `--help`, error messages, and
+//! conditions that persist (said once, not every poll).
+
+use std::process::{Command, Output};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+fn weir(args: &[&str]) -> Output {
+    Command::new(WEIR).args(args).output().expect("run weir")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The line of `text` that starts (after indentation) with `start`.
+fn line<'a>(text: &'a str, start: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.trim_start().starts_with(start))
+        .unwrap_or_else(|| panic!("no line starting with {start:?} in:\n{text}"))
+}
+
+#[test]
+fn top_level_help_names_every_proxy_mode_and_what_trace_does() {
+    let o = weir(&["--help"]);
+    assert!(o.status.success());
+    let help = stdout(&o);
+    assert_eq!(
+        help.lines().next(),
+        Some("Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab")
+    );
+    assert_eq!(
+        line(&help, "proxy ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        "proxy The service proxy (kube-proxy's job): nftables, iptables, ipvs or userspace mode"
+    );
+    let trace = line(&help, "trace ");
+    assert!(trace.contains("Walks a packet"), "{trace}");
+    assert!(!trace.contains("Saves"), "{trace}");
+    assert!(line(&help, "routes ").contains("host-gw or vxlan"));
+}
+
+/// The option's help: the rest of its line and the lines below it up to the next option.
+fn option_help(help: &str, flag: &str) -> String {
+    let mut lines = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(flag));
+    let first = lines
+        .next()
+        .unwrap_or_else(|| panic!("no {flag} in:\n{help}"));
+    let mut text = first.trim_start()[flag.len()..].to_string();
+    for l in lines.take_while(|l| !l.trim_start().starts_with('-') && !l.trim().is_empty()) {
+        text.push(' ');
+        text.push_str(l.trim());
+    }
+    text
+}
+
+#[test]
+fn flags_say_what_they_choose() {
+    let proxy = stdout(&weir(&["proxy", "--help"]));
+    let mode = option_help(&proxy, "--proxy-mode <PROXY_MODE>");
+    assert!(mode.contains("How services are programmed"), "{mode}");
+    let routes = stdout(&weir(&["routes", "--help"]));
+    let backend = option_help(&routes, "--backend <BACKEND>");
+    assert!(
+        backend.contains("How pod traffic reaches other nodes"),
+        "{backend}"
+    );
+    let trace = stdout(&weir(&["trace", "--help"]));
+    let proto = option_help(&trace, "--proto <PROTO>");
+    assert!(proto.contains("transport protocol"), "{proto}");
+}
