@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod respond;
 pub mod search;
 pub mod server;
+mod tcp_slots;
 pub mod udp;
 pub mod wire;
 pub mod zone;

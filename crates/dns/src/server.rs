@@ -11,7 +11,9 @@
 //!
 //! Bounds (the request path must never be a way to exhaust the server — aardvark-dns's
 //! CVE-2026-35406 was a TCP loop): at most [`ServerConfig::max_tcp_connections`]
-//! connections (more are closed at once); per connection, a message must arrive whole within
+//! connections (when all are held, a new client takes the slot of the one idle longest, which
+//! is closed after its pending answers; with none idle, the new client is closed at once);
+//! per connection, a message must arrive whole within
 //! [`ServerConfig::tcp_message_timeout`] (so a trickling stream is cut), an idle connection
 //! closes after [`ServerConfig::tcp_idle_timeout`], at most
 //! [`ServerConfig::tcp_queries_per_connection`] queries are served and at most
@@ -35,6 +37,7 @@ use crate::forward::{ForwardError, Forwarder};
 use crate::metrics::{DnsMetrics, Tally, Transport};
 use crate::respond::{encode, parse_request, response, udp_limit, Request};
 use crate::search;
+use crate::tcp_slots::{Slot, Slots};
 use crate::udp;
 use crate::wire::WireZone;
 use crate::zone::{Answer, Zone};
@@ -464,6 +467,7 @@ pub async fn serve_tcp(
     config: ServerConfig,
 ) -> std::io::Result<()> {
     let connections = Arc::new(Semaphore::new(config.max_tcp_connections));
+    let slots = Arc::new(Slots::default());
     let config = Arc::new(config);
     loop {
         let (stream, _) = match listener.accept().await {
@@ -474,14 +478,23 @@ pub async fn serve_tcp(
                 continue;
             }
         };
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        let permit = match connections.clone().try_acquire_owned() {
+            Ok(p) => p,
+            // Every slot held: the connection idle longest gives its slot up (it closes once
+            // its pending answers are written); with none idle, this client is closed.
+            Err(_) if slots.close_oldest_idle() => {
+                let freed = connections.clone().acquire_owned();
+                match tokio::time::timeout(config.tcp_message_timeout, freed).await {
+                    Ok(Ok(p)) => p,
+                    _ => continue,
+                }
+            }
+            Err(_) => continue,
         };
-        let (handler, config) = (handler.clone(), config.clone());
+        let (handler, config, slot) = (handler.clone(), config.clone(), slots.enter());
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = connection(stream, handler, &config).await;
+            let _ = connection(stream, handler, &config, &slot).await;
         });
     }
 }
@@ -490,6 +503,7 @@ async fn connection(
     stream: TcpStream,
     handler: Handler,
     config: &ServerConfig,
+    slot: &Slot,
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
@@ -513,10 +527,16 @@ async fn connection(
     let in_flight = Arc::new(Semaphore::new(config.tcp_in_flight_per_connection.max(1)));
     for _ in 0..config.tcp_queries_per_connection {
         let mut len = [0u8; 2];
-        // Waiting for the next query may be long (idle); the rest of a message may not.
-        match tokio::time::timeout(config.tcp_idle_timeout, rd.read_exact(&mut len[..1])).await {
-            Ok(Ok(_)) => {}
-            _ => break,
+        // Waiting for the next query may be long (idle, and the slot may be taken by a new
+        // client meanwhile); the rest of a message may not.
+        slot.set_idle(true);
+        let next = tokio::time::timeout(config.tcp_idle_timeout, rd.read_exact(&mut len[..1]));
+        tokio::select! {
+            read = next => match read {
+                Ok(Ok(_)) => slot.set_idle(false),
+                _ => break,
+            },
+            _ = slot.close.notified() => break,
         }
         let read_rest = async {
             rd.read_exact(&mut len[1..]).await?;

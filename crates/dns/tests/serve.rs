@@ -176,12 +176,36 @@ async fn tcp_trickle_and_idle_connections_are_cut() {
 }
 
 #[tokio::test]
-async fn tcp_connections_beyond_the_cap_are_closed_at_once() {
+async fn tcp_connections_beyond_the_cap_are_closed_at_once_when_none_is_idle() {
+    let addr = tcp_server().await;
+    // Two connections each in the middle of a message (one byte of its length sent): busy.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(&[0]).await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut third = TcpStream::connect(addr).await.unwrap();
+    assert!(closed_within(&mut third, Duration::from_millis(150)).await);
+    // A slot frees when a connection ends (the busy ones are cut at the message timeout).
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(&framed(&query("db.shop.svc.cluster.local.", RecordType::A)))
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut s).await.unwrap().answers.len(), 2);
+}
+
+/// Every slot held by idle clients: a new client is served at once, in the slot of the one
+/// idle longest, which is closed (it used to wait up to the idle timeout).
+#[tokio::test]
+async fn a_new_tcp_client_takes_the_slot_of_the_connection_idle_longest() {
     let addr = tcp_server().await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        // Prove each is being served (and so holds a slot).
         s.write_all(&framed(&query(
             "web.shop.svc.cluster.local.",
             RecordType::A,
@@ -190,17 +214,36 @@ async fn tcp_connections_beyond_the_cap_are_closed_at_once() {
         .unwrap();
         assert!(read_answer(&mut s).await.is_some());
         held.push(s);
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let started = Instant::now();
     let mut third = TcpStream::connect(addr).await.unwrap();
-    assert!(closed_within(&mut third, Duration::from_millis(300)).await);
-    // A slot frees when a connection ends.
-    drop(held.pop());
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(&framed(&query("db.shop.svc.cluster.local.", RecordType::A)))
+    third
+        .write_all(&framed(&query("db.shop.svc.cluster.local.", RecordType::A)))
         .await
         .unwrap();
-    assert_eq!(read_answer(&mut s).await.unwrap().answers.len(), 2);
+    let answer = read_answer(&mut third)
+        .await
+        .expect("the new client is served");
+    assert_eq!(answer.answers.len(), 2);
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "served in {:?}, not after the idle timeout",
+        started.elapsed()
+    );
+    assert!(
+        closed_within(&mut held[0], Duration::from_millis(100)).await,
+        "the oldest idle connection gave its slot up"
+    );
+    // The younger one still answers.
+    held[1]
+        .write_all(&framed(&query(
+            "web.shop.svc.cluster.local.",
+            RecordType::A,
+        )))
+        .await
+        .unwrap();
+    assert!(read_answer(&mut held[1]).await.is_some());
 }
 
 async fn udp_ask(handler: Handler, names: &[&str]) -> Vec<Message> {
