@@ -109,9 +109,9 @@ pub fn lines(text: &str) -> Pasted<'_> {
     }
     let n = raw.len();
     for (i, l) in raw.into_iter().enumerate() {
-        let mut line = l;
-        if let Some(s) = line.strip_suffix('\r') {
-            line = s;
+        // `\r\n`, and `\r\r\n` from a file converted twice.
+        let line = l.trim_end_matches('\r');
+        if line.len() != l.len() {
             out.crlf = true;
         }
         let no = i + 1;
