@@ -205,3 +205,41 @@ fn same_bridge_service_reply_depends_on_br_netfilter() {
         .iter()
         .any(|h| h.note.contains("br_netfilter hands it to conntrack")));
 }
+
+/// weir-cni's connmark fix, without the sysctls: outside → NodePort → a pod on the ENI. The
+/// request is marked 0x80, so its reverse-path check depends on src_valid_mark as well as
+/// rp_filter: strict without src_valid_mark drops it, anything else lets it in.
+#[test]
+fn connmark_fix_without_sysctls_depends_on_src_valid_mark() {
+    let (_tmp, st) = without("lab-eni-a-fix-on", &["sysctl.txt"]);
+    let t = walk(&st, "10.12.97.1", "10.12.97.11", 30080, "eth0");
+    assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
+    let dropped = t
+        .branches
+        .iter()
+        .find(|b| {
+            b.verdict == Verdict::Dropped
+                && b.cause
+                    .as_deref()
+                    .unwrap_or("")
+                    .starts_with("routing: strict reverse-path filter on eth0")
+        })
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert!(
+        dropped
+            .when_text
+            .contains("rp_filter on eth0 is 1 (strict)")
+            && dropped.when_text.contains("src_valid_mark on eth0 is 0"),
+        "{}",
+        dropped.when_text
+    );
+    assert!(t
+        .unknowns
+        .iter()
+        .any(|u| u.fact == Fact::SrcValidMark("eth0".into())));
+    assert!(t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Delivered
+            && b.when_text.contains("src_valid_mark on eth0 is 1")));
+}

@@ -99,8 +99,9 @@ impl Fact {
 /// One outcome of a conditional verdict.
 #[derive(Debug, Clone, Serialize)]
 pub struct Branch {
-    /// The conditions, each a fact and the values that lead here (one conjunction).
-    pub when: Vec<Condition>,
+    /// The conditions that lead here: any of these conjunctions, each a list of facts with the
+    /// values they must have.
+    pub when: Vec<Vec<Condition>>,
     /// The same, as text: "rp_filter on eth0 is 1 (strict)".
     pub when_text: String,
     pub verdict: super::Verdict,
@@ -235,14 +236,26 @@ pub(super) struct Leaf {
     pub(super) asked: Vec<(Fact, i64)>,
 }
 
-/// Groups leaves by outcome and describes each group by the values that lead to it: per fact,
-/// the values its leaves took, left out when they are every value seen for that fact. When that
-/// description would also cover a leaf of another group, each leaf's own values are listed
-/// instead (joined by "or").
-pub(super) fn branches(leaves: &[Leaf]) -> Vec<(Vec<usize>, Vec<Condition>, String)> {
-    let key = |t: &super::Trace| (format!("{:?}", t.verdict), t.cause.clone());
+/// A conjunction of conditions: each fact constrained to a set of values (a fact absent is
+/// any value).
+type Cube = BTreeMap<Fact, BTreeSet<i64>>;
+
+fn intersects(a: &Cube, b: &Cube) -> bool {
+    a.iter().all(|(f, va)| {
+        b.get(f)
+            .is_none_or(|vb| va.intersection(vb).next().is_some())
+    })
+}
+
+/// Groups leaves by outcome and describes each group as few conditions as it can: every leaf is
+/// a cube of the values it took (a fact it did not ask about is any value); each cube is widened
+/// fact by fact while it meets no other outcome's leaf, cubes that differ in one fact are merged,
+/// and a fact left with every value it was seen with is dropped. The result, a disjunction of
+/// conjunctions, covers the group's leaves and no other group's.
+pub(super) fn branches(leaves: &[Leaf]) -> Vec<(Vec<usize>, Vec<Vec<Condition>>, String)> {
     // (verdict, cause) → the leaves with that outcome.
     type Outcome = (String, Option<String>);
+    let key = |t: &super::Trace| (format!("{:?}", t.verdict), t.cause.clone());
     let mut groups: Vec<(Outcome, Vec<usize>)> = Vec::new();
     for (i, l) in leaves.iter().enumerate() {
         let k = key(&l.trace);
@@ -251,58 +264,102 @@ pub(super) fn branches(leaves: &[Leaf]) -> Vec<(Vec<usize>, Vec<Condition>, Stri
             None => groups.push((k, vec![i])),
         }
     }
-    let mut seen: BTreeMap<Fact, BTreeSet<i64>> = BTreeMap::new();
+    let cube_of = |l: &Leaf| -> Cube {
+        l.asked
+            .iter()
+            .map(|(f, v)| (f.clone(), BTreeSet::from([*v])))
+            .collect()
+    };
+    let mut seen: Cube = BTreeMap::new();
     for l in leaves {
         for (f, v) in &l.asked {
             seen.entry(f.clone()).or_default().insert(*v);
         }
     }
-    let leaf_values = |l: &Leaf| -> BTreeMap<Fact, i64> { l.asked.iter().cloned().collect() };
     let mut out = Vec::new();
     for (_, members) in &groups {
-        let mut desc: BTreeMap<Fact, BTreeSet<i64>> = BTreeMap::new();
+        let others: Vec<Cube> = leaves
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| !members.contains(j))
+            .map(|(_, l)| cube_of(l))
+            .collect();
+        let clear = |c: &Cube| !others.iter().any(|o| intersects(c, o));
+        // Widen each leaf's cube.
+        let mut cubes: Vec<Cube> = Vec::new();
         for &i in members {
-            for (f, v) in &leaves[i].asked {
-                desc.entry(f.clone()).or_default().insert(*v);
+            let mut c = cube_of(&leaves[i]);
+            let facts: Vec<Fact> = c.keys().cloned().collect();
+            for f in facts {
+                let mut wider = c.clone();
+                wider.remove(&f);
+                if clear(&wider) {
+                    c = wider;
+                }
+            }
+            if !cubes.contains(&c) {
+                cubes.push(c);
             }
         }
-        desc.retain(|f, vals| seen.get(f) != Some(vals));
-        let covers_other = leaves.iter().enumerate().any(|(j, l)| {
-            !members.contains(&j) && {
-                let lv = leaf_values(l);
-                desc.iter()
-                    .all(|(f, vals)| lv.get(f).is_none_or(|v| vals.contains(v)))
+        // Merge cubes that differ in one fact's values only, until none do.
+        loop {
+            let mut merged = None;
+            'find: for a in 0..cubes.len() {
+                for b in a + 1..cubes.len() {
+                    let (ca, cb) = (&cubes[a], &cubes[b]);
+                    if ca.len() != cb.len() || ca.keys().ne(cb.keys()) {
+                        continue;
+                    }
+                    let differ: Vec<&Fact> = ca
+                        .iter()
+                        .filter(|(f, v)| cb.get(*f) != Some(v))
+                        .map(|(f, _)| f)
+                        .collect();
+                    if differ.len() <= 1 {
+                        let mut m = ca.clone();
+                        if let Some(f) = differ.first() {
+                            let u: BTreeSet<i64> = ca[*f].union(&cb[*f]).copied().collect();
+                            m.insert((*f).clone(), u);
+                        }
+                        merged = Some((a, b, m));
+                        break 'find;
+                    }
+                }
             }
+            let Some((a, b, m)) = merged else { break };
+            cubes.remove(b);
+            cubes[a] = m;
+        }
+        // Drop subsumed cubes, and facts left with every value seen.
+        let snapshot = cubes.clone();
+        cubes.retain(|c| {
+            !snapshot.iter().any(|d| {
+                d != c
+                    && d.iter()
+                        .all(|(f, vd)| c.get(f).is_some_and(|vc| vc.is_subset(vd)))
+            })
         });
-        let (conds, text) = if !covers_other {
-            let conds: Vec<Condition> = desc
-                .iter()
-                .map(|(f, v)| Condition {
-                    fact: f.clone(),
-                    values: v.iter().copied().collect(),
-                })
-                .collect();
-            let text = desc
-                .iter()
+        for c in &mut cubes {
+            c.retain(|f, v| seen.get(f) != Some(v));
+        }
+        let describe = |c: &Cube| {
+            c.iter()
                 .map(|(f, v)| f.describe(v))
                 .collect::<Vec<_>>()
-                .join(" and ");
-            (conds, text)
-        } else {
-            let text = members
-                .iter()
-                .map(|&i| {
-                    leaves[i]
-                        .asked
-                        .iter()
-                        .map(|(f, v)| f.describe(&BTreeSet::from([*v])))
-                        .collect::<Vec<_>>()
-                        .join(" and ")
-                })
-                .collect::<Vec<_>>()
-                .join("; or ");
-            (Vec::new(), text)
+                .join(" and ")
         };
+        let conds: Vec<Vec<Condition>> = cubes
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|(f, v)| Condition {
+                        fact: f.clone(),
+                        values: v.iter().copied().collect(),
+                    })
+                    .collect()
+            })
+            .collect();
+        let text = cubes.iter().map(describe).collect::<Vec<_>>().join("; or ");
         out.push((members.clone(), conds, text));
     }
     out

@@ -113,12 +113,12 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
     let mut mattered: BTreeSet<Fact> = BTreeSet::new();
     if groups.len() > 1 {
         for (_, conds, _) in &groups {
-            for c in conds {
+            for c in conds.iter().flatten() {
                 mattered.insert(c.fact.clone());
             }
         }
         if mattered.is_empty() {
-            // The fallback description lists every leaf: every fact asked matters.
+            // Outcomes differ, so some fact matters; should none be named, name them all.
             for l in &leaves {
                 for (f, _) in &l.asked {
                     mattered.insert(f.clone());
