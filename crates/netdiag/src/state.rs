@@ -186,6 +186,9 @@ pub struct NodeState {
     pub pod: Option<PodSide>,
     /// The pod's resolv.conf (`pod-resolv.conf`), for doctor's pod-dns check.
     pub pod_resolv_conf: Option<String>,
+    /// `ip addr` shows only part of the node: cut with grep, or one device's
+    /// (`ip addr show eth0`).
+    pub addrs_partial: bool,
     /// What each parser left out, by output.
     pub skipped: Vec<(Output, Skipped)>,
     /// Guesses made for missing or partial input.
@@ -207,8 +210,21 @@ impl NodeState {
         for (o, text) in by_kind {
             st.present.push(o);
             let pasted = crate::paste::lines(&text);
-            if o == Output::IpAddr && pasted.grep_cut {
+            if o == Output::IpAddr
+                && (pasted.grep_cut || pasted.commands.iter().any(|c| shows_one_device(c)))
+            {
                 addrs_cut = true;
+                if !pasted.grep_cut {
+                    st.assumptions.push(format!(
+                        "{}: `{}` shows one device's addresses: the others are unknown",
+                        o.file_name(),
+                        pasted
+                            .commands
+                            .iter()
+                            .find(|c| shows_one_device(c))
+                            .expect("one")
+                    ));
+                }
             }
             for note in pasted.notes() {
                 st.assumptions.push(format!("{}: {note}", o.file_name()));
@@ -285,6 +301,7 @@ impl NodeState {
             };
             st.skipped.extend(skipped.into_iter().map(|s| (o, s)));
         }
+        st.addrs_partial = addrs_cut;
         st.infer_addresses(addrs_cut);
         if let Some(text) = pod_text {
             st.pod = st.read_pod(&text);
@@ -309,12 +326,7 @@ impl NodeState {
 
     /// Whether this node's IPv4 addresses are all known: a whole `ip addr`, or table local.
     pub fn addresses_complete(&self) -> bool {
-        self.has_table_local()
-            || (self.addrs.is_some()
-                && !self
-                    .assumptions
-                    .iter()
-                    .any(|a| a.starts_with("ip-addr.json: cut with grep")))
+        self.has_table_local() || (self.addrs.is_some() && !self.addrs_partial)
     }
 
     /// Local addresses from every source the dump offers besides `ip addr`: table local's
@@ -595,6 +607,35 @@ impl NodeState {
     }
 }
 
+/// Whether an `ip addr` command line names one device (`ip addr show eth0`, `ip -4 a s dev
+/// eth1`, `ip addr show dev eth0`).
+fn shows_one_device(cmd: &str) -> bool {
+    let words: Vec<&str> = cmd
+        .split('|')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip_while(|w| *w == "sudo")
+        .collect();
+    if words.first().map(|w| w.rsplit('/').next().unwrap_or(w)) != Some("ip") {
+        return false;
+    }
+    let mut rest = words[1..].iter().skip_while(|w| w.starts_with('-'));
+    if !matches!(rest.next(), Some(&("a" | "addr" | "address"))) {
+        return false;
+    }
+    let after: Vec<&&str> = rest
+        .skip_while(|w| matches!(**w, "show" | "s" | "list" | "ls" | "l"))
+        .collect();
+    after.iter().any(|w| {
+        !w.starts_with('-')
+            && !matches!(
+                **w,
+                "up" | "scope" | "global" | "primary" | "secondary" | "permanent" | "dynamic"
+            )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -613,5 +654,30 @@ mod tests {
             Some(Output::IptablesSave)
         );
         assert_eq!(Output::for_file_name("notes.md"), None);
+    }
+
+    #[test]
+    fn an_ip_addr_of_one_device_is_partial() {
+        for c in [
+            "ip addr show eth0",
+            "ip -4 a s dev eth1",
+            "sudo ip address show eth0",
+        ] {
+            assert!(shows_one_device(c), "{c}");
+        }
+        for c in [
+            "ip addr",
+            "ip -4 addr show",
+            "ip a",
+            "ip addr show up",
+            "ip route",
+        ] {
+            assert!(!shows_one_device(c), "{c}");
+        }
+        let st = NodeState::from_outputs([(
+            Output::IpAddr,
+            "$ ip addr show eth0\n2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 9001 qdisc mq state UP group default qlen 1000\n    inet 10.12.97.49/24 brd 10.12.97.255 scope global eth0\n".to_string(),
+        )]);
+        assert!(st.addrs_partial && !st.addresses_complete());
     }
 }

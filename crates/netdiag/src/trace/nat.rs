@@ -90,7 +90,12 @@ impl Walker<'_> {
             });
         match fallback {
             Some(a) => {
-                self.assume(format!("masquerade on {oif}, which has no IPv4 address: the kernel takes another interface's ({a}), as inet_select_addr does"));
+                let known = if self.st.addresses_complete() {
+                    ""
+                } else {
+                    " (as far as the dump shows: neither a whole ip addr nor table local says it has none)"
+                };
+                self.assume(format!("masquerade on {oif}, which has no IPv4 address{known}: the kernel takes another interface's ({a}), as inet_select_addr does"));
                 a
             }
             None => {
