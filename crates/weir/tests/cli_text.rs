@@ -73,3 +73,27 @@ fn flags_say_what_they_choose() {
     let proto = option_help(&trace, "--proto <PROTO>");
     assert!(proto.contains("transport protocol"), "{proto}");
 }
+
+#[test]
+fn proxy_config_that_is_not_one_is_named_not_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("passwd");
+    let passwd = "root:x:0:0:root:/root:/bin/bash\nsecret-user:x:1000:1000::/home/s:/bin/sh\n";
+    std::fs::write(&file, passwd.repeat(40)).unwrap();
+    let o = weir(&[
+        "proxy",
+        "--config",
+        file.to_str().unwrap(),
+        "--hostname-override=n1",
+        "--validate",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("{}: not a KubeProxyConfiguration", file.display())),
+        "{err}"
+    );
+    assert!(err.contains("\"root:x:0:0:root:/root:/bin/bash\""), "{err}");
+    assert!(!err.contains("secret-user"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}

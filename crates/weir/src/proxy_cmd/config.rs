@@ -232,9 +232,95 @@ struct ClientConnection {
     other: std::collections::BTreeMap<String, serde_yaml::Value>,
 }
 
+/// At most `max` characters of `text`, with `…` when cut.
+fn excerpt(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// `message` with every quoted string longer than `max` characters cut (serde quotes the
+/// values it could not take, and a value can be a whole file).
+fn cut_quoted(message: &str, max: usize) -> String {
+    let mut out = String::with_capacity(message.len().min(512));
+    let mut rest = message;
+    while let Some(open) = rest.find('"') {
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        // The closing quote: the first one not escaped (serde quotes with `{:?}`).
+        let mut escaped = false;
+        let close = rest.char_indices().find(|&(_, c)| {
+            let end = c == '"' && !escaped;
+            escaped = c == '\\' && !escaped;
+            end
+        });
+        let Some((close, _)) = close else {
+            out.push_str(&excerpt(rest, max));
+            return out;
+        };
+        out.push_str(&excerpt(&rest[..close], max));
+        out.push('"');
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A --config file that does not decode, said in one line: the file, where (line, and the
+/// field when inside one), what is wrong, and that line's start; never the file's content.
+fn config_error(
+    path: &std::path::Path,
+    text: &str,
+    e: &serde_path_to_error::Error<serde_yaml::Error>,
+) -> String {
+    let field = e.path().to_string();
+    let mut message = e.inner().to_string();
+    // serde_yaml says the field itself too, sometimes more than once; and the location.
+    while let Some(rest) = message.strip_prefix(&format!("{field}: ")) {
+        message = rest.to_string();
+    }
+    let location = e.inner().location();
+    if let Some(l) = &location {
+        let suffix = format!(" at line {} column {}", l.line(), l.column());
+        if let Some(m) = message.strip_suffix(&suffix) {
+            message = m.to_string();
+        }
+    }
+    let message = cut_quoted(&message, 40);
+    let line = location.as_ref().map(|l| l.line());
+    let at = line.map(|n| {
+        format!(
+            "line {n} ({:?})",
+            excerpt(text.lines().nth(n - 1).unwrap_or_default().trim_end(), 60)
+        )
+    });
+    if field == "." {
+        // The document itself is not a mapping (a passwd file reads as one long string).
+        let what = message
+            .strip_prefix("invalid type: ")
+            .and_then(|m| m.split([' ', ',']).next())
+            .map(|kind| format!("the file reads as a YAML {kind}"))
+            .unwrap_or(message);
+        let at = at.map(|at| format!("; {at}")).unwrap_or_default();
+        format!(
+            "{}: not a KubeProxyConfiguration (a YAML mapping of fields): {what}{at}",
+            path.display()
+        )
+    } else {
+        let at = at.map(|at| format!("{at}: ")).unwrap_or_default();
+        format!("{}: {at}{field}: {message}", path.display())
+    }
+}
+
 /// Parses a Go duration (`300ms`, `30s`, `1m30s`, `1h`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?} (expected e.g. 250ms, 30s, 1m30s)");
+    let bad = || {
+        format!(
+            "invalid duration {:?} (expected e.g. 250ms, 30s, 1m30s)",
+            excerpt(s, 40)
+        )
+    };
     if s == "0" {
         return Ok(Duration::ZERO);
     }
@@ -274,7 +360,7 @@ fn parse_cidrs(items: &[String], what: &str) -> anyhow::Result<Vec<IpNet>> {
         .filter(|s| !s.is_empty() && *s != "primary")
         .map(|s| {
             s.parse::<IpNet>()
-                .with_context(|| format!("{what}: {s:?} is not a CIDR"))
+                .with_context(|| format!("{what}: {:?} is not a CIDR", excerpt(s, 60)))
         })
         .collect()
 }
@@ -333,7 +419,7 @@ impl ProxyFlags {
                     .with_context(|| format!("read {}", path.display()))?;
                 let de = serde_yaml::Deserializer::from_str(&text);
                 let cfg: KubeProxyConfiguration = serde_path_to_error::deserialize(de)
-                    .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e))?;
+                    .map_err(|e| anyhow::anyhow!(config_error(path, &text, &e)))?;
                 if cfg
                     .kind
                     .as_deref()
@@ -377,7 +463,10 @@ impl ProxyFlags {
             (None, Some("ipvs")) => ProxyMode::Ipvs,
             (None, Some("userspace")) => ProxyMode::Userspace,
             (None, Some(other)) => {
-                bail!("config mode {other:?}: weir supports nftables, iptables, ipvs and userspace")
+                bail!(
+                    "config mode {:?}: weir supports nftables, iptables, ipvs and userspace",
+                    excerpt(other, 40)
+                )
             }
         };
         let section = match mode {
@@ -479,7 +568,7 @@ impl ProxyFlags {
                 (Some(a), _) => Ok(a),
                 (None, Some(s)) if !s.is_empty() => s
                     .parse::<SocketAddr>()
-                    .with_context(|| format!("config {name}: {s:?} is not ip:port")),
+                    .with_context(|| format!("config {name}: {:?} is not ip:port", excerpt(s, 60))),
                 _ => Ok(default.parse().expect("valid default")),
             };
         let ipvs = ipvs_settings(self.ipvs_scheduler.as_deref(), file.ipvs.as_ref())?;
@@ -635,6 +724,48 @@ mod tests {
         assert!(e.to_string().contains("syncPeriod"), "{e}");
         let e = settings_from(ProxyFlags::default(), "kind: Pod\n").unwrap_err();
         assert!(e.to_string().contains("Pod"), "{e}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_config_is_named_not_echoed() {
+        // /etc/passwd: YAML reads it as one multi-line string.
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+            daemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n"
+            .repeat(50);
+        let e = settings_from(ProxyFlags::default(), &passwd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("kp.yaml: not a KubeProxyConfiguration"), "{e}");
+        assert!(e.contains("the file reads as a YAML string"), "{e}");
+        assert!(
+            e.contains("line 1 (\"root:x:0:0:root:/root:/bin/bash\")"),
+            "{e}"
+        );
+        assert!(!e.contains("daemon"), "{e}");
+        assert!(e.len() < 300, "{} bytes: {e}", e.len());
+
+        // A field's value: the field once, its line, the value cut.
+        let long = "on and ".repeat(100);
+        let yaml = format!("mode: iptables\niptables:\n  masqueradeAll: \"{long}\"\n");
+        let e = settings_from(ProxyFlags::default(), &yaml)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e.matches("iptables.masqueradeAll").count(), 1, "{e}");
+        assert!(e.contains("kp.yaml: line 3 (\"  masqueradeAll:"), "{e}");
+        assert!(e.contains("expected a boolean"), "{e}");
+        assert!(e.len() < 300, "{} bytes: {e}", e.len());
+
+        let e = settings_from(ProxyFlags::default(), &format!("mode: {long}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("config mode") && e.len() < 200, "{e}");
+    }
+
+    #[test]
+    fn quoted_values_are_cut_at_a_character_boundary() {
+        assert_eq!(cut_quoted("a \"short\" b", 10), "a \"short\" b");
+        assert_eq!(cut_quoted("x \"ééééé\\\"ééé\" y", 4), "x \"éééé…\" y");
+        assert_eq!(cut_quoted("open \"abcdef", 3), "open \"abc…");
     }
 
     #[test]
