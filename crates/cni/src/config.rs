@@ -241,14 +241,37 @@ pub(crate) fn decode_in_steps<T: serde::de::DeserializeOwned>(
             ));
         }
     }
-    serde_json::from_value(value).map_err(|e| {
-        let code = if e.to_string().contains("unknown field") {
+    serde_path_to_error::deserialize(&value).map_err(|e| {
+        let inner = e.inner().to_string();
+        let code = if inner.contains("unknown field") {
             ErrorCode::UnsupportedField
         } else {
             ErrorCode::InvalidConfig
         };
-        CniError::new(code, format!("invalid {what}: {e}"))
+        // The field's path (`ipam.ranges[0][0].subnet`) and the value found there.
+        let msg = match (e.path().to_string(), value_at(&value, e.path())) {
+            (path, _) if path == "." => format!("invalid {what}: {inner}"),
+            (path, Some(v)) => format!(
+                "invalid {what}: {path} = {}: {inner}",
+                abbreviate(&v.to_string(), 200)
+            ),
+            (path, None) => format!("invalid {what}: {path}: {inner}"),
+        };
+        CniError::new(code, msg)
     })
+}
+
+/// The JSON value at a decoding error's path, when every step of the path is known.
+fn value_at<'a>(mut value: &'a Value, path: &serde_path_to_error::Path) -> Option<&'a Value> {
+    use serde_path_to_error::Segment;
+    for segment in path.iter() {
+        value = match segment {
+            Segment::Seq { index } => value.get(*index)?,
+            Segment::Map { key } => value.get(key.as_str())?,
+            Segment::Enum { .. } | Segment::Unknown => return None,
+        };
+    }
+    Some(value)
 }
 
 impl NetConf {
@@ -610,6 +633,40 @@ mod tests {
         assert_eq!(
             code(&conf("").replace("10.244.1.0/24", "10.244.1.0/33")),
             ErrorCode::InvalidConfig
+        );
+        // A bad value names its field by path, with the value, keeping the code.
+        let e = NetConf::parse(conf("").replace("10.244.1.0/24", "10.0.0.0/33").as_bytes())
+            .unwrap_err();
+        assert_eq!(e.code, ErrorCode::InvalidConfig);
+        assert_eq!(
+            e.msg,
+            "invalid network configuration: ipam.ranges[0][0].subnet = \"10.0.0.0/33\": \
+             invalid IP address syntax"
+        );
+        let e = NetConf::parse(conf(r#","mtu":"big""#).as_bytes()).unwrap_err();
+        assert!(e.msg.contains("mtu = \"big\": invalid type"), "{}", e.msg);
+        let e = NetConf::parse(
+            conf("")
+                .replace(
+                    r#""type":"weir-ipam""#,
+                    r#""type":"weir-ipam","rangeEnd":7"#,
+                )
+                .as_bytes(),
+        )
+        .unwrap_err();
+        assert!(e.msg.contains(": ipam.rangeEnd = 7: "), "{}", e.msg);
+        // An unknown key inside a section is still code 2, named with where it is.
+        let e = NetConf::parse(
+            conf("")
+                .replace(r#""type":"weir-ipam""#, r#""type":"weir-ipam","rangez":[]"#)
+                .as_bytes(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, ErrorCode::UnsupportedField);
+        assert!(
+            e.msg.contains("ipam") && e.msg.contains("rangez"),
+            "{}",
+            e.msg
         );
         // a huge unknown value is named, not echoed whole
         let huge =
