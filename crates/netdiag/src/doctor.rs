@@ -188,6 +188,9 @@ pub fn forwarding(st: &NodeState) -> Check {
     let Some(s) = &st.sysctls else {
         return c.skip("no sysctl output");
     };
+    if s.get("net.ipv4.ip_forward").is_none() && s.get("net.ipv4.conf.all.forwarding").is_none() {
+        return c.skip("the sysctl output has neither net.ipv4.ip_forward nor net.ipv4.conf.all.forwarding: needs `sysctl net.ipv4.ip_forward` as sysctl.txt");
+    }
     for key in ["net.ipv4.ip_forward", "net.ipv4.conf.all.forwarding"] {
         match s.int(key) {
             Some(1) => c.note(format!("{key} = 1")),
@@ -198,7 +201,11 @@ pub fn forwarding(st: &NodeState) -> Check {
                 );
                 c.add_fix("sysctl -w net.ipv4.ip_forward=1 (persist it in /etc/sysctl.d/)");
             }
-            None => c.found(Status::Warn, format!("{key} not in the sysctl output")),
+            // ip_forward and conf.all.forwarding are one switch (writing either sets both):
+            // the other one, present, decides.
+            None => c.note(format!(
+                "{key} not in the sysctl output (the same switch as the other key)"
+            )),
         }
     }
     match s.int("net.ipv6.conf.all.forwarding") {

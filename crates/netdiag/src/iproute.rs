@@ -843,6 +843,10 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
         if text.trim_start().starts_with("valid_lft") {
             continue; // lifetimes: nothing the walk uses
         }
+        if let Some(brief) = brief_addr_line(&text) {
+            addrs.extend(brief);
+            continue;
+        }
         match inet_line(&text, None) {
             Some(Ok(a)) => addrs.push(a),
             Some(Err(e)) => unread.push(Skipped::new(no, &text, e)),
@@ -855,6 +859,42 @@ pub fn parse_addrs(text: &str) -> Parsed<Vec<Address>> {
         value: addrs,
         skipped,
     }
+}
+
+/// A line of `ip -br addr`: `eth0@if2   UP   10.12.97.49/24 fe80::1/64`. Its addresses carry no
+/// scope or flags: loopback ones are `host`, IPv6 link-local ones `link`, the rest `global`.
+fn brief_addr_line(l: &str) -> Option<Vec<Address>> {
+    let words: Vec<&str> = l.split_whitespace().collect();
+    let (name, state) = (words.first()?, words.get(1)?);
+    if l.starts_with(char::is_whitespace)
+        || !matches!(
+            *state,
+            "UP" | "DOWN" | "UNKNOWN" | "LOWERLAYERDOWN" | "DORMANT" | "NOTPRESENT" | "TESTING"
+        )
+    {
+        return None;
+    }
+    let ifname = name.split('@').next().unwrap_or(name).to_string();
+    let mut out = Vec::new();
+    for w in &words[2..] {
+        let (a, len) = w.split_once('/')?;
+        let (addr, prefix_len) = (a.parse::<IpAddr>().ok()?, len.parse::<u8>().ok()?);
+        let scope = match addr {
+            IpAddr::V4(v) if v.is_loopback() => "host",
+            IpAddr::V6(v) if v.is_loopback() => "host",
+            IpAddr::V6(v) if v.segments()[0] & 0xffc0 == 0xfe80 => "link",
+            _ => "global",
+        };
+        out.push(Address {
+            ifname: ifname.clone(),
+            addr,
+            prefix_len,
+            scope: scope.into(),
+            secondary: false,
+            noprefixroute: false,
+        });
+    }
+    Some(out)
 }
 
 /// An `inet`/`inet6` line of `ip addr` on interface `ifname`, or, without one, on the

@@ -65,6 +65,15 @@ fn br_netfilter_needs_a_whole_sysctl_dump_to_call_the_module_missing() {
     let c = show(doctor::br_netfilter(&st));
     assert_eq!(c.status, Status::Skip);
     assert!(c.evidence[0].contains("needs `sysctl net.bridge`"));
+    // forwarding has what it needs there; an rp_filter-only paste does not.
+    assert_eq!(doctor::forwarding(&st).status, Status::Ok);
+    let st = NodeState::from_outputs([(
+        Output::Sysctl,
+        "net.ipv4.conf.all.rp_filter = 1\n".to_string(),
+    )]);
+    let c = show(doctor::forwarding(&st));
+    assert_eq!(c.status, Status::Skip);
+    assert!(c.evidence[0].contains("needs `sysctl net.ipv4.ip_forward`"));
     // A whole dump without the keys: the module is not loaded.
     let whole: String = (0..30)
         .map(|i| format!("net.ipv4.conf.eth{i}.rp_filter = 1\n"))

@@ -624,3 +624,22 @@ fn the_command_above_a_paste_names_the_route_table_it_showed() {
     )]);
     assert!(st.is_local_address("10.0.0.5".parse().unwrap()));
 }
+
+#[test]
+fn ip_brief_addr() {
+    let a = parse_addrs(&pasted("ip-br-addr.txt"));
+    assert!(a.skipped.is_empty(), "{:?}", a.skipped);
+    let v4: Vec<(String, String)> = a
+        .value
+        .iter()
+        .filter(|x| x.addr.is_ipv4() && x.scope == "global")
+        .map(|x| (x.ifname.clone(), format!("{}/{}", x.addr, x.prefix_len)))
+        .collect();
+    assert_eq!(v4[0], ("eth0".to_string(), "10.12.97.49/24".to_string()));
+    assert_eq!(v4.len(), 6);
+    assert!(v4[1..].iter().all(|(i, _)| i == "kube-ipvs0"));
+    assert!(a
+        .value
+        .iter()
+        .all(|x| x.ifname != "eth1" || !x.addr.is_ipv4()));
+}
