@@ -53,21 +53,9 @@ ip -n $P link set veth1 up
 printf '%s' "$RULES" | ip netns exec $N nft -f -
 "#;
 
+/// Root and `ip`, `nft`, `conntrack`, or the test is skipped (a failure under CI=true, naming what is missing).
 fn runnable() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout == b"0\n");
-    let tools = ["ip", "nft", "conntrack"].iter().all(|t| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if !(root && tools) {
-        eprintln!("skipping: needs root, ip, nft, conntrack");
-    }
-    root && tools
+    weir_testkit::can_run(weir_testkit::missing(true, &["ip", "nft", "conntrack"]))
 }
 
 fn sh(args: &[&str]) -> String {

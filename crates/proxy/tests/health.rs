@@ -26,12 +26,9 @@ impl Reply {
     }
 }
 
+/// `curl`, or the test is skipped (a failure under CI=true, naming it).
 fn have_curl() -> bool {
-    let ok = Command::new("curl").arg("--version").output().is_ok();
-    if !ok {
-        eprintln!("skipping: needs curl");
-    }
-    ok
+    weir_testkit::can_run(weir_testkit::commands(&["curl"]))
 }
 
 /// `curl -i`; `None` when nothing answers (connection refused).
@@ -355,12 +352,7 @@ fn a_taken_port_is_reported_and_retried() {
 /// the runtime's threads stay where they are.
 #[test]
 fn servers_open_inside_the_callers_network_namespace() {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout == b"0\n");
-    if !root || !have_curl() {
-        eprintln!("skipping: needs root and curl");
+    if !weir_testkit::can_run(weir_testkit::missing(true, &["curl", "ip"])) {
         return;
     }
     struct Ns(String);

@@ -11,16 +11,9 @@ use weir_model::IpFamily;
 use weir_proxy::ipvs::ipset::Ipset;
 use weir_proxy::ipvs::render::{empty_sets, ipset_full, ipset_rebuild, EntryChange, IpSet};
 
+/// Root and the `ipset` tool, or the test is skipped (a failure under CI=true, naming what is missing).
 fn runnable() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout == b"0\n");
-    let tools = Command::new("ipset").arg("--version").output().is_ok();
-    if !(root && tools) {
-        eprintln!("skipping: needs root and the ipset tool");
-    }
-    root && tools
+    weir_testkit::can_run(weir_testkit::missing(true, &["ipset"]))
 }
 
 /// A network namespace removed on drop (also when the test panics).

@@ -3,7 +3,6 @@
 //! network namespace (root only; skipped otherwise).
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
 use weir_model::{Endpoint, IpFamily, Plan, Protocol, ServicePortKey};
 use weir_proxy::iptables::names::{
@@ -261,24 +260,12 @@ fn save_output_parses_into_chains() {
     assert!(c["filter"].contains("INPUT"));
 }
 
+/// Root and `iptables-restore`, `ip6tables-restore`, `unshare`, or the test is skipped (a failure under CI=true, naming what is missing).
 fn can_run_iptables() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false);
-    let tools = ["iptables-restore", "ip6tables-restore", "unshare"]
-        .iter()
-        .all(|t| {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-    if !(root && tools) {
-        eprintln!("skipping: needs root, iptables-restore, ip6tables-restore and unshare");
-    }
-    root && tools
+    weir_testkit::can_run(weir_testkit::missing(
+        true,
+        &["iptables-restore", "ip6tables-restore", "unshare"],
+    ))
 }
 
 #[test]

@@ -266,21 +266,9 @@ fn the_walk_sees_this_familys_settings_only() {
 // ---------------------------------------------------------------------------------------------
 // The backend, in a network namespace
 
+/// Root and `iptables-nft-restore`, `ip`, or the test is skipped (a failure under CI=true, naming what is missing).
 fn can_run_iptables_nft() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|o| o.stdout == b"0\n");
-    let tools = ["iptables-nft-restore", "ip"].iter().all(|t| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if !(root && tools) {
-        eprintln!("skipping: needs root, iptables-nft-restore and ip");
-    }
-    root && tools
+    weir_testkit::can_run(weir_testkit::missing(true, &["iptables-nft-restore", "ip"]))
 }
 
 /// A named network namespace, deleted on drop (also when the test panics).

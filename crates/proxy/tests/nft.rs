@@ -1,5 +1,3 @@
-use std::process::Command;
-
 use weir_model::Plan;
 use weir_proxy::nft::{render_full, render_update, NftOptions};
 
@@ -49,18 +47,9 @@ fn with_more_web_endpoints(v2: &Plan) -> Plan {
     v3
 }
 
+/// Root and `nft`, `unshare`, or the test is skipped (a failure under CI=true, naming what is missing).
 fn can_run_nft() -> bool {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false);
-    let nft = Command::new("nft").arg("--version").output().is_ok();
-    let unshare = Command::new("unshare").arg("--version").output().is_ok();
-    if !(root && nft && unshare) {
-        eprintln!("skipping: needs root, nft and unshare");
-    }
-    root && nft && unshare
+    weir_testkit::can_run(weir_testkit::missing(true, &["nft", "unshare"]))
 }
 
 #[test]

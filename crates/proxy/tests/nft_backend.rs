@@ -56,12 +56,9 @@ impl Drop for TestNs {
     }
 }
 
-fn is_root() -> bool {
-    let root = common::is_root();
-    if !root {
-        eprintln!("skipping: needs root");
-    }
-    root
+/// Root and `ip`, `nft`, or the test is skipped (a failure under CI=true, naming what is missing).
+fn runnable() -> bool {
+    weir_testkit::can_run(weir_testkit::missing(true, &["ip", "nft"]))
 }
 
 /// The table as comparable data: chain → rules, set → sorted elements (handles dropped).
@@ -114,7 +111,7 @@ fn assert_same(ns: &TestNs, p: &Plan, what: &str) {
 
 #[test]
 fn every_sync_path_leaves_what_a_full_load_leaves() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let node = TestNs::new("node");

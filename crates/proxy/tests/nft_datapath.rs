@@ -60,21 +60,8 @@ PY
 
 #[test]
 fn packets_are_balanced_sticky_nodeported_and_rejected() {
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout == b"0\n")
-        .unwrap_or(false);
-    let tools = ["nft", "ip", "unshare", "nsenter", "python3"]
-        .iter()
-        .all(|t| {
-            Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        });
-    if !root || !tools {
-        eprintln!("skipping: needs root, nft, ip, unshare, nsenter, python3");
+    let needs = weir_testkit::missing(true, &["nft", "ip", "unshare", "nsenter", "python3"]);
+    if !weir_testkit::can_run(needs) {
         return;
     }
     let mut d =

@@ -131,8 +131,7 @@ impl Drop for TestNs {
 /// restart) sends nothing.
 #[test]
 fn a_cold_full_sync_sends_each_element_once_in_full_messages() {
-    if !common::is_root() {
-        eprintln!("skipping: needs root");
+    if !weir_testkit::can_run(weir_testkit::missing(true, &["ip", "nft"])) {
         return;
     }
     let plan = plan(2000);

@@ -10,8 +10,7 @@ use weir_routes::{Backend, Config, NodeStatus, Op};
 
 #[test]
 fn host_gw_routes_on_a_shared_segment_and_refuses_a_routed_node() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     // node1 behind the router on 10.77.1.0/24; node2 and node3 share 10.77.2.0/24.
@@ -64,8 +63,7 @@ fn host_gw_routes_on_a_shared_segment_and_refuses_a_routed_node() {
 
 #[test]
 fn a_foreign_route_to_a_pod_cidr_is_left_alone_and_reported() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let c = Cluster::new("fr", &[2, 2, 2]);

@@ -51,8 +51,7 @@ fn bring_up(c: &Cluster, nodes: &[u8]) -> Vec<weir_model::Object> {
 
 #[test]
 fn pods_reach_each_other_across_routed_subnets_and_nodes_come_and_go() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     // node1 on 10.77.1.0/24; node2 and node3 on 10.77.2.0/24; the router between.
@@ -136,8 +135,7 @@ fn pods_reach_each_other_across_routed_subnets_and_nodes_come_and_go() {
 
 #[test]
 fn cleanup_removes_all_of_weirs_and_nothing_else() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let c = Cluster::new("cl", &[1, 2]);

@@ -1,4 +1,5 @@
-//! A lab for datapath tests (root only; `Lab::new` returns `None` otherwise), in throwaway
+//! A lab for datapath tests (root only; `Lab::new` returns `None` otherwise, after
+//! `weir_testkit::can_run`: a failure under CI=true, a recorded skip elsewhere), in throwaway
 //! network namespaces named after the test and the process:
 //!
 //! ```text
@@ -46,17 +47,11 @@ pub fn sh(cmd: &str) -> Result<String, String> {
     }
 }
 
-/// Root and every tool in `tools` (besides `ip`).
+/// Root and every tool in `tools` (besides `ip`); without them the test is skipped (a failure
+/// under CI=true, naming what is missing).
 fn can_run(tools: &[&str]) -> bool {
-    let root = sh("id -u").is_ok_and(|o| o.trim() == "0");
-    let found = tools
-        .iter()
-        .chain(&["ip"])
-        .all(|t| sh(&format!("command -v {t}")).is_ok());
-    if !(root && found) {
-        eprintln!("skipping: needs root, ip, {}", tools.join(", "));
-    }
-    root && found
+    let tools: Vec<&str> = tools.iter().copied().chain(["ip"]).collect();
+    weir_testkit::can_run(weir_testkit::missing(true, &tools))
 }
 
 /// The tools the iptables mode runs.
@@ -76,7 +71,8 @@ pub struct Lab {
 }
 
 impl Lab {
-    /// `None` when the test cannot run here (not root, or one of `tools` missing).
+    /// `None` when the test cannot run here (not root, or one of `tools` missing): skipped and
+    /// recorded, or a panic naming what is missing under CI=true.
     /// Namespaces are named `wipt-<tag>-<pid>-<role>`: `tag` must be unique per test.
     pub fn new(tag: &str, tools: &[&str]) -> Option<Lab> {
         if !can_run(tools) {

@@ -48,11 +48,6 @@ pub fn golden(name: &str, actual: &str) {
     );
 }
 
-pub fn is_root() -> bool {
-    // SAFETY: getuid cannot fail.
-    unsafe { libc::getuid() == 0 }
-}
-
 /// Runs a shell script in a fresh network namespace (nothing outside it changes):
 /// (success, stdout + stderr).
 pub fn in_netns(script: &str) -> (bool, String) {

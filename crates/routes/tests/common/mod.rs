@@ -15,9 +15,9 @@ use weir_routes::annotations::{Annotations, VtepData};
 use weir_routes::kernel::{reconcile, Reconciled};
 use weir_routes::{Backend, Config};
 
-pub fn is_root() -> bool {
-    // SAFETY: getuid cannot fail.
-    unsafe { libc::getuid() == 0 }
+/// Root and `ip`, or the test is skipped (a failure under CI=true, naming what is missing).
+pub fn runnable() -> bool {
+    weir_testkit::can_run(weir_testkit::missing(true, &["ip"]))
 }
 
 /// Runs a command; panics with its output when it fails.
