@@ -25,8 +25,9 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "calico-3258-ipvs-vip-as-source",
         "only a grep of `ipvsadm -Sn` and an `ipvsadm -Lnc` connection entry (not read) were \
-         pasted: without `ip addr`/`ip route` the walk neither knows 10.254.0.1 is on \
-         kube-ipvs0 nor picks it as the source, and stops at `output routing: no route`",
+         pasted: the walk takes 10.254.0.1:443 through IPVS to a real server but, with no \
+         `ip addr`/`ip route`, never sees the VIP chosen as the source and stops at `output \
+         reroute: no route to 10.111.32.239`",
     ),
     (
         "cilium-12098-eks-nodeport-reply-eni-rule",
