@@ -144,10 +144,11 @@ pub fn br_netfilter(st: &NodeState) -> Check {
     let loaded = s.0.keys().any(|k| k.starts_with("net.bridge."));
     // Only a whole dump (`sysctl -a`, or `weir trace collect`'s cut, which keeps every
     // net.bridge.* key) shows the module missing by the keys' absence; a few pasted lines do not.
-    if !loaded && !crate::sysctl::looks_whole(s) {
+    if !loaded && !st.sysctls_whole() {
         return c.skip(format!(
-            "the sysctl output has {} key(s) and no net.bridge.*: it cannot tell whether br_netfilter is loaded; needs `sysctl net.bridge` (or `sysctl -a`) as sysctl.txt",
-            s.0.len()
+            "the sysctl output ({} key(s){}) has no net.bridge.*: it cannot tell whether br_netfilter is loaded; needs `sysctl net.bridge` (or `sysctl -a`) as sysctl.txt",
+            s.0.len(),
+            if st.sysctls_cut { ", cut with grep" } else { "" }
         ));
     }
     if !loaded {

@@ -189,6 +189,8 @@ pub struct NodeState {
     /// `ip addr` shows only part of the node: cut with grep, or one device's
     /// (`ip addr show eth0`).
     pub addrs_partial: bool,
+    /// The sysctl output was cut with grep (`sysctl -a | grep rp_filter`).
+    pub sysctls_cut: bool,
     /// What each parser left out, by output.
     pub skipped: Vec<(Output, Skipped)>,
     /// Guesses made for missing or partial input.
@@ -210,6 +212,9 @@ impl NodeState {
         for (o, text) in by_kind {
             st.present.push(o);
             let pasted = crate::paste::lines(&text);
+            if o == Output::Sysctl && pasted.grep_cut {
+                st.sysctls_cut = true;
+            }
             if o == Output::IpAddr
                 && (pasted.grep_cut || pasted.commands.iter().any(|c| shows_one_device(c)))
             {
@@ -322,6 +327,14 @@ impl NodeState {
     /// rule names and the dump lacks is empty rather than unknown.
     pub fn has_all_tables(&self) -> bool {
         self.has_table_local()
+    }
+
+    /// Whether the sysctls look like a whole `sysctl -a` (or `weir trace collect`'s cut of it,
+    /// which keeps every key of the families it keeps) rather than a few pasted lines or a
+    /// grep: only then does a missing key mean the kernel has no such setting (a module not
+    /// loaded).
+    pub fn sysctls_whole(&self) -> bool {
+        self.sysctls.as_ref().is_some_and(|s| s.0.len() >= 20) && !self.sysctls_cut
     }
 
     /// Whether this node's IPv4 addresses are all known: a whole `ip addr`, or table local.

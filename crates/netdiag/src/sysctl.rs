@@ -53,13 +53,6 @@ pub fn parse(text: &str) -> Parsed<Sysctls> {
     }
 }
 
-/// Whether `s` looks like a whole `sysctl -a` (or `weir trace collect`'s cut of it, which keeps
-/// every key of the families it keeps) rather than a few pasted lines: only then does a missing
-/// key mean the kernel has no such setting (a module not loaded).
-pub fn looks_whole(s: &Sysctls) -> bool {
-    s.0.len() >= 20
-}
-
 impl Sysctls {
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).map(String::as_str)

@@ -78,8 +78,16 @@ fn br_netfilter_needs_a_whole_sysctl_dump_to_call_the_module_missing() {
     let whole: String = (0..30)
         .map(|i| format!("net.ipv4.conf.eth{i}.rp_filter = 1\n"))
         .collect();
-    let st = NodeState::from_outputs([(Output::Sysctl, whole)]);
+    let st = NodeState::from_outputs([(Output::Sysctl, whole.clone())]);
     assert_ne!(doctor::br_netfilter(&st).status, Status::Skip);
+    // The same lines as `sysctl -a | grep rp_filter`: a grep, not a whole dump.
+    let st = NodeState::from_outputs([(
+        Output::Sysctl,
+        format!("[root@node ~]# sysctl -a | grep rp_filter\n{whole}"),
+    )]);
+    let c = show(doctor::br_netfilter(&st));
+    assert_eq!(c.status, Status::Skip);
+    assert!(c.evidence[0].contains("cut with grep"));
 }
 
 /// IPVS's real servers are DNAT targets too: one behind a blackhole route is stale.

@@ -177,7 +177,7 @@ impl Walker<'_> {
                     Some(v) => vec![(v != 0) as i64],
                     // A whole `sysctl -a` (or weir's cut of it, which keeps every
                     // net.bridge.* key) without the key: the module is not loaded.
-                    None if s.0.len() >= 20
+                    None if self.st.sysctls_whole()
                         && !s.0.keys().any(|k| k.starts_with("net.bridge.")) =>
                     {
                         vec![0]
