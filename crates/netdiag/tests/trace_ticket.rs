@@ -229,3 +229,35 @@ fn ticket_eni_ipvs_lb_with_main_only_routes_does_not_guess_table_1003() {
         .iter()
         .any(|b| b.verdict == Verdict::Delivered && b.when_text.contains("table 1003 is empty")));
 }
+
+/// grep's cut of `ipvsadm -Ln` in the ticket: 10.12.115.102:80 is followed by another virtual
+/// server inside its group, so it truly has no real servers (IPVS rejects); UDP 10.96.0.10:53
+/// ends the file, so its real servers are unknown, not absent.
+#[test]
+fn ticket_eni_ipvs_lb_cut_virtual_servers_are_unknown_not_rejecting() {
+    let (st, _) = NodeState::from_dir(&dir("ticket-eni-ipvs-lb")).unwrap();
+    let pod = |dst: &str, dport: u16, proto: Proto| {
+        let t = trace::trace(
+            &st,
+            &Packet {
+                src: "10.12.192.44".parse().unwrap(),
+                dst: dst.parse().unwrap(),
+                proto,
+                sport: 40000,
+                dport,
+                iif: "eni3f9c1a2b4d5".into(),
+            },
+        );
+        eprintln!("{}", trace::render(&t));
+        t
+    };
+    let t = pod("10.12.115.102", 80, Proto::Tcp);
+    assert_eq!(t.verdict, Verdict::Rejected, "{:?}", t.cause);
+    let t = pod("10.96.0.10", 53, Proto::Udp);
+    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
+    assert!(t
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("its real servers are not in the dump (ipvsadm output cut with grep)"));
+}

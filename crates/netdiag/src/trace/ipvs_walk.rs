@@ -59,6 +59,8 @@ impl Walker<'_> {
                 Some(vs.text.clone()),
                 "virtual server with no real server that takes new connections: rejected",
             );
+            // ip_vs_leave answers ICMP port unreachable: the client is refused at once.
+            self.rejected = true;
             return Some(Err((
                 format!(
                     "{stage}: IPVS virtual server {}:{} has no real servers (weight > 0): rejected with ICMP port unreachable",
