@@ -362,10 +362,17 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     let _source = start_source(&args, &store)?;
 
     let zone_metrics = metrics.clone();
-    let build = move |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
+    // Zone warnings hold as long as the objects behind them: said when they appear or
+    // change and when they clear, not on every rebuild.
+    let mut zone_warnings = crate::conditions::Conditions::default();
+    let mut build = move |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
         config.serial = next_serial(config.serial);
         let zone = Zone::build(snapshot, config);
-        for w in &zone.warnings {
+        let said = zone_warnings.update(zone.warnings.iter().map(String::as_str));
+        for w in said.cleared {
+            info!("zone: resolved: {w}");
+        }
+        for w in said.appeared {
             warn!("zone: {w}");
         }
         info!(

@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod conditions;
 mod dns_cmd;
 mod doctor_cmd;
 mod lab_cmd;

@@ -8,6 +8,8 @@ use tracing::{info, warn};
 use weir_source::api::{ApiReport, ApiSource};
 use weir_source::{ManifestDir, WatchEvent};
 
+use crate::conditions::Conditions;
+
 /// Scans `dir` until it has given one complete view: nothing is served or programmed from a
 /// missing directory or a file still being written (an empty or partial world). With `once`, a
 /// directory that cannot be read is an error instead of a wait.
@@ -16,23 +18,32 @@ pub fn wait_for_complete_view(
     poll: Duration,
     once: bool,
 ) -> anyhow::Result<()> {
-    let mut said_failed = false;
+    // The directory's own failure (missing, unreadable) comes back on every scan: said when
+    // it appears or changes, and when it clears. Other errors come with the scan that read
+    // their file (or, for listing errors, with every scan until the view is complete): each
+    // is said once.
+    let mut failure = Conditions::default();
+    let mut said = std::collections::BTreeSet::new();
     loop {
         let report = dir.scan();
-        for e in &report.errors {
-            warn!("{e}");
+        let failed = report.failed.as_ref().map(|e| e.to_string());
+        for e in report.errors.iter().map(|e| e.to_string()) {
+            if Some(&e) != failed.as_ref() && said.insert(e.clone()) {
+                warn!("{e}");
+            }
+        }
+        if let (Some(e), true) = (&failed, once) {
+            anyhow::bail!("{e}");
+        }
+        let changes = failure.update(failed);
+        for e in changes.cleared {
+            info!("resolved: {e}");
+        }
+        for e in changes.appeared {
+            warn!("{e}; waiting for it before using any object");
         }
         if report.complete() {
             return Ok(());
-        }
-        if let Some(e) = &report.failed {
-            if once {
-                anyhow::bail!("{e}");
-            }
-            if !said_failed {
-                warn!("{e}; waiting for it before using any object");
-                said_failed = true;
-            }
         }
         std::thread::sleep(poll);
     }

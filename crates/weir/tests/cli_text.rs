@@ -1,7 +1,8 @@
 //! What a user reads from the `weir` binary without root: `--help`, error messages, and
 //! conditions that persist (said once, not every poll).
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
@@ -96,4 +97,45 @@ fn proxy_config_that_is_not_one_is_named_not_echoed() {
     assert!(err.contains("\"root:x:0:0:root:/root:/bin/bash\""), "{err}");
     assert!(!err.contains("secret-user"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("manifests");
+    let mut child = Command::new(WEIR)
+        .args([
+            "dns",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifest-poll-interval",
+            "20ms",
+        ])
+        .arg("--manifests")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // About 50 polls with the directory missing, then it appears and the server starts.
+    std::thread::sleep(Duration::from_secs(1));
+    std::fs::create_dir(&dir).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = child.kill();
+    let log = String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr).into_owned();
+    let missing = format!("{}: directory: cannot read", dir.display());
+    // Once when it is missing, once when it is resolved.
+    assert_eq!(log.matches(&missing).count(), 2, "{log}");
+    assert_eq!(
+        log.matches("waiting for it before using any object")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches(&format!("resolved: {missing}")).count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("serving"), "{log}");
 }

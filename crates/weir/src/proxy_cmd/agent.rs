@@ -351,6 +351,7 @@ pub fn run(
     let mut last_check = Instant::now();
     let mut failing = false;
     let mut failures = FailureLog::default();
+    let mut plan_warnings = crate::conditions::Conditions::default();
     let mut first = true;
     loop {
         if let Some(last) = last_sync {
@@ -393,7 +394,13 @@ pub fn run(
         let diff = planner.update(changes.objects, &config);
         let plan = planner.current();
         let plan_ms = planning.elapsed().as_secs_f64() * 1e3;
-        for w in &plan.warnings {
+        // A warning holds as long as its cause (a NodePort not served until the Node is
+        // known): said when it appears or changes and when it clears, not on every sync.
+        let said = plan_warnings.update(plan.warnings.iter().map(String::as_str));
+        for w in said.cleared {
+            info!("plan: resolved: {w}");
+        }
+        for w in said.appeared {
             warn!("plan: {w}");
         }
         if first {
