@@ -194,6 +194,28 @@ impl Target {
         }
     }
 
+    /// A pod's side, run in the pod's namespace (this target): its `ip addr` (the address and the
+    /// `eth0@ifN` peer index that names its host veth) and the resolv.conf a process in it sees.
+    /// Saved next to the node's outputs, they let `weir trace DIR` start from the pod and
+    /// `weir doctor --dir` check its resolv.conf.
+    pub fn collect_pod(&self) -> Vec<Ran> {
+        vec![
+            Ran {
+                output: Output::PodIpAddr,
+                command: format!(
+                    "ip addr (in the pod's namespace {})",
+                    self.netns.as_deref().unwrap_or("?")
+                ),
+                result: self.run(&["ip", "addr"]),
+            },
+            Ran {
+                output: Output::PodResolvConf,
+                command: "the pod's /etc/resolv.conf (through a process in its namespace)".into(),
+                result: self.resolv_conf_of_a_process().map(|(_, text)| text),
+            },
+        ]
+    }
+
     /// The resolv.conf a process living in this namespace sees (`/proc/PID/root/etc/resolv.conf`
     /// of the first process found in it), with its path.
     pub fn resolv_conf_of_a_process(&self) -> Result<(String, String), String> {

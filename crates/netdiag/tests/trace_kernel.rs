@@ -207,3 +207,51 @@ EOF"#);
     assert!(kernel, "the connmark fix must let the kernel deliver it");
     assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
 }
+
+/// `weir trace collect --pod`: the pod's `ip addr` and resolv.conf saved beside the node's
+/// outputs name the pod's address and its host veth (by the `eth0@ifN` peer index), so a walk
+/// from the directory needs no --iif.
+#[test]
+fn a_pod_collected_beside_its_node_is_found_by_its_peer_index() {
+    let node = Ns::new("pn");
+    let pod = Ns::new("pp");
+    node.sh(&format!(
+        "ip link add enipodx type veth peer name eth0 netns {} && ip link set enipodx up \
+         && ip route add 10.70.0.5 dev enipodx scope link",
+        pod.0
+    ));
+    pod.sh("ip addr add 10.70.0.5/32 dev eth0 && ip link set eth0 up");
+    // A process living in the pod's namespace, whose resolv.conf is the pod's.
+    let mut sleeper = Command::new("ip")
+        .args(["netns", "exec", &pod.0, "sleep", "30"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut runs = Target {
+        netns: Some(node.0.clone()),
+    }
+    .collect();
+    runs.extend(
+        Target {
+            netns: Some(pod.0.clone()),
+        }
+        .collect_pod(),
+    );
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let dir = tempfile::tempdir().unwrap();
+    weir_netdiag::live::write_collection(
+        dir.path(),
+        &Target {
+            netns: Some(node.0.clone()),
+        },
+        &runs,
+    )
+    .unwrap();
+    let (st, _) = NodeState::from_dir(dir.path()).unwrap();
+    let side = st.pod.as_ref().expect("pod-ip-addr.txt read back");
+    assert_eq!(side.addr.to_string(), "10.70.0.5");
+    assert_eq!(side.host_iface.as_deref(), Some("enipodx"), "{}", side.how);
+    assert!(side.how.contains("peer"), "{}", side.how);
+    assert!(st.pod_resolv_conf.is_some());
+}

@@ -75,19 +75,26 @@ enum TraceCommand {
         /// Collect from this network namespace (a name under /run/netns, or a path).
         #[arg(long)]
         netns: Option<String>,
+        /// Also save this pod's side (its network namespace: a name or a path): its `ip addr`
+        /// and resolv.conf, so `weir trace DIR` can start from the pod without --iif.
+        #[arg(long)]
+        pod: Option<String>,
     },
 }
 
 pub fn run(args: TraceArgs) -> anyhow::Result<ExitCode> {
     match args.command {
-        Some(TraceCommand::Collect { dir, netns }) => collect(dir, netns),
+        Some(TraceCommand::Collect { dir, netns, pod }) => collect(dir, netns, pod),
         None => walk(args.walk),
     }
 }
 
-fn collect(dir: PathBuf, netns: Option<String>) -> anyhow::Result<ExitCode> {
+fn collect(dir: PathBuf, netns: Option<String>, pod: Option<String>) -> anyhow::Result<ExitCode> {
     let target = Target { netns };
-    let runs = target.collect();
+    let mut runs = target.collect();
+    if let Some(pod) = pod {
+        runs.extend(Target { netns: Some(pod) }.collect_pod());
+    }
     let manifest = live::write_collection(&dir, &target, &runs)
         .with_context(|| format!("cannot collect into {}", dir.display()))?;
     for e in &manifest.entries {
