@@ -102,6 +102,9 @@ impl<'a> Pasted<'a> {
 /// Splits a pasted output into lines, dropping `\r`, prompt lines and marking `--` separators.
 pub fn lines(text: &str) -> Pasted<'_> {
     let mut out = Pasted::default();
+    if text.is_empty() {
+        return out;
+    }
     let ends_with_newline = text.ends_with('\n');
     let mut raw: Vec<&str> = text.split('\n').collect();
     if ends_with_newline {

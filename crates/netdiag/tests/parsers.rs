@@ -643,3 +643,47 @@ fn ip_brief_addr() {
         .iter()
         .all(|x| x.ifname != "eth1" || !x.addr.is_ipv4()));
 }
+
+/// No line of a real output is taken for a shell prompt or a grep separator: every captured
+/// fixture reads with no command and no cut.
+#[test]
+fn no_captured_output_line_is_taken_for_a_prompt() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut files = Vec::new();
+    for d in [
+        "eni-node",
+        "ipvs-node",
+        "ipvs-node/save",
+        "lab-eni-a-fix-off",
+        "lab-eni-a-fix-on",
+        "lab-bridge-iptables-a",
+        "lab-bridge-nftables-a",
+        "lab-bridge-userspace-a",
+        ".",
+    ] {
+        for e in std::fs::read_dir(root.join(d)).unwrap().flatten() {
+            let p = e.path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_file() && !name.ends_with(".md") && !name.ends_with(".sh") {
+                files.push(p);
+            }
+        }
+    }
+    assert!(files.len() > 60, "{}", files.len());
+    for p in files {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let pasted = weir_netdiag::paste::lines(&text);
+        assert!(
+            pasted.commands.is_empty() && !pasted.grep_cut,
+            "{}: {:?}",
+            p.display(),
+            pasted.commands
+        );
+        assert_eq!(
+            pasted.lines.len(),
+            text.lines().count(),
+            "{}: a line was dropped",
+            p.display()
+        );
+    }
+}
