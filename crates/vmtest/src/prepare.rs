@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use fs2::FileExt;
 use sha2::{Digest, Sha256};
 
 use crate::kernel::{self, Kernel};
@@ -40,7 +39,8 @@ pub fn cache_dir() -> anyhow::Result<PathBuf> {
 pub fn prepare() -> anyhow::Result<Prepared> {
     let cache = cache_dir()?;
     let lock = fs::File::create(cache.join(".lock"))?;
-    lock.lock_exclusive().context("lock the VM cache")?;
+    // flock(LOCK_EX), blocking: one preparation at a time across test processes.
+    lock.lock().context("lock the VM cache")?;
     let kernel = kernel::prepare(&cache)?;
     let initramfs = initramfs(&kernel)?;
     Ok(Prepared { kernel, initramfs })

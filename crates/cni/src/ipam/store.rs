@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use fs2::FileExt;
 use ipnet::IpNet;
 
 use super::allocator::candidates;
@@ -389,8 +388,9 @@ impl Store {
             .mode(0o644)
             .open(&lock_path)
             .map_err(io_err(&lock_path))?;
+        // std's File::lock is flock(LOCK_EX), blocking, as host-local's; EINTR is retried here.
         loop {
-            match lock.lock_exclusive() {
+            match lock.lock() {
                 Ok(()) => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_err(&lock_path)(e)),
@@ -676,5 +676,46 @@ impl Store {
             })
         })?;
         Ok(res.expect("locked(create = true) always runs"))
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use std::os::fd::AsRawFd;
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Another process's flock on `<store>/lock` (host-local takes the same one): while it
+    /// holds even a shared lock, an allocation waits (the store's lock is exclusive and
+    /// blocking); it proceeds once the lock is released.
+    #[test]
+    fn operations_wait_for_another_holder_of_the_lock_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut conf: IpamConf =
+            serde_json::from_str(r#"{"type":"weir-ipam","ranges":[[{"subnet":"10.9.0.0/24"}]]}"#)
+                .unwrap();
+        conf.data_dir = Some(tmp.path().to_path_buf());
+        let store = Store::open(&conf, "locknet").unwrap().with_boot_id(None);
+        // The directory and lock file exist after a first operation.
+        store.allocate(&conf, "first", "eth0").unwrap();
+        let held = File::open(tmp.path().join("locknet").join(LOCK_FILE)).unwrap();
+        // SAFETY: flock on a file descriptor this test owns.
+        let rc = unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+        assert_eq!(rc, 0, "{}", io::Error::last_os_error());
+
+        let (tx, rx) = mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let r = store.allocate(&conf, "second", "eth0").map(|a| a.len());
+            tx.send(r).unwrap();
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "allocated while another holder had the lock"
+        );
+        drop(held);
+        let r = rx.recv_timeout(Duration::from_secs(10)).expect("still waiting after release");
+        assert_eq!(r.unwrap(), 1);
+        waiter.join().unwrap();
     }
 }
