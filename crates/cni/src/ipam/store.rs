@@ -714,7 +714,9 @@ mod lock_tests {
             "allocated while another holder had the lock"
         );
         drop(held);
-        let r = rx.recv_timeout(Duration::from_secs(10)).expect("still waiting after release");
+        let r = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("still waiting after release");
         assert_eq!(r.unwrap(), 1);
         waiter.join().unwrap();
     }
