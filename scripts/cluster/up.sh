@@ -12,7 +12,10 @@
 #      directory holding weir and weir-cni, default target/debug), WEIR_PROXY_MODE (nftables,
 #      iptables, ipvs, userspace: weir proxy's mode; kube-proxy: upstream kube-proxy 1.20 in
 #      iptables mode instead), or WEIR_PROXY_MODES: one per node ("kube-proxy nftables": the
-#      two side by side, as the API benchmark runs them).
+#      two side by side, as the API benchmark runs them). WEIR_AGENTS=daemonset: weir-cni, its
+#      conflist, weir proxy and weir routes come from deploy/'s DaemonSet instead (daemonset.sh
+#      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
+#      runs on each node.
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
 # everything by PID and deletes the namespaces, even after a failed up.
 set -euo pipefail
@@ -26,6 +29,7 @@ BIN=$KB/bin
 WEIR_BIN=${WEIR_BIN:-$ROOT/target/debug}
 MODE=${WEIR_PROXY_MODE:-nftables}
 read -r -a MODES <<<"${WEIR_PROXY_MODES:-$MODE $MODE}"
+AGENTS=${WEIR_AGENTS:-processes}
 for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kubectl; do
   [ -x "$BIN/$b" ] || { echo "up.sh: no $BIN/$b: run scripts/cluster/build-kube.sh $KB" >&2; exit 2; }
 done
@@ -181,8 +185,14 @@ for p in loopback portmap; do ln -sf "/usr/lib/cni/$p" "$R/cni-bin/$p"; done
 
 for i in 0 1; do
   node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]} cidr=${POD_CIDRS[$i]}
-  N=$R/$node; mkdir -p "$N/cni/net.d" "$N/kubelet" "$N/containerd"
+  N=$R/$node; mkdir -p "$N/cni/net.d" "$N/kubelet" "$N/containerd" "$N/cni-bin"
   step "$node ($ns, $ip, pods $cidr): containerd, kubelet"
+  cni_bin=$R/cni-bin
+  if [ "$AGENTS" = daemonset ]; then
+    # the DaemonSet's install-cni writes weir-cni and the conflist here; the rest are Debian's
+    cni_bin=$N/cni-bin
+    for p in loopback portmap; do ln -sf "/usr/lib/cni/$p" "$cni_bin/$p"; done
+  else
   cat >"$N/cni/net.d/10-weir.conflist" <<CN
 {"cniVersion": "1.0.0", "name": "weir", "plugins": [
   {"type": "weir-cni", "mode": "bridge", "bridge": "cni0", "mtu": 1500, "isGateway": true,
@@ -191,6 +201,7 @@ for i in 0 1; do
             "dataDir": "$N/cni/networks"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 CN
+  fi
   cat >"$N/containerd/config.toml" <<CT
 version = 2
 root = "$N/containerd/root"
@@ -212,7 +223,7 @@ state = "$N/containerd/state"
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
     [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "$R/cni-bin"
+      bin_dir = "$cni_bin"
       conf_dir = "$N/cni/net.d"
     [plugins."io.containerd.grpc.v1.cri".containerd]
       snapshotter = "overlayfs"
@@ -228,6 +239,9 @@ CT
   wait_for "$node's containerd" 60 ctr -a "$A" version
   ctr -a "$A" -n k8s.io images import "$R/images/pause.tar" >/dev/null
   ctr -a "$A" -n k8s.io images import "$R/images/busybox.tar" >/dev/null
+  if [ -n "${WEIR_IMAGE_TAR:-}" ]; then
+    ctr -a "$A" -n k8s.io images import "$WEIR_IMAGE_TAR" >/dev/null
+  fi
   cat >"$N/kubelet/config.yaml" <<KL
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -294,13 +308,15 @@ EOF
     --proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
     --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
     --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 >"$R/$node-kube-proxy.cmd"
-  if [ "${MODES[$i]}" = kube-proxy ]; then
+  if [ "$AGENTS" = daemonset ]; then
+    : # deploy/'s DaemonSet runs weir proxy and weir routes
+  elif [ "${MODES[$i]}" = kube-proxy ]; then
     bash "$HERE/ctl.sh" "$R" start "$node-kube-proxy"
   else
     # shellcheck disable=SC2046
     bg "$ns" "$node-proxy" env RUST_LOG=info "$WEIR_BIN/weir" $(cat "$N/proxy.args")
   fi
-  bg "$ns" "$node-routes" env RUST_LOG=info "$WEIR_BIN/weir" routes --kubeconfig="$R/kubeconfig" \
+  [ "$AGENTS" = daemonset ] || bg "$ns" "$node-routes" env RUST_LOG=info "$WEIR_BIN/weir" routes --kubeconfig="$R/kubeconfig" \
     --node-name="$node" --backend=host-gw --mtu-file="$N/routes-mtu" --metrics-bind-address=127.0.0.1:10259
   bg "$ns" "$node-dns" env RUST_LOG=info "$WEIR_BIN/weir" dns --kubeconfig="$R/kubeconfig" \
     --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081
@@ -331,6 +347,10 @@ endpoints:
   topology: {kubernetes.io/hostname: ${NODES[1]}}
 ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
 EOF
+if [ "$AGENTS" = daemonset ]; then
+  step "up, waiting for weir's DaemonSet (a node is NotReady until install-cni writes the conflist)"
+  exit 0
+fi
 for node in "${NODES[@]}"; do
   wait_for "Node $node Ready" 120 sh -c "'$R/kubectl' get node $node | grep -q ' Ready'"
 done
