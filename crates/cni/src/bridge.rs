@@ -797,11 +797,25 @@ mod tests {
         assert!(is_weir_veth_name(&legacy_host_veth_name("abc", "eth0")));
     }
 
+    /// Literals, computed once (`printf '%s' abc/eth0 | sha256sum`): veths made by a released
+    /// weir-cni carry these names, and DEL must still find them after an upgrade, so the names
+    /// must not change with the code that makes them.
+    #[test]
+    fn host_veth_names_are_the_released_ones() {
+        assert_eq!(legacy_host_veth_name("abc", "eth0"), "weir538f587a236");
+        assert_eq!(host_veth_name("net", "abc", "eth0"), "weir04d0239dcdc");
+    }
+
     #[test]
     fn owner_alias_fits_the_kernel_limit() {
         assert_eq!(owner_alias("kt"), "weir-cni/kt");
         let long = owner_alias(&"n".repeat(255));
         assert!(long.len() <= 255 && long.starts_with("weir-cni/sha256:"));
+        // a literal (`printf 'n%.0s' $(seq 255) | sha256sum`): the alias on released veths
+        assert_eq!(
+            long,
+            "weir-cni/sha256:3bb555e4ed3e8c6e1818a52c8917ddaa25e9333eeb43a22a9890047c3ded92cc"
+        );
         assert_ne!(owner_alias(&"n".repeat(255)), owner_alias(&"m".repeat(255)));
     }
 

@@ -496,8 +496,18 @@ fn legacy_named_veths_still_del_and_are_not_stolen() {
     let conf = weir_cni::config::NetConf::parse(conf_text.as_bytes()).unwrap();
     let store = weir_cni::ipam::Store::open(&conf.ipam, &conf.name).unwrap();
     store.allocate(&conf.ipam, "old-pod", "eth0").unwrap();
-    let legacy = weir_cni::bridge::legacy_host_veth_name("old-pod", "eth0");
-    let other = weir_cni::bridge::legacy_host_veth_name("elsewhere", "eth0");
+    // The names earlier releases gave them, as literals (sha256 of "old-pod/eth0" and of
+    // "elsewhere/eth0"): a change to the legacy hash must break this test, not follow it.
+    let legacy = "weirdf500e828ad".to_string();
+    let other = "weirc140e3b17a9".to_string();
+    assert_eq!(
+        weir_cni::bridge::legacy_host_veth_name("old-pod", "eth0"),
+        legacy
+    );
+    assert_eq!(
+        weir_cni::bridge::legacy_host_veth_name("elsewhere", "eth0"),
+        other
+    );
     node.sh("ip link add cni0 type bridge; ip link add brother type bridge");
     node.sh(&format!(
         "ip link add {legacy} type veth peer name legpeer; ip link set {legacy} master cni0 up"

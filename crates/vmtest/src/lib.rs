@@ -7,8 +7,10 @@
 //! test binary ([`Vm::shared`]); every test sends it scripts ([`Vm::run`]).
 //!
 //! Where qemu cannot run (not installed, no kernel to fetch, no boot within the timeout) the
-//! tests skip instead of failing: write them with [`vm_or_skip!`]. Set `WEIR_VM_REQUIRED=1` to
-//! turn a skip into a failure (CI, where the VM is expected to work). See docs/vm.md.
+//! tests skip instead of failing: write them with [`vm_or_skip!`]. A skip is printed and recorded
+//! (weir_testkit: `SKIPPED <test>: missing the test VM (<reason>)`, summarised by `bash
+//! scripts/dev.sh test`). Under `CI=true`, or with `WEIR_VM_REQUIRED=1` (which dev.sh sets under
+//! CI), a skip is a failure instead. See docs/vm.md.
 //!
 //! ```no_run
 //! #[test]
@@ -32,14 +34,15 @@ pub use guest::{GUEST_IO_DIR, MODULES};
 pub use qemu::Accel;
 pub use vm::{BootTimes, Skip, Vm};
 
-/// The shared VM, or `None` after printing `SKIP: <reason>` to stderr (a panic instead when
-/// `WEIR_VM_REQUIRED` is set). Use [`vm_or_skip!`] in tests.
+/// The shared VM, or `None` after the skip is printed and recorded (`weir_testkit::can_run`; call
+/// it on the test's thread, which names the test). A panic instead when `WEIR_VM_REQUIRED` is set
+/// or under `CI=true`. Use [`vm_or_skip!`] in tests.
 pub fn shared_or_skip() -> Option<&'static Vm> {
     match Vm::shared() {
         Ok(vm) => Some(vm),
         Err(skip) if required() => panic!("WEIR_VM_REQUIRED is set but the VM cannot run: {skip}"),
         Err(skip) => {
-            eprintln!("SKIP: {skip}");
+            weir_testkit::can_run(Some(format!("the test VM ({skip})")));
             None
         }
     }
@@ -49,7 +52,8 @@ fn required() -> bool {
     std::env::var("WEIR_VM_REQUIRED").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
-/// The shared VM, or returns from the calling test (after printing `SKIP: <reason>`).
+/// The shared VM, or returns from the calling test (after recording the skip; see
+/// [`shared_or_skip`]).
 #[macro_export]
 macro_rules! vm_or_skip {
     () => {

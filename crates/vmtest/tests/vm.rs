@@ -1,7 +1,7 @@
 //! The harness proven against one booted VM: Debian's kernel runs, the host's tools and build tree
 //! are there, the link types and IPVS the host kernel lacks work, and IPVS really balances TCP.
-//! Every test skips (prints `SKIP: ...`) where qemu cannot run; set WEIR_VM_REQUIRED=1 to fail
-//! instead. Names inside the guest carry a per-test tag, since the tests share the VM and run in
+//! Every test skips (a recorded `SKIPPED ...` line) where qemu cannot run; under CI=true or with
+//! WEIR_VM_REQUIRED=1 it fails instead. Names inside the guest carry a per-test tag, since the tests share the VM and run in
 //! parallel.
 
 use std::time::{Duration, Instant};

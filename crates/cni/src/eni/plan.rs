@@ -206,6 +206,9 @@ mod tests {
     #[test]
     fn veth_names_are_15_bytes_and_per_network() {
         let a = host_veth_name("eni", "net1", "c1", "eth0");
+        // a literal (`printf '%s' net1/c1/eth0 | sha256sum`): DEL after an upgrade finds the
+        // veths a released weir-cni made only if the name does not change
+        assert_eq!(a, "eni06d71de18509");
         assert_eq!(a.len(), 15);
         assert!(a.starts_with("eni"));
         assert_eq!(a, host_veth_name("eni", "net1", "c1", "eth0"));
@@ -218,6 +221,8 @@ mod tests {
         assert_eq!(chain_name("eni_a1"), "net-eni_a1");
         let dotted = chain_name("eni.a");
         assert!(dotted.starts_with("net-eni_a-"), "{dotted}");
+        // a literal (sha256 of "eni.a" begins b7ae): a released weir-cni's chain keeps its name
+        assert_eq!(dotted, "net-eni_a-b7ae");
         assert_ne!(dotted, chain_name("eni_a"));
     }
 
