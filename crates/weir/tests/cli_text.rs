@@ -99,10 +99,23 @@ fn proxy_config_that_is_not_one_is_named_not_echoed() {
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// Waits up to 30 s for `path` to contain `what`; returns the file's text.
+fn wait_for_text(path: &std::path::Path, what: &str) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(what) || started.elapsed().as_secs() >= 30 {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("manifests");
+    let log_path = tmp.path().join("log");
     let mut child = Command::new(WEIR)
         .args([
             "dns",
@@ -114,15 +127,18 @@ fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
         .arg("--manifests")
         .arg(&dir)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(std::fs::File::create(&log_path).unwrap())
         .spawn()
         .unwrap();
-    // About 50 polls with the directory missing, then it appears and the server starts.
-    std::thread::sleep(Duration::from_secs(1));
+    // Once it has said so, about 25 more polls with the directory missing; then it appears
+    // and the server starts.
+    wait_for_text(&log_path, "waiting for it");
+    std::thread::sleep(Duration::from_millis(500));
     std::fs::create_dir(&dir).unwrap();
-    std::thread::sleep(Duration::from_secs(1));
+    wait_for_text(&log_path, "serving");
     let _ = child.kill();
-    let log = String::from_utf8_lossy(&child.wait_with_output().unwrap().stderr).into_owned();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
     let missing = format!("{}: directory: cannot read", dir.display());
     // Once when it is missing, once when it is resolved.
     assert_eq!(log.matches(&missing).count(), 2, "{log}");
@@ -138,4 +154,52 @@ fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
         "{log}"
     );
     assert!(log.contains("serving"), "{log}");
+}
+
+/// Root (a network namespace of its own, `unshare -n`): a reconciliation failing on every
+/// one-second retry is said once, and its end once.
+#[test]
+fn a_failing_routes_reconciliation_is_said_once_and_when_it_recovers() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: needs root (unshare -n)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let manifests = tmp.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(
+        manifests.join("nodes.yaml"),
+        "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {podCIDR: 10.244.1.0/24}\n\
+         status: {addresses: [{type: InternalIP, address: 192.168.9.1}]}\n",
+    )
+    .unwrap();
+    let log_path = tmp.path().join("log");
+    // The underlay device appears 2.5 s (two more retries) after the first failure is logged.
+    let script = format!(
+        "ip link set lo up; \
+         (until grep -q 'reconciliation failed' {log}; do sleep 0.1; done; sleep 2.5; \
+          ip link add under0 type veth peer name under1; ip link set under1 up; \
+          ip addr add 192.168.9.1/24 dev under0; ip link set under0 up) & \
+         exec {WEIR} routes --manifests {} --node-name n1 --backend vxlan --iface under0 \
+         --mtu-file {} 2>{log}",
+        manifests.display(),
+        tmp.path().join("mtu").display(),
+        log = log_path.display(),
+    );
+    let mut child = Command::new("unshare")
+        .args(["-n", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_text(&log_path, "reconciled again after failing");
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(log.matches("reconciliation failed").count(), 1, "{log}");
+    assert!(log.contains("under0: no such device"), "{log}");
+    assert_eq!(
+        log.matches("reconciled again after failing").count(),
+        1,
+        "{log}"
+    );
 }

@@ -27,6 +27,7 @@ use weir_routes::{Backend, Config, VxlanConfig};
 use weir_source::api::{patch_node_annotations, start_api_source, ApiOptions, ApiSource};
 use weir_source::{watch_dir, Event, Kind, ManifestDir, SharedStore};
 
+use crate::conditions::Conditions;
 use crate::proxy_cmd::parse_duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -237,6 +238,9 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let mut seen = 0;
+    // A failing reconciliation is retried every second: its error is said when it appears or
+    // changes, and its end once, not every retry.
+    let mut failure = Conditions::default();
     loop {
         let (generation, snapshot) = store.snapshot();
         seen = seen.max(generation);
@@ -244,6 +248,9 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         let outcome = reconcile(&mut rtnl, &cfg, &snapshot, flags.iface.as_deref());
         let failed = match outcome {
             Ok(r) => {
+                for e in failure.update(None::<String>).cleared {
+                    info!(error = %e, "routes: reconciled again after failing");
+                }
                 if !r.applied.is_empty() || !r.failed.is_empty() {
                     info!(
                         backend = cfg.backend.type_name(),
@@ -258,7 +265,13 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
                 !r.failed.is_empty()
             }
             Err(e) => {
-                warn!(error = %e, "routes: reconciliation failed (kernel state left as it was)");
+                // A different error replaces the one said before.
+                for e in failure.update([format!("{e:#}")]).appeared {
+                    warn!(
+                        error = %e,
+                        "routes: reconciliation failed (kernel state left as it was); retrying"
+                    );
+                }
                 metrics.failed();
                 true
             }
