@@ -67,8 +67,8 @@ enum ProtoArg {
 
 #[derive(Subcommand)]
 enum TraceCommand {
-    /// Save iptables-save, ip6tables-save, nft -j list ruleset, ipset list, ip rule/route/link/
-    /// addr/neigh, ipvsadm -Ln, the relevant sysctls and conntrack counters into DIR.
+    /// Save iptables-save, ip6tables-save, nft -j list ruleset, ipset list, ip rule, route,
+    /// link, addr and neigh, ipvsadm -Ln, the relevant sysctls and conntrack counters into DIR.
     Collect {
         /// A new or empty directory (existing files are never overwritten).
         dir: PathBuf,

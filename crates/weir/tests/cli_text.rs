@@ -41,6 +41,12 @@ fn top_level_help_names_every_proxy_mode_and_what_trace_does() {
     assert!(trace.contains("Walks a packet"), "{trace}");
     assert!(!trace.contains("Saves"), "{trace}");
     assert!(line(&help, "routes ").contains("host-gw or vxlan"));
+    let collect = stdout(&weir(&["trace", "--help"]));
+    let collect = line(&collect, "collect ");
+    assert!(
+        collect.contains("ip rule, route, link, addr and neigh"),
+        "{collect}"
+    );
 }
 
 /// The option's help: the rest of its line and the lines below it up to the next option.
@@ -64,6 +70,12 @@ fn flags_say_what_they_choose() {
     let proxy = stdout(&weir(&["proxy", "--help"]));
     let mode = option_help(&proxy, "--proxy-mode <PROXY_MODE>");
     assert!(mode.contains("How services are programmed"), "{mode}");
+    // ipvs and userspace serve NodePorts on every local address too.
+    let np = option_help(&proxy, "--nodeport-addresses <CIDR[,CIDR]|primary>");
+    assert!(
+        np.contains("every local address in iptables, ipvs and userspace modes"),
+        "{np}"
+    );
     let routes = stdout(&weir(&["routes", "--help"]));
     let backend = option_help(&routes, "--backend <BACKEND>");
     assert!(

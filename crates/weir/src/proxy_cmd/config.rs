@@ -74,8 +74,9 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
     /// CIDRs whose local addresses serve NodePorts, or `primary` (the node's own IPs).
-    /// Unset: every local address in iptables mode, `primary` in nftables mode (as
-    /// kube-proxy). A loopback CIDR enables localhost NodePorts (iptables mode only).
+    /// Unset: every local address in iptables, ipvs and userspace modes, `primary` in
+    /// nftables mode (as kube-proxy). A loopback CIDR enables localhost NodePorts (iptables
+    /// mode only).
     #[arg(long, value_name = "CIDR[,CIDR]|primary", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
     /// Masquerade all traffic sent to service IPs.
