@@ -563,6 +563,42 @@ impl std::fmt::Display for TopologyError {
 
 impl std::error::Error for TopologyError {}
 
+/// At most `max` characters of `text`, with `…` when cut.
+fn excerpt(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+/// `message` with every quoted string longer than `max` characters cut (serde quotes values
+/// with `{:?}` and names in backticks).
+fn cut_quoted(message: &str, max: usize) -> String {
+    let mut out = String::with_capacity(message.len().min(512));
+    let mut rest = message;
+    while let Some(open) = rest.find(['"', '`']) {
+        let quote = rest[open..].chars().next().unwrap_or('"');
+        out.push_str(&rest[..=open]);
+        rest = &rest[open + 1..];
+        // The closing quote: `"` may be escaped inside (`{:?}`), a backtick may not.
+        let mut escaped = false;
+        let close = rest.char_indices().find(|&(_, c)| {
+            let end = c == quote && !escaped;
+            escaped = quote == '"' && c == '\\' && !escaped;
+            end
+        });
+        let Some((close, _)) = close else {
+            out.push_str(&excerpt(rest, max));
+            return out;
+        };
+        out.push_str(&excerpt(&rest[..close], max));
+        out.push(quote);
+        rest = &rest[close + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn err(field: impl Into<String>, message: impl Into<String>) -> TopologyError {
     TopologyError {
         field: field.into(),
@@ -604,6 +640,7 @@ impl Topology {
         let de = serde_yaml::Deserializer::from_str(yaml);
         let topo: Topology = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
+            let line = e.inner().location().map(|l| l.line());
             let mut inner = e.into_inner().to_string();
             // serde_yaml prefixes some messages with (part of) the path already: drop it.
             if let Some((head, rest)) = inner.split_once(": ") {
@@ -611,7 +648,22 @@ impl Topology {
                     inner = rest.to_string();
                 }
             }
-            err(path, inner)
+            // The values serde quotes can be a whole file (/etc/passwd reads as one string).
+            let inner = cut_quoted(&inner, 40);
+            match (path.as_str(), inner.strip_prefix("invalid type: ")) {
+                (".", Some(kind)) => {
+                    let kind = kind.split([' ', ',']).next().unwrap_or_default();
+                    let first = line
+                        .and_then(|n| yaml.lines().nth(n.saturating_sub(1)))
+                        .map(|l| format!("; line 1: {:?}", excerpt(l.trim_end(), 60)))
+                        .unwrap_or_default();
+                    err(
+                        path,
+                        format!("not a topology (a YAML mapping of fields): the file reads as a YAML {kind}{first}"),
+                    )
+                }
+                _ => err(path, inner),
+            }
         })?;
         topo.validate()?;
         Ok(topo)
@@ -1544,6 +1596,17 @@ mod tests {
         assert!(e.message.contains("unknown field `color`"), "{e}");
         let e = with("cni: weir", "cni: calico").unwrap_err();
         assert_eq!(e.field, "cni", "{e}");
+        // A file that is not a topology at all is named, not echoed.
+        let passwd = "root:x:0:0:root:/root:/bin/bash\nsecret:x:1:1::/s:/bin/sh\n".repeat(30);
+        let e = Topology::parse(&passwd).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "topology: not a topology (a YAML mapping of fields): the file reads as a YAML \
+             string; line 1: \"root:x:0:0:root:/root:/bin/bash\""
+        );
+        let long = "x".repeat(500);
+        let e = with("cni: weir", &format!("cni: {long}")).unwrap_err();
+        assert!(e.message.len() < 200, "{e}");
         let e = with("clusterCIDR: 10.244.0.0/16\n", "").unwrap_err();
         assert!(e.message.contains("missing field `clusterCIDR`"), "{e}");
     }

@@ -242,18 +242,20 @@ fn excerpt(text: &str, max: usize) -> String {
 }
 
 /// `message` with every quoted string longer than `max` characters cut (serde quotes the
-/// values it could not take, and a value can be a whole file).
+/// values it could not take with `{:?}`, and a value can be a whole file; names in
+/// backticks).
 fn cut_quoted(message: &str, max: usize) -> String {
     let mut out = String::with_capacity(message.len().min(512));
     let mut rest = message;
-    while let Some(open) = rest.find('"') {
+    while let Some(open) = rest.find(['"', '`']) {
+        let quote = rest[open..].chars().next().unwrap_or('"');
         out.push_str(&rest[..=open]);
         rest = &rest[open + 1..];
-        // The closing quote: the first one not escaped (serde quotes with `{:?}`).
+        // The closing quote: `"` may be escaped inside (`{:?}`), a backtick may not.
         let mut escaped = false;
         let close = rest.char_indices().find(|&(_, c)| {
-            let end = c == '"' && !escaped;
-            escaped = c == '\\' && !escaped;
+            let end = c == quote && !escaped;
+            escaped = quote == '"' && c == '\\' && !escaped;
             end
         });
         let Some((close, _)) = close else {
@@ -261,7 +263,7 @@ fn cut_quoted(message: &str, max: usize) -> String {
             return out;
         };
         out.push_str(&excerpt(&rest[..close], max));
-        out.push('"');
+        out.push(quote);
         rest = &rest[close + 1..];
     }
     out.push_str(rest);
@@ -767,6 +769,10 @@ mod tests {
         assert_eq!(cut_quoted("a \"short\" b", 10), "a \"short\" b");
         assert_eq!(cut_quoted("x \"ééééé\\\"ééé\" y", 4), "x \"éééé…\" y");
         assert_eq!(cut_quoted("open \"abcdef", 3), "open \"abc…");
+        assert_eq!(
+            cut_quoted("unknown variant `abcdef`, expected `ab`", 3),
+            "unknown variant `abc…`, expected `ab`"
+        );
     }
 
     #[test]
