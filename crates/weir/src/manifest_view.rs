@@ -12,23 +12,24 @@ use crate::conditions::Conditions;
 
 /// Scans `dir` until it has given one complete view: nothing is served or programmed from a
 /// missing directory or a file still being written (an empty or partial world). With `once`, a
-/// directory that cannot be read is an error instead of a wait.
+/// directory that cannot be read is an error instead of a wait, and the files' errors are said
+/// here; without it they are left to the watcher started next ([`weir_source::watch_dir`]).
 pub fn wait_for_complete_view(
     dir: &mut ManifestDir,
     poll: Duration,
     once: bool,
 ) -> anyhow::Result<()> {
     // The directory's own failure (missing, unreadable) comes back on every scan: said when
-    // it appears or changes, and when it clears. Other errors come with the scan that read
-    // their file (or, for listing errors, with every scan until the view is complete): each
-    // is said once.
+    // it appears or changes, and when it clears. The files' errors are the watcher's to say
+    // (its first scan reports every current one); without a watcher (`once`) they are said
+    // here, each once.
     let mut failure = Conditions::default();
     let mut said = std::collections::BTreeSet::new();
     loop {
         let report = dir.scan();
         let failed = report.failed.as_ref().map(|e| e.to_string());
         for e in report.errors.iter().map(|e| e.to_string()) {
-            if Some(&e) != failed.as_ref() && said.insert(e.clone()) {
+            if once && Some(&e) != failed.as_ref() && said.insert(e.clone()) {
                 warn!("{e}");
             }
         }

@@ -168,6 +168,36 @@ fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
     assert!(log.contains("serving"), "{log}");
 }
 
+#[test]
+fn a_broken_manifest_is_said_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("manifests");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("broken.yaml"), "just a line of text\n").unwrap();
+    let log_path = tmp.path().join("log");
+    let mut child = Command::new(WEIR)
+        .args([
+            "dns",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifest-poll-interval",
+            "20ms",
+        ])
+        .arg("--manifests")
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    wait_for_text(&log_path, "serving");
+    // Some polls of the watcher after the first view.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(log.matches("broken.yaml").count(), 1, "{log}");
+}
+
 /// Root (a network namespace of its own, `unshare -n`): a reconciliation failing on every
 /// one-second retry is said once, and its end once.
 #[test]

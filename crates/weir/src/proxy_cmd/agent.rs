@@ -352,6 +352,8 @@ pub fn run(
     let mut failing = false;
     let mut failures = FailureLog::default();
     let mut plan_warnings = crate::conditions::Conditions::default();
+    // The periodic check of the kernel's rules, when it cannot run: said once per error.
+    let mut check_failure = crate::conditions::Conditions::default();
     let mut first = true;
     loop {
         if let Some(last) = last_sync {
@@ -417,7 +419,15 @@ pub fn run(
         // --full-sync-period rewrite every rule regardless (kube-proxy: hourly).
         if last_check.elapsed() >= settings.sync_period {
             last_check = Instant::now();
-            match backend.intact() {
+            let check = backend.intact();
+            let said = check_failure.update(check.as_ref().err().map(|e| e.to_string()));
+            for e in said.cleared.iter().filter(|_| check.is_ok()) {
+                info!(
+                    mode = backend.mode(),
+                    "checking the rules works again (it failed: {e})"
+                );
+            }
+            match check {
                 Ok(true) => {}
                 Ok(false) => {
                     warn!(
@@ -426,7 +436,11 @@ pub fn run(
                     );
                     backend.invalidate();
                 }
-                Err(e) => warn!(mode = backend.mode(), "checking the rules failed: {e}"),
+                Err(_) => {
+                    for e in said.appeared {
+                        warn!(mode = backend.mode(), "checking the rules failed: {e}");
+                    }
+                }
             }
         }
         if last_full.is_some_and(|t| t.elapsed() >= settings.full_sync_period) {

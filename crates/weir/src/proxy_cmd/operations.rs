@@ -4,9 +4,11 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use std::collections::BTreeMap;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use weir_model::{Plan, PlanDiff, ServicePortKey};
+
+use crate::conditions::Conditions;
 use weir_proxy::conntrack::{stale_udp_flows, Conntrack};
 use weir_proxy::health::SourceCheck;
 use weir_proxy::health::{
@@ -33,6 +35,9 @@ pub struct Operations {
     /// (internal, external).
     health_checks: BTreeMap<ServiceName, (u16, usize)>,
     no_local: (i64, i64),
+    /// healthCheckNodePorts that could not be opened (retried at every sync): each said when
+    /// it first fails or its error changes, and when it opens.
+    health_check_failures: Conditions,
     // Kept alive for the life of the agent; dropped last.
     _servers: ProxyServers,
     _runtime: HttpRuntime,
@@ -61,6 +66,7 @@ impl Operations {
             queued_at: None,
             health_checks: BTreeMap::new(),
             no_local: (0, 0),
+            health_check_failures: Conditions::default(),
             _servers: servers,
             _runtime: runtime,
         })
@@ -195,8 +201,17 @@ impl SyncObserver for Operations {
         }
         self.metrics
             .set_no_local_endpoints(self.no_local.0, self.no_local.1);
-        for e in self.service_health.sync(&self.health_checks) {
-            warn!(service = ?e.service, port = e.port, "healthCheckNodePort not opened: {}", e.error);
+        let errors = self.service_health.sync(&self.health_checks);
+        let said = self.health_check_failures.update(
+            errors
+                .iter()
+                .map(|e| format!("{:?} port {}: {}", e.service, e.port, e.error)),
+        );
+        for e in said.cleared {
+            info!("healthCheckNodePort no longer failing: {e}");
+        }
+        for e in said.appeared {
+            warn!("healthCheckNodePort not opened (retried at every sync): {e}");
         }
     }
 
