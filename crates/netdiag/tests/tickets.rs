@@ -19,21 +19,22 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "aws-vpc-cni-231-eni-source-dest-check",
         "only rp_filter values were pasted (read now that /proc/sys paths become \
-         net.ipv4.conf.* keys); no routes, so the walk ends at `no route`; the cause (the EC2 \
-         source/destination check on secondary ENIs) is in the cloud, in no node dump",
+         net.ipv4.conf.* keys); no routes, so the verdict is unknown (`ip route show table \
+         all` would settle it); the cause (the EC2 source/destination check on secondary ENIs) \
+         is in the cloud, in no node dump",
     ),
     (
         "calico-3258-ipvs-vip-as-source",
         "only a grep of `ipvsadm -Sn` and an `ipvsadm -Lnc` connection entry (not read) were \
          pasted: the walk takes 10.254.0.1:443 through IPVS to a real server but, with no \
-         `ip addr`/`ip route`, never sees the VIP chosen as the source and stops at `output \
-         reroute: no route to 10.111.32.239`",
+         `ip addr`/`ip route`, never sees the VIP chosen as the source: every real server's \
+         walk is unknown at `output reroute` (no routes in the dump)",
     ),
     (
         "cilium-12098-eks-nodeport-reply-eni-rule",
         "one `ip rule` line and one mangle CONNMARK line were pasted, no kube-proxy DNAT rules \
          and no routes: the walk never reaches the pod, so the reply's policy rule 110 is not \
-         consulted (`routing: no route to 192.168.21.197`)",
+         consulted (unknown: `routing: cannot tell where 192.168.21.197 goes`)",
     ),
     (
         "flannel-841-vxlan-mtu-aws",
@@ -44,12 +45,12 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "k8s-23322-hairpin-veth-fallback",
         "the only paste is sysfs hairpin_mode (all 0), which no parser reads; bridge-port \
-         hairpin is not modelled, and without routes the walk ends at `no route`",
+         hairpin is not modelled, and without routes the verdict is unknown",
     ),
     (
         "k8s-36835-no-cluster-cidr-no-masquerade",
         "the stored paste stops before KUBE-SERVICES and the KUBE-SEP DNAT rules, so the \
-         missing KUBE-MARK-MASQ jumps cannot be seen; no routes, so the walk ends at `no route`",
+         missing KUBE-MARK-MASQ jumps cannot be seen; no routes, so the verdict is unknown",
     ),
     (
         "k8s-39658-canal-nodeport-forward-drop",
@@ -65,24 +66,25 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "k8s-55923-ipvs-nodeport-non-eth-nic",
         "the pasted `ipvsadm -ln` predates the NodePort Service, and without `ip addr` the \
-         node's address is not local to the walk (`routing: no route to 10.0.3.15`)",
+         node's address is not local to the walk (unknown: no routes in the dump)",
     ),
     (
         "k8s-59976-ipvs-lb-ip-not-on-kube-ipvs0",
         "the stored copy cuts the `ipvsadm` paste after its header and no `ip addr` of \
          kube-ipvs0 or routes are in it, so nothing shows the LoadBalancer IP missing from \
-         kube-ipvs0; the walk ends at `routing: no route`",
+         kube-ipvs0; with no routes the verdict is unknown",
     ),
     (
         "k8s-63479-hostnetwork-forward-drop",
         "the only paste is one iptables LOG line (kernel log, not read): no iptables-save, \
-         routes or addresses, so the walk ends at `output routing: no route`",
+         routes or addresses, so the verdict is unknown at `output routing`",
     ),
     (
         "k8s-65158-ipvs-host-to-clusterip",
         "the `ip route show table local` paste is read into table local, but the VIP's own local \
-         route is cut from the stored paste, and the output lookup does not take \
-         10.200.10.10 on kube-ipvs0 (from `ip addr`) as local: `output routing: no route`",
+         route is cut from the stored paste and table main was not pasted: the output lookup \
+         is unknown (`no table main`), and does not take 10.200.10.10 on kube-ipvs0 (from \
+         `ip addr`) as local",
     ),
     (
         "k8s-81635-forward-reject-rule-order",
@@ -93,8 +95,8 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     (
         "kubeadm-139-firewalld-forward-reject",
         "the pasted FORWARD chain (header-less, read into filter) holds the catch-all REJECT, \
-         but with no routes and no nat rules the walk stops at `routing: no route to \
-         10.96.0.1` before reaching FORWARD",
+         but with no routes and no nat rules the walk is unknown at `routing: cannot tell \
+         where 10.96.0.1 goes` before reaching FORWARD",
     ),
     (
         "lyft-ipvlan-38-nodeport-rp-filter",

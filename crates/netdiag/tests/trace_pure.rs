@@ -257,8 +257,13 @@ fn a_hand_made_directory_with_one_grep_cut_file_says_what_it_assumed() {
         "{:?}",
         st.assumptions
     );
-    // Without routes nothing is reachable: said as the drop's cause, not hidden.
-    assert_eq!(t.verdict, Verdict::Dropped);
+    // Without routes the walk cannot tell where the packet goes: unknown, naming the output
+    // that settles it (it used to say "dropped: no route", an artefact of the missing file).
+    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
+    let cause = t.cause.as_deref().unwrap_or("");
+    assert!(cause.contains("cannot tell where"), "{cause}");
+    assert!(cause.contains("`ip route show table all`"), "{cause}");
+    assert!(!cause.contains("no route to"), "{cause}");
 }
 
 /// The same lab with weir-cni's fix (`weir lab demo --topology eni --proxy-mode

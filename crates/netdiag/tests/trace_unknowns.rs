@@ -243,3 +243,70 @@ fn connmark_fix_without_sysctls_depends_on_src_valid_mark() {
         .any(|b| b.verdict == Verdict::Delivered
             && b.when_text.contains("src_valid_mark on eth0 is 1")));
 }
+
+/// A dump without `ip route` says nothing about where a packet goes: the walk's verdict is
+/// unknown and names the output that settles it, where it used to be "dropped: routing: no
+/// route" (12 of the 13 trace tickets in tests/data/tickets ended that way, for a file the
+/// reporter never pasted).
+#[test]
+fn without_ip_route_the_verdict_is_unknown_and_names_ip_route_show_table_all() {
+    let (_tmp, st) = without("lab-eni-a-fix-off", &["ip-route.json"]);
+    assert!(st.routes.is_none());
+    let t = walk(
+        &st,
+        "10.12.192.18",
+        "10.12.115.102",
+        8443,
+        "eni69381f0634bc",
+    );
+    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
+    let cause = t.cause.as_deref().unwrap();
+    assert!(cause.contains("cannot tell where"), "{cause}");
+    assert!(cause.contains("no `ip route` output"), "{cause}");
+    assert!(cause.contains("`ip route show table all`"), "{cause}");
+    assert!(!cause.contains("no route to"), "{cause}");
+}
+
+/// Only table local pasted (`ip route show table local`): table main is not in the dump, so a
+/// destination with no route there is unknown too; with table main in the dump, a destination
+/// it has no route for is still a definite "no route".
+#[test]
+fn routes_without_table_main_are_unknown_but_a_missing_route_in_main_is_a_drop() {
+    use weir_netdiag::state::Output;
+    use weir_netdiag::trace::{trace, Packet, Proto};
+    let packet = Packet {
+        src: "192.168.0.99".parse().unwrap(),
+        dst: "172.16.5.5".parse().unwrap(),
+        proto: Proto::Tcp,
+        sport: 40000,
+        dport: 80,
+        iif: "eth0".into(),
+    };
+    let sysctl = (Output::Sysctl, "net.ipv4.ip_forward = 1\n".to_string());
+    let local_only = NodeState::from_outputs([
+        (
+            Output::IpRoute,
+            "ip route show table local\nlocal 192.168.0.1 dev eth0 proto kernel scope host src 192.168.0.1\n"
+                .to_string(),
+        ),
+        sysctl.clone(),
+    ]);
+    let t = trace(&local_only, &packet);
+    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
+    assert!(
+        t.cause.as_deref().unwrap().contains("no table main"),
+        "{:?}",
+        t.cause
+    );
+
+    let with_main = NodeState::from_outputs([
+        (
+            Output::IpRoute,
+            "192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1\n".to_string(),
+        ),
+        sysctl,
+    ]);
+    let t = trace(&with_main, &packet);
+    assert_eq!(t.verdict, Verdict::Dropped, "{:?}", t.cause);
+    assert_eq!(t.cause.as_deref(), Some("routing: no route to 172.16.5.5"));
+}

@@ -359,7 +359,7 @@ impl Walker<'_> {
             );
         }
         if st.routes.is_none() {
-            self.assume("no ip route output: no routes, nothing is reachable");
+            self.assume("no ip route output: where a packet goes is unknown (not assumed: a lookup that needs the routes makes the verdict unknown)");
         }
         if st.addrs.is_none() && st.inferred_addrs.is_empty() {
             self.assume("no ip addr output, and no route names a local address: masquerade's source unknown");

@@ -152,6 +152,23 @@ impl Walker<'_> {
             ));
         }
         let Some((rule, route)) = back else {
+            if let Some(why) = self.routes_missing() {
+                self.unknown_outcome = true;
+                self.hop(
+                    stage,
+                    "rp_filter",
+                    None,
+                    format!("route back to {}: {why}", p.src),
+                );
+                return Err((
+                    format!(
+                        "{stage}: reverse-path check: cannot tell whether there is a route back to {}: {why}; settle it with {}",
+                        p.src,
+                        super::routing::ROUTES_SETTLE
+                    ),
+                    vec![],
+                ));
+            }
             self.hop(
                 stage,
                 "rp_filter",

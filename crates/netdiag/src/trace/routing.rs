@@ -6,6 +6,10 @@ use crate::iproute::PolicyRule;
 
 use super::{Dropped, Fact, Walker};
 
+/// The output that settles a lookup the dump's routes cannot answer.
+pub(super) const ROUTES_SETTLE: &str =
+    "`ip route show table all` (ip-route.txt; `weir trace collect` saves it)";
+
 /// The result of a routing decision.
 #[derive(Debug, Clone)]
 pub(super) struct RouteResult {
@@ -73,6 +77,22 @@ impl Walker<'_> {
                 })
             }
             None => {
+                if let Some(why) = self.routes_missing() {
+                    // Nothing in the dump says there is no route: the routes were not pasted.
+                    self.unknown_outcome = true;
+                    self.hop(
+                        stage,
+                        "rules",
+                        None,
+                        format!("from {src} to {dst}: {why}: where it goes is unknown"),
+                    );
+                    return Err((
+                        format!(
+                            "{stage}: cannot tell where {dst} goes: {why}; settle it with {ROUTES_SETTLE}"
+                        ),
+                        vec![],
+                    ));
+                }
                 self.hop(
                     stage,
                     "rules",
@@ -81,6 +101,20 @@ impl Walker<'_> {
                 );
                 Err((format!("{stage}: no route to {dst}"), vec![]))
             }
+        }
+    }
+
+    /// Why a lookup that found no route cannot conclude there is none: the dump holds no
+    /// routes (no `ip route` output), or none of table main (only `ip route show table local`
+    /// was pasted; every node with an address has routes in main). None when the dump holds
+    /// table main, so that a missing route is a real "no route".
+    pub(super) fn routes_missing(&self) -> Option<String> {
+        match &self.st.routes {
+            None => Some("the dump has no `ip route` output".into()),
+            Some(rs) if !rs.iter().any(|r| r.table == "main" || r.table == "254") => {
+                Some("the dump's routes hold no table main (only other tables were pasted)".into())
+            }
+            Some(_) => None,
         }
     }
 
