@@ -71,6 +71,11 @@ fn formerr_from_header(bytes: &[u8]) -> Request {
     Request::Reply(msg.to_vec().unwrap_or_default())
 }
 
+/// FORMERR for a well-formed message with a malformed part (a bad COOKIE option).
+pub fn formerr(req: &Message) -> Vec<u8> {
+    encode_header_only(req, ResponseCode::FormErr)
+}
+
 fn encode_header_only(req: &Message, code: ResponseCode) -> Vec<u8> {
     let mut msg = Message::error_msg(req.metadata.id, req.metadata.op_code, code);
     msg.metadata.recursion_desired = req.metadata.recursion_desired;

@@ -20,7 +20,7 @@
 //! [`ServerConfig::tcp_in_flight_per_connection`] are worked on concurrently (answers may
 //! come back out of order, as RFC 7766 allows).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -33,9 +33,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
 
+use crate::cookie::{client_cookie, ClientCookie, CookieSecret};
 use crate::forward::{ForwardError, Forwarder};
 use crate::metrics::{DnsMetrics, Tally, Transport};
-use crate::respond::{encode, parse_request, response, udp_limit, Request};
+use crate::respond::{encode, formerr, parse_request, response, udp_limit, Request};
 use crate::search;
 use crate::tcp_slots::{Slot, Slots};
 use crate::udp;
@@ -146,6 +147,7 @@ pub struct Handler {
     forwarder: Option<Arc<Forwarder>>,
     autopath: bool,
     metrics: Arc<DnsMetrics>,
+    cookies: CookieSecret,
 }
 
 /// A request answered at once, or one that needs the upstreams.
@@ -172,6 +174,29 @@ impl Handler {
             forwarder,
             autopath: false,
             metrics,
+            cookies: CookieSecret::random(),
+        }
+    }
+
+    /// The query's COOKIE option, or the FORMERR a malformed one gets (RFC 7873 5.2.2).
+    fn cookie_of(&self, req: &Message) -> Result<ClientCookie, Vec<u8>> {
+        match client_cookie(req.edns.as_ref()) {
+            ClientCookie::Malformed => Err(formerr(req)),
+            c => Ok(c),
+        }
+    }
+
+    /// Puts the client cookie and a fresh server cookie in the reply's OPT record.
+    fn add_cookie(&self, msg: &mut Message, cookie: &ClientCookie, peer: Option<IpAddr>) {
+        if let (ClientCookie::Present(client), Some(ip), Some(edns)) =
+            (cookie, peer, msg.edns.as_mut())
+        {
+            let ip = match ip {
+                IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+                v4 => v4,
+            };
+            edns.options_mut()
+                .insert(self.cookies.reply_option(client, ip));
         }
     }
 
@@ -308,8 +333,9 @@ impl Handler {
         (rcode == ResponseCode::NoError && answered).then_some(answers)
     }
 
-    /// The reply to `bytes` (`udp`: sized to the client's EDNS0 limit), or none.
-    pub async fn handle(&self, bytes: &[u8], udp: bool) -> Option<Vec<u8>> {
+    /// The reply to `bytes` from `peer` (`udp`: sized to the client's EDNS0 limit), or none.
+    /// Without the peer's address, a query with a cookie gets no server cookie back.
+    pub async fn handle(&self, bytes: &[u8], udp: bool, peer: Option<IpAddr>) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         if self
             .zone
@@ -318,21 +344,31 @@ impl Handler {
         {
             return Some(out);
         }
-        self.handle_general(bytes, udp).await
+        self.handle_general(bytes, udp, peer).await
     }
 
     /// [`Handler::handle`] without the precomputed answers: decode, look up, encode.
-    pub(crate) async fn handle_general(&self, bytes: &[u8], udp: bool) -> Option<Vec<u8>> {
+    pub(crate) async fn handle_general(
+        &self,
+        bytes: &[u8],
+        udp: bool,
+        peer: Option<IpAddr>,
+    ) -> Option<Vec<u8>> {
         let req = match parse_request(bytes) {
             Request::Query(m) => m,
             Request::Reply(r) => return Some(r),
             Request::Drop => return None,
         };
+        let cookie = match self.cookie_of(&req) {
+            Ok(c) => c,
+            Err(formerr) => return Some(formerr),
+        };
         let limit = if udp { udp_limit(&req) } else { 65535 };
-        let msg = match self.step(req) {
+        let mut msg = match self.step(req) {
             Step::Done(m) => m,
             other => self.forward(other).await,
         };
+        self.add_cookie(&mut msg, &cookie, peer);
         Some(encode(&msg, limit))
     }
 }
@@ -436,9 +472,20 @@ pub fn serve_udp(
                     continue;
                 }
             };
+            let cookie = match handler.cookie_of(&req) {
+                Ok(c) => c,
+                Err(formerr) => {
+                    *out = formerr;
+                    tally.response(out);
+                    outbox.commit(peer);
+                    continue;
+                }
+            };
+            let from = peer.socket_addr().map(|a| a.ip());
             let limit = udp_limit(&req);
             match handler.step(req) {
-                Step::Done(m) => {
+                Step::Done(mut m) => {
+                    handler.add_cookie(&mut m, &cookie, from);
                     *out = encode(&m, limit);
                     tally.response(out);
                     outbox.commit(peer);
@@ -446,7 +493,8 @@ pub fn serve_udp(
                 other => {
                     let (sock, handler) = (sock.clone(), handler.clone());
                     rt.spawn(async move {
-                        let m = handler.forward(other).await;
+                        let mut m = handler.forward(other).await;
+                        handler.add_cookie(&mut m, &cookie, from);
                         let reply = encode(&m, limit);
                         handler.metrics.response(Transport::Udp, &reply);
                         udp::send_one(&sock, &reply, &peer);
@@ -470,7 +518,7 @@ pub async fn serve_tcp(
     let slots = Arc::new(Slots::default());
     let config = Arc::new(config);
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, from) = match listener.accept().await {
             Ok(x) => x,
             // Out of file descriptors and the like: back off rather than spin.
             Err(_) => {
@@ -494,13 +542,14 @@ pub async fn serve_tcp(
         let (handler, config, slot) = (handler.clone(), config.clone(), slots.enter());
         tokio::spawn(async move {
             let _permit = permit;
-            let _ = connection(stream, handler, &config, &slot).await;
+            let _ = connection(stream, from.ip(), handler, &config, &slot).await;
         });
     }
 }
 
 async fn connection(
     stream: TcpStream,
+    from: IpAddr,
     handler: Handler,
     config: &ServerConfig,
     slot: &Slot,
@@ -554,7 +603,7 @@ async fn connection(
         let (handler, tx) = (handler.clone(), tx.clone());
         tokio::spawn(async move {
             let _permit = permit;
-            match handler.handle(&msg, false).await {
+            match handler.handle(&msg, false, Some(from)).await {
                 Some(reply) => {
                     handler.metrics.response(Transport::Tcp, &reply);
                     let _ = tx.send(reply).await;

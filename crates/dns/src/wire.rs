@@ -342,7 +342,8 @@ fn parse_plain_query(req: &[u8]) -> Option<PlainQuery> {
             let head = req.get(pos..pos + 4)?;
             let code = u16::from_be_bytes([head[0], head[1]]);
             let len = usize::from(u16::from_be_bytes([head[2], head[3]]));
-            if strictly_decoded_option(code) || pos + 4 + len > end {
+            // COOKIE (10): the reply carries a server cookie only the general path makes.
+            if strictly_decoded_option(code) || code == 10 || pos + 4 + len > end {
                 return None;
             }
             pos += 4 + len;

@@ -171,7 +171,9 @@ impl Paths {
             .wire
             .answer(bytes, udp, !self.autopath, &mut out)
             .then_some(out);
-        let general = self.rt.block_on(self.handler.handle_general(bytes, udp));
+        let general = self
+            .rt
+            .block_on(self.handler.handle_general(bytes, udp, None));
         (fast, general)
     }
 }
@@ -246,7 +248,7 @@ proptest! {
         let paths = PATHS.with(|p| p[which].clone());
         for bytes in [junk, valid] {
             for udp in [true, false] {
-                let reply = paths.rt.block_on(paths.handler.handle(&bytes, udp));
+                let reply = paths.rt.block_on(paths.handler.handle(&bytes, udp, None));
                 if let Some(reply) = reply {
                     let m = Message::from_vec(&reply).map_err(|e| TestCaseError::fail(e.to_string()))?;
                     prop_assert_eq!(m.metadata.message_type, hickory_proto::op::MessageType::Response);

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::op::{Edns, Message, Query, ResponseCode};
+use hickory_proto::rr::rdata::opt::{EdnsCode, EdnsOption};
 use hickory_proto::rr::{Name, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
@@ -378,4 +379,82 @@ async fn queries_beyond_the_upstream_cap_are_refused_and_counted() {
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
     }
+}
+
+fn with_cookie(name: &str, cookie: Vec<u8>) -> Vec<u8> {
+    let mut m = Message::query();
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    let mut e = Edns::new();
+    e.set_max_payload(1232);
+    e.options_mut().insert(EdnsOption::Unknown(10, cookie));
+    m.set_edns(e);
+    m.to_vec().unwrap()
+}
+
+fn cookie_of(m: &Message) -> Option<Vec<u8>> {
+    match m.edns.as_ref()?.options().get(EdnsCode::Cookie)? {
+        EdnsOption::Unknown(10, data) => Some(data.clone()),
+        _ => None,
+    }
+}
+
+/// RFC 7873: a client cookie is answered with itself and a server cookie (RFC 9018's layout),
+/// over UDP (zone answers and forwarded ones take the general path) and TCP; the client's
+/// next query carrying the server cookie is answered too; a malformed option is FORMERR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dns_cookies_are_answered_with_a_server_cookie() {
+    let addr = spawn_udp(handler());
+    let sock = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let ask = |bytes: Vec<u8>| {
+        let sock = &sock;
+        async move {
+            sock.send_to(&bytes, addr).await.unwrap();
+            let mut buf = vec![0u8; 1500];
+            let n = tokio::time::timeout(Duration::from_secs(2), sock.recv(&mut buf))
+                .await
+                .expect("an answer")
+                .unwrap();
+            Message::from_vec(&buf[..n]).unwrap()
+        }
+    };
+    let client = vec![1, 2, 3, 4, 5, 6, 7, 8];
+    let r = ask(with_cookie("web.shop.svc.cluster.local.", client.clone())).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(r.answers.len(), 1, "answered as usual");
+    let cookie = cookie_of(&r).expect("a COOKIE option in the reply");
+    assert_eq!(cookie.len(), 24, "client cookie + 16-byte server cookie");
+    assert_eq!(cookie[..8], client[..]);
+    assert_eq!(cookie[8], 1, "RFC 9018 version 1");
+    // The next query returns the server cookie: still answered, with a cookie.
+    let r = ask(with_cookie("web.shop.svc.cluster.local.", cookie.clone())).await;
+    assert_eq!(r.answers.len(), 1);
+    assert_eq!(cookie_of(&r).unwrap()[..8], client[..]);
+    // Malformed: 5 bytes.
+    let r = ask(with_cookie("web.shop.svc.cluster.local.", vec![9; 5])).await;
+    assert_eq!(r.metadata.response_code, ResponseCode::FormErr);
+    // Without a cookie, none comes back (the fast path's reply).
+    let r = ask(query_edns("web.shop.svc.cluster.local.")).await;
+    assert!(r.edns.is_some() && cookie_of(&r).is_none());
+
+    // TCP.
+    let tcp = tcp_server().await;
+    let mut s = TcpStream::connect(tcp).await.unwrap();
+    s.write_all(&framed(&with_cookie(
+        "db.shop.svc.cluster.local.",
+        client.clone(),
+    )))
+    .await
+    .unwrap();
+    let r = read_answer(&mut s).await.unwrap();
+    assert_eq!(r.answers.len(), 2);
+    assert_eq!(cookie_of(&r).unwrap()[..8], client[..]);
+}
+
+fn query_edns(name: &str) -> Vec<u8> {
+    let mut m = Message::query();
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    let mut e = Edns::new();
+    e.set_max_payload(1232);
+    m.set_edns(e);
+    m.to_vec().unwrap()
 }
