@@ -282,7 +282,7 @@ fn the_fast_path_takes_the_common_queries() {
     assert!(take(
         "web.shop.svc.cluster.local.",
         RecordType::AAAA,
-        Some((1232, 1))
+        Some((1232, 3))
     ));
     assert!(take(
         "_pg._tcp.db.shop.svc.cluster.local.",
@@ -292,7 +292,13 @@ fn the_fast_path_takes_the_common_queries() {
     assert!(take("nothing.shop.svc.cluster.local.", RecordType::A, None));
     assert!(take("empty.shop.svc.cluster.local.", RecordType::A, None));
     assert!(take("20.0.96.10.in-addr.arpa.", RecordType::PTR, None));
-    // Left to the general path: ExternalName, ANY, names outside, Client Subnet.
+    // Left to the general path: ExternalName, ANY, names outside, Client Subnet, a COOKIE
+    // (its reply carries a server cookie).
+    assert!(!take(
+        "web.shop.svc.cluster.local.",
+        RecordType::A,
+        Some((1232, 1))
+    ));
     assert!(!take("ext.shop.svc.cluster.local.", RecordType::A, None));
     assert!(!take("web.shop.svc.cluster.local.", RecordType::ANY, None));
     assert!(!take("example.com.", RecordType::A, None));
