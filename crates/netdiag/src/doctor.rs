@@ -230,6 +230,49 @@ struct Accepts {
     established: Option<String>,
     /// An ACCEPT with no condition at all.
     everything: Option<String>,
+    /// Chains a listing jumps to but does not show (`iptables -L FORWARD`): what they accept is
+    /// unknown.
+    unseen: Vec<String>,
+    /// ACCEPTs of a listing without -v that look unconditional (their interfaces are hidden).
+    hidden: Vec<String>,
+}
+
+/// Targets that are not chains (iptables' own and its extensions').
+fn builtin_target(t: &str) -> bool {
+    matches!(
+        t,
+        "ACCEPT"
+            | "DROP"
+            | "REJECT"
+            | "RETURN"
+            | "QUEUE"
+            | "NFQUEUE"
+            | "LOG"
+            | "NFLOG"
+            | "ULOG"
+            | "MARK"
+            | "CONNMARK"
+            | "CONNSECMARK"
+            | "SECMARK"
+            | "DNAT"
+            | "SNAT"
+            | "MASQUERADE"
+            | "REDIRECT"
+            | "NETMAP"
+            | "TCPMSS"
+            | "TOS"
+            | "TTL"
+            | "DSCP"
+            | "CLASSIFY"
+            | "CHECKSUM"
+            | "CT"
+            | "NOTRACK"
+            | "TRACE"
+            | "AUDIT"
+            | "TEE"
+            | "TPROXY"
+            | "SET"
+    )
 }
 
 fn iptables_accepts(d: &Dump, table: &str, chain: &str, depth: usize, acc: &mut Accepts) {
@@ -241,8 +284,26 @@ fn iptables_accepts(d: &Dump, table: &str, chain: &str, depth: usize, acc: &mut 
     }
     for r in &ch.rules {
         match r.target_name() {
+            // A listing without -v hides interface matches: an ACCEPT that looks unconditional
+            // may be for some interfaces only, so it is not taken as accepting everything.
+            Some("ACCEPT") if d.ifaces_hidden => {
+                let mut one = Accepts::default();
+                classify_iptables_accept(r, &mut one);
+                acc.marked = acc.marked.take().or(one.marked);
+                acc.established = acc.established.take().or(one.established);
+                if let Some(e) = one.everything {
+                    if !acc.hidden.contains(&e) {
+                        acc.hidden.push(e);
+                    }
+                }
+            }
             Some("ACCEPT") => classify_iptables_accept(r, acc),
             Some(t) if d.chain(table, t).is_some() => iptables_accepts(d, table, t, depth + 1, acc),
+            // A listing shows only the chains asked for; in iptables-save every chain jumped to is
+            // declared, so an undeclared target there is an extension's, not a chain.
+            Some(t) if d.listing && !builtin_target(t) && !acc.unseen.iter().any(|u| u == t) => {
+                acc.unseen.push(t.to_string());
+            }
             _ => {}
         }
     }
@@ -363,7 +424,16 @@ pub fn forward_policy(st: &NodeState) -> Check {
             Some(r) => c.note(format!("{what}: replies accepted by `{r}`")),
             None => missing.push("RELATED,ESTABLISHED replies"),
         }
-        if !missing.is_empty() && cut && what.starts_with("iptables") {
+        if !missing.is_empty() && !acc.hidden.is_empty() {
+            c.found(
+                Status::Warn,
+                format!(
+                    "{what} has policy drop and no accept for {}; the listing (without -v) shows {} with no condition, but it hides interface matches: it may accept only some interfaces; needs `iptables -L -n -v` or `iptables-save`",
+                    missing.join(", nor "),
+                    acc.hidden.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        } else if !missing.is_empty() && cut && what.starts_with("iptables") {
             c.found(
                 Status::Warn,
                 format!(
@@ -371,6 +441,16 @@ pub fn forward_policy(st: &NodeState) -> Check {
                     missing.join(", nor ")
                 ),
             );
+        } else if !missing.is_empty() && !acc.unseen.is_empty() && what.starts_with("iptables") {
+            c.found(
+                Status::Warn,
+                format!(
+                    "{what} has policy drop and the dump shows no accept for {}; but it jumps to {}, which the listing does not show: their accepts are unknown; needs the whole `iptables-save` (or `iptables -L -n -v` of every chain) as iptables-save.txt",
+                    missing.join(", nor "),
+                    acc.unseen.join(", ")
+                ),
+            );
+            c.add_fix("if nothing in those chains accepts the forwarded traffic, let the proxy install its forward accept rules (kube-proxy's KUBE-FORWARD), add accepts for the overlay/pod interfaces (e.g. `iptables -A FORWARD -o flannel.1 -j ACCEPT`), or set the FORWARD policy to ACCEPT");
         } else if !missing.is_empty() {
             c.found(
                 Status::Fail,

@@ -33,6 +33,12 @@ pub struct Dump {
     pub tables: BTreeMap<String, Table>,
     /// Guesses the parser had to make (a table inferred for a rule with no header).
     pub assumptions: Vec<String>,
+    /// Read from an `iptables -L` listing ([`crate::iptables_listing`]), not iptables-save:
+    /// only the chains listed are known, and some matches are lossy.
+    pub listing: bool,
+    /// A listing without `-v`: it prints no in/out interface columns, so a rule that looks
+    /// unconditional may match on interfaces.
+    pub ifaces_hidden: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -344,6 +350,9 @@ fn canonical(opt: &str) -> &str {
 /// Parses an `iptables-save` (or `iptables -S`) text. Never fails as a whole: unreadable lines
 /// go to `skipped`.
 pub fn parse(text: &str) -> Parsed<Dump> {
+    if crate::iptables_listing::is_listing(text) {
+        return crate::iptables_listing::parse(text);
+    }
     let mut dump = Dump::default();
     let mut skipped = Vec::new();
     let mut table: Option<String> = None;

@@ -14,6 +14,7 @@ pub mod doctor;
 pub mod iproute;
 pub mod ipset;
 pub mod iptables;
+pub mod iptables_listing;
 pub mod ipvs;
 pub mod live;
 pub mod nft;

@@ -165,3 +165,57 @@ fn conntrack_stats_and_a_saved_pod_resolv_conf_run_from_files() {
         Some(Output::PodResolvConf)
     );
 }
+
+/// `iptables -L` listings (tests/data/pasted: iptables 1.8.9 on the rules of
+/// `iptables-listing-source.rules`) are read into the rule model, so forward-policy judges them:
+/// the `-n -v` listing shows KUBE-FORWARD's accepts; `-L FORWARD` alone shows jumps to chains it
+/// does not list (a warning naming them, not a pass or a confident FAIL).
+#[test]
+fn forward_policy_judges_iptables_listings() {
+    let st = NodeState::from_outputs([(
+        Output::IptablesSave,
+        data("pasted/iptables-L-n-v-line-numbers.txt"),
+    )]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+    assert!(
+        c.evidence
+            .iter()
+            .any(|e| e.contains("marked (0x4000) traffic accepted by `2        0     0 ACCEPT")),
+        "{:?}",
+        c.evidence
+    );
+
+    let st =
+        NodeState::from_outputs([(Output::IptablesSave, data("pasted/iptables-L-FORWARD.txt"))]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    let all = c.evidence.join("\n");
+    assert!(all.contains("policy drop"), "{all}");
+    // The unconditional-looking ACCEPT hides `-i cni0 -o eth0` (no -v): not taken as
+    // accepting everything.
+    assert!(all.contains("hides interface matches"), "{all}");
+
+    // The same FORWARD chain with -v but without the chains it jumps to (a ticket's
+    // `iptables -v -L FORWARD`): a warning that names them.
+    let one_chain = "$ iptables -v -n -L FORWARD
+Chain FORWARD (policy DROP 0 packets, 0 bytes)
+ pkts bytes target     prot opt in     out     source               destination
+    0     0 KUBE-FORWARD  0    --  *      *       0.0.0.0/0            0.0.0.0/0            /* kubernetes forwarding rules */
+    0     0 DOCKER-USER  0    --  *      *       0.0.0.0/0            0.0.0.0/0
+";
+    let st = NodeState::from_outputs([(Output::IptablesSave, one_chain.to_string())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    let all = c.evidence.join("\n");
+    assert!(all.contains("jumps to KUBE-FORWARD, DOCKER-USER"), "{all}");
+
+    // With -v and nothing jumped to: a confident FAIL, as for iptables-save.
+    let alone = "Chain FORWARD (policy DROP 0 packets, 0 bytes)
+ pkts bytes target     prot opt in     out     source               destination
+    0     0 ACCEPT     0    --  cni0   *       0.0.0.0/0            0.0.0.0/0
+";
+    let st = NodeState::from_outputs([(Output::IptablesSave, alone.to_string())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Fail, "{:?}", c.evidence);
+}

@@ -687,3 +687,152 @@ fn no_captured_output_line_is_taken_for_a_prompt() {
         );
     }
 }
+
+/// `iptables -L -n -v --line-numbers` (iptables 1.8.9 here, from the rules in
+/// `pasted/iptables-listing-source.rules`): chains with policy lines, rule numbers, counters,
+/// protocol numbers (`-n` prints `0`, `6`), in/out columns and the matches in iptables' own
+/// words, read back into iptables-save options.
+#[test]
+fn iptables_listing_with_counters_interfaces_and_matches() {
+    let p = iptables::parse(&pasted("iptables-L-n-v-line-numbers.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let d = p.value;
+    assert!(d.listing && !d.ifaces_hidden);
+    assert!(
+        d.assumptions
+            .iter()
+            .any(|a| a.contains("`iptables -L` listing")),
+        "{:?}",
+        d.assumptions
+    );
+    assert!(!d.assumptions.iter().any(|a| a.contains("not read back")));
+    let fwd = d.chain("filter", "FORWARD").unwrap();
+    assert_eq!(fwd.policy.as_deref(), Some("DROP"));
+    assert_eq!(fwd.rules.len(), 5);
+    assert_eq!(fwd.rules[0].target_name(), Some("KUBE-FORWARD"));
+    assert_eq!(fwd.rules[0].comment(), Some("kubernetes forwarding rules"));
+    let ct = fwd.rules[1].module_arg("conntrack", "--ctstate").unwrap();
+    assert_eq!(ct.values, ["NEW"]);
+    let ifaces = &fwd.rules[2];
+    assert_eq!(ifaces.arg("-i").unwrap().values, ["cni0"]);
+    assert_eq!(ifaces.arg("-o").unwrap().values, ["eth0"]);
+    let mp = &fwd.rules[3];
+    let src = mp.arg("-s").unwrap();
+    assert!(src.negated);
+    assert_eq!(src.values, ["10.244.0.0/16"]);
+    assert_eq!(mp.arg("-p").unwrap().values, ["6"]);
+    assert_eq!(
+        mp.module_arg("multiport", "--dports").unwrap().values,
+        ["80,443"]
+    );
+    assert_eq!(fwd.rules[4].target_name(), Some("REJECT"));
+    assert!(fwd.rules[4].args.is_empty(), "{:?}", fwd.rules[4].args);
+    let kf = d.chain("filter", "KUBE-FORWARD").unwrap();
+    assert_eq!(kf.policy, None);
+    let marked = &kf.rules[1];
+    assert_eq!(
+        marked.module_arg("mark", "--mark").unwrap().values,
+        ["0x4000/0x4000"]
+    );
+    assert!(marked.text.starts_with("2        0     0 ACCEPT"));
+    let est = kf.rules[2].module_arg("conntrack", "--ctstate").unwrap();
+    assert_eq!(est.values, ["RELATED,ESTABLISHED"]);
+    let rej = &d.chain("filter", "KUBE-SERVICES").unwrap().rules[0];
+    assert_eq!(rej.arg("-d").unwrap().values, ["10.96.0.99"]);
+    assert_eq!(rej.module_arg("tcp", "--dport").unwrap().values, ["80"]);
+}
+
+/// `iptables -t nat -L -n`: the table from the command line above it; DNAT's `to:`, MARK's `or`
+/// and `xor`, `mark match !`, ADDRTYPE and statistic read back.
+#[test]
+fn iptables_nat_listing_reads_dnat_marks_and_statistic() {
+    let p = iptables::parse(&pasted("iptables-t-nat-L-n.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let d = p.value;
+    assert!(d.listing && d.ifaces_hidden);
+    assert!(d.tables.contains_key("nat") && !d.tables.contains_key("filter"));
+    assert!(
+        !d.assumptions.iter().any(|a| a.contains("not read back")),
+        "{:?}",
+        d.assumptions
+    );
+    let sep = d.chain("nat", "KUBE-SEP-A").unwrap();
+    assert_eq!(sep.rules[0].arg("-s").unwrap().values, ["10.244.1.5"]);
+    assert_eq!(
+        sep.rules[1].target_arg("--to-destination"),
+        Some("10.244.1.5:80")
+    );
+    let svc = d.chain("nat", "KUBE-SVC-WEB").unwrap();
+    assert_eq!(
+        svc.rules[1]
+            .module_arg("statistic", "--probability")
+            .unwrap()
+            .values,
+        ["0.50000000000"]
+    );
+    let post = d.chain("nat", "KUBE-POSTROUTING").unwrap();
+    let ret = post.rules[0].module_arg("mark", "--mark").unwrap();
+    assert!(ret.negated);
+    assert_eq!(post.rules[1].target_arg("--xor-mark"), Some("0x4000"));
+    assert_eq!(post.rules[2].target_name(), Some("MASQUERADE"));
+    let masq = d.chain("nat", "KUBE-MARK-MASQ").unwrap();
+    assert_eq!(masq.rules[0].target_arg("--or-mark"), Some("0x4000"));
+    let svcs = d.chain("nat", "KUBE-SERVICES").unwrap();
+    assert_eq!(
+        svcs.rules[1]
+            .module_arg("addrtype", "--dst-type")
+            .unwrap()
+            .values,
+        ["LOCAL"]
+    );
+}
+
+/// `iptables -L FORWARD` (no -n, no -v): names instead of addresses and ports, and no
+/// interface columns, which the dump says; a port name is kept as printed (the walk cannot
+/// match it: the rule counts as not matching).
+#[test]
+fn iptables_listing_without_n_or_v_says_what_it_cannot_show() {
+    let p = iptables::parse(&pasted("iptables-L-FORWARD.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let d = p.value;
+    assert!(d.ifaces_hidden);
+    assert!(
+        d.assumptions.iter().any(|a| a.contains("without -v")),
+        "{:?}",
+        d.assumptions
+    );
+    let fwd = d.chain("filter", "FORWARD").unwrap();
+    assert_eq!(fwd.policy.as_deref(), Some("DROP"));
+    assert_eq!(fwd.rules.len(), 5);
+    // `anywhere` is no address match; the interface-limited accept looks unconditional.
+    assert!(fwd.rules[2].args.is_empty());
+    assert_eq!(
+        fwd.rules[3]
+            .module_arg("multiport", "--dports")
+            .unwrap()
+            .values,
+        ["http,https"]
+    );
+}
+
+/// A listing line in a form not read back is kept, with an option the walk does not model, so
+/// the rule never matches more than it does.
+#[test]
+fn iptables_listing_keeps_unread_matches_as_not_matching() {
+    let text = "Chain INPUT (policy ACCEPT)
+target     prot opt source               destination
+ACCEPT     icmp --  0.0.0.0/0            0.0.0.0/0            limit: avg 1/sec burst 5
+ACCEPT     all  --  0.0.0.0/0            0.0.0.0/0
+";
+    let p = iptables::parse(text);
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let input = p.value.chain("filter", "INPUT").unwrap().clone();
+    let unread = input.rules[0].module_arg("listing", "--unread").unwrap();
+    assert_eq!(unread.values, ["limit: avg 1/sec burst 5"]);
+    assert!(input.rules[1].args.is_empty());
+    assert!(p
+        .value
+        .assumptions
+        .iter()
+        .any(|a| a.contains("1 listed rule(s)")));
+}

@@ -53,12 +53,6 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          missing KUBE-MARK-MASQ jumps cannot be seen; no routes, so the verdict is unknown",
     ),
     (
-        "k8s-39658-canal-nodeport-forward-drop",
-        "the FORWARD chain was pasted as an `iptables -v --line-numbers -L` listing, which the \
-         iptables parser skips line by line; doctor's forward-policy then skips (no filter \
-         FORWARD chain or policy line) instead of naming the DROP policy",
-    ),
-    (
         "k8s-48370-udp-conntrack-empty-endpoints",
         "only `conntrack -L` entries were pasted, which no parser reads, and the walk models a \
          new connection, not a packet matching an existing (stale) conntrack entry",
