@@ -44,13 +44,24 @@ fn nftables_dnat_through_the_endpoint_map() {
     // The pod's veth is a port of cni0: the IP layer sees the packet on cni0.
     assert_eq!(t.hops[0].stage, "bridge");
 
-    // Two endpoints: both are candidates ("one of"), the walk follows the first.
+    // Two endpoints: both are candidates ("one of"), and the walk goes to each.
     let t = walk(&st, A1, "10.96.0.1", 80, A1_VETH);
     assert_eq!(
         sorted(t.endpoints.clone()),
         vec!["10.244.1.2:8080", "10.244.2.2:8080"]
     );
     assert!(t.choices.iter().any(|c| c.starts_with("one of")));
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert_eq!(
+        sorted(
+            t.endpoint_outcomes
+                .iter()
+                .filter(|e| e.verdict == Verdict::Delivered)
+                .map(|e| e.endpoint.clone())
+                .collect()
+        ),
+        vec!["10.244.1.2:8080", "10.244.2.2:8080"]
+    );
 
     // Outside → NodePort (policy Cluster) on node a: the NodePort map, then masquerade.
     let t = walk(&st, "198.51.100.1", "172.30.9.11", 30081, "eth0");

@@ -369,7 +369,10 @@ fn affinity_rules_recent_set_matches_and_rcheck_does_not_for_a_new_client() {
 -A KUBE-SEP-2 -p tcp -m recent --name KUBE-SEP-2 --set -m tcp -j DNAT --to-destination 10.244.1.20:8080
 COMMIT
 ";
+    // Both endpoints routed: every option of the statistic cascade is walked (without the
+    // second's route it would be dropped, "1 of 2 endpoints delivered").
     let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
+10.244.1.0/24 via 192.168.0.2 dev eth0
 192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
 ";
     // Forwarding on (without it the verdict would be conditional on ip_forward).

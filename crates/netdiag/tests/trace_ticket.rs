@@ -131,10 +131,32 @@ fn ticket_eni_ipvs_lb_pod_to_lb_ip_is_the_reply_dropped_by_strict_rp_filter_if_i
         .find(|b| b.when_text == "rp_filter on eth0 is 1 (strict)")
         .unwrap_or_else(|| panic!("{:#?}", t.branches));
     assert_eq!(strict.verdict, Verdict::Dropped);
+    // Every real server is walked, and each one's reply fails the same way.
+    let each = |rs: &str| {
+        format!("{rs}:8443: DROPPED: reply routing: strict reverse-path filter on eth0 drops {rs} → 10.12.192.44 (the route back leaves by eth1)")
+    };
     assert_eq!(
         strict.cause.as_deref(),
-        Some("reply routing: strict reverse-path filter on eth0 drops 10.12.200.5 → 10.12.192.44 (the route back leaves by eth1)")
+        Some(
+            format!(
+                "0 of 3 endpoints delivered; {}; {}; {}",
+                each("10.12.200.5"),
+                each("10.12.201.7"),
+                each("10.12.202.9")
+            )
+            .as_str()
+        )
     );
+    assert_eq!(t.endpoint_outcomes.len(), 3);
+    for e in &t.endpoint_outcomes {
+        assert_eq!(e.verdict, Verdict::Conditional, "{}", e.endpoint);
+        assert!(!e.delivered());
+        assert!(e
+            .branches
+            .iter()
+            .any(|b| b.verdict == Verdict::Dropped
+                && b.when_text == "rp_filter on eth0 is 1 (strict)"));
+    }
     // The three fixes: the ENI's own address, connmark + fwmark + src_valid_mark, loose.
     assert_eq!(strict.fixes.len(), 3, "{:?}", strict.fixes);
     assert!(strict.fixes[0].starts_with("give eth1 an IPv4 address of its own"));
@@ -158,7 +180,7 @@ fn ticket_eni_ipvs_lb_pod_to_lb_ip_is_the_reply_dropped_by_strict_rp_filter_if_i
     assert!(rp.settle.contains("net.ipv4.conf.eth0.rp_filter"));
     let text = trace::render(&t);
     assert!(
-        text.contains("DROPPED if rp_filter on eth0 is 1 (strict): reply routing: strict reverse-path filter on eth0"),
+        text.contains("DROPPED if rp_filter on eth0 is 1 (strict): 0 of 3 endpoints delivered; 10.12.200.5:8443: DROPPED: reply routing: strict reverse-path filter on eth0"),
         "{text}"
     );
 }

@@ -26,8 +26,11 @@ impl Walker<'_> {
         }
         let place = format!("iptables {table} {chain}");
         let rules = ch.rules.clone();
+        // The rule taken in a `-m statistic` cascade (each of its options is walked in turn).
+        let mut cascade: Option<usize> = None;
         let mut i = 0;
         while i < rules.len() {
+            let idx = i;
             let r = &rules[i];
             i += 1;
             match self.ipt_matches(r, p) {
@@ -36,7 +39,19 @@ impl Walker<'_> {
                 None => continue,
             }
             if r.module_arg("statistic", "--mode").is_some() {
-                self.one_of_ipt(d, table, &rules[i - 1..]);
+                match cascade {
+                    Some(taken) if taken != idx => continue,
+                    Some(_) => {}
+                    None => {
+                        let options = self.one_of_ipt(d, table, &rules[idx..]);
+                        let c = self.choose(options.iter().map(|(_, l)| l.clone()).collect());
+                        let taken = idx + options.get(c).map_or(0, |(o, _)| *o);
+                        cascade = Some(taken);
+                        if taken != idx {
+                            continue;
+                        }
+                    }
+                }
             }
             let Some(target) = r.target.clone() else {
                 continue; // a rule without a target only counts
@@ -157,12 +172,19 @@ impl Walker<'_> {
         Flow::Return
     }
 
-    /// kube-proxy's `-m statistic --mode random` cascade: the walk follows the first rule; the
-    /// others are alternatives, listed with where each one DNATs.
-    pub(super) fn one_of_ipt(&mut self, d: &Dump, table: &str, rest: &[IptRule]) {
+    /// kube-proxy's `-m statistic --mode random` cascade: each rule is an alternative, listed
+    /// with where it DNATs. Returns each option's rule (its offset in `rest`) and endpoint (the
+    /// DNAT target, else the chain).
+    pub(super) fn one_of_ipt(
+        &mut self,
+        d: &Dump,
+        table: &str,
+        rest: &[IptRule],
+    ) -> Vec<(usize, String)> {
         let mut options = Vec::new();
         let mut endpoints = Vec::new();
-        for r in rest {
+        let mut taken = Vec::new();
+        for (off, r) in rest.iter().enumerate() {
             let Some(t) = r.target_name() else { continue };
             let prob = r
                 .module_arg("statistic", "--probability")
@@ -175,6 +197,7 @@ impl Walker<'_> {
             if let Some(to) = &to {
                 endpoints.push(to.clone());
             }
+            taken.push((off, to.clone().unwrap_or_else(|| t.to_string())));
             options.push(format!(
                 "{t}{}{}",
                 to.map(|x| format!(" (DNAT {x})")).unwrap_or_default(),
@@ -186,7 +209,8 @@ impl Walker<'_> {
         }
         self.note_endpoints(endpoints);
         self.choices
-            .push(format!("one of {}: followed the first", options.join(", ")));
+            .push(format!("one of {}: each walked", options.join(", ")));
+        taken
     }
 
     /// Whether an iptables rule matches; `None` when it uses something the walk cannot evaluate.

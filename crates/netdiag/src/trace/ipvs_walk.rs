@@ -6,8 +6,7 @@
 //! Modelled: masquerading (NAT) real servers, weight 0 as draining, persistence as the note
 //! of ClientIP affinity, a virtual server without real servers rejecting (`ip_vs_leave` sends
 //! ICMP port unreachable). Not modelled: firewall-mark virtual servers, direct routing and
-//! tunnelling, the scheduler's actual pick (the walk follows the first real server and lists
-//! the others).
+//! tunnelling, the scheduler's actual pick (every real server is walked in turn).
 
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -34,7 +33,7 @@ impl Walker<'_> {
     ) -> Option<Result<(), Dropped>> {
         let vs = self.virtual_server(p)?;
         let eligible = vs.eligible();
-        let Some(first) = eligible.first() else {
+        if eligible.is_empty() {
             if vs.cut {
                 // grep cut the list right after the virtual server: its real servers are
                 // unknown, not absent.
@@ -68,7 +67,7 @@ impl Walker<'_> {
                 ),
                 vec!["give the Service ready endpoints (IPVS rejects while it has none)".into()],
             )));
-        };
+        }
         let all: Vec<String> = eligible.iter().map(|r| r.addr.to_string()).collect();
         if vs.cut {
             self.assume(format!(
@@ -82,10 +81,11 @@ impl Walker<'_> {
             .map(|t| format!(", persistent {t}s (ClientIP affinity)"))
             .unwrap_or_default();
         self.choices.push(format!(
-            "one of {} (IPVS scheduler {}{persistent}): followed the first",
+            "one of {} (IPVS scheduler {}{persistent}): each walked",
             all.join(", "),
             vs.scheduler
         ));
+        let first = eligible[self.choose(all.clone())];
         if first.forward != "Masq" {
             self.assume(format!(
                 "IPVS forwarding method {} not modelled: treated as masquerading (NAT)",

@@ -40,7 +40,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::state::NodeState;
 
 pub use facts::{Branch, Condition, Fact, Unknown};
-pub use packet::{Egress, Hop, Packet, Proto, Trace, Verdict, LOCAL};
+pub use packet::{Egress, EndpointOutcome, Hop, Packet, Proto, Trace, Verdict, LOCAL};
 use packet::{Flow, Pkt};
 pub use render::{render, svg};
 
@@ -66,26 +66,59 @@ struct Walker<'a> {
     asked: Vec<(Fact, i64)>,
     /// The walk reached something the dump cannot tell (a table it lacks).
     unknown_outcome: bool,
+    /// The option to take at each choice among endpoints, in the order the walk meets them
+    /// (the first where none is given).
+    picks: Vec<usize>,
+    /// Each choice met: how many options, and the endpoint taken.
+    points: ChoicePoints,
 }
 
 /// Walks at most this many combinations of unknown facts.
 const MAX_WALKS: usize = 64;
 
-/// Runs the walk. Where the verdict depends on a fact the dump lacks (a sysctl, a route
-/// table), the packet is walked once per value the fact could have, and when the outcomes
-/// differ the verdict is [`Verdict::Conditional`]: [`Trace::branches`] gives each outcome with
-/// the values that lead to it, [`Trace::unknowns`] the facts and the files that settle them,
-/// and the hops, cause and fixes are those of the first branch that fails.
+/// Walks at most this many endpoints of the rules' choices (per combination of facts).
+const MAX_ENDPOINTS: usize = 32;
+
+/// One walk to one endpoint: its label (the endpoints chosen, ` then ` between choices in a
+/// row; empty without a choice), the trace and the facts it asked.
+struct EndpointWalk {
+    label: String,
+    trace: Trace,
+    asked: Vec<(Fact, i64)>,
+}
+
+/// Runs the walk. Where the rules choose among endpoints (a statistic cascade, a numgen map,
+/// IPVS real servers), every endpoint is walked: the verdict is delivered only when every
+/// endpoint's is, and [`Trace::endpoint_outcomes`] has each one's. Where the verdict depends
+/// on a fact the dump lacks (a sysctl, a route table), the packet is walked once per value the
+/// fact could have, and when the outcomes differ the verdict is [`Verdict::Conditional`]:
+/// [`Trace::branches`] gives each outcome with the values that lead to it, [`Trace::unknowns`]
+/// the facts and the files that settle them, and the hops, cause and fixes are those of the
+/// first branch that fails. The two combine: each combination of facts walks every endpoint,
+/// and each endpoint's outcome may itself be conditional.
 pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
     let mut leaves: Vec<facts::Leaf> = Vec::new();
+    let mut per_leaf: Vec<Vec<EndpointWalk>> = Vec::new();
     let mut queue: Vec<BTreeMap<Fact, i64>> = vec![BTreeMap::new()];
     let mut truncated = false;
+    let mut endpoints_cut = false;
     while let Some(forced) = queue.pop() {
         if leaves.len() >= MAX_WALKS {
             truncated = true;
             break;
         }
-        let (t, asked) = walk_once(st, packet, forced.clone());
+        let (walks, cut) = walk_endpoints(st, packet, &forced);
+        endpoints_cut |= cut;
+        // The facts any endpoint's walk asked, in the order first asked.
+        let mut asked: Vec<(Fact, i64)> = Vec::new();
+        for w in &walks {
+            for (f, v) in &w.asked {
+                if !asked.iter().any(|(g, _)| g == f) {
+                    asked.push((f.clone(), *v));
+                }
+            }
+        }
+        let t = combine(&walks);
         // Every other value of each fact asked here (the ones before it kept as taken).
         let mut next = Vec::new();
         for (i, (f, v)) in asked.iter().enumerate() {
@@ -105,8 +138,59 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         // Depth first, in the order the facts were asked.
         queue.extend(next.into_iter().rev());
         leaves.push(facts::Leaf { trace: t, asked });
+        per_leaf.push(walks);
     }
-    let groups = facts::branches(&leaves);
+    let mut t = conclude(st, &leaves);
+    // Each endpoint's own outcome over the same combinations of facts.
+    let mut labels: Vec<String> = Vec::new();
+    for walks in &per_leaf {
+        for w in walks {
+            if !labels.contains(&w.label) {
+                labels.push(w.label.clone());
+            }
+        }
+    }
+    if per_leaf.iter().any(|w| w.len() > 1) {
+        for label in labels {
+            let mine: Vec<facts::Leaf> = per_leaf
+                .iter()
+                .flatten()
+                .filter(|w| w.label == label)
+                .map(|w| facts::Leaf {
+                    trace: w.trace.clone(),
+                    asked: w.asked.clone(),
+                })
+                .collect();
+            let e = conclude(st, &mine);
+            t.endpoint_outcomes.push(EndpointOutcome {
+                endpoint: label,
+                verdict: e.verdict,
+                cause: e.cause,
+                fixes: e.fixes,
+                branches: e.branches,
+                egress: e.egress,
+                hops: e.hops,
+            });
+        }
+    }
+    if endpoints_cut {
+        t.assumptions.push(format!(
+            "more than {MAX_ENDPOINTS} endpoints to choose from: only the first {MAX_ENDPOINTS} walked"
+        ));
+    }
+    if truncated {
+        t.assumptions.push(format!(
+            "more than {MAX_WALKS} combinations of unknown facts: only the first {MAX_WALKS} walked"
+        ));
+    }
+    t
+}
+
+/// The verdict of a set of walks (one per combination of the facts they asked): one outcome,
+/// or a conditional one with its branches; the unknown facts that mattered, and those that
+/// did not as an assumption.
+fn conclude(st: &NodeState, leaves: &[facts::Leaf]) -> Trace {
+    let groups = facts::branches(leaves);
     let first = leaves.first().map(|l| l.trace.clone()).expect("one walk");
     let mut unknowns: Vec<Unknown> = Vec::new();
     let probe = Walker::new(st, BTreeMap::new());
@@ -119,7 +203,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         }
         if mattered.is_empty() {
             // Outcomes differ, so some fact matters; should none be named, name them all.
-            for l in &leaves {
+            for l in leaves {
                 for (f, _) in &l.asked {
                     mattered.insert(f.clone());
                 }
@@ -184,7 +268,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
         t.verdict = Verdict::Conditional;
         // Assumptions of every branch (a branch's own notes name its path).
         let mut all: BTreeSet<String> = BTreeSet::new();
-        for l in &leaves {
+        for l in leaves {
             all.extend(l.trace.assumptions.iter().cloned());
         }
         t.assumptions = all.into_iter().collect();
@@ -197,11 +281,109 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
             idle.join("; ")
         ));
     }
-    if truncated {
-        t.assumptions.push(format!(
-            "more than {MAX_WALKS} combinations of unknown facts: only the first {MAX_WALKS} walked"
-        ));
+    t
+}
+
+/// Every endpoint the rules may choose, walked with the given values for unknown facts: the
+/// first walk takes the first option of each choice it meets, and each other option of each
+/// choice is walked again (the choices before it kept), depth first. True when there were
+/// more than [`MAX_ENDPOINTS`].
+fn walk_endpoints(
+    st: &NodeState,
+    packet: &Packet,
+    forced: &BTreeMap<Fact, i64>,
+) -> (Vec<EndpointWalk>, bool) {
+    let mut out = Vec::new();
+    let mut queue: Vec<Vec<usize>> = vec![Vec::new()];
+    while let Some(picks) = queue.pop() {
+        if out.len() >= MAX_ENDPOINTS {
+            return (out, true);
+        }
+        let (trace, asked, points) = walk_once(st, packet, forced.clone(), &picks);
+        let mut next = Vec::new();
+        for (k, (options, _)) in points.iter().enumerate().skip(picks.len()) {
+            for alt in 1..*options {
+                let mut np = picks.clone();
+                np.resize(k, 0);
+                np.push(alt);
+                next.push(np);
+            }
+        }
+        queue.extend(next.into_iter().rev());
+        let label = points
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join(" then ");
+        out.push(EndpointWalk {
+            label,
+            trace,
+            asked,
+        });
     }
+    (out, false)
+}
+
+/// The walks to every endpoint as one: delivered when every one is; otherwise the failing
+/// ones counted and named in the cause, their fixes, and the first failing one's path.
+fn combine(walks: &[EndpointWalk]) -> Trace {
+    if walks.len() == 1 {
+        return walks[0].trace.clone();
+    }
+    let mut choices: Vec<String> = Vec::new();
+    let mut assumptions: BTreeSet<String> = BTreeSet::new();
+    let mut fixes: Vec<String> = Vec::new();
+    for w in walks {
+        for c in &w.trace.choices {
+            if !choices.contains(c) {
+                choices.push(c.clone());
+            }
+        }
+        assumptions.extend(w.trace.assumptions.iter().cloned());
+    }
+    let failing: Vec<&EndpointWalk> = walks
+        .iter()
+        .filter(|w| w.trace.verdict != Verdict::Delivered)
+        .collect();
+    let verdict = [Verdict::Dropped, Verdict::Unknown, Verdict::Rejected]
+        .into_iter()
+        .find(|v| failing.iter().any(|w| w.trace.verdict == *v));
+    let mut t = match &verdict {
+        None => walks[0].trace.clone(),
+        Some(v) => {
+            let shown = failing
+                .iter()
+                .find(|w| w.trace.verdict == *v)
+                .expect("a failing walk");
+            let mut t = shown.trace.clone();
+            for w in &failing {
+                for f in &w.trace.fixes {
+                    if !fixes.contains(f) {
+                        fixes.push(f.clone());
+                    }
+                }
+            }
+            t.cause = Some(format!(
+                "{} of {} endpoints delivered; {}",
+                walks.len() - failing.len(),
+                walks.len(),
+                failing
+                    .iter()
+                    .map(|w| format!(
+                        "{}: {}: {}",
+                        w.label,
+                        render::verdict_word(&w.trace.verdict),
+                        w.trace.cause.as_deref().unwrap_or("")
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+            t.fixes = fixes;
+            t
+        }
+    };
+    t.choices = choices;
+    t.assumptions = assumptions.into_iter().collect();
     t
 }
 
@@ -209,13 +391,20 @@ fn fact_options(st: &NodeState, f: &Fact) -> Vec<i64> {
     Walker::new(st, BTreeMap::new()).fact_options(f)
 }
 
-/// One walk with the given values for unknown facts; the trace and the facts it asked.
+/// Each choice among endpoints a walk met: how many options, and the endpoint it took.
+type ChoicePoints = Vec<(usize, String)>;
+
+/// One walk with the given values for unknown facts and options of the rules' choices (by
+/// the order the walk meets them; the first option where none is given): the trace, the facts
+/// it asked, and each choice it met.
 fn walk_once(
     st: &NodeState,
     packet: &Packet,
     forced: BTreeMap<Fact, i64>,
-) -> (Trace, Vec<(Fact, i64)>) {
+    picks: &[usize],
+) -> (Trace, Vec<(Fact, i64)>, ChoicePoints) {
     let mut w = Walker::new(st, forced);
+    w.picks = picks.to_vec();
     w.note_missing();
     w.parse_sets_and_ipvs();
     let mut p = Pkt {
@@ -258,8 +447,10 @@ fn walk_once(
             assumptions: w.assumptions.into_iter().collect(),
             branches: Vec::new(),
             unknowns: Vec::new(),
+            endpoint_outcomes: Vec::new(),
         },
         asked,
+        w.points,
     )
 }
 
@@ -282,6 +473,8 @@ impl<'a> Walker<'a> {
             forced,
             asked: Vec::new(),
             unknown_outcome: false,
+            picks: Vec::new(),
+            points: Vec::new(),
         }
     }
 }
@@ -300,6 +493,21 @@ impl Walker<'_> {
             rule,
             note: note.into(),
         });
+    }
+
+    /// A choice among endpoints (`labels`, one per option, in the rules' order): the option
+    /// this walk takes, recorded so that [`trace`] walks every other one too.
+    fn choose(&mut self, labels: Vec<String>) -> usize {
+        let k = self.points.len();
+        let c = self
+            .picks
+            .get(k)
+            .copied()
+            .unwrap_or(0)
+            .min(labels.len().saturating_sub(1));
+        let taken = labels.get(c).cloned().unwrap_or_default();
+        self.points.push((labels.len(), taken));
+        c
     }
 
     /// The DNAT alternatives of a random choice; the first choice made counts.

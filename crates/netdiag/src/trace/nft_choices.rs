@@ -1,6 +1,6 @@
 //! nft's random choices as "one of": `dnat to <key with numgen> map @m` (every value of the
 //! numgen looked up) and the cascade of rules matching `numgen random mod N == k` (weir's
-//! affinity chains); the walk follows the first either way.
+//! affinity chains); every option is walked (`Walker::choose`).
 
 use std::net::Ipv4Addr;
 
@@ -13,7 +13,7 @@ use super::{Pkt, Walker};
 
 impl Walker<'_> {
     /// The address and port a `dnat to KEY map @m` gives: the key as the packet has it, with a
-    /// `numgen` in it taken as each of its values in turn for the choice listed.
+    /// `numgen` in it taken as each of its values: a choice, this walk's option returned.
     pub(super) fn dnat_map(
         &mut self,
         rs: &Ruleset,
@@ -37,9 +37,10 @@ impl Walker<'_> {
                 parts.get(1)?.as_u64()? as u16,
             ))
         };
-        let followed = target(&self.nft_lookup(rs, family, table, data, &key)?)?;
+        let mut followed = target(&self.nft_lookup(rs, family, table, data, &key)?)?;
         if let (Some((i, n, offset)), NVal::Concat(vals)) = (numgen, &key) {
             let mut options = Vec::new();
+            let mut targets = Vec::new();
             for k in 0..n {
                 let mut vals = vals.clone();
                 vals[i] = NVal::Num(offset + k);
@@ -49,20 +50,33 @@ impl Walker<'_> {
                     .and_then(target)
                 {
                     options.push(format!("{k} (DNAT {ip}:{port})"));
+                    targets.push((ip, port));
                 }
             }
             self.choices.push(format!(
-                "one of {} (numgen random mod {n} map {}): followed the first",
+                "one of {} (numgen random mod {n} map {}): each walked",
                 options.join(", "),
                 nft::render_value(data)
             ));
+            if !targets.is_empty() {
+                let c = self.choose(
+                    targets
+                        .iter()
+                        .map(|(ip, port)| format!("{ip}:{port}"))
+                        .collect(),
+                );
+                followed = targets[c];
+            }
         }
         Some(followed)
     }
 
     /// `numgen random mod N == k` rules followed by their fallback: each one's DNAT listed.
-    pub(super) fn one_of_nft(&mut self, rest: &[nft::Rule]) {
+    /// Returns each option's endpoint (its DNAT target, else the rule), one per rule from the
+    /// first of `rest`.
+    pub(super) fn one_of_nft(&mut self, rest: &[nft::Rule]) -> Vec<String> {
         let mut options = Vec::new();
+        let mut labels = Vec::new();
         for r in rest {
             let to = r.expr.iter().find_map(|e| {
                 let d = e.get("dnat")?;
@@ -72,6 +86,7 @@ impl Walker<'_> {
                     d.get("port").and_then(Value::as_u64).unwrap_or(0)
                 ))
             });
+            labels.push(to.clone().unwrap_or_else(|| format!("`{}`", r.text)));
             options.push(format!(
                 "`{}` (DNAT {})",
                 r.text,
@@ -86,9 +101,10 @@ impl Walker<'_> {
             }
         }
         self.choices.push(format!(
-            "one of {} (numgen random): followed the first",
+            "one of {} (numgen random): each walked",
             options.join(", ")
         ));
+        labels
     }
 }
 

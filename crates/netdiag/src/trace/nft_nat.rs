@@ -137,30 +137,52 @@ impl Walker<'_> {
         table: &str,
         data: &Value,
     ) -> Vec<String> {
-        let mut out = Vec::new();
-        for e in data["set"].as_array().into_iter().flatten() {
-            let Some(verdict) = e.as_array().and_then(|a| a.get(1)) else {
-                continue;
-            };
-            let Some(chain) = ["goto", "jump"]
-                .iter()
-                .find_map(|k| verdict.get(k)?["target"].as_str())
-            else {
-                continue;
-            };
-            let target = rs
-                .rules
-                .iter()
-                .filter(|r| r.family == family && r.table == table && r.chain == chain)
-                .flat_map(|r| r.expr.iter())
-                .find_map(|x| {
-                    let d = x.get("dnat")?;
-                    let a: Ipv4Addr = d["addr"].as_str()?.parse().ok()?;
-                    Some(endpoint(a, d["port"].as_u64().map(|x| x as u16)))
-                });
-            out.extend(target);
-        }
-        out
+        data["set"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| self.vmap_chain_dnat(rs, family, table, e))
+            .collect()
+    }
+
+    /// The endpoint one element of a `numgen … vmap` leads to: its chain's DNAT target, else
+    /// the verdict as written.
+    pub(super) fn nft_vmap_label(
+        &self,
+        rs: &Ruleset,
+        family: &str,
+        table: &str,
+        elem: &Value,
+    ) -> String {
+        self.vmap_chain_dnat(rs, family, table, elem)
+            .unwrap_or_else(|| {
+                elem.as_array()
+                    .and_then(|a| a.get(1))
+                    .map(crate::nft::render_value)
+                    .unwrap_or_default()
+            })
+    }
+
+    fn vmap_chain_dnat(
+        &self,
+        rs: &Ruleset,
+        family: &str,
+        table: &str,
+        elem: &Value,
+    ) -> Option<String> {
+        let verdict = elem.as_array()?.get(1)?;
+        let chain = ["goto", "jump"]
+            .iter()
+            .find_map(|k| verdict.get(k)?["target"].as_str())?;
+        rs.rules
+            .iter()
+            .filter(|r| r.family == family && r.table == table && r.chain == chain)
+            .flat_map(|r| r.expr.iter())
+            .find_map(|x| {
+                let d = x.get("dnat")?;
+                let a: Ipv4Addr = d["addr"].as_str()?.parse().ok()?;
+                Some(endpoint(a, d["port"].as_u64().map(|x| x as u16)))
+            })
     }
 
     /// The interface's primary IPv4 address.

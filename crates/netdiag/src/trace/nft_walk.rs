@@ -32,6 +32,9 @@ impl Walker<'_> {
             .filter(|r| r.family == family && r.table == table && r.chain == chain)
             .cloned()
             .collect();
+        // The rule taken in a cascade of `numgen random mod N == k` rules (each of its options
+        // is walked in turn).
+        let mut cascade: Option<usize> = None;
         'rules: for (ri, r) in rules.iter().enumerate() {
             for e in &r.expr {
                 let Some((k, v)) = e.as_object().and_then(|o| o.iter().next()) else {
@@ -39,7 +42,18 @@ impl Walker<'_> {
                 };
                 match k.as_str() {
                     "match" => match self.nft_match(rs, family, table, v, p) {
-                        Some(true) if is_numgen_match(v) => self.one_of_nft(&rules[ri..]),
+                        Some(true) if is_numgen_match(v) => match cascade {
+                            Some(taken) if taken != ri => continue 'rules,
+                            Some(_) => {}
+                            None => {
+                                let options = self.one_of_nft(&rules[ri..]);
+                                let taken = ri + self.choose(options);
+                                cascade = Some(taken);
+                                if taken != ri {
+                                    continue 'rules;
+                                }
+                            }
+                        },
                         Some(true) => {}
                         _ => continue 'rules,
                     },
@@ -122,13 +136,16 @@ impl Walker<'_> {
                             let eps = self.nft_vmap_endpoints(rs, family, table, &v["data"]);
                             self.note_endpoints(eps);
                             let opts = nft::render_value(&v["data"]);
-                            self.choices.push(format!(
-                                "one of {{ {opts} }} (numgen random): followed the first"
-                            ));
-                            let first =
-                                v["data"]["set"].as_array().and_then(|a| a.first()).cloned();
+                            self.choices
+                                .push(format!("one of {{ {opts} }} (numgen random): each walked"));
+                            let elems = v["data"]["set"].as_array().cloned().unwrap_or_default();
+                            let labels = elems
+                                .iter()
+                                .map(|e| self.nft_vmap_label(rs, family, table, e))
+                                .collect();
+                            let c = self.choose(labels);
                             if let Some(verdict) =
-                                first.and_then(|e| e.as_array().and_then(|x| x.get(1)).cloned())
+                                elems.get(c).and_then(|e| e.as_array()?.get(1).cloned())
                             {
                                 match self.nft_verdict(
                                     rs, family, table, &verdict, p, stage, &place, &r.text, depth,

@@ -124,7 +124,8 @@ pub struct Trace {
     pub cause: Option<String>,
     /// Candidate fixes, cheapest first.
     pub fixes: Vec<String>,
-    /// Random choices the walk made ("one of …") and what it followed.
+    /// Random choices among endpoints ("one of …"); every alternative is walked (see
+    /// [`Trace::endpoint_outcomes`]).
     pub choices: Vec<String>,
     /// The destinations (`ip:port`) DNAT may pick for this packet: every alternative of a
     /// random choice, or the one DNAT target; empty without DNAT.
@@ -137,6 +138,44 @@ pub struct Trace {
     pub branches: Vec<super::Branch>,
     /// The facts the dump lacks that the verdict depends on, and what settles each.
     pub unknowns: Vec<super::Unknown>,
+    /// Where the rules choose among endpoints (a statistic cascade, a numgen map or vmap, IPVS
+    /// real servers): the outcome of the walk to each one, in the rules' order. Empty when
+    /// there is no choice (one endpoint, or none). The verdict is `delivered` only when every
+    /// endpoint's is; otherwise the cause counts them and names the failing ones, and the hops
+    /// shown are the first failing endpoint's path.
+    pub endpoint_outcomes: Vec<EndpointOutcome>,
+}
+
+/// The walk to one endpoint of a choice.
+#[derive(Debug, Clone, Serialize)]
+pub struct EndpointOutcome {
+    /// The endpoint (`ip:port`, as the DNAT rule or real server names it; the chain's name when
+    /// its DNAT target cannot be read); choices in a row are joined with ` then `.
+    pub endpoint: String,
+    /// Its verdict; `conditional` when it depends on facts the dump lacks (see `branches`).
+    pub verdict: Verdict,
+    pub cause: Option<String>,
+    pub fixes: Vec<String>,
+    /// With a conditional verdict: this endpoint's outcomes and the facts that lead to each.
+    pub branches: Vec<super::Branch>,
+    /// The request as it left towards this endpoint.
+    pub egress: Option<Egress>,
+    /// The hops of the walk to this endpoint (with a conditional verdict: a failing branch's).
+    pub hops: Vec<Hop>,
+}
+
+impl EndpointOutcome {
+    /// Whether the connection works whatever the dump does not say.
+    pub fn delivered(&self) -> bool {
+        match self.verdict {
+            Verdict::Delivered => true,
+            Verdict::Conditional => self
+                .branches
+                .iter()
+                .all(|b| b.verdict == Verdict::Delivered),
+            _ => false,
+        }
+    }
 }
 
 /// How a chain (or a whole hook) ended.

@@ -23,6 +23,18 @@ pub fn render(t: &Trace) -> String {
     for c in &t.choices {
         out.push_str(&format!("choice: {c}\n"));
     }
+    if !t.endpoint_outcomes.is_empty() {
+        out.push_str(&format!("endpoints: {}\n", endpoint_count(t)));
+        for e in &t.endpoint_outcomes {
+            out.push_str(&format!("  {:<22} {}\n", e.endpoint, endpoint_line(e)));
+        }
+        if let Some(e) = shown_endpoint(t) {
+            out.push_str(&format!(
+                "  (the hops above are the walk to {})\n",
+                e.endpoint
+            ));
+        }
+    }
     match &t.verdict {
         Verdict::Delivered => {
             out.push_str("verdict: delivered (request and reply pass this node)\n")
@@ -82,7 +94,56 @@ pub fn render(t: &Trace) -> String {
     out
 }
 
-fn verdict_word(v: &Verdict) -> &'static str {
+/// One endpoint's outcome on a line: its verdict and cause, or each branch's.
+fn endpoint_line(e: &super::EndpointOutcome) -> String {
+    match e.verdict {
+        Verdict::Delivered => "delivered".into(),
+        Verdict::Conditional => format!(
+            "CONDITIONAL: {}",
+            e.branches
+                .iter()
+                .map(|b| match &b.cause {
+                    Some(c) => format!("{} if {}: {c}", verdict_word(&b.verdict), b.when_text),
+                    None => format!("{} if {}", verdict_word(&b.verdict), b.when_text),
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        _ => format!(
+            "{}: {}",
+            verdict_word(&e.verdict),
+            e.cause.as_deref().unwrap_or("")
+        ),
+    }
+}
+
+/// "1 of 2 delivered", with how many depend on what the dump does not say.
+fn endpoint_count(t: &Trace) -> String {
+    let n = t.endpoint_outcomes.len();
+    let ok = t.endpoint_outcomes.iter().filter(|e| e.delivered()).count();
+    let cond = t
+        .endpoint_outcomes
+        .iter()
+        .filter(|e| e.verdict == Verdict::Conditional && !e.delivered())
+        .count();
+    match cond {
+        0 => format!("{ok} of {n} delivered"),
+        c => format!("{ok} of {n} delivered whatever the dump does not say, {c} conditional"),
+    }
+}
+
+/// The endpoint whose walk the trace's hops are.
+fn shown_endpoint(t: &Trace) -> Option<&super::EndpointOutcome> {
+    t.endpoint_outcomes.iter().find(|e| {
+        e.hops.len() == t.hops.len()
+            && e.hops
+                .iter()
+                .zip(&t.hops)
+                .all(|(a, b)| a.note == b.note && a.rule == b.rule)
+    })
+}
+
+pub(super) fn verdict_word(v: &Verdict) -> &'static str {
     match v {
         Verdict::Delivered => "delivered",
         Verdict::Dropped => "DROPPED",
@@ -118,11 +179,21 @@ pub fn svg(t: &Trace) -> String {
         })
         .chain(t.fixes.iter().map(|f| f.chars().count() + 8))
         .chain(t.cause.iter().map(|c| c.chars().count() + 20))
+        .chain(
+            t.endpoint_outcomes
+                .iter()
+                .map(|e| e.endpoint.chars().count() + endpoint_line(e).chars().count() + 8),
+        )
         .max()
         .unwrap_or(0);
     let w = (longest * 73 / 10 + 60).max(900);
     let n = t.hops.len();
-    let height = 70 + n * (BOX_H + GAP) + 60 + 18 * t.fixes.len();
+    let per_endpoint = if t.endpoint_outcomes.is_empty() {
+        0
+    } else {
+        t.endpoint_outcomes.len() + 1
+    };
+    let height = 70 + n * (BOX_H + GAP) + 60 + 18 * (t.fixes.len() + per_endpoint);
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"monospace\" font-size=\"12\">\n"
     );
@@ -215,6 +286,22 @@ pub fn svg(t: &Trace) -> String {
             y + 18 * (i + 1),
             xml_escape(&format!("fix {}: {f}", i + 1))
         ));
+    }
+    // One line per endpoint of the rules' choice, green when delivered, red otherwise.
+    if !t.endpoint_outcomes.is_empty() {
+        let y0 = y + 18 * (t.fixes.len() + 1);
+        out.push_str(&format!(
+            "<text x=\"10\" y=\"{y0}\" font-weight=\"bold\">{}</text>\n",
+            xml_escape(&format!("endpoints: {}", endpoint_count(t)))
+        ));
+        for (i, e) in t.endpoint_outcomes.iter().enumerate() {
+            let color = if e.delivered() { "#2e7d32" } else { "#c0392b" };
+            out.push_str(&format!(
+                "<text x=\"20\" y=\"{}\" fill=\"{color}\" class=\"endpoint\">{}</text>\n",
+                y0 + 18 * (i + 1),
+                xml_escape(&format!("{}: {}", e.endpoint, endpoint_line(e)))
+            ));
+        }
     }
     out.push_str("</svg>\n");
     out
