@@ -791,8 +791,7 @@ fn spawn_as_the_pod(ns: &PodNetns, dir: &Path) -> std::process::Child {
 /// 53: the sysctl, not a capability, is what lets it.
 #[test]
 fn the_cluster_dns_pod_runs_unprivileged_as_the_deployment_says() {
-    if !common::is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !common::runnable() {
         return;
     }
     let (spec, c) = dns_pod("Deployment", "weir-dns");

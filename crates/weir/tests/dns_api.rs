@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{is_root, WEIR};
+use common::{runnable, WEIR};
 use weir_fakeapi::FakeApi;
 
 /// The API's objects: a ClusterIP service; a headless one with its slice labelled as the
@@ -189,8 +189,7 @@ const FOLLOW: Duration = Duration::from_secs(1);
 /// with kube-proxy's selectors), and Pods are not watched unless `--pods verified`.
 #[test]
 fn records_follow_the_api_objects_within_a_second() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !runnable() {
         return;
     }
     let mut env = Env::new("f");
@@ -271,8 +270,7 @@ fn records_follow_the_api_objects_within_a_second() {
 /// nobody holds are NXDOMAIN.
 #[test]
 fn pods_verified_answers_only_addresses_of_pods_in_the_namespace() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !runnable() {
         return;
     }
     let mut env = Env::new("p");

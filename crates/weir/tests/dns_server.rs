@@ -7,7 +7,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{is_root, KillOnDrop, WEIR};
+use common::{runnable, KillOnDrop, WEIR};
 
 const SERVER_IP: &str = "10.53.0.1";
 const UPSTREAM_IP: &str = "10.53.0.2";
@@ -300,8 +300,7 @@ fn dig_in(ns: &str, server: &str, args: &[&str]) -> Dig {
 
 #[test]
 fn weir_dns_serves_the_zone_forwards_and_follows_changes() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !runnable() {
         return;
     }
     let mut env = Env::new("a");
@@ -507,8 +506,7 @@ fn sample(text: &str, series: &str) -> f64 {
 /// service is added.
 #[test]
 fn health_and_metrics_follow_the_zone_and_the_queries() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !runnable() {
         return;
     }
     let mut env = Env::new("h");
@@ -654,8 +652,7 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
 /// the test's own, so "no entry" is not vacuous). A restart finds both in place.
 #[test]
 fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
-    if !is_root() {
-        eprintln!("skipped: needs root (network namespaces)");
+    if !runnable() {
         return;
     }
     const LOCAL: &str = "169.254.20.10";

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
-use common::cluster::{can_run, Cluster};
+use common::cluster::Cluster;
 use common::WEIR;
 
 /// The demo workload (shared with `bash scripts/dev.sh cluster`).
@@ -78,7 +78,7 @@ impl Load {
 
 #[test]
 fn weir_networks_a_real_two_node_cluster() {
-    if !can_run("weir_networks_a_real_two_node_cluster") {
+    if !weir_testkit::can_run(common::cluster::missing()) {
         return;
     }
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
@@ -477,7 +477,7 @@ fn parity_answers(c: &Cluster) -> Vec<(String, String)> {
 /// the lab's matrix give the same answers.
 #[test]
 fn weir_proxy_answers_as_real_kube_proxy_does() {
-    if !can_run("weir_proxy_answers_as_real_kube_proxy_does") {
+    if !weir_testkit::can_run(common::cluster::missing()) {
         return;
     }
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());

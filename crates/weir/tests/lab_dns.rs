@@ -50,8 +50,7 @@ fn check(lab: &Lab) -> (bool, Vec<Value>) {
 
 #[test]
 fn pods_resolve_cluster_and_external_names() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -132,8 +131,7 @@ fn pods_resolve_cluster_and_external_names() {
 /// and with `--autopath`. Prints the table docs/dns.md reports.
 #[test]
 fn search_path_amplification_with_and_without_autopath() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -205,8 +203,7 @@ fn search_path_amplification_with_and_without_autopath() {
 /// address. Prints the table docs/dns.md reports.
 #[test]
 fn node_local_cache_beside_the_cluster_ip() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -326,8 +323,7 @@ fn node_local_cache_beside_the_cluster_ip() {
 /// measurements.
 #[test]
 fn node_local_mode_from_the_topology_and_the_measurement_command() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();

@@ -155,8 +155,7 @@ fn assert_matrix(results: &[Value], cni: &str, pods: &[&str], nodes: [&str; 2]) 
 }
 
 fn lifecycle(tag: &str, cni: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     if cni == "weir" {
@@ -246,8 +245,7 @@ fn lab_weir_cni_end_to_end() {
 
 #[test]
 fn down_after_crash_removes_everything() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let lab = Lab::new("cr");
@@ -286,8 +284,7 @@ fn down_after_crash_removes_everything() {
 
 #[test]
 fn demo_runs_end_to_end() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -352,8 +349,7 @@ fn exec(lab: &Lab, target: &str, command: &[&str]) -> String {
 
 #[test]
 fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -457,8 +453,7 @@ fn vxlan_demo_on_a_routed_underlay_runs_end_to_end() {
 /// neighbours and FDB entries are gone from a and b afterwards.
 #[test]
 fn a_node_joins_and_leaves_while_traffic_flows() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();

@@ -59,8 +59,7 @@ fn rp_drops(json: &Value, node: &str) -> u64 {
 }
 
 fn with_the_fix(tag: &str, mode: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -184,8 +183,7 @@ fn eni_lab_without_the_fix_fails_as_the_brief_says_kube_proxy_nftables() {
 }
 
 fn without_the_fix(tag: &str, mode: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();

@@ -118,8 +118,7 @@ fn alive(pid: i32) -> bool {
 }
 
 fn services_in_mode(tag: &str, mode: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -182,8 +181,7 @@ fn services_iptables() {
 /// one semantic a user-space proxy changes.
 #[test]
 fn services_userspace() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -230,8 +228,7 @@ fn echo(conn: &mut TcpStream, reader: &mut BufReader<TcpStream>, line: &str) -> 
 }
 
 fn restart_keeps_connection(tag: &str, mode: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -306,8 +303,7 @@ fn restart_keeps_connection_iptables() {
 
 #[test]
 fn down_after_proxy_crash_removes_everything() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -337,8 +333,7 @@ fn down_after_proxy_crash_removes_everything() {
 /// `proxy: none`: services are written as manifests, no proxy runs, check says so.
 #[test]
 fn proxy_none_runs_no_proxy() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();

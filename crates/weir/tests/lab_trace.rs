@@ -757,8 +757,7 @@ fn forward_drop_cases() -> Vec<Case> {
 }
 
 fn bridge_matrix(tag: &str, mode: &str) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();
@@ -853,8 +852,7 @@ fn eni_cases() -> Vec<Case> {
 /// fix-off SYN dies in the VPC (which no node's state shows) before the node's own
 /// reverse-path check would drop the reply; trace reports that node-local drop.
 fn eni_matrix(tag: &str, mode: &str, fix: bool) {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     weir_cni();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::agent::{Agent, SOLO};
-use common::{is_root, WEIR};
+use common::{runnable, WEIR};
 
 const EXTRA: &str = "apiVersion: v1
 kind: Service
@@ -146,14 +146,14 @@ fn agent_lifecycle(mode: &'static str) {
 
 #[test]
 fn nftables_agent_follows_manifests_survives_bad_input_and_restarts() {
-    if is_root() {
+    if runnable() {
         agent_lifecycle("nftables");
     }
 }
 
 #[test]
 fn iptables_agent_follows_manifests_survives_bad_input_and_restarts() {
-    if is_root() {
+    if runnable() {
         agent_lifecycle("iptables");
     }
 }
@@ -189,7 +189,7 @@ fn node_port(a: &Agent) -> bool {
 
 #[test]
 fn iptables_mode_serves_node_ports_on_local_addresses_without_a_node_object() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let mut a = Agent::with_manifest("npi", "iptables", SEED);
@@ -203,7 +203,7 @@ fn iptables_mode_serves_node_ports_on_local_addresses_without_a_node_object() {
 
 #[test]
 fn nftables_mode_says_why_node_ports_are_not_served_without_node_addresses() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let mut a = Agent::with_manifest("npn", "nftables", SEED);
@@ -275,7 +275,7 @@ fn flushes_are_repaired_on_the_timer(mode: &'static str, flushes: &[&str]) {
 
 #[test]
 fn iptables_agent_repairs_outside_flushes_on_its_timer() {
-    if is_root() {
+    if runnable() {
         flushes_are_repaired_on_the_timer(
             "iptables",
             &["iptables -t nat -F", "iptables -t nat -F KUBE-SERVICES"],
@@ -285,7 +285,7 @@ fn iptables_agent_repairs_outside_flushes_on_its_timer() {
 
 #[test]
 fn nftables_agent_repairs_outside_flushes_on_its_timer() {
-    if is_root() {
+    if runnable() {
         flushes_are_repaired_on_the_timer(
             "nftables",
             &[
@@ -298,7 +298,7 @@ fn nftables_agent_repairs_outside_flushes_on_its_timer() {
 
 #[test]
 fn full_resync_runs_every_full_sync_period() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let mut a = Agent::with_manifest("fsp", "nftables", SEED);
@@ -382,14 +382,14 @@ fn missing_directory(mode: &'static str) {
 
 #[test]
 fn nftables_agent_keeps_rules_and_reports_not_ready_without_its_manifest_directory() {
-    if is_root() {
+    if runnable() {
         missing_directory("nftables");
     }
 }
 
 #[test]
 fn iptables_agent_keeps_rules_and_reports_not_ready_without_its_manifest_directory() {
-    if is_root() {
+    if runnable() {
         missing_directory("iptables");
     }
 }
@@ -399,7 +399,7 @@ fn iptables_agent_keeps_rules_and_reports_not_ready_without_its_manifest_directo
 /// the manifests (defect 3) does not stop the watcher meanwhile.
 #[test]
 fn nftables_agent_serves_last_known_good_copies_after_a_restart() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let mut a = Agent::new("lkg", "nftables");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 mod common;
 use common::agent::{Agent, SOLO};
-use common::is_root;
+use common::runnable;
 use weir_fakeapi::FakeApi;
 
 /// A second service, 10.96.7.7:80 → the pods' 10.244.0.5:8080.
@@ -90,14 +90,14 @@ fn lifecycle(mode: &'static str) {
 
 #[test]
 fn objects_appear_change_and_disappear_nftables() {
-    if is_root() {
+    if runnable() {
         lifecycle("nftables");
     }
 }
 
 #[test]
 fn objects_appear_change_and_disappear_iptables() {
-    if is_root() {
+    if runnable() {
         lifecycle("iptables");
     }
 }
@@ -107,7 +107,7 @@ fn objects_appear_change_and_disappear_iptables() {
 /// /healthz says why.
 #[test]
 fn no_sync_before_the_initial_lists_complete() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let (mut a, api) = setup("hold", "nftables", SOLO);
@@ -136,7 +136,7 @@ fn no_sync_before_the_initial_lists_complete() {
 /// their resourceVersion) and later changes are programmed.
 #[test]
 fn a_dropped_watch_and_a_server_restart_keep_the_rules_and_resume() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let (mut a, api) = setup("rst", "nftables", SOLO);
@@ -167,7 +167,7 @@ fn a_dropped_watch_and_a_server_restart_keep_the_rules_and_resume() {
 /// lists again and applies what changed in the gap, deletions included.
 #[test]
 fn an_expired_watch_relists_and_applies_deletions_from_the_gap() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let (mut a, api) = setup("gone", "nftables", SOLO);
@@ -196,7 +196,7 @@ fn an_expired_watch_relists_and_applies_deletions_from_the_gap() {
 /// why, and all is well again once it is back.
 #[test]
 fn an_unreachable_api_server_keeps_the_rules_and_healthz_says_stale() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let (mut a, api) = setup("away", "nftables", SOLO);
@@ -220,7 +220,7 @@ fn an_unreachable_api_server_keeps_the_rules_and_healthz_says_stale() {
 /// after the watch timeout plus 5 s and resumed; the change made meanwhile is programmed.
 #[test]
 fn a_hanging_watch_is_abandoned_and_resumed() {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let (mut a, api) = setup("hang", "nftables", SOLO);

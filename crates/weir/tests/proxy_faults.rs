@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::agent::{Agent, Health, SOLO};
-use common::{is_root, WEIR};
+use common::{runnable, WEIR};
 
 /// One fault: optional extra flags, something to do before the agent's first start, and the
 /// fault itself (injected into an agent serving `solo`, whose ClusterIP already answers).
@@ -28,7 +28,7 @@ const MODES: [&str; 2] = ["nftables", "iptables"];
 
 /// Runs `fault` in both modes in parallel; a failure names its mode.
 fn run(fault: Fault) {
-    if !is_root() {
+    if !runnable() {
         return;
     }
     let fault = &fault;

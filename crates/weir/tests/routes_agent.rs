@@ -8,7 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{is_root, KillOnDrop, WEIR};
+use common::{runnable, KillOnDrop, WEIR};
 
 /// Two namespaces `<tag>-1`, `<tag>-2` (10.78.0.1/24, 10.78.0.2/24), a manifest directory and
 /// any running agent; all removed on drop.
@@ -146,8 +146,7 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn agent_publishes_its_vtep_programs_peers_follows_manifests_and_cleans_up() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let mut p = Pair::new("vx");
@@ -226,8 +225,7 @@ fn agent_publishes_its_vtep_programs_peers_follows_manifests_and_cleans_up() {
 
 #[test]
 fn bad_flags_are_clear_errors_that_change_nothing() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let p = Pair::new("bad");
@@ -300,8 +298,7 @@ fn api_node(i: u8) -> String {
 /// namespace): routes appear as Nodes join and go as they leave.
 #[test]
 fn host_gw_routes_follow_nodes_from_the_api() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let mut p = Pair::new("api");
@@ -372,8 +369,7 @@ fn host_gw_routes_follow_nodes_from_the_api() {
 /// address onto its own Node, and the other reads them from the watch and programs the peer.
 #[test]
 fn vxlan_agents_publish_their_vteps_on_their_nodes_through_the_api() {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return;
     }
     let p = Pair::new("vxapi");

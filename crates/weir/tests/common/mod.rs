@@ -25,6 +25,12 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// Root and `ip`, or the test is skipped: printed and recorded outside CI, a failure naming
+/// what is missing under CI=true (weir_testkit).
+pub fn runnable() -> bool {
+    weir_testkit::can_run(weir_testkit::missing(true, &["ip"]))
+}
+
 /// The weir-cni binary next to weir; asserts that it was built.
 pub fn weir_cni() -> PathBuf {
     let path = weir_cni_path();

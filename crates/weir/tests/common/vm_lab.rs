@@ -7,17 +7,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{is_root, weir_cni, WEIR};
+use super::{runnable, weir_cni, WEIR};
 
 /// One lab (or other VM test) at a time in the VM: under TCG it has one emulated CPU, and two
 /// labs probing at once made the lab's 1 s reject/no-answer windows miss (seen once at load ~17).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// The shared VM and this test's turn in it; `None` (after saying why) when not root or when
-/// the VM cannot run here (docs/vm.md).
+/// The shared VM and this test's turn in it; `None` (a recorded skip; a failure under CI=true)
+/// when not root or when the VM cannot run here (docs/vm.md).
 pub fn vm_turn() -> Option<(&'static weir_vmtest::Vm, MutexGuard<'static, ()>)> {
-    if !is_root() {
-        eprintln!("skipped: needs root");
+    if !runnable() {
         return None;
     }
     let vm = weir_vmtest::shared_or_skip()?;
