@@ -31,21 +31,39 @@ pub fn can_run(missing: Option<String>) -> bool {
 
 /// [`can_run`] with the test's name given.
 pub fn skip_unless(test: &str, missing: Option<String>) -> bool {
-    decide(test, missing, in_ci(), &skips_file())
+    // Straight to stderr, not through eprintln!: libtest captures that for a passing test, and
+    // a skip must show in the run's output.
+    decide(
+        test,
+        missing,
+        in_ci(),
+        &skips_file(),
+        &mut std::io::stderr(),
+    )
 }
 
 /// The decision, with the environment's parts as arguments (unit-tested below).
-fn decide(test: &str, missing: Option<String>, ci: bool, skips: &Path) -> bool {
+fn decide(
+    test: &str,
+    missing: Option<String>,
+    ci: bool,
+    skips: &Path,
+    out: &mut dyn Write,
+) -> bool {
     let Some(what) = missing else {
         return true;
     };
     if ci {
         panic!("{test}: cannot run under CI=true, missing {what}");
     }
-    let line = format!("SKIPPED {test}: missing {what}");
-    eprintln!("{line}");
+    let line = format!("SKIPPED {test}: missing {}", what.replace('\n', " "));
+    let _ = writeln!(out, "{line}");
     if let Err(e) = record(skips, &line) {
-        eprintln!("(could not record the skip in {}: {e})", skips.display());
+        let _ = writeln!(
+            out,
+            "(could not record the skip in {}: {e})",
+            skips.display()
+        );
     }
     false
 }
@@ -64,7 +82,7 @@ fn record(skips: &Path, line: &str) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(skips)?;
-    f.write_all(format!("{}\n", line.replace('\n', " ")).as_bytes())
+    f.write_all(format!("{line}\n").as_bytes())
 }
 
 /// `$CARGO_TARGET_DIR/test-skips.txt`, else `<workspace>/target/test-skips.txt`. A relative
@@ -153,31 +171,29 @@ mod tests {
     #[test]
     fn nothing_missing_runs_and_records_nothing_in_or_out_of_ci() {
         let f = tmp_skips("none");
-        assert!(decide("t", None, false, &f));
-        assert!(decide("t", None, true, &f));
+        let mut out = Vec::new();
+        assert!(decide("t", None, false, &f, &mut out));
+        assert!(decide("t", None, true, &f, &mut out));
         assert!(!f.exists());
+        assert!(out.is_empty());
     }
 
     #[test]
     fn outside_ci_a_missing_need_skips_and_appends_one_line_each() {
         let f = tmp_skips("skip");
-        assert!(!decide(
-            "bin::first",
-            Some("the command `nft`".into()),
-            false,
-            &f
-        ));
-        assert!(!decide(
-            "bin::second",
-            Some("root\n(uid 1000)".into()),
-            false,
-            &f
-        ));
+        let mut out = Vec::new();
+        let first = Some("the command `nft`".into());
+        assert!(!decide("bin::first", first, false, &f, &mut out));
+        let second = Some("root\n(uid 1000)".into());
+        assert!(!decide("bin::second", second, false, &f, &mut out));
         let text = std::fs::read_to_string(&f).unwrap();
+        let expected = "SKIPPED bin::first: missing the command `nft`\n\
+                        SKIPPED bin::second: missing root (uid 1000)\n";
+        assert_eq!(text, expected);
         assert_eq!(
-            text,
-            "SKIPPED bin::first: missing the command `nft`\n\
-             SKIPPED bin::second: missing root (uid 1000)\n"
+            String::from_utf8(out).unwrap(),
+            expected,
+            "printed as recorded"
         );
         std::fs::remove_dir_all(f.parent().unwrap().parent().unwrap()).unwrap();
     }
@@ -186,7 +202,13 @@ mod tests {
     fn under_ci_a_missing_need_fails_naming_the_test_and_what_is_missing() {
         let f = tmp_skips("ci");
         let err = std::panic::catch_unwind(|| {
-            decide("bin::needs_nft", Some("the command `nft`".into()), true, &f)
+            decide(
+                "bin::needs_nft",
+                Some("the command `nft`".into()),
+                true,
+                &f,
+                &mut Vec::new(),
+            )
         })
         .expect_err("must panic under CI");
         let msg = err.downcast_ref::<String>().expect("a formatted message");

@@ -27,6 +27,7 @@ fn no_qemu_and_no_boot_are_reasons_to_skip_not_failures() {
         skip.0.contains("/nonexistent/qemu-system-x86_64 not found"),
         "{skip}"
     );
+    // (This prints its SKIPPED line on the run's stderr, as every skip does: expected here.)
     assert!(weir_vmtest::shared_or_skip().is_none());
     let recorded = std::fs::read_to_string(&skips).expect("the skip is recorded");
     assert_eq!(
