@@ -335,6 +335,11 @@ mod tests {
         let a = Scope::for_network("k8s-pod-network");
         let b = Scope::for_network("k8s_pod_network");
         assert_ne!(a, b, "reduced names collide, hashes must not");
+        // Literals (sha256 of each name begins 6c6f91f4 / 275081ec): the sets and chain a
+        // released weir-cni made keep these names, so they must not follow a code change.
+        assert_eq!(a.chain, "post_k8s_pod_network_6c6f91f4");
+        assert_eq!(a.pods4, "pods4_k8s_pod_network_6c6f91f4");
+        assert_eq!(b.direct6, "direct6_k8s_pod_network_275081ec");
         for name in [&a.pods4, &a.direct6, &a.chain] {
             assert!(
                 name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
