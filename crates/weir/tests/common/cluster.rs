@@ -21,7 +21,8 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// What is missing for a real cluster here, if anything.
+/// What is missing for a real cluster here, if anything (for `weir_testkit::can_run`: under
+/// CI=true the test fails naming it, elsewhere it is skipped and counted).
 pub fn missing() -> Option<String> {
     if !super::is_root() {
         return Some("root (network namespaces, containerd, kubelet)".into());
@@ -51,19 +52,6 @@ pub fn missing() -> Option<String> {
         }
     }
     None
-}
-
-/// Under CI=true a missing part fails the test, naming it; elsewhere the test is skipped
-/// with a message. Returns whether to go on.
-pub fn can_run(test: &str) -> bool {
-    let Some(what) = missing() else {
-        return true;
-    };
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{test}: cannot run a real cluster here, missing {what}");
-    }
-    eprintln!("SKIPPED {test}: missing {what}");
-    false
 }
 
 pub struct Cluster {
