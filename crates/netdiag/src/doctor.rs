@@ -113,6 +113,7 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         stale_dnat(st),
         pod_dns(pod),
         conntrack(st),
+        conntrack_nat(st),
         mtu(st),
         eni_asymmetric(st),
     ]
@@ -815,6 +816,291 @@ pub fn conntrack(st: &NodeState) -> Check {
         c.add_fix("raise net.netfilter.nf_conntrack_max (and nf_conntrack_buckets), or find what opens so many connections (conntrack -L | sort by source)");
     }
     c
+}
+
+/// A Service's address and port as the dump's proxy rules give it, with its endpoints now.
+#[derive(Debug)]
+struct ServiceNow {
+    proto: String,
+    vip: IpAddr,
+    port: u16,
+    endpoints: BTreeSet<(IpAddr, Option<u16>)>,
+    /// The rule or virtual server it comes from.
+    source: String,
+}
+
+/// DNAT targets reachable from an iptables nat chain (kube-proxy's KUBE-SVC-… → KUBE-SEP-…).
+fn iptables_dnat_from(
+    d: &Dump,
+    chain: &str,
+    depth: usize,
+    out: &mut BTreeSet<(IpAddr, Option<u16>)>,
+) {
+    let Some(ch) = d.chain("nat", chain) else {
+        return;
+    };
+    if depth > 8 {
+        return;
+    }
+    for r in &ch.rules {
+        match r.target_name() {
+            Some("DNAT") => {
+                if let Some(to) = r.target_arg("--to-destination") {
+                    if let Some(ip) = parse_nat_addr(to) {
+                        let port = to.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
+                        out.insert((ip, port));
+                    }
+                }
+            }
+            Some(t) if d.chain("nat", t).is_some() => iptables_dnat_from(d, t, depth + 1, out),
+            _ => {}
+        }
+    }
+}
+
+/// The Services the dump's proxy rules show: iptables nat rules matching one address and port
+/// that lead to DNATs, kube-proxy's filter REJECTs for Services without endpoints, and IPVS
+/// virtual servers.
+fn services_now(st: &NodeState) -> Vec<ServiceNow> {
+    let mut out: Vec<ServiceNow> = Vec::new();
+    if let Some(d) = &st.iptables {
+        for (table, _, r) in d.rules() {
+            let Some(dst) = r.arg("-d").filter(|a| !a.negated) else {
+                continue;
+            };
+            let Some(vip) = dst
+                .values
+                .first()
+                .and_then(|v| v.strip_suffix("/32").unwrap_or(v).parse::<IpAddr>().ok())
+            else {
+                continue;
+            };
+            let Some(port) = r
+                .args
+                .iter()
+                .find(|a| a.name == "--dport" && !a.negated)
+                .and_then(|a| a.values.first()?.parse::<u16>().ok())
+            else {
+                continue;
+            };
+            let proto = r
+                .arg("-p")
+                .and_then(|a| a.values.first().cloned())
+                .map(|p| match p.as_str() {
+                    "6" => "tcp".to_string(),
+                    "17" => "udp".to_string(),
+                    _ => p,
+                })
+                .unwrap_or_else(|| "tcp".into());
+            let mut endpoints = BTreeSet::new();
+            match (table, r.target_name()) {
+                ("nat", Some(t)) if d.chain("nat", t).is_some() => {
+                    iptables_dnat_from(d, t, 0, &mut endpoints);
+                    if endpoints.is_empty() {
+                        // A jump to marking chains only (KUBE-MARK-MASQ): not a Service rule.
+                        continue;
+                    }
+                }
+                ("nat", Some("DNAT")) => iptables_dnat_from_rule(r, &mut endpoints),
+                ("filter", Some("REJECT"))
+                    if r.comment().is_some_and(|c| c.contains("has no endpoints")) => {}
+                _ => continue,
+            }
+            match out
+                .iter_mut()
+                .find(|s| s.proto == proto && s.vip == vip && s.port == port)
+            {
+                Some(s) => s.endpoints.extend(endpoints),
+                None => out.push(ServiceNow {
+                    proto,
+                    vip,
+                    port,
+                    endpoints,
+                    source: r.text.clone(),
+                }),
+            }
+        }
+    }
+    if let Some(text) = &st.ipvs {
+        for vs in crate::ipvs::parse(text).value {
+            if let crate::ipvs::VirtualKey::Addr(proto, a) = &vs.key {
+                out.push(ServiceNow {
+                    proto: proto.clone(),
+                    vip: a.ip(),
+                    port: a.port(),
+                    endpoints: vs
+                        .real_servers
+                        .iter()
+                        .map(|r| (r.addr.ip(), Some(r.addr.port())))
+                        .collect(),
+                    source: vs.text.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn iptables_dnat_from_rule(r: &IptRule, out: &mut BTreeSet<(IpAddr, Option<u16>)>) {
+    if let Some(to) = r.target_arg("--to-destination") {
+        if let Some(ip) = parse_nat_addr(to) {
+            out.insert((ip, to.rsplit_once(':').and_then(|(_, p)| p.parse().ok())));
+        }
+    }
+}
+
+fn endpoint_text(e: &(IpAddr, Option<u16>)) -> String {
+    match e.1 {
+        Some(p) => format!("{}:{p}", e.0),
+        None => e.0.to_string(),
+    }
+}
+
+/// A connection's protocol, original destination and port.
+type DstKey = (String, IpAddr, Option<u16>);
+
+/// Conntrack entries whose NAT binding the rules no longer give: a connection to a Service
+/// that was not DNATed (made while the Service had no endpoints, or before its rules: a UDP
+/// client that keeps sending keeps such an entry alive, and its packets keep bypassing the
+/// DNAT — kubernetes#48370), or one DNATed to an address that is no longer an endpoint.
+/// Without the proxy's rules in the dump, entries to one destination that were DNATed while
+/// others to it were not say the same.
+pub fn conntrack_nat(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "conntrack-nat",
+        "conntrack entries bypassing a Service's current DNAT",
+    );
+    let Some(entries) = &st.conntrack else {
+        return c.skip("no `conntrack -L` output");
+    };
+    let services = services_now(st);
+    let mut judged = 0;
+    let mut stale = 0;
+    let mut deletes: Vec<String> = Vec::new();
+    for e in entries {
+        let (Some(dport), true) = (e.orig.dport, e.orig.dst.is_ipv4()) else {
+            continue;
+        };
+        let Some(svc) = services
+            .iter()
+            .find(|s| s.proto == e.proto && s.vip == e.orig.dst && s.port == dport)
+        else {
+            continue;
+        };
+        judged += 1;
+        match e.dnat() {
+            None if !svc.endpoints.is_empty() => {
+                stale += 1;
+                c.found(
+                    Status::Warn,
+                    format!(
+                        "{} was not DNATed (its reply comes from {} itself{}), but {}:{dport}/{} has endpoints now ({}, per `{}`): the entry was made while the Service had none (or before its rules), and its packets bypass the DNAT for as long as it lives (`{}`)",
+                        e.summary(),
+                        e.orig.dst,
+                        if e.unreplied { ", and nothing has answered" } else { "" },
+                        svc.vip,
+                        svc.proto,
+                        svc.endpoints.iter().map(endpoint_text).collect::<Vec<_>>().join(", "),
+                        svc.source,
+                        e.text
+                    ),
+                );
+            }
+            Some(to)
+                if !svc.endpoints.is_empty()
+                    && !svc
+                        .endpoints
+                        .iter()
+                        .any(|x| x.0 == to.0 && (x.1.is_none() || x.1 == to.1)) =>
+            {
+                stale += 1;
+                c.found(
+                    Status::Warn,
+                    format!(
+                        "{} is DNATed to {}, which is not an endpoint of {}:{dport}/{} now ({}, per `{}`): its packets keep going to the old endpoint (`{}`)",
+                        e.summary(),
+                        endpoint_text(&to),
+                        svc.vip,
+                        svc.proto,
+                        svc.endpoints.iter().map(endpoint_text).collect::<Vec<_>>().join(", "),
+                        svc.source,
+                        e.text
+                    ),
+                );
+            }
+            _ => continue,
+        }
+        let d = format!("conntrack -D -p {} --orig-dst {}", e.proto, e.orig.dst);
+        if !deletes.contains(&d) {
+            deletes.push(d);
+        }
+    }
+    // Without the rules: entries to one destination, some DNATed and some not.
+    let mut mixed = 0;
+    let mut groups: Vec<(DstKey, Vec<&crate::conntrack::Entry>)> = Vec::new();
+    for e in entries {
+        let key = (e.proto.clone(), e.orig.dst, e.orig.dport);
+        if services
+            .iter()
+            .any(|s| s.proto == key.0 && s.vip == key.1 && Some(s.port) == key.2)
+        {
+            continue;
+        }
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(e),
+            None => groups.push((key, vec![e])),
+        }
+    }
+    for ((proto, dst, dport), es) in &groups {
+        let natted: BTreeSet<String> = es
+            .iter()
+            .filter_map(|e| e.dnat())
+            .map(|t| endpoint_text(&t))
+            .collect();
+        let plain: Vec<&&crate::conntrack::Entry> =
+            es.iter().filter(|e| e.dnat().is_none()).collect();
+        if natted.is_empty() || plain.is_empty() {
+            continue;
+        }
+        mixed += 1;
+        let dst = match dport {
+            Some(p) => format!("{dst}:{p}"),
+            None => dst.to_string(),
+        };
+        c.found(
+            Status::Warn,
+            format!(
+                "{proto} connections to {dst} were DNATed (to {}) and {} were not ({}): if the rules DNAT every connection to {dst} (a Service), those bypass it, made while it had no endpoints or no rules",
+                natted.into_iter().collect::<Vec<_>>().join(", "),
+                plain.len(),
+                plain.iter().map(|e| format!("`{}`", e.text)).collect::<Vec<_>>().join(", ")
+            ),
+        );
+        let d = format!("conntrack -D -p {proto} --orig-dst {}", es[0].orig.dst);
+        if !deletes.contains(&d) {
+            deletes.push(d);
+        }
+    }
+    if stale + mixed > 0 {
+        c.add_fix(format!(
+            "delete the stale entries so the next packet is DNATed again: {} (kube-proxy flushes UDP entries of a Service whose endpoints go from none to some since kubernetes#48370's fix; check its version)",
+            deletes.join("; ")
+        ));
+        return c;
+    }
+    if judged > 0 {
+        c.note(format!(
+            "{judged} of {} entries are to Services in the dump's rules, each bound to a current endpoint",
+            entries.len()
+        ));
+        return c;
+    }
+    let unnat = entries.iter().filter(|e| e.dnat().is_none()).count();
+    c.skip(format!(
+        "{} conntrack entr{} ({unnat} not DNATed), but no proxy rules in the dump say which destinations are Services and where they go now: needs `iptables-save` (or `ipvsadm -Ln`) as iptables-save.txt",
+        entries.len(),
+        if entries.len() == 1 { "y" } else { "ies" }
+    ))
 }
 
 /// Overlay MTU: a VXLAN device must fit in its underlay (50 bytes of IPv4 encapsulation), and the

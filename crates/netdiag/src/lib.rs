@@ -10,6 +10,7 @@
 //! [`Skipped`] and the rest of the file still counts, because operators paste partial,
 //! grep-cut and old-version outputs.
 
+pub mod conntrack;
 pub mod doctor;
 pub mod iproute;
 pub mod ipset;
@@ -19,6 +20,7 @@ pub mod ipvs;
 pub mod live;
 pub mod nft;
 pub mod paste;
+pub mod route_get;
 pub mod state;
 pub mod sysctl;
 pub mod trace;

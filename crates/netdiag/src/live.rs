@@ -39,6 +39,10 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::IpvsadmLn => &["ipvsadm", "-Ln"],
         Output::Sysctl => &["sysctl", "-a"],
         Output::ConntrackStats => &["conntrack", "-S"],
+        // Read when pasted, not collected: `conntrack -L` can hold a million entries, and
+        // `ip route get` needs a destination.
+        Output::ConntrackList => &["conntrack", "-L"],
+        Output::IpRouteGet => &["ip", "route", "get"],
         // Run in the pod's namespace, not the node's: not part of a node's collection.
         Output::PodIpAddr => &["ip", "addr"],
         Output::PodResolvConf => &["cat", "/etc/resolv.conf"],
@@ -88,7 +92,15 @@ impl Target {
     pub fn collect(&self) -> Vec<Ran> {
         Output::ALL
             .into_iter()
-            .filter(|o| !matches!(o, Output::PodIpAddr | Output::PodResolvConf))
+            .filter(|o| {
+                !matches!(
+                    o,
+                    Output::PodIpAddr
+                        | Output::PodResolvConf
+                        | Output::ConntrackList
+                        | Output::IpRouteGet
+                )
+            })
             .map(|output| {
                 let argv = command_for(output);
                 // ipvsadm loads ip_vs when it is missing: diagnosis must not change the node.

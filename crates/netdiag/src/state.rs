@@ -30,6 +30,11 @@ pub enum Output {
     IpvsadmLn,
     Sysctl,
     ConntrackStats,
+    /// `conntrack -L`: the connections (read for stale NAT bindings). Not collected by `weir
+    /// trace collect` (it can be large); read when pasted.
+    ConntrackList,
+    /// `ip route get` answers under their commands: single lookups the kernel made. Pasted only.
+    IpRouteGet,
     /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
     PodIpAddr,
     /// The pod's `/etc/resolv.conf`.
@@ -37,7 +42,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub const ALL: [Output; 14] = [
+    pub const ALL: [Output; 16] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -50,6 +55,8 @@ impl Output {
         Output::IpvsadmLn,
         Output::Sysctl,
         Output::ConntrackStats,
+        Output::ConntrackList,
+        Output::IpRouteGet,
         Output::PodIpAddr,
         Output::PodResolvConf,
     ];
@@ -69,6 +76,8 @@ impl Output {
             Output::IpvsadmLn => "ipvsadm-Ln.txt",
             Output::Sysctl => "sysctl.txt",
             Output::ConntrackStats => "conntrack-stats.txt",
+            Output::ConntrackList => "conntrack-L.txt",
+            Output::IpRouteGet => "ip-route-get.txt",
             Output::PodIpAddr => "pod-ip-addr.txt",
             Output::PodResolvConf => "pod-resolv.conf",
         }
@@ -117,6 +126,8 @@ impl Output {
             ],
             Output::Sysctl => &["sysctl", "sysctl-a", "sysctls"],
             Output::ConntrackStats => &["conntrack-stats", "conntrack-S", "conntrack"],
+            Output::ConntrackList => &["conntrack-L", "conntrack-list", "conntrack-L-n"],
+            Output::IpRouteGet => &["ip-route-get", "ip-r-g", "ip-route-get-all"],
             Output::PodIpAddr => &[
                 "pod-ip-addr",
                 "pod-ip-a",
@@ -179,6 +190,10 @@ pub struct NodeState {
     pub ipvs: Option<String>,
     pub sysctls: Option<Sysctls>,
     pub conntrack_stats: Option<String>,
+    /// `conntrack -L` entries.
+    pub conntrack: Option<Vec<crate::conntrack::Entry>>,
+    /// Pasted `ip route get` answers.
+    pub route_gets: Option<Vec<crate::route_get::RouteGet>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
     /// `local` routes, `proto kernel` routes' `src`): see [`NodeState::local_addresses`].
     pub inferred_addrs: Vec<Address>,
@@ -294,6 +309,16 @@ impl NodeState {
                 Output::ConntrackStats => {
                     st.conntrack_stats = Some(text);
                     Vec::new()
+                }
+                Output::ConntrackList => {
+                    let p = crate::conntrack::parse(&text);
+                    st.conntrack = Some(p.value);
+                    p.skipped
+                }
+                Output::IpRouteGet => {
+                    let p = crate::route_get::parse(&text);
+                    st.route_gets = Some(p.value);
+                    p.skipped
                 }
                 Output::PodIpAddr => {
                     pod_text = Some(text);

@@ -219,3 +219,77 @@ Chain FORWARD (policy DROP 0 packets, 0 bytes)
     let c = show(doctor::forward_policy(&st));
     assert_eq!(c.status, Status::Fail, "{:?}", c.evidence);
 }
+
+/// kubernetes#48370 reproduced here (tests/data/pasted/conntrack-L.txt): with the nat rule that
+/// DNATs 10.96.0.10:53 in the dump, conntrack-nat names the entry that bypasses it; without the
+/// rules, the two entries to one destination (one DNATed, one not) say the same, hedged; a lone
+/// un-DNATed entry without rules cannot be judged (skip, naming what it needs).
+#[test]
+fn conntrack_nat_names_entries_bypassing_a_services_dnat() {
+    let rules = "*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+-A OUTPUT -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.10/32 -p udp -m udp --dport 53 -j DNAT --to-destination 10.1.0.7:53
+COMMIT
+";
+    let ct = data("pasted/conntrack-L.txt");
+    let st = NodeState::from_outputs([
+        (Output::IptablesSave, rules.to_string()),
+        (Output::ConntrackList, ct.clone()),
+    ]);
+    let c = show(doctor::conntrack_nat(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert_eq!(c.evidence.len(), 1, "{:?}", c.evidence);
+    let e = &c.evidence[0];
+    assert!(
+        e.starts_with("udp 10.1.0.1:40001 → 10.96.0.10:53 was not DNATed"),
+        "{e}"
+    );
+    assert!(e.contains("has endpoints now (10.1.0.7:53"), "{e}");
+    assert!(c
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("conntrack -D -p udp --orig-dst 10.96.0.10"));
+
+    // Without the rules: one DNATed, one not, to the same destination.
+    let st = NodeState::from_outputs([(Output::ConntrackList, ct.clone())]);
+    let c = show(doctor::conntrack_nat(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert!(c.evidence[0].contains("were DNATed (to 10.1.0.7:53) and 1 were not"));
+    assert!(c.evidence[0].contains("if the rules DNAT every connection"));
+
+    // One un-DNATed entry and no rules: cannot tell whether 10.96.0.10 is a Service.
+    let lone = ct
+        .lines()
+        .filter(|l| !l.contains("sport=40002"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    let st = NodeState::from_outputs([(Output::ConntrackList, lone)]);
+    let c = show(doctor::conntrack_nat(&st));
+    assert_eq!(c.status, Status::Skip, "{:?}", c.evidence);
+    assert!(
+        c.evidence[0].contains("needs `iptables-save`"),
+        "{:?}",
+        c.evidence
+    );
+
+    // Entries all bound to current endpoints: ok.
+    let fresh = ct
+        .lines()
+        .filter(|l| !l.contains("sport=40001"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n";
+    let st = NodeState::from_outputs([
+        (Output::IptablesSave, rules.to_string()),
+        (Output::ConntrackList, fresh),
+    ]);
+    let c = show(doctor::conntrack_nat(&st));
+    assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+}

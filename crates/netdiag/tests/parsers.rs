@@ -836,3 +836,71 @@ ACCEPT     all  --  0.0.0.0/0            0.0.0.0/0
         .iter()
         .any(|a| a.contains("1 listed rule(s)")));
 }
+
+/// `conntrack -L` captured here (conntrack-tools 1.4.7) after kubernetes#48370's sequence in a
+/// scratch namespace: a UDP socket sent to 10.96.0.10:53 before the DNAT rule existed, a second
+/// socket after, then the first again (its entry, still alive, keeps bypassing the DNAT). The
+/// tool's summary line (stderr, first here) is not an entry.
+#[test]
+fn conntrack_list_entries_and_their_nat_bindings() {
+    let p = weir_netdiag::conntrack::parse(&pasted("conntrack-L.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let e = p.value;
+    assert_eq!(e.len(), 2);
+    assert_eq!(e[0].proto, "udp");
+    assert!(e[0].unreplied && !e[0].assured && e[0].state.is_none());
+    assert_eq!(e[0].orig.sport, Some(40002));
+    assert_eq!(e[0].dnat(), Some(("10.1.0.7".parse().unwrap(), Some(53))));
+    assert_eq!(e[1].orig.sport, Some(40001));
+    assert_eq!(e[1].dnat(), None);
+    assert_eq!(e[1].snat(), None);
+    assert_eq!(e[1].summary(), "udp 10.1.0.1:40001 → 10.96.0.10:53");
+
+    // /proc/net/nf_conntrack's form (a ticket's paste: cilium#12098), TCP state and mark.
+    let p = weir_netdiag::conntrack::parse("ipv4     2 tcp      6 59 SYN_RECV src=192.168.34.149 dst=192.168.21.197 sport=47458 dport=31313 src=192.168.126.96 dst=192.168.21.197 sport=80 dport=47458 mark=128 zone=0 use=2\n");
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let e = &p.value[0];
+    assert_eq!(e.state.as_deref(), Some("SYN_RECV"));
+    assert_eq!(e.mark, Some(128));
+    assert_eq!(
+        e.dnat(),
+        Some(("192.168.126.96".parse().unwrap(), Some(80)))
+    );
+    assert_eq!(e.snat(), Some("192.168.21.197".parse().unwrap()));
+}
+
+/// `ip route get` answers captured here (iproute2 6.1, kernel 6.18) under their prompt lines:
+/// an output lookup, an input lookup (`from … iif eth0`), one refused by strict rp_filter on
+/// eth1 (this kernel says `Invalid argument`; 4.x kernels said `Invalid cross-device link`),
+/// and a local address. The `cache` lines are not answers.
+#[test]
+fn ip_route_get_answers_with_their_commands() {
+    let p = weir_netdiag::route_get::parse(&pasted("ip-route-get.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let g = p.value;
+    assert_eq!(g.len(), 4);
+    let out = g[0].answer.as_ref().unwrap();
+    assert_eq!(g[0].dst.to_string(), "10.1.0.7");
+    assert!(g[0].iif.is_none() && g[0].from.is_none());
+    assert_eq!(out.dev.as_deref(), Some("eth0"));
+    assert_eq!(out.src.map(|a| a.to_string()).as_deref(), Some("10.1.0.1"));
+    assert_eq!(out.kind, "unicast");
+    assert_eq!(g[1].iif.as_deref(), Some("eth0"));
+    assert_eq!(
+        g[1].from.map(|a| a.to_string()).as_deref(),
+        Some("203.0.113.10")
+    );
+    assert_eq!(g[1].answer.as_ref().unwrap().dev.as_deref(), Some("eth1"));
+    assert_eq!(g[2].iif.as_deref(), Some("eth1"));
+    assert_eq!(g[2].answer.as_ref().unwrap_err(), "Invalid argument");
+    assert_eq!(
+        g[2].command.as_deref(),
+        Some("ip route get 10.2.0.9 from 203.0.113.10 iif eth1")
+    );
+    assert_eq!(g[3].answer.as_ref().unwrap().kind, "local");
+
+    // An error with no command above it cannot say which lookup failed.
+    let p = weir_netdiag::route_get::parse("RTNETLINK answers: Network is unreachable\n");
+    assert!(p.value.is_empty());
+    assert_eq!(p.skipped.len(), 1);
+}

@@ -54,8 +54,11 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     ),
     (
         "k8s-48370-udp-conntrack-empty-endpoints",
-        "only `conntrack -L` entries were pasted, which no parser reads, and the walk models a \
-         new connection, not a packet matching an existing (stale) conntrack entry",
+        "`conntrack -L` is read now, but the one entry pasted (conntrack-L.txt, UDP to \
+         10.15.240.10:53 not DNATed) comes with no proxy rules, so doctor's conntrack-nat \
+         cannot tell 10.15.240.10 is a Service and skips; the earlier paste showing the same \
+         tuple DNATed is a second snapshot (conntrack-L-before.txt), not read; and the trace \
+         walks a new connection, unknown at routing (no routes)",
     ),
     (
         "k8s-55923-ipvs-nodeport-non-eth-nic",
@@ -82,9 +85,10 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     ),
     (
         "k8s-81635-forward-reject-rule-order",
-        "only `ip route` (and `ip route get`) made it into the stored copy, no iptables: the \
-         verdict is conditional on the missing ip_forward (delivered when 1), and with no rules \
-         every policy is taken as ACCEPT, so no branch can name the REJECT",
+        "only `ip route` and one `ip route get` (of a ClusterIP, not the walked packet) made it \
+         into the stored copy, no iptables: the verdict is conditional on the missing \
+         ip_forward (delivered when 1), and with no rules every policy is taken as ACCEPT, so \
+         no branch can name the REJECT",
     ),
     (
         "kubeadm-139-firewalld-forward-reject",
@@ -94,8 +98,11 @@ const UNEXPLAINED: &[(&str, &str)] = &[
     ),
     (
         "lyft-ipvlan-38-nodeport-rp-filter",
-        "only `ip route get` answers and a martian-source kernel log were pasted, which no \
-         parser reads; no ip rule/route table or rp_filter sysctls to walk",
+        "`ip route get` answers are read now and the walk takes them as route evidence (an \
+         input lookup refused with `Invalid cross-device link` is the reverse-path filter), \
+         but the one refused is for the DNATed packet (to the pod 172.30.182.212) and no \
+         kube-proxy rules were pasted, so the walk's packet (to the node's NodePort) is not \
+         DNATed and its own lookup has no answer: unknown at routing",
     ),
 ];
 

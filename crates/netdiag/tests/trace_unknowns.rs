@@ -310,3 +310,69 @@ fn routes_without_table_main_are_unknown_but_a_missing_route_in_main_is_a_drop()
     assert_eq!(t.verdict, Verdict::Dropped, "{:?}", t.cause);
     assert_eq!(t.cause.as_deref(), Some("routing: no route to 172.16.5.5"));
 }
+
+/// Pasted `ip route get` answers stand in for the routes when the dump has none, for the very
+/// lookup they made: an input lookup `from SRC iif IIF` answered gives the route (and passes
+/// the reverse-path check: the kernel validated the source); one refused with `Invalid
+/// cross-device link` (fib_validate_source's EXDEV) is the reverse-path filter dropping it. A
+/// lookup no answer made stays unknown.
+#[test]
+fn ip_route_get_answers_are_route_evidence_without_routes() {
+    use weir_netdiag::state::Output;
+    use weir_netdiag::trace::{trace, Packet, Proto};
+    let packet = |dst: &str, iif: &str| Packet {
+        src: "203.0.113.10".parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        proto: Proto::Tcp,
+        sport: 40000,
+        dport: 80,
+        iif: iif.into(),
+    };
+    let gets = "$ ip route get 10.2.0.9 from 203.0.113.10 iif eth0
+10.2.0.9 from 203.0.113.10 dev eth1
+    cache iif eth0
+$ ip route get 10.2.0.9 from 203.0.113.10 iif eth1
+RTNETLINK answers: Invalid cross-device link
+";
+    let st = NodeState::from_outputs([
+        (Output::IpRouteGet, gets.to_string()),
+        (
+            Output::Sysctl,
+            "net.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = 1\n".to_string(),
+        ),
+    ]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let t = trace(&st, &packet("10.2.0.9", "eth0"));
+    assert!(
+        has_hop(
+            &t,
+            "routing",
+            "10.2.0.9 from 203.0.113.10 dev eth1",
+            "out eth1"
+        ),
+        "{:#?}",
+        t.hops
+    );
+    assert!(
+        has_hop(&t, "routing", "iif eth0", "passes"),
+        "{:#?}",
+        t.hops
+    );
+    assert!(t
+        .assumptions
+        .iter()
+        .any(|a| a
+            .contains("the pasted `ip route get 10.2.0.9 from 203.0.113.10 iif eth0`'s answer")));
+
+    let t = trace(&st, &packet("10.2.0.9", "eth1"));
+    assert_eq!(t.verdict, Verdict::Dropped, "{:?}", t.cause);
+    let cause = t.cause.as_deref().unwrap();
+    assert!(
+        cause.contains("reverse-path filter (rp_filter) on eth1"),
+        "{cause}"
+    );
+    assert!(cause.contains("Invalid cross-device link"), "{cause}");
+
+    let t = trace(&st, &packet("10.2.0.10", "eth0"));
+    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
+}

@@ -152,6 +152,25 @@ impl Walker<'_> {
             ));
         }
         let Some((rule, route)) = back else {
+            // The kernel's own input lookup (`ip route get DST from SRC iif IIF`) validates
+            // the source: an answer means the reverse-path check passed.
+            if self.routes_missing().is_some() {
+                if let Some(g) = self.route_get_for(p.src, p.dst, p.mark, iif) {
+                    if let Ok(a) = &g.answer {
+                        let asked = g.command.clone().unwrap_or_default();
+                        self.hop(
+                            stage,
+                            "rp_filter",
+                            Some(format!("{asked} → {}", a.text)),
+                            format!(
+                                "reverse path to {}: the kernel's input lookup answered: passes",
+                                p.src
+                            ),
+                        );
+                        return Ok(());
+                    }
+                }
+            }
             if let Some(why) = self.routes_missing() {
                 self.unknown_outcome = true;
                 self.hop(

@@ -77,6 +77,11 @@ impl Walker<'_> {
                 })
             }
             None => {
+                if self.routes_missing().is_some() {
+                    if let Some(done) = self.route_from_route_get(stage, src, dst, mark, iif) {
+                        return done;
+                    }
+                }
                 if let Some(why) = self.routes_missing() {
                     // Nothing in the dump says there is no route: the routes were not pasted.
                     self.unknown_outcome = true;
@@ -101,6 +106,138 @@ impl Walker<'_> {
                 );
                 Err((format!("{stage}: no route to {dst}"), vec![]))
             }
+        }
+    }
+
+    /// A pasted `ip route get` that made this very lookup (same destination and mark; for a
+    /// packet arriving on an interface, an input lookup `from SRC iif IIF`; for one the node
+    /// sends, an output lookup without `iif`), for a dump without the routes themselves.
+    pub(super) fn route_get_for(
+        &self,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        mark: u32,
+        iif: &str,
+    ) -> Option<&'_ crate::route_get::RouteGet> {
+        let output = iif == "lo";
+        self.st.route_gets.iter().flatten().find(|g| {
+            g.dst == IpAddr::V4(dst)
+                && g.mark.unwrap_or(0) == mark
+                && if output {
+                    g.iif.is_none()
+                        && (g.from.is_none()
+                            || src.is_unspecified()
+                            || g.from == Some(IpAddr::V4(src)))
+                } else {
+                    g.iif.as_deref() == Some(iif) && g.from == Some(IpAddr::V4(src))
+                }
+        })
+    }
+
+    /// The route a pasted `ip route get` gave for this lookup: its answer, or the kernel's
+    /// refusal (`Invalid cross-device link` on an input lookup is the reverse-path check).
+    fn route_from_route_get(
+        &mut self,
+        stage: &str,
+        src: Ipv4Addr,
+        dst: Ipv4Addr,
+        mark: u32,
+        iif: &str,
+    ) -> Option<Result<RouteResult, Dropped>> {
+        let g = self.route_get_for(src, dst, mark, iif)?.clone();
+        let asked = g
+            .command
+            .clone()
+            .unwrap_or_else(|| format!("ip route get {dst}"));
+        match &g.answer {
+            Ok(a) => {
+                let local = a.kind == "local";
+                match a.kind.as_str() {
+                    "local" | "unicast" => {}
+                    kind => {
+                        self.hop(
+                            stage,
+                            "ip route get",
+                            Some(a.text.clone()),
+                            format!("{dst}: {kind}"),
+                        );
+                        return Some(Err((
+                            format!(
+                                "{stage}: route to {dst} is {kind} (`{asked}` answered `{}`)",
+                                a.text
+                            ),
+                            vec![],
+                        )));
+                    }
+                }
+                self.assume(format!(
+                    "no routes in the dump: the route to {dst} is the pasted `{asked}`'s answer"
+                ));
+                self.hop(
+                    stage,
+                    "ip route get",
+                    Some(a.text.clone()),
+                    if local {
+                        format!("{dst} is local")
+                    } else {
+                        format!(
+                            "from {src} to {dst} (mark {mark:#x}): out {}",
+                            a.dev.clone().unwrap_or_default()
+                        )
+                    },
+                );
+                self.via_router = a.via.is_some();
+                Some(Ok(RouteResult {
+                    local,
+                    oif: a.dev.clone().unwrap_or_default(),
+                }))
+            }
+            Err(e) if g.iif.is_some() && e.contains("Invalid cross-device link") => {
+                self.hop(
+                    stage,
+                    "rp_filter",
+                    Some(format!("{asked}: {e}")),
+                    format!("the kernel refuses {src} → {dst} arriving on {iif}: reverse path (martian source)"),
+                );
+                Some(Err((
+                    format!(
+                        "{stage}: reverse-path filter (rp_filter) on {iif} drops {src} → {dst}: the kernel's own `{asked}` answered `{e}` (fib_validate_source: the route back to {src} does not leave by {iif})"
+                    ),
+                    vec![format!(
+                        "route the reply back through {iif} (a policy rule for the connection's mark, with src_valid_mark), or loose reverse-path filtering: sysctl -w net.ipv4.conf.{iif}.rp_filter=2"
+                    )],
+                )))
+            }
+            // Recent kernels answer a martian source (the reverse-path check among the
+            // causes) with EINVAL: a drop, its cause less certain.
+            Err(e) if g.iif.is_some() && e.contains("Invalid argument") => {
+                self.hop(
+                    stage,
+                    "rp_filter",
+                    Some(format!("{asked}: {e}")),
+                    format!("the kernel refuses {src} → {dst} arriving on {iif}: a martian"),
+                );
+                Some(Err((
+                    format!(
+                        "{stage}: the kernel refuses {src} → {dst} arriving on {iif}: its own `{asked}` answered `{e}` (a martian source or destination; on recent kernels also the reverse-path filter's (rp_filter) answer)"
+                    ),
+                    vec![],
+                )))
+            }
+            Err(e) if e.contains("Network is unreachable") || e.contains("No route to host") => {
+                self.hop(
+                    stage,
+                    "ip route get",
+                    Some(format!("{asked}: {e}")),
+                    format!("no route to {dst}"),
+                );
+                Some(Err((
+                    format!("{stage}: no route to {dst} (`{asked}` answered `{e}`)"),
+                    vec![],
+                )))
+            }
+            // Another refusal: the lookup failed, for a reason not modelled here.
+            Err(_) => None,
         }
     }
 
