@@ -1152,6 +1152,27 @@ pub fn mtu(st: &NodeState) -> Check {
                     vx.name,
                     under.mtu.saturating_sub(50)
                 ));
+            } else if vx.mtu + 50 < under.mtu && vx.name.starts_with("flannel.") {
+                // flannel's vxlan backend sets its device to the underlay's MTU − 50 and hands
+                // that to the pods (FLANNEL_MTU in subnet.env); a device left below it
+                // (flannel#841: 1500 over AWS's 9001) disagrees with what pods may be given.
+                let want = under.mtu - 50;
+                c.found(
+                    Status::Warn,
+                    format!(
+                        "{} mtu {} is below its underlay {} mtu {} − 50 = {want}, the MTU flannel's vxlan backend gives the device and the pods (FLANNEL_MTU in /run/flannel/subnet.env): pods given {want} send packets {} does not fit (dropped or fragmented); pods at {} use a fraction of the frames the underlay carries",
+                        vx.name, vx.mtu, under.name, under.mtu, vx.name, vx.mtu
+                    ),
+                );
+                c.add_fix(format!(
+                    "run a flanneld that sets the device MTU itself (flannel#897) and restart it, or `ip link set {} mtu {want}`; check the pods' MTU matches FLANNEL_MTU (a smaller MTU is deliberate only when flannel's backend config sets \"MTU\")",
+                    vx.name
+                ));
+            } else if vx.mtu + 50 < under.mtu {
+                c.note(format!(
+                    "{} mtu {} is below its underlay {} mtu {} − 50: smaller than the underlay allows (fine when chosen for a smaller path MTU elsewhere)",
+                    vx.name, vx.mtu, under.name, under.mtu
+                ));
             }
         }
         let too_big: Vec<String> = pod_side

@@ -293,3 +293,45 @@ COMMIT
     let c = show(doctor::conntrack_nat(&st));
     assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
 }
+
+/// An overlay MTU too *small*: flannel's vxlan backend sets flannel.1 to the underlay's MTU − 50
+/// and gives that to the pods, so flannel.1 at 1500 over eth0 at 9001 (flannel#841, its
+/// maintainer's `ip -d link` as pasted in the ticket) warns; another VXLAN device below its
+/// underlay is only noted (a smaller MTU can be chosen for a path elsewhere).
+#[test]
+fn mtu_warns_on_a_flannel_device_below_underlay_minus_50() {
+    let links = data("tickets/flannel-841-vxlan-mtu-aws/ip-link.txt");
+    let st = NodeState::from_outputs([(Output::IpLink, links.clone())]);
+    let c = show(doctor::mtu(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert!(
+        c.evidence
+            .iter()
+            .any(|e| e
+                .contains("flannel.1 mtu 1500 is below its underlay eth0 mtu 9001 − 50 = 8951")),
+        "{:?}",
+        c.evidence
+    );
+    assert!(c
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("ip link set flannel.1 mtu 8951"));
+
+    let other = links.replace("flannel.1", "vxlan0");
+    let st = NodeState::from_outputs([(Output::IpLink, other)]);
+    let c = show(doctor::mtu(&st));
+    assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+    assert!(c
+        .evidence
+        .iter()
+        .any(|e| e.contains("smaller than the underlay allows")));
+
+    // At eth0 − 50 exactly: nothing to say.
+    let right = links.replace(
+        "flannel.1: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500",
+        "flannel.1: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 8951",
+    );
+    let st = NodeState::from_outputs([(Output::IpLink, right)]);
+    assert_eq!(doctor::mtu(&st).status, Status::Ok);
+}

@@ -37,12 +37,6 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          consulted (unknown: `routing: cannot tell where 192.168.21.197 goes`)",
     ),
     (
-        "flannel-841-vxlan-mtu-aws",
-        "`ip -d link` (with prompts) is read, but doctor's mtu check flags an overlay MTU too \
-         large for its underlay or its bridge; flannel.1 at 1500 over eth0 at 9001 is smaller \
-         than it should be, which passes, and no pod-side MTU was pasted",
-    ),
-    (
         "k8s-23322-hairpin-veth-fallback",
         "the only paste is sysfs hairpin_mode (all 0), which no parser reads; bridge-port \
          hairpin is not modelled, and without routes the verdict is unknown",
