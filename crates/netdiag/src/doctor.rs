@@ -114,6 +114,7 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         pod_dns(pod),
         conntrack(st),
         conntrack_nat(st),
+        ipvs_vip_source(st),
         mtu(st),
         eni_asymmetric(st),
     ]
@@ -1101,6 +1102,62 @@ pub fn conntrack_nat(st: &NodeState) -> Check {
         entries.len(),
         if entries.len() == 1 { "y" } else { "ies" }
     ))
+}
+
+/// IPVS connections whose source is a virtual server's own address: in IPVS mode every
+/// ClusterIP is an address of kube-ipvs0, so a connection the node opens to a ClusterIP takes
+/// the ClusterIP as its source (the local route's `src`); IPVS sends it to a real server on
+/// another node unmasqueraded, and that node's reply to the ClusterIP stays there (it is that
+/// node's own kube-ipvs0 address too): the connection never opens (kubernetes#65158,
+/// projectcalico/calico#3258).
+pub fn ipvs_vip_source(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "ipvs-vip-source",
+        "IPVS connections from a virtual server's own address",
+    );
+    let Some(conns) = &st.ipvs_conns else {
+        return c.skip("no `ipvsadm -Lnc` output");
+    };
+    let mut vips: BTreeSet<IpAddr> = conns.iter().map(|x| x.virtual_addr.ip()).collect();
+    if let Some(text) = &st.ipvs {
+        for vs in crate::ipvs::parse(text).value {
+            if let crate::ipvs::VirtualKey::Addr(_, a) = vs.key {
+                vips.insert(a.ip());
+            }
+        }
+    }
+    let from_vip: Vec<&crate::ipvs::Connection> = conns
+        .iter()
+        .filter(|x| vips.contains(&x.source.ip()))
+        .collect();
+    for x in &from_vip {
+        c.found(
+            Status::Warn,
+            format!(
+                "{} connection {} → {} → {} ({}) has the virtual server address {} as its source: the node opened it to a service address and took the address on kube-ipvs0 as source; {}'s reply goes to {}, which every IPVS node holds on its own kube-ipvs0, so it does not come back{} (`{}`)",
+                x.proto,
+                x.source,
+                x.virtual_addr,
+                x.destination,
+                x.state,
+                x.source.ip(),
+                x.destination.ip(),
+                x.source.ip(),
+                if x.state == "SYN_RECV" || x.state == "SYN_SENT" { " (the entry is stuck half-open)" } else { "" },
+                x.text
+            ),
+        );
+    }
+    if from_vip.is_empty() {
+        c.note(format!(
+            "{} IPVS connection entr{}, none from a virtual server's address",
+            conns.len(),
+            if conns.len() == 1 { "y" } else { "ies" }
+        ));
+    } else {
+        c.add_fix("masquerade the node's own connections to service addresses (kube-proxy's fix for kubernetes#63241, #63319: KUBE-MARK-MASQ on OUTPUT), or make the node pick a real address as source for the VIPs (the calico#3258 reporter replaced the VIP's local route with one whose src is a node address)");
+    }
+    c
 }
 
 /// Overlay MTU: a VXLAN device must fit in its underlay (50 bytes of IPv4 encapsulation), and the

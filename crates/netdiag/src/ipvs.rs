@@ -259,3 +259,60 @@ fn save_real(w: &[&str]) -> Result<(VirtualKey, RealServer), String> {
         },
     ))
 }
+
+/// One IPVS connection entry of `ipvsadm -Lnc`:
+/// `TCP 00:51  SYN_RECV    10.254.0.1:37954   10.254.0.1:443     10.111.32.241:6443`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Connection {
+    /// 1-based line in the paste.
+    pub line: usize,
+    pub text: String,
+    /// `tcp`, `udp`, `sctp`.
+    pub proto: String,
+    pub state: String,
+    pub source: SocketAddr,
+    pub virtual_addr: SocketAddr,
+    pub destination: SocketAddr,
+}
+
+/// Parses `ipvsadm -Lnc` (connection entries); its two header lines are not entries. Lines it
+/// cannot read (`-Lc` without `-n` prints names) are skipped and reported.
+pub fn parse_connections(text: &str) -> Parsed<Vec<Connection>> {
+    let mut out = Vec::new();
+    let mut skipped = Vec::new();
+    for l in paste::lines(text).data() {
+        let line = l.text.trim();
+        if line.is_empty()
+            || line.starts_with("IPVS connection entries")
+            || line.starts_with("pro ")
+        {
+            continue;
+        }
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let read = || -> Result<Connection, String> {
+            let [proto, _expire, state, source, virt, dest] = w.as_slice() else {
+                return Err(
+                    "not an `ipvsadm -Lnc` entry (pro expire state source virtual destination)"
+                        .into(),
+                );
+            };
+            Ok(Connection {
+                line: l.no,
+                text: line.to_string(),
+                proto: proto.to_lowercase(),
+                state: state.to_string(),
+                source: sock(source)?,
+                virtual_addr: sock(virt)?,
+                destination: sock(dest)?,
+            })
+        };
+        match read() {
+            Ok(c) => out.push(c),
+            Err(e) => skipped.push(Skipped::new(l.no, l.text, l.reason(e))),
+        }
+    }
+    Parsed {
+        value: out,
+        skipped,
+    }
+}

@@ -43,6 +43,7 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         // `ip route get` needs a destination.
         Output::ConntrackList => &["conntrack", "-L"],
         Output::IpRouteGet => &["ip", "route", "get"],
+        Output::IpvsadmConns => &["ipvsadm", "-Lnc"],
         // Run in the pod's namespace, not the node's: not part of a node's collection.
         Output::PodIpAddr => &["ip", "addr"],
         Output::PodResolvConf => &["cat", "/etc/resolv.conf"],
@@ -99,6 +100,7 @@ impl Target {
                         | Output::PodResolvConf
                         | Output::ConntrackList
                         | Output::IpRouteGet
+                        | Output::IpvsadmConns
                 )
             })
             .map(|output| {

@@ -35,6 +35,8 @@ pub enum Output {
     ConntrackList,
     /// `ip route get` answers under their commands: single lookups the kernel made. Pasted only.
     IpRouteGet,
+    /// `ipvsadm -Lnc`: IPVS's connection entries. Pasted only.
+    IpvsadmConns,
     /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
     PodIpAddr,
     /// The pod's `/etc/resolv.conf`.
@@ -42,7 +44,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub const ALL: [Output; 16] = [
+    pub const ALL: [Output; 17] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -57,6 +59,7 @@ impl Output {
         Output::ConntrackStats,
         Output::ConntrackList,
         Output::IpRouteGet,
+        Output::IpvsadmConns,
         Output::PodIpAddr,
         Output::PodResolvConf,
     ];
@@ -78,6 +81,7 @@ impl Output {
             Output::ConntrackStats => "conntrack-stats.txt",
             Output::ConntrackList => "conntrack-L.txt",
             Output::IpRouteGet => "ip-route-get.txt",
+            Output::IpvsadmConns => "ipvsadm-Lnc.txt",
             Output::PodIpAddr => "pod-ip-addr.txt",
             Output::PodResolvConf => "pod-resolv.conf",
         }
@@ -128,6 +132,7 @@ impl Output {
             Output::ConntrackStats => &["conntrack-stats", "conntrack-S", "conntrack"],
             Output::ConntrackList => &["conntrack-L", "conntrack-list", "conntrack-L-n"],
             Output::IpRouteGet => &["ip-route-get", "ip-r-g", "ip-route-get-all"],
+            Output::IpvsadmConns => &["ipvsadm-Lnc", "ipvsadm-Lcn", "ipvsadm-L-n-c"],
             Output::PodIpAddr => &[
                 "pod-ip-addr",
                 "pod-ip-a",
@@ -194,6 +199,8 @@ pub struct NodeState {
     pub conntrack: Option<Vec<crate::conntrack::Entry>>,
     /// Pasted `ip route get` answers.
     pub route_gets: Option<Vec<crate::route_get::RouteGet>>,
+    /// `ipvsadm -Lnc` connection entries.
+    pub ipvs_conns: Option<Vec<crate::ipvs::Connection>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
     /// `local` routes, `proto kernel` routes' `src`): see [`NodeState::local_addresses`].
     pub inferred_addrs: Vec<Address>,
@@ -318,6 +325,11 @@ impl NodeState {
                 Output::IpRouteGet => {
                     let p = crate::route_get::parse(&text);
                     st.route_gets = Some(p.value);
+                    p.skipped
+                }
+                Output::IpvsadmConns => {
+                    let p = crate::ipvs::parse_connections(&text);
+                    st.ipvs_conns = Some(p.value);
                     p.skipped
                 }
                 Output::PodIpAddr => {

@@ -335,3 +335,37 @@ fn mtu_warns_on_a_flannel_device_below_underlay_minus_50() {
     let st = NodeState::from_outputs([(Output::IpLink, right)]);
     assert_eq!(doctor::mtu(&st).status, Status::Ok);
 }
+
+/// `ipvsadm -Lnc` connection entries: one whose source is a virtual server's own address (the
+/// node dialled a ClusterIP and took it, on kube-ipvs0, as its source; calico#3258's paste, a
+/// SYN_RECV entry) warns; entries from other sources are only counted.
+#[test]
+fn ipvs_vip_source_names_connections_from_a_virtual_address() {
+    let conns = "[root@k8s-4 ~]# ipvsadm -Lnc
+IPVS connection entries
+pro expire state       source             virtual            destination
+TCP 00:51  SYN_RECV    10.254.0.1:37954   10.254.0.1:443     10.111.32.241:6443
+TCP 14:58  ESTABLISHED 10.244.1.7:51122   10.254.0.1:443     10.111.32.239:6443
+";
+    let st = NodeState::from_outputs([(Output::IpvsadmConns, conns.to_string())]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let c = show(doctor::ipvs_vip_source(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert_eq!(c.evidence.len(), 1, "{:?}", c.evidence);
+    assert!(c.evidence[0].contains(
+        "tcp connection 10.254.0.1:37954 → 10.254.0.1:443 → 10.111.32.241:6443 (SYN_RECV) has the virtual server address 10.254.0.1 as its source"
+    ));
+    assert!(c.fix.is_some());
+
+    let ok = conns
+        .lines()
+        .filter(|l| !l.contains("SYN_RECV"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let st = NodeState::from_outputs([(Output::IpvsadmConns, ok)]);
+    let c = show(doctor::ipvs_vip_source(&st));
+    assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+
+    let st = NodeState::from_outputs([(Output::Sysctl, "net.ipv4.ip_forward = 1\n".to_string())]);
+    assert_eq!(doctor::ipvs_vip_source(&st).status, Status::Skip);
+}

@@ -24,13 +24,6 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          is in the cloud, in no node dump",
     ),
     (
-        "calico-3258-ipvs-vip-as-source",
-        "only a grep of `ipvsadm -Sn` and an `ipvsadm -Lnc` connection entry (not read) were \
-         pasted: the walk takes 10.254.0.1:443 through IPVS to a real server but, with no \
-         `ip addr`/`ip route`, never sees the VIP chosen as the source: every real server's \
-         walk is unknown at `output reroute` (no routes in the dump)",
-    ),
-    (
         "cilium-12098-eks-nodeport-reply-eni-rule",
         "one `ip rule` line and one mangle CONNMARK line were pasted, no kube-proxy DNAT rules \
          and no routes: the walk never reaches the pod, so the reply's policy rule 110 is not \

@@ -376,3 +376,40 @@ RTNETLINK answers: Invalid cross-device link
     let t = trace(&st, &packet("10.2.0.10", "eth0"));
     assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
 }
+
+/// Without table local or `ip addr`, an IPVS virtual server's address is local (kube-ipvs0) and
+/// its local route, as the kernel's own, has the address as `src`: the node's own connection to
+/// it takes the VIP as its source (calico#3258's symptom; its pasted `ipvsadm -Sn`).
+#[test]
+fn a_connection_the_node_opens_to_an_ipvs_vip_takes_the_vip_as_source() {
+    use weir_netdiag::trace::{trace, Packet, Proto};
+    let (st, _) = NodeState::from_dir(&dir("tickets/calico-3258-ipvs-vip-as-source")).unwrap();
+    let t = trace(
+        &st,
+        &Packet {
+            src: "0.0.0.0".parse().unwrap(),
+            dst: "10.254.0.1".parse().unwrap(),
+            proto: Proto::Tcp,
+            sport: 40000,
+            dport: 443,
+            iif: "local".into(),
+        },
+    );
+    assert!(
+        has_hop(
+            &t,
+            "output routing",
+            "",
+            "source address 10.254.0.1 (picked by the route)"
+        ),
+        "{:#?}",
+        t.hops
+    );
+    assert!(
+        has_hop(&t, "output reroute", "", "from 10.254.0.1 to 10.111.32.239"),
+        "{:#?}",
+        t.hops
+    );
+    // Still no routes to the real servers: unknown, not a drop.
+    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
+}

@@ -299,7 +299,8 @@ impl Walker<'_> {
                             dst: ipnet::IpNet::from(IpAddr::V4(dst)),
                             gateway: None,
                             dev: None,
-                            prefsrc: None,
+                            // The kernel's own local route for an address has it as its src.
+                            prefsrc: Some(IpAddr::V4(dst)),
                             scope: Some("host".into()),
                             metric: 0,
                             onlink: false,
