@@ -102,6 +102,80 @@ fn trace_on_a_directory_exit_status_follows_the_verdict() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read /nonexistent/weir-diag"));
 }
 
+/// Pod a1 → the LB IP of `api`, whose endpoints are a2 (node a) and b1 (node b): with the
+/// fix off the walk to b1 is dropped, so the command fails although a2 answers (issue 22
+/// item 2: it used to follow the first endpoint and exit 0); `--json` and `--svg` carry each
+/// endpoint's outcome.
+#[test]
+fn trace_fails_when_one_endpoint_of_a_choice_fails_and_lists_each() {
+    let tmp = tempfile::tempdir().unwrap();
+    let svg = tmp.path().join("api.svg");
+    let run = |dir: &str, iif: &str, json: bool| {
+        let mut a = vec![
+            "trace",
+            "--from",
+            "10.12.192.18",
+            "--iif",
+            iif,
+            "--to",
+            "10.12.115.101",
+            "--dport",
+            "443",
+            "--svg",
+            svg.to_str().unwrap(),
+        ];
+        if json {
+            a.push("--json");
+        }
+        let d = data(dir);
+        a.push(d.to_str().unwrap());
+        weir(&a)
+    };
+    let o = run("lab-eni-a-fix-off", "eni69381f0634bc", false);
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(text.contains("endpoints: 1 of 2 delivered"), "{text}");
+    assert!(text.contains(
+        "verdict: DROPPED: 1 of 2 endpoints delivered; 10.12.192.34:8080: DROPPED: reply routing: strict reverse-path filter on eth0"
+    ), "{text}");
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        picture.contains("10.12.192.19:8080: delivered"),
+        "{picture}"
+    );
+    assert!(picture.contains("10.12.192.34:8080: DROPPED"), "{picture}");
+
+    let o = run("lab-eni-a-fix-off", "eni69381f0634bc", true);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let t = &v["trace"];
+    assert_eq!(t["verdict"], "dropped");
+    assert_eq!(t["endpoints"].as_array().unwrap().len(), 2);
+    assert!(t["egress"].is_object() && t["hops"].is_array() && t["choices"].is_array());
+    let per: Vec<(String, String)> = t["endpoint_outcomes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["endpoint"].as_str().unwrap().to_string(),
+                e["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        per,
+        [
+            ("10.12.192.19:8080".to_string(), "delivered".to_string()),
+            ("10.12.192.34:8080".to_string(), "dropped".to_string())
+        ]
+    );
+
+    let o = run("lab-eni-a-fix-on", "eniccaff4a074a3", false);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("endpoints: 2 of 2 delivered"));
+}
+
 #[test]
 fn collect_a_namespace_then_doctor_reads_it_back() {
     let ns = format!("wdc-col-{}", std::process::id());

@@ -3,20 +3,26 @@
 //! does with the real packet. Needs root.
 //!
 //! Each topology is brought up once per test and every packet of the matrix is run over it:
-//! - the kernel's side: a real TCP connection (or UDP datagram) from the client's namespace.
-//!   The echo server that answers names itself, so "delivered" carries the endpoint; a refused
-//!   connection is "rejected"; a timeout is "dropped", located by the counters that rose while
-//!   the packet was tried (iptables' FORWARD policy counter, the kernel's
-//!   TcpExtIPReversePathFilter, the VPC's source-check counter);
 //! - trace's side: `weir trace --json` on the node where the packet enters, and when the packet
 //!   leaves that node for another lab node, again on that node with the packet as it left
-//!   (after DNAT and masquerade), arriving on the interface of the same name. The row's trace
-//!   verdict is the first drop or reject, else "delivered" to the endpoint set of the first
-//!   leg's random choice (or the one endpoint the last leg delivers to).
+//!   (after DNAT and masquerade), arriving on the interface of the same name. Where the rules
+//!   choose among endpoints, trace walks each (`endpoint_outcomes`), and each endpoint's walk is
+//!   continued on its own: the row's trace side is one outcome per endpoint (the first drop or
+//!   reject, else "delivered" to that endpoint's echo server).
+//! - the kernel's side: TCP connections (or UDP datagrams) from the client's namespace, each
+//!   attributed to an endpoint: the echo server that answers names itself; a connection that
+//!   times out is looked up in the entry node's conntrack table (the entry it left, by its
+//!   source port, gives the endpoint DNAT chose) and located by the counters that rose while it
+//!   was tried (iptables' FORWARD policy counter, the kernel's TcpExtIPReversePathFilter, the
+//!   VPC's source-check counter); a refused connection is "rejected". Connections are repeated
+//!   until every endpoint trace names has been reached (at most 24).
 //!
-//! The table is printed; any disagreeing row fails the test.
+//! A row agrees when every connection's outcome is the one trace gives for its endpoint (a
+//! connection whose endpoint is unknown: one trace gives for some endpoint), and every
+//! endpoint trace walked was reached by some connection with that outcome. The table is
+//! printed; any disagreeing row fails the test.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::path::PathBuf;
@@ -55,6 +61,35 @@ impl std::fmt::Display for Outcome {
             Outcome::Rejected => write!(f, "rejected"),
         }
     }
+}
+
+/// An endpoint (its echo server's name, when known) and what happened on the way to it.
+type Path = (Option<String>, Outcome);
+
+/// Outcomes per endpoint: trace's each once ("b1: dropped: rp_filter on a"), the kernel's
+/// counted ("b1: dropped: rp_filter on a ×3"); a lone outcome without endpoint as it is.
+fn show_paths(paths: &[Path], counted: bool) -> String {
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for (ep, o) in paths {
+        let text = match (ep, o) {
+            (_, Outcome::Delivered(_)) | (None, _) => o.to_string(),
+            (Some(e), o) => format!("{e}: {o}"),
+        };
+        match seen.iter_mut().find(|(t, _)| *t == text) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((text, 1)),
+        }
+    }
+    seen.iter()
+        .map(|(t, n)| {
+            if counted {
+                format!("{t} ×{n}")
+            } else {
+                t.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -257,21 +292,57 @@ impl Matrix<'_> {
         v
     }
 
-    /// The kernel's outcome: `tries` connections (or datagrams) from the client.
-    fn kernel(&self, c: &Case, tries: usize) -> Outcome {
-        let (ns, src, _, _, dst) = self.endpoints(c);
+    /// The entry node's conntrack entries of connections from `src` to `dst`: each one's
+    /// source port and the address its reply comes from (the endpoint DNAT chose).
+    fn ct_entries(&self, node: &str, src: Ipv4Addr, dst: SocketAddrV4) -> BTreeMap<u16, Ipv4Addr> {
+        let out = self.exec(
+            &self.node_ns(node),
+            &format!(
+                "conntrack -L -p tcp -s {src} -d {} --dport {} 2>/dev/null || true",
+                dst.ip(),
+                dst.port()
+            ),
+        );
+        out.lines()
+            .filter_map(|l| {
+                let field = |k: &str, nth: usize| {
+                    l.split_whitespace()
+                        .filter_map(|w| w.strip_prefix(k))
+                        .nth(nth)
+                        .map(str::to_string)
+                };
+                Some((
+                    field("sport=", 0)?.parse().ok()?,
+                    field("src=", 1)?.parse().ok()?,
+                ))
+            })
+            .collect()
+    }
+
+    /// The kernel's side: connections (or datagrams) from the client, each with the endpoint
+    /// it reached (when known) and its outcome; repeated until every endpoint of `paths` (trace's
+    /// outcomes) has been reached with an outcome trace gives for it, or one disagrees.
+    fn kernel(&self, c: &Case, paths: &[Path]) -> Vec<Path> {
+        let (ns, src, node, _, dst) = self.endpoints(c);
         let bind = matches!(c.client, Client::Outside).then_some(src);
-        let before = self.counters();
         let netns = NetNs::named(&ns).unwrap();
-        let mut answered = BTreeSet::new();
-        for _ in 0..tries {
+        let all_delivered = paths
+            .iter()
+            .all(|p| matches!(p.1, Outcome::Delivered(_) | Outcome::Proxied(_)));
+        let (min, max) = match (c.udp, paths.len() > 1) {
+            (true, _) => (2, 2),
+            (false, false) => (if all_delivered { 6 } else { 1 }, 6),
+            (false, true) => (if all_delivered { 6 } else { 1 }, 24),
+        };
+        let mut tries: Vec<Path> = Vec::new();
+        for i in 0..max {
+            let before = self.counters();
+            let ct_before = (!c.udp).then(|| self.ct_entries(&node, src, dst));
             let r = netns.run(|| ask(c.udp, dst, bind)).unwrap();
-            match r {
-                Ok(name) => {
-                    answered.insert(name);
-                }
+            let got = match r {
+                Ok(name) => (Some(name.clone()), Outcome::Delivered([name].into())),
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                    return Outcome::Rejected
+                    (None, Outcome::Rejected)
                 }
                 Err(_) => {
                     let after = self.counters();
@@ -281,18 +352,38 @@ impl Matrix<'_> {
                         .filter(|(b, a)| a.1 > b.1)
                         .map(|(_, a)| a.0.clone())
                         .collect();
-                    if !rose.is_empty() {
-                        return Outcome::Dropped(rose.join(" + "));
-                    }
-                    // No counter: the same packet again under `nft monitor trace`.
-                    return Outcome::Dropped(
+                    // The endpoint: the conntrack entry this connection left (a drop before
+                    // conntrack confirms the connection leaves none).
+                    let endpoint = ct_before.and_then(|before| {
+                        let now = self.ct_entries(&node, src, dst);
+                        let new: Vec<Ipv4Addr> = now
+                            .iter()
+                            .filter(|(sport, _)| !before.contains_key(sport))
+                            .map(|(_, reply)| *reply)
+                            .collect();
+                        match new.as_slice() {
+                            [reply] if reply != dst.ip() => self.echo_name(*reply),
+                            _ => None,
+                        }
+                    });
+                    let place = if rose.is_empty() {
+                        // No counter: the same packet again under `nft monitor trace`.
                         self.nft_traced_drop(&netns, c, dst, bind)
-                            .unwrap_or_else(|| "unlocated".into()),
-                    );
+                            .unwrap_or_else(|| "unlocated".into())
+                    } else {
+                        rose.join(" + ")
+                    };
+                    (endpoint, Outcome::Dropped(place))
                 }
+            };
+            let listens = |at: &str| self.listener_exists(at);
+            let ok = try_agrees(paths, &got, &listens);
+            tries.push(got);
+            if !ok || (i + 1 >= min && covered(paths, &tries, &listens)) {
+                break;
             }
         }
-        Outcome::Delivered(answered)
+        tries
     }
 
     /// Tries the packet once more with `meta nftrace set 1` on every node and `nft monitor
@@ -394,57 +485,100 @@ impl Matrix<'_> {
         v
     }
 
-    /// Trace's outcome, leg by leg across the lab's nodes.
-    fn trace(&self, c: &Case) -> Outcome {
-        let (_, src, mut node, mut iif, dst) = self.endpoints(c);
-        let (mut src, mut dst) = (src, dst);
-        let mut endpoints: Option<BTreeSet<String>> = None;
-        for _leg in 0..3 {
-            let v = self.walk(&node, src, dst, c.udp, &iif);
-            let t = &v["trace"];
-            match t["verdict"].as_str().unwrap() {
-                "dropped" => return Outcome::Dropped(self.trace_place(&node, t)),
-                "rejected" => return Outcome::Rejected,
-                "delivered" => {}
-                other => panic!("verdict {other}"),
-            }
-            let e = &t["egress"];
-            let out_dst: Ipv4Addr = e["dst"].as_str().unwrap().parse().unwrap();
-            let out_port = e["dport"].as_u64().unwrap() as u16;
-            if endpoints.is_none() {
-                let set: BTreeSet<String> = t["endpoints"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(|x| x.as_str()?.parse::<SocketAddrV4>().ok())
-                    .filter_map(|a| self.echo_name(*a.ip()))
-                    .collect();
-                if set.len() > 1 {
-                    endpoints = Some(set);
-                }
-            }
-            if e["local"].as_bool() == Some(true) {
-                if self.echo_name(out_dst).as_deref() == Some(node.as_str())
-                    && out_port == weir_lab::echo::ECHO_PORT
-                {
-                    return Outcome::Delivered(endpoints.unwrap_or_else(|| [node.clone()].into()));
-                }
-                return Outcome::Proxied(format!("{node} port {out_port}"));
-            }
-            // Leaves this node: delivered to a pod here, or on to the node it belongs to.
-            let Some(next) = self.node_of(out_dst) else {
-                return Outcome::Dropped(format!("sent to {out_dst}, no lab node's"));
+    /// Trace's outcomes, one per endpoint, leg by leg across the lab's nodes.
+    fn trace(&self, c: &Case) -> Vec<Path> {
+        let (_, src, node, iif, dst) = self.endpoints(c);
+        self.trace_from(&node, src, dst, c.udp, &iif, 0)
+    }
+
+    /// The walk on `node`, each endpoint of its choice (or its one path) followed to the end.
+    fn trace_from(
+        &self,
+        node: &str,
+        src: Ipv4Addr,
+        dst: SocketAddrV4,
+        udp: bool,
+        iif: &str,
+        depth: usize,
+    ) -> Vec<Path> {
+        assert!(depth < 3, "more than 3 legs");
+        let v = self.walk(node, src, dst, udp, iif);
+        let t = &v["trace"];
+        let name_of = |ep: &Value| {
+            ep.as_str()?
+                .parse::<SocketAddrV4>()
+                .ok()
+                .and_then(|a| self.echo_name(*a.ip()))
+        };
+        let per = t["endpoint_outcomes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let legs: Vec<(Option<String>, &Value)> = if per.is_empty() {
+            let eps = t["endpoints"].as_array().cloned().unwrap_or_default();
+            let ep = match eps.as_slice() {
+                [one] => name_of(one),
+                _ => None,
             };
-            if next == node {
-                let name = self.echo_name(out_dst).unwrap();
-                return Outcome::Delivered(endpoints.unwrap_or_else(|| [name].into()));
+            vec![(ep, t)]
+        } else {
+            per.iter().map(|e| (name_of(&e["endpoint"]), e)).collect()
+        };
+        let mut out = Vec::new();
+        for (ep, leg) in legs {
+            for (later, o) in self.follow(node, leg, udp, depth) {
+                let ep = match &o {
+                    // A user-space proxy's listener picks its own endpoint.
+                    Outcome::Proxied(_) => None,
+                    Outcome::Delivered(s) if s.len() == 1 => s.first().cloned(),
+                    _ => ep.clone().or(later),
+                };
+                out.push((ep, o));
             }
-            iif = self.arrival_iif(&next, out_dst);
-            src = e["src"].as_str().unwrap().parse().unwrap();
-            dst = SocketAddrV4::new(out_dst, out_port);
-            node = next;
         }
-        panic!("more than 3 legs for {}", c.name)
+        out
+    }
+
+    /// One walk's (or one endpoint's) verdict on `node`, continued on the node it leaves for.
+    fn follow(&self, node: &str, t: &Value, udp: bool, depth: usize) -> Vec<Path> {
+        match t["verdict"].as_str().unwrap() {
+            "dropped" => return vec![(None, Outcome::Dropped(self.trace_place(node, t)))],
+            "rejected" => return vec![(None, Outcome::Rejected)],
+            "delivered" => {}
+            other => panic!("verdict {other}: {t}"),
+        }
+        let e = &t["egress"];
+        let out_dst: Ipv4Addr = e["dst"].as_str().unwrap().parse().unwrap();
+        let out_port = e["dport"].as_u64().unwrap() as u16;
+        if e["local"].as_bool() == Some(true) {
+            if self.echo_name(out_dst).as_deref() == Some(node)
+                && out_port == weir_lab::echo::ECHO_PORT
+            {
+                return vec![(None, Outcome::Delivered([node.to_string()].into()))];
+            }
+            return vec![(None, Outcome::Proxied(format!("{node} port {out_port}")))];
+        }
+        // Leaves this node: delivered to a pod here, or on to the node it belongs to.
+        let Some(next) = self.node_of(out_dst) else {
+            return vec![(
+                None,
+                Outcome::Dropped(format!("sent to {out_dst}, no lab node's")),
+            )];
+        };
+        if next == node {
+            let name = self.echo_name(out_dst).unwrap();
+            return vec![(None, Outcome::Delivered([name].into()))];
+        }
+        let iif = self.arrival_iif(&next, out_dst);
+        let src: Ipv4Addr = e["src"].as_str().unwrap().parse().unwrap();
+        self.trace_from(
+            &next,
+            src,
+            SocketAddrV4::new(out_dst, out_port),
+            udp,
+            &iif,
+            depth + 1,
+        )
     }
 
     /// The interface a packet for `dst` arrives on at `node`: a node's own address on the
@@ -488,29 +622,18 @@ impl Matrix<'_> {
         let mut rows = Vec::new();
         let mut bad = Vec::new();
         for c in cases {
-            let tries = if c.udp { 2 } else { 6 };
             let trace = self.trace(c);
-            let kernel = self.kernel(c, tries);
-            let agree = match (&trace, &kernel) {
-                // Every endpoint the kernel reached is one trace allows.
-                (Outcome::Delivered(t), Outcome::Delivered(k)) => k.is_subset(t) && !k.is_empty(),
-                (Outcome::Proxied(at), Outcome::Delivered(k)) => {
-                    !k.is_empty() && self.listener_exists(at)
-                }
-                // The kernel's counters may also show an earlier row's late packets (a
-                // backend's SYN-ACK retransmits, dropped again): trace's place must be one
-                // whose counter rose.
-                (Outcome::Dropped(t), Outcome::Dropped(k)) => k.split(" + ").any(|x| x == t),
-                (t, k) => t == k,
-            };
+            let kernel = self.kernel(c, &trace);
+            let agree = row_agrees(&trace, &kernel, &|at| self.listener_exists(at));
+            let (t, k) = (show_paths(&trace, false), show_paths(&kernel, true));
             if !agree {
-                bad.push(format!("{mode} {}: trace {trace}, kernel {kernel}", c.name));
+                bad.push(format!("{mode} {}: trace {t}, kernel {k}", c.name));
             }
             rows.push(vec![
                 mode.to_string(),
                 c.name.to_string(),
-                trace.to_string(),
-                kernel.to_string(),
+                t,
+                k,
                 if agree { "yes" } else { "NO" }.to_string(),
             ]);
         }
@@ -527,6 +650,52 @@ impl Matrix<'_> {
         let (node, port) = (w.next().unwrap(), w.nth(1).unwrap());
         let out = self.exec(&self.node_ns(node), &format!("ss -Hltun 'sport = :{port}'"));
         !out.trim().is_empty()
+    }
+}
+
+/// Whether one connection's outcome is the one trace gives for its endpoint (for one of its
+/// endpoints when the connection's is unknown or trace does not name it). `listens` says
+/// whether a user-space proxy's listener ("a port 34567") exists.
+fn try_agrees(paths: &[Path], k: &Path, listens: &dyn Fn(&str) -> bool) -> bool {
+    let named: Vec<&Path> = paths
+        .iter()
+        .filter(|p| p.0.is_some() && p.0 == k.0)
+        .collect();
+    let candidates: Vec<&Path> = if named.is_empty() {
+        paths.iter().collect()
+    } else {
+        named
+    };
+    candidates.iter().any(|p| agrees(&p.1, &k.1, listens))
+}
+
+/// Whether every endpoint trace walked was reached by a connection with its outcome.
+fn covered(paths: &[Path], tries: &[Path], listens: &dyn Fn(&str) -> bool) -> bool {
+    paths.iter().all(|p| {
+        tries
+            .iter()
+            .any(|k| (k.0.is_none() || p.0.is_none() || k.0 == p.0) && agrees(&p.1, &k.1, listens))
+    })
+}
+
+/// The row: every connection agrees with trace's outcome for its endpoint, and every
+/// endpoint trace walked was reached.
+fn row_agrees(paths: &[Path], tries: &[Path], listens: &dyn Fn(&str) -> bool) -> bool {
+    !tries.is_empty()
+        && tries.iter().all(|k| try_agrees(paths, k, listens))
+        && covered(paths, tries, listens)
+}
+
+/// Trace's outcome `t` and the kernel's `k` for the same endpoint.
+fn agrees(t: &Outcome, k: &Outcome, listens: &dyn Fn(&str) -> bool) -> bool {
+    match (t, k) {
+        // The endpoint the kernel reached is one trace allows.
+        (Outcome::Delivered(t), Outcome::Delivered(k)) => k.is_subset(t) && !k.is_empty(),
+        (Outcome::Proxied(at), Outcome::Delivered(k)) => !k.is_empty() && listens(at),
+        // The kernel's counters may also show an earlier row's late packets (a backend's
+        // SYN-ACK retransmits, dropped again): trace's place must be one whose counter rose.
+        (Outcome::Dropped(t), Outcome::Dropped(k)) => k.split(" + ").any(|x| x == t),
+        (t, k) => t == k,
     }
 }
 
@@ -830,9 +999,14 @@ fn eni_cases() -> Vec<Case> {
             Outside,
             NodePort("shop", "a"),
         ),
-        // `edge`, not `api`: api's endpoints are on both nodes, and the walk follows one
-        // random choice while the kernel makes its own (CI saw them differ).
         case("outside → LB IP", Outside, LoadBalancer("edge")),
+        // api's endpoints are a2 (node a) and b1 (node b): trace walks each, and the kernel's
+        // connections are attributed to the one they reached.
+        case(
+            "outside → LB IP, endpoints on both nodes",
+            Outside,
+            LoadBalancer("api"),
+        ),
         case(
             "pod → service without endpoints",
             Pod("a1"),
@@ -844,6 +1018,13 @@ fn eni_cases() -> Vec<Case> {
             "pod → LB IP, backend on other node",
             Pod("a1"),
             LoadBalancer("edge"),
+        ),
+        // Issue 22 item 2: with the fix off a2 answers and b1's reply is dropped; trace used to
+        // follow the first endpoint and say "delivered".
+        case(
+            "pod → LB IP, endpoints on both nodes",
+            Pod("a1"),
+            LoadBalancer("api"),
         ),
     ]
 }
@@ -893,4 +1074,37 @@ fn trace_agrees_with_the_kernel_eni_fix_on_iptables() {
 #[test]
 fn trace_agrees_with_the_kernel_eni_fix_off_iptables() {
     eni_matrix("tei", "iptables", false);
+}
+
+/// The comparison, without a lab: a trace that followed the first endpoint only (what `weir
+/// trace` did before issue 22 item 2) disagrees with a kernel whose other endpoint times out,
+/// and a per-endpoint trace agrees only once the kernel has reached every endpoint.
+#[test]
+fn per_endpoint_comparison_catches_a_trace_that_followed_the_first_endpoint() {
+    let no_listener = |_: &str| false;
+    let ep = |n: &str| Some(n.to_string());
+    let delivered = |n: &str| Outcome::Delivered([n.to_string()].into());
+    let rp = || Outcome::Dropped("rp_filter on a".into());
+    // The kernel: a2 answered, b1's connection timed out (conntrack named b1).
+    let kernel: Vec<Path> = vec![(ep("a2"), delivered("a2")), (ep("b1"), rp())];
+    // Trace before: one path, to the first endpoint, delivered.
+    let followed_first: Vec<Path> = vec![(ep("a2"), delivered("a2"))];
+    assert!(!row_agrees(&followed_first, &kernel, &no_listener));
+    // Trace now: each endpoint's outcome.
+    let each: Vec<Path> = vec![(ep("a2"), delivered("a2")), (ep("b1"), rp())];
+    assert!(row_agrees(&each, &kernel, &no_listener));
+    // b1 said delivered while the kernel's b1 connection was dropped.
+    let wrong: Vec<Path> = vec![(ep("a2"), delivered("a2")), (ep("b1"), delivered("b1"))];
+    assert!(!row_agrees(&wrong, &kernel, &no_listener));
+    // An endpoint the kernel never reached is not agreed on.
+    assert!(!row_agrees(&each, &kernel[..1], &no_listener));
+    // A drop before conntrack keeps no entry: an unattributed drop covers trace's dropped
+    // endpoint if the place matches, and not otherwise.
+    let unattributed: Vec<Path> = vec![(ep("a2"), delivered("a2")), (None, rp())];
+    assert!(row_agrees(&each, &unattributed, &no_listener));
+    let elsewhere: Vec<Path> = vec![
+        (ep("a2"), delivered("a2")),
+        (None, Outcome::Dropped("rp_filter on b".into())),
+    ];
+    assert!(!row_agrees(&each, &elsewhere, &no_listener));
 }
