@@ -465,6 +465,11 @@ pub fn forward_policy(st: &NodeState) -> Check {
         }
     };
     if let Some(d) = &st.iptables {
+        if let Some(ch) = d.chain("filter", "FORWARD") {
+            if catch_all_reject(&mut c, d, ch, cut) {
+                judged += 1;
+            }
+        }
         match d.chain("filter", "FORWARD") {
             Some(ch) if ch.policy.as_deref() == Some("DROP") => {
                 let mut acc = Accepts::default();
@@ -521,6 +526,75 @@ pub fn forward_policy(st: &NodeState) -> Check {
         c.note(u);
     }
     c
+}
+
+/// A rule in FORWARD itself that rejects or drops everything reaching it (firewalld's
+/// `-A FORWARD -j REJECT --reject-with icmp-host-prohibited`) is the chain's effective policy,
+/// whatever its policy line says: what the rules before it do not accept is refused, and ACCEPTs
+/// after it (a CNI's, appended later: kubeadm#139, kubernetes#81635) are never reached. Fails
+/// when such ACCEPTs are in the dump; warns otherwise (what the chains jumped to before it
+/// accept is not judged here). True when there is such a rule.
+fn catch_all_reject(c: &mut Check, d: &Dump, ch: &crate::iptables::Chain, cut: bool) -> bool {
+    let unconditional = |r: &IptRule| {
+        r.args
+            .iter()
+            .all(|a| a.module.as_deref() == Some("comment"))
+    };
+    let Some(idx) = ch
+        .rules
+        .iter()
+        .position(|r| matches!(r.target_name(), Some("REJECT" | "DROP")) && unconditional(r))
+    else {
+        return false;
+    };
+    let r = &ch.rules[idx];
+    let verb = if r.target_name() == Some("REJECT") {
+        "rejected (the client sees \"No route to host\" for icmp-host-prohibited)"
+    } else {
+        "dropped"
+    };
+    let jumps: Vec<&str> = ch.rules[..idx]
+        .iter()
+        .filter_map(|x| x.target_name())
+        .filter(|t| !builtin_target(t))
+        .collect();
+    let dead: Vec<String> = ch.rules[idx + 1..]
+        .iter()
+        .filter(|x| x.target_name() == Some("ACCEPT"))
+        .map(|x| format!("`{}`", x.text))
+        .collect();
+    let mut text = format!(
+        "iptables filter FORWARD rule {} is a catch-all {}: `{}`; forwarded traffic the rules before it do not accept is {verb}",
+        idx + 1,
+        r.target_name().unwrap_or_default(),
+        r.text
+    );
+    if !jumps.is_empty() {
+        text.push_str(&format!(
+            " (before it: jumps to {}{})",
+            jumps.join(", "),
+            if jumps.iter().any(|j| d.chain("filter", j).is_none()) {
+                ", not all in the dump"
+            } else {
+                ""
+            }
+        ));
+    }
+    if dead.is_empty() {
+        text.push_str("; any ACCEPT appended after it (a CNI's, added with -A) is never reached");
+        if cut {
+            text.push_str(" (the dump was cut: what follows it is not shown)");
+        }
+        c.found(Status::Warn, text);
+    } else {
+        text.push_str(&format!(
+            "; the ACCEPTs after it are never reached: {}",
+            dead.join(", ")
+        ));
+        c.found(Status::Fail, text);
+    }
+    c.add_fix("put the pod network's accepts before the catch-all (e.g. `iptables -I FORWARD 1 -s 10.244.0.0/16 -j ACCEPT` and `-d 10.244.0.0/16`, with your cluster CIDR), or trust the pod and overlay interfaces in firewalld (`firewall-cmd --zone=trusted --add-interface=cni0`), or remove the catch-all");
+    true
 }
 
 /// DNAT targets from iptables (`--to-destination`) and nft (`dnat to ADDR`), each with the rule.

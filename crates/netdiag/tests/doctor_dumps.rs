@@ -168,8 +168,9 @@ fn conntrack_stats_and_a_saved_pod_resolv_conf_run_from_files() {
 
 /// `iptables -L` listings (tests/data/pasted: iptables 1.8.9 on the rules of
 /// `iptables-listing-source.rules`) are read into the rule model, so forward-policy judges them:
-/// the `-n -v` listing shows KUBE-FORWARD's accepts; `-L FORWARD` alone shows jumps to chains it
-/// does not list (a warning naming them, not a pass or a confident FAIL).
+/// the `-n -v` listing shows KUBE-FORWARD's accepts (and the catch-all REJECT that ends its
+/// FORWARD: a warning of its own); `-L FORWARD` alone shows jumps to chains it does not list (a
+/// warning naming them, not a pass or a confident FAIL).
 #[test]
 fn forward_policy_judges_iptables_listings() {
     let st = NodeState::from_outputs([(
@@ -177,7 +178,14 @@ fn forward_policy_judges_iptables_listings() {
         data("pasted/iptables-L-n-v-line-numbers.txt"),
     )]);
     let c = show(doctor::forward_policy(&st));
-    assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert_eq!(
+        c.evidence
+            .iter()
+            .filter(|e| e.contains("catch-all REJECT"))
+            .count(),
+        1
+    );
     assert!(
         c.evidence
             .iter()
@@ -368,4 +376,32 @@ TCP 14:58  ESTABLISHED 10.244.1.7:51122   10.254.0.1:443     10.111.32.239:6443
 
     let st = NodeState::from_outputs([(Output::Sysctl, "net.ipv4.ip_forward = 1\n".to_string())]);
     assert_eq!(doctor::ipvs_vip_source(&st).status, Status::Skip);
+}
+
+/// A catch-all REJECT in FORWARD itself (firewalld's) is the chain's effective policy: kubeadm#139's
+/// pasted FORWARD chain (no policy line, cut right after the REJECT) warns naming it; with
+/// flannel's ACCEPTs after it in the dump, they are dead rules and the check fails.
+#[test]
+fn forward_policy_names_a_catch_all_reject_before_the_cnis_accepts() {
+    let chain = data("tickets/kubeadm-139-firewalld-forward-reject/iptables.txt");
+    let st = NodeState::from_outputs([(Output::IptablesSave, chain.clone())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    let all = c.evidence.join("\n");
+    assert!(
+        all.contains("rule 10 is a catch-all REJECT: `-A FORWARD -j REJECT --reject-with icmp-host-prohibited`"),
+        "{all}"
+    );
+    assert!(all.contains("KUBE-FORWARD, FORWARD_direct"), "{all}");
+
+    let whole = format!(
+        "{chain}-A FORWARD -s 10.244.0.0/16 -j ACCEPT\n-A FORWARD -d 10.244.0.0/16 -j ACCEPT\n"
+    );
+    let st = NodeState::from_outputs([(Output::IptablesSave, whole)]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Fail, "{:?}", c.evidence);
+    assert!(c
+        .evidence
+        .iter()
+        .any(|e| e.contains("never reached: `-A FORWARD -s 10.244.0.0/16 -j ACCEPT`")));
 }

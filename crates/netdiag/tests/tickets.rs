@@ -78,12 +78,6 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          no branch can name the REJECT",
     ),
     (
-        "kubeadm-139-firewalld-forward-reject",
-        "the pasted FORWARD chain (header-less, read into filter) holds the catch-all REJECT, \
-         but with no routes and no nat rules the walk is unknown at `routing: cannot tell \
-         where 10.96.0.1 goes` before reaching FORWARD",
-    ),
-    (
         "lyft-ipvlan-38-nodeport-rp-filter",
         "`ip route get` answers are read now and the walk takes them as route evidence (an \
          input lookup refused with `Invalid cross-device link` is the reverse-path filter), \
