@@ -115,6 +115,7 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         conntrack(st),
         conntrack_nat(st),
         ipvs_vip_source(st),
+        hairpin(st),
         mtu(st),
         eni_asymmetric(st),
     ]
@@ -1230,6 +1231,63 @@ pub fn ipvs_vip_source(st: &NodeState) -> Check {
         ));
     } else {
         c.add_fix("masquerade the node's own connections to service addresses (kube-proxy's fix for kubernetes#63241, #63319: KUBE-MARK-MASQ on OUTPUT), or make the node pick a real address as source for the VIPs (the calico#3258 reporter replaced the VIP's local route with one whose src is a node address)");
+    }
+    c
+}
+
+/// Bridge ports without hairpin mode: a pod that reaches itself through a Service is DNATed
+/// back to its own address, and the bridge must send the frame out the port it came in on,
+/// which it does only with `hairpin_mode` 1 on that port (kubelet's hairpin-veth mode sets it;
+/// its promiscuous-bridge mode, for kubenet's cbr0, does without). kubernetes#23322: kubelet
+/// fell back to hairpin-veth and left every docker0 port at 0.
+pub fn hairpin(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "hairpin",
+        "bridge ports without hairpin mode (pods reaching themselves via a Service)",
+    );
+    let Some(ports) = &st.hairpin else {
+        return c
+            .skip("no bridge ports' hairpin_mode (`grep . /sys/class/net/*/brif/*/hairpin_mode`)");
+    };
+    if ports.is_empty() {
+        return c.skip("the hairpin_mode paste holds no values");
+    }
+    let mut bridges: Vec<Option<String>> = Vec::new();
+    for p in ports {
+        if !bridges.contains(&p.bridge) {
+            bridges.push(p.bridge.clone());
+        }
+    }
+    for b in bridges {
+        let of: Vec<&crate::hairpin::HairpinPort> =
+            ports.iter().filter(|p| p.bridge == b).collect();
+        let off: Vec<&&crate::hairpin::HairpinPort> = of.iter().filter(|p| !p.on).collect();
+        let name = b.as_deref().unwrap_or("the bridge");
+        if off.is_empty() {
+            c.note(format!(
+                "{name}: hairpin_mode 1 on all {} port(s)",
+                of.len()
+            ));
+            continue;
+        }
+        let which: Vec<String> = off.iter().filter_map(|p| p.port.clone()).collect();
+        c.found(
+            Status::Warn,
+            format!(
+                "hairpin_mode is 0 on {} of {name}'s {} port(s){}: a pod behind such a port that reaches itself through its Service's ClusterIP (DNATed back to its own address) gets no reply, since {name} does not send a frame back out the port it came in on — unless {name} is in promiscuous mode (kubelet's promiscuous-bridge hairpin, for kubenet's cbr0)",
+                off.len(),
+                of.len(),
+                if which.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", which.join(", "))
+                }
+            ),
+        );
+        c.add_fix(format!(
+            "run kubelet with --hairpin-mode=hairpin-veth (it sets each pod port's hairpin_mode), or set it: `for f in /sys/class/net/{}/brif/*/hairpin_mode; do echo 1 > $f; done`",
+            b.as_deref().unwrap_or("BRIDGE")
+        ));
     }
     c
 }

@@ -12,6 +12,7 @@
 
 pub mod conntrack;
 pub mod doctor;
+pub mod hairpin;
 pub mod iproute;
 pub mod ipset;
 pub mod iptables;

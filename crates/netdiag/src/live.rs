@@ -44,6 +44,7 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::ConntrackList => &["conntrack", "-L"],
         Output::IpRouteGet => &["ip", "route", "get"],
         Output::IpvsadmConns => &["ipvsadm", "-Lnc"],
+        Output::HairpinMode => &["sh", "-c", "grep . /sys/class/net/*/brif/*/hairpin_mode"],
         // Run in the pod's namespace, not the node's: not part of a node's collection.
         Output::PodIpAddr => &["ip", "addr"],
         Output::PodResolvConf => &["cat", "/etc/resolv.conf"],
@@ -101,6 +102,7 @@ impl Target {
                         | Output::ConntrackList
                         | Output::IpRouteGet
                         | Output::IpvsadmConns
+                        | Output::HairpinMode
                 )
             })
             .map(|output| {

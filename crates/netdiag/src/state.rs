@@ -37,6 +37,8 @@ pub enum Output {
     IpRouteGet,
     /// `ipvsadm -Lnc`: IPVS's connection entries. Pasted only.
     IpvsadmConns,
+    /// Bridge ports' sysfs `hairpin_mode`. Pasted only.
+    HairpinMode,
     /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
     PodIpAddr,
     /// The pod's `/etc/resolv.conf`.
@@ -44,7 +46,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub const ALL: [Output; 17] = [
+    pub const ALL: [Output; 18] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -60,6 +62,7 @@ impl Output {
         Output::ConntrackList,
         Output::IpRouteGet,
         Output::IpvsadmConns,
+        Output::HairpinMode,
         Output::PodIpAddr,
         Output::PodResolvConf,
     ];
@@ -82,6 +85,7 @@ impl Output {
             Output::ConntrackList => "conntrack-L.txt",
             Output::IpRouteGet => "ip-route-get.txt",
             Output::IpvsadmConns => "ipvsadm-Lnc.txt",
+            Output::HairpinMode => "hairpin_mode.txt",
             Output::PodIpAddr => "pod-ip-addr.txt",
             Output::PodResolvConf => "pod-resolv.conf",
         }
@@ -133,6 +137,7 @@ impl Output {
             Output::ConntrackList => &["conntrack-L", "conntrack-list", "conntrack-L-n"],
             Output::IpRouteGet => &["ip-route-get", "ip-r-g", "ip-route-get-all"],
             Output::IpvsadmConns => &["ipvsadm-Lnc", "ipvsadm-Lcn", "ipvsadm-L-n-c"],
+            Output::HairpinMode => &["hairpin-mode", "hairpin"],
             Output::PodIpAddr => &[
                 "pod-ip-addr",
                 "pod-ip-a",
@@ -201,6 +206,8 @@ pub struct NodeState {
     pub route_gets: Option<Vec<crate::route_get::RouteGet>>,
     /// `ipvsadm -Lnc` connection entries.
     pub ipvs_conns: Option<Vec<crate::ipvs::Connection>>,
+    /// Bridge ports' `hairpin_mode`.
+    pub hairpin: Option<Vec<crate::hairpin::HairpinPort>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
     /// `local` routes, `proto kernel` routes' `src`): see [`NodeState::local_addresses`].
     pub inferred_addrs: Vec<Address>,
@@ -330,6 +337,11 @@ impl NodeState {
                 Output::IpvsadmConns => {
                     let p = crate::ipvs::parse_connections(&text);
                     st.ipvs_conns = Some(p.value);
+                    p.skipped
+                }
+                Output::HairpinMode => {
+                    let p = crate::hairpin::parse(&text);
+                    st.hairpin = Some(p.value);
                     p.skipped
                 }
                 Output::PodIpAddr => {

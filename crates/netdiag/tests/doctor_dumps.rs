@@ -405,3 +405,38 @@ fn forward_policy_names_a_catch_all_reject_before_the_cnis_accepts() {
         .iter()
         .any(|e| e.contains("never reached: `-A FORWARD -s 10.244.0.0/16 -j ACCEPT`")));
 }
+
+/// Bridge ports' sysfs hairpin_mode (kubernetes#23322's `cat …/docker0/brif/veth*/hairpin_mode`,
+/// all 0): a warning naming the bridge; every port at 1 is fine; `grep .` output names the ports.
+#[test]
+fn hairpin_warns_on_bridge_ports_without_hairpin_mode() {
+    let st = NodeState::from_outputs([(
+        Output::HairpinMode,
+        data("tickets/k8s-23322-hairpin-veth-fallback/hairpin_mode.txt"),
+    )]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let c = show(doctor::hairpin(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert!(
+        c.evidence[0].starts_with("hairpin_mode is 0 on 4 of docker0's 4 port(s):"),
+        "{:?}",
+        c.evidence
+    );
+    assert!(c
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("--hairpin-mode=hairpin-veth"));
+
+    let grep = "$ grep . /sys/class/net/*/brif/*/hairpin_mode
+/sys/class/net/cni0/brif/veth1a2b3c4d/hairpin_mode:1
+/sys/class/net/cni0/brif/veth5e6f7a8b/hairpin_mode:0
+";
+    let st = NodeState::from_outputs([(Output::HairpinMode, grep.to_string())]);
+    let c = show(doctor::hairpin(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert!(c.evidence[0].starts_with("hairpin_mode is 0 on 1 of cni0's 2 port(s) (veth5e6f7a8b)"));
+
+    let st = NodeState::from_outputs([(Output::HairpinMode, grep.replace(":0", ":1"))]);
+    assert_eq!(doctor::hairpin(&st).status, Status::Ok);
+}

@@ -30,11 +30,6 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          consulted (unknown: `routing: cannot tell where 192.168.21.197 goes`)",
     ),
     (
-        "k8s-23322-hairpin-veth-fallback",
-        "the only paste is sysfs hairpin_mode (all 0), which no parser reads; bridge-port \
-         hairpin is not modelled, and without routes the verdict is unknown",
-    ),
-    (
         "k8s-36835-no-cluster-cidr-no-masquerade",
         "the stored paste stops before KUBE-SERVICES and the KUBE-SEP DNAT rules, so the \
          missing KUBE-MARK-MASQ jumps cannot be seen; no routes, so the verdict is unknown",
