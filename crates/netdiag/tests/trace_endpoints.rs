@@ -428,3 +428,106 @@ fn a_single_endpoint_has_no_per_endpoint_list() {
         .unwrap()
         .starts_with("reply routing: strict reverse-path filter on eth0"));
 }
+
+fn iptables_node(save: &str) -> NodeState {
+    let routes = "10.244.0.0/24 dev cni0 proto kernel scope link src 10.244.0.1
+blackhole 10.244.9.0/24
+192.168.0.0/24 dev eth0 proto kernel scope link src 192.168.0.1
+";
+    NodeState::from_outputs([
+        (Output::IptablesSave, save.to_string()),
+        (Output::IpRoute, routes.to_string()),
+        (Output::Sysctl, "net.ipv4.ip_forward = 1\n".to_string()),
+    ])
+}
+
+/// A choice inside a choice (a cascade whose option jumps to another cascade): every
+/// combination is walked, each named by both choices.
+#[test]
+fn a_choice_after_a_choice_walks_every_combination() {
+    let save = "*nat
+:PREROUTING ACCEPT [0:0]
+:SVC - [0:0]
+:INNER - [0:0]
+:SEP-1 - [0:0]
+:SEP-2 - [0:0]
+:SEP-3 - [0:0]
+-A PREROUTING -d 10.96.0.11/32 -p tcp -m tcp --dport 80 -j SVC
+-A SVC -m statistic --mode random --probability 0.5 -j INNER
+-A SVC -j SEP-3
+-A INNER -m statistic --mode random --probability 0.5 -j SEP-1
+-A INNER -j SEP-2
+-A SEP-1 -p tcp -j DNAT --to-destination 10.244.0.21:8080
+-A SEP-2 -p tcp -j DNAT --to-destination 10.244.9.22:8080
+-A SEP-3 -p tcp -j DNAT --to-destination 10.244.0.23:8080
+COMMIT
+";
+    let t = walk(
+        &iptables_node(save),
+        "192.168.0.99",
+        "10.96.0.11",
+        80,
+        "eth0",
+    );
+    let got: Vec<(&str, Verdict)> = t
+        .endpoint_outcomes
+        .iter()
+        .map(|e| (e.endpoint.as_str(), e.verdict.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("INNER then 10.244.0.21:8080", Verdict::Delivered),
+            ("INNER then 10.244.9.22:8080", Verdict::Dropped),
+            ("10.244.0.23:8080", Verdict::Delivered),
+        ]
+    );
+    assert!(t
+        .cause
+        .as_deref()
+        .unwrap()
+        .starts_with("2 of 3 endpoints delivered; INNER then 10.244.9.22:8080: DROPPED: "));
+}
+
+/// More than 32 endpoints: the first 32 are walked, and that is said.
+#[test]
+fn more_than_32_endpoints_are_cut_and_said() {
+    let mut save = String::from("*nat\n:PREROUTING ACCEPT [0:0]\n:SVC - [0:0]\n");
+    for i in 0..40 {
+        save.push_str(&format!(":SEP-{i} - [0:0]\n"));
+    }
+    save.push_str("-A PREROUTING -d 10.96.0.11/32 -p tcp -m tcp --dport 80 -j SVC\n");
+    for i in 0..40 {
+        let stat = if i < 39 {
+            format!(
+                "-m statistic --mode random --probability {:.5} ",
+                1.0 / (40 - i) as f64
+            )
+        } else {
+            String::new()
+        };
+        save.push_str(&format!("-A SVC {stat}-j SEP-{i}\n"));
+    }
+    for i in 0..40 {
+        save.push_str(&format!(
+            "-A SEP-{i} -p tcp -j DNAT --to-destination 10.244.0.{}:8080\n",
+            i + 10
+        ));
+    }
+    save.push_str("COMMIT\n");
+    let t = walk(
+        &iptables_node(&save),
+        "192.168.0.99",
+        "10.96.0.11",
+        80,
+        "eth0",
+    );
+    assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    assert_eq!(t.endpoint_outcomes.len(), 32);
+    assert_eq!(t.endpoint_outcomes[31].endpoint, "10.244.0.41:8080");
+    assert!(t
+        .assumptions
+        .iter()
+        .any(|a| a == "more than 32 endpoints to choose from: only the first 32 walked"));
+    assert_eq!(t.endpoints.len(), 40);
+}

@@ -300,16 +300,16 @@ fn walk_endpoints(
             return (out, true);
         }
         let (trace, asked, points) = walk_once(st, packet, forced.clone(), &picks);
-        let mut next = Vec::new();
+        // Popped in the rules' order: a deeper choice's options before a shallower one's
+        // next option, each choice's options in order.
         for (k, (options, _)) in points.iter().enumerate().skip(picks.len()) {
-            for alt in 1..*options {
+            for alt in (1..*options).rev() {
                 let mut np = picks.clone();
                 np.resize(k, 0);
                 np.push(alt);
-                next.push(np);
+                queue.push(np);
             }
         }
-        queue.extend(next.into_iter().rev());
         let label = points
             .iter()
             .map(|(_, l)| l.as_str())
