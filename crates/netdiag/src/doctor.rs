@@ -116,6 +116,7 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         conntrack_nat(st),
         ipvs_vip_source(st),
         hairpin(st),
+        rp_filter_refusals(st),
         mtu(st),
         eni_asymmetric(st),
     ]
@@ -1288,6 +1289,110 @@ pub fn hairpin(st: &NodeState) -> Check {
             "run kubelet with --hairpin-mode=hairpin-veth (it sets each pod port's hairpin_mode), or set it: `for f in /sys/class/net/{}/brif/*/hairpin_mode; do echo 1 > $f; done`",
             b.as_deref().unwrap_or("BRIDGE")
         ));
+    }
+    c
+}
+
+/// Drops the kernel itself reported for a packet's source: a pasted `ip route get D from S iif
+/// I` refused with `Invalid cross-device link` (fib_validate_source's EXDEV: the route back to
+/// S does not leave by I, and rp_filter on I is strict, or there is none) or, on recent kernels,
+/// `Invalid argument` (a martian), and `martian source D from S, on dev I` kernel log lines
+/// (`log_martians`). lyft/cni-ipvlan-vpc-k8s#38: a NodePort DNATed to a local pod under policy
+/// routing.
+pub fn rp_filter_refusals(st: &NodeState) -> Check {
+    let mut c = Check::new(
+        "rp-filter-refusals",
+        "packets the kernel refused for their source (reverse-path filter)",
+    );
+    if st.route_gets.is_none() && st.martians.is_none() {
+        return c.skip("no `ip route get … iif …` answers and no kernel log (dmesg) pasted");
+    }
+    let rp = |dev: &str| -> String {
+        let Some(s) = &st.sysctls else {
+            return String::new();
+        };
+        let all = s.conf("ipv4", "all", "rp_filter");
+        let one = s.conf("ipv4", dev, "rp_filter");
+        match (all, one) {
+            (None, None) => String::new(),
+            (a, o) => format!(
+                " (rp_filter: conf.all {}, conf.{dev} {})",
+                a.map_or("?".into(), |v| v.to_string()),
+                o.map_or("?".into(), |v| v.to_string())
+            ),
+        }
+    };
+    let mut devs: Vec<String> = Vec::new();
+    for g in st.route_gets.iter().flatten() {
+        let (Some(iif), Some(from), Err(e)) = (&g.iif, &g.from, &g.answer) else {
+            continue;
+        };
+        let asked = g
+            .command
+            .clone()
+            .unwrap_or_else(|| format!("ip route get {} from {from} iif {iif}", g.dst));
+        if e.contains("Invalid cross-device link") {
+            c.found(
+                Status::Warn,
+                format!(
+                    "the kernel's `{asked}` answered `{e}`: the reverse-path filter (rp_filter) on {iif} refuses {from} → {} (the route back to {from} does not leave by {iif}){}",
+                    g.dst,
+                    rp(iif)
+                ),
+            );
+        } else if e.contains("Invalid argument") {
+            c.found(
+                Status::Warn,
+                format!(
+                    "the kernel's `{asked}` answered `{e}`: {from} → {} arriving on {iif} is a martian (on recent kernels also the reverse-path filter's (rp_filter) answer){}",
+                    g.dst,
+                    rp(iif)
+                ),
+            );
+        } else {
+            continue;
+        }
+        if !devs.contains(iif) {
+            devs.push(iif.clone());
+        }
+    }
+    let mut seen: Vec<(IpAddr, IpAddr, String)> = Vec::new();
+    for m in st.martians.iter().flatten() {
+        let key = (m.dst, m.src, m.dev.clone());
+        if seen.contains(&key) {
+            continue;
+        }
+        let n = st
+            .martians
+            .iter()
+            .flatten()
+            .filter(|x| (x.dst, x.src, x.dev.clone()) == key)
+            .count();
+        seen.push(key);
+        c.found(
+            Status::Warn,
+            format!(
+                "kernel log: martian source {} from {}, on dev {}{}: the kernel dropped a packet from {} arriving on {} whose source failed validation — the reverse-path filter (rp_filter), for a source any host can have{} (`{}`)",
+                m.dst,
+                m.src,
+                m.dev,
+                if n > 1 { format!(" ({n} times)") } else { String::new() },
+                m.src,
+                m.dev,
+                rp(&m.dev),
+                m.text
+            ),
+        );
+        if !devs.contains(&m.dev) {
+            devs.push(m.dev.clone());
+        }
+    }
+    if devs.is_empty() {
+        c.note("no refused input lookup and no martian-source line in what was pasted");
+        return c;
+    }
+    for d in devs {
+        c.add_fix(format!("make the route back to the client leave by {d} (a policy rule for the connection's mark, with src_valid_mark), or loose reverse-path filtering: sysctl -w net.ipv4.conf.{d}.rp_filter=2 (the effective value is max(conf.all, conf.{d}))"));
     }
     c
 }

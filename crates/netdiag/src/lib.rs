@@ -18,6 +18,7 @@ pub mod ipset;
 pub mod iptables;
 pub mod iptables_listing;
 pub mod ipvs;
+pub mod kernel_log;
 pub mod live;
 pub mod nft;
 pub mod paste;

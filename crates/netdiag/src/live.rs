@@ -45,6 +45,7 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::IpRouteGet => &["ip", "route", "get"],
         Output::IpvsadmConns => &["ipvsadm", "-Lnc"],
         Output::HairpinMode => &["sh", "-c", "grep . /sys/class/net/*/brif/*/hairpin_mode"],
+        Output::KernelLog => &["dmesg"],
         // Run in the pod's namespace, not the node's: not part of a node's collection.
         Output::PodIpAddr => &["ip", "addr"],
         Output::PodResolvConf => &["cat", "/etc/resolv.conf"],
@@ -103,6 +104,7 @@ impl Target {
                         | Output::IpRouteGet
                         | Output::IpvsadmConns
                         | Output::HairpinMode
+                        | Output::KernelLog
                 )
             })
             .map(|output| {

@@ -39,6 +39,8 @@ pub enum Output {
     IpvsadmConns,
     /// Bridge ports' sysfs `hairpin_mode`. Pasted only.
     HairpinMode,
+    /// The kernel log (`dmesg`): its martian-source lines. Pasted only.
+    KernelLog,
     /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
     PodIpAddr,
     /// The pod's `/etc/resolv.conf`.
@@ -46,7 +48,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub const ALL: [Output; 18] = [
+    pub const ALL: [Output; 19] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -63,6 +65,7 @@ impl Output {
         Output::IpRouteGet,
         Output::IpvsadmConns,
         Output::HairpinMode,
+        Output::KernelLog,
         Output::PodIpAddr,
         Output::PodResolvConf,
     ];
@@ -86,6 +89,7 @@ impl Output {
             Output::IpRouteGet => "ip-route-get.txt",
             Output::IpvsadmConns => "ipvsadm-Lnc.txt",
             Output::HairpinMode => "hairpin_mode.txt",
+            Output::KernelLog => "dmesg.txt",
             Output::PodIpAddr => "pod-ip-addr.txt",
             Output::PodResolvConf => "pod-resolv.conf",
         }
@@ -138,6 +142,7 @@ impl Output {
             Output::IpRouteGet => &["ip-route-get", "ip-r-g", "ip-route-get-all"],
             Output::IpvsadmConns => &["ipvsadm-Lnc", "ipvsadm-Lcn", "ipvsadm-L-n-c"],
             Output::HairpinMode => &["hairpin-mode", "hairpin"],
+            Output::KernelLog => &["dmesg", "dmesg-T", "journalctl-k"],
             Output::PodIpAddr => &[
                 "pod-ip-addr",
                 "pod-ip-a",
@@ -208,6 +213,8 @@ pub struct NodeState {
     pub ipvs_conns: Option<Vec<crate::ipvs::Connection>>,
     /// Bridge ports' `hairpin_mode`.
     pub hairpin: Option<Vec<crate::hairpin::HairpinPort>>,
+    /// Martian-source lines of a pasted kernel log.
+    pub martians: Option<Vec<crate::kernel_log::Martian>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
     /// `local` routes, `proto kernel` routes' `src`): see [`NodeState::local_addresses`].
     pub inferred_addrs: Vec<Address>,
@@ -342,6 +349,11 @@ impl NodeState {
                 Output::HairpinMode => {
                     let p = crate::hairpin::parse(&text);
                     st.hairpin = Some(p.value);
+                    p.skipped
+                }
+                Output::KernelLog => {
+                    let p = crate::kernel_log::parse(&text);
+                    st.martians = Some(p.value);
                     p.skipped
                 }
                 Output::PodIpAddr => {

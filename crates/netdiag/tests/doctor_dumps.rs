@@ -440,3 +440,46 @@ fn hairpin_warns_on_bridge_ports_without_hairpin_mode() {
     let st = NodeState::from_outputs([(Output::HairpinMode, grep.replace(":0", ":1"))]);
     assert_eq!(doctor::hairpin(&st).status, Status::Ok);
 }
+
+/// Refusals the kernel itself reported: lyft/cni-ipvlan-vpc-k8s#38's `ip route get … iif ens3`
+/// (`Invalid cross-device link`) and its martian-source log line name rp_filter on ens3; the
+/// `Invalid argument` a recent kernel answers (captured here) is hedged; answers that are routes
+/// are not refusals.
+#[test]
+fn rp_filter_refusals_from_ip_route_get_and_the_kernel_log() {
+    let dir = "tickets/lyft-ipvlan-38-nodeport-rp-filter";
+    let st = NodeState::from_outputs([
+        (Output::IpRouteGet, data(&format!("{dir}/ip-route-get.txt"))),
+        (Output::KernelLog, data(&format!("{dir}/dmesg.txt"))),
+    ]);
+    let c = show(doctor::rp_filter_refusals(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert_eq!(c.evidence.len(), 2, "{:?}", c.evidence);
+    assert!(c.evidence[0].contains("the kernel's `ip route get 172.30.182.212 from 172.21.51.75 iif ens3` answered `Invalid cross-device link`: the reverse-path filter (rp_filter) on ens3 refuses"));
+    assert!(c.evidence[1]
+        .starts_with("kernel log: martian source 172.30.182.212 from 172.21.51.75, on dev ens3"));
+    assert!(c
+        .fix
+        .as_deref()
+        .unwrap()
+        .contains("net.ipv4.conf.ens3.rp_filter=2"));
+
+    let st = NodeState::from_outputs([
+        (Output::IpRouteGet, data("pasted/ip-route-get.txt")),
+        (
+            Output::Sysctl,
+            "net.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.eth1.rp_filter = 1\n".to_string(),
+        ),
+    ]);
+    let c = show(doctor::rp_filter_refusals(&st));
+    assert_eq!(c.status, Status::Warn, "{:?}", c.evidence);
+    assert_eq!(c.evidence.len(), 1, "{:?}", c.evidence);
+    assert!(c.evidence[0].contains("`Invalid argument`"));
+    assert!(c.evidence[0].contains("(rp_filter: conf.all 0, conf.eth1 1)"));
+
+    let st = NodeState::from_outputs([(
+        Output::IpRouteGet,
+        "$ ip route get 10.1.0.7\n10.1.0.7 dev eth0 src 10.1.0.1 uid 0\n".to_string(),
+    )]);
+    assert_eq!(doctor::rp_filter_refusals(&st).status, Status::Ok);
+}

@@ -72,14 +72,6 @@ const UNEXPLAINED: &[(&str, &str)] = &[
          ip_forward (delivered when 1), and with no rules every policy is taken as ACCEPT, so \
          no branch can name the REJECT",
     ),
-    (
-        "lyft-ipvlan-38-nodeport-rp-filter",
-        "`ip route get` answers are read now and the walk takes them as route evidence (an \
-         input lookup refused with `Invalid cross-device link` is the reverse-path filter), \
-         but the one refused is for the DNATed packet (to the pod 172.30.182.212) and no \
-         kube-proxy rules were pasted, so the walk's packet (to the node's NodePort) is not \
-         DNATed and its own lookup has no answer: unknown at routing",
-    ),
 ];
 
 fn tickets_dir() -> PathBuf {
