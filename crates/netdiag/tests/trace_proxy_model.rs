@@ -507,6 +507,33 @@ fn check_mode(
                 "the one-of set: {}",
                 context()
             );
+            if listeners.is_some() {
+                continue; // userspace: the listener picks, not the rules
+            }
+            // Every endpoint walked, each walk leaving towards its own endpoint.
+            let went = |e: Option<&trace::Egress>| {
+                e.map(|e| format!("{}:{}", e.dst, e.dport))
+                    .unwrap_or_default()
+            };
+            let walked_to: BTreeSet<String> = if t.endpoint_outcomes.is_empty() {
+                [went(t.egress.as_ref())].into()
+            } else {
+                for e in &t.endpoint_outcomes {
+                    assert_eq!(
+                        e.verdict,
+                        Verdict::Delivered,
+                        "{}: {}",
+                        e.endpoint,
+                        context()
+                    );
+                    assert_eq!(went(e.egress.as_ref()), e.endpoint, "{}", context());
+                }
+                t.endpoint_outcomes
+                    .iter()
+                    .map(|e| e.endpoint.clone())
+                    .collect()
+            };
+            assert_eq!(walked_to, want, "the endpoints walked: {}", context());
         }
     }
     walked
