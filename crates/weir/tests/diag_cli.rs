@@ -34,7 +34,7 @@ fn doctor_on_a_directory_fails_with_evidence_and_json() {
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 8);
+    assert_eq!(checks.len(), 12);
     let eni = checks.iter().find(|c| c["id"] == "eni-asymmetric").unwrap();
     assert_eq!(eni["status"], "fail");
     assert!(eni["evidence"][0]
