@@ -81,8 +81,10 @@ fn bridge_nf_call_off_then_on() {
     if !std::path::Path::new("/proc/sys/net/bridge").exists() {
         let _ = Command::new("modprobe").arg("br_netfilter").status();
     }
-    if !std::path::Path::new("/proc/sys/net/bridge").exists() {
-        eprintln!("SKIP: br_netfilter is not available on this kernel (no /proc/sys/net/bridge)");
+    let bridge_sysctls = std::path::Path::new("/proc/sys/net/bridge").exists();
+    let missing = (!bridge_sysctls)
+        .then(|| "br_netfilter (no /proc/sys/net/bridge, even after modprobe)".to_string());
+    if !weir_testkit::can_run(missing) {
         return;
     }
     let ns = Ns::new("brnf");
