@@ -53,6 +53,7 @@ PACKAGES+=(debootstrap) # scripts/image.sh: local base images where Docker Hub i
 # A real Kubernetes (tests/kube_cluster.rs, `dev.sh cluster`): 1.20.2 built once from Debian's
 # source package into $WEIR_TOOLS (~5 min cold on 2 cores), with etcd, containerd and runc.
 export WEIR_KUBE_BUILD=${WEIR_KUBE_BUILD:-$WEIR_TOOLS/kube-1.20.2}
+PACKAGES+=(python3-yaml bsdextrautils) # dev.sh cluster-daemonset renders deploy/; matrix.sh's table
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -83,7 +84,8 @@ install_packages() {
   if [ ! -x "$WEIR_KUBE_BUILD/bin/kubelet" ]; then
     step "building Kubernetes 1.20.2 from Debian's source into $WEIR_KUBE_BUILD (once; ~5 min)"
   fi
-  bash scripts/cluster/build-kube.sh "$WEIR_KUBE_BUILD" >/dev/null
+  bash scripts/cluster/build-kube.sh "$WEIR_KUBE_BUILD" | grep -v '^already built' >&2 || true
+  [ -x "$WEIR_KUBE_BUILD/bin/kubelet" ] || { echo "the Kubernetes build failed (log: $WEIR_KUBE_BUILD/build.log)" >&2; exit 1; }
   command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
   [ "$(id -u)" = 0 ] || { echo "run as root: weir creates network namespaces" >&2; exit 1; }
 }
