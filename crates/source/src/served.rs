@@ -146,7 +146,7 @@ pub enum FieldFilter {
 impl FieldFilter {
     pub fn selector(&self) -> &'static str {
         match self {
-            FieldFilter::NotHeadless => "spec.clusterIP!=None",
+            FieldFilter::NotHeadless => crate::api::SERVICE_FIELD_SELECTOR,
         }
     }
 
