@@ -366,6 +366,23 @@ spec:
   - {name: c, image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: ["/bin/sh", "-c", "exec sleep 100000"]}
 "#;
 
+/// The ready endpoints of a Service's EndpointSlices (v1beta1 on 1.20).
+fn ready_endpoints(c: &Cluster, service: &str) -> usize {
+    let v = c.json(&[
+        "get",
+        "endpointslices",
+        "-l",
+        &format!("kubernetes.io/service-name={service}"),
+    ]);
+    v["items"].as_array().map_or(0, |items| {
+        items
+            .iter()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .filter(|e| e["conditions"]["ready"] == true)
+            .count()
+    })
+}
+
 /// One curl from a namespace: the body, or how it failed (curl's exit code: 7 refused,
 /// 28 timed out).
 fn curl(ns: &str, url: &str) -> Result<String, String> {
@@ -491,6 +508,11 @@ fn weir_proxy_answers_as_real_kube_proxy_does() {
     c.wait("the client pod", long, || c.pods("app!=par").len() == 1);
     let first = c.pods("app=par")[0].0.clone();
     c.k(&["label", "pod", &first, "solo=yes"]);
+    // Running is not ready: the proxies are compared once the API has every endpoint ready
+    // (a CI run compared kube-proxy while node-2's pods were still failing readiness).
+    c.wait("4 ready endpoints of par, 1 of par-solo", long, || {
+        ready_endpoints(&c, "par") == 4 && ready_endpoints(&c, "par-solo") == 1
+    });
 
     let wait_serving = |who: &str| {
         let url = format!(
@@ -508,6 +530,9 @@ fn weir_proxy_answers_as_real_kube_proxy_does() {
         c.wait(&format!("{who} to serve every Service"), long, || {
             c.curl_from(&c.node_ns(1), &solo).is_some()
         });
+        // Past one --min-sync-period (1 s for both) since the API settled: the proxy has
+        // synced what it has.
+        std::thread::sleep(Duration::from_secs(2));
     };
     let mut results: Vec<(&str, Vec<(String, String)>)> = Vec::new();
     wait_serving("kube-proxy");
