@@ -15,7 +15,6 @@ Run in the control plane's namespace (dev.sh cluster-bench does): it talks to th
 directly and reaches the nodes with `nsenter`.
 usage: api_bench.py RUN_DIR SERVICES ENDPOINTS POD_A_IP POD_A_NAME POD_B_IP POD_B_NAME [--json]
 """
-import base64
 import http.client
 import json
 import os

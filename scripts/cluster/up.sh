@@ -135,7 +135,7 @@ bg "$CP" etcd etcd --name weir --data-dir "$R/etcd-data" \
   --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
   --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
   --initial-cluster weir=http://127.0.0.1:23800 --listen-metrics-urls http://127.0.0.1:23810
-# The flags of one place, reused by restart-apiserver (the test restarts it).
+# The apiserver's flags (bg saves the whole command line for ctl.sh, which restarts it).
 cat >"$R/apiserver.args" <<EOF
 --etcd-servers=http://127.0.0.1:23790
 --bind-address=0.0.0.0

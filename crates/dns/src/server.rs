@@ -481,7 +481,10 @@ pub fn serve_udp(
                     continue;
                 }
             };
-            let from = peer.socket_addr().map(|a| a.ip());
+            // The peer's address only matters for a server cookie.
+            let from = matches!(cookie, ClientCookie::Present(_))
+                .then(|| peer.socket_addr().map(|a| a.ip()))
+                .flatten();
             let limit = udp_limit(&req);
             match handler.step(req) {
                 Step::Done(mut m) => {
