@@ -260,7 +260,9 @@ makeIPTablesUtilChains: false
 clusterDNS: ["10.96.0.10"]
 clusterDomain: cluster.local
 resolvConf: /dev/null
-evictionHard: {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"}
+# No disk-based eviction: a test machine's disk may be 99% full, and the kubelet
+# would then taint the node disk-pressure and schedule nothing ("0%" = no threshold).
+evictionHard: {"memory.available": "100Mi", "nodefs.available": "0%", "imagefs.available": "0%", "nodefs.inodesFree": "0%", "imagefs.inodesFree": "0%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 4s

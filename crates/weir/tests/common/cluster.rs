@@ -331,6 +331,20 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            // What the scheduler saw: a tainted or NotReady node explains pods that never come.
+            for args in [
+                &["get", "nodes", "-o", "custom-columns=NODE:.metadata.name,CONDITIONS:.status.conditions[?(@.status==\"True\")].type,TAINTS:.spec.taints[*].key"][..],
+                &["get", "pods", "-o", "wide"][..],
+                &["get", "events", "--sort-by=.lastTimestamp"][..],
+            ] {
+                let out = self.kubectl(args);
+                eprintln!("--- kubectl {}", args.join(" "));
+                let text = String::from_utf8_lossy(&out.stdout);
+                let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                for l in tail.iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
             for p in [
                 "kube-apiserver",
                 "node-1-kubelet",
