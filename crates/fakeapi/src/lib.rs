@@ -128,11 +128,9 @@ impl FakeApi {
 
     /// Creates or replaces the objects of a (multi-document) YAML text.
     pub fn apply_yaml(&self, yaml: &str) -> anyhow::Result<()> {
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let v: Value = serde::Deserialize::deserialize(doc).context("YAML")?;
-            if v.is_null() {
-                continue;
-            }
+        let mut reader = yaml.as_bytes();
+        for doc in serde_saphyr::read::<_, Value>(&mut reader) {
+            let v = doc.context("YAML")?;
             self.apply_json(v)?;
         }
         Ok(())

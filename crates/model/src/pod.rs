@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn keeps_ips_and_whether_terminated_and_round_trips() {
-        let pod: Pod = serde_yaml::from_str(
+        let pod: Pod = serde_saphyr::from_str(
             "metadata: {name: p, namespace: shop}\n\
              status: {phase: Running, podIP: 10.244.1.5, podIPs: [{ip: 10.244.1.5}, {ip: 'fd00::5'}]}",
         )
@@ -94,7 +94,7 @@ mod tests {
         assert!(!info.has_ip("10.244.1.6".parse().unwrap()));
         assert_eq!(PodInfo::from(&Pod::from(&info)), info);
 
-        let done: Pod = serde_yaml::from_str(
+        let done: Pod = serde_saphyr::from_str(
             "metadata: {name: job, namespace: shop}\nstatus: {phase: Succeeded, podIP: 10.244.1.6}",
         )
         .unwrap();

@@ -28,14 +28,14 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// What weir kept of the object (see `weir_model::compact`), as a Kubernetes object: reading
 /// the copy back gives the same object.
-fn to_yaml(o: &Object) -> Result<String, serde_yaml::Error> {
+fn to_yaml(o: &Object) -> Result<String, serde_saphyr::ser::Error> {
     use k8s_openapi::api::core::v1::{Node, Pod, Service};
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     match o {
-        Object::Service(s) => serde_yaml::to_string(&Service::from(&**s)),
-        Object::EndpointSlice(s) => serde_yaml::to_string(&EndpointSlice::from(&**s)),
-        Object::Node(n) => serde_yaml::to_string(&Node::from(&**n)),
-        Object::Pod(p) => serde_yaml::to_string(&Pod::from(&**p)),
+        Object::Service(s) => crate::yaml::to_string(&Service::from(&**s)),
+        Object::EndpointSlice(s) => crate::yaml::to_string(&EndpointSlice::from(&**s)),
+        Object::Node(n) => crate::yaml::to_string(&Node::from(&**n)),
+        Object::Pod(p) => crate::yaml::to_string(&Pod::from(&**p)),
     }
 }
 

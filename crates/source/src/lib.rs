@@ -24,6 +24,7 @@ mod nesting;
 pub mod served;
 mod store;
 mod watch;
+pub mod yaml;
 
 pub use dir::{Limits, ManifestDir, ScanReport};
 pub use manifest::{

@@ -1,11 +1,10 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use crate::yaml::Value;
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_yaml::Value;
 use weir_model::{Kind, Object, ObjectKey};
 
 /// A problem in a manifest: which file, which object, which field.
@@ -79,9 +78,10 @@ pub fn parse_manifest_limited(file: &Path, text: &str, max_nesting: usize) -> Pa
     }
     // One document at a time: its untyped tree is dropped as soon as its objects are typed
     // (holding every document's `Value` first cost ~40 bytes of memory per byte of YAML).
-    for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    let mut reader = text.as_bytes();
+    for (i, doc) in crate::yaml::documents(&mut reader).enumerate() {
         let loc = format!("document {}", i + 1);
-        match Value::deserialize(de) {
+        match doc {
             Ok(doc) => handle_value(file, doc, &loc, true, &mut p),
             Err(e) => {
                 file_error(&mut p, loc, format!("invalid YAML: {e}"));
@@ -110,7 +110,7 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
     if v.is_null() {
         return; // empty document (e.g. a trailing `---`)
     }
-    if !v.is_mapping() {
+    if !v.is_object() {
         p.errors
             .push(err(loc.to_string(), None, "not a mapping".into()));
         return;
@@ -129,7 +129,7 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         // Taken, not cloned: a big List is not held twice.
         let items = v.get_mut("items").map(std::mem::take);
         match items {
-            Some(Value::Sequence(items)) => {
+            Some(Value::Array(items)) => {
                 for (j, item) in items.into_iter().enumerate() {
                     handle_value(file, item, &format!("{loc}, item {j}"), false, p);
                 }

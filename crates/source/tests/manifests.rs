@@ -529,3 +529,24 @@ kind: [Service
         ["Service/default/b", "Service/default/c"]
     );
 }
+
+/// serde-saphyr's default budget stops a document at 250,000 nodes; `kubectl get svc -A -o
+/// yaml` of a big cluster is one List document of that size, and must still parse whole.
+#[test]
+fn a_list_of_tens_of_thousands_of_objects_parses_whole() {
+    let mut text = String::from("apiVersion: v1\nkind: List\nitems:\n");
+    for i in 0..12_000 {
+        text.push_str(&format!(
+            "- {{apiVersion: v1, kind: Service, metadata: {{name: s{i}, namespace: big, labels: {{app: a}}}}, spec: {{clusterIP: 10.96.{}.{}, ports: [{{port: 80}}]}}}}\n",
+            i / 250,
+            i % 250 + 1
+        ));
+    }
+    let parsed = parse_manifest(Path::new("big.yaml"), &text);
+    assert!(parsed.errors.is_empty(), "{:?}", parsed.errors.first());
+    assert_eq!(parsed.objects.len(), 12_000);
+    assert_eq!(
+        parsed.objects[11_999].key(),
+        ObjectKey::new(Kind::Service, "big", "s11999")
+    );
+}

@@ -570,11 +570,12 @@ fn object_memory(n: usize) -> String {
     }
     let base = live_mib();
     let mut k8s: Vec<(Option<Service>, Option<EndpointSlice>)> = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).expect("yaml");
+    let mut reader = text.as_bytes();
+    for doc in weir_source::yaml::documents(&mut reader) {
+        let v = doc.expect("yaml");
         k8s.push(match v["kind"].as_str() {
-            Some("Service") => (serde_yaml::from_value(v).ok(), None),
-            _ => (None, serde_yaml::from_value(v).ok()),
+            Some("Service") => (serde_json::from_value(v).ok(), None),
+            _ => (None, serde_json::from_value(v).ok()),
         });
     }
     let k8s_mib = live_mib() - base;

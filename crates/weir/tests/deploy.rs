@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use serde_yaml::Value;
+use serde_json::Value;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -41,8 +41,9 @@ fn objects_of(files: &[PathBuf]) -> BTreeMap<(String, String), Value> {
     let mut all = BTreeMap::new();
     for file in files {
         let text = std::fs::read_to_string(file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = Value::deserialize(doc).unwrap();
+        let mut reader = text.as_bytes();
+        for doc in serde_saphyr::read::<_, Value>(&mut reader) {
+            let v = doc.unwrap();
             let key = (
                 v["kind"].as_str().unwrap().to_string(),
                 v["metadata"]["name"].as_str().unwrap().to_string(),
@@ -52,8 +53,6 @@ fn objects_of(files: &[PathBuf]) -> BTreeMap<(String, String), Value> {
     }
     all
 }
-
-use serde::Deserialize;
 
 /// An object of deploy/ or of its DNS directories (names are unique across them).
 fn object(kind: &str, name: &str) -> Value {
@@ -76,8 +75,8 @@ fn pod_spec() -> Value {
 
 fn containers() -> Vec<Value> {
     let spec = pod_spec();
-    let mut all = spec["initContainers"].as_sequence().unwrap().clone();
-    all.extend(spec["containers"].as_sequence().unwrap().iter().cloned());
+    let mut all = spec["initContainers"].as_array().unwrap().clone();
+    all.extend(spec["containers"].as_array().unwrap().iter().cloned());
     all
 }
 
@@ -89,7 +88,7 @@ fn container(name: &str) -> Value {
 }
 
 fn strings(v: &Value) -> Vec<String> {
-    v.as_sequence()
+    v.as_array()
         .map(|s| s.iter().map(|x| x.as_str().unwrap().to_string()).collect())
         .unwrap_or_default()
 }
@@ -187,7 +186,7 @@ fn the_schema_check_rejects_a_wrong_field_and_a_wrong_type() {
 
 #[test]
 fn kustomization_lists_every_manifest_and_names_the_image_once() {
-    let k: Value = serde_yaml::from_str(
+    let k: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap(),
     )
     .unwrap();
@@ -197,7 +196,7 @@ fn kustomization_lists_every_manifest_and_names_the_image_once() {
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert_eq!(resources, files);
-    let images = k["images"].as_sequence().unwrap();
+    let images = k["images"].as_array().unwrap();
     assert_eq!(images.len(), 1);
     let image = images[0]["name"].as_str().unwrap();
     for c in containers() {
@@ -222,12 +221,12 @@ fn expand(arg: &str, env: &BTreeMap<String, String>) -> String {
 
 fn container_env(c: &Value) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
-    for e in c["env"].as_sequence().into_iter().flatten() {
+    for e in c["env"].as_array().into_iter().flatten() {
         let key_ref = &e["valueFrom"]["configMapKeyRef"];
         let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
             Some("spec.nodeName") => NODE.to_string(),
             Some(other) => panic!("fieldRef {other} not simulated"),
-            None if key_ref.is_mapping() => {
+            None if key_ref.is_object() => {
                 let cm = object("ConfigMap", key_ref["name"].as_str().unwrap());
                 let key = key_ref["key"].as_str().unwrap();
                 cm["data"][key]
@@ -239,13 +238,10 @@ fn container_env(c: &Value) -> BTreeMap<String, String> {
         };
         env.insert(e["name"].as_str().unwrap().to_string(), value);
     }
-    for from in c["envFrom"].as_sequence().into_iter().flatten() {
+    for from in c["envFrom"].as_array().into_iter().flatten() {
         let cm = object("ConfigMap", from["configMapRef"]["name"].as_str().unwrap());
-        for (k, v) in cm["data"].as_mapping().unwrap() {
-            env.insert(
-                k.as_str().unwrap().to_string(),
-                v.as_str().unwrap().to_string(),
-            );
+        for (k, v) in cm["data"].as_object().unwrap() {
+            env.insert(k.to_string(), v.as_str().unwrap().to_string());
         }
     }
     env
@@ -260,10 +256,10 @@ fn mounted_config(c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
 /// [`mounted_config`] for a container of the pod `spec`.
 fn mounted_config_in(spec: &Value, c: &Value, root: &Path) -> Vec<(String, PathBuf)> {
     let mut mounts = Vec::new();
-    for m in c["volumeMounts"].as_sequence().into_iter().flatten() {
+    for m in c["volumeMounts"].as_array().into_iter().flatten() {
         let name = m["name"].as_str().unwrap();
         let volume = spec["volumes"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .find(|v| v["name"] == name)
@@ -274,7 +270,7 @@ fn mounted_config_in(spec: &Value, c: &Value, root: &Path) -> Vec<(String, PathB
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let data = object("ConfigMap", cm)["data"].clone();
-        match volume["configMap"]["items"].as_sequence() {
+        match volume["configMap"]["items"].as_array() {
             // Only the listed keys, at their paths.
             Some(items) => {
                 for item in items {
@@ -284,8 +280,8 @@ fn mounted_config_in(spec: &Value, c: &Value, root: &Path) -> Vec<(String, PathB
                 }
             }
             None => {
-                for (k, v) in data.as_mapping().unwrap() {
-                    std::fs::write(dir.join(k.as_str().unwrap()), v.as_str().unwrap()).unwrap();
+                for (k, v) in data.as_object().unwrap() {
+                    std::fs::write(dir.join(k), v.as_str().unwrap()).unwrap();
                 }
             }
         }
@@ -477,7 +473,7 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 /// (pod spec, its one container) of the workload `kind`/`name`.
 fn dns_pod(kind: &str, name: &str) -> (Value, Value) {
     let spec = object(kind, name)["spec"]["template"]["spec"].clone();
-    let containers = spec["containers"].as_sequence().unwrap().clone();
+    let containers = spec["containers"].as_array().unwrap().clone();
     assert_eq!(containers.len(), 1, "{kind} {name}");
     (spec, containers[0].clone())
 }
@@ -514,7 +510,7 @@ fn dns_manifests_match_the_kubernetes_openapi_schemas() {
 #[test]
 fn dns_kustomizations_list_their_manifests_and_name_deploys_image() {
     let read = |dir: &Path| -> Value {
-        serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
             .unwrap()
     };
     let root_images = read(&deploy_dir())["images"].clone();
@@ -601,13 +597,13 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
     let svc = object("Service", "kube-dns");
     assert_eq!(svc["metadata"]["namespace"], "kube-system");
     assert_eq!(svc["spec"]["clusterIP"], "10.96.0.10");
-    let selector = svc["spec"]["selector"].as_mapping().unwrap().clone();
+    let selector = svc["spec"]["selector"].as_object().unwrap().clone();
     assert_eq!(
-        serde_yaml::to_string(&selector).unwrap().trim(),
+        serde_saphyr::to_string(&selector).unwrap().trim(),
         "k8s-app: kube-dns"
     );
     let ports: BTreeSet<(u64, String, String)> = svc["spec"]["ports"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|p| {
@@ -631,7 +627,7 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
         assert_eq!(&labels[k], v, "the Service selects the Deployment's pods");
     }
     for (k, v) in deployment["spec"]["selector"]["matchLabels"]
-        .as_mapping()
+        .as_object()
         .unwrap()
     {
         assert_eq!(&labels[k], v);
@@ -643,7 +639,7 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
     assert_eq!(term["labelSelector"]["matchLabels"]["k8s-app"], "kube-dns");
     // The pod serves what the Service sends: port 53 over both protocols.
     let container_ports: Vec<(u64, &str)> = c["ports"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|p| {
@@ -680,7 +676,7 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
     assert_eq!(binding["subjects"][0]["namespace"], "kube-system");
     let role = object("ClusterRole", binding["roleRef"]["name"].as_str().unwrap());
     let mut granted = BTreeSet::new();
-    for rule in role["rules"].as_sequence().unwrap() {
+    for rule in role["rules"].as_array().unwrap() {
         assert_eq!(strings(&rule["verbs"]), ["list", "watch"]);
         granted.extend(strings(&rule["resources"]));
     }
@@ -797,7 +793,7 @@ fn the_cluster_dns_pod_runs_unprivileged_as_the_deployment_says() {
     let (spec, c) = dns_pod("Deployment", "weir-dns");
     let dir = tempfile::tempdir().unwrap();
     let ns = PodNetns::new("ok");
-    for s in spec["securityContext"]["sysctls"].as_sequence().unwrap() {
+    for s in spec["securityContext"]["sysctls"].as_array().unwrap() {
         let (name, value) = (s["name"].as_str().unwrap(), s["value"].as_str().unwrap());
         ns.sh(&format!("sysctl -q -w {name}={value}"));
     }
@@ -902,12 +898,8 @@ impl Install {
             std::fs::create_dir_all(p.join(d)).unwrap();
         }
         let cm = object("ConfigMap", "weir-cni-config");
-        for (k, v) in cm["data"].as_mapping().unwrap() {
-            std::fs::write(
-                p.join("template").join(k.as_str().unwrap()),
-                v.as_str().unwrap(),
-            )
-            .unwrap();
+        for (k, v) in cm["data"].as_object().unwrap() {
+            std::fs::write(p.join("template").join(k), v.as_str().unwrap()).unwrap();
         }
         std::fs::write(p.join("sa/token"), "t0ken").unwrap();
         std::fs::write(p.join("sa/ca.crt"), "").unwrap();

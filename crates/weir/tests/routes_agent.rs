@@ -81,7 +81,7 @@ impl Pair {
             "status": {"addresses": [{"type": "InternalIP", "address": format!("10.78.0.{i}")}]},
         });
         let path = self.manifests().join(format!("node{i}.yaml"));
-        std::fs::write(path, serde_yaml::to_string(&node).unwrap()).unwrap();
+        std::fs::write(path, serde_saphyr::to_string(&node).unwrap()).unwrap();
     }
 
     /// `weir routes <args>` in node<i>; the agent's pod MTU file is node<i>.mtu in the test's
@@ -118,8 +118,8 @@ impl Pair {
     /// The annotations in node<i>'s published patch.
     fn published(&self, i: u8) -> BTreeMap<String, String> {
         let text = std::fs::read_to_string(self.file(&format!("node{i}.patch.yaml"))).unwrap();
-        let v: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-        serde_yaml::from_value(v["metadata"]["annotations"].clone()).unwrap()
+        let v: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+        serde_json::from_value(v["metadata"]["annotations"].clone()).unwrap()
     }
 
     fn status(&self, i: u8) -> serde_json::Value {

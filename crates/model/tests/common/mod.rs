@@ -4,7 +4,6 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use serde::Deserialize;
 use weir_model::*;
 
 /// Loads fixture files (multi-document YAML) into a snapshot.
@@ -15,15 +14,12 @@ pub fn snapshot(files: &[&str]) -> Snapshot {
             .join("tests/fixtures")
             .join(f);
         let text = std::fs::read_to_string(&path).unwrap();
-        for de in serde_yaml::Deserializer::from_str(&text) {
-            let v = serde_yaml::Value::deserialize(de).unwrap();
-            if v.is_null() {
-                continue;
-            }
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_str_multiple(&text).unwrap();
+        for v in docs {
             let o: Object = match v["kind"].as_str().unwrap() {
-                "Service" => serde_yaml::from_value::<Service>(v).unwrap().into(),
-                "EndpointSlice" => serde_yaml::from_value::<EndpointSlice>(v).unwrap().into(),
-                "Node" => serde_yaml::from_value::<Node>(v).unwrap().into(),
+                "Service" => serde_json::from_value::<Service>(v).unwrap().into(),
+                "EndpointSlice" => serde_json::from_value::<EndpointSlice>(v).unwrap().into(),
+                "Node" => serde_json::from_value::<Node>(v).unwrap().into(),
                 k => panic!("unexpected kind {k}"),
             };
             s.insert(o);
