@@ -13,10 +13,11 @@ use crate::spec::{CniError, CniResult, ErrorCode, Outcome};
 
 /// One CNI mode: ADD, DEL, CHECK, GC and STATUS for the network its configuration describes.
 ///
-/// `plugin` has done the protocol's part before calling these: the environment is validated,
-/// CHECK's cniVersion (0.4.0+) and prevResult and GC's and STATUS's cniVersion (1.1.0+) and
-/// `cni.dev/valid-attachments` are checked, and `disableCheck`/`disableGC` have answered without
-/// calling the mode. Errors are the spec's codes, the same in every mode.
+/// By the time a method is called, `plugin` has done what the spec asks of every plugin, so no
+/// mode repeats it: the environment is validated; CHECK has cniVersion 0.4.0 or later and a
+/// parsed prevResult; GC and STATUS have 1.1.0 or later; GC has `cni.dev/valid-attachments`;
+/// and `disableCheck`/`disableGC` have answered without calling the mode. Errors carry the
+/// spec's codes, the same in every mode.
 pub trait Mode {
     /// The keys of this mode's configuration that `plugin` acts on itself.
     fn common(&self) -> CommonConf<'_>;
