@@ -1,8 +1,10 @@
-//! One invocation of the plugin: environment + stdin in, stdout text (or a CNI error) out.
+//! One invocation of the plugin: environment + stdin in, stdout text (or a CNI error) out. The
+//! configuration picks the mode; each verb goes through the [`Mode`] trait.
 
-use crate::bridge::{ipam_err, Attachment};
-use crate::config::{declared_version, NetConf};
-use crate::ipam::Store;
+use crate::bridge::BridgeMode;
+use crate::config::declared_version;
+use crate::eni::EniSharedMode;
+use crate::mode::{AttachmentId, Mode};
 use crate::spec::{
     parse_command, CniError, CniResult, Command, Env, ErrorCode, Outcome, CURRENT_VERSION,
     SUPPORTED_VERSIONS,
@@ -46,57 +48,58 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
         .to_string());
     }
     let env = Env::parse(get_env)?;
-    // eni-shared mode has its own configuration and operations (crates/cni/src/eni/).
+    let mode = select_mode(&env, stdin)?;
+    run_verb(mode.as_ref(), &env)
+}
+
+/// The mode the configuration asks for, its configuration parsed: eni-shared has its own
+/// (crates/cni/src/eni/config.rs); anything else is bridge mode's.
+fn select_mode(env: &Env, stdin: &[u8]) -> CniResult<Box<dyn Mode>> {
     if crate::eni::config::is_eni_shared(stdin) {
-        return crate::eni::dispatch(&env, stdin);
+        return Ok(Box::new(EniSharedMode::parse(stdin)?));
     }
-    let mut conf = NetConf::parse(stdin)?;
-    if env.command == Command::Add {
-        conf.read_requests(&env.args)?;
-        conf.resolve_mtu()?;
-    }
-    let needs = |min: &str, what: &str| crate::spec::require_version(&conf.cni_version, min, what);
-    let attachment = Attachment {
-        conf: &conf,
+    Ok(Box::new(BridgeMode::parse(stdin, env)?))
+}
+
+/// The protocol's part of a verb, the same in every mode (the cniVersion it needs, what it must
+/// find in the configuration), then the mode's part.
+fn run_verb(mode: &dyn Mode, env: &Env) -> CniResult<String> {
+    let conf = mode.common();
+    let needs = |min: &str, what: &str| crate::spec::require_version(conf.cni_version, min, what);
+    let attachment = AttachmentId {
         container_id: &env.container_id,
         ifname: &env.ifname,
     };
     match env.command {
-        Command::Version => unreachable!("answered above"),
+        Command::Version => unreachable!("answered before the configuration is read"),
         Command::Add => {
-            let store = Store::open(&conf.ipam, &conf.name).map_err(ipam_err)?;
             let netns = env.netns.as_deref().expect("validated for ADD");
-            let outcome = attachment.add(netns, &store)?;
-            Ok(outcome.to_json(&conf.cni_version))
+            let outcome = mode.add(attachment, netns)?;
+            Ok(outcome.to_json(conf.cni_version))
         }
         Command::Del => {
-            let store = Store::open(&conf.ipam, &conf.name).map_err(ipam_err)?;
-            attachment.del(&store)?;
+            mode.del(attachment)?;
             Ok(String::new())
         }
         Command::Check if conf.disable_check => Ok(String::new()),
         Command::Check => {
             needs("0.4.0", "CHECK")?;
-            let prev = conf.prev_result.as_ref().ok_or_else(|| {
+            let prev = conf.prev_result.ok_or_else(|| {
                 CniError::new(
                     ErrorCode::InvalidConfig,
                     "CHECK needs prevResult in the configuration",
                 )
             })?;
             let prev = Outcome::from_value(prev)?;
-            let store = Store::open(&conf.ipam, &conf.name).map_err(ipam_err)?;
-            attachment.check(
-                env.netns.as_deref().expect("validated for CHECK"),
-                &store,
-                &prev,
-            )?;
+            let netns = env.netns.as_deref().expect("validated for CHECK");
+            mode.check(attachment, netns, &prev)?;
             Ok(String::new())
         }
         Command::Gc if conf.disable_gc => Ok(String::new()),
         Command::Gc => {
             needs("1.1.0", "GC")?;
             // Without the list every attachment would look stale: refuse rather than cut off pods.
-            let listed = conf.valid_attachments.as_ref().ok_or_else(|| {
+            let listed = conf.valid_attachments.ok_or_else(|| {
                 CniError::new(
                     ErrorCode::InvalidConfig,
                     "GC needs cni.dev/valid-attachments in the configuration (an empty list if \
@@ -107,169 +110,20 @@ fn dispatch(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> CniResult
                 .iter()
                 .map(|a| (a.container_id.clone(), a.ifname.clone()))
                 .collect();
-            gc(&conf, &valid)?;
+            mode.gc(&valid)?;
             Ok(String::new())
         }
         Command::Status => {
             needs("1.1.0", "STATUS")?;
-            status(&conf)?;
+            mode.status()?;
             Ok(String::new())
         }
     }
-}
-
-/// Tears down every attachment this network's store knows that is not in `valid`, releases its
-/// addresses, removes this network's orphaned veths and resyncs its masquerade sets. Nothing of
-/// another network is touched: its allocations live in another store, its veths carry its alias.
-fn gc(conf: &NetConf, valid: &[(String, String)]) -> CniResult<()> {
-    let store = Store::open(&conf.ipam, &conf.name)
-        .map_err(ipam_err)?
-        .keeping(valid);
-    let mut stale: Vec<(String, String)> = store
-        .allocations()
-        .map_err(ipam_err)?
-        .into_iter()
-        .map(|(_, id, ifname)| (id, ifname))
-        .filter(|a| !valid.contains(a))
-        .collect();
-    stale.sort();
-    stale.dedup();
-    for (id, ifname) in &stale {
-        // IDs recorded by older runtimes may not pass today's validation: never build names from them.
-        if crate::spec::validate_container_id(id).is_ok()
-            && crate::spec::validate_ifname(ifname).is_ok()
-        {
-            let ips = store.lookup(id, ifname).map_err(ipam_err)?;
-            Attachment {
-                conf,
-                container_id: id,
-                ifname,
-            }
-            .teardown(&ips, &store)?;
-        }
-    }
-    store.gc(valid).map_err(ipam_err)?;
-    let live: Vec<(String, String)> = store
-        .allocations()
-        .map_err(ipam_err)?
-        .into_iter()
-        .map(|(_, id, ifname)| (id, ifname))
-        .collect();
-    let mut host = weir_kernel::Rtnl::new()
-        .map_err(|e| CniError::new(ErrorCode::Io, format!("netlink socket: {e}")))?;
-    for orphan in crate::bridge::orphan_veths(&mut host, &conf.name, &conf.bridge, &live)? {
-        match host.link_del(orphan.index, &orphan.name) {
-            Err(e) if !e.is_not_found() => {
-                return Err(CniError::new(ErrorCode::Netlink, e.to_string()))
-            }
-            _ => {}
-        }
-    }
-    if conf.ip_masq {
-        // GC doubles as the resync of this network's masquerade objects (rebuilt from the store).
-        let live_ips: Vec<std::net::IpAddr> = store
-            .allocations()
-            .map_err(ipam_err)?
-            .into_iter()
-            .map(|(ip, _, _)| ip)
-            .collect();
-        crate::masq::NetMasq {
-            scope: crate::masq::Scope::for_network(&conf.name),
-            direct: conf.masquerade_exempt(),
-            stamp: store.dir().join(crate::bridge::MASQ_STAMP),
-        }
-        .resync(&live_ips)?;
-    }
-    Ok(())
-}
-
-/// Can the plugin serve ADDs? The store must be writable and, with ipMasq, nft must be present.
-fn status(conf: &NetConf) -> CniResult<()> {
-    let unavailable = |m: String| CniError::new(ErrorCode::NotAvailable, m);
-    let store =
-        Store::open(&conf.ipam, &conf.name).map_err(|e| unavailable(format!("IPAM store: {e}")))?;
-    store
-        .check_writable()
-        .map_err(|e| unavailable(format!("IPAM store is not writable: {e}")))?;
-    let allocated: Vec<std::net::IpAddr> = store
-        .allocations()
-        .map_err(|e| unavailable(format!("IPAM store cannot be read: {e}")))?
-        .into_iter()
-        .map(|(ip, _, _)| ip)
-        .collect();
-    if let Some((set, ranges)) = exhausted_range_set(&conf.ipam, &allocated) {
-        return Err(unavailable(format!(
-            "no free address: range set {set} ({ranges}) is fully allocated"
-        )));
-    }
-    if conf.ip_masq {
-        let nft = std::process::Command::new("nft").arg("--version").output();
-        if !nft.is_ok_and(|o| o.status.success()) {
-            return Err(unavailable(
-                "ipMasq is on but the nft command is not available".into(),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The first range set with no free address (ADD needs one from every set), with its ranges.
-/// Free means inside a range, not its gateway, not `reserved`, not allocated.
-fn exhausted_range_set(
-    ipam: &crate::ipam::IpamConf,
-    allocated: &[std::net::IpAddr],
-) -> Option<(usize, String)> {
-    use std::collections::HashSet;
-    use std::net::IpAddr;
-    fn num(ip: IpAddr) -> u128 {
-        match ip {
-            IpAddr::V4(a) => u32::from(a).into(),
-            IpAddr::V6(a) => a.into(),
-        }
-    }
-    let taken: HashSet<IpAddr> = allocated.iter().copied().collect();
-    for (i, set) in ipam.range_sets().iter().enumerate() {
-        let mut free = false;
-        for r in set {
-            let (start, end) = (r.effective_start(), r.effective_end());
-            let same_family = |ip: &IpAddr| ip.is_ipv4() == start.is_ipv4();
-            let inside =
-                |ip: &IpAddr| same_family(ip) && (num(start)..=num(end)).contains(&num(*ip));
-            let mut unusable: HashSet<IpAddr> = taken.iter().copied().filter(inside).collect();
-            unusable.extend(ipam.reserved.iter().copied().filter(inside));
-            let gw = r.effective_gateway();
-            if inside(&gw) {
-                unusable.insert(gw);
-            }
-            let size = num(end).saturating_sub(num(start)).saturating_add(1);
-            if size > unusable.len() as u128 {
-                free = true;
-                break;
-            }
-        }
-        if !free {
-            let ranges = set
-                .iter()
-                .map(|r| format!("{}-{}", r.effective_start(), r.effective_end()))
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Some((i, ranges));
-        }
-    }
-    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ipam(ranges: &str, reserved: &str) -> crate::ipam::IpamConf {
-        let conf = format!(
-            r#"{{"cniVersion":"1.1.0","name":"n","type":"weir-cni",
-                "ipam":{{"type":"weir-ipam","ranges":{ranges}{reserved}}}}}"#
-        );
-        NetConf::parse(conf.as_bytes()).unwrap().ipam
-    }
 
     fn run_env(env: &[(&str, &str)], stdin: &str) -> (Reply, serde_json::Value) {
         let env: std::collections::HashMap<String, String> = env
@@ -329,37 +183,6 @@ mod tests {
             "{}",
             reply.stdout
         );
-    }
-
-    #[test]
-    fn a_full_range_set_is_reported_and_a_free_one_is_not() {
-        // a /30: .1 is the gateway, .2 the only usable address
-        let small = ipam(r#"[[{"subnet":"10.9.0.0/30"}]]"#, "");
-        assert_eq!(exhausted_range_set(&small, &[]), None);
-        let (set, ranges) = exhausted_range_set(&small, &["10.9.0.2".parse().unwrap()]).unwrap();
-        assert_eq!(set, 0);
-        assert!(ranges.contains("10.9.0.2"), "{ranges}");
-        // allocations outside the set do not count
-        assert_eq!(
-            exhausted_range_set(&small, &["10.9.1.2".parse().unwrap()]),
-            None
-        );
-        // a second range in the set still has room
-        let two = ipam(
-            r#"[[{"subnet":"10.9.0.0/30"},{"subnet":"10.9.1.0/30"}]]"#,
-            "",
-        );
-        assert_eq!(
-            exhausted_range_set(&two, &["10.9.0.2".parse().unwrap()]),
-            None
-        );
-        // reserved addresses are not free
-        let v6 = ipam(
-            r#"[[{"subnet":"10.9.0.0/24"}],[{"subnet":"fd00::/126"}]]"#,
-            r#","reserved":["fd00::2"]"#,
-        );
-        let got = exhausted_range_set(&v6, &["fd00::3".parse().unwrap()]);
-        assert_eq!(got.map(|g| g.0), Some(1));
     }
 
     fn run_with(command: &str, conf: &str) -> Reply {

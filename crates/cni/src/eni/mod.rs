@@ -4,8 +4,9 @@
 //! built this way).
 //!
 //! `config` is the mode's configuration, `addresses` where the ENI's addresses come from, `plan`
-//! the kernel state as data and `datapath` its application. This module is one invocation: ADD,
-//! DEL, CHECK, GC and STATUS with bridge mode's error codes and crash safety. Addresses live in the
+//! the kernel state as data and `datapath` its application. This module is the mode as the plugin
+//! sees it ([`EniSharedMode`], a [`Mode`]): ADD, DEL, CHECK, GC and STATUS with bridge mode's error
+//! codes and crash safety. Addresses live in the
 //! same store layout as bridge mode's IPAM (file per address under a lock, reboot-reconciled), and
 //! everything a pod gets is derivable from (network, container ID, ifname) and its address, so DEL
 //! and GC clean up after a killed ADD without any other saved state. (DEL leaves the veth's
@@ -22,11 +23,10 @@ use std::path::Path;
 
 use weir_kernel::{Link, Rtnl};
 
-use crate::bridge::{ipam_err, open_netns};
 use crate::ipam::Store;
-use crate::spec::{
-    CniError, CniResult, Command, Env, ErrorCode, Interface, IpConfig, Outcome, Route,
-};
+use crate::mode::{ipam_err, open_netns, AttachmentId, CommonConf, Mode};
+use crate::result::ResultBuilder;
+use crate::spec::{CniError, CniResult, ErrorCode, Outcome, Route};
 use addresses::{plan_addresses, source_for, AddressPlan};
 use config::EniConf;
 use datapath as dp;
@@ -38,42 +38,57 @@ const NODE_STAMP: &str = "weir-eni-node";
 /// detached child to delete (the child removes the file; GC finishes what it did not).
 const TOMBSTONE_PREFIX: &str = "weir-eni-deleting.";
 
-/// Runs one command of an eni-shared network (the plugin's dispatch hook calls this).
-pub fn dispatch(env: &Env, stdin: &[u8]) -> CniResult<String> {
-    let conf = EniConf::parse(stdin)?;
-    let needs = |min: &str, what: &str| crate::spec::require_version(&conf.cni_version, min, what);
-    let pod = Pod {
-        conf: &conf,
-        container_id: &env.container_id,
-        ifname: &env.ifname,
-    };
-    match env.command {
-        Command::Version => unreachable!("answered by the plugin before the configuration is read"),
-        Command::Add => {
-            let netns = env.netns.as_deref().expect("validated for ADD");
-            Ok(pod.add(netns)?.to_json(&conf.cni_version))
+/// An eni-shared network, as its configuration describes it.
+pub struct EniSharedMode {
+    conf: EniConf,
+}
+
+impl EniSharedMode {
+    pub fn parse(stdin: &[u8]) -> CniResult<Self> {
+        Ok(Self {
+            conf: EniConf::parse(stdin)?,
+        })
+    }
+
+    fn pod<'a>(&'a self, id: AttachmentId<'a>) -> Pod<'a> {
+        Pod {
+            conf: &self.conf,
+            container_id: id.container_id,
+            ifname: id.ifname,
         }
-        Command::Del => pod.del().map(|()| String::new()),
-        Command::Check => {
-            needs("0.4.0", "CHECK")?;
-            let prev = conf.prev_result.as_ref().ok_or_else(|| {
-                CniError::new(
-                    ErrorCode::InvalidConfig,
-                    "CHECK needs prevResult in the configuration",
-                )
-            })?;
-            let prev = Outcome::from_value(prev)?;
-            pod.check(env.netns.as_deref().expect("validated for CHECK"), &prev)?;
-            Ok(String::new())
+    }
+}
+
+impl Mode for EniSharedMode {
+    /// eni-shared knows no `disableCheck`/`disableGC` (they are unsupported keys, code 2).
+    fn common(&self) -> CommonConf<'_> {
+        CommonConf {
+            cni_version: &self.conf.cni_version,
+            prev_result: self.conf.prev_result.as_ref(),
+            valid_attachments: self.conf.valid_attachments.as_deref(),
+            disable_check: false,
+            disable_gc: false,
         }
-        Command::Gc => {
-            needs("1.1.0", "GC")?;
-            gc(&conf).map(|()| String::new())
-        }
-        Command::Status => {
-            needs("1.1.0", "STATUS")?;
-            status(&conf).map(|()| String::new())
-        }
+    }
+
+    fn add(&self, id: AttachmentId<'_>, netns: &Path) -> CniResult<Outcome> {
+        self.pod(id).add(netns)
+    }
+
+    fn del(&self, id: AttachmentId<'_>) -> CniResult<()> {
+        self.pod(id).del()
+    }
+
+    fn check(&self, id: AttachmentId<'_>, netns: &Path, prev: &Outcome) -> CniResult<()> {
+        self.pod(id).check(netns, prev)
+    }
+
+    fn gc(&self, valid: &[(String, String)]) -> CniResult<()> {
+        gc(&self.conf, valid)
+    }
+
+    fn status(&self) -> CniResult<()> {
+        status(&self.conf)
     }
 }
 
@@ -200,35 +215,18 @@ impl Pod<'_> {
             dp::ensure_rule(host, &r)?;
         }
 
-        let mut outcome = match &self.conf.prev_result {
-            Some(prev) => Outcome::from_value(prev)?,
-            None => Outcome::default(),
-        };
-        let first = outcome.interfaces.len();
-        outcome.interfaces.push(Interface {
-            name: veth.name.clone(),
-            mac: veth.mac_string(),
-            ..Default::default()
-        });
-        outcome.interfaces.push(Interface {
-            name: self.ifname.to_string(),
-            mac: pod_if.mac_string(),
-            mtu: Some(pod_if.mtu),
-            sandbox: netns_path.display().to_string(),
-        });
-        outcome.ips.push(IpConfig {
-            address: ipnet::IpNet::V4(ipnet::Ipv4Net::new(ip, 32).expect("/32")),
-            gateway: Some(IpAddr::V4(POD_GATEWAY)),
-            interface: Some(first + 1),
-        });
-        outcome.routes.push(Route {
-            dst: "0.0.0.0/0".parse().expect("literal"),
-            gw: Some(IpAddr::V4(POD_GATEWAY)),
-        });
-        if !self.conf.dns.is_null() {
-            outcome.dns = self.conf.dns.clone();
-        }
-        Ok(outcome)
+        let address = ipnet::IpNet::V4(ipnet::Ipv4Net::new(ip, 32).expect("/32"));
+        let gateway = IpAddr::V4(POD_GATEWAY);
+        Ok(ResultBuilder::after(self.conf.prev_result.as_ref())?
+            .host_interface(&veth)
+            .pod_interface(self.ifname, &pod_if, netns_path)
+            .ips([(address, Some(gateway))])
+            .routes([Route {
+                dst: "0.0.0.0/0".parse().expect("literal"),
+                gw: Some(gateway),
+            }])
+            .dns(self.conf.dns.clone())
+            .build())
     }
 
     /// Removes the host veth (its peer, the host route and the pod end go with it) and the pod's
@@ -407,19 +405,7 @@ fn v4s(ips: &[IpAddr]) -> Vec<Ipv4Addr> {
 /// address of its list), and veths whose host route points at one of its addresses. Other
 /// networks' state is never touched: everything is matched by this network's table, addresses
 /// and veth names.
-fn gc(conf: &EniConf) -> CniResult<()> {
-    // Without the list every attachment would look stale: refuse rather than cut off pods.
-    let listed = conf.valid_attachments.as_ref().ok_or_else(|| {
-        CniError::new(
-            ErrorCode::InvalidConfig,
-            "GC needs cni.dev/valid-attachments in the configuration (an empty list if nothing \
-             is valid)",
-        )
-    })?;
-    let valid: Vec<(String, String)> = listed
-        .iter()
-        .map(|a| (a.container_id.clone(), a.ifname.clone()))
-        .collect();
+fn gc(conf: &EniConf, valid: &[(String, String)]) -> CniResult<()> {
     let store = store(conf)?;
     let mut host = Rtnl::new().map_err(|e| dp::io_err("netlink socket", e))?;
     let mut first_err: Option<CniError> = None;
@@ -456,7 +442,7 @@ fn gc(conf: &EniConf) -> CniResult<()> {
         // Keep the addresses of attachments we could not tear down: the next GC retries.
         return Err(e);
     }
-    store.gc(&valid).map_err(ipam_err)?;
+    store.gc(valid).map_err(ipam_err)?;
 
     let held: Vec<Ipv4Addr> = v4s(&store
         .allocations()

@@ -159,6 +159,14 @@ impl Resolved {
     }
 }
 
+/// A range set as its messages name it: `start-end` of each range, comma-separated.
+pub(crate) fn describe_range_set(set: &[Resolved]) -> String {
+    set.iter()
+        .map(|r| format!("{}-{}", from_u128(r.v4, r.start), from_u128(r.v4, r.end)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl IpamConf {
     /// The range sets: the legacy `subnet` form (if any) first, as host-local does, then `ranges`.
     pub fn range_sets(&self) -> Vec<Vec<RangeConf>> {

@@ -5,6 +5,9 @@
 //! readable and writable by the reference `host-local` plugin in both directions, and `requested`
 //! places addresses a runtime asks for. After a reboot the first operation releases the allocations
 //! it can prove are from earlier boots (see [`Store`] and its `weir-boot-id` file).
+//!
+//! Dependencies run one way: `store` uses `requested` and `allocator`, which use `config` (and
+//! [`IpamError`]) but never `store`.
 
 mod allocator;
 mod config;

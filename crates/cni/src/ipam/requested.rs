@@ -3,8 +3,7 @@
 
 use std::net::IpAddr;
 
-use super::config::Resolved;
-use super::store::describe;
+use super::config::{describe_range_set, Resolved};
 use super::IpamError;
 
 /// For each range set, the requested address that falls in it (host-local's rule: at most one per
@@ -22,7 +21,7 @@ pub(crate) fn assign_requested(
             .enumerate()
             .find_map(|(i, set)| set.iter().find(|r| r.contains(ip)).map(|r| (i, r)));
         let Some((i, range)) = place else {
-            let ranges: Vec<String> = sets.iter().map(|s| describe(s)).collect();
+            let ranges: Vec<String> = sets.iter().map(|s| describe_range_set(s)).collect();
             return Err(IpamError::Requested(format!(
                 "requested address {ip} is outside every range of this network ({})",
                 ranges.join("; ")
@@ -33,7 +32,7 @@ pub(crate) fn assign_requested(
             Some(prev) => {
                 return Err(IpamError::Requested(format!(
                     "requested addresses {prev} and {ip} are both in range set {i} ({}); one address per range set",
-                    describe(&sets[i])
+                    describe_range_set(&sets[i])
                 )))
             }
             None => {}

@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 use ipnet::IpNet;
 
 use super::allocator::candidates;
-use super::config::{from_u128, IpamConf, Resolved};
+use super::config::{describe_range_set, IpamConf, Resolved};
 use super::requested::assign_requested;
 use super::{Allocation, IpamError};
 
@@ -492,7 +492,7 @@ impl Store {
                     let Some((ip, r)) = got else {
                         return Err(IpamError::Exhausted {
                             range_set: i,
-                            detail: describe(set),
+                            detail: describe_range_set(set),
                         });
                     };
                     held.insert(ip);
@@ -608,13 +608,6 @@ fn allocation(ip: IpAddr, r: &Resolved, range_set: usize) -> Allocation {
         gateway: Some(r.gateway),
         range_set,
     }
-}
-
-pub(crate) fn describe(set: &[Resolved]) -> String {
-    set.iter()
-        .map(|r| format!("{}-{}", from_u128(r.v4, r.start), from_u128(r.v4, r.end)))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 // ---- eni-shared mode: allocation from an explicit address list (see crates/cni/src/eni/) ----

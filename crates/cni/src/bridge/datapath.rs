@@ -1,4 +1,5 @@
-//! bridge mode: a Linux bridge on the node, one veth pair per pod, the gateway on the bridge.
+//! bridge mode's datapath, one attachment at a time ([`Attachment`]): a Linux bridge on the node,
+//! one veth pair per pod, the gateway on the bridge.
 //!
 //! ADD allocates first and builds second, undoing both on any failure. Everything ADD creates can be
 //! found again from (network, container ID, ifname) alone — the host veth name is derived from them
@@ -20,7 +21,9 @@ use weir_kernel::{sysctl, Link, NetNs, NlError, Rtnl};
 use crate::config::NetConf;
 use crate::ipam::{Allocation, Store};
 use crate::masq;
-use crate::spec::{CniError, CniResult, ErrorCode, Interface, IpConfig, Outcome, Route};
+use crate::mode::{ipam_err, open_netns};
+use crate::result::ResultBuilder;
+use crate::spec::{CniError, CniResult, ErrorCode, Outcome, Route};
 
 /// Beside the IPAM files: the masquerade destinations this network's table was set up with.
 pub(crate) const MASQ_STAMP: &str = "weir-masq-direct";
@@ -79,22 +82,6 @@ fn netlink_err(e: NlError) -> CniError {
 
 fn io_err(what: &str, e: std::io::Error) -> CniError {
     CniError::new(ErrorCode::Io, format!("{what}: {e}"))
-}
-
-/// Opens the pod's namespace; a missing one is "container unknown" (code 3).
-pub fn open_netns(path: &std::path::Path) -> CniResult<NetNs> {
-    NetNs::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => CniError::new(
-            ErrorCode::UnknownContainer,
-            format!("network namespace {} does not exist", path.display()),
-        ),
-        // a FIFO, a plain file, another kind of namespace: the runtime passed a wrong CNI_NETNS
-        std::io::ErrorKind::InvalidInput => CniError::new(
-            ErrorCode::InvalidEnvironment,
-            format!("CNI_NETNS {} is not a network namespace", path.display()),
-        ),
-        _ => io_err(&format!("open network namespace {}", path.display()), e),
-    })
 }
 
 pub struct Attachment<'a> {
@@ -261,38 +248,14 @@ impl Attachment<'_> {
             self.masq(store).ensure(&ips, || store_addresses(store))?;
         }
 
-        let mut outcome = match &self.conf.prev_result {
-            Some(prev) => Outcome::from_value(prev)?,
-            None => Outcome::default(),
-        };
-        let first = outcome.interfaces.len();
-        outcome.interfaces.push(Interface {
-            name: bridge.name.clone(),
-            mac: bridge.mac_string(),
-            ..Default::default()
-        });
-        outcome.interfaces.push(Interface {
-            name: veth.name.clone(),
-            mac: veth.mac_string(),
-            ..Default::default()
-        });
-        outcome.interfaces.push(Interface {
-            name: self.ifname.to_string(),
-            mac: pod_if.mac_string(),
-            mtu: Some(pod_if.mtu),
-            sandbox: netns_path.display().to_string(),
-        });
-        outcome.ips.extend(allocations.iter().map(|a| IpConfig {
-            address: a.address,
-            gateway: a.gateway,
-            interface: Some(first + 2),
-        }));
-        outcome.routes.extend(routes);
-        let dns = self.conf.result_dns()?;
-        if !dns.is_null() {
-            outcome.dns = dns;
-        }
-        Ok(outcome)
+        Ok(ResultBuilder::after(self.conf.prev_result.as_ref())?
+            .host_interface(&bridge)
+            .host_interface(&veth)
+            .pod_interface(self.ifname, &pod_if, netns_path)
+            .ips(allocations.iter().map(|a| (a.address, a.gateway)))
+            .routes(routes)
+            .dns(self.conf.result_dns()?)
+            .build())
     }
 
     /// Creates the bridge if needed, pins its MAC, puts each range set's gateway on it, brings it up.
@@ -767,17 +730,6 @@ fn route_message(r: &Route, oif: u32) -> RouteMessage {
             b.build()
         }
     }
-}
-
-pub fn ipam_err(e: crate::ipam::IpamError) -> CniError {
-    use crate::ipam::IpamError;
-    let code = match &e {
-        IpamError::Exhausted { .. } => ErrorCode::RangeExhausted,
-        IpamError::Io { .. } => ErrorCode::Io,
-        IpamError::Config(_) | IpamError::Requested(_) => ErrorCode::InvalidConfig,
-        IpamError::Taken(_) => ErrorCode::AddressInUse,
-    };
-    CniError::new(code, e.to_string())
 }
 
 #[cfg(test)]
