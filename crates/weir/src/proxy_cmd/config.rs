@@ -184,7 +184,7 @@ struct KubeProxyConfiguration {
     client_connection: Option<ClientConnection>,
     ipvs: Option<ModeSection>,
     #[serde(flatten)]
-    other: std::collections::BTreeMap<String, serde_yaml::Value>,
+    other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -230,7 +230,7 @@ fn ipvs_settings(
 struct ClientConnection {
     kubeconfig: Option<String>,
     #[serde(flatten)]
-    other: std::collections::BTreeMap<String, serde_yaml::Value>,
+    other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// At most `max` characters of `text`, with `…` when cut.
@@ -271,40 +271,48 @@ fn cut_quoted(message: &str, max: usize) -> String {
 }
 
 /// A --config file that does not decode, said in one line: the file, where (line, and the
-/// field when inside one), what is wrong, and that line's start; never the file's content.
+/// field when inside one: `field`, the path serde_path_to_error found), what is wrong, and that
+/// line's start; never the file's content.
 fn config_error(
     path: &std::path::Path,
     text: &str,
-    e: &serde_path_to_error::Error<serde_yaml::Error>,
+    field: Option<&str>,
+    e: &serde_saphyr::Error,
 ) -> String {
-    let field = e.path().to_string();
-    let mut message = e.inner().to_string();
-    // serde_yaml says the field itself too, sometimes more than once; and the location.
-    while let Some(rest) = message.strip_prefix(&format!("{field}: ")) {
-        message = rest.to_string();
-    }
-    let location = e.inner().location();
+    let field = field.unwrap_or(".");
+    let location = e.location();
+    let mut message = e.to_string();
+    // The parser ends its message with the location, said below with the line's start.
     if let Some(l) = &location {
-        let suffix = format!(" at line {} column {}", l.line(), l.column());
+        let suffix = format!(" at line {}, column {}", l.line(), l.column());
         if let Some(m) = message.strip_suffix(&suffix) {
             message = m.to_string();
         }
     }
     let message = cut_quoted(&message, 40);
-    let line = location.as_ref().map(|l| l.line());
+    let line = location.as_ref().map(|l| l.line() as usize);
     let at = line.map(|n| {
         format!(
             "line {n} ({:?})",
-            excerpt(text.lines().nth(n - 1).unwrap_or_default().trim_end(), 60)
+            excerpt(
+                text.lines()
+                    .nth(n.saturating_sub(1))
+                    .unwrap_or_default()
+                    .trim_end(),
+                60
+            )
         )
     });
     if field == "." {
         // The document itself is not a mapping (a passwd file reads as one long string).
-        let what = message
-            .strip_prefix("invalid type: ")
-            .and_then(|m| m.split([' ', ',']).next())
-            .map(|kind| format!("the file reads as a YAML {kind}"))
-            .unwrap_or(message);
+        let what = match serde_saphyr::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::String(_)) => "the file reads as a YAML string".to_string(),
+            Ok(serde_json::Value::Array(_)) => "the file reads as a YAML sequence".to_string(),
+            Ok(serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => {
+                "the file reads as a YAML scalar".to_string()
+            }
+            _ => message,
+        };
         let at = at.map(|at| format!("; {at}")).unwrap_or_default();
         format!(
             "{}: not a KubeProxyConfiguration (a YAML mapping of fields): {what}{at}",
@@ -314,6 +322,21 @@ fn config_error(
         let at = at.map(|at| format!("{at}: ")).unwrap_or_default();
         format!("{}: {at}{field}: {message}", path.display())
     }
+}
+
+/// Decodes a --config file, or says in one line why it does not decode.
+fn decode_config(path: &std::path::Path, text: &str) -> anyhow::Result<KubeProxyConfiguration> {
+    let mut field = None;
+    let mut options = serde_saphyr::Options::default();
+    // The error's Display would otherwise quote the file around the fault (a snippet).
+    options.with_snippet = false;
+    serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            field = Some(e.path().to_string());
+            e.into_inner()
+        })
+    })
+    .map_err(|e| anyhow::anyhow!(config_error(path, text, field.as_deref(), &e)))
 }
 
 /// Parses a Go duration (`300ms`, `30s`, `1m30s`, `1h`).
@@ -420,9 +443,7 @@ impl ProxyFlags {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("read {}", path.display()))?;
-                let de = serde_yaml::Deserializer::from_str(&text);
-                let cfg: KubeProxyConfiguration = serde_path_to_error::deserialize(de)
-                    .map_err(|e| anyhow::anyhow!(config_error(path, &text, &e)))?;
+                let cfg = decode_config(path, &text)?;
                 if cfg
                     .kind
                     .as_deref()
@@ -755,7 +776,7 @@ mod tests {
             .to_string();
         assert_eq!(e.matches("iptables.masqueradeAll").count(), 1, "{e}");
         assert!(e.contains("kp.yaml: line 3 (\"  masqueradeAll:"), "{e}");
-        assert!(e.contains("expected a boolean"), "{e}");
+        assert!(e.contains("invalid boolean"), "{e}");
         assert!(e.len() < 300, "{} bytes: {e}", e.len());
 
         let e = settings_from(ProxyFlags::default(), &format!("mode: {long}\n"))

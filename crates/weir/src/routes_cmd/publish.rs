@@ -140,7 +140,7 @@ impl Publisher {
                 annotations: &annotations,
             },
         };
-        let yaml = serde_yaml::to_string(&patch)?;
+        let yaml = serde_saphyr::to_string(&patch)?;
         info!(node = %self.node_name, ?annotations, "publish on this Node");
         if let Some(path) = &self.publish {
             let text = format!(
