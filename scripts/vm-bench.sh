@@ -5,10 +5,13 @@
 #      syncs of N services × 10 endpoints, new connections per second from the node to a
 #      ClusterIP against going straight to the pod, and the real agent end to end;
 #   2. throughput through a ClusterIP: iperf3 from a client namespace routed through the node
-#      (forwarded, as a pod's traffic is) to a pod, against the same path to the pod's own address.
+#      (forwarded, as a pod's traffic is) to a pod, against the same path to the pod's own address;
+#   3. ipvs mode's full sync phase by phase beside the kernel's own tools loading the same state
+#      (scripts/ipvs-floor.sh).
 # Usage (guest): vm-bench.sh <scale bench binary, or - to skip part 1> <weir binary> <output dir>
 # Environment: WEIR_BENCH_MODES (default nftables,ipvs; iptables too if you have the time), WEIR_BENCH_SIZES (1000,5000),
-# WEIR_BENCH_TPUT_ROUNDS (3), WEIR_BENCH_TPUT_SECONDS (5); the scale bench's own variables.
+# WEIR_BENCH_TPUT_ROUNDS (3), WEIR_BENCH_TPUT_SECONDS (5), WEIR_BENCH_FLOOR_SERVICES (10000; 0: skip
+# part 3, scripts/ipvs-floor.sh); the scale bench's own variables.
 set -euo pipefail
 SCALE=$1 WEIR=$2 OUT=$3
 # iptables is left out by default: under TCG its side-by-side kube-proxy layout runs take ages
@@ -108,6 +111,13 @@ for mode in ${MODES//,/ }; do
   echo "$mode $ROUNDS $vip $direct" >>"$OUT/tput.txt"
 done
 
+# ---- 3. ipvs mode's full sync beside the kernel's own tools loading the same state
+FLOOR=${WEIR_BENCH_FLOOR_SERVICES:-10000}
+if [ "$FLOOR" -gt 0 ] && [[ ",$MODES," == *,ipvs,* ]]; then
+  say "ipvs floor: $FLOOR services, weir's phases beside ipvsadm-restore, ip -batch, ipset, iptables-restore"
+  bash "$(dirname "$0")/ipvs-floor.sh" "$WEIR" "$FLOOR" 10 "$OUT/floor.md" >/dev/null
+fi
+
 # ---- the report: each mode beside nftables
 {
   echo "## kernel $(uname -r), $(nproc) vCPU"
@@ -136,5 +146,6 @@ done
     | select($n != null)
     | "| \($x.mode) | \($x.services) | \(r($x.full_sync_ms; $n.full_sync_ms)) | \(r($x.one_endpoint.median_ms; $n.one_endpoint.median_ms)) | \(r($x.agent.full_sync_e2e_ms; $n.agent.full_sync_e2e_ms)) | \(r($x.agent.one_endpoint_change_e2e_ms; $n.agent.one_endpoint_change_e2e_ms)) | \(r($x.connections_per_s.vip; $n.connections_per_s.vip)) |"
   ' "$OUT/scale.json"
+  if [ -f "$OUT/floor.md" ]; then echo; cat "$OUT/floor.md"; fi
 } >"$OUT/report.md"
 cat "$OUT/report.md"
