@@ -3,7 +3,7 @@
 //! ones are the DNS's business, and Pods for verified pod records); the zone is rebuilt on
 //! every change and swapped in whole.
 //!
-//! Health and metrics are served by the proxy's HTTP layer ([`PathServer`]): `/healthz` says
+//! Health and metrics are served by the agents' HTTP layer (`weir-http`'s [`PathServer`]): `/healthz` says
 //! ready only once the zone is built from a complete first view of the objects and the DNS
 //! sockets are bound (a pod is not sent queries it would answer NXDOMAIN for every service);
 //! `/livez` only that the process answers, so a long wait for the API does not get it killed.
@@ -22,7 +22,7 @@ use weir_dns::{
     parse_resolv_conf, DnsMetrics, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch,
     ServerConfig, Zone, ZoneConfig, ZoneHandle,
 };
-use weir_proxy::health::{HttpRuntime, PathResponse, PathServer};
+use weir_http::{HttpRuntime, PathResponse, PathServer};
 use weir_source::api::{start_api_source, ApiOptions, ApiSource, Selectors};
 use weir_source::{watch_dir, Event, Kind, ManifestDir, PollWatcher, SharedStore};
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use weir_model::Plan;
 
-use super::http::{bind, respond, serve, Handler, HttpRuntime, Served};
+use weir_http::{bind, respond, serve, Body, Handler, HttpRuntime, Response, Served};
 use super::state::ProxyHealth;
 
 /// `(namespace, name)` of a service.
@@ -154,7 +154,7 @@ fn answer(
     name: &ServiceName,
     count: usize,
     proxy_healthy: bool,
-) -> hyper::Response<super::http::Body> {
+) -> Response<Body> {
     let code = if count > 0 && proxy_healthy { 200 } else { 503 };
     let q = |s: &str| serde_json::to_string(s).expect("a string always serializes");
     let body = format!(

@@ -19,7 +19,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use tracing::{info, warn};
 use weir_kernel::Rtnl;
-use weir_proxy::health::{HttpRuntime, MetricsServer};
+use weir_http::{HttpRuntime, MetricsServer};
 use weir_routes::annotations::DEFAULT_PREFIX;
 use weir_routes::kernel::{cleanup, reconcile};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
