@@ -102,7 +102,12 @@ fn zone_loop(
 fn each_change_swaps_in_a_zone_of_the_new_objects_and_nothing_else_does() {
     let clock = Arc::new(Mutex::new(1_800_000_000));
     let (mut l, metrics) = zone_loop(
-        vec![None, Some(snapshot(&["web", "db"])), None, Some(snapshot(&["db"]))],
+        vec![
+            None,
+            Some(snapshot(&["web", "db"])),
+            None,
+            Some(snapshot(&["db"])),
+        ],
         clock,
     );
     let first = l.build();
@@ -147,7 +152,11 @@ fn the_loop_waits_for_news_after_what_it_built_from() {
 fn the_serial_follows_the_clock_and_grows_on_every_build() {
     let clock = Arc::new(Mutex::new(1_800_000_000));
     let (mut l, _) = zone_loop(
-        vec![Some(snapshot(&["a"])), Some(snapshot(&["b"])), Some(snapshot(&["c"]))],
+        vec![
+            Some(snapshot(&["a"])),
+            Some(snapshot(&["b"])),
+            Some(snapshot(&["c"])),
+        ],
         clock.clone(),
     );
     let first = l.build();

@@ -481,7 +481,11 @@ fn a_burst_of_changes_within_min_sync_period_is_one_sync() {
     steps.extend(applied(ms(400), 3));
     steps.extend(applied(ms(600), 4));
     steps.extend(applied(ms(5000), 5));
-    let (mut l, backend, _, _) = start(steps, Duration::from_secs(600), RecordingObserver::default());
+    let (mut l, backend, _, _) = start(
+        steps,
+        Duration::from_secs(600),
+        RecordingObserver::default(),
+    );
 
     for _ in 0..3 {
         l.round().unwrap();
@@ -553,14 +557,21 @@ fn a_stale_source_turns_healthz_to_503_while_the_loop_goes_on() {
     );
     // The loop itself is alive and keeps the rules it has.
     assert_eq!(get(addr, "/livez").0, 200);
-    assert_eq!(backend.syncs().last(), Some(&(90_000, sync(SyncKind::Noop, 1, 0))));
+    assert_eq!(
+        backend.syncs().last(),
+        Some(&(90_000, sync(SyncKind::Noop, 1, 0)))
+    );
 }
 
 #[test]
 fn rules_changed_behind_its_back_are_repaired_by_a_full_sync() {
     let mut steps = vec![(ms(0), Step::Ready)];
     steps.extend(applied(ms(0), 1));
-    let (mut l, backend, _, _) = start(steps, Duration::from_secs(600), RecordingObserver::default());
+    let (mut l, backend, _, _) = start(
+        steps,
+        Duration::from_secs(600),
+        RecordingObserver::default(),
+    );
 
     l.round().unwrap(); // 0 s
     l.round().unwrap(); // 30 s: intact, nothing to do

@@ -4,9 +4,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use weir_http::{bind, respond, serve, Body, Handler, HttpRuntime, Response, Served};
 use super::state::{go_time, ProxyHealth};
 use crate::metrics::{self, ProxyMetrics};
+use weir_http::{bind, respond, serve, Body, Handler, HttpRuntime, Response, Served};
 
 /// The proxy's own HTTP endpoints. Dropping it closes them.
 pub struct ProxyServers {

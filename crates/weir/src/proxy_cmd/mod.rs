@@ -20,8 +20,8 @@ use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::userspace::UserspaceBackend;
 use weir_proxy::Backend;
 
-pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 use config::Settings;
+pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 
 /// One glibc arena for the whole process instead of one per thread that allocates: the API
 /// source's thread builds the objects the main loop keeps, and a second arena held the
