@@ -14,6 +14,7 @@
 //! * [`server`]: the serving loops (UDP threads, TCP and forwarding on tokio) over a
 //!   [`ZoneHandle`] that the caller swaps atomically when objects change.
 
+pub mod agent;
 mod cookie;
 pub mod forward;
 pub mod metrics;

@@ -5,6 +5,7 @@
 //! so the same input always yields the same plan.
 
 pub mod compact;
+pub mod conditions;
 mod diff;
 mod objects;
 mod plan;

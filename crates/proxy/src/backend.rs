@@ -69,3 +69,25 @@ pub trait Backend: Send {
     /// Removes everything this mode ever installed (tables, chains, sets), ignoring absence.
     fn cleanup(&mut self) -> Result<()>;
 }
+
+/// A boxed mode is a mode (the agent picks one at run time).
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn mode(&self) -> &'static str {
+        (**self).mode()
+    }
+    fn sync(&mut self, plan: &Plan) -> Result<SyncReport> {
+        (**self).sync(plan)
+    }
+    fn sync_diff(&mut self, plan: &Plan, diff: &PlanDiff) -> Result<SyncReport> {
+        (**self).sync_diff(plan, diff)
+    }
+    fn intact(&mut self) -> Result<bool> {
+        (**self).intact()
+    }
+    fn invalidate(&mut self) {
+        (**self).invalidate()
+    }
+    fn cleanup(&mut self) -> Result<()> {
+        (**self).cleanup()
+    }
+}

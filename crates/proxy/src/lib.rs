@@ -9,6 +9,7 @@
 //!
 //! Every mode implements [`Backend`]; the agent loop (in the `weir` binary) only talks to that.
 
+pub mod agent;
 pub mod backend;
 pub mod conntrack;
 pub mod health;

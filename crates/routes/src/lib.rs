@@ -12,6 +12,7 @@
 //! Ownership: weir's routes carry the route protocol [`ROUTE_PROTOCOL`] (`ip route … proto 87`);
 //! neighbour and FDB entries are weir's because they live on weir's own VTEP device.
 
+pub mod agent;
 pub mod annotations;
 pub mod diff;
 pub mod kernel;

@@ -3,7 +3,7 @@
 //! ones are the DNS's business, and Pods for verified pod records); the zone is rebuilt on
 //! every change and swapped in whole.
 //!
-//! Health and metrics are served by the proxy's HTTP layer ([`PathServer`]): `/healthz` says
+//! Health and metrics are served by the agents' HTTP layer (`weir-http`'s [`PathServer`]): `/healthz` says
 //! ready only once the zone is built from a complete first view of the objects and the DNS
 //! sockets are bound (a pod is not sent queries it would answer NXDOMAIN for every service);
 //! `/livez` only that the process answers, so a long wait for the API does not get it killed.
@@ -13,16 +13,17 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use tracing::{info, warn};
+use weir_dns::agent::{ZoneBuilder, ZoneLoop, ZoneView};
 use weir_dns::{
     parse_resolv_conf, DnsMetrics, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch,
-    ServerConfig, Zone, ZoneConfig, ZoneHandle,
+    ServerConfig, ZoneConfig, ZoneHandle,
 };
-use weir_proxy::health::{HttpRuntime, PathResponse, PathServer};
+use weir_http::{HttpRuntime, PathResponse, PathServer};
 use weir_source::api::{start_api_source, ApiOptions, ApiSource, Selectors};
 use weir_source::{watch_dir, Event, Kind, ManifestDir, PollWatcher, SharedStore};
 
@@ -118,15 +119,6 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| bad())
 }
 
-/// A serial that grows with every rebuild and across restarts (the clock), like CoreDNS's.
-fn next_serial(previous: u32) -> u32 {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs() as u32)
-        .unwrap_or(0);
-    now.max(previous.wrapping_add(1))
-}
-
 fn forwarder(args: &DnsArgs, metrics: &Arc<DnsMetrics>) -> anyhow::Result<Option<Arc<Forwarder>>> {
     let Some(path) = &args.upstream_resolv_conf else {
         return Ok(None);
@@ -158,6 +150,18 @@ fn forwarder(args: &DnsArgs, metrics: &Arc<DnsMetrics>) -> anyhow::Result<Option
     config.serve_stale = args.serve_stale;
     config.metrics = metrics.clone();
     Ok(Some(Forwarder::new(config)))
+}
+
+/// The store as the zone loop sees it.
+struct StoreView(SharedStore);
+
+impl ZoneView for StoreView {
+    fn snapshot(&self) -> (u64, weir_model::Snapshot) {
+        self.0.snapshot()
+    }
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, weir_model::Snapshot)> {
+        self.0.wait_newer(seen, timeout)
+    }
 }
 
 /// Keeps the object source running.
@@ -361,47 +365,14 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     let store = SharedStore::new();
     let _source = start_source(&args, &store)?;
 
-    let zone_metrics = metrics.clone();
-    // Zone warnings hold as long as the objects behind them: said when they appear or
-    // change and when they clear, not on every rebuild.
-    let mut zone_warnings = crate::conditions::Conditions::default();
-    let mut build = move |config: &mut ZoneConfig, snapshot: &weir_model::Snapshot| -> Zone {
-        config.serial = next_serial(config.serial);
-        let zone = Zone::build(snapshot, config);
-        let said = zone_warnings.update(zone.warnings.iter().map(String::as_str));
-        for w in said.cleared {
-            info!("zone: resolved: {w}");
-        }
-        for w in said.appeared {
-            warn!("zone: {w}");
-        }
-        info!(
-            services = snapshot.services.len(),
-            names = zone.name_count(),
-            serial = config.serial,
-            "zone built"
-        );
-        zone_metrics.zone_built(&zone);
-        zone
-    };
-    // Each snapshot is dropped before its zone is swapped in (the swap hands freed memory
-    // back to the kernel): the store keeps the objects, and the first snapshot would
-    // otherwise live as long as the server (12 MB at 100,000 services).
-    let (mut seen, snapshot) = store.snapshot();
-    let zone = build(&mut config, &snapshot);
-    drop(snapshot);
-    let handle = ZoneHandle::new(zone);
+    // The zone loop (weir_dns::agent): the first zone now, then a new one on every change.
+    let builder = ZoneBuilder::new(config, metrics.clone());
+    let mut zones = ZoneLoop::new(builder, StoreView(store));
+    let handle = ZoneHandle::new(zones.build());
     let updater = handle.clone();
     std::thread::Builder::new()
         .name("weir-dns-zone".into())
-        .spawn(move || loop {
-            if let Some((generation, snapshot)) = store.wait_newer(seen, Duration::from_secs(60)) {
-                seen = generation;
-                let zone = build(&mut config, &snapshot);
-                drop(snapshot);
-                updater.store(zone);
-            }
-        })
+        .spawn(move || zones.run(updater))
         .context("spawn the zone updater")?;
 
     info!(listen = %args.listen, zone = %args.zone, "serving");

@@ -1,5 +1,5 @@
 //! What every `weir` agent that reads a manifest directory does first and on each watch event
-//! (the proxy has its own, health-aware version in `proxy_cmd::agent`), and how every agent
+//! (the proxy has its own, health-aware version in `weir_proxy::agent`), and how every agent
 //! logs its Kubernetes API watchers.
 
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! `/healthz`, `/livez`, `/metrics` and the healthCheckNodePort servers, with kube-proxy's
 //! semantics, bodies and headers.
 //!
-//! HTTP runs on a dedicated tokio runtime ([`HttpRuntime`]); the synchronous agent loop only
+//! HTTP runs on a dedicated tokio runtime ([`HttpRuntime`], from the `weir-http` crate, which
+//! the node routes and DNS agents serve with too); the synchronous agent loop only
 //! calls methods. Listeners are bound on the calling thread, so they open in that thread's
 //! network namespace. Wiring in the agent loop:
 //! ```ignore
@@ -17,12 +18,11 @@
 //! // on Node events:                health.set_node_eligible(!deleting);
 //! ```
 
-mod http;
 mod server;
 mod service;
 mod state;
 
-pub use http::{HttpRuntime, MetricsServer, PathResponse, PathServer};
 pub use server::ProxyServers;
 pub use service::{health_check_services, OpenError, ServiceHealthServers, ServiceName};
 pub use state::{go_time, HealthStatus, ProxyHealth, SourceCheck};
+pub use weir_http::{HttpRuntime, MetricsServer, PathResponse, PathServer};

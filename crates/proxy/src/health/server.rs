@@ -4,9 +4,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::http::{bind, respond, serve, Body, Handler, HttpRuntime, Served};
 use super::state::{go_time, ProxyHealth};
 use crate::metrics::{self, ProxyMetrics};
+use weir_http::{bind, respond, serve, Body, Handler, HttpRuntime, Response, Served};
 
 /// The proxy's own HTTP endpoints. Dropping it closes them.
 pub struct ProxyServers {
@@ -70,7 +70,7 @@ fn route(
     metrics_path: bool,
     health: &ProxyHealth,
     m: &ProxyMetrics,
-) -> hyper::Response<Body> {
+) -> Response<Body> {
     match path {
         "/healthz" if health_paths => healthz(health, m),
         "/livez" if health_paths => livez(health, m),
@@ -87,7 +87,7 @@ fn route(
 /// object source is not current. The body is kube-proxy's, byte for byte in shape; when the
 /// source is at fault a `reason` field says why. When healthy, `lastUpdated` is the current
 /// time (a kube-proxy compatibility quirk: it used to be the last loop run).
-fn healthz(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
+fn healthz(health: &ProxyHealth, m: &ProxyMetrics) -> Response<Body> {
     let s = health.status();
     let ok = s.healthy && s.node_eligible;
     let code = if ok { 200 } else { 503 };
@@ -109,7 +109,7 @@ fn healthz(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
 
 /// Liveness of the sync loop only: a node being drained is still alive, and so is a loop
 /// that waits for its object source while keeping the rules in the kernel.
-fn livez(health: &ProxyHealth, m: &ProxyMetrics) -> hyper::Response<Body> {
+fn livez(health: &ProxyHealth, m: &ProxyMetrics) -> Response<Body> {
     let s = health.status();
     let code = if s.alive { 200 } else { 503 };
     m.livez_response(code);

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use weir_model::Plan;
 
-use super::http::{bind, respond, serve, Handler, HttpRuntime, Served};
 use super::state::ProxyHealth;
+use weir_http::{bind, respond, serve, Body, Handler, HttpRuntime, Response, Served};
 
 /// `(namespace, name)` of a service.
 pub type ServiceName = (String, String);
@@ -150,11 +150,7 @@ impl ServiceHealthServers {
 /// 200 when the node has a ready local endpoint and the proxy is healthy, else 503; the body
 /// and headers are kube-proxy's. The weight header carries the endpoint count, for load
 /// balancers that weigh nodes by it.
-fn answer(
-    name: &ServiceName,
-    count: usize,
-    proxy_healthy: bool,
-) -> hyper::Response<super::http::Body> {
+fn answer(name: &ServiceName, count: usize, proxy_healthy: bool) -> Response<Body> {
     let code = if count > 0 && proxy_healthy { 200 } else { 503 };
     let q = |s: &str| serde_json::to_string(s).expect("a string always serializes");
     let body = format!(

@@ -1,20 +1,98 @@
 //! `weir proxy`: the service proxy agent (kube-proxy's job) and `weir proxy cleanup`.
+//!
+//! The sync loop is `weir_proxy::agent`; this module keeps the flags and configuration file
+//! (`config`), starting the object source (`source`) and the wiring.
 
-mod agent;
 mod config;
-mod operations;
+mod source;
 
+use std::net::IpAddr;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Args, Subcommand};
 use tracing::warn;
+use weir_model::ProxyConfig;
+use weir_proxy::agent::{LoopSettings, Operations, OperationsSettings, ProxyLoop, SystemClock};
 use weir_proxy::iptables::{BackendChoice, IptablesBackend, IptablesOptions};
 use weir_proxy::ipvs::{IpvsBackend, IpvsOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::userspace::UserspaceBackend;
 use weir_proxy::Backend;
 
+use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
+
+/// One glibc arena for the whole process instead of one per thread that allocates: the API
+/// source's thread builds the objects the main loop keeps, and a second arena held the
+/// objects in one heap and its free space in another (at 10,000 services: RSS 1.4 MiB and
+/// the high-water mark 3.6 MiB lower with one). The threads seldom allocate at the same
+/// time (the store's lock orders them), so sharing one arena costs little. Must run before
+/// the threads start.
+fn use_one_malloc_arena() {
+    // SAFETY: mallopt only changes glibc's allocator's tuning.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// Every address configured in this network namespace (NodePort address matching).
+fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
+    let mut rtnl = weir_kernel::Rtnl::new().context("open rtnetlink")?;
+    Ok(rtnl
+        .addrs(None)
+        .context("list addresses")?
+        .into_iter()
+        .map(|a| a.net.addr())
+        .collect())
+}
+
+fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
+    Ok(ProxyConfig {
+        node_name: s.node_name.clone(),
+        node_ips: Vec::new(),
+        local_addresses: local_addresses()?,
+        cluster_cidrs: s.cluster_cidrs.clone(),
+        masquerade_all: s.masquerade_all,
+        nodeport_addresses: s.nodeport_addresses.clone(),
+        nodeport_default: s.nodeport_default,
+        localhost_nodeports: s.localhost_nodeports,
+        zone: None,
+    })
+}
+
+/// The agent: health and metrics servers, the object source, and the sync loop on `backend`
+/// in this thread (so in this network namespace), until the process is killed.
+fn agent(settings: Settings, backend: Box<dyn Backend>) -> anyhow::Result<()> {
+    let operations = Operations::start(
+        &OperationsSettings {
+            healthz: Some(settings.healthz_bind_address),
+            metrics: Some(settings.metrics_bind_address),
+            sync_period: settings.sync_period,
+        },
+        backend.mode(),
+    )?;
+    let source = source::StoreSource::start(&settings, operations.metrics())?;
+    let loop_settings = LoopSettings {
+        node_name: settings.node_name.clone(),
+        sync_period: settings.sync_period,
+        full_sync_period: settings.full_sync_period,
+        min_sync_period: settings.min_sync_period,
+    };
+    let config = Box::new(move || proxy_config(&settings).map_err(|e| format!("{e:#}")));
+    let sync_loop = ProxyLoop::new(
+        loop_settings,
+        config,
+        backend,
+        source,
+        SystemClock,
+        operations,
+    );
+    match sync_loop.run() {
+        Ok(never) => match never {},
+        Err(e) => Err(e.into()),
+    }
+}
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -100,7 +178,7 @@ fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
-    agent::use_one_malloc_arena();
+    use_one_malloc_arena();
     crate::init_logging();
     match args.command {
         Some(ProxyCommand::Cleanup { proxy_mode }) => cleanup(proxy_mode),
@@ -112,9 +190,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
         }
         None => {
             let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
-            let mut backend = backend(settings.mode, &settings.ipvs, settings.iptables_backend)?;
-            let mut operations = operations::Operations::start(&settings, backend.mode())?;
-            agent::run(&settings, backend.as_mut(), &mut operations)?;
+            let backend = backend(settings.mode, &settings.ipvs, settings.iptables_backend)?;
+            agent(settings, backend)?;
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -6,6 +6,9 @@
 //! --patch-file FILE`, or for the lab/operator to merge into the Node manifest) and logs it.
 //! The annotations are flannel's keys under `--annotation-prefix` (default `weir.dev`); with
 //! the Kubernetes API as the Node source the agent also merges the same map into its own Node.
+//!
+//! The loop is `weir_routes::agent::RoutesLoop`; this module keeps the flags, starting the
+//! Node source, and what follows each reconciliation (publishing, metrics).
 
 mod metrics;
 mod publish;
@@ -13,22 +16,56 @@ mod publish;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
-use tracing::{info, warn};
+use tracing::info;
+use weir_http::{HttpRuntime, MetricsServer};
 use weir_kernel::Rtnl;
-use weir_proxy::health::{HttpRuntime, MetricsServer};
+use weir_model::Snapshot;
+use weir_routes::agent::{Kernel, LoopSettings, NodeView, RoutesLoop, RoutesObserver};
 use weir_routes::annotations::DEFAULT_PREFIX;
-use weir_routes::kernel::{cleanup, reconcile};
+use weir_routes::kernel::{cleanup, Reconciled};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
 use weir_routes::{Backend, Config, VxlanConfig};
 use weir_source::api::{patch_node_annotations, start_api_source, ApiOptions, ApiSource};
 use weir_source::{watch_dir, Event, Kind, ManifestDir, SharedStore};
 
-use crate::conditions::Conditions;
 use crate::proxy_cmd::parse_duration;
+
+/// The store as the loop sees it.
+struct StoreView(SharedStore);
+
+impl NodeView for StoreView {
+    fn snapshot(&self) -> (u64, Snapshot) {
+        self.0.snapshot()
+    }
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<u64> {
+        self.0.wait_newer(seen, timeout).map(|(g, _)| g)
+    }
+}
+
+/// After each reconciliation: the patch, status and MTU files (and the Node, from the API),
+/// and the metrics.
+struct Reporting {
+    publisher: publish::Publisher,
+    metrics: Arc<metrics::RoutesMetrics>,
+}
+
+impl RoutesObserver for Reporting {
+    type Error = anyhow::Error;
+
+    fn reconciled(&mut self, r: &Reconciled) -> anyhow::Result<()> {
+        self.publisher.report(&r.desired)?;
+        self.metrics.reconciled(&r.desired, !r.failed.is_empty());
+        Ok(())
+    }
+
+    fn failed(&mut self, _error: &weir_routes::kernel::Error) {
+        self.metrics.failed();
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendName {
@@ -237,59 +274,19 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let mut seen = 0;
-    // A failing reconciliation is retried every second: its error is said when it appears or
-    // changes, and its end once, not every retry.
-    let mut failure = Conditions::default();
-    loop {
-        let (generation, snapshot) = store.snapshot();
-        seen = seen.max(generation);
-        let started = Instant::now();
-        let outcome = reconcile(&mut rtnl, &cfg, &snapshot, flags.iface.as_deref());
-        let failed = match outcome {
-            Ok(r) => {
-                for e in failure.update(None::<String>).cleared {
-                    info!(error = %e, "routes: reconciled again after failing");
-                }
-                if !r.applied.is_empty() || !r.failed.is_empty() {
-                    info!(
-                        backend = cfg.backend.type_name(),
-                        applied = r.applied.len(),
-                        failed = r.failed.len(),
-                        elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-                        "routes reconciled"
-                    );
-                }
-                publisher.report(&r.desired)?;
-                metrics.reconciled(&r.desired, !r.failed.is_empty());
-                !r.failed.is_empty()
-            }
-            Err(e) => {
-                // A different error replaces the one said before.
-                for e in failure.update([format!("{e:#}")]).appeared {
-                    warn!(
-                        error = %e,
-                        "routes: reconciliation failed (kernel state left as it was); retrying"
-                    );
-                }
-                metrics.failed();
-                true
-            }
-        };
-        if flags.once {
-            return Ok(if failed {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            });
-        }
-        let wait = if failed {
-            flags.resync_period.min(Duration::from_secs(1))
+    let settings = LoopSettings {
+        config: cfg,
+        iface: flags.iface.clone(),
+        resync_period: flags.resync_period,
+    };
+    let reporting = Reporting { publisher, metrics };
+    let mut routes = RoutesLoop::new(settings, Kernel(rtnl), StoreView(store), reporting);
+    if flags.once {
+        return Ok(if routes.reconcile()? {
+            ExitCode::FAILURE
         } else {
-            flags.resync_period
-        };
-        if let Some((g, _)) = store.wait_newer(seen, wait) {
-            seen = g;
-        }
+            ExitCode::SUCCESS
+        });
     }
+    match routes.run()? {}
 }

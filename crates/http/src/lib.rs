@@ -1,5 +1,8 @@
-//! The small HTTP layer under the health servers: a dedicated tokio runtime, and listeners
-//! that are bound by the caller and served by the runtime.
+//! The agents' small HTTP layer (`/healthz`, `/livez`, `/metrics` of the proxy, node routes
+//! and DNS agents): a dedicated tokio runtime, and listeners that are bound by the caller
+//! and served by the runtime. What each path answers is the agents' business: the proxy's
+//! health servers (`weir_proxy::health`) build on [`bind`], [`serve`] and [`respond`]; the
+//! other agents use [`PathServer`] and [`MetricsServer`].
 //!
 //! Sockets belong to the network namespace of the thread that creates them, and tokio's
 //! worker threads may sit in another one; so every listener is bound with std on the
@@ -12,17 +15,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use hyper::body::Bytes;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub(crate) type Body = Full<Bytes>;
-pub(crate) type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response<Body> + Send + Sync>;
+/// The request and response types a [`Handler`] sees.
+pub use hyper::body::Incoming;
+pub use hyper::{Request, Response};
+
+/// A response body.
+pub type Body = Full<Bytes>;
+/// Answers one request (called on the runtime; must not block).
+pub type Handler = Arc<dyn Fn(&Request<Incoming>) -> Response<Body> + Send + Sync>;
 
 /// A slow client may not hold a connection open without sending a request.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -47,14 +55,15 @@ impl HttpRuntime {
         Ok(Self { rt: Arc::new(rt) })
     }
 
-    pub(crate) fn handle(&self) -> &Handle {
+    /// The runtime's handle.
+    pub fn handle(&self) -> &Handle {
         self.rt.handle()
     }
 }
 
 /// Binds `addr` in the calling thread's network namespace. The error names the address
 /// (healthz and metrics each have one; "Address already in use" alone does not say which).
-pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let l = std::net::TcpListener::bind(addr)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
     l.set_nonblocking(true)?;
@@ -63,7 +72,7 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 
 /// One listener being served. Dropping it closes the listener and its connections; the
 /// port is free again when `drop` returns.
-pub(crate) struct Served {
+pub struct Served {
     addr: SocketAddr,
     stop: Option<watch::Sender<()>>,
     task: Option<JoinHandle<()>>,
@@ -71,7 +80,7 @@ pub(crate) struct Served {
 }
 
 impl Served {
-    pub(crate) fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
@@ -92,7 +101,7 @@ impl Drop for Served {
 }
 
 /// Serves `listener` (bound by [`bind`]) with `handler` on the runtime.
-pub(crate) fn serve(
+pub fn serve(
     rt: &HttpRuntime,
     listener: std::net::TcpListener,
     handler: Handler,
@@ -151,7 +160,7 @@ async fn accept_loop(
 }
 
 /// A response with a body and the given headers.
-pub(crate) fn respond(status: u16, headers: &[(&str, String)], body: String) -> Response<Body> {
+pub fn respond(status: u16, headers: &[(&str, String)], body: String) -> Response<Body> {
     let mut b = Response::builder().status(status);
     for (k, v) in headers {
         b = b.header(*k, v.as_str());

@@ -1,28 +1,36 @@
 //! What happens around each sync: health state and servers, metrics, UDP conntrack cleanup.
 
-use std::sync::Arc;
-use std::time::{Instant, SystemTime};
-
 use std::collections::BTreeMap;
-use tracing::{debug, info, warn};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
+use tracing::{debug, info, warn};
+use weir_model::conditions::Conditions;
 use weir_model::{Plan, PlanDiff, ServicePortKey};
 
-use crate::conditions::Conditions;
-use weir_proxy::conntrack::{stale_udp_flows, Conntrack};
-use weir_proxy::health::SourceCheck;
-use weir_proxy::health::{
+use super::SyncObserver;
+use crate::conntrack::{stale_udp_flows, Conntrack};
+use crate::health::{
     health_check_services, HttpRuntime, ProxyHealth, ProxyServers, ServiceHealthServers,
-    ServiceName,
+    ServiceName, SourceCheck,
 };
-use weir_proxy::metrics::ProxyMetrics;
-use weir_proxy::{SyncKind, SyncReport};
-use weir_source::api::ApiReport;
-use weir_source::WatchEvent;
+use crate::metrics::ProxyMetrics;
+use crate::{SyncKind, SyncReport};
 
-use super::agent::SyncObserver;
-use super::config::Settings;
+/// Where [`Operations`] serves, and the sync period its health timeout derives from.
+#[derive(Debug, Clone)]
+pub struct OperationsSettings {
+    /// `/healthz` and `/livez` (`None`: not served).
+    pub healthz: Option<SocketAddr>,
+    /// `/metrics` (`None`: not served; the same address as `healthz` serves all three).
+    pub metrics: Option<SocketAddr>,
+    /// `--sync-period`: health fails when a change waits longer than twice this.
+    pub sync_period: Duration,
+}
 
+/// The agent's [`SyncObserver`]: health state and servers, metrics, healthCheckNodePort
+/// servers and UDP conntrack cleanup.
 pub struct Operations {
     health: Arc<ProxyHealth>,
     metrics: Arc<ProxyMetrics>,
@@ -39,21 +47,21 @@ pub struct Operations {
     /// it first fails or its error changes, and when it opens.
     health_check_failures: Conditions,
     // Kept alive for the life of the agent; dropped last.
-    _servers: ProxyServers,
+    servers: ProxyServers,
     _runtime: HttpRuntime,
 }
 
 impl Operations {
     /// Starts the health and metrics servers in the current network namespace.
-    pub fn start(settings: &Settings, mode: &str) -> anyhow::Result<Self> {
+    pub fn start(settings: &OperationsSettings, mode: &str) -> std::io::Result<Self> {
         // kube-proxy's health timeout: twice the sync period.
         let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
         let metrics = Arc::new(ProxyMetrics::new(mode));
         let runtime = HttpRuntime::new()?;
         let servers = ProxyServers::start(
             &runtime,
-            Some(settings.healthz_bind_address),
-            Some(settings.metrics_bind_address),
+            settings.healthz,
+            settings.metrics,
             health.clone(),
             metrics.clone(),
         )?;
@@ -67,9 +75,24 @@ impl Operations {
             health_checks: BTreeMap::new(),
             no_local: (0, 0),
             health_check_failures: Conditions::default(),
-            _servers: servers,
+            servers,
             _runtime: runtime,
         })
+    }
+
+    /// The health state the servers answer from.
+    pub fn health(&self) -> &Arc<ProxyHealth> {
+        &self.health
+    }
+
+    /// The metrics `/metrics` encodes (the object source's reporters add to them too).
+    pub fn metrics(&self) -> &Arc<ProxyMetrics> {
+        &self.metrics
+    }
+
+    /// Where `/healthz` is served (the bound address, with the real port).
+    pub fn healthz_addr(&self) -> Option<SocketAddr> {
+        self.servers.healthz_addr()
     }
 
     fn clean_conntrack(&mut self, previous: &Plan, plan: &Plan) {
@@ -215,7 +238,7 @@ impl SyncObserver for Operations {
         }
     }
 
-    fn failed(&mut self, _error: &weir_proxy::Error) {
+    fn failed(&mut self, _error: &crate::Error) {
         self.metrics.sync_failed();
     }
 
@@ -225,24 +248,5 @@ impl SyncObserver for Operations {
 
     fn source_started(&mut self, check: SourceCheck) {
         self.health.set_source_check(check);
-    }
-
-    fn api_reporter(&self) -> Box<dyn Fn(&ApiReport) + Send + Sync> {
-        let metrics = self.metrics.clone();
-        Box::new(move |r| match r {
-            ApiReport::Listed { kind, objects } => metrics.source_listed(kind.as_str(), *objects),
-            ApiReport::Objects { kind, objects } => metrics.source_objects(kind.as_str(), *objects),
-            ApiReport::Failed { kind, .. } => metrics.source_watch_restarted(kind.as_str()),
-            ApiReport::Recovered { .. } | ApiReport::Compat { .. } => {}
-        })
-    }
-
-    fn source_reporter(&self) -> Box<dyn Fn(&WatchEvent<'_>) + Send> {
-        let metrics = self.metrics.clone();
-        Box::new(move |ev| match ev {
-            WatchEvent::Error(_) => metrics.source_errors_changed(1),
-            WatchEvent::Resolved(_) => metrics.source_errors_changed(-1),
-            WatchEvent::Scanned { duration, failed } => metrics.source_scanned(*duration, *failed),
-        })
     }
 }
