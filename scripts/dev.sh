@@ -37,7 +37,8 @@ cd "$(dirname "$0")/.."
 # busybox for its initramfs, xz to unpack the kernel, ipvsadm; docs/vm.md), and iperf3 for the
 # node-routes benchmark.
 PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils containernetworking-plugins curl tcpdump procps kmod
-  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3 nsd dnsperf unbound)
+  podman containerd runc busybox-static qemu-system-x86 xz-utils ipvsadm iperf3 nsd dnsperf unbound
+  knot knot-resolver)
 # deploy/'s CNI install step uses jq and curl (its test runs it, and shellcheck on it; the
 # Containerfile test checks the image's packages against these); python3-venv
 # holds kubernetes-validate.

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# weir dns vs NSD on the same records, and weir dns vs Unbound on cached external names,
+# weir dns vs NSD and Knot DNS on the same records, and weir dns vs Unbound and Knot Resolver on
+# cached external names,
 # measured by dnsperf, side by side in one run; then weir dns's memory at several zone sizes
 # against CoreDNS's published formula.
 #   bash scripts/dns-bench.sh [services]     (default 10000; run as root, after a release build)
-# Both servers run in one throwaway network namespace on its loopback, one worker each
-# (`weir dns --threads 1`, NSD `server-count: 1`), queried for random service names (A).
+# The servers run in one throwaway network namespace on its loopback, one worker each
+# (`weir dns --threads 1`, NSD `server-count: 1`, Knot `udp-workers: 1`, one Unbound thread, one
+# kresd process), queried for random service names (A).
 # Each round runs, for weir then NSD: throughput (dnsperf unthrottled) and latency percentiles
 # at a fixed rate (dnsperf -v, every query's latency). The summary gives each figure's median
 # over the rounds and weir/NSD. Cached external names: NSD also serves EXTERNAL names under
@@ -13,7 +15,8 @@
 # at each of MEMORY_SIZES services, RSS once the zone is served, fed from manifests and from
 # weir's fake API server (FAKEAPI, the source a cluster uses).
 # Environment: WEIR (binary, default target/release/weir), SECONDS_PER_RUN (10), RATE (10000),
-# ROUNDS (3), EXTERNAL (1000; 0: skip Unbound), MEMORY_SIZES ("1000 10000 100000"; empty: skip),
+# ROUNDS (3), EXTERNAL (1000; 0: skip Unbound and Knot Resolver), KNOT (1; 0: skip Knot DNS and
+# Knot Resolver), MEMORY_SIZES ("1000 10000 100000"; empty: skip),
 # PIN (1: servers on CPU 1, dnsperf on CPU 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +28,7 @@ RATE=${RATE:-10000}
 ROUNDS=${ROUNDS:-3}
 MEMORY_SIZES=${MEMORY_SIZES-1000 10000 100000}
 EXTERNAL=${EXTERNAL:-1000}
+KNOT=${KNOT:-1}
 # With two cores or more, the servers run on one core and dnsperf on another (PIN=0: not):
 # sharing a core, the client's own scheduling shows up in the servers' tail latency.
 SERVER_CPU=() CLIENT_CPU=()
@@ -34,6 +38,8 @@ fi
 [ -x "$WEIR" ] && [ -x "$FAKEAPI" ] || { echo "build first: cargo build --release -p weir -p weir-fakeapi" >&2; exit 1; }
 tools="nsd dnsperf"
 [ "$EXTERNAL" -gt 0 ] && tools="$tools unbound"
+[ "$KNOT" != 0 ] && tools="$tools knotd"
+[ "$KNOT" != 0 ] && [ "$EXTERNAL" -gt 0 ] && tools="$tools kresd"
 for t in $tools; do command -v $t >/dev/null || { echo "$t missing (apt-get install $t)" >&2; exit 1; }; done
 
 NS=wdnb-$$
@@ -135,6 +141,35 @@ zone:
   zonefile: "$DIR/example.test.zone"
 EOF
 
+mkdir -p "$DIR/knot" "$DIR/kresd"
+cat >"$DIR/knot.conf" <<EOF
+server:
+    rundir: "$DIR/knot"
+    listen: 127.0.0.1@5305
+    udp-workers: 1
+    tcp-workers: 1
+    background-workers: 1
+log:
+  - target: stderr
+    any: warning
+database:
+    storage: "$DIR/knot"
+zone:
+  - domain: cluster.local
+    storage: "$DIR"
+    file: cluster.local.zone
+    journal-content: none
+    zonefile-sync: -1
+EOF
+# Knot Resolver: one process, the external zone as a stub (no DNSSEC: nothing here is signed and
+# the root is out of reach), cache as large as Unbound's working set needs.
+cat >"$DIR/kresd.conf" <<EOF
+net.listen('127.0.0.1', 5306, { kind = 'dns' })
+trust_anchors.remove('.')
+cache.size = 100 * MB
+policy.add(policy.suffix(policy.STUB({'127.0.0.1@5302'}), {todname('example.test.')}))
+EOF
+
 ready() { in_ns dig @127.0.0.1 -p "$1" +short +time=1 +tries=1 svc-0.bench.svc.cluster.local | grep -q 10.96.0.1; }
 wait_ready() {
   for _ in $(seq 300); do ready "$1" && return 0; sleep 0.2; done
@@ -153,13 +188,28 @@ PIDS+=($!)
 wait_ready 5301
 wait_ready 5302
 WEIR_PID=${PIDS[0]} NSD_PID=${PIDS[1]}
+if [ "$KNOT" != 0 ]; then
+  ip netns exec "$NS" "${SERVER_CPU[@]}" knotd -c "$DIR/knot.conf" 2>"$DIR/knot.log" &
+  PIDS+=($!)
+  KNOT_PID=$!
+  wait_ready 5305
+fi
 if [ "$EXTERNAL" -gt 0 ]; then
   ip netns exec "$NS" "${SERVER_CPU[@]}" unbound -d -c "$DIR/unbound.conf" &
   PIDS+=($!)
   UNBOUND_PID=${PIDS[2]}
   for _ in $(seq 100); do in_ns dig @127.0.0.1 -p 5304 +short +time=1 +tries=1 host-0.example.test | grep -q . && break; sleep 0.2; done
   # Warm both caches: one pass over every external name.
-  for port in 5301 5304; do in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$DIR/external" -n 1 -c 1 -q 50 >/dev/null 2>&1; done
+  if [ "$KNOT" != 0 ]; then
+    ip netns exec "$NS" "${SERVER_CPU[@]}" kresd -n -c "$DIR/kresd.conf" "$DIR/kresd" >"$DIR/kresd.log" 2>&1 &
+    PIDS+=($!)
+    KRESD_PID=$!
+    for _ in $(seq 100); do in_ns dig @127.0.0.1 -p 5306 +short +time=1 +tries=1 host-0.example.test | grep -q . && break; sleep 0.2; done
+    in_ns dig @127.0.0.1 -p 5306 +short +time=1 +tries=1 host-0.example.test | grep -q . ||
+      { echo "kresd does not answer:" >&2; tail "$DIR/kresd.log" >&2; exit 1; }
+  fi
+  # Warm the caches: one pass over every external name.
+  for port in 5301 5304 ${KRESD_PID:+5306}; do in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$DIR/external" -n 1 -c 1 -q 50 >/dev/null 2>&1; done
 fi
 
 # One run of one server on one query file: "qps avg_ms p50 p90 p99 p999 lost".
@@ -204,11 +254,17 @@ compare() {
 median() { sort -g | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 compare "internal names ($N services):" "weir 5301 $DIR/queries" "nsd 5302 $DIR/queries"
+if [ "$KNOT" != 0 ]; then
+  compare "internal names ($N services):" "weir 5301 $DIR/queries" "knot 5305 $DIR/queries"
+fi
 if [ "$EXTERNAL" -gt 0 ]; then
   compare "cached external names ($EXTERNAL):" "weir 5301 $DIR/external" "unbound 5304 $DIR/external"
+  if [ "$KNOT" != 0 ]; then
+    compare "cached external names ($EXTERNAL):" "weir 5301 $DIR/external" "kresd 5306 $DIR/external"
+  fi
 fi
 echo
-echo "RSS after the runs: weir $(rss_mb "$WEIR_PID") MB, NSD $(rss_mb "$NSD_PID") MB${UNBOUND_PID:+, Unbound $(rss_mb "$UNBOUND_PID") MB}"
+echo "RSS after the runs: weir $(rss_mb "$WEIR_PID") MB, NSD $(rss_mb "$NSD_PID") MB${UNBOUND_PID:+, Unbound $(rss_mb "$UNBOUND_PID") MB}${KNOT_PID:+, Knot $(rss_mb "$KNOT_PID") MB}${KRESD_PID:+, Knot Resolver $(rss_mb "$KRESD_PID") MB}"
 echo "services: $N; $(nproc) cores shared with whatever else runs; dnsperf: 4 clients, ${SECS}s per run, percentiles at ${RATE} QPS; pinned: ${SERVER_CPU[*]:-no} (servers), ${CLIENT_CPU[*]:-no} (dnsperf)"
 
 for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
