@@ -289,7 +289,8 @@ pub struct Manifest {
     pub entries: Vec<ManifestEntry>,
 }
 
-pub const MANIFEST_FILE: &str = "manifest.json";
+/// Defined with the outputs ([`crate::state`]), which skips it when reading a directory back.
+pub use crate::state::MANIFEST_FILE;
 
 /// Writes each output that ran to its conventional file in `dir` (created if missing) and a
 /// `manifest.json` listing every command with its file or its error. Refuses to overwrite any

@@ -14,6 +14,10 @@ use crate::nft::{self, Ruleset};
 use crate::sysctl::{self, Sysctls};
 use crate::Skipped;
 
+/// The file a live collection ([`crate::live::write_collection`]) lists its commands in; not an
+/// output, so [`NodeState::from_dir`] skips it.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
 /// One output an operator pastes, and the file it is saved as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -621,7 +625,7 @@ impl NodeState {
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !e.file_type()?.is_file() || name == crate::live::MANIFEST_FILE {
+            if !e.file_type()?.is_file() || name == MANIFEST_FILE {
                 continue;
             }
             match Output::for_file_name(&name) {
