@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::nft_walk::NVal;
+use super::nft_walk::{is_numgen_match, NVal};
 use super::{Pkt, Walker};
 
 impl Walker<'_> {
@@ -106,9 +106,4 @@ impl Walker<'_> {
         ));
         labels
     }
-}
-
-/// Whether a `match` expression tests a `numgen` value.
-pub(super) fn is_numgen_match(m: &Value) -> bool {
-    m["left"].get("numgen").is_some()
 }

@@ -6,7 +6,6 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::nft_choices::is_numgen_match;
 use super::{cidr_contains, parse_num, Flow, Pkt, Walker};
 
 impl Walker<'_> {
@@ -380,6 +379,12 @@ impl Walker<'_> {
             _ => None,
         }
     }
+}
+
+/// Whether a `match` expression tests a `numgen` value (the cascades [`super::nft_choices`]
+/// walks as one choice).
+pub(super) fn is_numgen_match(m: &Value) -> bool {
+    m["left"].get("numgen").is_some()
 }
 
 /// A value an nft expression evaluated to.
