@@ -33,6 +33,8 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::IpsetList => &["ipset", "list"],
         Output::IpRule => &["ip", "-j", "rule"],
         Output::IpRoute => &["ip", "-j", "route", "show", "table", "all"],
+        Output::Ip6Rule => &["ip", "-6", "-j", "rule"],
+        Output::Ip6Route => &["ip", "-6", "-j", "route", "show", "table", "all"],
         Output::IpLink => &["ip", "-j", "-d", "link"],
         Output::IpAddr => &["ip", "-j", "addr"],
         Output::IpNeigh => &["ip", "-j", "neigh"],

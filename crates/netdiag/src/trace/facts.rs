@@ -20,21 +20,36 @@ pub enum Fact {
     SrcValidMark(String),
     /// `net.ipv4.ip_forward`; 0 or 1.
     IpForward,
+    /// `net.ipv6.conf.all.forwarding` (IPv6's switch); 0 or 1.
+    Ip6Forward,
     /// `net.bridge.bridge-nf-call-iptables` (0 also when br_netfilter is not loaded); 0 or 1.
     BrNetfilter,
+    /// `net.bridge.bridge-nf-call-ip6tables`, the same for IPv6; 0 or 1.
+    BrNetfilter6,
     /// Whether a route table a rule names holds routes the dump does not show (the routes are
     /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
     Table(String),
 }
 
 impl Fact {
+    /// The forwarding switch of a family.
+    pub fn forwarding(v6: bool) -> Fact {
+        if v6 {
+            Fact::Ip6Forward
+        } else {
+            Fact::IpForward
+        }
+    }
+
     /// What the fact is, without a value.
     pub fn name(&self) -> String {
         match self {
             Fact::RpFilter(i) => format!("rp_filter on {i} (max of conf/all and conf/{i})"),
             Fact::SrcValidMark(i) => format!("src_valid_mark on {i}"),
             Fact::IpForward => "net.ipv4.ip_forward".into(),
+            Fact::Ip6Forward => "net.ipv6.conf.all.forwarding".into(),
             Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
+            Fact::BrNetfilter6 => "br_netfilter (net.bridge.bridge-nf-call-ip6tables)".into(),
             Fact::Table(t) => format!("route table {t}"),
         }
     }
@@ -59,14 +74,20 @@ impl Fact {
                 "src_valid_mark on {i} is {}",
                 or(v.iter().map(|x| x.to_string()).collect())
             ),
-            Fact::IpForward => format!(
-                "net.ipv4.ip_forward is {}",
+            Fact::IpForward | Fact::Ip6Forward => format!(
+                "{} is {}",
+                self.name(),
                 or(v.iter().map(|x| x.to_string()).collect())
             ),
             Fact::BrNetfilter => match v.as_slice() {
                 [0] => "bridge-nf-call-iptables is 0 (or br_netfilter not loaded)".into(),
                 [1] => "bridge-nf-call-iptables is 1".into(),
                 _ => "bridge-nf-call-iptables is 0 or 1".into(),
+            },
+            Fact::BrNetfilter6 => match v.as_slice() {
+                [0] => "bridge-nf-call-ip6tables is 0 (or br_netfilter not loaded)".into(),
+                [1] => "bridge-nf-call-ip6tables is 1".into(),
+                _ => "bridge-nf-call-ip6tables is 0 or 1".into(),
             },
             Fact::Table(t) => match v.as_slice() {
                 [0] => format!("table {t} is empty"),
@@ -88,7 +109,9 @@ impl Fact {
                 i.replace('.', "/")
             ),
             Fact::IpForward => "`sysctl net.ipv4.ip_forward` (sysctl.txt)".into(),
+            Fact::Ip6Forward => "`sysctl net.ipv6.conf.all.forwarding` (sysctl.txt)".into(),
             Fact::BrNetfilter => "`sysctl net.bridge.bridge-nf-call-iptables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
+            Fact::BrNetfilter6 => "`sysctl net.bridge.bridge-nf-call-ip6tables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
             Fact::Table(t) => format!(
                 "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
             ),
@@ -168,12 +191,23 @@ impl Walker<'_> {
                     .flat_map(|a| one.iter().map(move |b| *a.max(b)))
                     .collect())
             }
-            Fact::IpForward => match s.and_then(|s| s.int("net.ipv4.ip_forward")) {
-                Some(v) => vec![(v != 0) as i64],
-                None => vec![1, 0],
-            },
-            Fact::BrNetfilter => match s {
-                Some(s) => match s.int("net.bridge.bridge-nf-call-iptables") {
+            Fact::IpForward | Fact::Ip6Forward => {
+                let key = if *f == Fact::IpForward {
+                    "net.ipv4.ip_forward"
+                } else {
+                    "net.ipv6.conf.all.forwarding"
+                };
+                match s.and_then(|s| s.int(key)) {
+                    Some(v) => vec![(v != 0) as i64],
+                    None => vec![1, 0],
+                }
+            }
+            Fact::BrNetfilter | Fact::BrNetfilter6 => match s {
+                Some(s) => match s.int(if *f == Fact::BrNetfilter {
+                    "net.bridge.bridge-nf-call-iptables"
+                } else {
+                    "net.bridge.bridge-nf-call-ip6tables"
+                }) {
                     Some(v) => vec![(v != 0) as i64],
                     // A whole `sysctl -a` (or weir's cut of it, which keeps every
                     // net.bridge.* key) without the key: the module is not loaded.
@@ -220,8 +254,12 @@ impl Walker<'_> {
                 format!("sysctl output without net.ipv4.conf.{{all,{i}}}.src_valid_mark")
             }
             Fact::IpForward => "sysctl output without net.ipv4.ip_forward".into(),
+            Fact::Ip6Forward => "sysctl output without net.ipv6.conf.all.forwarding".into(),
             Fact::BrNetfilter => {
                 "a short sysctl paste without net.bridge.bridge-nf-call-iptables".into()
+            }
+            Fact::BrNetfilter6 => {
+                "a short sysctl paste without net.bridge.bridge-nf-call-ip6tables".into()
             }
             Fact::Table(t) => {
                 format!("the routes are main only (`ip route list`): table {t} is not in the dump")

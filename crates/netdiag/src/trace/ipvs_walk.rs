@@ -8,11 +8,11 @@
 //! ICMP port unreachable). Not modelled: firewall-mark virtual servers, direct routing and
 //! tunnelling, the scheduler's actual pick (every real server is walked in turn).
 
-use std::net::{IpAddr, Ipv4Addr};
+
 
 use crate::ipvs::VirtualServer;
 
-use super::{Dropped, Pkt, Walker};
+use super::{unspecified, Dropped, Pkt, Walker};
 
 impl Walker<'_> {
     /// The virtual server the packet hits, if IPVS is in the state.
@@ -20,7 +20,7 @@ impl Walker<'_> {
         self.ipvs
             .as_ref()?
             .iter()
-            .find(|v| v.matches(p.proto.name(), IpAddr::V4(p.dst), p.dport))
+            .find(|v| v.matches(p.proto.name(), p.dst, p.dport))
             .cloned()
     }
 
@@ -92,10 +92,11 @@ impl Walker<'_> {
                 first.forward
             ));
         }
-        let IpAddr::V4(ip) = first.addr.ip() else {
-            self.assume("an IPv6 real server behind an IPv4 virtual server: not modelled");
+        let ip = first.addr.ip();
+        if ip.is_ipv6() != p.v6() {
+            self.assume("a real server of the other IP family than its virtual server: not modelled");
             return None;
-        };
+        }
         p.dst = ip;
         p.dport = first.addr.port();
         p.dnat = true;
@@ -138,7 +139,7 @@ impl Walker<'_> {
         }
         // IPVS's own route (do_output_route4): the real server's address alone, no source,
         // no mark.
-        let route = self.route("IPVS routing", Ipv4Addr::UNSPECIFIED, p.dst, 0, "lo")?;
+        let route = self.route("IPVS routing", unspecified(p.dst), p.dst, 0, "lo")?;
         if route.local {
             self.hop("deliver", "local", None, "the real server is local");
             return Ok(());

@@ -32,10 +32,11 @@ mod path;
 mod render;
 mod reply;
 mod routing;
+mod rpfilter;
 mod sets;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use crate::state::NodeState;
 
@@ -236,7 +237,7 @@ fn conclude(st: &NodeState, leaves: &[facts::Leaf]) -> Trace {
                 .iter()
                 .map(|(f, v)| {
                     let rank = fact_options(st, f).iter().position(|o| o == v).unwrap_or(0);
-                    if *f == Fact::IpForward {
+                    if matches!(f, Fact::IpForward | Fact::Ip6Forward) {
                         rank * 2
                     } else {
                         rank
@@ -405,7 +406,7 @@ fn walk_once(
 ) -> (Trace, Vec<(Fact, i64)>, ChoicePoints) {
     let mut w = Walker::new(st, forced);
     w.picks = picks.to_vec();
-    w.note_missing();
+    w.note_missing(packet.is_v6());
     w.parse_sets_and_ipvs();
     let mut p = Pkt {
         src: packet.src,
@@ -556,8 +557,12 @@ impl Walker<'_> {
         self.assumptions.insert(a.into());
     }
 
-    fn note_missing(&mut self) {
+    fn note_missing(&mut self, v6: bool) {
         let st = self.st;
+        if v6 {
+            self.note_missing6();
+            return;
+        }
         if st.iptables.is_none() && st.nft.is_none() {
             self.assume("no iptables-save or nft ruleset: no netfilter rules, every policy ACCEPT");
         }
@@ -579,8 +584,30 @@ impl Walker<'_> {
         }
     }
 
-    fn is_local(&self, ip: Ipv4Addr) -> bool {
-        if self.st.is_local_address(IpAddr::V4(ip)) {
+    /// What an IPv6 walk reads instead of IPv4's outputs, and what it does not model.
+    fn note_missing6(&mut self) {
+        let st = self.st;
+        self.assume("IPv6: neighbour discovery is not modelled: every next hop (a pod, a router) is assumed to answer neighbour solicitations (`ip -6 neigh` is not read), and ICMPv6 needed for it is assumed allowed");
+        if st.ip6tables.is_none() && st.nft.is_none() {
+            self.assume("no ip6tables-save or nft ruleset: no IPv6 netfilter rules, every policy ACCEPT");
+        } else if st.ip6tables.is_none() && st.iptables.is_some() {
+            self.assume("no ip6tables-save (only iptables-save, which IPv6 packets never meet): no ip6tables rules");
+        }
+        if st.rules6.is_none() {
+            self.assume(
+                "no ip -6 rule output: the default IPv6 rules (0 local, 32766 main)",
+            );
+        }
+        if st.routes_of(true).is_none() {
+            self.assume("no ip -6 route output: where an IPv6 packet goes is unknown (a lookup that needs the routes makes the verdict unknown)");
+        }
+        if !st.local_addresses().any(|a| a.addr.is_ipv6()) {
+            self.assume("no IPv6 address in ip addr: the node's IPv6 addresses (masquerade's source, local delivery) unknown");
+        }
+    }
+
+    fn is_local(&self, ip: IpAddr) -> bool {
+        if self.st.is_local_address(ip) {
             return true;
         }
         // Without table local or a whole `ip addr`, an IPVS virtual server's address is still
@@ -590,17 +617,17 @@ impl Walker<'_> {
                 .ipvs
                 .iter()
                 .flatten()
-                .any(|v| matches!(&v.key, crate::ipvs::VirtualKey::Addr(_, a) if a.ip() == IpAddr::V4(ip)))
+                .any(|v| matches!(&v.key, crate::ipvs::VirtualKey::Addr(_, a) if a.ip() == ip))
         {
             return true;
         }
         false
     }
 
-    fn owner_of(&self, ip: Ipv4Addr) -> Option<String> {
+    fn owner_of(&self, ip: IpAddr) -> Option<String> {
         self.st
             .local_addresses()
-            .find(|a| a.addr == IpAddr::V4(ip))
+            .find(|a| a.addr == ip)
             .map(|a| a.ifname.clone())
     }
 }
@@ -612,10 +639,19 @@ fn parse_num(s: &str) -> Option<u32> {
     }
 }
 
-fn cidr_contains(v: &str, ip: Ipv4Addr) -> Option<bool> {
-    let net: ipnet::Ipv4Net = match v.parse() {
+/// The unspecified address (`0.0.0.0`, `::`) of `ip`'s family.
+fn unspecified(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// Whether `ip` is in `v` (a prefix or one address); an address of the other family is not.
+fn cidr_contains(v: &str, ip: IpAddr) -> Option<bool> {
+    let net: ipnet::IpNet = match v.parse() {
         Ok(n) => n,
-        Err(_) => ipnet::Ipv4Net::new(v.parse().ok()?, 32).ok()?,
+        Err(_) => ipnet::IpNet::from(v.parse::<IpAddr>().ok()?),
     };
     Some(net.contains(&ip))
 }

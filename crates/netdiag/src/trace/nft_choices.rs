@@ -2,7 +2,7 @@
 //! numgen looked up) and the cascade of rules matching `numgen random mod N == k` (weir's
 //! affinity chains); every option is walked (`Walker::choose`).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde_json::Value;
 
@@ -21,7 +21,7 @@ impl Walker<'_> {
         table: &str,
         m: &Value,
         p: &Pkt,
-    ) -> Option<(Ipv4Addr, u16)> {
+    ) -> Option<(IpAddr, u16)> {
         let key = self.nft_eval(&m["key"], p)?;
         let data = &m["data"];
         let numgen = m["key"]["concat"].as_array().and_then(|parts| {
@@ -30,7 +30,7 @@ impl Walker<'_> {
                 Some((i, n["mod"].as_u64()?, n["offset"].as_u64().unwrap_or(0)))
             })
         });
-        let target = |v: &Value| -> Option<(Ipv4Addr, u16)> {
+        let target = |v: &Value| -> Option<(IpAddr, u16)> {
             let parts = v.get("concat")?.as_array()?;
             Some((
                 parts.first()?.as_str()?.parse().ok()?,
@@ -49,7 +49,7 @@ impl Walker<'_> {
                     .as_ref()
                     .and_then(target)
                 {
-                    options.push(format!("{k} (DNAT {ip}:{port})"));
+                    options.push(format!("{k} (DNAT {})", super::nat::endpoint(ip, Some(port))));
                     targets.push((ip, port));
                 }
             }

@@ -1,6 +1,6 @@
 //! The packet the walk follows, and what it reports.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
@@ -30,8 +30,8 @@ impl Proto {
 /// from a pod's veth).
 #[derive(Debug, Clone, Serialize)]
 pub struct Packet {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub proto: Proto,
     pub sport: u16,
     pub dport: u16,
@@ -41,9 +41,21 @@ pub struct Packet {
 }
 
 impl Packet {
+    /// An IPv6 packet (by its destination; a source of the other family is refused by
+    /// [`super::trace`]).
+    pub fn is_v6(&self) -> bool {
+        self.dst.is_ipv6()
+    }
+
     /// Whether the packet is sent by this node rather than received.
     pub fn originates_here(&self) -> bool {
         self.iif.is_empty() || self.iif == LOCAL
+    }
+}
+
+impl Pkt {
+    pub(super) fn v6(&self) -> bool {
+        self.dst.is_ipv6()
     }
 }
 
@@ -53,8 +65,8 @@ pub const LOCAL: &str = "local";
 /// The packet as the walk changes it.
 #[derive(Debug, Clone)]
 pub(super) struct Pkt {
-    pub(super) src: Ipv4Addr,
-    pub(super) dst: Ipv4Addr,
+    pub(super) src: IpAddr,
+    pub(super) dst: IpAddr,
     pub(super) sport: u16,
     pub(super) dport: u16,
     pub(super) proto: Proto,
@@ -105,8 +117,8 @@ pub enum Verdict {
 /// masquerade, so a walk can be continued on the next node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Egress {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub sport: u16,
     pub dport: u16,
     /// The interface it leaves by (`None` when delivered locally).

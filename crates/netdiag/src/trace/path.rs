@@ -29,16 +29,18 @@ impl Walker<'_> {
             );
             return Ok(());
         }
-        if self.fact(Fact::IpForward) == 0 {
+        let forward = Fact::forwarding(p.v6());
+        if self.fact(forward.clone()) == 0 {
+            let key = forward.name();
             self.hop(
                 "routing",
                 "ip_forward",
                 None,
-                format!("{} must be forwarded and net.ipv4.ip_forward is 0", p.dst),
+                format!("{} must be forwarded and {key} is 0", p.dst),
             );
             return Err((
-                "net.ipv4.ip_forward = 0: the node does not forward".into(),
-                vec!["sysctl -w net.ipv4.ip_forward=1".into()],
+                format!("{key} = 0: the node does not forward"),
+                vec![format!("sysctl -w {key}=1")],
             ));
         }
         p.oif = Some(route.oif.clone());

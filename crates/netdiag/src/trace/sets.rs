@@ -1,6 +1,5 @@
 //! `-m set --match-set NAME FLAGS`: membership in the ipsets of `ipset list` or `ipset save`.
 
-use std::net::IpAddr;
 
 use crate::ipset::Fields;
 use crate::iptables::Rule as IptRule;
@@ -54,8 +53,8 @@ impl Walker<'_> {
             return Some(false);
         };
         let fields = Fields {
-            src: IpAddr::V4(p.src),
-            dst: IpAddr::V4(p.dst),
+            src: p.src,
+            dst: p.dst,
             proto: p.proto.name(),
             sport: p.sport,
             dport: p.dport,
