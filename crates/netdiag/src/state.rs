@@ -690,27 +690,29 @@ impl NodeState {
     /// The routes of both families (`ip route` and `ip -6 route`): a prefix of one family
     /// never contains an address of the other, so a lookup may search them together.
     pub fn all_routes(&self) -> impl Iterator<Item = &Route> {
-        self.routes.iter().flatten().chain(self.routes6.iter().flatten())
+        self.routes
+            .iter()
+            .flatten()
+            .chain(self.routes6.iter().flatten())
     }
 
-    /// The routes the dump holds for a family: IPv4's from `ip route`, IPv6's from `ip -6
-    /// route` (or IPv6 routes pasted into `ip route`'s file). `None`: that family's routes
-    /// are not in the dump.
+    /// The routes the dump holds for a family: IPv4's from `ip route`; IPv6's from `ip -6
+    /// route`, else the IPv6 routes in `ip route`'s output (`ip route show table all` without
+    /// `-4` lists both families). `None`: that family's routes are not in the dump.
     pub fn routes_of(&self, v6: bool) -> Option<Vec<&Route>> {
         if !v6 {
             return self.routes.as_ref().map(|r| r.iter().collect());
         }
-        let pasted: Vec<&Route> = self
+        if let Some(r) = &self.routes6 {
+            return Some(r.iter().collect());
+        }
+        let listed: Vec<&Route> = self
             .routes
             .iter()
             .flatten()
             .filter(|r| r.dst.addr().is_ipv6())
             .collect();
-        match &self.routes6 {
-            Some(r) => Some(r.iter().chain(pasted).collect()),
-            None if !pasted.is_empty() => Some(pasted),
-            None => None,
-        }
+        (!listed.is_empty()).then_some(listed)
     }
 
     /// The policy rules of a family (`ip rule` or `ip -6 rule`), if in the dump.

@@ -62,7 +62,7 @@ impl Walker<'_> {
                     }
                     let d = ipt.expect("checked");
                     let flow = self.ipt_chain(d, table, hook, p, stage, 0);
-                    let place = format!("iptables {table} {hook}");
+                    let place = format!("{} {table} {hook}", ipt_name(p));
                     match flow {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
                         Flow::Accept => {}
@@ -127,6 +127,15 @@ pub(super) enum Slot {
     Ipt(&'static str),
     /// family, table, chain, policy, is a nat chain
     Nft(String, String, String, String, bool),
+}
+
+/// `iptables` or, for an IPv6 packet, `ip6tables`: the dump a hop's rule is quoted from.
+pub(super) fn ipt_name(p: &Pkt) -> &'static str {
+    if p.v6() {
+        "ip6tables"
+    } else {
+        "iptables"
+    }
 }
 
 /// iptables tables on a hook, with their priorities.

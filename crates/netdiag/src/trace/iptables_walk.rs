@@ -25,7 +25,7 @@ impl Walker<'_> {
         if depth > 16 {
             return Flow::Return;
         }
-        let place = format!("iptables {table} {chain}");
+        let place = format!("{} {table} {chain}", super::hooks::ipt_name(p));
         let rules = ch.rules.clone();
         // The rule taken in a `-m statistic` cascade (each of its options is walked in turn).
         let mut cascade: Option<usize> = None;
@@ -223,7 +223,12 @@ impl Walker<'_> {
                     .filter(|a| a.module.as_deref() != Some("rpfilter"))
                     .cloned()
                     .collect(),
-                modules: r.modules.iter().filter(|m| *m != "rpfilter").cloned().collect(),
+                modules: r
+                    .modules
+                    .iter()
+                    .filter(|m| *m != "rpfilter")
+                    .cloned()
+                    .collect(),
                 ..r.clone()
             };
             if !self.ipt_matches(&rest, p)? {

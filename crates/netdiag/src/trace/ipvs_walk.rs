@@ -8,8 +8,6 @@
 //! ICMP port unreachable). Not modelled: firewall-mark virtual servers, direct routing and
 //! tunnelling, the scheduler's actual pick (every real server is walked in turn).
 
-
-
 use crate::ipvs::VirtualServer;
 
 use super::{unspecified, Dropped, Pkt, Walker};
@@ -46,9 +44,7 @@ impl Walker<'_> {
                 );
                 return Some(Err((
                     format!(
-                        "{stage}: IPVS virtual server {}:{}: its real servers are not in the dump (ipvsadm output cut with grep)",
-                        p.dst, p.dport
-                    ),
+                        "{stage}: IPVS virtual server {}: its real servers are not in the dump (ipvsadm output cut with grep)", super::sa(p.dst, p.dport)),
                     vec![],
                 )));
             }
@@ -62,9 +58,7 @@ impl Walker<'_> {
             self.rejected = true;
             return Some(Err((
                 format!(
-                    "{stage}: IPVS virtual server {}:{} has no real servers (weight > 0): rejected with ICMP port unreachable",
-                    p.dst, p.dport
-                ),
+                    "{stage}: IPVS virtual server {} has no real servers (weight > 0): rejected with ICMP port unreachable", super::sa(p.dst, p.dport)),
                 vec!["give the Service ready endpoints (IPVS rejects while it has none)".into()],
             )));
         }
@@ -94,7 +88,9 @@ impl Walker<'_> {
         }
         let ip = first.addr.ip();
         if ip.is_ipv6() != p.v6() {
-            self.assume("a real server of the other IP family than its virtual server: not modelled");
+            self.assume(
+                "a real server of the other IP family than its virtual server: not modelled",
+            );
             return None;
         }
         p.dst = ip;
@@ -105,8 +101,9 @@ impl Walker<'_> {
             "IPVS",
             Some(vs.text.clone()),
             format!(
-                "virtual server → real server {}:{} ({})",
-                p.dst, p.dport, first.forward
+                "virtual server → real server {} ({})",
+                super::sa(p.dst, p.dport),
+                first.forward
             ),
         );
         Some(Ok(()))
@@ -131,8 +128,8 @@ impl Walker<'_> {
                 "local",
                 None,
                 format!(
-                    "the real server {}:{} is this node's (assumed listening)",
-                    p.dst, p.dport
+                    "the real server {} is this node's (assumed listening)",
+                    super::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -167,7 +164,12 @@ impl Walker<'_> {
         };
         let before = p.src;
         self.hook("POSTROUTING", p)?;
-        let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
+        let mut sent = format!(
+            "out {} {} → {}",
+            route.oif,
+            p.src,
+            super::sa(p.dst, p.dport)
+        );
         if p.src != before
             && self.via_router
             && self.owner_of(p.src).is_some_and(|o| o != route.oif)

@@ -589,14 +589,14 @@ impl Walker<'_> {
         let st = self.st;
         self.assume("IPv6: neighbour discovery is not modelled: every next hop (a pod, a router) is assumed to answer neighbour solicitations (`ip -6 neigh` is not read), and ICMPv6 needed for it is assumed allowed");
         if st.ip6tables.is_none() && st.nft.is_none() {
-            self.assume("no ip6tables-save or nft ruleset: no IPv6 netfilter rules, every policy ACCEPT");
+            self.assume(
+                "no ip6tables-save or nft ruleset: no IPv6 netfilter rules, every policy ACCEPT",
+            );
         } else if st.ip6tables.is_none() && st.iptables.is_some() {
             self.assume("no ip6tables-save (only iptables-save, which IPv6 packets never meet): no ip6tables rules");
         }
         if st.rules6.is_none() {
-            self.assume(
-                "no ip -6 rule output: the default IPv6 rules (0 local, 32766 main)",
-            );
+            self.assume("no ip -6 rule output: the default IPv6 rules (0 local, 32766 main)");
         }
         if st.routes_of(true).is_none() {
             self.assume("no ip -6 route output: where an IPv6 packet goes is unknown (a lookup that needs the routes makes the verdict unknown)");
@@ -637,6 +637,11 @@ fn parse_num(s: &str) -> Option<u32> {
         Some(h) => u32::from_str_radix(h, 16).ok(),
         None => s.parse().ok(),
     }
+}
+
+/// `ip:port`, `[ip6]:port` for IPv6.
+fn sa(ip: IpAddr, port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(ip, port)
 }
 
 /// The unspecified address (`0.0.0.0`, `::`) of `ip`'s family.

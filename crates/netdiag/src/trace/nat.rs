@@ -30,7 +30,7 @@ impl Walker<'_> {
     /// The hop of a destination NAT already applied to `p` (`verb` as the dump spells it:
     /// DNAT, REDIRECT, redirect).
     pub(super) fn dnat_hop(&mut self, p: &Pkt, verb: &str, stage: &str, place: &str, rule: &str) {
-        let note = format!("{verb} to {}:{}", p.dst, p.dport);
+        let note = format!("{verb} to {}", super::sa(p.dst, p.dport));
         self.hop(stage, place, Some(rule.to_string()), note);
     }
 
@@ -125,7 +125,12 @@ impl Walker<'_> {
             .local_addresses()
             .find(|a| a.ifname == oif && global(a))
             .map(|a| a.addr);
-        let other = || self.st.local_addresses().find(|a| global(a)).map(|a| a.addr);
+        let other = || {
+            self.st
+                .local_addresses()
+                .find(|a| global(a))
+                .map(|a| a.addr)
+        };
         match on_oif.or_else(other) {
             Some(a) => {
                 self.assume(format!(

@@ -49,7 +49,10 @@ impl Walker<'_> {
                     .as_ref()
                     .and_then(target)
                 {
-                    options.push(format!("{k} (DNAT {})", super::nat::endpoint(ip, Some(port))));
+                    options.push(format!(
+                        "{k} (DNAT {})",
+                        super::nat::endpoint(ip, Some(port))
+                    ));
                     targets.push((ip, port));
                 }
             }
@@ -62,7 +65,7 @@ impl Walker<'_> {
                 let c = self.choose(
                     targets
                         .iter()
-                        .map(|(ip, port)| format!("{ip}:{port}"))
+                        .map(|(ip, port)| super::nat::endpoint(*ip, Some(*port)))
                         .collect(),
                 );
                 followed = targets[c];
@@ -80,11 +83,12 @@ impl Walker<'_> {
         for r in rest {
             let to = r.expr.iter().find_map(|e| {
                 let d = e.get("dnat")?;
-                Some(format!(
-                    "{}:{}",
-                    d.get("addr")?.as_str()?,
-                    d.get("port").and_then(Value::as_u64).unwrap_or(0)
-                ))
+                let addr = d.get("addr")?.as_str()?;
+                let port = d.get("port").and_then(Value::as_u64).unwrap_or(0);
+                Some(match addr.parse() {
+                    Ok(ip) => super::nat::endpoint(ip, Some(port as u16)),
+                    Err(_) => format!("{addr}:{port}"),
+                })
             });
             labels.push(to.clone().unwrap_or_else(|| format!("`{}`", r.text)));
             options.push(format!(

@@ -53,8 +53,8 @@ impl Walker<'_> {
                 "lo",
                 None,
                 format!(
-                    "to a local socket on {}:{} (assumed listening)",
-                    p.dst, p.dport
+                    "to a local socket on {} (assumed listening)",
+                    super::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -63,7 +63,12 @@ impl Walker<'_> {
             "send",
             route.oif.clone(),
             None,
-            format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport),
+            format!(
+                "out {} {} → {}",
+                route.oif,
+                p.src,
+                super::sa(p.dst, p.dport)
+            ),
         );
         self.reply(p, &orig, before, &route.oif)
     }

@@ -23,8 +23,8 @@ impl Walker<'_> {
                 "local",
                 None,
                 format!(
-                    "to a local socket on {}:{} (assumed listening)",
-                    p.dst, p.dport
+                    "to a local socket on {} (assumed listening)",
+                    super::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -49,7 +49,12 @@ impl Walker<'_> {
         let before = p.src;
         self.hook("POSTROUTING", p)?;
         let masq_src = p.src;
-        let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
+        let mut sent = format!(
+            "out {} {} → {}",
+            route.oif,
+            p.src,
+            super::sa(p.dst, p.dport)
+        );
         if masq_src != before
             && self.via_router
             && self.owner_of(masq_src).is_some_and(|o| o != route.oif)

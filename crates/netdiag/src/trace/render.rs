@@ -6,12 +6,10 @@ use super::{Trace, Verdict};
 pub fn render(t: &Trace) -> String {
     let p = &t.packet;
     let mut out = format!(
-        "{} {}:{} → {}:{} in {}\n",
+        "{} {} → {} in {}\n",
         p.proto.name(),
-        p.src,
-        p.sport,
-        p.dst,
-        p.dport,
+        super::sa(p.src, p.sport),
+        super::sa(p.dst, p.dport),
         p.iif
     );
     for h in &t.hops {
@@ -200,12 +198,10 @@ pub fn svg(t: &Trace) -> String {
     out.push_str(&format!(
         "<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
         xml_escape(&format!(
-            "{} {}:{} → {}:{} in {}",
+            "{} {} → {} in {}",
             p.proto.name(),
-            p.src,
-            p.sport,
-            p.dst,
-            p.dport,
+            super::sa(p.src, p.sport),
+            super::sa(p.dst, p.dport),
             p.iif
         ))
     ));

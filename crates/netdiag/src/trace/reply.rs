@@ -44,15 +44,11 @@ impl Walker<'_> {
                     reply_iif.clone(),
                     None,
                     format!(
-                        "{}:{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}:{}",
-                        p.dst, p.dport, orig.src, orig.dst, orig.dport
-                    ),
+                        "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::sa(p.dst, p.dport), orig.src, super::sa(orig.dst, orig.dport)),
                 );
                 return Err((
                     format!(
-                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {}:{} instead of {}:{}: the client drops it (TCP answers a reset)",
-                        p.dst, orig.src, p.dst, p.dport, orig.dst, orig.dport
-                    ),
+                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::sa(p.dst, p.dport), super::sa(orig.dst, orig.dport)),
                     vec![
                         format!("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.{brkey}=1"),
                         format!(
@@ -66,9 +62,7 @@ impl Walker<'_> {
                 reply_iif.clone(),
                 None,
                 format!(
-                    "{}:{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)",
-                    p.dst, p.dport, orig.src
-                ),
+                    "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)", super::sa(p.dst, p.dport), orig.src),
             );
         }
         self.hop(
@@ -76,8 +70,10 @@ impl Walker<'_> {
             reply_iif.clone(),
             None,
             format!(
-                "{}:{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
-                p.dst, p.dport, masq_src, orig.src
+                "{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
+                super::sa(p.dst, p.dport),
+                masq_src,
+                orig.src
             ),
         );
         let mut r = Pkt {
@@ -110,10 +106,7 @@ impl Walker<'_> {
                 "reply routing",
                 "ip_forward",
                 None,
-                format!(
-                    "the reply to {} must be forwarded and {key} is 0",
-                    orig.src
-                ),
+                format!("the reply to {} must be forwarded and {key} is 0", orig.src),
             );
             return Err((
                 format!(
@@ -130,8 +123,10 @@ impl Walker<'_> {
             back.oif.clone(),
             None,
             format!(
-                "out {} to {} (source restored to {}:{})",
-                back.oif, orig.src, orig.dst, orig.dport
+                "out {} to {} (source restored to {})",
+                back.oif,
+                orig.src,
+                super::sa(orig.dst, orig.dport)
             ),
         );
         Ok(())

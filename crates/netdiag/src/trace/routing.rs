@@ -98,7 +98,8 @@ impl Walker<'_> {
                     );
                     return Err((
                         format!(
-                            "{stage}: cannot tell where {dst} goes: {why}; settle it with {}", routes_settle(dst.is_ipv6())
+                            "{stage}: cannot tell where {dst} goes: {why}; settle it with {}",
+                            routes_settle(dst.is_ipv6())
                         ),
                         vec![],
                     ));
@@ -130,9 +131,7 @@ impl Walker<'_> {
                 && g.mark.unwrap_or(0) == mark
                 && if output {
                     g.iif.is_none()
-                        && (g.from.is_none()
-                            || src.is_unspecified()
-                            || g.from == Some(src))
+                        && (g.from.is_none() || src.is_unspecified() || g.from == Some(src))
                 } else {
                     g.iif.as_deref() == Some(iif) && g.from == Some(src)
                 }

@@ -87,9 +87,12 @@ impl Walker<'_> {
                 return None;
             }
         };
-        let usable = back
-            .as_ref()
-            .filter(|b| !matches!(b.kind.as_str(), "local" | "blackhole" | "unreachable" | "prohibit"));
+        let usable = back.as_ref().filter(|b| {
+            !matches!(
+                b.kind.as_str(),
+                "local" | "blackhole" | "unreachable" | "prohibit"
+            )
+        });
         let oif = match usable {
             Some(b) if !strict || b.dev.as_deref() == Some(p.iif.as_str()) => {
                 b.dev.clone().unwrap_or_default()
@@ -102,10 +105,10 @@ impl Walker<'_> {
             "fib",
             back.as_ref().map(|b| b.text.clone()),
             format!(
-                "fib saddr{} oif: route back to {} {how}: oif {}",
+                "fib saddr{} oif is {}: the route back to {} {how}",
                 if strict { " . iif" } else { "" },
+                if oif.is_empty() { "missing" } else { &oif },
                 p.src,
-                if oif.is_empty() { "missing" } else { &oif }
             ),
         );
         Some(NVal::Str(oif))
@@ -121,10 +124,16 @@ fn judge(back: Option<&Route>, iif: &str, loose: bool, accept_local: bool) -> (b
     match b.kind.as_str() {
         "local" => (
             accept_local,
-            format!("is local ({})", if accept_local { "accepted" } else { "fails" }),
+            format!(
+                "is local ({})",
+                if accept_local { "accepted" } else { "fails" }
+            ),
         ),
         "blackhole" | "unreachable" | "prohibit" => (false, format!("is {}", b.kind)),
-        _ if dev == iif => (true, format!("leaves by {dev}, the input interface: passes")),
+        _ if dev == iif => (
+            true,
+            format!("leaves by {dev}, the input interface: passes"),
+        ),
         _ if loose => (true, format!("leaves by {dev} (loose: passes)")),
         _ => (false, format!("leaves by {dev}, not {iif}: fails")),
     }

@@ -1,6 +1,5 @@
 //! `-m set --match-set NAME FLAGS`: membership in the ipsets of `ipset list` or `ipset save`.
 
-
 use crate::ipset::Fields;
 use crate::iptables::Rule as IptRule;
 
