@@ -231,7 +231,9 @@ fn pod_side(pod: &str, st: &NodeState, v6: bool) -> anyhow::Result<(IpAddr, Stri
         .context("the pod's eth0 has no peer (not a veth?)")?;
     let family = if v6 { "-6" } else { "-4" };
     let addr = target
-        .run(&["ip", "-j", family, "addr", "show", "eth0", "scope", "global"])
+        .run(&[
+            "ip", "-j", family, "addr", "show", "eth0", "scope", "global",
+        ])
         .map_err(anyhow::Error::msg)?;
     let v: serde_json::Value = serde_json::from_str(&addr)?;
     let ip: IpAddr = v[0]["addr_info"][0]["local"]

@@ -102,6 +102,59 @@ fn trace_on_a_directory_exit_status_follows_the_verdict() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read /nonexistent/weir-diag"));
 }
 
+/// IPv6 through the command: a collected IPv6 node (crates/netdiag/tests/data/v6-nft-node),
+/// delivered and dropped by its `fib` reverse-path rule, `--json` carrying the addresses as
+/// IPv4's are; the neighbour-discovery assumption said as a note; mixed families refused.
+#[test]
+fn trace_walks_ipv6_from_a_directory() {
+    let dir = data("v6-nft-node");
+    let args = |from: &str, json: bool| {
+        let mut a = vec![
+            "trace",
+            "--from",
+            from,
+            "--iif",
+            "eth0",
+            "--to",
+            "fd00:96::10",
+            "--dport",
+            "80",
+        ];
+        a.push(dir.to_str().unwrap());
+        if json {
+            a.push("--json");
+        }
+        weir(&a)
+    };
+    let o = args("fd00:50::2", false);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let text = stdout(&o);
+    assert!(
+        text.starts_with("tcp [fd00:50::2]:40000 → [fd00:96::10]:80 in eth0"),
+        "{text}"
+    );
+    assert!(text.contains("DNAT to [fd00:60::2]:8080"), "{text}");
+    assert!(
+        text.contains("neighbour discovery is not modelled"),
+        "{text}"
+    );
+
+    let o = args("fd00:70::2", true);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["trace"]["verdict"], "dropped");
+    assert_eq!(v["trace"]["packet"]["src"], "fd00:70::2");
+    assert_eq!(v["trace"]["packet"]["dst"], "fd00:96::10");
+    assert!(v["trace"]["cause"]
+        .as_str()
+        .unwrap()
+        .contains("fib saddr . iif oif missing"));
+
+    let o = args("10.0.0.2", false);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("different IP families"));
+}
+
 /// Pod a1 → the LB IP of `api`, whose endpoints are a2 (node a) and b1 (node b): with the
 /// fix off the walk to b1 is dropped, so the command fails although a2 answers (issue 22
 /// item 2: it used to follow the first endpoint and exit 0); `--json` and `--svg` carry each
@@ -215,6 +268,9 @@ fn collect_a_namespace_then_doctor_reads_it_back() {
         "nft-ruleset.json",
         "ip-rule.json",
         "ip-route.json",
+        "ip6-rule.json",
+        "ip6-route.json",
+        "ip6tables-save.txt",
         "ip-link.json",
         "ip-addr.json",
         "sysctl.txt",
