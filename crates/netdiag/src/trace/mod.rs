@@ -1,5 +1,5 @@
-//! `weir trace`: one IPv4 packet (the first of a new connection) walked through a node's state
-//! the way the kernel would, then its reply on the way back.
+//! `weir trace`: one IPv4 or IPv6 packet (the first of a new connection) walked through a node's
+//! state the way the kernel would, then its reply on the way back.
 //!
 //! The path (net/ipv4/ip_input.c, ip_forward.c, ip_output.c): PREROUTING (raw −300, mangle −150,
 //! dstnat −100, nft chains by priority), the routing decision with policy rules and marks and
@@ -13,6 +13,11 @@
 //! IPVS virtual servers are taken at LOCAL_IN and LOCAL_OUT ([`ipvs_walk`]); ipset matches
 //! are looked up in `ipset list`/`save` output ([`sets`]). A packet the node sends itself
 //! (`iif` [`LOCAL`]) takes the OUTPUT path ([`output`]).
+//!
+//! An IPv6 packet takes the same path through ip6tables and nft's `ip6`/`inet` chains, routed
+//! by `ip -6 rule`/`route`; it has no rp_filter, only reverse-path rules ([`rpfilter`], which
+//! also serves IPv4's `-m rpfilter` and `fib saddr … oif`), and neighbour discovery is assumed
+//! to work (said in the assumptions).
 //!
 //! What it models and what it assumes is said in [`Trace::assumptions`]; rules it cannot
 //! evaluate (match modules it does not know, sets missing from the input) count as not
