@@ -27,7 +27,7 @@ struct WalkArgs {
     /// The packet's source address (default with --pod: the pod's address).
     #[arg(long)]
     from: Option<IpAddr>,
-    /// The packet's destination address.
+    /// The packet's destination address (IPv4 or IPv6; --from of the same family).
     #[arg(long, required = true)]
     to: Option<IpAddr>,
     /// The packet's transport protocol.
@@ -68,7 +68,8 @@ enum ProtoArg {
 #[derive(Subcommand)]
 enum TraceCommand {
     /// Save iptables-save, ip6tables-save, nft -j list ruleset, ipset list, ip rule, route,
-    /// link, addr and neigh, ipvsadm -Ln, the relevant sysctls and conntrack counters into DIR.
+    /// link, addr and neigh, ip -6 rule and route, ipvsadm -Ln, the relevant sysctls and
+    /// conntrack counters into DIR.
     Collect {
         /// A new or empty directory (existing files are never overwritten).
         dir: PathBuf,
