@@ -1,6 +1,7 @@
 //! One netfilter hook: the iptables tables and nft base chains on it, run in priority order.
 
-use super::{Dropped, Flow, Pkt, Walker};
+use super::packet::{Flow, Pkt};
+use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
     /// The netfilter chains of one hook in priority order; each one's verdict applied.

@@ -5,7 +5,8 @@ use std::net::IpAddr;
 use crate::iptables::{Dump, Rule as IptRule};
 
 use super::nat::endpoint;
-use super::{cidr_contains, parse_num, Flow, Pkt, Proto, Walker};
+use super::packet::{Flow, Pkt, Proto};
+use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
     /// Runs an iptables chain. Returns how it ended.

@@ -10,7 +10,8 @@
 
 use crate::ipvs::VirtualServer;
 
-use super::{unspecified, Dropped, Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::{unspecified, Dropped, Walker};
 
 impl Walker<'_> {
     /// The virtual server the packet hits, if IPVS is in the state.
@@ -44,7 +45,7 @@ impl Walker<'_> {
                 );
                 return Some(Err((
                     format!(
-                        "{stage}: IPVS virtual server {}: its real servers are not in the dump (ipvsadm output cut with grep)", super::sa(p.dst, p.dport)),
+                        "{stage}: IPVS virtual server {}: its real servers are not in the dump (ipvsadm output cut with grep)", super::packet::sa(p.dst, p.dport)),
                     vec![],
                 )));
             }
@@ -58,7 +59,7 @@ impl Walker<'_> {
             self.rejected = true;
             return Some(Err((
                 format!(
-                    "{stage}: IPVS virtual server {} has no real servers (weight > 0): rejected with ICMP port unreachable", super::sa(p.dst, p.dport)),
+                    "{stage}: IPVS virtual server {} has no real servers (weight > 0): rejected with ICMP port unreachable", super::packet::sa(p.dst, p.dport)),
                 vec!["give the Service ready endpoints (IPVS rejects while it has none)".into()],
             )));
         }
@@ -102,7 +103,7 @@ impl Walker<'_> {
             Some(vs.text.clone()),
             format!(
                 "virtual server → real server {} ({})",
-                super::sa(p.dst, p.dport),
+                super::packet::sa(p.dst, p.dport),
                 first.forward
             ),
         );
@@ -129,7 +130,7 @@ impl Walker<'_> {
                 None,
                 format!(
                     "the real server {} is this node's (assumed listening)",
-                    super::sa(p.dst, p.dport)
+                    super::packet::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -168,7 +169,7 @@ impl Walker<'_> {
             "out {} {} → {}",
             route.oif,
             p.src,
-            super::sa(p.dst, p.dport)
+            super::packet::sa(p.dst, p.dport)
         );
         if p.src != before
             && self.via_router

@@ -2,7 +2,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// SNAT (iptables `SNAT --to-source`, nft `snat to`): the source becomes `to` when the rule
@@ -30,7 +31,7 @@ impl Walker<'_> {
     /// The hop of a destination NAT already applied to `p` (`verb` as the dump spells it:
     /// DNAT, REDIRECT, redirect).
     pub(super) fn dnat_hop(&mut self, p: &Pkt, verb: &str, stage: &str, place: &str, rule: &str) {
-        let note = format!("{verb} to {}", super::sa(p.dst, p.dport));
+        let note = format!("{verb} to {}", super::packet::sa(p.dst, p.dport));
         self.hop(stage, place, Some(rule.to_string()), note);
     }
 

@@ -9,7 +9,8 @@ use serde_json::Value;
 use crate::nft::{self, Ruleset};
 
 use super::nft_walk::{is_numgen_match, NVal};
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// The address and port a `dnat to KEY map @m` gives: the key as the packet has it, with a

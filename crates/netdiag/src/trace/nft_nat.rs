@@ -10,7 +10,8 @@ use crate::nft::Ruleset;
 
 use super::nat::endpoint;
 use super::nft_walk::nval_matches;
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// Applies a `dnat` or `redirect` statement to `p`; false when it does not apply (a map

@@ -6,7 +6,8 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::{cidr_contains, parse_num, Flow, Pkt, Walker};
+use super::packet::{Flow, Pkt};
+use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
     /// Runs an nft chain.

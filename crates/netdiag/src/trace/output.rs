@@ -10,7 +10,8 @@
 
 use std::net::IpAddr;
 
-use super::{unspecified, Dropped, Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::{unspecified, Dropped, Walker};
 
 impl Walker<'_> {
     pub(super) fn output_and_reply(&mut self, p: &mut Pkt) -> Result<(), Dropped> {
@@ -54,7 +55,7 @@ impl Walker<'_> {
                 None,
                 format!(
                     "to a local socket on {} (assumed listening)",
-                    super::sa(p.dst, p.dport)
+                    super::packet::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -67,7 +68,7 @@ impl Walker<'_> {
                 "out {} {} → {}",
                 route.oif,
                 p.src,
-                super::sa(p.dst, p.dport)
+                super::packet::sa(p.dst, p.dport)
             ),
         );
         self.reply(p, &orig, before, &route.oif)

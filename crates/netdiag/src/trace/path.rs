@@ -1,7 +1,8 @@
 //! The request's way through the node: PREROUTING, routing, then INPUT or FORWARD and
 //! POSTROUTING.
 
-use super::{Dropped, Fact, Pkt, Walker};
+use super::packet::{Fact, Pkt};
+use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
     pub(super) fn request_and_reply(&mut self, p: &mut Pkt) -> Result<(), Dropped> {
@@ -24,7 +25,7 @@ impl Walker<'_> {
                 None,
                 format!(
                     "to a local socket on {} (assumed listening)",
-                    super::sa(p.dst, p.dport)
+                    super::packet::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -53,7 +54,7 @@ impl Walker<'_> {
             "out {} {} → {}",
             route.oif,
             p.src,
-            super::sa(p.dst, p.dport)
+            super::packet::sa(p.dst, p.dport)
         );
         if masq_src != before
             && self.via_router

@@ -2,7 +2,8 @@
 
 use std::net::IpAddr;
 
-use super::{Dropped, Fact, Pkt, Walker};
+use super::packet::{Fact, Pkt};
+use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
     /// The reply to the request `p` (as it left; `orig` as it arrived, `before` its source
@@ -44,11 +45,11 @@ impl Walker<'_> {
                     reply_iif.clone(),
                     None,
                     format!(
-                        "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::sa(p.dst, p.dport), orig.src, super::sa(orig.dst, orig.dport)),
+                        "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::packet::sa(p.dst, p.dport), orig.src, super::packet::sa(orig.dst, orig.dport)),
                 );
                 return Err((
                     format!(
-                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::sa(p.dst, p.dport), super::sa(orig.dst, orig.dport)),
+                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::packet::sa(p.dst, p.dport), super::packet::sa(orig.dst, orig.dport)),
                     vec![
                         format!("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.{brkey}=1"),
                         format!(
@@ -62,7 +63,7 @@ impl Walker<'_> {
                 reply_iif.clone(),
                 None,
                 format!(
-                    "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)", super::sa(p.dst, p.dport), orig.src),
+                    "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)", super::packet::sa(p.dst, p.dport), orig.src),
             );
         }
         self.hop(
@@ -71,7 +72,7 @@ impl Walker<'_> {
             None,
             format!(
                 "{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
-                super::sa(p.dst, p.dport),
+                super::packet::sa(p.dst, p.dport),
                 masq_src,
                 orig.src
             ),
@@ -126,7 +127,7 @@ impl Walker<'_> {
                 "out {} to {} (source restored to {})",
                 back.oif,
                 orig.src,
-                super::sa(orig.dst, orig.dport)
+                super::packet::sa(orig.dst, orig.dport)
             ),
         );
         Ok(())

@@ -4,7 +4,8 @@ use std::net::IpAddr;
 
 use crate::iproute::PolicyRule;
 
-use super::{Dropped, Fact, Walker};
+use super::packet::Fact;
+use super::walker::{Dropped, Walker};
 
 /// The output that settles a lookup the dump's routes cannot answer.
 pub(super) fn routes_settle(v6: bool) -> &'static str {

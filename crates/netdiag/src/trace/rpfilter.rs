@@ -9,7 +9,8 @@ use crate::iproute::Route;
 use crate::iptables::Rule as IptRule;
 
 use super::nft_walk::NVal;
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// The route back to `p`'s source (from its destination, `iif lo`, with `mark`): `Ok(None)`

@@ -3,7 +3,8 @@
 use crate::ipset::Fields;
 use crate::iptables::Rule as IptRule;
 
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// Parses the state's ipset and IPVS outputs once; what they skipped is an assumption.
