@@ -150,7 +150,7 @@ impl Walker<'_> {
         // reply tuple (net.ipv4.vs.conntrack = 1), so its original destination (the virtual
         // server) differs from the reply's source (the real server), and ip_route_me_harder
         // routes the packet again, with its source and its mark: source policy rules apply.
-        let route = if self.ipvs_conntrack() && self.nat_output_hooked() {
+        let route = if self.ipvs_conntrack() && self.nat_output_hooked(p.v6()) {
             let again = self.route("OUTPUT reroute", p.src, p.dst, p.mark, "lo")?;
             if again.oif != route.oif {
                 self.assume(format!(
@@ -204,13 +204,15 @@ impl Walker<'_> {
 
     /// Whether a nat chain is hooked at LOCAL_OUT (an iptables nat table, or an nft nat chain
     /// on output): only then does nf_nat route a DNATed packet again.
-    fn nat_output_hooked(&self) -> bool {
-        self.st
-            .iptables
-            .as_ref()
-            .is_some_and(|d| d.tables.contains_key("nat"))
+    fn nat_output_hooked(&self, v6: bool) -> bool {
+        let (ipt, family) = if v6 {
+            (&self.st.ip6tables, "ip6")
+        } else {
+            (&self.st.iptables, "ip")
+        };
+        ipt.as_ref().is_some_and(|d| d.tables.contains_key("nat"))
             || self.st.nft.as_ref().is_some_and(|rs| {
-                rs.base_chains("output", &["ip", "inet"])
+                rs.base_chains("output", &[family, "inet"])
                     .iter()
                     .any(|c| c.hook.as_ref().is_some_and(|h| h.kind == "nat"))
             })
