@@ -417,6 +417,18 @@ pub fn parse_routes(text: &str) -> Parsed<Vec<Route>> {
     }
 }
 
+/// `ip -6 route show table all` (text or `-j`): as [`parse_routes`], with `default` read as
+/// `::/0` (a route without a gateway says nothing of its family; this output holds IPv6 only).
+pub fn parse_routes6(text: &str) -> Parsed<Vec<Route>> {
+    let mut p = parse_routes(text);
+    for r in &mut p.value {
+        if r.dst == default_net(None) {
+            r.dst = default_net(Some(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)));
+        }
+    }
+    p
+}
+
 fn ip(s: &str) -> Result<IpAddr, String> {
     s.parse().map_err(|_| format!("bad address {s:?}"))
 }

@@ -11,7 +11,7 @@
 //! (`anywhere` is read, host names are not addresses) likewise. The text of each rule is the
 //! listing's line, so evidence quotes what was pasted.
 
-use crate::iptables::{Arg, Chain, Dump, Rule, Target};
+use crate::iptables::model::{Arg, Chain, Dump, Rule, Target};
 use crate::{paste, Parsed, Skipped};
 
 /// Whether `text` is an `iptables -L` listing rather than iptables-save: a line `Chain NAME (`.

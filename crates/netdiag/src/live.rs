@@ -33,6 +33,8 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::IpsetList => &["ipset", "list"],
         Output::IpRule => &["ip", "-j", "rule"],
         Output::IpRoute => &["ip", "-j", "route", "show", "table", "all"],
+        Output::Ip6Rule => &["ip", "-6", "-j", "rule"],
+        Output::Ip6Route => &["ip", "-6", "-j", "route", "show", "table", "all"],
         Output::IpLink => &["ip", "-j", "-d", "link"],
         Output::IpAddr => &["ip", "-j", "addr"],
         Output::IpNeigh => &["ip", "-j", "neigh"],
@@ -289,7 +291,8 @@ pub struct Manifest {
     pub entries: Vec<ManifestEntry>,
 }
 
-pub const MANIFEST_FILE: &str = "manifest.json";
+/// Defined with the outputs ([`crate::state`]), which skips it when reading a directory back.
+pub use crate::state::MANIFEST_FILE;
 
 /// Writes each output that ran to its conventional file in `dir` (created if missing) and a
 /// `manifest.json` listing every command with its file or its error. Refuses to overwrite any

@@ -314,7 +314,8 @@ pub fn render_value(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Number(n) => n.to_string(),
-        Value::Bool(b) => b.to_string(),
+        // `exists`/`missing` (fib, exthdr and option tests) are booleans in JSON.
+        Value::Bool(b) => if *b { "exists" } else { "missing" }.to_string(),
         Value::Null => String::new(),
         Value::Array(items) => items.iter().map(render_value).collect::<Vec<_>>().join(","),
         Value::Object(o) => {
@@ -322,7 +323,17 @@ pub fn render_value(v: &Value) -> String {
                 return "{}".into();
             };
             match k.as_str() {
-                "meta" | "ct" | "rt" | "fib" | "socket" | "osf" => {
+                // `fib saddr . iif oif`
+                "fib" => {
+                    let flags: Vec<&str> = match &inner["flags"] {
+                        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+                        Value::String(f) => vec![f.as_str()],
+                        _ => Vec::new(),
+                    };
+                    let result = inner.get("result").and_then(Value::as_str).unwrap_or("?");
+                    format!("fib {} {result}", flags.join(" . "))
+                }
+                "meta" | "ct" | "rt" | "socket" | "osf" => {
                     let key = inner.get("key").and_then(Value::as_str).unwrap_or("?");
                     match k.as_str() {
                         // nft prints these meta keys bare.

@@ -14,6 +14,10 @@ use crate::nft::{self, Ruleset};
 use crate::sysctl::{self, Sysctls};
 use crate::Skipped;
 
+/// The file a live collection ([`crate::live::write_collection`]) lists its commands in; not an
+/// output, so [`NodeState::from_dir`] skips it.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
 /// One output an operator pastes, and the file it is saved as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -24,6 +28,10 @@ pub enum Output {
     IpsetList,
     IpRule,
     IpRoute,
+    /// `ip -6 rule`: IPv6 policy rules (a family of their own: `ip rule` shows IPv4's only).
+    Ip6Rule,
+    /// `ip -6 route show table all`: IPv6 routes (`ip route` shows IPv4's only).
+    Ip6Route,
     IpLink,
     IpAddr,
     IpNeigh,
@@ -48,13 +56,15 @@ pub enum Output {
 }
 
 impl Output {
-    pub const ALL: [Output; 19] = [
+    pub const ALL: [Output; 21] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
         Output::IpsetList,
         Output::IpRule,
         Output::IpRoute,
+        Output::Ip6Rule,
+        Output::Ip6Route,
         Output::IpLink,
         Output::IpAddr,
         Output::IpNeigh,
@@ -79,6 +89,8 @@ impl Output {
             Output::IpsetList => "ipset-list.txt",
             Output::IpRule => "ip-rule.json",
             Output::IpRoute => "ip-route.json",
+            Output::Ip6Rule => "ip6-rule.json",
+            Output::Ip6Route => "ip6-route.json",
             Output::IpLink => "ip-link.json",
             Output::IpAddr => "ip-addr.json",
             Output::IpNeigh => "ip-neigh.json",
@@ -125,6 +137,14 @@ impl Output {
                 "ip-route-show-table-all",
                 "ip-j-route",
                 "ip-route-show",
+            ],
+            Output::Ip6Rule => &["ip6-rule", "ip-6-rule", "ip-6-rule-show", "ip-6-j-rule"],
+            Output::Ip6Route => &[
+                "ip6-route",
+                "ip-6-route",
+                "ip-6-route-show-table-all",
+                "ip-6-j-route",
+                "ip-6-route-show",
             ],
             Output::IpLink => &["ip-link", "ip-d-link", "ip-j-d-link", "ip-link-show"],
             Output::IpAddr => &["ip-addr", "ip-a", "ip-j-addr", "ip-addr-show"],
@@ -199,6 +219,10 @@ pub struct NodeState {
     pub ipset: Option<String>,
     pub rules: Option<Vec<PolicyRule>>,
     pub routes: Option<Vec<Route>>,
+    /// `ip -6 rule`: the IPv6 policy rules (IPv6 packets are routed by these, not `rules`).
+    pub rules6: Option<Vec<PolicyRule>>,
+    /// `ip -6 route show table all`: the IPv6 routes.
+    pub routes6: Option<Vec<Route>>,
     pub links: Option<Vec<Link>>,
     pub addrs: Option<Vec<Address>>,
     pub neighbours: Option<Vec<Neighbour>>,
@@ -297,6 +321,16 @@ impl NodeState {
                 Output::IpRoute => {
                     let p = iproute::parse_routes(&text);
                     st.routes = Some(p.value);
+                    p.skipped
+                }
+                Output::Ip6Rule => {
+                    let p = iproute::parse_rules(&text);
+                    st.rules6 = Some(p.value);
+                    p.skipped
+                }
+                Output::Ip6Route => {
+                    let p = iproute::parse_routes6(&text);
+                    st.routes6 = Some(p.value);
                     p.skipped
                 }
                 Output::IpLink => {
@@ -621,7 +655,7 @@ impl NodeState {
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
-            if !e.file_type()?.is_file() || name == crate::live::MANIFEST_FILE {
+            if !e.file_type()?.is_file() || name == MANIFEST_FILE {
                 continue;
             }
             match Output::for_file_name(&name) {
@@ -649,10 +683,45 @@ impl NodeState {
     pub fn is_local_address(&self, ip: IpAddr) -> bool {
         self.local_addresses().any(|a| a.addr == ip)
             || self
-                .routes
-                .iter()
-                .flatten()
+                .all_routes()
                 .any(|r| r.kind == "local" && r.table == "local" && r.dst.contains(&ip))
+    }
+
+    /// The routes of both families (`ip route` and `ip -6 route`): a prefix of one family
+    /// never contains an address of the other, so a lookup may search them together.
+    pub fn all_routes(&self) -> impl Iterator<Item = &Route> {
+        self.routes
+            .iter()
+            .flatten()
+            .chain(self.routes6.iter().flatten())
+    }
+
+    /// The routes the dump holds for a family: IPv4's from `ip route`; IPv6's from `ip -6
+    /// route`, else the IPv6 routes in `ip route`'s output (`ip route show table all` without
+    /// `-4` lists both families). `None`: that family's routes are not in the dump.
+    pub fn routes_of(&self, v6: bool) -> Option<Vec<&Route>> {
+        if !v6 {
+            return self.routes.as_ref().map(|r| r.iter().collect());
+        }
+        if let Some(r) = &self.routes6 {
+            return Some(r.iter().collect());
+        }
+        let listed: Vec<&Route> = self
+            .routes
+            .iter()
+            .flatten()
+            .filter(|r| r.dst.addr().is_ipv6())
+            .collect();
+        (!listed.is_empty()).then_some(listed)
+    }
+
+    /// The policy rules of a family (`ip rule` or `ip -6 rule`), if in the dump.
+    pub fn rules_of(&self, v6: bool) -> Option<&Vec<PolicyRule>> {
+        if v6 {
+            self.rules6.as_ref()
+        } else {
+            self.rules.as_ref()
+        }
     }
 
     pub fn link(&self, name: &str) -> Option<&Link> {
@@ -668,9 +737,7 @@ impl NodeState {
 
     /// The longest-prefix route for `dst` in `table` (ties: lowest metric), unicast or not.
     pub fn lookup(&self, table: &str, dst: IpAddr) -> Option<&Route> {
-        self.routes
-            .iter()
-            .flatten()
+        self.all_routes()
             .filter(|r| r.table == table && r.dst.contains(&dst))
             .max_by(|a, b| {
                 a.dst

@@ -19,7 +19,7 @@ fn walk_pod(st: &NodeState) -> Trace {
     let t = trace::trace(
         st,
         &Packet {
-            src: pod.addr,
+            src: pod.addr.into(),
             dst: "10.12.115.101".parse().unwrap(),
             proto: Proto::Tcp,
             sport: 40000,

@@ -3,7 +3,7 @@
 //! saves a node's state as the outputs operators paste, with a manifest.
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -27,7 +27,7 @@ struct WalkArgs {
     /// The packet's source address (default with --pod: the pod's address).
     #[arg(long)]
     from: Option<IpAddr>,
-    /// The packet's destination address.
+    /// The packet's destination address (IPv4 or IPv6; --from of the same family).
     #[arg(long, required = true)]
     to: Option<IpAddr>,
     /// The packet's transport protocol.
@@ -68,7 +68,8 @@ enum ProtoArg {
 #[derive(Subcommand)]
 enum TraceCommand {
     /// Save iptables-save, ip6tables-save, nft -j list ruleset, ipset list, ip rule, route,
-    /// link, addr and neigh, ipvsadm -Ln, the relevant sysctls and conntrack counters into DIR.
+    /// link, addr and neigh, ip -6 rule and route, ipvsadm -Ln, the relevant sysctls and
+    /// conntrack counters into DIR.
     Collect {
         /// A new or empty directory (existing files are never overwritten).
         dir: PathBuf,
@@ -112,8 +113,8 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     let (Some(to), Some(dport)) = (a.to, a.dport) else {
         bail!("--to and --dport are required");
     };
-    let to = v4_only("--to", to)?;
-    let from = a.from.map(|f| v4_only("--from", f)).transpose()?;
+    let v6 = to.is_ipv6();
+    let from = a.from;
     let mut notes = Vec::new();
     let st = match &a.dir {
         Some(dir) => {
@@ -140,7 +141,7 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     };
     let (from, iif) = match (&a.pod, &a.iif) {
         (Some(pod), _) => {
-            let (ip, iif) = pod_side(pod, &st)?;
+            let (ip, iif) = pod_side(pod, &st, v6)?;
             (from.unwrap_or(ip), iif)
         }
         (None, Some(iif)) => (
@@ -154,13 +155,14 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
             .as_ref()
             .and_then(|p| Some((p.addr, p.host_iface.clone()?)))
         {
-            Some((ip, iif)) if a.dir.is_some() => (from.unwrap_or(ip), iif),
+            Some((ip, iif)) if a.dir.is_some() => (from.unwrap_or(IpAddr::V4(ip)), iif),
             _ => bail!(
                 "say where the packet comes from: --iif IFACE or --pod NETNS (or, with a \
                  directory, the pod's `ip addr` saved as pod-ip-addr.txt)"
             ),
         },
     };
+    same_family(from, to)?;
     let packet = Packet {
         src: from,
         dst: to,
@@ -203,22 +205,21 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// The walk follows IPv4 only (docs/diagnostics.md says what IPv6 would take): an IPv6
-/// address is refused with that said, rather than walked through IPv4 rules.
-fn v4_only(flag: &str, ip: IpAddr) -> anyhow::Result<Ipv4Addr> {
-    match ip {
-        IpAddr::V4(v4) => Ok(v4),
-        IpAddr::V6(v6) => bail!(
-            "{flag} {v6}: weir trace walks IPv4 packets only; for IPv6 read ip6tables-save, \
-             the nft ip6/inet tables and `ip -6 route get` by hand (rp_filter does not apply to \
-             IPv6: its reverse-path check is ip6tables' rpfilter match or nft's fib)"
-        ),
+/// A packet's addresses are of one family (an IPv4-mapped or NAT64 address is not walked).
+fn same_family(from: IpAddr, to: IpAddr) -> anyhow::Result<()> {
+    if from.is_ipv6() != to.is_ipv6() {
+        bail!(
+            "--from {from} and --to {to} are of different IP families: give a source of the \
+             destination's family (with --pod, or a pod-ip-addr.txt, the pod's address of that \
+             family: --from)"
+        );
     }
+    Ok(())
 }
 
 /// A pod's address and its host-side veth: the pod's `eth0` names its peer's ifindex
 /// (`link_index`), which is the host interface with that index.
-fn pod_side(pod: &str, st: &NodeState) -> anyhow::Result<(Ipv4Addr, String)> {
+fn pod_side(pod: &str, st: &NodeState, v6: bool) -> anyhow::Result<(IpAddr, String)> {
     let target = Target {
         netns: Some(pod.to_string()),
     };
@@ -229,13 +230,21 @@ fn pod_side(pod: &str, st: &NodeState) -> anyhow::Result<(Ipv4Addr, String)> {
     let peer = v[0]["link_index"]
         .as_u64()
         .context("the pod's eth0 has no peer (not a veth?)")?;
+    let family = if v6 { "-6" } else { "-4" };
     let addr = target
-        .run(&["ip", "-j", "-4", "addr", "show", "eth0"])
+        .run(&[
+            "ip", "-j", family, "addr", "show", "eth0", "scope", "global",
+        ])
         .map_err(anyhow::Error::msg)?;
     let v: serde_json::Value = serde_json::from_str(&addr)?;
-    let ip: Ipv4Addr = v[0]["addr_info"][0]["local"]
+    let ip: IpAddr = v[0]["addr_info"][0]["local"]
         .as_str()
-        .context("the pod's eth0 has no IPv4 address")?
+        .with_context(|| {
+            format!(
+                "the pod's eth0 has no global {} address",
+                if v6 { "IPv6" } else { "IPv4" }
+            )
+        })?
         .parse()?;
     let iif = st
         .links

@@ -2,128 +2,12 @@
 //! asks for them through [`Walker::fact`], which answers from the dump when it can and
 //! otherwise records the question. [`super::trace`] then walks again for every other value the
 //! question could have had, and when the answers differ the verdict is conditional: one
-//! [`Branch`] per outcome, each with the values that lead to it, and the file that settles it.
+//! [`Branch`](super::Branch) per outcome, each with the values that lead to it, and the file that settles it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
-
-use super::Walker;
-
-/// A fact the walk needed.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case", tag = "kind", content = "on")]
-pub enum Fact {
-    /// The effective `rp_filter` on an interface: max(conf/all, conf/IFACE); 0, 1 or 2.
-    RpFilter(String),
-    /// `src_valid_mark` on an interface (conf/all OR conf/IFACE); 0 or 1.
-    SrcValidMark(String),
-    /// `net.ipv4.ip_forward`; 0 or 1.
-    IpForward,
-    /// `net.bridge.bridge-nf-call-iptables` (0 also when br_netfilter is not loaded); 0 or 1.
-    BrNetfilter,
-    /// Whether a route table a rule names holds routes the dump does not show (the routes are
-    /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
-    Table(String),
-}
-
-impl Fact {
-    /// What the fact is, without a value.
-    pub fn name(&self) -> String {
-        match self {
-            Fact::RpFilter(i) => format!("rp_filter on {i} (max of conf/all and conf/{i})"),
-            Fact::SrcValidMark(i) => format!("src_valid_mark on {i}"),
-            Fact::IpForward => "net.ipv4.ip_forward".into(),
-            Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
-            Fact::Table(t) => format!("route table {t}"),
-        }
-    }
-
-    /// The fact with a value, as a condition people read.
-    pub fn describe(&self, values: &BTreeSet<i64>) -> String {
-        let v: Vec<i64> = values.iter().copied().collect();
-        let or = |names: Vec<String>| names.join(" or ");
-        match self {
-            Fact::RpFilter(i) => format!(
-                "rp_filter on {i} is {}",
-                or(v.iter()
-                    .map(|x| match x {
-                        0 => "0 (off)".to_string(),
-                        1 => "1 (strict)".to_string(),
-                        2 => "2 (loose)".to_string(),
-                        o => o.to_string(),
-                    })
-                    .collect())
-            ),
-            Fact::SrcValidMark(i) => format!(
-                "src_valid_mark on {i} is {}",
-                or(v.iter().map(|x| x.to_string()).collect())
-            ),
-            Fact::IpForward => format!(
-                "net.ipv4.ip_forward is {}",
-                or(v.iter().map(|x| x.to_string()).collect())
-            ),
-            Fact::BrNetfilter => match v.as_slice() {
-                [0] => "bridge-nf-call-iptables is 0 (or br_netfilter not loaded)".into(),
-                [1] => "bridge-nf-call-iptables is 1".into(),
-                _ => "bridge-nf-call-iptables is 0 or 1".into(),
-            },
-            Fact::Table(t) => match v.as_slice() {
-                [0] => format!("table {t} is empty"),
-                [1] => format!("table {t} holds routes"),
-                _ => format!("table {t} is empty or holds routes"),
-            },
-        }
-    }
-
-    /// What settles it.
-    pub fn settle(&self) -> String {
-        match self {
-            Fact::RpFilter(i) => format!(
-                "`sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{}.rp_filter` (sysctl.txt; `weir trace collect` saves it)",
-                i.replace('.', "/")
-            ),
-            Fact::SrcValidMark(i) => format!(
-                "`sysctl net.ipv4.conf.all.src_valid_mark net.ipv4.conf.{}.src_valid_mark` (sysctl.txt)",
-                i.replace('.', "/")
-            ),
-            Fact::IpForward => "`sysctl net.ipv4.ip_forward` (sysctl.txt)".into(),
-            Fact::BrNetfilter => "`sysctl net.bridge.bridge-nf-call-iptables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
-            Fact::Table(t) => format!(
-                "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
-            ),
-        }
-    }
-}
-
-/// One outcome of a conditional verdict.
-#[derive(Debug, Clone, Serialize)]
-pub struct Branch {
-    /// The conditions that lead here: any of these conjunctions, each a list of facts with the
-    /// values they must have.
-    pub when: Vec<Vec<Condition>>,
-    /// The same, as text: "rp_filter on eth0 is 1 (strict)".
-    pub when_text: String,
-    pub verdict: super::Verdict,
-    pub cause: Option<String>,
-    pub fixes: Vec<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Condition {
-    pub fact: Fact,
-    pub values: Vec<i64>,
-}
-
-/// A fact the dump lacks and the verdict depends on.
-#[derive(Debug, Clone, Serialize)]
-pub struct Unknown {
-    pub fact: Fact,
-    /// "sysctl.txt is missing", "no net.ipv4.conf.eth0.rp_filter in sysctl.txt" …
-    pub why: String,
-    /// The command (and file) that settles it.
-    pub settle: String,
-}
+use super::packet::{Condition, Fact, Trace};
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// The value of `f`: from the dump when it pins it, else the value this walk was told to
@@ -168,12 +52,23 @@ impl Walker<'_> {
                     .flat_map(|a| one.iter().map(move |b| *a.max(b)))
                     .collect())
             }
-            Fact::IpForward => match s.and_then(|s| s.int("net.ipv4.ip_forward")) {
-                Some(v) => vec![(v != 0) as i64],
-                None => vec![1, 0],
-            },
-            Fact::BrNetfilter => match s {
-                Some(s) => match s.int("net.bridge.bridge-nf-call-iptables") {
+            Fact::IpForward | Fact::Ip6Forward => {
+                let key = if *f == Fact::IpForward {
+                    "net.ipv4.ip_forward"
+                } else {
+                    "net.ipv6.conf.all.forwarding"
+                };
+                match s.and_then(|s| s.int(key)) {
+                    Some(v) => vec![(v != 0) as i64],
+                    None => vec![1, 0],
+                }
+            }
+            Fact::BrNetfilter | Fact::BrNetfilter6 => match s {
+                Some(s) => match s.int(if *f == Fact::BrNetfilter {
+                    "net.bridge.bridge-nf-call-iptables"
+                } else {
+                    "net.bridge.bridge-nf-call-ip6tables"
+                }) {
                     Some(v) => vec![(v != 0) as i64],
                     // A whole `sysctl -a` (or weir's cut of it, which keeps every
                     // net.bridge.* key) without the key: the module is not loaded.
@@ -220,8 +115,12 @@ impl Walker<'_> {
                 format!("sysctl output without net.ipv4.conf.{{all,{i}}}.src_valid_mark")
             }
             Fact::IpForward => "sysctl output without net.ipv4.ip_forward".into(),
+            Fact::Ip6Forward => "sysctl output without net.ipv6.conf.all.forwarding".into(),
             Fact::BrNetfilter => {
                 "a short sysctl paste without net.bridge.bridge-nf-call-iptables".into()
+            }
+            Fact::BrNetfilter6 => {
+                "a short sysctl paste without net.bridge.bridge-nf-call-ip6tables".into()
             }
             Fact::Table(t) => {
                 format!("the routes are main only (`ip route list`): table {t} is not in the dump")
@@ -232,7 +131,7 @@ impl Walker<'_> {
 
 /// One walk's outcome and the facts it asked for, with the values it took.
 pub(super) struct Leaf {
-    pub(super) trace: super::Trace,
+    pub(super) trace: Trace,
     pub(super) asked: Vec<(Fact, i64)>,
 }
 
@@ -255,7 +154,7 @@ fn intersects(a: &Cube, b: &Cube) -> bool {
 pub(super) fn branches(leaves: &[Leaf]) -> Vec<(Vec<usize>, Vec<Vec<Condition>>, String)> {
     // (verdict, cause) → the leaves with that outcome.
     type Outcome = (String, Option<String>);
-    let key = |t: &super::Trace| (format!("{:?}", t.verdict), t.cause.clone());
+    let key = |t: &Trace| (format!("{:?}", t.verdict), t.cause.clone());
     let mut groups: Vec<(Outcome, Vec<usize>)> = Vec::new();
     for (i, l) in leaves.iter().enumerate() {
         let k = key(&l.trace);

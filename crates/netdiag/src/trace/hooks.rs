@@ -1,13 +1,22 @@
 //! One netfilter hook: the iptables tables and nft base chains on it, run in priority order.
 
-use super::{Dropped, Flow, Pkt, Walker};
+use super::packet::{Flow, Pkt};
+use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
     /// The netfilter chains of one hook in priority order; each one's verdict applied.
     pub(super) fn hook(&mut self, stage: &str, p: &mut Pkt) -> Result<(), Dropped> {
         let hook = stage.trim_start_matches("reply ");
         let mut slots: Vec<(i64, Slot)> = Vec::new();
-        if let Some(d) = &self.st.iptables {
+        // An IPv6 packet meets ip6tables and nft's ip6 and inet tables; an IPv4 one iptables
+        // and ip and inet.
+        let st = self.st;
+        let (ipt, nft_family) = if p.v6() {
+            (st.ip6tables.as_ref(), "ip6")
+        } else {
+            (st.iptables.as_ref(), "ip")
+        };
+        if let Some(d) = ipt {
             for (table, prio) in iptables_tables(hook) {
                 if d.chain(table, hook).is_some() {
                     slots.push((prio, Slot::Ipt(table)));
@@ -15,11 +24,11 @@ impl Walker<'_> {
             }
         }
         if let Some(rs) = &self.st.nft {
-            for c in rs.base_chains(&hook.to_ascii_lowercase(), &["ip", "inet"]) {
+            for c in rs.base_chains(&hook.to_ascii_lowercase(), &[nft_family, "inet"]) {
                 // iptables-nft's own tables are read from iptables-save (their xt expressions
                 // carry no meaning in JSON).
-                if self.st.iptables.is_some()
-                    && c.family == "ip"
+                if ipt.is_some()
+                    && c.family == nft_family
                     && matches!(
                         c.table.as_str(),
                         "filter" | "nat" | "mangle" | "raw" | "security"
@@ -52,9 +61,9 @@ impl Walker<'_> {
                     if table == "nat" && (p.ct_state != "new" || p.nat_bound || p.skip_nat) {
                         continue;
                     }
-                    let d = self.st.iptables.as_ref().expect("checked");
+                    let d = ipt.expect("checked");
                     let flow = self.ipt_chain(d, table, hook, p, stage, 0);
-                    let place = format!("iptables {table} {hook}");
+                    let place = format!("{} {table} {hook}", ipt_name(p));
                     match flow {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
                         Flow::Accept => {}
@@ -119,6 +128,15 @@ pub(super) enum Slot {
     Ipt(&'static str),
     /// family, table, chain, policy, is a nat chain
     Nft(String, String, String, String, bool),
+}
+
+/// `iptables` or, for an IPv6 packet, `ip6tables`: the dump a hop's rule is quoted from.
+pub(super) fn ipt_name(p: &Pkt) -> &'static str {
+    if p.v6() {
+        "ip6tables"
+    } else {
+        "iptables"
+    }
 }
 
 /// iptables tables on a hook, with their priorities.

@@ -1,10 +1,12 @@
 //! The iptables walk: a chain's rules, their matches and targets.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use crate::iptables::{Dump, Rule as IptRule};
 
-use super::{cidr_contains, parse_num, Flow, Pkt, Proto, Walker};
+use super::nat::endpoint;
+use super::packet::{Flow, Pkt, Proto};
+use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
     /// Runs an iptables chain. Returns how it ended.
@@ -24,7 +26,7 @@ impl Walker<'_> {
         if depth > 16 {
             return Flow::Return;
         }
-        let place = format!("iptables {table} {chain}");
+        let place = format!("{} {table} {chain}", super::hooks::ipt_name(p));
         let rules = ch.rules.clone();
         // The rule taken in a `-m statistic` cascade (each of its options is walked in turn).
         let mut cascade: Option<usize> = None;
@@ -109,21 +111,19 @@ impl Walker<'_> {
                         p.dnat = true;
                     }
                     p.nat_bound = true;
-                    self.note_endpoints(vec![format!("{}:{}", p.dst, p.dport)]);
+                    self.note_endpoints(vec![endpoint(p.dst, Some(p.dport))]);
                     self.dnat_hop(p, "DNAT", stage, &place, &r.text);
                     return Flow::Accept;
                 }
                 "REDIRECT" => {
                     // To the incoming interface's primary address (127.0.0.1 from the node).
-                    let addr = if p.iif == "lo" {
-                        Some(std::net::Ipv4Addr::LOCALHOST)
-                    } else {
-                        self.primary_ipv4(&p.iif)
-                    };
+                    let addr = self.redirect_target(p);
                     let Some(addr) = addr else {
                         self.assume(format!(
-                            "REDIRECT on {}, which has no IPv4 address known: passed over (`{}`)",
-                            p.iif, r.text
+                            "REDIRECT on {}, which has no {} address known: passed over (`{}`)",
+                            p.iif,
+                            if p.v6() { "IPv6" } else { "IPv4" },
+                            r.text
                         ));
                         continue;
                     };
@@ -136,7 +136,7 @@ impl Walker<'_> {
                     }
                     p.dnat = true;
                     p.nat_bound = true;
-                    self.note_endpoints(vec![format!("{}:{}", p.dst, p.dport)]);
+                    self.note_endpoints(vec![endpoint(p.dst, Some(p.dport))]);
                     self.dnat_hop(p, "REDIRECT", stage, &place, &r.text);
                     return Flow::Accept;
                 }
@@ -215,6 +215,28 @@ impl Walker<'_> {
 
     /// Whether an iptables rule matches; `None` when it uses something the walk cannot evaluate.
     pub(super) fn ipt_matches(&mut self, r: &IptRule, p: &Pkt) -> Option<bool> {
+        // The other matches first: the reverse-path lookup only for a rule that could apply.
+        if r.modules.iter().any(|m| m == "rpfilter") {
+            let rest = IptRule {
+                args: r
+                    .args
+                    .iter()
+                    .filter(|a| a.module.as_deref() != Some("rpfilter"))
+                    .cloned()
+                    .collect(),
+                modules: r
+                    .modules
+                    .iter()
+                    .filter(|m| *m != "rpfilter")
+                    .cloned()
+                    .collect(),
+                ..r.clone()
+            };
+            if !self.ipt_matches(&rest, p)? {
+                return Some(false);
+            }
+            return self.ipt_rpfilter(r, p);
+        }
         for a in &r.args {
             let v = a.values.first().map(String::as_str).unwrap_or("");
             let hit = match (a.module.as_deref(), a.name.as_str()) {
@@ -328,10 +350,20 @@ pub(super) fn port_matches(v: &str, port: u16) -> Option<bool> {
     }
 }
 
-pub(super) fn split_host_port(to: &str) -> Option<(Ipv4Addr, Option<u16>)> {
-    let (host, port) = match to.rsplit_once(':') {
-        Some((h, p)) => (h, p.split('-').next().and_then(|p| p.parse().ok())),
-        None => (to, None),
+/// `--to-destination`/`--to-source`: `ip[-ip][:port[-port]]`, IPv6 as `[ip6]:port` or a bare
+/// `ip6` (the first of a range taken).
+pub(super) fn split_host_port(to: &str) -> Option<(IpAddr, Option<u16>)> {
+    let port = |p: &str| p.split('-').next().and_then(|p| p.parse().ok());
+    let (host, port) = if let Some(rest) = to.strip_prefix('[') {
+        let (h, tail) = rest.split_once(']')?;
+        (h, tail.strip_prefix(':').and_then(port))
+    } else if to.matches(':').count() > 1 {
+        (to, None)
+    } else {
+        match to.rsplit_once(':') {
+            Some((h, p)) => (h, port(p)),
+            None => (to, None),
+        }
     };
     Some((host.split('-').next()?.parse().ok()?, port))
 }

@@ -8,11 +8,10 @@
 //! ICMP port unreachable). Not modelled: firewall-mark virtual servers, direct routing and
 //! tunnelling, the scheduler's actual pick (every real server is walked in turn).
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use crate::ipvs::VirtualServer;
 
-use super::{Dropped, Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::{unspecified, Dropped, Walker};
 
 impl Walker<'_> {
     /// The virtual server the packet hits, if IPVS is in the state.
@@ -20,7 +19,7 @@ impl Walker<'_> {
         self.ipvs
             .as_ref()?
             .iter()
-            .find(|v| v.matches(p.proto.name(), IpAddr::V4(p.dst), p.dport))
+            .find(|v| v.matches(p.proto.name(), p.dst, p.dport))
             .cloned()
     }
 
@@ -46,9 +45,7 @@ impl Walker<'_> {
                 );
                 return Some(Err((
                     format!(
-                        "{stage}: IPVS virtual server {}:{}: its real servers are not in the dump (ipvsadm output cut with grep)",
-                        p.dst, p.dport
-                    ),
+                        "{stage}: IPVS virtual server {}: its real servers are not in the dump (ipvsadm output cut with grep)", super::packet::sa(p.dst, p.dport)),
                     vec![],
                 )));
             }
@@ -62,9 +59,7 @@ impl Walker<'_> {
             self.rejected = true;
             return Some(Err((
                 format!(
-                    "{stage}: IPVS virtual server {}:{} has no real servers (weight > 0): rejected with ICMP port unreachable",
-                    p.dst, p.dport
-                ),
+                    "{stage}: IPVS virtual server {} has no real servers (weight > 0): rejected with ICMP port unreachable", super::packet::sa(p.dst, p.dport)),
                 vec!["give the Service ready endpoints (IPVS rejects while it has none)".into()],
             )));
         }
@@ -92,10 +87,13 @@ impl Walker<'_> {
                 first.forward
             ));
         }
-        let IpAddr::V4(ip) = first.addr.ip() else {
-            self.assume("an IPv6 real server behind an IPv4 virtual server: not modelled");
+        let ip = first.addr.ip();
+        if ip.is_ipv6() != p.v6() {
+            self.assume(
+                "a real server of the other IP family than its virtual server: not modelled",
+            );
             return None;
-        };
+        }
         p.dst = ip;
         p.dport = first.addr.port();
         p.dnat = true;
@@ -104,8 +102,9 @@ impl Walker<'_> {
             "IPVS",
             Some(vs.text.clone()),
             format!(
-                "virtual server → real server {}:{} ({})",
-                p.dst, p.dport, first.forward
+                "virtual server → real server {} ({})",
+                super::packet::sa(p.dst, p.dport),
+                first.forward
             ),
         );
         Some(Ok(()))
@@ -130,15 +129,15 @@ impl Walker<'_> {
                 "local",
                 None,
                 format!(
-                    "the real server {}:{} is this node's (assumed listening)",
-                    p.dst, p.dport
+                    "the real server {} is this node's (assumed listening)",
+                    super::packet::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
         }
         // IPVS's own route (do_output_route4): the real server's address alone, no source,
         // no mark.
-        let route = self.route("IPVS routing", Ipv4Addr::UNSPECIFIED, p.dst, 0, "lo")?;
+        let route = self.route("IPVS routing", unspecified(p.dst), p.dst, 0, "lo")?;
         if route.local {
             self.hop("deliver", "local", None, "the real server is local");
             return Ok(());
@@ -151,7 +150,7 @@ impl Walker<'_> {
         // reply tuple (net.ipv4.vs.conntrack = 1), so its original destination (the virtual
         // server) differs from the reply's source (the real server), and ip_route_me_harder
         // routes the packet again, with its source and its mark: source policy rules apply.
-        let route = if self.ipvs_conntrack() && self.nat_output_hooked() {
+        let route = if self.ipvs_conntrack() && self.nat_output_hooked(p.v6()) {
             let again = self.route("OUTPUT reroute", p.src, p.dst, p.mark, "lo")?;
             if again.oif != route.oif {
                 self.assume(format!(
@@ -166,7 +165,12 @@ impl Walker<'_> {
         };
         let before = p.src;
         self.hook("POSTROUTING", p)?;
-        let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
+        let mut sent = format!(
+            "out {} {} → {}",
+            route.oif,
+            p.src,
+            super::packet::sa(p.dst, p.dport)
+        );
         if p.src != before
             && self.via_router
             && self.owner_of(p.src).is_some_and(|o| o != route.oif)
@@ -200,13 +204,15 @@ impl Walker<'_> {
 
     /// Whether a nat chain is hooked at LOCAL_OUT (an iptables nat table, or an nft nat chain
     /// on output): only then does nf_nat route a DNATed packet again.
-    fn nat_output_hooked(&self) -> bool {
-        self.st
-            .iptables
-            .as_ref()
-            .is_some_and(|d| d.tables.contains_key("nat"))
+    fn nat_output_hooked(&self, v6: bool) -> bool {
+        let (ipt, family) = if v6 {
+            (&self.st.ip6tables, "ip6")
+        } else {
+            (&self.st.iptables, "ip")
+        };
+        ipt.as_ref().is_some_and(|d| d.tables.contains_key("nat"))
             || self.st.nft.as_ref().is_some_and(|rs| {
-                rs.base_chains("output", &["ip", "inet"])
+                rs.base_chains("output", &[family, "inet"])
                     .iter()
                     .any(|c| c.hook.as_ref().is_some_and(|h| h.kind == "nat"))
             })

@@ -1,5 +1,5 @@
-//! `weir trace`: one IPv4 packet (the first of a new connection) walked through a node's state
-//! the way the kernel would, then its reply on the way back.
+//! `weir trace`: one IPv4 or IPv6 packet (the first of a new connection) walked through a node's
+//! state the way the kernel would, then its reply on the way back.
 //!
 //! The path (net/ipv4/ip_input.c, ip_forward.c, ip_output.c): PREROUTING (raw −300, mangle −150,
 //! dstnat −100, nft chains by priority), the routing decision with policy rules and marks and
@@ -13,6 +13,11 @@
 //! IPVS virtual servers are taken at LOCAL_IN and LOCAL_OUT ([`ipvs_walk`]); ipset matches
 //! are looked up in `ipset list`/`save` output ([`sets`]). A packet the node sends itself
 //! (`iif` [`LOCAL`]) takes the OUTPUT path ([`output`]).
+//!
+//! An IPv6 packet takes the same path through ip6tables and nft's `ip6`/`inet` chains, routed
+//! by `ip -6 rule`/`route`; it has no rp_filter, only reverse-path rules ([`rpfilter`], which
+//! also serves IPv4's `-m rpfilter` and `fib saddr … oif`), and neighbour discovery is assumed
+//! to work (said in the assumptions).
 //!
 //! What it models and what it assumes is said in [`Trace::assumptions`]; rules it cannot
 //! evaluate (match modules it does not know, sets missing from the input) count as not
@@ -32,46 +37,21 @@ mod path;
 mod render;
 mod reply;
 mod routing;
+mod rpfilter;
 mod sets;
+mod walker;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
 
 use crate::state::NodeState;
 
-pub use facts::{Branch, Condition, Fact, Unknown};
-pub use packet::{Egress, EndpointOutcome, Hop, Packet, Proto, Trace, Verdict, LOCAL};
-use packet::{Flow, Pkt};
+use packet::Pkt;
+pub use packet::{
+    Branch, Condition, Egress, EndpointOutcome, Fact, Hop, Packet, Proto, Trace, Unknown, Verdict,
+    LOCAL,
+};
 pub use render::{render, svg};
-
-struct Walker<'a> {
-    st: &'a NodeState,
-    hops: Vec<Hop>,
-    choices: Vec<String>,
-    assumptions: BTreeSet<String>,
-    /// A reject rule (not a drop) ended the walk.
-    rejected: bool,
-    /// The last routing decision's route has a gateway (the next hop is a router, not the
-    /// destination itself on a link).
-    via_router: bool,
-    endpoints: Vec<String>,
-    egress: Option<Egress>,
-    /// `ipset list`/`save`, parsed once (`None`: not in the state).
-    sets: Option<Vec<crate::ipset::IpSet>>,
-    /// `ipvsadm -Ln`/`-Sn`, parsed once.
-    ipvs: Option<Vec<crate::ipvs::VirtualServer>>,
-    /// Values this walk takes for facts the dump lacks ([`facts`]).
-    forced: BTreeMap<Fact, i64>,
-    /// The facts the dump lacks that this walk asked for, with the values it took.
-    asked: Vec<(Fact, i64)>,
-    /// The walk reached something the dump cannot tell (a table it lacks).
-    unknown_outcome: bool,
-    /// The option to take at each choice among endpoints, in the order the walk meets them
-    /// (the first where none is given).
-    picks: Vec<usize>,
-    /// Each choice met: how many options, and the endpoint taken.
-    points: ChoicePoints,
-}
+use walker::{ChoicePoints, Walker};
 
 /// Walks at most this many combinations of unknown facts.
 const MAX_WALKS: usize = 64;
@@ -236,7 +216,7 @@ fn conclude(st: &NodeState, leaves: &[facts::Leaf]) -> Trace {
                 .iter()
                 .map(|(f, v)| {
                     let rank = fact_options(st, f).iter().position(|o| o == v).unwrap_or(0);
-                    if *f == Fact::IpForward {
+                    if matches!(f, Fact::IpForward | Fact::Ip6Forward) {
                         rank * 2
                     } else {
                         rank
@@ -391,9 +371,6 @@ fn fact_options(st: &NodeState, f: &Fact) -> Vec<i64> {
     Walker::new(st, BTreeMap::new()).fact_options(f)
 }
 
-/// Each choice among endpoints a walk met: how many options, and the endpoint it took.
-type ChoicePoints = Vec<(usize, String)>;
-
 /// One walk with the given values for unknown facts and options of the rules' choices (by
 /// the order the walk meets them; the first option where none is given): the trace, the facts
 /// it asked, and each choice it met.
@@ -405,7 +382,7 @@ fn walk_once(
 ) -> (Trace, Vec<(Fact, i64)>, ChoicePoints) {
     let mut w = Walker::new(st, forced);
     w.picks = picks.to_vec();
-    w.note_missing();
+    w.note_missing(packet.is_v6());
     w.parse_sets_and_ipvs();
     let mut p = Pkt {
         src: packet.src,
@@ -452,170 +429,4 @@ fn walk_once(
         asked,
         w.points,
     )
-}
-
-/// Why the packet was dropped, and candidate fixes.
-type Dropped = (String, Vec<String>);
-
-impl<'a> Walker<'a> {
-    fn new(st: &'a NodeState, forced: BTreeMap<Fact, i64>) -> Walker<'a> {
-        Walker {
-            st,
-            hops: Vec::new(),
-            choices: Vec::new(),
-            assumptions: BTreeSet::new(),
-            rejected: false,
-            via_router: false,
-            endpoints: Vec::new(),
-            egress: None,
-            sets: None,
-            ipvs: None,
-            forced,
-            asked: Vec::new(),
-            unknown_outcome: false,
-            picks: Vec::new(),
-            points: Vec::new(),
-        }
-    }
-}
-
-impl Walker<'_> {
-    fn hop(
-        &mut self,
-        stage: &str,
-        place: impl Into<String>,
-        rule: Option<String>,
-        note: impl Into<String>,
-    ) {
-        self.hops.push(Hop {
-            stage: stage.into(),
-            place: place.into(),
-            rule,
-            note: note.into(),
-        });
-    }
-
-    /// A choice among endpoints (`labels`, one per option, in the rules' order): the option
-    /// this walk takes, recorded so that [`trace`] walks every other one too.
-    fn choose(&mut self, labels: Vec<String>) -> usize {
-        let k = self.points.len();
-        let c = self
-            .picks
-            .get(k)
-            .copied()
-            .unwrap_or(0)
-            .min(labels.len().saturating_sub(1));
-        let taken = labels.get(c).cloned().unwrap_or_default();
-        self.points.push((labels.len(), taken));
-        c
-    }
-
-    /// The DNAT alternatives of a random choice; the first choice made counts.
-    fn note_endpoints(&mut self, eps: Vec<String>) {
-        if self.endpoints.is_empty() {
-            self.endpoints = eps;
-        }
-    }
-
-    /// The interface the IP layer sees a packet arriving on `iif` on: a bridge port's packets
-    /// enter IP on the bridge (a pod's veth on `cni0`), so the hooks' `iifname`, routing and
-    /// rp_filter see the bridge.
-    fn ip_iif(&mut self, iif: &str) -> String {
-        let Some(master) = self.st.link(iif).and_then(|l| l.master.clone()) else {
-            return iif.to_string();
-        };
-        match self.st.link(&master).and_then(|m| m.kind.as_deref()) {
-            Some("bridge") => {}
-            Some(_) => return iif.to_string(),
-            None => self.assume(format!(
-                "{iif}'s master {master} is taken to be a bridge (no `ip -d link` kind)"
-            )),
-        }
-        self.hop(
-            "bridge",
-            iif,
-            None,
-            format!("{iif} is a port of bridge {master}: the IP layer sees the packet arrive on {master}"),
-        );
-        master
-    }
-
-    /// The request leaves (or is delivered) as `p`.
-    fn note_egress(&mut self, p: &Pkt, local: bool) {
-        self.egress = Some(Egress {
-            src: p.src,
-            dst: p.dst,
-            sport: p.sport,
-            dport: p.dport,
-            oif: if local { None } else { p.oif.clone() },
-            local,
-        });
-    }
-
-    fn assume(&mut self, a: impl Into<String>) {
-        self.assumptions.insert(a.into());
-    }
-
-    fn note_missing(&mut self) {
-        let st = self.st;
-        if st.iptables.is_none() && st.nft.is_none() {
-            self.assume("no iptables-save or nft ruleset: no netfilter rules, every policy ACCEPT");
-        }
-        if st.rules.is_none() {
-            self.assume(
-                "no ip rule output: the default rules (0 local, 32766 main, 32767 default)",
-            );
-        }
-        if st.routes.is_none() {
-            self.assume("no ip route output: where a packet goes is unknown (not assumed: a lookup that needs the routes makes the verdict unknown)");
-        }
-        if st.addrs.is_none() && st.inferred_addrs.is_empty() {
-            self.assume("no ip addr output, and no route names a local address: masquerade's source unknown");
-        } else if st.addrs.is_none() {
-            self.assume("no ip addr output: local addresses learnt from the routes (table local, `proto kernel … src`)");
-        }
-        if st.sysctls.is_none() {
-            self.assume("no sysctl output: rp_filter, src_valid_mark and ip_forward unknown (not assumed: where one decides, the verdict is conditional)");
-        }
-    }
-
-    fn is_local(&self, ip: Ipv4Addr) -> bool {
-        if self.st.is_local_address(IpAddr::V4(ip)) {
-            return true;
-        }
-        // Without table local or a whole `ip addr`, an IPVS virtual server's address is still
-        // known to be local: kube-proxy's ipvs mode binds every one to kube-ipvs0.
-        if !self.st.addresses_complete()
-            && self
-                .ipvs
-                .iter()
-                .flatten()
-                .any(|v| matches!(&v.key, crate::ipvs::VirtualKey::Addr(_, a) if a.ip() == IpAddr::V4(ip)))
-        {
-            return true;
-        }
-        false
-    }
-
-    fn owner_of(&self, ip: Ipv4Addr) -> Option<String> {
-        self.st
-            .local_addresses()
-            .find(|a| a.addr == IpAddr::V4(ip))
-            .map(|a| a.ifname.clone())
-    }
-}
-
-fn parse_num(s: &str) -> Option<u32> {
-    match s.strip_prefix("0x") {
-        Some(h) => u32::from_str_radix(h, 16).ok(),
-        None => s.parse().ok(),
-    }
-}
-
-fn cidr_contains(v: &str, ip: Ipv4Addr) -> Option<bool> {
-    let net: ipnet::Ipv4Net = match v.parse() {
-        Ok(n) => n,
-        Err(_) => ipnet::Ipv4Net::new(v.parse().ok()?, 32).ok()?,
-    };
-    Some(net.contains(&ip))
 }

@@ -2,14 +2,15 @@
 //! numgen looked up) and the cascade of rules matching `numgen random mod N == k` (weir's
 //! affinity chains); every option is walked (`Walker::choose`).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::nft_walk::NVal;
-use super::{Pkt, Walker};
+use super::nft_walk::{is_numgen_match, NVal};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// The address and port a `dnat to KEY map @m` gives: the key as the packet has it, with a
@@ -21,7 +22,7 @@ impl Walker<'_> {
         table: &str,
         m: &Value,
         p: &Pkt,
-    ) -> Option<(Ipv4Addr, u16)> {
+    ) -> Option<(IpAddr, u16)> {
         let key = self.nft_eval(&m["key"], p)?;
         let data = &m["data"];
         let numgen = m["key"]["concat"].as_array().and_then(|parts| {
@@ -30,7 +31,7 @@ impl Walker<'_> {
                 Some((i, n["mod"].as_u64()?, n["offset"].as_u64().unwrap_or(0)))
             })
         });
-        let target = |v: &Value| -> Option<(Ipv4Addr, u16)> {
+        let target = |v: &Value| -> Option<(IpAddr, u16)> {
             let parts = v.get("concat")?.as_array()?;
             Some((
                 parts.first()?.as_str()?.parse().ok()?,
@@ -49,7 +50,10 @@ impl Walker<'_> {
                     .as_ref()
                     .and_then(target)
                 {
-                    options.push(format!("{k} (DNAT {ip}:{port})"));
+                    options.push(format!(
+                        "{k} (DNAT {})",
+                        super::nat::endpoint(ip, Some(port))
+                    ));
                     targets.push((ip, port));
                 }
             }
@@ -62,7 +66,7 @@ impl Walker<'_> {
                 let c = self.choose(
                     targets
                         .iter()
-                        .map(|(ip, port)| format!("{ip}:{port}"))
+                        .map(|(ip, port)| super::nat::endpoint(*ip, Some(*port)))
                         .collect(),
                 );
                 followed = targets[c];
@@ -80,11 +84,12 @@ impl Walker<'_> {
         for r in rest {
             let to = r.expr.iter().find_map(|e| {
                 let d = e.get("dnat")?;
-                Some(format!(
-                    "{}:{}",
-                    d.get("addr")?.as_str()?,
-                    d.get("port").and_then(Value::as_u64).unwrap_or(0)
-                ))
+                let addr = d.get("addr")?.as_str()?;
+                let port = d.get("port").and_then(Value::as_u64).unwrap_or(0);
+                Some(match addr.parse() {
+                    Ok(ip) => super::nat::endpoint(ip, Some(port as u16)),
+                    Err(_) => format!("{addr}:{port}"),
+                })
             });
             labels.push(to.clone().unwrap_or_else(|| format!("`{}`", r.text)));
             options.push(format!(
@@ -106,9 +111,4 @@ impl Walker<'_> {
         ));
         labels
     }
-}
-
-/// Whether a `match` expression tests a `numgen` value.
-pub(super) fn is_numgen_match(m: &Value) -> bool {
-    m["left"].get("numgen").is_some()
 }

@@ -2,14 +2,16 @@
 //! `dnat to ip daddr . meta l4proto . th dport . numgen random mod N map @ep4tcp`), `redirect`,
 //! and the endpoints a random choice may pick.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use serde_json::Value;
 
 use crate::nft::Ruleset;
 
+use super::nat::endpoint;
 use super::nft_walk::nval_matches;
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// Applies a `dnat` or `redirect` statement to `p`; false when it does not apply (a map
@@ -29,24 +31,30 @@ impl Walker<'_> {
         let target = if kind == "redirect" {
             // To the primary address of the interface it came in on (127.0.0.1 for the node's
             // own packets), nf_nat_redirect_ipv4.
-            let addr = if p.iif == "lo" {
-                Some(Ipv4Addr::LOCALHOST)
-            } else {
-                self.primary_ipv4(&p.iif)
-            };
+            let addr = self.redirect_target(p);
             match addr {
                 Some(a) => Some((a, port)),
                 None => {
                     self.assume(format!(
-                        "redirect on {}, which has no IPv4 address known: the kernel drops it (`{text}`)",
-                        p.iif
+                        "redirect on {}, which has no {} address known: the kernel drops it (`{text}`)",
+                        p.iif,
+                        if p.v6() { "IPv6" } else { "IPv4" }
                     ));
                     None
                 }
             }
         } else {
+            // `dnat ip to …` / `dnat ip6 to …` (an inet table's) applies to its family only.
+            let fam = v.get("family").and_then(Value::as_str);
+            if fam.is_some_and(|f| (f == "ip6") != p.v6()) {
+                return false;
+            }
             match &v["addr"] {
-                Value::String(s) => s.parse().ok().map(|a| (a, port)),
+                Value::String(s) => s
+                    .parse::<IpAddr>()
+                    .ok()
+                    .filter(|a| a.is_ipv6() == p.v6())
+                    .map(|a| (a, port)),
                 Value::Object(o) if o.contains_key("map") => {
                     // Every candidate for the endpoint set; the followed one and the listed
                     // choice come from `dnat_map`.
@@ -89,7 +97,7 @@ impl Walker<'_> {
         table: &str,
         map: &Value,
         p: &Pkt,
-    ) -> Vec<(Ipv4Addr, Option<u16>)> {
+    ) -> Vec<(IpAddr, Option<u16>)> {
         let Some(key) = self.nft_eval(&map["key"], p) else {
             return Vec::new();
         };
@@ -180,26 +188,8 @@ impl Walker<'_> {
             .flat_map(|r| r.expr.iter())
             .find_map(|x| {
                 let d = x.get("dnat")?;
-                let a: Ipv4Addr = d["addr"].as_str()?.parse().ok()?;
+                let a: IpAddr = d["addr"].as_str()?.parse().ok()?;
                 Some(endpoint(a, d["port"].as_u64().map(|x| x as u16)))
             })
-    }
-
-    /// The interface's primary IPv4 address.
-    pub(super) fn primary_ipv4(&self, ifname: &str) -> Option<Ipv4Addr> {
-        self.st
-            .local_addresses()
-            .filter(|a| a.ifname == ifname && !a.secondary)
-            .find_map(|a| match a.addr {
-                IpAddr::V4(v) => Some(v),
-                _ => None,
-            })
-    }
-}
-
-fn endpoint(a: Ipv4Addr, port: Option<u16>) -> String {
-    match port {
-        Some(p) => format!("{a}:{p}"),
-        None => a.to_string(),
     }
 }

@@ -1,13 +1,13 @@
 //! The nftables walk: a chain's rules, expressions, maps and verdicts.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::nft_choices::is_numgen_match;
-use super::{cidr_contains, parse_num, Flow, Pkt, Walker};
+use super::packet::{Flow, Pkt};
+use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
     /// Runs an nft chain.
@@ -261,7 +261,11 @@ impl Walker<'_> {
         p: &Pkt,
     ) -> Option<bool> {
         let op = m.get("op").and_then(Value::as_str).unwrap_or("==");
-        let left = self.nft_eval(&m["left"], p);
+        let left = match m["left"].get("fib") {
+            // `fib saddr . iif oif missing`: the reverse-path lookup (needs the routes).
+            Some(f) if f["result"].as_str() == Some("oif") => self.fib_oif(f, p),
+            _ => self.nft_eval(&m["left"], p),
+        };
         // `ip6 daddr …` on an IPv4 packet: the rule's implied protocol check fails.
         if matches!(left, Some(NVal::Absent)) {
             return Some(false);
@@ -304,7 +308,7 @@ impl Walker<'_> {
                 "oifname" | "oif" => Some(NVal::Str(p.oif.clone()?)),
                 "mark" => Some(NVal::Num(p.mark as u64)),
                 "l4proto" | "protocol" => Some(NVal::Num(p.proto.number())),
-                "nfproto" => Some(NVal::Str("ipv4".into())),
+                "nfproto" => Some(NVal::Str(if p.v6() { "ipv6" } else { "ipv4" }.into())),
                 _ => None,
             },
             "ct" => match v["key"].as_str()? {
@@ -321,16 +325,18 @@ impl Walker<'_> {
                 let proto = v["protocol"].as_str()?;
                 let field = v["field"].as_str()?;
                 match (proto, field) {
-                    ("ip", "saddr") => Some(NVal::Ip(p.src)),
-                    ("ip", "daddr") => Some(NVal::Ip(p.dst)),
-                    ("ip", "protocol") => Some(NVal::Num(p.proto.number())),
+                    // An IPv6 packet has no IPv4 header and the reverse: such matches fail
+                    // (`!=` too).
+                    ("ip", _) if p.v6() => Some(NVal::Absent),
+                    ("ip6", _) if !p.v6() => Some(NVal::Absent),
+                    ("ip" | "ip6", "saddr") => Some(NVal::Ip(p.src)),
+                    ("ip" | "ip6", "daddr") => Some(NVal::Ip(p.dst)),
+                    ("ip", "protocol") | ("ip6", "nexthdr") => Some(NVal::Num(p.proto.number())),
                     ("th", "dport") => Some(NVal::Num(p.dport as u64)),
                     ("th", "sport") => Some(NVal::Num(p.sport as u64)),
                     (t, "dport") if t == p.proto.name() => Some(NVal::Num(p.dport as u64)),
                     (t, "sport") if t == p.proto.name() => Some(NVal::Num(p.sport as u64)),
                     ("tcp" | "udp", _) => Some(NVal::Str("<other protocol>".into())),
-                    // An IPv4 packet has no IPv6 header: such matches fail (`!=` too).
-                    ("ip6", _) => Some(NVal::Absent),
                     _ => None,
                 }
             }
@@ -382,12 +388,18 @@ impl Walker<'_> {
     }
 }
 
+/// Whether a `match` expression tests a `numgen` value (the cascades [`super::nft_choices`]
+/// walks as one choice).
+pub(super) fn is_numgen_match(m: &Value) -> bool {
+    m["left"].get("numgen").is_some()
+}
+
 /// A value an nft expression evaluated to.
 #[derive(Debug, Clone)]
 pub(super) enum NVal {
     Num(u64),
     Str(String),
-    Ip(Ipv4Addr),
+    Ip(IpAddr),
     Concat(Vec<NVal>),
     /// `numgen random …`: matches any value.
     Any,
@@ -444,7 +456,9 @@ pub(super) fn nval_matches(v: &NVal, right: &Value) -> bool {
             "icmp" => *n == 1,
             _ => parse_num(s) == Some(*n as u32),
         },
-        (NVal::Ip(ip), Value::String(s)) => s.parse::<Ipv4Addr>().is_ok_and(|x| x == *ip),
+        (NVal::Ip(ip), Value::String(s)) => s.parse::<IpAddr>().is_ok_and(|x| x == *ip),
+        // `fib … oif exists` / `missing`: the interface found, empty when none.
+        (NVal::Str(a), Value::Bool(b)) => a.is_empty() != *b,
         (NVal::Str(a), Value::String(s)) => match s.strip_suffix('*') {
             Some(prefix) => a.starts_with(prefix),
             None => a == s || (s.contains(',') && s.split(',').any(|x| x.trim() == a)),

@@ -8,9 +8,10 @@
 //! (its bindings were made on the way out). Otherwise it is sent, and its reply comes back to a
 //! local socket through PREROUTING, routing with the reverse-path check, and INPUT.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use super::{Dropped, Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::{unspecified, Dropped, Walker};
 
 impl Walker<'_> {
     pub(super) fn output_and_reply(&mut self, p: &mut Pkt) -> Result<(), Dropped> {
@@ -53,8 +54,8 @@ impl Walker<'_> {
                 "lo",
                 None,
                 format!(
-                    "to a local socket on {}:{} (assumed listening)",
-                    p.dst, p.dport
+                    "to a local socket on {} (assumed listening)",
+                    super::packet::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
@@ -63,28 +64,47 @@ impl Walker<'_> {
             "send",
             route.oif.clone(),
             None,
-            format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport),
+            format!(
+                "out {} {} → {}",
+                route.oif,
+                p.src,
+                super::packet::sa(p.dst, p.dport)
+            ),
         );
         self.reply(p, &orig, before, &route.oif)
     }
 
     /// The source of a locally generated packet with none bound: the route's preferred source,
-    /// else the outgoing interface's primary IPv4 address (`inet_select_addr`).
-    fn output_source(&mut self, dst: Ipv4Addr, mark: u32, oif: &str) -> Ipv4Addr {
+    /// else the outgoing interface's primary IPv4 address (`inet_select_addr`); for IPv6 its
+    /// first global address (the kernel's RFC 6724 selection is not modelled beyond that).
+    fn output_source(&mut self, dst: IpAddr, mark: u32, oif: &str) -> IpAddr {
         let prefsrc = self
-            .lookup(Ipv4Addr::UNSPECIFIED, dst, mark, Some("lo"))
-            .and_then(|(_, r)| r.prefsrc);
-        if let Some(IpAddr::V4(a)) = prefsrc {
+            .lookup(unspecified(dst), dst, mark, Some("lo"))
+            .and_then(|(_, r)| r.prefsrc)
+            .filter(|a| a.is_ipv6() == dst.is_ipv6());
+        if let Some(a) = prefsrc {
             return a;
         }
-        let primary = self.st.ipv4_on(oif).into_iter().find(|a| !a.secondary);
-        match primary.map(|a| a.addr) {
-            Some(IpAddr::V4(a)) => a,
-            _ => {
+        let primary = if dst.is_ipv6() {
+            self.st
+                .local_addresses()
+                .find(|a| a.ifname == oif && a.addr.is_ipv6() && a.scope == "global")
+                .map(|a| a.addr)
+        } else {
+            self.st
+                .ipv4_on(oif)
+                .into_iter()
+                .find(|a| !a.secondary)
+                .map(|a| a.addr)
+        };
+        match primary {
+            Some(a) => a,
+            None => {
                 self.assume(format!(
-                    "no source address known for a packet out of {oif}: 0.0.0.0 kept"
+                    "no source address known for a packet out of {oif}: {} kept",
+                    unspecified(dst)
                 ));
-                Ipv4Addr::UNSPECIFIED
+                unspecified(dst)
             }
         }
     }

@@ -1,6 +1,8 @@
-//! The packet the walk follows, and what it reports.
+//! The packet the walk follows, and what it reports: hops, verdicts, and the facts a
+//! conditional verdict depends on (looked up in [`super::facts`]).
 
-use std::net::Ipv4Addr;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
 
 use serde::Serialize;
 
@@ -30,8 +32,8 @@ impl Proto {
 /// from a pod's veth).
 #[derive(Debug, Clone, Serialize)]
 pub struct Packet {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub proto: Proto,
     pub sport: u16,
     pub dport: u16,
@@ -41,9 +43,21 @@ pub struct Packet {
 }
 
 impl Packet {
+    /// An IPv6 packet (by its destination; a source of the other family is refused by
+    /// [`super::trace`]).
+    pub fn is_v6(&self) -> bool {
+        self.dst.is_ipv6()
+    }
+
     /// Whether the packet is sent by this node rather than received.
     pub fn originates_here(&self) -> bool {
         self.iif.is_empty() || self.iif == LOCAL
+    }
+}
+
+impl Pkt {
+    pub(super) fn v6(&self) -> bool {
+        self.dst.is_ipv6()
     }
 }
 
@@ -53,8 +67,8 @@ pub const LOCAL: &str = "local";
 /// The packet as the walk changes it.
 #[derive(Debug, Clone)]
 pub(super) struct Pkt {
-    pub(super) src: Ipv4Addr,
-    pub(super) dst: Ipv4Addr,
+    pub(super) src: IpAddr,
+    pub(super) dst: IpAddr,
     pub(super) sport: u16,
     pub(super) dport: u16,
     pub(super) proto: Proto,
@@ -105,8 +119,8 @@ pub enum Verdict {
 /// masquerade, so a walk can be continued on the next node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Egress {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub sport: u16,
     pub dport: u16,
     /// The interface it leaves by (`None` when delivered locally).
@@ -135,9 +149,9 @@ pub struct Trace {
     pub assumptions: Vec<String>,
     /// With a [`Verdict::Conditional`] verdict: each outcome and the facts' values that lead
     /// to it. Empty otherwise.
-    pub branches: Vec<super::Branch>,
+    pub branches: Vec<Branch>,
     /// The facts the dump lacks that the verdict depends on, and what settles each.
-    pub unknowns: Vec<super::Unknown>,
+    pub unknowns: Vec<Unknown>,
     /// Where the rules choose among endpoints (a statistic cascade, a numgen map or vmap, IPVS
     /// real servers): the outcome of the walk to each one, in the rules' order. Empty when
     /// there is no choice (one endpoint, or none). The verdict is `delivered` only when every
@@ -157,7 +171,7 @@ pub struct EndpointOutcome {
     pub cause: Option<String>,
     pub fixes: Vec<String>,
     /// With a conditional verdict: this endpoint's outcomes and the facts that lead to each.
-    pub branches: Vec<super::Branch>,
+    pub branches: Vec<Branch>,
     /// The request as it left towards this endpoint.
     pub egress: Option<Egress>,
     /// The hops of the walk to this endpoint (with a conditional verdict: a failing branch's).
@@ -184,4 +198,147 @@ pub(super) enum Flow {
     Accept,
     Drop(String),
     Return,
+}
+
+/// A fact the walk needed.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "on")]
+pub enum Fact {
+    /// The effective `rp_filter` on an interface: max(conf/all, conf/IFACE); 0, 1 or 2.
+    RpFilter(String),
+    /// `src_valid_mark` on an interface (conf/all OR conf/IFACE); 0 or 1.
+    SrcValidMark(String),
+    /// `net.ipv4.ip_forward`; 0 or 1.
+    IpForward,
+    /// `net.ipv6.conf.all.forwarding` (IPv6's switch); 0 or 1.
+    Ip6Forward,
+    /// `net.bridge.bridge-nf-call-iptables` (0 also when br_netfilter is not loaded); 0 or 1.
+    BrNetfilter,
+    /// `net.bridge.bridge-nf-call-ip6tables`, the same for IPv6; 0 or 1.
+    BrNetfilter6,
+    /// Whether a route table a rule names holds routes the dump does not show (the routes are
+    /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
+    Table(String),
+}
+
+impl Fact {
+    /// The forwarding switch of a family.
+    pub fn forwarding(v6: bool) -> Fact {
+        if v6 {
+            Fact::Ip6Forward
+        } else {
+            Fact::IpForward
+        }
+    }
+
+    /// What the fact is, without a value.
+    pub fn name(&self) -> String {
+        match self {
+            Fact::RpFilter(i) => format!("rp_filter on {i} (max of conf/all and conf/{i})"),
+            Fact::SrcValidMark(i) => format!("src_valid_mark on {i}"),
+            Fact::IpForward => "net.ipv4.ip_forward".into(),
+            Fact::Ip6Forward => "net.ipv6.conf.all.forwarding".into(),
+            Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
+            Fact::BrNetfilter6 => "br_netfilter (net.bridge.bridge-nf-call-ip6tables)".into(),
+            Fact::Table(t) => format!("route table {t}"),
+        }
+    }
+
+    /// The fact with a value, as a condition people read.
+    pub fn describe(&self, values: &BTreeSet<i64>) -> String {
+        let v: Vec<i64> = values.iter().copied().collect();
+        let or = |names: Vec<String>| names.join(" or ");
+        match self {
+            Fact::RpFilter(i) => format!(
+                "rp_filter on {i} is {}",
+                or(v.iter()
+                    .map(|x| match x {
+                        0 => "0 (off)".to_string(),
+                        1 => "1 (strict)".to_string(),
+                        2 => "2 (loose)".to_string(),
+                        o => o.to_string(),
+                    })
+                    .collect())
+            ),
+            Fact::SrcValidMark(i) => format!(
+                "src_valid_mark on {i} is {}",
+                or(v.iter().map(|x| x.to_string()).collect())
+            ),
+            Fact::IpForward | Fact::Ip6Forward => format!(
+                "{} is {}",
+                self.name(),
+                or(v.iter().map(|x| x.to_string()).collect())
+            ),
+            Fact::BrNetfilter => match v.as_slice() {
+                [0] => "bridge-nf-call-iptables is 0 (or br_netfilter not loaded)".into(),
+                [1] => "bridge-nf-call-iptables is 1".into(),
+                _ => "bridge-nf-call-iptables is 0 or 1".into(),
+            },
+            Fact::BrNetfilter6 => match v.as_slice() {
+                [0] => "bridge-nf-call-ip6tables is 0 (or br_netfilter not loaded)".into(),
+                [1] => "bridge-nf-call-ip6tables is 1".into(),
+                _ => "bridge-nf-call-ip6tables is 0 or 1".into(),
+            },
+            Fact::Table(t) => match v.as_slice() {
+                [0] => format!("table {t} is empty"),
+                [1] => format!("table {t} holds routes"),
+                _ => format!("table {t} is empty or holds routes"),
+            },
+        }
+    }
+
+    /// What settles it.
+    pub fn settle(&self) -> String {
+        match self {
+            Fact::RpFilter(i) => format!(
+                "`sysctl net.ipv4.conf.all.rp_filter net.ipv4.conf.{}.rp_filter` (sysctl.txt; `weir trace collect` saves it)",
+                i.replace('.', "/")
+            ),
+            Fact::SrcValidMark(i) => format!(
+                "`sysctl net.ipv4.conf.all.src_valid_mark net.ipv4.conf.{}.src_valid_mark` (sysctl.txt)",
+                i.replace('.', "/")
+            ),
+            Fact::IpForward => "`sysctl net.ipv4.ip_forward` (sysctl.txt)".into(),
+            Fact::Ip6Forward => "`sysctl net.ipv6.conf.all.forwarding` (sysctl.txt)".into(),
+            Fact::BrNetfilter => "`sysctl net.bridge.bridge-nf-call-iptables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
+            Fact::BrNetfilter6 => "`sysctl net.bridge.bridge-nf-call-ip6tables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
+            Fact::Table(t) => format!(
+                "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
+            ),
+        }
+    }
+}
+
+/// One outcome of a conditional verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Branch {
+    /// The conditions that lead here: any of these conjunctions, each a list of facts with the
+    /// values they must have.
+    pub when: Vec<Vec<Condition>>,
+    /// The same, as text: "rp_filter on eth0 is 1 (strict)".
+    pub when_text: String,
+    pub verdict: Verdict,
+    pub cause: Option<String>,
+    pub fixes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Condition {
+    pub fact: Fact,
+    pub values: Vec<i64>,
+}
+
+/// A fact the dump lacks and the verdict depends on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unknown {
+    pub fact: Fact,
+    /// "sysctl.txt is missing", "no net.ipv4.conf.eth0.rp_filter in sysctl.txt" …
+    pub why: String,
+    /// The command (and file) that settles it.
+    pub settle: String,
+}
+
+/// `ip:port`, `[ip6]:port` for IPv6.
+pub(super) fn sa(ip: IpAddr, port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::new(ip, port)
 }

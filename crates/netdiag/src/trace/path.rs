@@ -1,7 +1,8 @@
 //! The request's way through the node: PREROUTING, routing, then INPUT or FORWARD and
 //! POSTROUTING.
 
-use super::{Dropped, Fact, Pkt, Walker};
+use super::packet::{Fact, Pkt};
+use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
     pub(super) fn request_and_reply(&mut self, p: &mut Pkt) -> Result<(), Dropped> {
@@ -23,22 +24,24 @@ impl Walker<'_> {
                 "local",
                 None,
                 format!(
-                    "to a local socket on {}:{} (assumed listening)",
-                    p.dst, p.dport
+                    "to a local socket on {} (assumed listening)",
+                    super::packet::sa(p.dst, p.dport)
                 ),
             );
             return Ok(());
         }
-        if self.fact(Fact::IpForward) == 0 {
+        let forward = Fact::forwarding(p.v6());
+        if self.fact(forward.clone()) == 0 {
+            let key = forward.name();
             self.hop(
                 "routing",
                 "ip_forward",
                 None,
-                format!("{} must be forwarded and net.ipv4.ip_forward is 0", p.dst),
+                format!("{} must be forwarded and {key} is 0", p.dst),
             );
             return Err((
-                "net.ipv4.ip_forward = 0: the node does not forward".into(),
-                vec!["sysctl -w net.ipv4.ip_forward=1".into()],
+                format!("{key} = 0: the node does not forward"),
+                vec![format!("sysctl -w {key}=1")],
             ));
         }
         p.oif = Some(route.oif.clone());
@@ -47,7 +50,12 @@ impl Walker<'_> {
         let before = p.src;
         self.hook("POSTROUTING", p)?;
         let masq_src = p.src;
-        let mut sent = format!("out {} {} → {}:{}", route.oif, p.src, p.dst, p.dport);
+        let mut sent = format!(
+            "out {} {} → {}",
+            route.oif,
+            p.src,
+            super::packet::sa(p.dst, p.dport)
+        );
         if masq_src != before
             && self.via_router
             && self.owner_of(masq_src).is_some_and(|o| o != route.oif)

@@ -1,17 +1,15 @@
 //! A trace as text for people, and as an SVG picture.
 
-use super::{Trace, Verdict};
+use super::packet::{EndpointOutcome, Trace, Verdict};
 
 /// A trace for people: one line per hop with its rule, then the verdict.
 pub fn render(t: &Trace) -> String {
     let p = &t.packet;
     let mut out = format!(
-        "{} {}:{} → {}:{} in {}\n",
+        "{} {} → {} in {}\n",
         p.proto.name(),
-        p.src,
-        p.sport,
-        p.dst,
-        p.dport,
+        super::packet::sa(p.src, p.sport),
+        super::packet::sa(p.dst, p.dport),
         p.iif
     );
     for h in &t.hops {
@@ -95,7 +93,7 @@ pub fn render(t: &Trace) -> String {
 }
 
 /// One endpoint's outcome on a line: its verdict and cause, or each branch's.
-fn endpoint_line(e: &super::EndpointOutcome) -> String {
+fn endpoint_line(e: &EndpointOutcome) -> String {
     match e.verdict {
         Verdict::Delivered => "delivered".into(),
         Verdict::Conditional => format!(
@@ -133,7 +131,7 @@ fn endpoint_count(t: &Trace) -> String {
 }
 
 /// The endpoint whose walk the trace's hops are.
-fn shown_endpoint(t: &Trace) -> Option<&super::EndpointOutcome> {
+fn shown_endpoint(t: &Trace) -> Option<&EndpointOutcome> {
     t.endpoint_outcomes.iter().find(|e| {
         e.hops.len() == t.hops.len()
             && e.hops
@@ -200,12 +198,10 @@ pub fn svg(t: &Trace) -> String {
     out.push_str(&format!(
         "<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
         xml_escape(&format!(
-            "{} {}:{} → {}:{} in {}",
+            "{} {} → {} in {}",
             p.proto.name(),
-            p.src,
-            p.sport,
-            p.dst,
-            p.dport,
+            super::packet::sa(p.src, p.sport),
+            super::packet::sa(p.dst, p.dport),
             p.iif
         ))
     ));

@@ -1,8 +1,9 @@
 //! The reply's way back (conntrack's reverse NAT) and the reverse-path check.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use super::{Dropped, Fact, Pkt, Walker};
+use super::packet::{Fact, Pkt};
+use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
     /// The reply to the request `p` (as it left; `orig` as it arrived, `before` its source
@@ -11,7 +12,7 @@ impl Walker<'_> {
         &mut self,
         p: &Pkt,
         orig: &Pkt,
-        before: Ipv4Addr,
+        before: IpAddr,
         oif: &str,
     ) -> Result<(), Dropped> {
         let masq_src = p.src;
@@ -33,23 +34,24 @@ impl Walker<'_> {
             .link(&reply_iif)
             .is_some_and(|l| l.kind.as_deref() == Some("bridge"));
         if bridge && masq_src == orig.src && p.dnat && orig.iif == reply_iif {
-            if self.fact(Fact::BrNetfilter) == 0 {
+            let (brnf, brkey) = if p.v6() {
+                (Fact::BrNetfilter6, "bridge-nf-call-ip6tables")
+            } else {
+                (Fact::BrNetfilter, "bridge-nf-call-iptables")
+            };
+            if self.fact(brnf) == 0 {
                 self.hop(
                     "reply",
                     reply_iif.clone(),
                     None,
                     format!(
-                        "{}:{} → {} is bridged on {reply_iif} past netfilter (bridge-nf-call-iptables 0): conntrack never restores its source to {}:{}",
-                        p.dst, p.dport, orig.src, orig.dst, orig.dport
-                    ),
+                        "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::packet::sa(p.dst, p.dport), orig.src, super::packet::sa(orig.dst, orig.dport)),
                 );
                 return Err((
                     format!(
-                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {}:{} instead of {}:{}: the client drops it (TCP answers a reset)",
-                        p.dst, orig.src, p.dst, p.dport, orig.dst, orig.dport
-                    ),
+                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::packet::sa(p.dst, p.dport), super::packet::sa(orig.dst, orig.dport)),
                     vec![
-                        "modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.bridge-nf-call-iptables=1".into(),
+                        format!("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.{brkey}=1"),
                         format!(
                             "or masquerade this traffic (the client then gets the reply through {reply_iif}'s address, routed): e.g. kube-proxy's --masquerade-all"
                         ),
@@ -61,9 +63,7 @@ impl Walker<'_> {
                 reply_iif.clone(),
                 None,
                 format!(
-                    "{}:{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack (bridge-nf-call-iptables 1)",
-                    p.dst, p.dport, orig.src
-                ),
+                    "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)", super::packet::sa(p.dst, p.dport), orig.src),
             );
         }
         self.hop(
@@ -71,8 +71,10 @@ impl Walker<'_> {
             reply_iif.clone(),
             None,
             format!(
-                "{}:{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
-                p.dst, p.dport, masq_src, orig.src
+                "{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
+                super::packet::sa(p.dst, p.dport),
+                masq_src,
+                orig.src
             ),
         );
         let mut r = Pkt {
@@ -98,22 +100,21 @@ impl Walker<'_> {
             self.hop("reply deliver", "local", None, "the reply is for this node");
             return Ok(());
         }
-        if self.fact(Fact::IpForward) == 0 {
+        let forward = Fact::forwarding(r.v6());
+        if self.fact(forward.clone()) == 0 {
+            let key = forward.name();
             self.hop(
                 "reply routing",
                 "ip_forward",
                 None,
-                format!(
-                    "the reply to {} must be forwarded and net.ipv4.ip_forward is 0",
-                    orig.src
-                ),
+                format!("the reply to {} must be forwarded and {key} is 0", orig.src),
             );
             return Err((
                 format!(
-                    "reply routing: net.ipv4.ip_forward = 0: the node does not forward the reply to {}",
+                    "reply routing: {key} = 0: the node does not forward the reply to {}",
                     orig.src
                 ),
-                vec!["sysctl -w net.ipv4.ip_forward=1".into()],
+                vec![format!("sysctl -w {key}=1")],
             ));
         }
         r.oif = Some(back.oif.clone());
@@ -123,8 +124,10 @@ impl Walker<'_> {
             back.oif.clone(),
             None,
             format!(
-                "out {} to {} (source restored to {}:{})",
-                back.oif, orig.src, orig.dst, orig.dport
+                "out {} to {} (source restored to {})",
+                back.oif,
+                orig.src,
+                super::packet::sa(orig.dst, orig.dport)
             ),
         );
         Ok(())
@@ -134,6 +137,12 @@ impl Walker<'_> {
     /// route back to its source, looked up from its destination with `iif lo` and the packet's
     /// mark only under `src_valid_mark`, must leave by `iif` (strict, 1) or exist (loose, 2).
     pub(super) fn rp_check(&mut self, stage: &str, p: &Pkt, iif: &str) -> Result<(), Dropped> {
+        if p.v6() {
+            // IPv6 routing validates no source: its reverse-path check is a rule's
+            // (`-m rpfilter`, nft `fib saddr . iif oif missing`), walked in the hooks.
+            self.assume("IPv6: no rp_filter (the net.ipv4.conf.*.rp_filter sysctls are IPv4's); a reverse-path check exists only as an ip6tables `-m rpfilter` or nft `fib saddr . iif oif` rule, and is walked as one");
+            return Ok(());
+        }
         let rp = self.fact(Fact::RpFilter(iif.to_string()));
         if rp == 0 {
             return Ok(());
@@ -154,7 +163,7 @@ impl Walker<'_> {
         let Some((rule, route)) = back else {
             // The kernel's own input lookup (`ip route get DST from SRC iif IIF`) validates
             // the source: an answer means the reverse-path check passed.
-            if self.routes_missing().is_some() {
+            if self.routes_missing_for(p.v6()).is_some() {
                 if let Some(g) = self.route_get_for(p.src, p.dst, p.mark, iif) {
                     if let Ok(a) = &g.answer {
                         let asked = g.command.clone().unwrap_or_default();
@@ -171,7 +180,7 @@ impl Walker<'_> {
                     }
                 }
             }
-            if let Some(why) = self.routes_missing() {
+            if let Some(why) = self.routes_missing_for(p.v6()) {
                 self.unknown_outcome = true;
                 self.hop(
                     stage,
@@ -183,7 +192,7 @@ impl Walker<'_> {
                     format!(
                         "{stage}: reverse-path check: cannot tell whether there is a route back to {}: {why}; settle it with {}",
                         p.src,
-                        super::routing::ROUTES_SETTLE
+                        super::routing::routes_settle(p.v6())
                     ),
                     vec![],
                 ));

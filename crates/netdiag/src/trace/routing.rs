@@ -1,14 +1,20 @@
 //! The routing decision: policy rules in priority order, then the table they lead to.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use crate::iproute::PolicyRule;
 
-use super::{Dropped, Fact, Walker};
+use super::packet::Fact;
+use super::walker::{Dropped, Walker};
 
 /// The output that settles a lookup the dump's routes cannot answer.
-pub(super) const ROUTES_SETTLE: &str =
-    "`ip route show table all` (ip-route.txt; `weir trace collect` saves it)";
+pub(super) fn routes_settle(v6: bool) -> &'static str {
+    if v6 {
+        "`ip -6 route show table all` (ip6-route.json; `weir trace collect` saves it)"
+    } else {
+        "`ip route show table all` (ip-route.txt; `weir trace collect` saves it)"
+    }
+}
 
 /// The result of a routing decision.
 #[derive(Debug, Clone)]
@@ -22,8 +28,8 @@ impl Walker<'_> {
     pub(super) fn route(
         &mut self,
         stage: &str,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
+        src: IpAddr,
+        dst: IpAddr,
         mark: u32,
         iif: &str,
     ) -> Result<RouteResult, Dropped> {
@@ -77,12 +83,12 @@ impl Walker<'_> {
                 })
             }
             None => {
-                if self.routes_missing().is_some() {
+                if self.routes_missing_for(dst.is_ipv6()).is_some() {
                     if let Some(done) = self.route_from_route_get(stage, src, dst, mark, iif) {
                         return done;
                     }
                 }
-                if let Some(why) = self.routes_missing() {
+                if let Some(why) = self.routes_missing_for(dst.is_ipv6()) {
                     // Nothing in the dump says there is no route: the routes were not pasted.
                     self.unknown_outcome = true;
                     self.hop(
@@ -93,7 +99,8 @@ impl Walker<'_> {
                     );
                     return Err((
                         format!(
-                            "{stage}: cannot tell where {dst} goes: {why}; settle it with {ROUTES_SETTLE}"
+                            "{stage}: cannot tell where {dst} goes: {why}; settle it with {}",
+                            routes_settle(dst.is_ipv6())
                         ),
                         vec![],
                     ));
@@ -114,22 +121,20 @@ impl Walker<'_> {
     /// sends, an output lookup without `iif`), for a dump without the routes themselves.
     pub(super) fn route_get_for(
         &self,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
+        src: IpAddr,
+        dst: IpAddr,
         mark: u32,
         iif: &str,
     ) -> Option<&'_ crate::route_get::RouteGet> {
         let output = iif == "lo";
         self.st.route_gets.iter().flatten().find(|g| {
-            g.dst == IpAddr::V4(dst)
+            g.dst == dst
                 && g.mark.unwrap_or(0) == mark
                 && if output {
                     g.iif.is_none()
-                        && (g.from.is_none()
-                            || src.is_unspecified()
-                            || g.from == Some(IpAddr::V4(src)))
+                        && (g.from.is_none() || src.is_unspecified() || g.from == Some(src))
                 } else {
-                    g.iif.as_deref() == Some(iif) && g.from == Some(IpAddr::V4(src))
+                    g.iif.as_deref() == Some(iif) && g.from == Some(src)
                 }
         })
     }
@@ -139,8 +144,8 @@ impl Walker<'_> {
     fn route_from_route_get(
         &mut self,
         stage: &str,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
+        src: IpAddr,
+        dst: IpAddr,
         mark: u32,
         iif: &str,
     ) -> Option<Result<RouteResult, Dropped>> {
@@ -245,12 +250,14 @@ impl Walker<'_> {
     /// routes (no `ip route` output), or none of table main (only `ip route show table local`
     /// was pasted; every node with an address has routes in main). None when the dump holds
     /// table main, so that a missing route is a real "no route".
-    pub(super) fn routes_missing(&self) -> Option<String> {
-        match &self.st.routes {
-            None => Some("the dump has no `ip route` output".into()),
-            Some(rs) if !rs.iter().any(|r| r.table == "main" || r.table == "254") => {
-                Some("the dump's routes hold no table main (only other tables were pasted)".into())
-            }
+    /// IPv6's routes are `ip -6 route`'s.
+    pub(super) fn routes_missing_for(&self, v6: bool) -> Option<String> {
+        let cmd = if v6 { "ip -6 route" } else { "ip route" };
+        match self.st.routes_of(v6) {
+            None => Some(format!("the dump has no `{cmd}` output")),
+            Some(rs) if !rs.iter().any(|r| r.table == "main" || r.table == "254") => Some(format!(
+                "the dump's `{cmd}` routes hold no table main (only other tables were pasted)"
+            )),
             Some(_) => None,
         }
     }
@@ -258,18 +265,19 @@ impl Walker<'_> {
     /// The policy rules (or the default ones) and the route they lead to.
     pub(super) fn lookup(
         &mut self,
-        src: Ipv4Addr,
-        dst: Ipv4Addr,
+        src: IpAddr,
+        dst: IpAddr,
         mark: u32,
         iif: Option<&str>,
     ) -> Option<(String, crate::iproute::Route)> {
-        let rules: Vec<PolicyRule> = match &self.st.rules {
+        // IPv6 has rules of its own (`ip -6 rule`), with the same defaults.
+        let rules: Vec<PolicyRule> = match self.st.rules_of(dst.is_ipv6()) {
             Some(r) => r.clone(),
             None => crate::iproute::parse_rules("0: from all lookup local\n32766: from all lookup main\n32767: from all lookup default\n").value,
         };
         for r in &rules {
-            let mut hit = r.src.is_none_or(|n| n.contains(&IpAddr::V4(src)))
-                && r.dst.is_none_or(|n| n.contains(&IpAddr::V4(dst)))
+            let mut hit = r.src.is_none_or(|n| n.contains(&src))
+                && r.dst.is_none_or(|n| n.contains(&dst))
                 && r.fwmark.is_none_or(|(m, k)| mark & k == m)
                 && r.iif.as_deref().is_none_or(|i| Some(i) == iif)
                 && r.oif.is_none();
@@ -287,7 +295,7 @@ impl Walker<'_> {
                         Some("253") => "default",
                         Some(t) => t,
                     };
-                    if let Some(route) = self.st.lookup(table, IpAddr::V4(dst)) {
+                    if let Some(route) = self.st.lookup(table, dst) {
                         return Some((r.text.replace('\t', " "), route.clone()));
                     }
                     // Table local is not in the dump (`ip route list`): a destination known to
@@ -296,11 +304,11 @@ impl Walker<'_> {
                         let route = crate::iproute::Route {
                             table: "local".into(),
                             kind: "local".into(),
-                            dst: ipnet::IpNet::from(IpAddr::V4(dst)),
+                            dst: ipnet::IpNet::from(dst),
                             gateway: None,
                             dev: None,
                             // The kernel's own local route for an address has it as its src.
-                            prefsrc: Some(IpAddr::V4(dst)),
+                            prefsrc: Some(dst),
                             scope: Some("host".into()),
                             metric: 0,
                             onlink: false,
@@ -312,7 +320,12 @@ impl Walker<'_> {
                     // A table the dump does not show at all (`ip route list` is main only):
                     // empty, or holding routes nobody can see.
                     let absent = !matches!(table, "main" | "local" | "default")
-                        && !self.st.routes.iter().flatten().any(|x| x.table == table);
+                        && !self
+                            .st
+                            .routes_of(dst.is_ipv6())
+                            .iter()
+                            .flatten()
+                            .any(|x| x.table == table);
                     if absent && self.fact(Fact::Table(table.to_string())) == 1 {
                         let text = format!(
                             "table {table} is not in the dump: if it holds a route for {dst}, that route decides"
@@ -320,7 +333,7 @@ impl Walker<'_> {
                         let route = crate::iproute::Route {
                             table: table.to_string(),
                             kind: "unknown".into(),
-                            dst: ipnet::IpNet::from(IpAddr::V4(dst)),
+                            dst: ipnet::IpNet::from(dst),
                             gateway: None,
                             dev: None,
                             prefsrc: None,
@@ -337,7 +350,7 @@ impl Walker<'_> {
                     let route = crate::iproute::Route {
                         table: "rule".into(),
                         kind: r.action.clone(),
-                        dst: ipnet::IpNet::from(IpAddr::V4(dst)),
+                        dst: ipnet::IpNet::from(dst),
                         gateway: None,
                         dev: None,
                         prefsrc: None,

@@ -1,11 +1,10 @@
 //! `-m set --match-set NAME FLAGS`: membership in the ipsets of `ipset list` or `ipset save`.
 
-use std::net::IpAddr;
-
 use crate::ipset::Fields;
 use crate::iptables::Rule as IptRule;
 
-use super::{Pkt, Walker};
+use super::packet::Pkt;
+use super::walker::Walker;
 
 impl Walker<'_> {
     /// Parses the state's ipset and IPVS outputs once; what they skipped is an assumption.
@@ -54,8 +53,8 @@ impl Walker<'_> {
             return Some(false);
         };
         let fields = Fields {
-            src: IpAddr::V4(p.src),
-            dst: IpAddr::V4(p.dst),
+            src: p.src,
+            dst: p.dst,
             proto: p.proto.name(),
             sport: p.sport,
             dport: p.dport,
