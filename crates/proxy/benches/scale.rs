@@ -31,8 +31,11 @@
 //! the tool's floor). Beside it weir's backend: a first full sync, the one-endpoint sync, and a
 //! restarted process's full sync over its predecessor's rules.
 //!
-//! Figures are medians; the connection-rate rounds to the VIP and to the pod alternate so that
-//! noise on a shared machine hits both alike.
+//! Figures are medians. The connection rate is measured three ways, the order rotating each
+//! round so that noise on a shared machine hits all alike: through the service's VIP, through
+//! one static DNAT rule in a table of its own spreading over the same endpoints (conntrack and
+//! NAT with no service lookup: the floor of any NAT-based proxy on this kernel), and straight
+//! to the pod.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -699,38 +702,68 @@ fn connect_round(
 
 struct ConnRates {
     vip: f64,
+    /// Through one static DNAT rule of a table of its own, balancing over the same endpoints:
+    /// conntrack and NAT with no service lookup — the floor any NAT-based proxy stands on.
+    floor: f64,
     direct: f64,
     failed: u64,
 }
 
-/// Alternates VIP and direct rounds (the order flips each round), conntrack flushed before
-/// each so that no round inherits the previous one's table.
+/// The bare DNAT rule's address (inside the routed service range, used by no service).
+const FLOOR_VIP: Ipv4Addr = Ipv4Addr::new(10, 111, 255, 254);
+
+/// Rounds through the VIP, the bare DNAT rule and straight to the pod, the order rotating each
+/// round, conntrack flushed before each so that no round inherits the previous one's table.
 fn conn_rates(node: &Ns, pod: &Ns, vip_addr: Ipv4Addr, cfg: &Config) -> Result<ConnRates, String> {
     wire_pod(node, pod)?;
     let _server = Server::start(pod)?;
-    let vip_target = [SocketAddr::from((vip_addr, SVC_PORT))];
+    // Spread over the same 10 endpoints as the VIP (numgen, an anonymous map), so that both
+    // paths meet the same conntrack tuples and the same server addresses.
+    let endpoints: Vec<String> = pod_ips()
+        .iter()
+        .enumerate()
+        .map(|(k, ip)| format!("{k} : {ip} . {EP_PORT}"))
+        .collect();
+    node.exec(&[
+        "nft",
+        &format!(
+            "add table ip weir_bench_floor; \
+             add chain ip weir_bench_floor out {{ type nat hook output priority -110; }}; \
+             add rule ip weir_bench_floor out ip daddr {FLOOR_VIP} tcp dport {SVC_PORT} \
+             dnat ip addr . port to numgen inc mod {} map {{ {} }}",
+            endpoints.len(),
+            endpoints.join(", ")
+        ),
+    ])?;
     let direct: Vec<SocketAddr> = pod_ips()
         .into_iter()
         .map(|ip| SocketAddr::from((ip, EP_PORT)))
         .collect();
+    let paths: [Vec<SocketAddr>; 3] = [
+        vec![SocketAddr::from((vip_addr, SVC_PORT))],
+        vec![SocketAddr::from((FLOOR_VIP, SVC_PORT))],
+        direct,
+    ];
     // A first connection through each path proves it works before timing anything.
-    for t in [vip_target[0], direct[0]] {
+    for t in paths.iter().map(|p| p[0]) {
         node.run(|| TcpStream::connect_timeout(&t, Duration::from_secs(3)))?
             .map_err(|e| format!("connect {t}: {e}"))?;
     }
-    let (mut vips, mut directs, mut failed) = (Vec::new(), Vec::new(), 0);
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    let mut failed = 0;
     for r in 0..cfg.rounds {
-        for vip_first in [r % 2 == 0, r % 2 == 1] {
+        for k in 0..3 {
+            let path = (r + k) % 3;
             let _ = node.exec(&["conntrack", "-F"]);
-            let targets: &[SocketAddr] = if vip_first { &vip_target } else { &direct };
-            let (rate, f) = connect_round(node, targets, cfg.clients, cfg.round_time)?;
+            let (rate, f) = connect_round(node, &paths[path], cfg.clients, cfg.round_time)?;
             failed += f;
-            if vip_first { &mut vips } else { &mut directs }.push(rate);
+            rates[path].push(rate);
         }
     }
     Ok(ConnRates {
-        vip: median(&vips),
-        direct: median(&directs),
+        vip: median(&rates[0]),
+        floor: median(&rates[1]),
+        direct: median(&rates[2]),
         failed,
     })
 }
@@ -1289,7 +1322,7 @@ fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &
         return;
     }
     progress(format!(
-        "{mode} {}: connection rate, VIP vs direct",
+        "{mode} {}: connection rate, VIP vs a bare DNAT rule vs direct",
         shape.label()
     ));
     let pod = match Ns::create(ns_name(mode, &shape.label(), "-pod")) {
@@ -1299,8 +1332,9 @@ fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &
     let vip_addr = vip(shape.services - 1);
     if let Some(r) = row.record("connection rate", conn_rates(&node, &pod, vip_addr, cfg)) {
         progress(format!(
-            "  conn/s VIP {:.0}, direct {:.0}, ratio {:.2} ({} failed connects)",
+            "  conn/s VIP {:.0}, bare DNAT {:.0}, direct {:.0}, ratio {:.2} ({} failed connects)",
             r.vip,
+            r.floor,
             r.direct,
             r.vip / r.direct,
             r.failed
@@ -1358,7 +1392,7 @@ fn table(rows: &[Row], mode: &str) -> String {
     let mut out = format!(
         "\n### {mode}\n\n| services × endpoints | full sync ms | one-endpoint median ms | p90 ms \
          | agent e2e full sync ms | agent 1-ep change e2e ms | agent RSS MiB (HWM) \
-         | conn/s VIP | conn/s direct | VIP / direct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+         | conn/s VIP | conn/s bare DNAT | conn/s direct | VIP / direct | bare DNAT / direct |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     );
     for r in rows.iter().filter(|r| r.mode == mode) {
         let c = r.churn.as_ref();
@@ -1368,7 +1402,7 @@ fn table(rows: &[Row], mode: &str) -> String {
         let rss = a.map(|a| format!("{:.1} ({:.1})", a.rss_mib, a.hwm_mib));
         let _ = writeln!(
             out,
-            "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} × {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.services,
             r.endpoints,
             cell(r.full_ms, 0, m),
@@ -1378,8 +1412,10 @@ fn table(rows: &[Row], mode: &str) -> String {
             cell(a.map(|a| a.change_e2e_ms), 0, m),
             rss.unwrap_or_else(|| m.into()),
             cell(k.map(|k| k.vip), 0, m),
+            cell(k.map(|k| k.floor), 0, m),
             cell(k.map(|k| k.direct), 0, m),
             cell(k.map(|k| k.vip / k.direct), 2, m),
+            cell(k.map(|k| k.floor / k.direct), 2, m),
         );
     }
     for r in rows.iter().filter(|r| r.mode == mode) {
@@ -1462,7 +1498,8 @@ fn row_json(r: &Row) -> Value {
             "not_partial": c.unexpected,
         })),
         "connections_per_s": r.conn.as_ref().map(|k| json!({
-            "vip": k.vip, "direct": k.direct, "ratio": k.vip / k.direct, "failed_connects": k.failed,
+            "vip": k.vip, "bare_dnat": k.floor, "direct": k.direct, "ratio": k.vip / k.direct,
+            "bare_dnat_ratio": k.floor / k.direct, "failed_connects": k.failed,
         })),
         "agent": r.agent.as_ref().map(|a| json!({
             "full_sync_e2e_ms": a.full_e2e_ms, "full_sync_logged_ms": a.full_logged_ms,
