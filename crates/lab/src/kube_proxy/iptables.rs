@@ -5,7 +5,9 @@ use std::net::Ipv4Addr;
 
 use crate::echo::ECHO_PORT;
 
-use super::*;
+use sha2::{Digest, Sha256};
+
+use super::ports::*;
 
 /// `iptables-restore --noflush` input following `pkg/proxy/iptables/proxier.go`: nat
 /// KUBE-SERVICES → KUBE-SVC (ClusterIP: masquerade what does not come from a pod) / KUBE-EXT

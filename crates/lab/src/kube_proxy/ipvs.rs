@@ -7,7 +7,9 @@ use std::net::Ipv4Addr;
 use crate::echo::ECHO_PORT;
 use crate::topology::ServiceType;
 
-use super::*;
+use anyhow::bail;
+
+use super::ports::*;
 
 /// What kube-proxy's ipvs mode (`pkg/proxy/ipvs/proxier.go`) puts in a node, as the inputs of
 /// the tools that load it.
