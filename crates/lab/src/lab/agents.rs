@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail};
 use super::context::Binaries;
 use super::status::load_state;
 use crate::manifests;
-use crate::names::{self};
+use crate::names;
 use crate::ns;
 use crate::proxy::{self, Launch};
 use crate::routes;

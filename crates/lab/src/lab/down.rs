@@ -9,7 +9,7 @@ use super::context::{Binaries, Progress};
 use crate::cni::{self, Invocation, Plugin};
 use crate::names::{self, NsRole};
 use crate::ns;
-use crate::proxy::{self};
+use crate::proxy;
 use crate::routes;
 use crate::state::{LabDir, LabState};
 use crate::topology::Topology;
