@@ -6,6 +6,11 @@
 //! the outside run an echo server that answers with its name and the peer address it saw; the
 //! connectivity [`matrix`] probes them all. Every node runs `weir proxy` ([`proxy`]) over the
 //! lab's Kubernetes objects ([`manifests`]), and the [`services`] probes check what it serves.
+//!
+//! Modules depend one way (docs/ARCHITECTURE.md has the picture): helpers at the bottom
+//! ([`addr`], [`names`], [`links`], [`ns`], [`process`], [`table`], [`timeout`]), then the model
+//! ([`topology`], [`state`]), then the jobs (CNI, manifests, agents, probes, [`dns`],
+//! [`kube_proxy`], [`eni`]), and [`lab`] on top, which brings a lab up and down.
 
 pub mod addr;
 pub mod cni;
