@@ -7,12 +7,12 @@
 //!
 //! Files: `<lab>/dns/` (NSD's config and zone, weir dns's upstream file, `dns.json`), the
 //! per-namespace `/etc/netns/<netns>/resolv.conf` (removed by [`remove_netns_etc`]).
-
 //!
 //! One job a module: [`state`] (the fixture's names and addresses, the recorded state),
-//! [`objects`] (its Kubernetes objects), [`resolv`] (the pods' resolv.conf), [`nsd`] (the
-//! outside's server), [`servers`] (`weir dns` itself), [`up`] (starting it all), [`node_local`] (the per-node caches),
-//! [`parse`] and [`tools`] (dig, getent, dnsperf, nft counters), [`checks`] (the name checks).
+//! [`objects`](mod@objects) (its Kubernetes objects), [`resolv`] (the pods' resolv.conf),
+//! [`nsd`] (the outside's server), [`servers`] (`weir dns` itself), [`up`](mod@up) (starting
+//! it all), [`node_local`] (the per-node caches), [`parse`] and [`tools`] (dig, getent,
+//! dnsperf, nft counters), [`checks`] (the name checks).
 
 pub mod checks;
 pub mod node_local;

@@ -1,9 +1,9 @@
 //! Bringing a lab up and down, and reporting on it.
 //!
-//! One job a module: [`up`] builds a lab step by step from its topology; [`nodes`] makes nodes
-//! and pods and lets nodes join and leave a running lab; [`agents`] launches the per-node
-//! `weir routes` and `weir proxy`; [`down`] removes a lab; [`status`] reports on one. The wires
-//! they lay are [`crate::links`].
+//! One job a module: `up` builds a lab step by step from its topology ([`up()`]); `nodes` makes
+//! nodes and pods and lets nodes join and leave a running lab; `agents` launches the per-node
+//! `weir routes` and `weir proxy`; `down` removes a lab; `status` reports on one; `context`
+//! holds what they are all given. The wires they lay are [`crate::links`].
 
 mod agents;
 mod context;
