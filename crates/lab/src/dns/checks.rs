@@ -6,7 +6,10 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::resolv::resolv_conf;
-use super::state::*;
+use super::state::{
+    dns_dir, DnsState, EXTERNAL_NAME, EXTERNAL_SERVICE, HEADLESS, NODE_LOCAL_IP, TARGET_SERVICE,
+    ZONE,
+};
 use super::tools::{dig, getent};
 use crate::manifests::{NAMESPACE, PORT_NAME};
 use crate::state::{LabDir, LabState};

@@ -5,13 +5,13 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use weir_dns::node_local::notrack_table;
 
 use super::servers::server_args;
-use super::state::*;
+use super::state::{dns_dir, load, NODE_LOCAL_IP, READY_TIMEOUT, ZONE};
 use super::tools::dig;
 use crate::process::spawn_in;
 use crate::state::{LabDir, LabState};
-use weir_dns::node_local::notrack_table;
 
 /// Whether the node-local cache in `netns` answers (asked only once its address exists: a
 /// query to an address the node does not have would wait for dig's timeout).

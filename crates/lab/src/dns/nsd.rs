@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use super::state::*;
+use super::state::EXTERNAL_ZONE;
 
 /// NSD's zone file for [`EXTERNAL_ZONE`]: `www` is the outside's address (where its echo
 /// server answers).

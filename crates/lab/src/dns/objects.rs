@@ -5,7 +5,9 @@ use std::net::Ipv4Addr;
 
 use serde_json::{json, Value};
 
-use super::state::*;
+use super::state::{
+    DNS_NAMESPACE, DNS_SERVICE, EXTERNAL_NAME, EXTERNAL_SERVICE, HEADLESS, TARGET_SERVICE,
+};
 use crate::echo::ECHO_PORT;
 use crate::manifests::{NAMESPACE, PORT_NAME};
 use crate::state::LabState;

@@ -3,7 +3,7 @@
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use super::state::*;
+use super::state::ZONE;
 
 /// The resolv.conf the kubelet writes for dnsPolicy ClusterFirst in namespace `ns` (and for
 /// ClusterFirstWithHostNet in a hostNetwork pod).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use super::state::*;
+use super::state::{dns_dir, load, DnsState, READY_TIMEOUT, ZONE};
 use super::tools::dig;
 use crate::process::spawn_in;
 use crate::state::{LabDir, LabState};

@@ -7,8 +7,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use super::parse::*;
-use super::state::*;
+use super::parse::{parse_counter, parse_dig, parse_dnsperf, parse_getent, DigAnswer, Perf};
+use super::state::DnsState;
 use crate::state::LabState;
 
 /// Counts the UDP queries arriving at the server (an nft counter in its node, table

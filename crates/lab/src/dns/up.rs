@@ -11,7 +11,7 @@ use super::nsd::{external_zone, nsd_conf};
 use super::objects::objects;
 use super::resolv::{netns_etc, resolv_conf};
 use super::servers::start_server;
-use super::state::*;
+use super::state::{dns_dir, DnsState, EXTERNAL_NAME, EXTERNAL_ZONE, READY_TIMEOUT, ZONE};
 use super::tools::dig;
 use crate::addr::dns_cluster_ip;
 use crate::manifests::NAMESPACE;

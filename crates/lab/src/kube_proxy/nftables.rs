@@ -7,7 +7,7 @@ use crate::echo::ECHO_PORT;
 
 use crate::manifests::{NAMESPACE, PORT_NAME};
 
-use super::ports::*;
+use super::ports::{ports, Input, MASQ_MARK};
 
 /// `nft -f` input following `pkg/proxy/nftables/proxier.go`: table `ip kube-proxy`, the
 /// `services` chain dispatching through the `service-ips` and `service-nodeports` verdict maps
@@ -160,6 +160,7 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube_proxy::ports::eni_input;
     use crate::state::LabState;
     use crate::topology::Topology;
 
