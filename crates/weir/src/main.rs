@@ -13,10 +13,16 @@ mod routes_cmd;
 mod trace_cmd;
 
 #[derive(Parser)]
-#[command(
-    name = "weir",
-    version = env!("WEIR_VERSION_LINE"),
-    about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab"
+#[command(name = "weir", version = env!("WEIR_VERSION_LINE"))]
+#[cfg_attr(
+    feature = "lab",
+    command(
+        about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab"
+    )
+)]
+#[cfg_attr(
+    not(feature = "lab"),
+    command(about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics")
 )]
 struct Cli {
     #[command(subcommand)]
