@@ -104,6 +104,8 @@ case "${1:-}" in
     step "formatting and lints"
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
+    # The node image's weir: without the lab (the Containerfile's --no-default-features).
+    cargo clippy -p weir --no-default-features --all-targets -- -D warnings
     # A test that cannot do what it is named for (not root, a tool or the VM missing) fails under
     # CI=true, naming what is missing (weir-testkit; the VM tests through WEIR_VM_REQUIRED);
     # elsewhere it is skipped, and each skip is a line in $skips, summarised below.

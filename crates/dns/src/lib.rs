@@ -7,6 +7,7 @@
 //!   response message and its bytes sized for the transport (EDNS0, TC bit). Pure.
 //! * [`forward`]: upstreams from a resolv.conf-style file, failover, and a bounded cache.
 //! * [`metrics`]: Prometheus counters of responses, the cache, upstreams and the zone.
+//! * [`node_local`]: the NOTRACK table of `--node-local` (pure).
 //! * [`search`]: recognising a pod's first search-path expansion and the names its resolver
 //!   would try next (pure; the server's autopath option uses it).
 //! * [`wire`]: the zone's answers precomputed as wire bytes, and the request fast path.
@@ -18,6 +19,7 @@ pub mod agent;
 mod cookie;
 pub mod forward;
 pub mod metrics;
+pub mod node_local;
 pub mod respond;
 pub mod search;
 pub mod server;

@@ -2,7 +2,6 @@
 //! on stdout, inside the node's network namespace.
 
 use std::io::Write;
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -217,12 +216,6 @@ pub fn result_ipv4(stdout: &str) -> anyhow::Result<Ipv4Net> {
         }
     }
     bail!("CNI result has no IPv4 address: {stdout}")
-}
-
-/// The gateway the pods of `node` use (first host of the pod CIDR, set on cni0 by the plugin). In
-/// an eni network the same address is the ENI's own, the source masquerade picks out of the ENI.
-pub fn gateway(node: &Node) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(node.pod_cidr.network()) + 1)
 }
 
 #[cfg(test)]

@@ -316,7 +316,7 @@ pub fn render(r: &Report) -> String {
             ]
         })
         .collect();
-    out += &crate::matrix::render_table(&["LOOKUP", "NAME", "AUTOPATH", "QUERIES", "GOT"], &rows);
+    out += &crate::table::render_table(&["LOOKUP", "NAME", "AUTOPATH", "QUERIES", "GOT"], &rows);
     out += &format!("\nParallel getaddrinfo lookups of the short service name from pod {}, each its own socket with A and AAAA in parallel:\n", r.from);
     let rows: Vec<Vec<String>> = r
         .parallel
@@ -348,7 +348,7 @@ pub fn render(r: &Report) -> String {
             ]
         })
         .collect();
-    out += &crate::matrix::render_table(
+    out += &crate::table::render_table(
         &[
             "PATH",
             "LOOKUPS",

@@ -149,7 +149,7 @@ pub fn spawn(weir: &Path, netns: &Path, name: &str, log: &Path) -> anyhow::Resul
         .spawn()
         .with_context(|| format!("spawn {}", weir.display()))?;
     let pid = child.id();
-    let wait = crate::startup_timeout(Duration::from_secs(5));
+    let wait = crate::timeout::startup_timeout(Duration::from_secs(5));
     let deadline = Instant::now() + wait;
     loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();

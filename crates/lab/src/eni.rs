@@ -18,8 +18,9 @@ use serde::{Deserialize, Serialize};
 use weir_kernel::{sysctl, NetNs, Rtnl};
 
 use crate::cni::{ENI_NAME, ENI_TABLE};
+use crate::names;
 use crate::state::LabState;
-use crate::topology::{names, Node, Topology};
+use crate::topology::{Node, Topology};
 
 /// The router's end of `node`'s ENI link.
 pub fn router_port(node: &str) -> String {
@@ -116,7 +117,7 @@ pub fn attach(
 ) -> anyhow::Result<()> {
     let port = router_port(&node.name);
     let mut out = Rtnl::in_netns(out_ns)?;
-    crate::lab::veth_between(&mut out, &port, node_ns, ENI_NAME)?;
+    crate::links::veth_between(&mut out, &port, node_ns, ENI_NAME)?;
     node_ns.run(|| sysctl::ensure(&format!("net.ipv4.conf.{ENI_NAME}.rp_filter"), "1"))??;
     let link = out.require_link(&port)?;
     out.addr_ensure(link.index, IpNet::V4(Ipv4Net::new(topo.eni_gateway(), 32)?))?;
@@ -295,20 +296,24 @@ mod tests {
     #[test]
     fn eni_topology_errors_name_the_field() {
         let bad = |from: &str, to: &str| {
-            assert!(crate::ENI_TOPOLOGY.contains(from), "{from}");
-            Topology::parse(&crate::ENI_TOPOLOGY.replacen(from, to, 1)).unwrap_err()
+            assert!(crate::topology::ENI_TOPOLOGY.contains(from), "{from}");
+            Topology::parse(&crate::topology::ENI_TOPOLOGY.replacen(from, to, 1)).unwrap_err()
         };
         let e = bad("cni: weir", "cni: reference");
         assert_eq!(e.field, "cni", "{e}");
         let e = bad("podCIDR: 10.12.192.16/28", "podCIDR: 10.12.192.0/28");
         assert_eq!(e.field, "nodes[0].podCIDR", "{e}");
         assert!(e.message.contains("10.12.192.1"), "{e}");
-        let t = Topology::parse(&crate::ENI_TOPOLOGY.replacen("eniFix: true", "eniFix: false", 1))
-            .unwrap();
+        let t = Topology::parse(&crate::topology::ENI_TOPOLOGY.replacen(
+            "eniFix: true",
+            "eniFix: false",
+            1,
+        ))
+        .unwrap();
         assert!(!t.eni_fix);
         // the default topology is a bridge network with the fix switch irrelevant but defaulted
         let d = Topology::default_demo();
-        assert_eq!(d.network, crate::Network::Bridge);
+        assert_eq!(d.network, crate::topology::Network::Bridge);
         assert!(d.eni_fix);
     }
 }

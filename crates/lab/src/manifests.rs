@@ -194,7 +194,7 @@ mod tests {
 
     fn demo_state() -> (Topology, LabState) {
         let topo = Topology::default_demo();
-        let state = crate::services::tests::demo_state(&topo);
+        let state = LabState::simulated(&topo);
         (topo, state)
     }
 

@@ -1,11 +1,9 @@
 //! `weir proxy` on every node of a lab: its command line (pure), starting it inside the node's
 //! namespace as a detached process, waiting until `/healthz` answers 200, stopping it.
 
-use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -13,6 +11,7 @@ use ipnet::Ipv4Net;
 use weir_kernel::NetNs;
 
 use crate::ns;
+use crate::process::{indent, log_tail, spawn_detached};
 
 /// kube-proxy's healthz port; the lab binds it on the node's underlay address.
 pub const HEALTHZ_PORT: u16 = 10256;
@@ -79,62 +78,6 @@ impl Launch {
     pub fn spawn(&self) -> anyhow::Result<u32> {
         spawn_detached(&self.weir, &self.args(), &self.netns, &self.log)
     }
-}
-
-/// Starts `weir <args>` inside the namespace `netns`, detached (own session), its stdout and
-/// stderr appended to `log` after a line with the command. Returns its pid.
-pub(crate) fn spawn_detached(
-    weir: &Path,
-    args: &[String],
-    netns: &str,
-    log: &Path,
-) -> anyhow::Result<u32> {
-    let command_line = format!(
-        "ip netns exec {netns} {} {}",
-        weir.display(),
-        args.join(" ")
-    );
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut out = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("open {}", log.display()))?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default();
-    writeln!(
-        out,
-        "--- weir lab: starting {command_line} (unix time {now})"
-    )?;
-    let err = out.try_clone()?;
-    let ns = NetNs::named(netns).with_context(|| format!("open netns {netns}"))?;
-    let mut cmd = Command::new(weir);
-    cmd.args(args).stdin(Stdio::null()).stdout(out).stderr(err);
-    crate::ns::detach(&mut cmd);
-    ns.spawn_inside(&mut cmd);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("spawn {command_line}"))?;
-    let pid = child.id();
-    // The child stays ours until we exit; a reaper thread avoids zombies meanwhile.
-    std::thread::spawn(move || {
-        let _ = child.wait();
-    });
-    Ok(pid)
-}
-
-/// The last `lines` lines of a file (for error messages).
-pub fn log_tail(path: &Path, lines: usize) -> String {
-    let mut text = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let _ = f.read_to_string(&mut text);
-    }
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// One `GET /healthz` from inside `netns`: the HTTP status code.
@@ -206,13 +149,6 @@ pub fn wait_ready(launch: &Launch, pid: u32, timeout: Duration) -> anyhow::Resul
     }
 }
 
-pub(crate) fn indent(text: &str) -> String {
-    text.lines()
-        .map(|l| format!("    {l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// True when `pid` is a `weir proxy` (so that a recorded pid reused by another process is
 /// never killed).
 pub fn is_weir_proxy(pid: u32, manifests: &Path) -> bool {
@@ -223,23 +159,6 @@ pub fn is_weir_proxy(pid: u32, manifests: &Path) -> bool {
         .collect();
     args.get(1).map(String::as_str) == Some("proxy")
         && args.iter().any(|a| Path::new(a) == manifests)
-}
-
-/// Stops a proxy: SIGTERM (or SIGKILL when `hard`), then SIGKILL if it is still there after
-/// 3 s. Returns once it is gone.
-pub fn stop(pid: u32, hard: bool) {
-    let sig = if hard { libc::SIGKILL } else { libc::SIGTERM };
-    // SAFETY: plain kill(2).
-    unsafe {
-        libc::kill(pid as libc::pid_t, sig);
-    }
-    let deadline = Instant::now() + Duration::from_secs(3);
-    while ns::alive(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if ns::alive(pid) {
-        ns::kill_all(&[pid]);
-    }
 }
 
 #[cfg(test)]
@@ -277,15 +196,5 @@ mod tests {
         );
         assert!(parse_status("SSH-2.0-OpenSSH").is_err());
         assert!(parse_status("").is_err());
-    }
-
-    #[test]
-    fn log_tail_takes_the_last_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("l");
-        std::fs::write(&p, "1\n2\n3\n4\n").unwrap();
-        assert_eq!(log_tail(&p, 2), "3\n4");
-        assert_eq!(log_tail(&p, 10), "1\n2\n3\n4");
-        assert_eq!(log_tail(&dir.path().join("none"), 3), "");
     }
 }

@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::ns;
-use crate::proxy::{indent, log_tail, spawn_detached};
+use crate::process::{indent, log_tail, spawn_detached};
 use crate::topology::Overlay;
 
 /// How long an agent may take to publish, and the overlay to converge.
@@ -230,7 +230,7 @@ pub fn wait_all_published(
     for (launch, pid) in started {
         out.insert(
             launch.node.clone(),
-            launch.wait_published(*pid, crate::startup_timeout(CONVERGE_TIMEOUT))?,
+            launch.wait_published(*pid, crate::timeout::startup_timeout(CONVERGE_TIMEOUT))?,
         );
     }
     Ok(out)
@@ -245,8 +245,11 @@ pub fn wait_all_converged(
     for (launch, pid) in started {
         let mut others = nodes.clone();
         others.remove(&launch.node);
-        let took =
-            launch.wait_converged(*pid, &others, crate::startup_timeout(CONVERGE_TIMEOUT))?;
+        let took = launch.wait_converged(
+            *pid,
+            &others,
+            crate::timeout::startup_timeout(CONVERGE_TIMEOUT),
+        )?;
         out.push((launch.node.clone(), took));
     }
     if out.is_empty() {

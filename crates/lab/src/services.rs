@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use weir_kernel::NetNs;
 
+use crate::names;
 use crate::state::{LabState, NodeState, PodState};
-use crate::topology::{names, Protocol, ProxyKind};
+use crate::topology::{Protocol, ProxyKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -143,18 +144,18 @@ pub const REJECT_WITHIN: Duration = Duration::from_secs(1);
 pub const NO_ANSWER_WAIT: Duration = Duration::from_secs(1);
 
 /// [`REJECT_WITHIN`] and [`ANSWER_TIMEOUT`] as this run applies them: times
-/// `WEIR_LAB_TIMEOUT_SCALE` ([`crate::startup_timeout`]). In the qemu VM under software
+/// `WEIR_LAB_TIMEOUT_SCALE` ([`crate::timeout::startup_timeout`]). In the qemu VM under software
 /// emulation every probe runs at once on one emulated CPU, and a refusal or answer that the
 /// kernel sent at once can reach its client thread seconds later (seen: a no-endpoints
 /// refusal after 1.3–2.0 s, a health check's HTTP answer after more than 2 s, while the same
 /// probes took 86–277 ms in the next check). [`NO_ANSWER_WAIT`] is not scaled: it is the
 /// least a drop is waited for.
 fn reject_within() -> Duration {
-    crate::startup_timeout(REJECT_WITHIN)
+    crate::timeout::startup_timeout(REJECT_WITHIN)
 }
 
 fn answer_timeout() -> Duration {
-    crate::startup_timeout(ANSWER_TIMEOUT)
+    crate::timeout::startup_timeout(ANSWER_TIMEOUT)
 }
 
 struct Clients<'a> {
@@ -974,7 +975,7 @@ pub fn render(state: &LabState, results: &[SvcResult]) -> String {
             ]
         })
         .collect();
-    crate::matrix::render_table(&HEADERS, &rows)
+    crate::table::render_table(&HEADERS, &rows)
 }
 
 pub fn summary(results: &[SvcResult]) -> String {

@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use crate::addr::pod_gateway;
+use crate::names;
 use crate::topology::{
-    names, Allocation, CniKind, Network, Protocol, ProxyKind, Service, ServiceType,
-    SessionAffinity, Topology, TrafficPolicy,
+    Allocation, CniKind, Network, Protocol, ProxyKind, Service, ServiceType, SessionAffinity,
+    Topology, TrafficPolicy,
 };
 
 /// The root of all labs' state: `${WEIR_LAB_STATE:-/run/weir-lab}`.
@@ -200,7 +202,7 @@ impl LabState {
                 name: n.name.clone(),
                 netns: names::node(&topo.name, &n.name),
                 underlay_ip: topo.underlay_ip(i).unwrap_or(Ipv4Addr::UNSPECIFIED),
-                pod_gateway: crate::cni::gateway(n),
+                pod_gateway: pod_gateway(n.pod_cidr),
                 annotations: BTreeMap::new(),
                 vtep_ip: (topo.overlay == crate::topology::Overlay::Vxlan
                     && topo.network == Network::Bridge)

@@ -9,6 +9,8 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
+use crate::addr::{dns_cluster_ip, nth_host, take_ip};
+
 /// The two-node topology `weir lab demo` uses.
 pub const DEFAULT_TOPOLOGY: &str = "\
 name: demo
@@ -279,22 +281,20 @@ impl ProxyKind {
         .then(|| self.as_str())
     }
 
-    /// The upstream kube-proxy mode whose rules the lab writes instead of running a proxy.
-    pub fn kube_proxy(self) -> Option<crate::kube_proxy::Mode> {
-        use crate::kube_proxy::Mode;
-        match self {
-            ProxyKind::KubeProxyIptables => Some(Mode::Iptables),
-            ProxyKind::KubeProxyNftables => Some(Mode::Nftables),
-            ProxyKind::KubeProxyIpvs => Some(Mode::Ipvs),
-            _ => None,
-        }
+    /// Whether the lab writes upstream kube-proxy's rules instead of running a proxy (which
+    /// mode: [`crate::kube_proxy::Mode::of`]).
+    pub fn is_kube_proxy(self) -> bool {
+        matches!(
+            self,
+            ProxyKind::KubeProxyIptables | ProxyKind::KubeProxyNftables | ProxyKind::KubeProxyIpvs
+        )
     }
 
     /// For humans: "weir proxy, nftables mode" / "kube-proxy-shaped ipvs rules".
     pub fn describe(self) -> String {
-        match (self.weir_mode(), self.kube_proxy()) {
+        match (self.weir_mode(), self.is_kube_proxy()) {
             (Some(m), _) => format!("weir proxy, {m} mode"),
-            (None, Some(_)) => format!(
+            (None, true) => format!(
                 "upstream kube-proxy's {} rules, static",
                 self.as_str().trim_start_matches("kube-proxy-")
             ),
@@ -867,7 +867,7 @@ impl Topology {
             ));
         }
         if self.dns.on() {
-            let dns_ip = crate::dns::cluster_ip(self.service_cidr);
+            let dns_ip = dns_cluster_ip(self.service_cidr);
             if let Some(i) = self
                 .services
                 .iter()
@@ -1031,7 +1031,7 @@ impl Topology {
         let mut used_ips: BTreeSet<Ipv4Addr> =
             self.services.iter().filter_map(|s| s.cluster_ip).collect();
         if self.dns.on() {
-            used_ips.insert(crate::dns::cluster_ip(self.service_cidr));
+            used_ips.insert(dns_cluster_ip(self.service_cidr));
         }
         let mut used_ports: BTreeSet<u16> =
             self.services.iter().filter_map(|s| s.node_port).collect();
@@ -1173,68 +1173,6 @@ impl Topology {
         self.nodes
             .iter()
             .flat_map(|n| n.pods.iter().map(move |p| (n, p.as_str())))
-    }
-}
-
-/// The next host address of `net` from host number `*next` on that is not in `used` (and
-/// marks it used).
-fn take_ip(net: Ipv4Net, next: &mut u32, used: &mut BTreeSet<Ipv4Addr>) -> Option<Ipv4Addr> {
-    loop {
-        let ip = nth_host(net, *next)?;
-        *next += 1;
-        if used.insert(ip) {
-            return Some(ip);
-        }
-    }
-}
-
-/// Host number `n` of `net` (network address + n), if it is a usable host address.
-fn nth_host(net: Ipv4Net, n: u32) -> Option<Ipv4Addr> {
-    let base = u32::from(net.network());
-    let addr = Ipv4Addr::from(base.checked_add(n)?);
-    (net.contains(&addr) && addr != net.broadcast() && n != 0).then_some(addr)
-}
-
-/// Namespace names of a lab: everything is `wl-<lab>-…`.
-pub mod names {
-    pub fn prefix(lab: &str) -> String {
-        format!("wl-{lab}-")
-    }
-    pub fn switch(lab: &str) -> String {
-        format!("wl-{lab}-sw")
-    }
-    pub fn outside(lab: &str) -> String {
-        format!("wl-{lab}-out")
-    }
-    pub fn node(lab: &str, node: &str) -> String {
-        format!("wl-{lab}-{node}")
-    }
-    pub fn pod(lab: &str, node: &str, pod: &str) -> String {
-        format!("wl-{lab}-{node}-{pod}")
-    }
-
-    /// What a namespace of `lab` stands for, recovered from its name alone.
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub enum NsRole {
-        Switch,
-        Outside,
-        Node(String),
-        Pod { node: String, pod: String },
-    }
-
-    pub fn parse(lab: &str, ns: &str) -> Option<NsRole> {
-        let rest = ns.strip_prefix(&prefix(lab))?;
-        let parts: Vec<&str> = rest.split('-').collect();
-        match parts.as_slice() {
-            ["sw"] => Some(NsRole::Switch),
-            ["out"] => Some(NsRole::Outside),
-            [node] if !node.is_empty() => Some(NsRole::Node(node.to_string())),
-            [node, pod] if !node.is_empty() && !pod.is_empty() => Some(NsRole::Pod {
-                node: node.to_string(),
-                pod: pod.to_string(),
-            }),
-            _ => None,
-        }
     }
 }
 
@@ -1621,7 +1559,7 @@ mod tests {
 
     #[test]
     fn namespace_names_round_trip() {
-        use names::*;
+        use crate::names::*;
         assert_eq!(parse("x1", &switch("x1")), Some(NsRole::Switch));
         assert_eq!(parse("x1", &outside("x1")), Some(NsRole::Outside));
         assert_eq!(
@@ -1637,5 +1575,51 @@ mod tests {
         );
         assert_eq!(parse("x", &pod("x1", "a", "a1")), None, "another lab");
         assert_eq!(parse("x1", "wl-x1-a-b-c"), None);
+    }
+
+    #[test]
+    fn allocation_skips_the_dns_ip() {
+        let mut t = Topology::default_demo();
+        for i in 0..8 {
+            let mut s = t.services[0].clone();
+            s.name = format!("x{i}");
+            t.services.push(s);
+        }
+        let dns_ip = Ipv4Addr::new(10, 96, 0, 10);
+        let ips = |t: &Topology| -> Vec<Ipv4Addr> {
+            t.allocate().unwrap().iter().map(|a| a.cluster_ip).collect()
+        };
+        assert!(t.dns.on());
+        assert!(!ips(&t).contains(&dns_ip), "{:?}", ips(&t));
+        assert_eq!(ips(&t).len(), 13);
+        t.dns = Dns::Off;
+        assert!(ips(&t).contains(&dns_ip));
+    }
+
+    #[test]
+    fn dns_key_takes_true_false_cluster_ip_and_node_local() {
+        let with = |v: &str| {
+            Topology::parse(
+                &crate::topology::DEFAULT_TOPOLOGY
+                    .lines()
+                    .map(|l| {
+                        if l.starts_with("dns:") {
+                            format!("dns: {v}")
+                        } else {
+                            l.into()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            )
+        };
+        assert_eq!(with("true").unwrap().dns, Dns::ClusterIp);
+        assert_eq!(with("cluster-ip").unwrap().dns, Dns::ClusterIp);
+        assert_eq!(with("node-local").unwrap().dns, Dns::NodeLocal);
+        assert_eq!(with("false").unwrap().dns, Dns::Off);
+        let e = with("nodelocal").unwrap_err().to_string();
+        assert!(e.contains("node-local"), "{e}");
+        // The default demo keeps the ClusterIP.
+        assert_eq!(Topology::default_demo().dns, Dns::ClusterIp);
     }
 }

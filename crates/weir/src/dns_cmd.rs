@@ -302,7 +302,7 @@ fn start_http(
 }
 
 /// `--node-local`: the NOTRACK table the lab's node-local mode uses
-/// ([`weir_lab::dns::notrack_table`]), replaced whole (`nft -f` with a delete first), then the
+/// ([`weir_dns::node_local::notrack_table`]), replaced whole (`nft -f` with a delete first), then the
 /// listen address on `lo`.
 fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
     let std::net::IpAddr::V4(ip) = listen.ip() else {
@@ -312,7 +312,7 @@ fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
         !ip.is_unspecified(),
         "--node-local needs the cache's own address in --listen (e.g. 169.254.20.10:53)"
     );
-    let table = weir_lab::dns::notrack_table(ip);
+    let table = weir_dns::node_local::notrack_table(ip);
     // `add table` first makes the delete valid on a first start; the file is one transaction.
     let script =
         format!("add table ip weir-nodelocal-dns\ndelete table ip weir-nodelocal-dns\n{table}");

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 mod conditions;
 mod dns_cmd;
 mod doctor_cmd;
+#[cfg(feature = "lab")]
 mod lab_cmd;
 mod manifest_view;
 mod proxy_cmd;
@@ -12,10 +13,16 @@ mod routes_cmd;
 mod trace_cmd;
 
 #[derive(Parser)]
-#[command(
-    name = "weir",
-    version = env!("WEIR_VERSION_LINE"),
-    about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab"
+#[command(name = "weir", version = env!("WEIR_VERSION_LINE"))]
+#[cfg_attr(
+    feature = "lab",
+    command(
+        about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab"
+    )
+)]
+#[cfg_attr(
+    not(feature = "lab"),
+    command(about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics")
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,6 +44,7 @@ static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 #[derive(Subcommand)]
 enum Command {
     /// A whole cluster simulated with network namespaces on this machine.
+    #[cfg(feature = "lab")]
     Lab(lab_cmd::LabArgs),
     /// The service proxy (kube-proxy's job): nftables, iptables, ipvs or userspace mode.
     Proxy(Box<proxy_cmd::ProxyArgs>),
@@ -71,6 +79,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let _ = LOG_FORMAT.set(cli.log_format);
     let result = match cli.command {
+        #[cfg(feature = "lab")]
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(*args),
         Command::Routes(args) => routes_cmd::run(args),

@@ -5,7 +5,9 @@ use std::net::Ipv4Addr;
 
 use crate::echo::ECHO_PORT;
 
-use super::*;
+use sha2::{Digest, Sha256};
+
+use super::ports::{nat_base_jumps, ports, postrouting_and_mark, Input};
 
 /// `iptables-restore --noflush` input following `pkg/proxy/iptables/proxier.go`: nat
 /// KUBE-SERVICES → KUBE-SVC (ClusterIP: masquerade what does not come from a pod) / KUBE-EXT
@@ -169,6 +171,7 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube_proxy::ports::eni_input;
 
     #[test]
     fn iptables_shape_marks_and_masquerades_like_upstream() {

@@ -7,7 +7,9 @@ use std::net::Ipv4Addr;
 use crate::echo::ECHO_PORT;
 use crate::topology::ServiceType;
 
-use super::*;
+use anyhow::bail;
+
+use super::ports::{nat_base_jumps, ports, postrouting_and_mark, Input};
 
 /// What kube-proxy's ipvs mode (`pkg/proxy/ipvs/proxier.go`) puts in a node, as the inputs of
 /// the tools that load it.
@@ -151,6 +153,7 @@ pub fn render(input: &Input) -> anyhow::Result<Ipvs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube_proxy::ports::eni_input;
 
     #[test]
     fn ipvs_shape_binds_every_service_ip_and_masquerades_real_servers() {

@@ -5,7 +5,9 @@ use std::net::Ipv4Addr;
 
 use crate::echo::ECHO_PORT;
 
-use super::*;
+use crate::manifests::{NAMESPACE, PORT_NAME};
+
+use super::ports::{ports, Input, MASQ_MARK};
 
 /// `nft -f` input following `pkg/proxy/nftables/proxier.go`: table `ip kube-proxy`, the
 /// `services` chain dispatching through the `service-ips` and `service-nodeports` verdict maps
@@ -158,6 +160,8 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube_proxy::ports::eni_input;
+    use crate::state::LabState;
     use crate::topology::Topology;
 
     #[test]
@@ -190,7 +194,7 @@ mod tests {
         };
         let text = render(&input).unwrap();
         assert!(text.contains("tcp . 30080 : drop"), "{text}");
-        assert!(super::super::iptables::render(&input)
+        assert!(crate::kube_proxy::iptables::render(&input)
             .unwrap()
             .contains("\"default/shop:echo has no local endpoints\" -m addrtype --dst-type LOCAL -m tcp -p tcp --dport 30080 -j DROP"));
     }
