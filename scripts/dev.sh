@@ -106,6 +106,11 @@ case "${1:-}" in
     cargo clippy --workspace --all-targets -- -D warnings
     # The node image's weir: without the lab (the Containerfile's --no-default-features).
     cargo clippy -p weir --no-default-features --all-targets -- -D warnings
+    # No module of any crate imports in a circle (scripts/module_cycles.py, file by file).
+    for src in crates/*/src; do
+      python3 scripts/module_cycles.py "$src" | tail -1 | grep -q ' cycles 0$' ||
+        { python3 scripts/module_cycles.py "$src" >&2; exit 1; }
+    done
     # A test that cannot do what it is named for (not root, a tool or the VM missing) fails under
     # CI=true, naming what is missing (weir-testkit; the VM tests through WEIR_VM_REQUIRED);
     # elsewhere it is skipped, and each skip is a line in $skips, summarised below.

@@ -135,7 +135,7 @@ pub fn endpoint_slice_object(svc: &ServiceState, state: &LabState) -> Value {
 
 fn documents(docs: &[Value]) -> String {
     docs.iter()
-        .map(|d| serde_yaml::to_string(d).expect("JSON values serialize as YAML"))
+        .map(|d| weir_source::yaml::to_string(d).expect("JSON values serialize as YAML"))
         .collect::<Vec<_>>()
         .join("---\n")
 }
@@ -215,8 +215,9 @@ mod tests {
             ]
         );
         let docs = |text: &str| -> Vec<Value> {
-            serde_yaml::Deserializer::from_str(text)
-                .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            let mut reader = text.as_bytes();
+            weir_source::yaml::documents(&mut reader)
+                .map(|d| d.unwrap())
                 .collect()
         };
         let nodes = docs(&files[0].1);

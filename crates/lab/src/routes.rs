@@ -169,7 +169,7 @@ struct PatchMetadata {
 
 /// The annotations of a Node patch (`metadata.annotations`, YAML).
 pub fn annotations_of_patch(text: &str) -> anyhow::Result<BTreeMap<String, String>> {
-    let patch: Patch = serde_yaml::from_str(text).context("not a Node patch")?;
+    let patch: Patch = weir_source::yaml::from_str(text).context("not a Node patch")?;
     Ok(patch.metadata.annotations)
 }
 

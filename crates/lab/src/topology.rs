@@ -563,42 +563,6 @@ impl std::fmt::Display for TopologyError {
 
 impl std::error::Error for TopologyError {}
 
-/// At most `max` characters of `text`, with `…` when cut.
-fn excerpt(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_string(),
-    }
-}
-
-/// `message` with every quoted string longer than `max` characters cut (serde quotes values
-/// with `{:?}` and names in backticks).
-fn cut_quoted(message: &str, max: usize) -> String {
-    let mut out = String::with_capacity(message.len().min(512));
-    let mut rest = message;
-    while let Some(open) = rest.find(['"', '`']) {
-        let quote = rest[open..].chars().next().unwrap_or('"');
-        out.push_str(&rest[..=open]);
-        rest = &rest[open + 1..];
-        // The closing quote: `"` may be escaped inside (`{:?}`), a backtick may not.
-        let mut escaped = false;
-        let close = rest.char_indices().find(|&(_, c)| {
-            let end = c == quote && !escaped;
-            escaped = quote == '"' && c == '\\' && !escaped;
-            end
-        });
-        let Some((close, _)) = close else {
-            out.push_str(&excerpt(rest, max));
-            return out;
-        };
-        out.push_str(&excerpt(&rest[..close], max));
-        out.push(quote);
-        rest = &rest[close + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
 fn err(field: impl Into<String>, message: impl Into<String>) -> TopologyError {
     TopologyError {
         field: field.into(),
@@ -637,32 +601,19 @@ const RESERVED_NODE_NAMES: [&str; 2] = ["sw", "out"];
 impl Topology {
     /// Parses and validates a topology file.
     pub fn parse(yaml: &str) -> Result<Self, TopologyError> {
-        let de = serde_yaml::Deserializer::from_str(yaml);
-        let topo: Topology = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let line = e.inner().location().map(|l| l.line());
-            let mut inner = e.into_inner().to_string();
-            // serde_yaml prefixes some messages with (part of) the path already: drop it.
-            if let Some((head, rest)) = inner.split_once(": ") {
-                if !head.contains(' ') && path.starts_with(head) {
-                    inner = rest.to_string();
-                }
-            }
-            // The values serde quotes can be a whole file (/etc/passwd reads as one string).
-            let inner = cut_quoted(&inner, 40);
-            match (path.as_str(), inner.strip_prefix("invalid type: ")) {
-                (".", Some(kind)) => {
-                    let kind = kind.split([' ', ',']).next().unwrap_or_default();
-                    let first = line
-                        .and_then(|n| yaml.lines().nth(n.saturating_sub(1)))
-                        .map(|l| format!("; line 1: {:?}", excerpt(l.trim_end(), 60)))
+        let topo: Topology = weir_source::yaml::decode(yaml).map_err(|e| {
+            match (e.field, e.not_a_mapping) {
+                (None, Some(what)) => {
+                    let first = e
+                        .line
+                        .map(|(n, start)| format!("; line {n}: {start:?}"))
                         .unwrap_or_default();
                     err(
-                        path,
-                        format!("not a topology (a YAML mapping of fields): the file reads as a YAML {kind}{first}"),
+                        ".",
+                        format!("not a topology (a YAML mapping of fields): the file reads as {what}{first}"),
                     )
                 }
-                _ => err(path, inner),
+                (field, _) => err(field.unwrap_or_else(|| ".".into()), e.message),
             }
         })?;
         topo.validate()?;
@@ -696,7 +647,7 @@ impl Topology {
     }
 
     pub fn to_yaml(&self) -> String {
-        serde_yaml::to_string(self).expect("a topology serializes")
+        weir_source::yaml::to_string(self).expect("a topology serializes")
     }
 
     pub fn validate(&self) -> Result<(), TopologyError> {

@@ -34,7 +34,7 @@ use crate::store::{Event, EventSink};
 /// (`service.kubernetes.io/service-proxy-name`); plus its field selector: not headless.
 pub const SERVICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name";
 /// Servers before 1.22 refuse it (400): the watch then drops it and filters on its side.
-pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
+pub use crate::served::SERVICE_FIELD_SELECTOR;
 /// kube-proxy's selector for EndpointSlices: not the slices of headless Services.
 pub const ENDPOINTSLICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/headless";
 

@@ -137,6 +137,9 @@ impl From<EndpointSliceV1beta1> for Object {
 
 /// A field selector weir asks the server for, and the same test on the client's side for a
 /// server that refuses the selector.
+/// kube-proxy's field selector for Services: not headless.
+pub const SERVICE_FIELD_SELECTOR: &str = "spec.clusterIP!=None";
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FieldFilter {
     /// `spec.clusterIP!=None`: not headless (kube-proxy's Service selector).
@@ -146,7 +149,7 @@ pub enum FieldFilter {
 impl FieldFilter {
     pub fn selector(&self) -> &'static str {
         match self {
-            FieldFilter::NotHeadless => crate::api::SERVICE_FIELD_SELECTOR,
+            FieldFilter::NotHeadless => SERVICE_FIELD_SELECTOR,
         }
     }
 

@@ -60,7 +60,7 @@ pub fn up(
     let cip = dns_cluster_ip(service_cidr);
     let docs: Vec<String> = objects(cip, node.underlay_ip, state)
         .iter()
-        .map(|v| serde_yaml::to_string(v).expect("JSON values serialize as YAML"))
+        .map(|v| weir_source::yaml::to_string(v).expect("JSON values serialize as YAML"))
         .collect();
     crate::manifests::write(
         &dir.manifests(),

@@ -10,6 +10,7 @@ use ipnet::IpNet;
 use serde::Deserialize;
 use weir_model::NodePortDefault;
 use weir_proxy::iptables::BackendChoice;
+use weir_source::yaml::excerpt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -233,110 +234,30 @@ struct ClientConnection {
     other: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
-/// At most `max` characters of `text`, with `…` when cut.
-fn excerpt(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_string(),
-    }
-}
-
-/// `message` with every quoted string longer than `max` characters cut (serde quotes the
-/// values it could not take with `{:?}`, and a value can be a whole file; names in
-/// backticks).
-fn cut_quoted(message: &str, max: usize) -> String {
-    let mut out = String::with_capacity(message.len().min(512));
-    let mut rest = message;
-    while let Some(open) = rest.find(['"', '`']) {
-        let quote = rest[open..].chars().next().unwrap_or('"');
-        out.push_str(&rest[..=open]);
-        rest = &rest[open + 1..];
-        // The closing quote: `"` may be escaped inside (`{:?}`), a backtick may not.
-        let mut escaped = false;
-        let close = rest.char_indices().find(|&(_, c)| {
-            let end = c == quote && !escaped;
-            escaped = quote == '"' && c == '\\' && !escaped;
-            end
-        });
-        let Some((close, _)) = close else {
-            out.push_str(&excerpt(rest, max));
-            return out;
-        };
-        out.push_str(&excerpt(&rest[..close], max));
-        out.push(quote);
-        rest = &rest[close + 1..];
-    }
-    out.push_str(rest);
-    out
-}
-
 /// A --config file that does not decode, said in one line: the file, where (line, and the
-/// field when inside one: `field`, the path serde_path_to_error found), what is wrong, and that
-/// line's start; never the file's content.
-fn config_error(
-    path: &std::path::Path,
-    text: &str,
-    field: Option<&str>,
-    e: &serde_saphyr::Error,
-) -> String {
-    let field = field.unwrap_or(".");
-    let location = e.location();
-    let mut message = e.to_string();
-    // The parser ends its message with the location, said below with the line's start.
-    if let Some(l) = &location {
-        let suffix = format!(" at line {}, column {}", l.line(), l.column());
-        if let Some(m) = message.strip_suffix(&suffix) {
-            message = m.to_string();
-        }
-    }
-    let message = cut_quoted(&message, 40);
-    let line = location.as_ref().map(|l| l.line() as usize);
-    let at = line.map(|n| {
-        format!(
-            "line {n} ({:?})",
-            excerpt(
-                text.lines()
-                    .nth(n.saturating_sub(1))
-                    .unwrap_or_default()
-                    .trim_end(),
-                60
-            )
-        )
-    });
-    if field == "." {
-        // The document itself is not a mapping (a passwd file reads as one long string).
-        let what = match serde_saphyr::from_str::<serde_json::Value>(text) {
-            Ok(serde_json::Value::String(_)) => "the file reads as a YAML string".to_string(),
-            Ok(serde_json::Value::Array(_)) => "the file reads as a YAML sequence".to_string(),
-            Ok(serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => {
-                "the file reads as a YAML scalar".to_string()
-            }
-            _ => message,
-        };
-        let at = at.map(|at| format!("; {at}")).unwrap_or_default();
-        format!(
-            "{}: not a KubeProxyConfiguration (a YAML mapping of fields): {what}{at}",
-            path.display()
-        )
-    } else {
-        let at = at.map(|at| format!("{at}: ")).unwrap_or_default();
-        format!("{}: {at}{field}: {message}", path.display())
-    }
-}
-
-/// Decodes a --config file, or says in one line why it does not decode.
+/// field when inside one), what is wrong, and that line's start; never the file's content.
 fn decode_config(path: &std::path::Path, text: &str) -> anyhow::Result<KubeProxyConfiguration> {
-    let mut field = None;
-    let mut options = serde_saphyr::Options::default();
-    // The error's Display would otherwise quote the file around the fault (a snippet).
-    options.with_snippet = false;
-    serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            field = Some(e.path().to_string());
-            e.into_inner()
-        })
+    weir_source::yaml::decode(text).map_err(|e| {
+        let at = e
+            .line
+            .as_ref()
+            .map(|(n, start)| format!("line {n} ({start:?})"));
+        match (&e.field, e.not_a_mapping) {
+            (None, what) => {
+                let what = what.map(|w| format!("the file reads as {w}"));
+                let at = at.map(|at| format!("; {at}")).unwrap_or_default();
+                anyhow::anyhow!(
+                    "{}: not a KubeProxyConfiguration (a YAML mapping of fields): {}{at}",
+                    path.display(),
+                    what.unwrap_or(e.message)
+                )
+            }
+            (Some(field), _) => {
+                let at = at.map(|at| format!("{at}: ")).unwrap_or_default();
+                anyhow::anyhow!("{}: {at}{field}: {}", path.display(), e.message)
+            }
+        }
     })
-    .map_err(|e| anyhow::anyhow!(config_error(path, text, field.as_deref(), &e)))
 }
 
 /// Parses a Go duration (`300ms`, `30s`, `1m30s`, `1h`).
@@ -783,17 +704,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("config mode") && e.len() < 200, "{e}");
-    }
-
-    #[test]
-    fn quoted_values_are_cut_at_a_character_boundary() {
-        assert_eq!(cut_quoted("a \"short\" b", 10), "a \"short\" b");
-        assert_eq!(cut_quoted("x \"ééééé\\\"ééé\" y", 4), "x \"éééé…\" y");
-        assert_eq!(cut_quoted("open \"abcdef", 3), "open \"abc…");
-        assert_eq!(
-            cut_quoted("unknown variant `abcdef`, expected `ab`", 3),
-            "unknown variant `abc…`, expected `ab`"
-        );
     }
 
     #[test]
