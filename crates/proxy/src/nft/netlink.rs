@@ -105,10 +105,11 @@ pub enum Wire<'a> {
     Encoded(&'a [u8]),
 }
 
-/// Bytes per block of [`EncodedElements`]: large enough that a block's allocation is
-/// amortised over hundreds of elements, small enough that a set of a few elements wastes
-/// little.
-const ENCODED_BLOCK: usize = 64 * 1024;
+/// Bytes per block of [`EncodedElements`]: a block's allocation is amortised over thousands
+/// of elements, and it is above glibc's mmap threshold, so the blocks of a full sync go back
+/// to the system when it ends instead of staying in the heap (the pages a small set never
+/// touches are never resident).
+const ENCODED_BLOCK: usize = 256 * 1024;
 
 /// The elements of one set, each kept only as the `NFTA_LIST_ELEM` attribute (with its data)
 /// that a netlink add message carries: a few dozen bytes per element instead of an

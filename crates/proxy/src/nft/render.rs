@@ -555,8 +555,40 @@ fn endpoint_ips(sp: &ServicePortPlan) -> impl Iterator<Item = IpAddr> + '_ {
 /// use each shared balancing chain (a chain exists while it is used).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EndpointRefs {
-    addrs: HashMap<IpAddr, u32>,
+    addrs: AddrCounts,
     classes: HashMap<Class, u32>,
+}
+
+/// Use counts per endpoint address, IPv4 ones keyed by their 4 bytes: a million addresses at
+/// 100,000 services × 10 are 9 bytes per hash table slot instead of an `IpAddr`'s 25 (19 MiB
+/// instead of 52, for as long as the backend lives).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct AddrCounts {
+    v4: HashMap<u32, u32>,
+    v6: HashMap<std::net::Ipv6Addr, u32>,
+}
+
+impl AddrCounts {
+    fn bump(&mut self, ip: IpAddr, d: i64) {
+        match ip {
+            IpAddr::V4(a) => bump(&mut self.v4, u32::from(a), d),
+            IpAddr::V6(a) => bump(&mut self.v6, a, d),
+        }
+    }
+
+    fn get(&self, ip: &IpAddr) -> u32 {
+        match ip {
+            IpAddr::V4(a) => self.v4.get(&u32::from(*a)).copied().unwrap_or(0),
+            IpAddr::V6(a) => self.v6.get(a).copied().unwrap_or(0),
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.v4
+            .keys()
+            .map(|a| IpAddr::from(std::net::Ipv4Addr::from(*a)))
+            .chain(self.v6.keys().map(|a| IpAddr::from(*a)))
+    }
 }
 
 fn bump<K: std::hash::Hash + Eq>(m: &mut HashMap<K, u32>, k: K, d: i64) {
@@ -579,7 +611,7 @@ impl EndpointRefs {
 
     fn add(&mut self, sp: &ServicePortPlan, classes: &BTreeSet<Class>, d: i64) {
         for ip in endpoint_ips(sp) {
-            bump(&mut self.addrs, ip, d);
+            self.addrs.bump(ip, d);
         }
         for c in classes {
             bump(&mut self.classes, c.clone(), d);
@@ -639,7 +671,7 @@ fn hairpin_changes(
 ) -> (Vec<SetElement>, Vec<SetElement>) {
     let (mut gone, mut came) = (BTreeSet::new(), BTreeSet::new());
     for (ip, d) in EndpointRefs::deltas(old, new, touched) {
-        let before = i64::from(refs.addrs.get(&ip).copied().unwrap_or(0));
+        let before = i64::from(refs.addrs.get(&ip));
         match (before > 0, before + d > 0) {
             (true, false) => gone.insert(ip),
             (false, true) => came.insert(ip),
@@ -838,7 +870,7 @@ pub fn ruleset_encoded(plan: &Plan, o: &NftOptions) -> (Ruleset, EncodedSets) {
     drop(seen_contested);
     // Hairpin pairs: every endpoint address once, which the use counts hold already.
     for ip in refs.addrs.keys() {
-        let (m, e) = hairpin_element(*ip);
+        let (m, e) = hairpin_element(ip);
         match encoded.get_mut(&m) {
             Some(enc) => enc.push(&e),
             None => elements.push((m, e)),
