@@ -216,7 +216,9 @@ fn a_full_sync_holds_a_bounded_heap_per_element() {
         })
         .unwrap();
     let per_element = peak as f64 / total as f64;
-    eprintln!("full sync: peak heap {peak} bytes for {total} elements ({per_element:.0} per element)");
+    eprintln!(
+        "full sync: peak heap {peak} bytes for {total} elements ({per_element:.0} per element)"
+    );
     assert!(
         per_element < 200.0,
         "{per_element:.0} bytes of heap per element at the peak of a full sync"

@@ -103,7 +103,7 @@ impl NftBackend {
                 .chain(adds.iter().flat_map(|(name, els, keep)| {
                     els.iter()
                         .enumerate()
-                        .filter(move |(i, _)| keep.as_ref().map_or(true, |k| k[*i]))
+                        .filter(move |(i, _)| keep.as_ref().is_none_or(|k| k[*i]))
                         .map(move |(_, a)| (Op::Add, *name, Wire::Encoded(a)))
                 }));
             let mut chunk = Vec::with_capacity(COLD_START_CHUNK);

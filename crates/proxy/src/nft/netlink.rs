@@ -127,7 +127,7 @@ impl EncodedElements {
         let need = self
             .blocks
             .last()
-            .map_or(true, |b| b.capacity() - b.len() < 1024);
+            .is_none_or(|b| b.capacity() - b.len() < 1024);
         if need {
             self.blocks.push(Vec::with_capacity(ENCODED_BLOCK));
         }
