@@ -253,32 +253,31 @@ impl NftBackend {
                 }
                 continue;
             }
-            let current: HashMap<Vec<u8>, Option<RawData>> =
+            // Each desired element is decoded once, compared, and taken out of the kernel's
+            // elements: what is left there is not wanted. No decoded copy of the desired set
+            // is kept (a million elements at 100,000 services).
+            let mut current: HashMap<Vec<u8>, Option<RawData>> =
                 current.into_iter().map(|e| (e.key, e.data)).collect();
-            let desired_raw: Vec<RawElement> = desired
-                .into_iter()
-                .flat_map(EncodedElements::iter)
-                .map(|a| RawElement::of_encoded(a).expect("an element weir encoded decodes"))
-                .collect();
-            let wanted: HashMap<&[u8], &Option<RawData>> = desired_raw
-                .iter()
-                .map(|e| (e.key.as_slice(), &e.data))
-                .collect();
             let mut set_deletes = Vec::new();
-            for (key, data) in &current {
-                if wanted.get(key.as_slice()) != Some(&data) {
-                    set_deletes.push(RawElement {
-                        key: key.clone(),
-                        data: data.clone(),
-                    });
+            let mut keep = Vec::with_capacity(desired.map_or(0, EncodedElements::len));
+            for a in desired.into_iter().flat_map(EncodedElements::iter) {
+                let raw = RawElement::of_encoded(a).expect("an element weir encoded decodes");
+                match current.remove(&raw.key) {
+                    Some(data) if data == raw.data => keep.push(false),
+                    Some(data) => {
+                        set_deletes.push(RawElement { key: raw.key, data });
+                        keep.push(true);
+                    }
+                    None => keep.push(true),
                 }
             }
+            set_deletes.extend(
+                current
+                    .into_iter()
+                    .map(|(key, data)| RawElement { key, data }),
+            );
             deletes.push((name.as_str(), set_deletes));
             if let Some(d) = desired {
-                let keep = desired_raw
-                    .iter()
-                    .map(|raw| current.get(&raw.key) != Some(&raw.data))
-                    .collect();
                 adds.push((name.as_str(), d, Some(keep)));
             }
         }
