@@ -122,3 +122,63 @@ fn endpoint_refs_follow_updates() {
         assert_eq!(refs, EndpointRefs::of(new, &o));
     }
 }
+
+/// The full sync's encoded ruleset holds exactly the ruleset's elements: the same structure,
+/// the sets the netlink path owns encoded (each element once, repeated keys dropped as the
+/// ruleset drops them, the first in plan order), the others as values.
+#[test]
+fn encoded_ruleset_holds_the_rulesets_elements() {
+    use weir_proxy::nft::netlink::RawElement;
+    use weir_proxy::nft::{ruleset, ruleset_encoded};
+    let o = NftOptions::default();
+    let mut conflicting = load("v1");
+    let one = conflicting
+        .services
+        .keys()
+        .find(|k| k.name == "one")
+        .unwrap()
+        .clone();
+    let mut dup = (*conflicting.services[&one]).clone();
+    let mut key = one.clone();
+    key.name = "one-copy".into();
+    dup.cluster_endpoints[0].ip = "10.244.7.7".parse().unwrap();
+    dup.frontends
+        .retain(|f| f.kind == weir_model::FrontendKind::ExternalIp);
+    conflicting.services.insert(key, dup.into());
+    for (what, p) in [
+        ("v1", load("v1")),
+        ("v2", load("v2")),
+        ("conflicting", conflicting),
+    ] {
+        let whole = ruleset(&p, &o);
+        let (rs, encoded) = ruleset_encoded(&p, &o);
+        assert_eq!(rs.chains, whole.chains, "{what}");
+        assert_eq!(rs.decls, whole.decls, "{what}");
+        assert_eq!(rs.refs, whole.refs, "{what}");
+        let mut c1 = rs.conflicts.clone();
+        let mut c2 = whole.conflicts.clone();
+        c1.sort();
+        c2.sort();
+        assert_eq!(c1, c2, "{what}");
+        assert_eq!(what == "conflicting", !c1.is_empty(), "{what}: {c1:?}");
+        for (name, els) in &whole.elements {
+            if whole.via_netlink(name) {
+                assert!(!rs.elements.contains_key(name), "{what} {name}");
+                let mut want: Vec<RawElement> = els.iter().map(RawElement::of).collect();
+                let mut got: Vec<RawElement> = encoded[name]
+                    .iter()
+                    .map(|a| RawElement::of_encoded(a).unwrap())
+                    .collect();
+                want.sort();
+                got.sort();
+                assert_eq!(got, want, "{what} {name}");
+            } else {
+                assert_eq!(rs.elements.get(name), Some(els), "{what} {name}");
+            }
+        }
+        assert!(
+            encoded.keys().all(|n| whole.elements.contains_key(n)),
+            "{what}"
+        );
+    }
+}

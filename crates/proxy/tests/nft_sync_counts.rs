@@ -25,20 +25,42 @@ struct Counting;
 
 thread_local! {
     static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+    /// Bytes the thread has allocated and not freed, and the most that ever were.
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
+
+fn live(delta: isize) {
+    let _ = LIVE.try_with(|l| {
+        l.set(l.get() + delta);
+        let _ = PEAK.try_with(|p| p.set(p.get().max(l.get())));
+    });
 }
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        live(layout.size() as isize);
         System.alloc(layout)
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        live(-(layout.size() as isize));
         System.dealloc(ptr, layout)
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        live(new_size as isize - layout.size() as isize);
         System.realloc(ptr, layout, new_size)
     }
+}
+
+/// `f`'s result and the most heap bytes the calling thread held during `f` beyond what it
+/// held before.
+fn peak_heap<T>(f: impl FnOnce() -> T) -> (usize, T) {
+    let start = LIVE.with(Cell::get);
+    PEAK.with(|p| p.set(start));
+    let out = f();
+    ((PEAK.with(Cell::get) - start).max(0) as usize, out)
 }
 
 #[global_allocator]
@@ -168,4 +190,44 @@ fn a_cold_full_sync_sends_each_element_once_in_full_messages() {
         "{per_element:.2} allocations per element"
     );
     assert_eq!(resync.elements, 0, "a restart rewrote elements: {resync:?}");
+}
+
+/// A full sync's peak heap per element: the elements are held between rendering and sending
+/// only as the bytes netlink carries, and operations are listed one transaction at a time.
+/// Before, every element was a value of its own (key and data on the heap, ~200 bytes) and
+/// one list held an operation for every element: 456 bytes per element at 2,000 services
+/// (a 1.1 GiB high-water mark at 100,000 services in the agent bench), now 147, most of it
+/// fixed (one transaction's operations and bytes, the socket's receive buffer).
+#[test]
+fn a_full_sync_holds_a_bounded_heap_per_element() {
+    if !weir_testkit::can_run(weir_testkit::missing(true, &["ip", "nft"])) {
+        return;
+    }
+    let plan = plan(2000);
+    let total: usize = netlink_elements(&plan).iter().sum();
+    let ns = TestNs::new("peak");
+    let (peak, restart) = NetNs::named(&ns.0)
+        .unwrap()
+        .run(|| {
+            let mut backend = NftBackend::new(NftOptions::default());
+            let (peak, report) = peak_heap(|| backend.sync(&plan).unwrap());
+            assert_eq!(report.kind, SyncKind::Full);
+            // A restart: a second process's full sync over those rules compares every
+            // element with the kernel's.
+            let mut second = NftBackend::new(NftOptions::default());
+            let (restart, report) = peak_heap(|| second.sync(&plan).unwrap());
+            assert_eq!(report.kind, SyncKind::Full);
+            (peak, restart)
+        })
+        .unwrap();
+    let per_element = peak as f64 / total as f64;
+    let restart_per_element = restart as f64 / total as f64;
+    eprintln!(
+        "full sync: peak heap {peak} bytes for {total} elements ({per_element:.0} per element); \
+         restart {restart} ({restart_per_element:.0} per element)"
+    );
+    assert!(
+        per_element < 200.0,
+        "{per_element:.0} bytes of heap per element at the peak of a full sync"
+    );
 }

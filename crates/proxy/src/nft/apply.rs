@@ -5,7 +5,10 @@
 //!   in place, then the service and endpoint maps reconciled element by element over netlink
 //!   against what the kernel holds — so a restart changes nothing that is already right, and
 //!   a cold start is split into transactions of [`COLD_START_CHUNK`] elements instead of one
-//!   that would stall the datapath.
+//!   that would stall the datapath. The elements are held between rendering and sending
+//!   only as the bytes netlink carries ([`ruleset_encoded`]), and the operations are built
+//!   one transaction at a time: a full sync's heap does not hold every element as a value,
+//!   nor a list of every operation.
 //! * Partial sync: the elements of the changed service ports, one netlink transaction; an
 //!   update that needs new chains or sets (affinity, a new endpoint count) goes through
 //!   `nft -f` as one transaction instead.
@@ -17,12 +20,10 @@ use std::time::Instant;
 
 use weir_model::{Plan, PlanDiff};
 
-use super::element::Element;
-
-use super::netlink::{NftNetlink, Op, RawData, RawElement, Sent, Wire};
+use super::netlink::{EncodedElements, NftNetlink, Op, RawData, RawElement, Sent, Wire};
 use super::render::{
-    render_full, render_structure, render_update_parts, ruleset, update, EndpointRefs, NftOptions,
-    Ruleset, Update,
+    render_full, render_structure, render_update_parts, ruleset_encoded, update, EncodedSets,
+    EndpointRefs, NftOptions, Ruleset, Update,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 
@@ -70,7 +71,7 @@ impl NftBackend {
 
     fn full_sync(&mut self, plan: &Plan) -> Result<()> {
         let t0 = Instant::now();
-        let rs = ruleset(plan, &self.opts);
+        let (rs, encoded) = ruleset_encoded(plan, &self.opts);
         let expected = rs
             .chains
             .iter()
@@ -82,15 +83,45 @@ impl NftBackend {
             // A declaration that differs from the kernel's (an older weir's table) cannot
             // be changed in place: replace the whole table in one transaction.
             tracing::warn!("in-place structure update failed ({e}); replacing the table");
+            drop(encoded);
             nft_script(&render_full(plan, &self.opts))?;
         } else {
             let structure = t0.elapsed();
-            let ops = self.reconcile_elements(&rs)?;
+            let (deletes, adds) = self.reconcile_elements(&rs, &encoded)?;
             let reconciled = t0.elapsed();
             let table = self.opts.table.clone();
-            for chunk in ops.chunks(COLD_START_CHUNK) {
-                self.netlink()?.apply(&table, chunk)?;
+            // Deletes first (dispatch maps before the endpoint maps they lead to), then adds
+            // (endpoint maps first), in transactions of COLD_START_CHUNK operations built one
+            // at a time.
+            let ops = deletes
+                .iter()
+                .rev()
+                .flat_map(|(name, els)| {
+                    els.iter()
+                        .map(move |e| (Op::Delete, *name, Wire::Raw(e.clone())))
+                })
+                .chain(adds.iter().flat_map(|(name, els, keep)| {
+                    els.iter()
+                        .enumerate()
+                        .filter(move |(i, _)| keep.as_ref().is_none_or(|k| k[*i]))
+                        .map(move |(_, a)| (Op::Add, *name, Wire::Encoded(a)))
+                }));
+            let mut chunk = Vec::with_capacity(COLD_START_CHUNK);
+            let mut element_ops = 0;
+            for op in ops {
+                chunk.push(op);
+                if chunk.len() == COLD_START_CHUNK {
+                    self.netlink()?.apply(&table, &chunk)?;
+                    element_ops += chunk.len();
+                    chunk.clear();
+                }
             }
+            self.netlink()?.apply(&table, &chunk)?;
+            element_ops += chunk.len();
+            drop(chunk);
+            let encoded_bytes: usize = encoded.values().map(EncodedElements::capacity_bytes).sum();
+            drop(adds);
+            drop(encoded);
             let elements = t0.elapsed();
             self.remove_stale(&rs)?;
             // Where a full sync's time goes (the figures docs/benchmarks.md reports).
@@ -98,7 +129,8 @@ impl NftBackend {
                 render_ms = ms(rendered),
                 nft_structure_ms = ms(structure - rendered),
                 reconcile_ms = ms(reconciled - structure),
-                element_ops = ops.len(),
+                element_ops,
+                encoded_mib = encoded_bytes as f64 / f64::from(1 << 20),
                 netlink_ms = ms(elements - reconciled),
                 remove_stale_ms = ms(t0.elapsed() - elements),
                 "full sync phases"
@@ -196,55 +228,60 @@ impl NftBackend {
         }
     }
 
-    /// Element operations that turn the kernel's maps into `rs`'s: deletes first (dispatch
-    /// maps before the endpoint maps they lead to), then adds (endpoint maps first). The adds
-    /// borrow the ruleset's elements (encoded once, into the netlink message); a map the
-    /// kernel holds empty (a first start) is compared with nothing.
-    fn reconcile_elements<'r>(&mut self, rs: &'r Ruleset) -> Result<Vec<(Op, &'r str, Wire<'r>)>> {
+    /// What turns the kernel's maps into `rs`'s: per set in declaration order, the elements
+    /// to delete (sent first, in reverse order: dispatch maps before the endpoint maps they
+    /// lead to) and the encoded elements to add, with which of them to send (`None`: all; a
+    /// map the kernel holds empty, as on a first start, is compared with nothing).
+    #[allow(clippy::type_complexity)]
+    fn reconcile_elements<'r>(
+        &mut self,
+        rs: &'r Ruleset,
+        encoded: &'r EncodedSets,
+    ) -> Result<(
+        Vec<(&'r str, Vec<RawElement>)>,
+        Vec<(&'r str, &'r EncodedElements, Option<Vec<bool>>)>,
+    )> {
         let table = self.opts.table.clone();
         let mut deletes = Vec::new();
         let mut adds = Vec::new();
         for (name, _) in rs.decls.iter().filter(|(n, _)| rs.via_netlink(n)) {
-            let desired: &[Element] = rs.elements.get(name).map_or(&[], Vec::as_slice);
+            let desired = encoded.get(name);
             let current = self.netlink()?.dump(&table, name)?;
             if current.is_empty() {
-                adds.extend(
-                    desired
-                        .iter()
-                        .map(|e| (Op::Add, name.as_str(), Wire::Plan(e))),
-                );
+                if let Some(d) = desired {
+                    adds.push((name.as_str(), d, None));
+                }
                 continue;
             }
-            let current: HashMap<Vec<u8>, Option<RawData>> =
+            // Each desired element is decoded once, compared, and taken out of the kernel's
+            // elements: what is left there is not wanted. No decoded copy of the desired set
+            // is kept (a million elements at 100,000 services).
+            let mut current: HashMap<Vec<u8>, Option<RawData>> =
                 current.into_iter().map(|e| (e.key, e.data)).collect();
-            let desired_raw: Vec<RawElement> = desired.iter().map(RawElement::of).collect();
-            let wanted: HashMap<&[u8], &Option<RawData>> = desired_raw
-                .iter()
-                .map(|e| (e.key.as_slice(), &e.data))
-                .collect();
             let mut set_deletes = Vec::new();
-            for (key, data) in &current {
-                if wanted.get(key.as_slice()) != Some(&data) {
-                    set_deletes.push((
-                        Op::Delete,
-                        name.as_str(),
-                        Wire::Raw(RawElement {
-                            key: key.clone(),
-                            data: data.clone(),
-                        }),
-                    ));
+            let mut keep = Vec::with_capacity(desired.map_or(0, EncodedElements::len));
+            for a in desired.into_iter().flat_map(EncodedElements::iter) {
+                let raw = RawElement::of_encoded(a).expect("an element weir encoded decodes");
+                match current.remove(&raw.key) {
+                    Some(data) if data == raw.data => keep.push(false),
+                    Some(data) => {
+                        set_deletes.push(RawElement { key: raw.key, data });
+                        keep.push(true);
+                    }
+                    None => keep.push(true),
                 }
             }
-            deletes.push(set_deletes);
-            adds.extend(
-                desired
-                    .iter()
-                    .zip(&desired_raw)
-                    .filter(|(_, raw)| current.get(&raw.key) != Some(&raw.data))
-                    .map(|(e, _)| (Op::Add, name.as_str(), Wire::Plan(e))),
+            set_deletes.extend(
+                current
+                    .into_iter()
+                    .map(|(key, data)| RawElement { key, data }),
             );
+            deletes.push((name.as_str(), set_deletes));
+            if let Some(d) = desired {
+                adds.push((name.as_str(), d, Some(keep)));
+            }
         }
-        Ok(deletes.into_iter().rev().flatten().chain(adds).collect())
+        Ok((deletes, adds))
     }
 
     /// Deletes chains and sets of weir's table that the ruleset no longer has (balancing

@@ -9,6 +9,6 @@ mod render;
 
 pub use apply::{NftBackend, COLD_START_CHUNK};
 pub use render::{
-    render_full, render_structure, render_update, render_update_parts, ruleset, update,
-    EndpointRefs, NftOptions, Ruleset, Update,
+    render_full, render_structure, render_update, render_update_parts, ruleset, ruleset_encoded,
+    update, EncodedSets, EndpointRefs, NftOptions, Ruleset, Update,
 };
