@@ -197,7 +197,7 @@ fi
 if [ "$EXTERNAL" -gt 0 ]; then
   ip netns exec "$NS" "${SERVER_CPU[@]}" unbound -d -c "$DIR/unbound.conf" &
   PIDS+=($!)
-  UNBOUND_PID=${PIDS[2]}
+  UNBOUND_PID=$!
   for _ in $(seq 100); do in_ns dig @127.0.0.1 -p 5304 +short +time=1 +tries=1 host-0.example.test | grep -q . && break; sleep 0.2; done
   # Warm both caches: one pass over every external name.
   if [ "$KNOT" != 0 ]; then
