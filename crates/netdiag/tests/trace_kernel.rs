@@ -5,91 +5,26 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use common::ns::Ns;
+
 use std::process::Command;
 use std::time::Duration;
 
-use weir_kernel::NetNs;
 use weir_netdiag::live::Target;
 use weir_netdiag::state::NodeState;
-use weir_netdiag::trace::{self, Verdict};
+use weir_netdiag::trace::Verdict;
 
-/// A network namespace for one test, deleted on drop (also when the test panics).
-struct Ns(String);
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!("wdt-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        assert!(Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success());
-        let ns = Ns(name);
-        ns.sh("ip link set lo up");
-        ns
-    }
-
-    fn sh(&self, cmd: &str) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", cmd])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn handle(&self) -> NetNs {
-        NetNs::named(&self.0).unwrap()
-    }
-
-    /// A TCP listener inside the namespace (kept open while the value lives).
-    fn listen(&self, port: u16) -> TcpListener {
-        self.handle()
-            .run(|| TcpListener::bind(("0.0.0.0", port)).unwrap())
-            .unwrap()
-    }
-
-    /// Whether a TCP connection from inside the namespace completes within a second.
-    fn connects(&self, to: &str) -> bool {
-        let addr: SocketAddr = to.parse().unwrap();
-        self.handle()
-            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok())
-            .unwrap()
-    }
-
-    fn trace(&self, src: &str, dst: &str, dport: u16, iif: &str) -> trace::Trace {
-        let target = Target {
-            netns: Some(self.0.clone()),
-        };
-        let st = NodeState::from_outputs(
-            target
-                .collect()
-                .into_iter()
-                .filter_map(|r| r.result.ok().map(|t| (r.output, t))),
-        );
-        common::walk(&st, src, dst, dport, iif)
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
+/// How long a connection that the kernel lets through may take.
+const CONNECT_LIMIT: Duration = Duration::from_secs(1);
 
 /// Client — node — backend; NodePort 30080 on the node DNATs to a hostNetwork-style backend on
 /// another host (10.60.0.2:8080) and masquerades (kube-proxy's shapes). FORWARD policy DROP,
 /// first without kube-proxy's accept rules, then with them.
 #[test]
 fn nodeport_to_a_backend_elsewhere_under_forward_drop() {
-    let client = Ns::new("cl");
-    let node = Ns::new("nd");
-    let backend = Ns::new("be");
+    let client = Ns::new("wdt", "cl");
+    let node = Ns::new("wdt", "nd");
+    let backend = Ns::new("wdt", "be");
     node.sh(&format!(
         "ip link add eth0 type veth peer name c0 netns {} && ip link add eth1 type veth peer name b0 netns {}",
         client.0, backend.0
@@ -100,7 +35,7 @@ fn nodeport_to_a_backend_elsewhere_under_forward_drop() {
     );
     client.sh("ip addr add 10.50.0.2/24 dev c0 && ip link set c0 up");
     backend.sh("ip addr add 10.60.0.2/24 dev b0 && ip link set b0 up");
-    let _listener = backend.listen(8080);
+    let _listener = backend.listen("0.0.0.0", 8080);
     node.sh(r#"iptables-restore <<'EOF'
 *nat
 :PREROUTING ACCEPT [0:0]
@@ -125,7 +60,7 @@ COMMIT
 :FORWARD DROP [0:0]
 COMMIT
 EOF"#);
-    let kernel = client.connects("10.50.0.1:30080");
+    let kernel = client.connects("10.50.0.1:30080", CONNECT_LIMIT);
     let t = node.trace("10.50.0.2", "10.50.0.1", 30080, "eth0");
     assert!(!kernel, "the kernel must drop it under FORWARD DROP");
     assert_eq!(t.verdict, Verdict::Dropped);
@@ -136,7 +71,7 @@ EOF"#);
              && iptables -A KUBE-FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT \
              && iptables -A KUBE-FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
     );
-    let kernel = client.connects("10.50.0.1:30080");
+    let kernel = client.connects("10.50.0.1:30080", CONNECT_LIMIT);
     let t = node.trace("10.50.0.2", "10.50.0.1", 30080, "eth0");
     assert!(
         kernel,
@@ -150,10 +85,10 @@ EOF"#);
 /// connmark table, fwmark rule and src_valid_mark: both kernel and trace let it through.
 #[test]
 fn eni_nodeport_to_a_local_pod_strict_rp_filter_then_connmark() {
-    let client = Ns::new("ecl");
-    let node = Ns::new("end");
-    let pod = Ns::new("epd");
-    let vpc = Ns::new("evp");
+    let client = Ns::new("wdt", "ecl");
+    let node = Ns::new("wdt", "end");
+    let pod = Ns::new("wdt", "epd");
+    let vpc = Ns::new("wdt", "evp");
     node.sh(&format!(
         "ip link add eth0 type veth peer name c0 netns {} && ip link add eth1 type veth peer name v0 netns {} \
          && ip link add enipod1 type veth peer name eth0 netns {}",
@@ -171,10 +106,10 @@ fn eni_nodeport_to_a_local_pod_strict_rp_filter_then_connmark() {
     vpc.sh("ip link set v0 up");
     pod.sh("ip addr add 10.12.192.44/32 dev eth0 && ip link set eth0 up \
             && ip route add 169.254.1.1 dev eth0 scope link && ip route add default via 169.254.1.1 dev eth0");
-    let _listener = pod.listen(8080);
+    let _listener = pod.listen("0.0.0.0", 8080);
     node.sh("iptables -t nat -A PREROUTING -p tcp --dport 30080 -m addrtype --dst-type LOCAL -j DNAT --to-destination 10.12.192.44:8080");
 
-    let kernel = client.connects("10.12.97.49:30080");
+    let kernel = client.connects("10.12.97.49:30080", CONNECT_LIMIT);
     let t = node.trace("10.12.97.7", "10.12.97.49", 30080, "eth0");
     assert!(!kernel, "strict rp_filter must drop the request");
     assert_eq!(t.verdict, Verdict::Dropped);
@@ -202,7 +137,7 @@ table inet weir-eni {
 }
 EOF"#);
     node.sh("ip rule add pref 1024 fwmark 0x80/0x80 lookup main && sysctl -qw net.ipv4.conf.all.src_valid_mark=1");
-    let kernel = client.connects("10.12.97.49:30080");
+    let kernel = client.connects("10.12.97.49:30080", CONNECT_LIMIT);
     let t = node.trace("10.12.97.7", "10.12.97.49", 30080, "eth0");
     assert!(kernel, "the connmark fix must let the kernel deliver it");
     assert_eq!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
@@ -213,8 +148,8 @@ EOF"#);
 /// from the directory needs no --iif.
 #[test]
 fn a_pod_collected_beside_its_node_is_found_by_its_peer_index() {
-    let node = Ns::new("pn");
-    let pod = Ns::new("pp");
+    let node = Ns::new("wdt", "pn");
+    let pod = Ns::new("wdt", "pp");
     node.sh(&format!(
         "ip link add enipodx type veth peer name eth0 netns {} && ip link set enipodx up \
          && ip route add 10.70.0.5 dev enipodx scope link",

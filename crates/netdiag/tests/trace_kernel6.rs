@@ -8,90 +8,23 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::Command;
+use common::ns::Ns;
+
+use std::net::TcpListener;
 use std::time::Duration;
 
-use weir_kernel::NetNs;
-use weir_netdiag::live::Target;
-use weir_netdiag::state::NodeState;
 use weir_netdiag::trace::{self, Verdict};
 
-/// A network namespace for one test, deleted on drop (also when the test panics).
-struct Ns(String);
-
-impl Ns {
-    fn new(tag: &str) -> Ns {
-        let name = format!("wd6-{tag}-{}", std::process::id());
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        assert!(Command::new("ip")
-            .args(["netns", "add", &name])
-            .status()
-            .unwrap()
-            .success());
-        let ns = Ns(name);
-        ns.sh("ip link set lo up");
-        ns
-    }
-
-    fn sh(&self, cmd: &str) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, "sh", "-c", cmd])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    fn handle(&self) -> NetNs {
-        NetNs::named(&self.0).unwrap()
-    }
-
-    /// A TCP listener on `[::]:port` inside the namespace (kept open while the value lives).
-    fn listen(&self, port: u16) -> TcpListener {
-        self.handle()
-            .run(|| TcpListener::bind(("::", port)).unwrap())
-            .unwrap()
-    }
-
-    /// Whether a TCP connection from inside the namespace completes within two seconds.
-    fn connects(&self, to: &str) -> bool {
-        let addr: SocketAddr = to.parse().unwrap();
-        self.handle()
-            .run(|| TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok())
-            .unwrap()
-    }
-
-    fn trace(&self, src: &str, dst: &str, dport: u16, iif: &str) -> trace::Trace {
-        let target = Target {
-            netns: Some(self.0.clone()),
-        };
-        let st = NodeState::from_outputs(
-            target
-                .collect()
-                .into_iter()
-                .filter_map(|r| r.result.ok().map(|t| (r.output, t))),
-        );
-        common::walk(&st, src, dst, dport, iif)
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
-    }
-}
+/// How long a connection that the kernel lets through may take.
+const CONNECT_LIMIT: Duration = Duration::from_secs(2);
 
 /// Client fd00:50::2 — node (eth0 fd00:50::1, eth1 fd00:60::1, forwarding) — backend
 /// fd00:60::2 listening on 8080. Addresses without duplicate address detection, so they are
 /// usable at once.
 fn topology(tag: &str) -> (Ns, Ns, Ns, TcpListener) {
-    let client = Ns::new(&format!("{tag}c"));
-    let node = Ns::new(&format!("{tag}n"));
-    let backend = Ns::new(&format!("{tag}b"));
+    let client = Ns::new("wd6", &format!("{tag}c"));
+    let node = Ns::new("wd6", &format!("{tag}n"));
+    let backend = Ns::new("wd6", &format!("{tag}b"));
     node.sh(&format!(
         "ip link add eth0 type veth peer name c0 netns {} && ip link add eth1 type veth peer name b0 netns {}",
         client.0, backend.0
@@ -107,7 +40,7 @@ fn topology(tag: &str) -> (Ns, Ns, Ns, TcpListener) {
         "ip addr add fd00:60::2/64 dev b0 nodad && ip link set b0 up \
          && ip -6 route add default via fd00:60::1 dev b0",
     );
-    let listener = backend.listen(8080);
+    let listener = backend.listen("::", 8080);
     // The links settle (carrier, neighbour entries) before any verdict is compared.
     client.sh(
         "for i in 1 2 3 4 5 6 7 8 9 10; do ping -6 -c1 -W1 fd00:60::2 >/dev/null && exit 0; sleep 0.3; done; exit 1",
@@ -118,7 +51,7 @@ fn topology(tag: &str) -> (Ns, Ns, Ns, TcpListener) {
 /// The kernel's and trace's verdicts for the client's connection to the ClusterIP, with the
 /// trace (so a failing assertion can show it).
 fn both(client: &Ns, node: &Ns, dst: &str, port: u16) -> (bool, trace::Trace) {
-    let kernel = client.connects(&format!("[{dst}]:{port}"));
+    let kernel = client.connects(&format!("[{dst}]:{port}"), CONNECT_LIMIT);
     let t = node.trace("fd00:50::2", dst, port, "eth0");
     (kernel, t)
 }

@@ -2,6 +2,8 @@
 //! failing case shows the whole path) and a hop lookup.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod ns;
+
 use std::path::PathBuf;
 
 use weir_netdiag::state::NodeState;
