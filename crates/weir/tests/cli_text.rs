@@ -123,12 +123,9 @@ fn wait_for_text(path: &std::path::Path, what: &str) -> String {
     }
 }
 
-#[test]
-fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("manifests");
-    let log_path = tmp.path().join("log");
-    let mut child = Command::new(WEIR)
+/// `weir dns` on `dir`'s manifests, polled every 20 ms, its log in `log`.
+fn dns_polling(dir: &std::path::Path, log: &std::path::Path) -> std::process::Child {
+    Command::new(WEIR)
         .args([
             "dns",
             "--listen",
@@ -137,11 +134,19 @@ fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
             "20ms",
         ])
         .arg("--manifests")
-        .arg(&dir)
+        .arg(dir)
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn a_missing_manifest_directory_is_said_once_and_when_it_appears() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("manifests");
+    let log_path = tmp.path().join("log");
+    let mut child = dns_polling(&dir, &log_path);
     // Once it has said so, about 25 more polls with the directory missing; then it appears
     // and the server starts.
     wait_for_text(&log_path, "waiting for it");
@@ -175,20 +180,7 @@ fn a_broken_manifest_is_said_once() {
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join("broken.yaml"), "just a line of text\n").unwrap();
     let log_path = tmp.path().join("log");
-    let mut child = Command::new(WEIR)
-        .args([
-            "dns",
-            "--listen",
-            "127.0.0.1:0",
-            "--manifest-poll-interval",
-            "20ms",
-        ])
-        .arg("--manifests")
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    let mut child = dns_polling(&dir, &log_path);
     wait_for_text(&log_path, "serving");
     // Some polls of the watcher after the first view.
     std::thread::sleep(Duration::from_millis(500));
