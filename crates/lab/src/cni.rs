@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use serde_json::{json, Value};
 use weir_kernel::NetNs;
 
@@ -28,8 +28,15 @@ pub fn net_conf(topo: &Topology, node: &Node, dir: &LabDir) -> Value {
         return eni_conf(topo, node, &ipam_dir);
     }
     let vxlan = topo.overlay == Overlay::Vxlan;
-    let ranges = json!([[{ "subnet": node.pod_cidr.to_string() }]]);
-    let routes = json!([{ "dst": "0.0.0.0/0" }]);
+    let mut ranges = json!([[{ "subnet": node.pod_cidr.to_string() }]]);
+    let mut routes = json!([{ "dst": "0.0.0.0/0" }]);
+    let mut cluster_cidr = json!(topo.cluster_cidr.to_string());
+    // Dual-stack: one range set per family, a default route and a clusterCIDR for each.
+    if let (Some(v6), Some(cidr6)) = (&topo.ipv6, topo.pod_cidr6(node)) {
+        ranges = json!([[{ "subnet": node.pod_cidr.to_string() }], [{ "subnet": cidr6.to_string() }]]);
+        routes = json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]);
+        cluster_cidr = json!([topo.cluster_cidr.to_string(), v6.cluster_cidr.to_string()]);
+    }
     match topo.cni {
         CniKind::Weir => {
             let mut conf = json!({
@@ -41,7 +48,7 @@ pub fn net_conf(topo: &Topology, node: &Node, dir: &LabDir) -> Value {
                 "isGateway": true,
                 "ipMasq": true,
                 "hairpinMode": true,
-                "clusterCIDR": topo.cluster_cidr.to_string(),
+                "clusterCIDR": cluster_cidr,
                 "ipam": {
                     "type": "weir-ipam",
                     "ranges": ranges,
@@ -204,18 +211,27 @@ pub fn invoke(plugin: &Plugin, inv: &Invocation) -> anyhow::Result<Outcome> {
 
 /// The first IPv4 address of a CNI result (`ips[].address`, e.g. "10.244.1.2/24").
 pub fn result_ipv4(stdout: &str) -> anyhow::Result<Ipv4Net> {
+    result_ip(stdout, "IPv4")
+}
+
+/// The first IPv6 address of a CNI result (dual-stack pods).
+pub fn result_ipv6(stdout: &str) -> anyhow::Result<Ipv6Net> {
+    result_ip(stdout, "IPv6")
+}
+
+fn result_ip<N: std::str::FromStr>(stdout: &str, family: &str) -> anyhow::Result<N> {
     let v: Value = serde_json::from_str(stdout).context("CNI result is not JSON")?;
     let ips = v["ips"]
         .as_array()
         .ok_or_else(|| anyhow!("CNI result has no ips: {stdout}"))?;
     for ip in ips {
         if let Some(addr) = ip["address"].as_str() {
-            if let Ok(net) = addr.parse::<Ipv4Net>() {
+            if let Ok(net) = addr.parse::<N>() {
                 return Ok(net);
             }
         }
     }
-    bail!("CNI result has no IPv4 address: {stdout}")
+    bail!("CNI result has no {family} address: {stdout}")
 }
 
 #[cfg(test)]
@@ -235,6 +251,24 @@ mod tests {
  "ipam":{"type":"weir-ipam","ranges":[[{"subnet":"10.244.1.0/24"}]],"dataDir":"/s/nodes/a/cni/ipam","routes":[{"dst":"0.0.0.0/0"}]}}"#
             )
             .unwrap()
+        );
+    }
+
+    #[test]
+    fn dual_stack_pods_get_a_range_set_route_and_cluster_cidr_per_family() {
+        let t = Topology::dual_stack_demo();
+        let c = net_conf(&t, &t.nodes[1], &LabDir { dir: "/s".into() });
+        assert_eq!(
+            c["ipam"]["ranges"],
+            json!([[{"subnet": "10.244.2.0/24"}], [{"subnet": "fd00:10:244:2::/64"}]])
+        );
+        assert_eq!(
+            c["ipam"]["routes"],
+            json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
+        );
+        assert_eq!(
+            c["clusterCIDR"],
+            json!(["10.244.0.0/16", "fd00:10:244::/48"])
         );
     }
 
@@ -266,6 +300,8 @@ mod tests {
     fn parses_results() {
         let r = r#"{"cniVersion":"1.1.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"fd00::2/64"},{"address":"10.244.1.2/24","gateway":"10.244.1.1","interface":0}]}"#;
         assert_eq!(result_ipv4(r).unwrap().to_string(), "10.244.1.2/24");
+        assert_eq!(result_ipv6(r).unwrap().to_string(), "fd00::2/64");
+        assert!(result_ipv6(r#"{"ips":[{"address":"10.244.1.2/24"}]}"#).is_err());
         assert!(result_ipv4(r#"{"ips":[]}"#).is_err());
         assert!(result_ipv4("nope").is_err());
     }

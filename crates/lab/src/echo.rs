@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, IoSlice, IoSliceMut, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use nix::sys::socket::{
     recvmsg, sendmsg, setsockopt, sockopt, ControlMessage, ControlMessageOwned, MsgFlags,
-    SockaddrIn,
+    SockaddrIn, SockaddrIn6,
 };
 use weir_kernel::NetNs;
 
@@ -36,26 +36,91 @@ pub fn serve(netns: Option<&Path>, name: &str, port: u16) -> anyhow::Result<()> 
     let tcp = TcpListener::bind(addr).with_context(|| format!("bind tcp {addr}"))?;
     let udp = UdpSocket::bind(addr).with_context(|| format!("bind udp {addr}"))?;
     setsockopt(&udp, sockopt::Ipv4PacketInfo, &true).context("IP_PKTINFO")?;
-    println!("{READY}: {name} tcp+udp {addr}");
+    // IPv6 beside it ([::]:port, IPv6 only, so IPv4 peers keep their plain addresses), where
+    // the namespace has IPv6 at all.
+    let v6 = match bind_v6(port) {
+        Ok((tcp6, udp6)) => Some((tcp6, udp6)),
+        Err(e) => {
+            eprintln!("no IPv6 sockets: {e:#}");
+            None
+        }
+    };
+    println!(
+        "{READY}: {name} tcp+udp {addr}{}",
+        if v6.is_some() {
+            format!(" [::]:{port}")
+        } else {
+            String::new()
+        }
+    );
     io::stdout().flush().ok();
 
-    let udp_name = name.to_string();
-    std::thread::spawn(move || loop {
-        if let Err(e) = serve_udp_once(&udp, &udp_name) {
-            eprintln!("udp: {e}");
-        }
-    });
-    for conn in tcp.incoming() {
-        match conn {
-            Ok(stream) => {
-                let name = name.to_string();
-                std::thread::spawn(move || serve_tcp(stream, &name));
-            }
-            Err(e) => eprintln!("tcp accept: {e}"),
-        }
+    let mut udps = vec![(udp, false)];
+    let mut tcps = vec![tcp];
+    if let Some((tcp6, udp6)) = v6 {
+        udps.push((udp6, true));
+        tcps.push(tcp6);
     }
+    for (udp, v6) in udps {
+        let udp_name = name.to_string();
+        std::thread::spawn(move || loop {
+            let served = if v6 {
+                serve_udp6_once(&udp, &udp_name)
+            } else {
+                serve_udp_once(&udp, &udp_name)
+            };
+            if let Err(e) = served {
+                eprintln!("udp: {e}");
+            }
+        });
+    }
+    let accept = |tcp: TcpListener| {
+        for conn in tcp.incoming() {
+            match conn {
+                Ok(stream) => {
+                    let name = name.to_string();
+                    std::thread::spawn(move || serve_tcp(stream, &name));
+                }
+                Err(e) => eprintln!("tcp accept: {e}"),
+            }
+        }
+    };
+    let first = tcps.remove(0);
+    std::thread::scope(|s| {
+        for tcp in tcps {
+            s.spawn(|| accept(tcp));
+        }
+        accept(first);
+    });
     Ok(())
 }
+
+/// `[::]:port` for TCP and UDP, IPv6 only (IPV6_V6ONLY), the UDP socket with IPV6_RECVPKTINFO.
+fn bind_v6(port: u16) -> anyhow::Result<(TcpListener, UdpSocket)> {
+    use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType};
+    let addr = SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
+    let tcp = socket(
+        AddressFamily::Inet6,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    setsockopt(&tcp, sockopt::Ipv6V6Only, &true).context("IPV6_V6ONLY")?;
+    setsockopt(&tcp, sockopt::ReuseAddr, &true).context("SO_REUSEADDR")?;
+    bind(tcp.as_raw_fd(), &addr).with_context(|| format!("bind tcp [::]:{port}"))?;
+    listen(&tcp, Backlog::new(128)?).context("listen")?;
+    let udp = socket(
+        AddressFamily::Inet6,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    setsockopt(&udp, sockopt::Ipv6V6Only, &true).context("IPV6_V6ONLY")?;
+    setsockopt(&udp, sockopt::Ipv6RecvPacketInfo, &true).context("IPV6_RECVPKTINFO")?;
+    bind(udp.as_raw_fd(), &addr).with_context(|| format!("bind udp [::]:{port}"))?;
+    Ok((TcpListener::from(tcp), UdpSocket::from(udp)))
+}
+
 
 /// One TCP connection: the greeting `<name> <peer>`, then every line the client sends comes
 /// back as `<name> <peer> <line>` until the client closes (a long-lived connection shows that
@@ -121,6 +186,51 @@ fn serve_udp_once(udp: &UdpSocket, name: &str) -> anyhow::Result<()> {
                 udp.as_raw_fd(),
                 &iov,
                 &[ControlMessage::Ipv4PacketInfo(&info)],
+                MsgFlags::empty(),
+                Some(&peer),
+            )?;
+        }
+        None => {
+            sendmsg(udp.as_raw_fd(), &iov, &[], MsgFlags::empty(), Some(&peer))?;
+        }
+    }
+    Ok(())
+}
+
+/// [`serve_udp_once`] for the IPv6 socket: answered from the address it was sent to
+/// (IPV6_PKTINFO).
+fn serve_udp6_once(udp: &UdpSocket, name: &str) -> anyhow::Result<()> {
+    let mut buf = [0u8; 2048];
+    let mut cmsg = nix::cmsg_space!(libc::in6_pktinfo);
+    let (peer, local) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<SockaddrIn6>(
+            udp.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::empty(),
+        )?;
+        let mut local = None;
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::Ipv6PacketInfo(info) = c {
+                local = Some(info.ipi6_addr);
+            }
+        }
+        (msg.address, local)
+    };
+    let Some(peer) = peer else { return Ok(()) };
+    let line = format!("{name} {}\n", peer.ip());
+    let iov = [IoSlice::new(line.as_bytes())];
+    match local {
+        Some(dst) => {
+            let info = libc::in6_pktinfo {
+                ipi6_addr: dst,
+                ipi6_ifindex: 0,
+            };
+            sendmsg(
+                udp.as_raw_fd(),
+                &iov,
+                &[ControlMessage::Ipv6PacketInfo(&info)],
                 MsgFlags::empty(),
                 Some(&peer),
             )?;

@@ -16,6 +16,7 @@ pub mod addr;
 pub mod cni;
 pub mod dns;
 pub mod dns_measure;
+pub mod dualstack;
 pub mod echo;
 pub mod eni;
 pub mod kube_proxy;
@@ -38,6 +39,7 @@ pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
 pub use state::{state_root, LabState};
 pub use timeout::startup_timeout;
 pub use topology::{
-    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, ENI_TOPOLOGY,
+    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, DUAL_STACK_TOPOLOGY,
+    ENI_TOPOLOGY,
     VXLAN_TOPOLOGY,
 };

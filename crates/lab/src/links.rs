@@ -1,11 +1,11 @@
 //! The lab's wires: veth pairs between namespaces, a namespace's `eth0`, and ports on the
 //! underlay switch.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
 use anyhow::Context;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
 use rtnetlink::{LinkUnspec, LinkVeth, RouteMessageBuilder};
 use weir_kernel::{NetNs, Rtnl};
@@ -45,6 +45,34 @@ pub fn setup_eth0(ns: &NetNs, addr: Ipv4Net, default_via: Option<Ipv4Addr>) -> a
         rt.route_ensure(route, &format!("default via {gw}"))?;
     }
     Ok(())
+}
+
+/// Dual-stack: `eth0`'s IPv6 address (and default route), beside what [`setup_eth0`] set.
+pub fn setup_eth0_v6(
+    ns: &NetNs,
+    addr: Ipv6Net,
+    default_via: Option<Ipv6Addr>,
+) -> anyhow::Result<()> {
+    let mut rt = Rtnl::in_netns(ns)?;
+    let eth0 = rt.require_link("eth0")?;
+    rt.addr_ensure(eth0.index, IpNet::V6(addr))?;
+    if let Some(gw) = default_via {
+        let route = RouteMessageBuilder::<Ipv6Addr>::new().gateway(gw).build();
+        rt.route_ensure(route, &format!("default via {gw}"))?;
+    }
+    Ok(())
+}
+
+/// IPv6 addresses usable at once in `ns` (no duplicate address detection on its links, made
+/// after this), as weir-cni does in pods: a lab's addresses are unique by construction, and a
+/// tentative address would fail the first probes.
+pub fn no_dad(ns: &NetNs) -> anyhow::Result<()> {
+    ns.run(|| {
+        for conf in ["all", "default"] {
+            weir_kernel::sysctl::ensure(&format!("net.ipv6.conf.{conf}.accept_dad"), "0")?;
+        }
+        Ok::<_, anyhow::Error>(())
+    })?
 }
 
 /// Opens the named network namespace.

@@ -29,21 +29,32 @@ pub fn node_object(
     pod_cidr: &str,
     annotations: &BTreeMap<String, String>,
 ) -> Value {
+    dual_stack_node_object(name, &[internal_ip], &[pod_cidr], annotations)
+}
+
+/// A Node with an InternalIP and a podCIDR per family (IPv4 first, as kubelet and
+/// kube-controller-manager order them).
+pub fn dual_stack_node_object(
+    name: &str,
+    internal_ips: &[&str],
+    pod_cidrs: &[&str],
+    annotations: &BTreeMap<String, String>,
+) -> Value {
     let mut metadata = json!({ "name": name, "labels": { "kubernetes.io/hostname": name } });
     if !annotations.is_empty() {
         metadata["annotations"] = json!(annotations);
     }
+    let mut addresses: Vec<Value> = internal_ips
+        .iter()
+        .map(|ip| json!({ "type": "InternalIP", "address": ip }))
+        .collect();
+    addresses.push(json!({ "type": "Hostname", "address": name }));
     json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": metadata,
-        "spec": { "podCIDR": pod_cidr, "podCIDRs": [pod_cidr] },
-        "status": {
-            "addresses": [
-                { "type": "InternalIP", "address": internal_ip },
-                { "type": "Hostname", "address": name },
-            ],
-        },
+        "spec": { "podCIDR": pod_cidrs.first(), "podCIDRs": pod_cidrs },
+        "status": { "addresses": addresses },
     })
 }
 
@@ -58,12 +69,25 @@ pub fn service_object(svc: &ServiceState) -> Value {
     if let Some(np) = svc.node_port {
         port["nodePort"] = json!(np);
     }
+    // Dual-stack labs: PreferDualStack, a ClusterIP per family (IPv4 primary).
+    let (cluster_ips, families, policy) = match svc.cluster_ip6 {
+        None => (
+            vec![svc.cluster_ip.to_string()],
+            vec!["IPv4"],
+            "SingleStack",
+        ),
+        Some(ip6) => (
+            vec![svc.cluster_ip.to_string(), ip6.to_string()],
+            vec!["IPv4", "IPv6"],
+            "PreferDualStack",
+        ),
+    };
     let mut spec = json!({
         "type": svc.kind.as_str(),
         "clusterIP": svc.cluster_ip.to_string(),
-        "clusterIPs": [svc.cluster_ip.to_string()],
-        "ipFamilies": ["IPv4"],
-        "ipFamilyPolicy": "SingleStack",
+        "clusterIPs": cluster_ips,
+        "ipFamilies": families,
+        "ipFamilyPolicy": policy,
         "selector": { "app": svc.name },
         "ports": [port],
         "sessionAffinity": if svc.sticky() { "ClientIP" } else { "None" },
@@ -103,13 +127,31 @@ pub fn service_object(svc: &ServiceState) -> Value {
 /// The EndpointSlice of `svc`: one ready endpoint per backend pod (none for a service without
 /// backends, which keeps its empty slice as the endpoint controller would).
 pub fn endpoint_slice_object(svc: &ServiceState, state: &LabState) -> Value {
+    slice_object(svc, state, false)
+}
+
+/// A dual-stack Service's IPv6 EndpointSlice (`<name>-lab6`, addressType IPv6): the backends'
+/// IPv6 addresses.
+pub fn endpoint_slice_object6(svc: &ServiceState, state: &LabState) -> Value {
+    slice_object(svc, state, true)
+}
+
+fn slice_object(svc: &ServiceState, state: &LabState, v6: bool) -> Value {
     let endpoints: Vec<Value> = svc
         .backends
         .iter()
         .filter_map(|b| state.pods.iter().find(|p| &p.name == b))
-        .map(|p| {
+        .filter_map(|p| {
+            let ip = if v6 {
+                p.ip6?.to_string()
+            } else {
+                p.ip.to_string()
+            };
+            Some((p, ip))
+        })
+        .map(|(p, ip)| {
             json!({
-                "addresses": [p.ip.to_string()],
+                "addresses": [ip],
                 "conditions": { "ready": true, "serving": true, "terminating": false },
                 "nodeName": p.node,
                 "targetRef": { "kind": "Pod", "name": p.name, "namespace": NAMESPACE },
@@ -120,14 +162,14 @@ pub fn endpoint_slice_object(svc: &ServiceState, state: &LabState) -> Value {
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
-            "name": format!("{}-lab", svc.name),
+            "name": format!("{}-lab{}", svc.name, if v6 { "6" } else { "" }),
             "namespace": NAMESPACE,
             "labels": {
                 "kubernetes.io/service-name": svc.name,
                 "endpointslice.kubernetes.io/managed-by": "weir-lab",
             },
         },
-        "addressType": "IPv4",
+        "addressType": if v6 { "IPv6" } else { "IPv4" },
         "ports": [{ "name": PORT_NAME, "port": ECHO_PORT, "protocol": svc.protocol.as_k8s() }],
         "endpoints": endpoints,
     })
@@ -146,11 +188,14 @@ pub fn render_nodes(topo: &Topology, state: &LabState) -> (String, String) {
         .nodes
         .iter()
         .map(|n| {
-            let cidr = topo
-                .node(&n.name)
-                .map(|(_, t)| t.pod_cidr.to_string())
-                .unwrap_or_default();
-            node_object(&n.name, &n.underlay_ip.to_string(), &cidr, &n.annotations)
+            let node = topo.node(&n.name).map(|(_, t)| t);
+            let mut ips = vec![n.underlay_ip.to_string()];
+            ips.extend(n.underlay_ip6.map(|ip| ip.to_string()));
+            let mut cidrs: Vec<String> = node.map(|t| t.pod_cidr.to_string()).into_iter().collect();
+            cidrs.extend(node.and_then(|t| topo.pod_cidr6(t)).map(|c| c.to_string()));
+            let ips: Vec<&str> = ips.iter().map(String::as_str).collect();
+            let cidrs: Vec<&str> = cidrs.iter().map(String::as_str).collect();
+            dual_stack_node_object(&n.name, &ips, &cidrs, &n.annotations)
         })
         .collect();
     (
@@ -164,12 +209,13 @@ pub fn render_nodes(topo: &Topology, state: &LabState) -> (String, String) {
 pub fn render(topo: &Topology, state: &LabState) -> Vec<(String, String)> {
     let mut files = vec![render_nodes(topo, state)];
     for svc in &state.services {
+        let mut docs = vec![service_object(svc), endpoint_slice_object(svc, state)];
+        if svc.cluster_ip6.is_some() {
+            docs.push(endpoint_slice_object6(svc, state));
+        }
         files.push((
             format!("service-{}.yaml", svc.name),
-            format!(
-                "# written by weir lab\n{}",
-                documents(&[service_object(svc), endpoint_slice_object(svc, state)])
-            ),
+            format!("# written by weir lab\n{}", documents(&docs)),
         ));
     }
     files
@@ -261,6 +307,60 @@ mod tests {
 
         let gone = docs(&files[5].1);
         assert_eq!(gone[1]["endpoints"].as_array().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn dual_stack_objects_carry_both_families() {
+        let topo = Topology::dual_stack_demo();
+        let state = LabState::simulated(&topo);
+        let files = render(&topo, &state);
+        let docs = |text: &str| -> Vec<Value> {
+            let mut reader = text.as_bytes();
+            weir_source::yaml::documents(&mut reader)
+                .map(|d| d.unwrap())
+                .collect()
+        };
+        let nodes = docs(&files[0].1);
+        assert_eq!(
+            nodes[1]["spec"]["podCIDRs"],
+            json!(["10.244.2.0/24", "fd00:10:244:2::/64"])
+        );
+        assert_eq!(nodes[1]["spec"]["podCIDR"], "10.244.2.0/24");
+        assert_eq!(
+            nodes[1]["status"]["addresses"],
+            json!([
+                {"type": "InternalIP", "address": "172.30.0.12"},
+                {"type": "InternalIP", "address": "fd00:172:30::c"},
+                {"type": "Hostname", "address": "b"},
+            ])
+        );
+        let web = docs(&files[1].1);
+        assert_eq!(web.len(), 3);
+        assert_eq!(web[0]["spec"]["ipFamilyPolicy"], "PreferDualStack");
+        assert_eq!(web[0]["spec"]["ipFamilies"], json!(["IPv4", "IPv6"]));
+        assert_eq!(
+            web[0]["spec"]["clusterIPs"],
+            json!(["10.96.0.1", "fd00:10:96::1"])
+        );
+        assert_eq!(web[1]["addressType"], "IPv4");
+        assert_eq!(web[2]["addressType"], "IPv6");
+        assert_eq!(web[2]["metadata"]["name"], "web-lab6");
+        assert_eq!(
+            web[2]["metadata"]["labels"]["kubernetes.io/service-name"],
+            "web"
+        );
+        let eps: Vec<&Value> = web[2]["endpoints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| &e["addresses"][0])
+            .collect();
+        assert_eq!(eps, [&json!("fd00:10:244:1::2"), &json!("fd00:10:244:2::2")]);
+        // IPv4-only labs are unchanged: one slice, SingleStack.
+        let (topo, state) = demo_state();
+        let web = docs(&render(&topo, &state)[1].1);
+        assert_eq!(web.len(), 2);
+        assert_eq!(web[0]["spec"]["ipFamilyPolicy"], "SingleStack");
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! What a running lab is made of, as recorded in `<state dir>/<lab>/state.json`.
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::addr::pod_gateway;
+use crate::dualstack::nth6;
 use crate::names;
 use crate::topology::{
     Allocation, CniKind, Network, Protocol, ProxyKind, Service, ServiceType, SessionAffinity,
@@ -91,6 +92,12 @@ pub struct NodeState {
     /// nodes' pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vtep_ip: Option<Ipv4Addr>,
+    /// Dual-stack labs: the node's IPv6 underlay address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub underlay_ip6: Option<Ipv6Addr>,
+    /// Dual-stack labs: the pods' IPv6 gateway (cni0's IPv6 address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_gateway6: Option<Ipv6Addr>,
 }
 
 fn unspecified() -> Ipv4Addr {
@@ -104,6 +111,9 @@ pub struct PodState {
     pub netns: String,
     pub ip: Ipv4Addr,
     pub prefix_len: u8,
+    /// Dual-stack labs: the pod's IPv6 address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip6: Option<Ipv6Addr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +140,9 @@ pub struct ServiceState {
     pub protocol: Protocol,
     pub port: u16,
     pub cluster_ip: Ipv4Addr,
+    /// Dual-stack labs: the IPv6 ClusterIP (the Service is PreferDualStack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_ip6: Option<Ipv6Addr>,
     pub node_port: Option<u16>,
     pub health_check_node_port: Option<u16>,
     pub load_balancer_ip: Option<Ipv4Addr>,
@@ -148,6 +161,7 @@ impl ServiceState {
             protocol: svc.protocol,
             port: svc.port,
             cluster_ip: alloc.cluster_ip,
+            cluster_ip6: alloc.cluster_ip6,
             node_port: alloc.node_port,
             health_check_node_port: alloc.health_check_node_port,
             load_balancer_ip: alloc.load_balancer_ip,
@@ -174,6 +188,9 @@ pub struct LabState {
     #[serde(default)]
     pub network: Network,
     pub outside: Ipv4Addr,
+    /// Dual-stack labs: the outside's IPv6 "internet" address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside6: Option<Ipv6Addr>,
     pub nodes: Vec<NodeState>,
     pub pods: Vec<PodState>,
     pub echo: Vec<EchoState>,
@@ -207,6 +224,8 @@ impl LabState {
                 vtep_ip: (topo.overlay == crate::topology::Overlay::Vxlan
                     && topo.network == Network::Bridge)
                     .then(|| n.pod_cidr.network()),
+                underlay_ip6: topo.underlay_ip6(i),
+                pod_gateway6: topo.pod_cidr6(n).and_then(|c| nth6(c, 1)),
             })
             .collect();
         let mut pods = Vec::new();
@@ -221,6 +240,7 @@ impl LabState {
                         Network::Bridge => n.pod_cidr.prefix_len(),
                         Network::Eni => 32,
                     },
+                    ip6: topo.pod_cidr6(n).and_then(|c| nth6(c, 2 + k as u128)),
                 });
             }
         }
@@ -229,6 +249,7 @@ impl LabState {
             cni: topo.cni,
             network: topo.network,
             outside: topo.outside,
+            outside6: topo.ipv6.as_ref().map(|v6| v6.outside),
             nodes,
             pods,
             echo: vec![],

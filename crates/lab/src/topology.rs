@@ -10,6 +10,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::addr::{dns_cluster_ip, nth_host, take_ip};
+use crate::dualstack::Ipv6;
 
 /// The two-node topology `weir lab demo` uses.
 pub const DEFAULT_TOPOLOGY: &str = "\
@@ -150,6 +151,59 @@ services:
     port: 443
     backends: [a2, b1]
   - name: gone          # no endpoints: rejected at once
+    type: NodePort
+    port: 80
+    backends: []
+";
+
+/// The dual-stack topology `weir lab demo --topology dual-stack` uses: the default two nodes
+/// with an `ipv6:` block, so every node, pod and Service has an IPv6 address beside its IPv4
+/// one (crate::dualstack derives them) and `weir routes` routes both families host-gw.
+pub const DUAL_STACK_TOPOLOGY: &str = "\
+name: dual
+underlay: 172.30.0.0/24
+clusterCIDR: 10.244.0.0/16
+outside: 198.51.100.1
+cni: weir
+proxy: nftables
+serviceCIDR: 10.96.0.0/16
+loadBalancerCIDR: 203.0.113.0/24
+ipv6:                 # dual-stack; node i's IPv6 podCIDR is /64 number i of clusterCIDR
+  underlay: fd00:172:30::/64
+  clusterCIDR: fd00:10:244::/48
+  serviceCIDR: fd00:10:96::/112
+  outside: fd00:198:51:100::1
+nodes:
+  - name: a
+    podCIDR: 10.244.1.0/24
+    pods: [a1, a2]
+  - name: b
+    podCIDR: 10.244.2.0/24
+    pods: [b1, b2]
+services:
+  - name: web           # ClusterIP over pods on both nodes (PreferDualStack: two ClusterIPs)
+    port: 80
+    backends: [a1, b1]
+  - name: dns           # UDP
+    port: 53
+    protocol: UDP
+    backends: [a2, b2]
+  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
+    type: NodePort
+    port: 80
+    nodePort: 30080
+    externalTrafficPolicy: Local
+    backends: [a1]
+  - name: np            # NodePort, policy Cluster, on both nodes' IPv4 and IPv6 addresses
+    type: NodePort
+    port: 80
+    nodePort: 30081
+    backends: [b1]
+  - name: api           # LoadBalancer (its LB IP is IPv4 only)
+    type: LoadBalancer
+    port: 443
+    backends: [a2, b1]
+  - name: gone          # no endpoints: rejected at once, in both families
     type: NodePort
     port: 80
     backends: []
@@ -368,6 +422,9 @@ pub struct Topology {
     /// `node-local` adds a node-local cache the pods ask instead.
     #[serde(default, skip_serializing_if = "is_default")]
     pub dns: Dns,
+    /// Dual-stack: the IPv6 networks (crate::dualstack). Absent, the lab is IPv4-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<Ipv6>,
     pub nodes: Vec<Node>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<Service>,
@@ -522,6 +579,8 @@ pub struct Service {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Allocation {
     pub cluster_ip: Ipv4Addr,
+    /// Dual-stack labs: the IPv6 ClusterIP beside it (crate::dualstack).
+    pub cluster_ip6: Option<std::net::Ipv6Addr>,
     pub node_port: Option<u16>,
     /// LoadBalancer with externalTrafficPolicy Local only.
     pub health_check_node_port: Option<u16>,
@@ -633,6 +692,82 @@ impl Topology {
     /// The embedded routed-underlay vxlan topology.
     pub fn vxlan_demo() -> Self {
         Self::parse(VXLAN_TOPOLOGY).expect("the embedded vxlan topology is valid")
+    }
+
+    /// The embedded dual-stack topology.
+    pub fn dual_stack_demo() -> Self {
+        Self::parse(DUAL_STACK_TOPOLOGY).expect("the embedded dual-stack topology is valid")
+    }
+
+    /// A node's IPv6 podCIDR (dual-stack labs).
+    pub fn pod_cidr6(&self, node: &Node) -> Option<ipnet::Ipv6Net> {
+        self.ipv6.as_ref()?.pod_cidr(self.cluster_cidr, node.pod_cidr)
+    }
+
+    /// Node `index`'s IPv6 underlay address (dual-stack labs): the host number of its IPv4 one.
+    pub fn underlay_ip6(&self, index: usize) -> Option<std::net::Ipv6Addr> {
+        self.ipv6
+            .as_ref()?
+            .underlay_ip(self.underlay, self.underlay_ip(index)?)
+    }
+
+    /// The IPv6 ClusterIP beside IPv4 ClusterIP `v4` (dual-stack labs).
+    pub fn cluster_ip6(&self, v4: Ipv4Addr) -> Option<std::net::Ipv6Addr> {
+        self.ipv6.as_ref()?.cluster_ip(self.service_cidr, v4)
+    }
+
+    /// Dual-stack only where every part of the lab has IPv6: why not, as (field, message).
+    fn validate_ipv6(&self) -> Result<(), TopologyError> {
+        let Some(v6) = &self.ipv6 else {
+            return Ok(());
+        };
+        if self.network == Network::Eni {
+            return Err(err(
+                "ipv6",
+                "network eni is IPv4-only (weir-cni's eni-shared mode and the VPC router have no \
+                 IPv6): remove ipv6, or use network: bridge",
+            ));
+        }
+        if self.routed_underlay {
+            return Err(err(
+                "ipv6",
+                "routedUnderlay is IPv4-only (the outside routes the node subnets in IPv4): use \
+                 one shared underlay",
+            ));
+        }
+        if self.cni != CniKind::Weir {
+            return Err(err(
+                "ipv6",
+                "the dual-stack lab runs weir-cni only (cni: weir)",
+            ));
+        }
+        if self.proxy.is_kube_proxy() {
+            return Err(err(
+                "ipv6",
+                format!(
+                    "{} is IPv4-only in the lab: use a weir proxy mode",
+                    self.proxy.as_str()
+                ),
+            ));
+        }
+        v6.check(self.underlay, self.service_cidr)
+            .map_err(|(f, m)| err(format!("ipv6.{f}"), m))?;
+        for (i, node) in self.nodes.iter().enumerate() {
+            if self.pod_cidr6(node).is_none() {
+                return Err(err(
+                    format!("nodes[{i}].podCIDR"),
+                    format!(
+                        "{} has no IPv6 counterpart: ipv6.clusterCIDR {} has no /{} block number {}",
+                        node.pod_cidr,
+                        v6.cluster_cidr,
+                        v6.pod_prefix,
+                        (u32::from(node.pod_cidr.network()) - u32::from(self.cluster_cidr.network()))
+                            >> (32 - node.pod_cidr.prefix_len())
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The ENI subnet's gateway (eni network): the first host of clusterCIDR, on the VPC router.
@@ -800,6 +935,7 @@ impl Topology {
                 ));
             }
         }
+        self.validate_ipv6()?;
         self.validate_services(&pod_names)?;
         self.allocate()?;
         if self.dns.on() && self.proxy.mode().is_none() {
@@ -1052,6 +1188,7 @@ impl Topology {
             });
             out.push(Allocation {
                 cluster_ip,
+                cluster_ip6: self.cluster_ip6(cluster_ip),
                 node_port,
                 health_check_node_port,
                 load_balancer_ip,

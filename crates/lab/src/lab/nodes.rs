@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use weir_kernel::{NetNs, Rtnl};
 
 use super::agents::{proxy_launch, routes_launch, start_routes};
@@ -11,7 +11,7 @@ use super::context::Binaries;
 use super::status::load_state;
 use crate::cni::{self, Invocation, Plugin};
 use crate::echo;
-use crate::links::{open, plug_into_switch, setup_eth0, veth_between};
+use crate::links::{no_dad, open, plug_into_switch, setup_eth0, setup_eth0_v6, veth_between};
 use crate::manifests;
 use crate::names;
 use crate::ns;
@@ -34,6 +34,9 @@ pub(super) fn create_node(
     let ip = topo.underlay_ip(index).expect("validated");
     ns::add(&name)?;
     let node_ns = open(&name)?;
+    if topo.ipv6.is_some() {
+        no_dad(&node_ns)?;
+    }
     if topo.routed_underlay {
         wire_routed(topo, index, &node.name, out, &node_ns)?;
     } else {
@@ -45,6 +48,14 @@ pub(super) fn create_node(
         Ipv4Net::new(ip, subnet.prefix_len())?,
         topo.node_router(index),
     )?;
+    let ip6 = topo.underlay_ip6(index);
+    if let (Some(ip6), Some(v6)) = (ip6, &topo.ipv6) {
+        setup_eth0_v6(
+            &node_ns,
+            Ipv6Net::new(ip6, v6.underlay.prefix_len())?,
+            Some(v6.router_ip()),
+        )?;
+    }
     std::fs::create_dir_all(dir.ipam(&node.name))?;
     Ok(NodeState {
         name: node.name.clone(),
@@ -54,6 +65,10 @@ pub(super) fn create_node(
         annotations: Default::default(),
         vtep_ip: (topo.network == Network::Bridge && topo.overlay == Overlay::Vxlan)
             .then(|| node.pod_cidr.network()),
+        underlay_ip6: ip6,
+        pod_gateway6: topo
+            .pod_cidr6(node)
+            .and_then(|c| crate::dualstack::nth6(c, 1)),
     })
 }
 
@@ -88,6 +103,10 @@ pub(super) fn add_pod(
     )
     .with_context(|| format!("node {}: pod {pod}", node.name))?;
     let ip = cni::result_ipv4(&outcome.stdout)?;
+    let ip6 = match topo.ipv6 {
+        Some(_) => Some(cni::result_ipv6(&outcome.stdout)?.addr()),
+        None => None,
+    };
     Ok((
         PodState {
             node: node.name.clone(),
@@ -95,6 +114,7 @@ pub(super) fn add_pod(
             netns: pod_ns_name,
             ip: ip.addr(),
             prefix_len: ip.prefix_len(),
+            ip6,
         },
         outcome.elapsed,
     ))

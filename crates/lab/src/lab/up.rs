@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context};
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::{LinkBridge, RouteMessageBuilder};
 use weir_kernel::{sysctl, NetNs, Rtnl};
 
@@ -16,7 +16,7 @@ use super::nodes::{add_pod, create_node};
 use crate::cni::Plugin;
 use crate::echo;
 use crate::eni;
-use crate::links::{open, plug_into_switch, setup_eth0, UNDERLAY_BRIDGE};
+use crate::links::{no_dad, open, plug_into_switch, setup_eth0, setup_eth0_v6, UNDERLAY_BRIDGE};
 use crate::manifests;
 use crate::names;
 use crate::ns;
@@ -81,6 +81,7 @@ fn initial_state(topo: &Topology) -> anyhow::Result<LabState> {
         cni: topo.cni,
         network: topo.network,
         outside: topo.outside,
+        outside6: topo.ipv6.as_ref().map(|v6| v6.outside),
         nodes: Vec::new(),
         pods: Vec::new(),
         echo: Vec::new(),
@@ -171,6 +172,9 @@ impl Build<'_> {
         let out_name = names::outside(self.lab());
         ns::add(&out_name)?;
         let out = open(&out_name)?;
+        if topo.ipv6.is_some() {
+            no_dad(&out)?;
+        }
         plug_into_switch(self.lab(), "out", &out)?;
         let out_net = Ipv4Net::new(topo.router_ip(), topo.outside_net().prefix_len())?;
         setup_eth0(&out, out_net, None)?;
@@ -180,8 +184,18 @@ impl Build<'_> {
             rt.addr_ensure(lo.index, IpNet::V4(Ipv4Net::new(topo.outside, 32)?))?;
         }
         out.run(|| sysctl::ensure("net.ipv4.ip_forward", "1"))??;
+        let mut v6 = String::new();
+        if let Some(ipv6) = &topo.ipv6 {
+            let router = ipv6.router_ip();
+            setup_eth0_v6(&out, Ipv6Net::new(router, ipv6.underlay.prefix_len())?, None)?;
+            let mut rt = Rtnl::in_netns(&out)?;
+            let lo = rt.require_link("lo")?;
+            rt.addr_ensure(lo.index, IpNet::V6(Ipv6Net::new(ipv6.outside, 128)?))?;
+            out.run(|| sysctl::ensure("net.ipv6.conf.all.forwarding", "1"))??;
+            v6 = format!(", {router} on eth0, {} on lo", ipv6.outside);
+        }
         self.steps.step(&format!(
-            "outside {out_name}: {} on eth0, {} on lo ({} ms)",
+            "outside {out_name}: {} on eth0, {} on lo{v6} ({} ms)",
             topo.router_ip(),
             topo.outside,
             ms(t)
@@ -200,8 +214,12 @@ impl Build<'_> {
                 eni::strict_rp_filter(&node_ns)?;
                 eni::attach(topo, node, &node_ns, out, out_name)?;
             }
+            let (ip6, cidr6) = match (node_state.underlay_ip6, topo.pod_cidr6(node)) {
+                (Some(ip), Some(cidr)) => (format!(" {ip}"), format!(" {cidr}")),
+                _ => (String::new(), String::new()),
+            };
             self.steps.step(&format!(
-                "node {}: {} eth0 {}, podCIDR {} ({} ms)",
+                "node {}: {} eth0 {}{ip6}, podCIDR {}{cidr6} ({} ms)",
                 node.name,
                 node_state.netns,
                 node_state.underlay_ip,
@@ -255,9 +273,13 @@ impl Build<'_> {
             for pod in &node.pods {
                 let (pod_state, took) = add_pod(topo, plugin, &self.dir, node, pod)?;
                 self.steps.step(&format!(
-                    "node {}: pod {pod} {} (ADD {} ms)",
+                    "node {}: pod {pod} {}{} (ADD {} ms)",
                     node.name,
                     pod_state.ip,
+                    pod_state
+                        .ip6
+                        .map(|ip| format!(" {ip}"))
+                        .unwrap_or_default(),
                     took.as_millis()
                 ));
                 self.state.pods.push(pod_state);
