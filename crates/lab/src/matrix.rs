@@ -2,7 +2,7 @@
 //! and rendering the results (pure).
 
 use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -55,16 +55,16 @@ pub struct Probe {
     pub from: String,
     /// The source pod's namespace name.
     pub from_ns: String,
-    pub from_ip: Ipv4Addr,
+    pub from_ip: IpAddr,
     /// What is probed: a pod name, a node name, or "outside".
     pub to: String,
-    pub to_ip: Ipv4Addr,
+    pub to_ip: IpAddr,
     pub kind: Kind,
     pub proto: Proto,
     /// The name that must answer.
     pub expect_answer: String,
     /// The source address the answerer must see (None: not checked).
-    pub expect_source: Option<Ipv4Addr>,
+    pub expect_source: Option<IpAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +73,7 @@ pub struct ProbeResult {
     pub probe: Probe,
     pub ok: bool,
     pub answered_by: Option<String>,
-    pub seen_source: Option<Ipv4Addr>,
+    pub seen_source: Option<IpAddr>,
     /// Why the probe failed (timeout, refused, wrong answerer, wrong source).
     pub error: Option<String>,
     pub ms: u64,
@@ -81,18 +81,70 @@ pub struct ProbeResult {
 
 /// Every probe for a lab: each pod to every other pod (TCP and UDP), to its own node, and to the
 /// outside address (whose answer must show the node's underlay address: masqueraded; in an eni
-/// network the pod's own address).
+/// network the pod's own address). A dual-stack lab has each row twice, once per family.
 pub fn plan(state: &LabState) -> Vec<Probe> {
-    let mut probes = Vec::new();
-    let node_ip = |name: &str| {
-        state
+    let mut probes = plan_family(state, &v4_addrs(state));
+    if let Some(v6) = v6_addrs(state) {
+        probes.extend(plan_family(state, &v6));
+    }
+    probes
+}
+
+/// The addresses of one family a matrix is planned over: every pod's, every node's, the
+/// outside's.
+pub struct Addrs {
+    pub pods: Vec<(String, IpAddr)>,
+    pub nodes: Vec<(String, IpAddr)>,
+    pub outside: IpAddr,
+}
+
+impl Addrs {
+    fn pod(&self, name: &str) -> Option<IpAddr> {
+        self.pods.iter().find(|(n, _)| n == name).map(|(_, ip)| *ip)
+    }
+    fn node(&self, name: &str) -> Option<IpAddr> {
+        self.nodes.iter().find(|(n, _)| n == name).map(|(_, ip)| *ip)
+    }
+}
+
+fn v4_addrs(state: &LabState) -> Addrs {
+    Addrs {
+        pods: state
+            .pods
+            .iter()
+            .map(|p| (p.name.clone(), p.ip.into()))
+            .collect(),
+        nodes: state
             .nodes
             .iter()
-            .find(|n| n.name == name)
-            .map(|n| n.underlay_ip)
-    };
+            .map(|n| (n.name.clone(), n.underlay_ip.into()))
+            .collect(),
+        outside: state.outside.into(),
+    }
+}
+
+/// A dual-stack lab's IPv6 addresses (None in an IPv4-only lab).
+pub fn v6_addrs(state: &LabState) -> Option<Addrs> {
+    Some(Addrs {
+        pods: state
+            .pods
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), p.ip6?.into())))
+            .collect(),
+        nodes: state
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.name.clone(), n.underlay_ip6?.into())))
+            .collect(),
+        outside: state.outside6?.into(),
+    })
+}
+
+fn plan_family(state: &LabState, addrs: &Addrs) -> Vec<Probe> {
+    let mut probes = Vec::new();
     for src in &state.pods {
-        let Some(src_node_ip) = node_ip(&src.node) else {
+        let (Some(src_ip), Some(src_node_ip)) = (addrs.pod(&src.name), addrs.node(&src.node))
+        else {
             continue;
         };
         let mut push = |to: &str, to_ip, kind, expect_source| {
@@ -100,7 +152,7 @@ pub fn plan(state: &LabState) -> Vec<Probe> {
                 probes.push(Probe {
                     from: src.name.clone(),
                     from_ns: src.netns.clone(),
-                    from_ip: src.ip,
+                    from_ip: src_ip,
                     to: to.to_string(),
                     to_ip,
                     kind,
@@ -111,25 +163,28 @@ pub fn plan(state: &LabState) -> Vec<Probe> {
             }
         };
         for dst in state.pods.iter().filter(|p| p.name != src.name) {
+            let Some(dst_ip) = addrs.pod(&dst.name) else {
+                continue;
+            };
             let (kind, expect) = if dst.node == src.node {
-                (Kind::SameNode, Some(src.ip))
+                (Kind::SameNode, Some(src_ip))
             } else {
                 // The reference bridge plugin masquerades everything that leaves the pod subnet;
                 // weir exempts the cluster CIDR, so the other pod sees the real source.
                 (
                     Kind::OtherNode,
-                    (state.cni == CniKind::Weir).then_some(src.ip),
+                    (state.cni == CniKind::Weir).then_some(src_ip),
                 )
             };
-            push(&dst.name, dst.ip, kind, expect);
+            push(&dst.name, dst_ip, kind, expect);
         }
-        push(&src.node, src_node_ip, Kind::OwnNode, Some(src.ip));
+        push(&src.node, src_node_ip, Kind::OwnNode, Some(src_ip));
         // Bridge pods are masqueraded to their node; eni pods hold VPC addresses the VPC routes.
         let outside_sees = match state.network {
             Network::Bridge => src_node_ip,
-            Network::Eni => src.ip,
+            Network::Eni => src_ip,
         };
-        push("outside", state.outside, Kind::Outside, Some(outside_sees));
+        push("outside", addrs.outside, Kind::Outside, Some(outside_sees));
     }
     probes
 }
@@ -173,7 +228,7 @@ pub fn run_one(p: &Probe) -> ProbeResult {
             let _guard = ns
                 .enter()
                 .map_err(|e| format!("enter netns {}: {e}", p.from_ns))?;
-            let target = SocketAddrV4::new(p.to_ip, ECHO_PORT);
+            let target = SocketAddr::new(p.to_ip, ECHO_PORT);
             match p.proto {
                 Proto::Tcp => tcp_ask(target),
                 Proto::Udp => udp_ask(target),
@@ -186,7 +241,7 @@ pub fn run_one(p: &Probe) -> ProbeResult {
     };
     let mut words = line.split_whitespace();
     let answered_by = words.next().map(str::to_string);
-    let seen_source = words.next().and_then(|w| w.parse::<Ipv4Addr>().ok());
+    let seen_source = words.next().and_then(|w| w.parse::<IpAddr>().ok());
     let mut error = None;
     if answered_by.as_deref() != Some(p.expect_answer.as_str()) {
         error = Some(format!(
@@ -213,8 +268,8 @@ pub fn run_one(p: &Probe) -> ProbeResult {
     }
 }
 
-fn tcp_ask(target: SocketAddrV4) -> Result<String, String> {
-    let stream = TcpStream::connect_timeout(&SocketAddr::V4(target), TCP_TIMEOUT)
+fn tcp_ask(target: SocketAddr) -> Result<String, String> {
+    let stream = TcpStream::connect_timeout(&target, TCP_TIMEOUT)
         .map_err(|e| format!("tcp connect {target}: {e}"))?;
     stream
         .set_read_timeout(Some(TCP_TIMEOUT))
@@ -229,8 +284,12 @@ fn tcp_ask(target: SocketAddrV4) -> Result<String, String> {
     Ok(line.trim().to_string())
 }
 
-fn udp_ask(target: SocketAddrV4) -> Result<String, String> {
-    let socket = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("udp bind: {e}"))?;
+fn udp_ask(target: SocketAddr) -> Result<String, String> {
+    let any: SocketAddr = match target {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = UdpSocket::bind(any).map_err(|e| format!("udp bind: {e}"))?;
     socket
         .set_read_timeout(Some(UDP_TIMEOUT))
         .map_err(|e| e.to_string())?;
@@ -245,7 +304,7 @@ fn udp_ask(target: SocketAddrV4) -> Result<String, String> {
         let mut buf = [0u8; 512];
         while Instant::now() < deadline {
             match socket.recv_from(&mut buf) {
-                Ok((n, from)) if from == SocketAddr::V4(target) => {
+                Ok((n, from)) if from == target => {
                     return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string());
                 }
                 Ok((_, from)) => last = format!("udp answer from unexpected {from}"),
@@ -324,6 +383,7 @@ mod tests {
             netns: format!("wl-t-{node}-{name}"),
             ip: ip.into(),
             prefix_len: 24,
+            ip6: None,
         };
         let node = |name: &str, ip: [u8; 4]| NodeState {
             name: name.into(),
@@ -332,12 +392,15 @@ mod tests {
             pod_gateway: Ipv4Addr::UNSPECIFIED,
             annotations: Default::default(),
             vtep_ip: None,
+            underlay_ip6: None,
+            pod_gateway6: None,
         };
         LabState {
             lab: "t".into(),
             cni,
             network: Network::Bridge,
             outside: Ipv4Addr::new(198, 51, 100, 1),
+            outside6: None,
             nodes: vec![node("a", [172, 30, 0, 11]), node("b", [172, 30, 0, 12])],
             pods: vec![
                 pod("a", "a1", [10, 244, 1, 2]),
@@ -366,20 +429,20 @@ mod tests {
         let p = find("a1", "a2", Proto::Udp);
         assert_eq!(
             (p.kind, p.expect_source),
-            (Kind::SameNode, Some(Ipv4Addr::new(10, 244, 1, 2)))
+            (Kind::SameNode, Some(IpAddr::from([10, 244, 1, 2u8])))
         );
         let p = find("a1", "b1", Proto::Tcp);
         assert_eq!(
             (p.kind, p.expect_source),
-            (Kind::OtherNode, Some(Ipv4Addr::new(10, 244, 1, 2)))
+            (Kind::OtherNode, Some(IpAddr::from([10, 244, 1, 2u8])))
         );
         let p = find("b1", "b", Proto::Tcp);
         assert_eq!(
             (p.kind, p.to_ip),
-            (Kind::OwnNode, Ipv4Addr::new(172, 30, 0, 12))
+            (Kind::OwnNode, IpAddr::from([172, 30, 0, 12u8]))
         );
         let p = find("b1", "outside", Proto::Udp);
-        assert_eq!(p.expect_source, Some(Ipv4Addr::new(172, 30, 0, 12)));
+        assert_eq!(p.expect_source, Some(IpAddr::from([172, 30, 0, 12u8])));
         assert_eq!(p.from_ns, "wl-t-b-b1");
 
         let probes = plan(&state(CniKind::Reference));
@@ -391,13 +454,44 @@ mod tests {
     }
 
     #[test]
+    fn a_dual_stack_lab_has_every_row_in_both_families() {
+        let topo = crate::topology::Topology::dual_stack_demo();
+        let state = LabState::simulated(&topo);
+        let probes = plan(&state);
+        // 4 pods × (3 other pods + own node + outside) × 2 protocols × 2 families.
+        assert_eq!(probes.len(), 80);
+        let v6: Vec<&Probe> = probes.iter().filter(|p| p.to_ip.is_ipv6()).collect();
+        assert_eq!(v6.len(), 40);
+        assert!(v6.iter().all(|p| p.from_ip.is_ipv6()));
+        let find = |to: &str, kind| {
+            v6.iter()
+                .find(|p| p.from == "a1" && p.to == to && p.kind == kind)
+                .unwrap()
+        };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let p = find("b1", Kind::OtherNode);
+        assert_eq!(p.to_ip, ip("fd00:10:244:2::2"));
+        assert_eq!(p.expect_source, Some(ip("fd00:10:244:1::2")));
+        let p = find("a2", Kind::SameNode);
+        assert_eq!(p.to_ip, ip("fd00:10:244:1::3"));
+        let p = find("a", Kind::OwnNode);
+        assert_eq!(p.to_ip, ip("fd00:172:30::b"));
+        let p = find("outside", Kind::Outside);
+        assert_eq!(p.to_ip, ip("fd00:198:51:100::1"));
+        assert_eq!(p.expect_source, Some(ip("fd00:172:30::b")), "masqueraded");
+        // An IPv4-only lab plans no IPv6 row.
+        let state = LabState::simulated(&crate::topology::Topology::default_demo());
+        assert!(plan(&state).iter().all(|p| p.to_ip.is_ipv4()));
+    }
+
+    #[test]
     fn renders_table_and_summary() {
         let probes = plan(&state(CniKind::Weir));
         let ok = ProbeResult {
             probe: probes[0].clone(),
             ok: true,
             answered_by: Some("a2".into()),
-            seen_source: Some(Ipv4Addr::new(10, 244, 1, 2)),
+            seen_source: Some(IpAddr::from([10, 244, 1, 2u8])),
             error: None,
             ms: 1,
         };
@@ -406,7 +500,7 @@ mod tests {
             probe: out.clone(),
             ok: true,
             answered_by: Some("outside".into()),
-            seen_source: Some(Ipv4Addr::new(172, 30, 0, 11)),
+            seen_source: Some(IpAddr::from([172, 30, 0, 11u8])),
             error: None,
             ms: 3,
         };

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use weir_kernel::NetNs;
 
 use crate::names;
-use crate::state::{LabState, NodeState, PodState};
+use crate::state::{LabState, NodeState, PodState, ServiceState};
 use crate::topology::{Protocol, ProxyKind};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -79,8 +79,8 @@ pub enum Expect {
         max_distinct: Option<usize>,
         /// This backend must answer at least once (hairpin: the client itself).
         must_include: Option<String>,
-        sources: Vec<Ipv4Addr>,
-        self_sources: Vec<Ipv4Addr>,
+        sources: Vec<IpAddr>,
+        self_sources: Vec<IpAddr>,
     },
     /// Refused (TCP reset / ICMP unreachable) within [`REJECT_WITHIN`] (times
     /// `WEIR_LAB_TIMEOUT_SCALE`), not timed out.
@@ -99,11 +99,11 @@ pub struct SvcProbe {
     pub from: String,
     pub from_ns: String,
     /// The client's address (bound when `bind` is set).
-    pub from_ip: Ipv4Addr,
+    pub from_ip: IpAddr,
     pub bind: bool,
     /// What is dialled: "cluster-ip", "node a", "lb".
     pub via: String,
-    pub to_ip: Ipv4Addr,
+    pub to_ip: IpAddr,
     pub port: u16,
     pub proto: Protocol,
     pub min_tries: u32,
@@ -115,7 +115,7 @@ pub struct SvcProbe {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
     pub by: String,
-    pub source: Option<Ipv4Addr>,
+    pub source: Option<IpAddr>,
     pub count: u32,
 }
 
@@ -171,14 +171,56 @@ impl<'a> Clients<'a> {
     }
     /// The addresses a node masquerades to: its underlay address (towards other nodes), its
     /// VTEP address (towards other nodes' pods over a vxlan overlay) and its pods' gateway
-    /// (towards its own pods).
-    fn node_sources(&self, node: &NodeState) -> Vec<Ipv4Addr> {
-        let mut v = vec![node.underlay_ip];
-        v.extend(node.vtep_ip);
+    /// (towards its own pods); of the family of `probe`'s destination.
+    fn node_sources(&self, node: &NodeState, v6: bool) -> Vec<IpAddr> {
+        if v6 {
+            let mut v: Vec<IpAddr> = node.underlay_ip6.into_iter().map(IpAddr::from).collect();
+            v.extend(node.pod_gateway6.map(IpAddr::from));
+            return v;
+        }
+        let mut v = vec![IpAddr::from(node.underlay_ip)];
+        v.extend(node.vtep_ip.map(IpAddr::from));
         if !node.pod_gateway.is_unspecified() {
-            v.push(node.pod_gateway);
+            v.push(node.pod_gateway.into());
         }
         v
+    }
+}
+
+/// One address family's view of a lab: the addresses service probes dial and come from.
+#[derive(Clone, Copy)]
+struct Family {
+    v6: bool,
+}
+
+impl Family {
+    fn pod(self, p: &PodState) -> Option<IpAddr> {
+        match self.v6 {
+            false => Some(p.ip.into()),
+            true => p.ip6.map(IpAddr::from),
+        }
+    }
+    fn node(self, n: &NodeState) -> Option<IpAddr> {
+        match self.v6 {
+            false => Some(n.underlay_ip.into()),
+            true => n.underlay_ip6.map(IpAddr::from),
+        }
+    }
+    fn cluster_ip(self, s: &ServiceState) -> Option<IpAddr> {
+        match self.v6 {
+            false => Some(s.cluster_ip.into()),
+            true => s.cluster_ip6.map(IpAddr::from),
+        }
+    }
+    fn outside(self, state: &LabState) -> Option<IpAddr> {
+        match self.v6 {
+            false => Some(state.outside.into()),
+            true => state.outside6.map(IpAddr::from),
+        }
+    }
+    /// LoadBalancer IPs (and so health checks, for LoadBalancers only) are IPv4 only.
+    fn load_balancer_ip(self, s: &ServiceState) -> Option<IpAddr> {
+        (!self.v6).then_some(s.load_balancer_ip?.into())
     }
 }
 
@@ -188,7 +230,9 @@ impl Clients<'_> {
     /// redirected wherever the packet enters), else the node an outside client's LoadBalancer
     /// IP is routed to.
     fn proxying_node(&self, p: &SvcProbe) -> Option<&NodeState> {
-        if let Some(node) = self.state.nodes.iter().find(|n| n.underlay_ip == p.to_ip) {
+        if let Some(node) = self.state.nodes.iter().find(|n| {
+            IpAddr::from(n.underlay_ip) == p.to_ip || n.underlay_ip6.map(IpAddr::from) == Some(p.to_ip)
+        }) {
             return Some(node);
         }
         if let Some(pod) = self.pod(&p.from) {
@@ -205,7 +249,9 @@ impl Clients<'_> {
     /// connection to the endpoint, so every endpoint sees the proxying node's address, never
     /// the client's, whatever the traffic policy.
     fn proxy_connects_from_the_node(&self, p: &mut SvcProbe) {
-        let node_sources = self.proxying_node(p).map(|n| self.node_sources(n));
+        let node_sources = self
+            .proxying_node(p)
+            .map(|n| self.node_sources(n, p.to_ip.is_ipv6()));
         if let (
             Expect::Answer {
                 sources,
@@ -229,16 +275,48 @@ fn spread(n: usize, sticky: bool) -> (usize, Option<usize>) {
     }
 }
 
-/// Every service probe of a running lab (none when the lab runs no proxy).
+/// Every service probe of a running lab (none when the lab runs no proxy); a dual-stack lab's
+/// once per family (LoadBalancer IPs and health checks are IPv4 only).
 pub fn plan(state: &LabState) -> Vec<SvcProbe> {
+    let mut probes = plan_family(state, Family { v6: false });
+    if state.outside6.is_some() {
+        probes.extend(plan_family(state, Family { v6: true }));
+    }
+    probes
+}
+
+fn plan_family(state: &LabState, fam: Family) -> Vec<SvcProbe> {
     let mut probes = Vec::new();
     if state.proxy.mode().is_none() {
         return probes;
     }
     let c = Clients { state };
     let outside_ns = names::outside(&state.lab);
+    let v6 = fam.v6;
+    // Pods and nodes with an address of this family.
+    let pods: Vec<(&PodState, IpAddr)> = state
+        .pods
+        .iter()
+        .filter_map(|p| Some((p, fam.pod(p)?)))
+        .collect();
+    let nodes: Vec<(&NodeState, IpAddr)> = state
+        .nodes
+        .iter()
+        .filter_map(|n| Some((n, fam.node(n)?)))
+        .collect();
+    let (Some(outside_ip), Some(_)) = (fam.outside(state), nodes.first()) else {
+        return probes;
+    };
     for svc in &state.services {
-        let backends: Vec<&PodState> = svc.backends.iter().filter_map(|b| c.pod(b)).collect();
+        let Some(cluster_ip) = fam.cluster_ip(svc) else {
+            continue;
+        };
+        let backends: Vec<&PodState> = svc
+            .backends
+            .iter()
+            .filter_map(|b| c.pod(b))
+            .filter(|p| fam.pod(p).is_some())
+            .collect();
         let names: Vec<String> = backends.iter().map(|p| p.name.clone()).collect();
         let base = |kind, from: &str, from_ns: &str, from_ip, via: String, to_ip, port| SvcProbe {
             service: svc.name.clone(),
@@ -261,7 +339,7 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                 kind,
                 "outside",
                 &outside_ns,
-                state.outside,
+                outside_ip,
                 via,
                 to_ip,
                 port,
@@ -270,8 +348,8 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
         let answer = |mut p: SvcProbe,
                       backends: Vec<String>,
                       must_include: Option<String>,
-                      sources: Vec<Ipv4Addr>,
-                      self_sources: Vec<Ipv4Addr>| {
+                      sources: Vec<IpAddr>,
+                      self_sources: Vec<IpAddr>| {
             let (min_distinct, max_distinct) = spread(backends.len(), svc.sticky());
             p.min_tries = MIN_TRIES;
             p.max_tries = MAX_TRIES;
@@ -288,85 +366,84 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
 
         if backends.is_empty() {
             // Rejected at once wherever it is reached.
-            if let Some(client) = state.pods.first() {
+            if let Some((client, ip)) = pods.first() {
                 probes.push(base(
                     SvcKind::NoEndpoints,
                     &client.name,
                     &client.netns,
-                    client.ip,
+                    *ip,
                     "cluster-ip".into(),
-                    svc.cluster_ip,
+                    cluster_ip,
                     svc.port,
                 ));
             }
-            if let (Some(np), Some(node)) = (svc.node_port, state.nodes.first()) {
+            if let (Some(np), Some((node, ip))) = (svc.node_port, nodes.first()) {
                 probes.push(outside(
                     SvcKind::NoEndpoints,
                     format!("node {}", node.name),
-                    node.underlay_ip,
+                    *ip,
                     np,
                 ));
             }
-            if let Some(lb) = svc.load_balancer_ip {
+            if let Some(lb) = fam.load_balancer_ip(svc) {
                 probes.push(outside(SvcKind::NoEndpoints, "lb".into(), lb, svc.port));
             }
             continue;
         }
 
         // Pods (not backends) on every node → ClusterIP: the client's own address is seen.
-        for node in &state.nodes {
-            let client = state
-                .pods
+        for (node, _) in &nodes {
+            let client = pods
                 .iter()
-                .find(|p| p.node == node.name && !svc.backends.contains(&p.name));
-            if let Some(client) = client {
+                .find(|(p, _)| p.node == node.name && !svc.backends.contains(&p.name));
+            if let Some((client, ip)) = client {
                 probes.push(answer(
                     base(
                         SvcKind::ClusterIp,
                         &client.name,
                         &client.netns,
-                        client.ip,
+                        *ip,
                         "cluster-ip".into(),
-                        svc.cluster_ip,
+                        cluster_ip,
                         svc.port,
                     ),
                     names.clone(),
                     None,
-                    vec![client.ip],
+                    vec![*ip],
                     vec![],
                 ));
             }
         }
         // A backend → its own service: when it answers itself it sees its node (masqueraded).
         let first = backends[0];
-        if let Some(node) = c.node(&first.node) {
+        if let (Some(node), Some(first_ip)) = (c.node(&first.node), fam.pod(first)) {
             probes.push(answer(
                 base(
                     SvcKind::Hairpin,
                     &first.name,
                     &first.netns,
-                    first.ip,
+                    first_ip,
                     "cluster-ip".into(),
-                    svc.cluster_ip,
+                    cluster_ip,
                     svc.port,
                 ),
                 names.clone(),
                 (!svc.sticky()).then(|| first.name.clone()),
-                vec![first.ip],
-                c.node_sources(node),
+                vec![first_ip],
+                c.node_sources(node, v6),
             ));
         }
         // The first node's host network → ClusterIP: off-cluster source, masqueraded.
-        if let Some(node) = state.nodes.first() {
-            let srcs = c.node_sources(node);
+        if let Some((node, node_ip)) = nodes.first() {
+            let srcs = c.node_sources(node, v6);
             probes.push(answer(
                 base(
                     SvcKind::HostNetwork,
                     &node.name,
                     &node.netns,
-                    node.underlay_ip,
+                    *node_ip,
                     "cluster-ip".into(),
-                    svc.cluster_ip,
+                    cluster_ip,
                     svc.port,
                 ),
                 names.clone(),
@@ -393,12 +470,12 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                         outside(kind_local, via, to_ip, port),
                         local,
                         None,
-                        vec![state.outside],
+                        vec![outside_ip],
                         vec![],
                     )
                 }
             } else {
-                let srcs = c.node_sources(node);
+                let srcs = c.node_sources(node, v6);
                 answer(
                     outside(kind_cluster, via, to_ip, port),
                     names.clone(),
@@ -409,19 +486,19 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
             }
         };
         if let Some(np) = svc.node_port {
-            for node in &state.nodes {
+            for (node, node_ip) in &nodes {
                 probes.push(via_node(
                     node,
                     SvcKind::NodePort,
                     SvcKind::NodePortLocal,
                     format!("node {}", node.name),
-                    node.underlay_ip,
+                    *node_ip,
                     np,
                 ));
             }
         }
         if let (Some(lb), Some(node)) = (
-            svc.load_balancer_ip,
+            fam.load_balancer_ip(svc),
             svc.load_balancer_node.as_deref().and_then(|n| c.node(n)),
         ) {
             probes.push(via_node(
@@ -437,17 +514,17 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
         // DNATs and masquerades. (On an eni network this is "another node's pod → this node's
         // NodePort": the request arrives on eth0 with a pod source.)
         if let Some(np) = svc.node_port.filter(|_| !svc.local_policy()) {
-            if let Some(client) = state.pods.iter().find(|p| !svc.backends.contains(&p.name)) {
-                for node in &state.nodes {
-                    let srcs = c.node_sources(node);
+            if let Some((client, ip)) = pods.iter().find(|(p, _)| !svc.backends.contains(&p.name)) {
+                for (node, node_ip) in &nodes {
+                    let srcs = c.node_sources(node, v6);
                     probes.push(answer(
                         base(
                             SvcKind::PodNodePort,
                             &client.name,
                             &client.netns,
-                            client.ip,
+                            *ip,
                             format!("node {}", node.name),
-                            node.underlay_ip,
+                            *node_ip,
                             np,
                         ),
                         names.clone(),
@@ -459,16 +536,16 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
             }
         }
         // A pod (not a backend, else the first) → the LB IP.
-        if let Some(lb) = svc.load_balancer_ip {
+        if let Some(lb) = fam.load_balancer_ip(svc) {
             let client = state
                 .pods
                 .iter()
                 .find(|p| !svc.backends.contains(&p.name))
                 .or(state.pods.first());
             if let Some((client, node)) = client.and_then(|p| Some((p, c.node(&p.node)?))) {
-                let masq = c.node_sources(node);
+                let masq = c.node_sources(node, v6);
                 let sources = if svc.local_policy() {
-                    vec![client.ip]
+                    vec![client.ip.into()]
                 } else {
                     masq.clone()
                 };
@@ -477,7 +554,7 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                         SvcKind::PodLoadBalancer,
                         &client.name,
                         &client.netns,
-                        client.ip,
+                        client.ip.into(),
                         "lb".into(),
                         lb,
                         svc.port,
@@ -489,13 +566,13 @@ pub fn plan(state: &LabState) -> Vec<SvcProbe> {
                 ));
             }
         }
-        if let Some(hc) = svc.health_check_node_port {
+        if let Some(hc) = svc.health_check_node_port.filter(|_| !v6) {
             for node in &state.nodes {
                 let local = backends.iter().any(|p| p.node == node.name);
                 let mut p = outside(
                     SvcKind::HealthCheck,
                     format!("node {}", node.name),
-                    node.underlay_ip,
+                    node.underlay_ip.into(),
                     hc,
                 );
                 p.proto = Protocol::Tcp;
@@ -552,7 +629,7 @@ pub fn run(probes: &[SvcProbe]) -> Vec<SvcResult> {
 
 /// The indices of `probes`, grouped by the frontend they dial, in their original order.
 pub fn by_frontend(probes: &[SvcProbe]) -> Vec<Vec<usize>> {
-    let mut groups: BTreeMap<(Ipv4Addr, u16, &str), Vec<usize>> = BTreeMap::new();
+    let mut groups: BTreeMap<(IpAddr, u16, &str), Vec<usize>> = BTreeMap::new();
     for (i, p) in probes.iter().enumerate() {
         groups
             .entry((p.to_ip, p.port, p.proto.as_str()))
@@ -578,7 +655,7 @@ fn run_caught(p: &SvcProbe) -> SvcResult {
 /// How a single try went.
 #[derive(Debug)]
 enum Try {
-    Answered(String, Option<Ipv4Addr>),
+    Answered(String, Option<IpAddr>),
     Failed(io::Error),
 }
 
@@ -608,7 +685,7 @@ pub fn run_one(p: &SvcProbe) -> SvcResult {
             return result;
         }
     };
-    let target = SocketAddrV4::new(p.to_ip, p.port);
+    let target = SocketAddr::new(p.to_ip, p.port);
     let bind = p.bind.then_some(p.from_ip);
     let error = match &p.expect {
         Expect::Answer { .. } => run_answer(p, target, bind, &mut result),
@@ -687,8 +764,8 @@ fn is_timeout(e: &io::Error) -> bool {
 
 fn run_answer(
     p: &SvcProbe,
-    target: SocketAddrV4,
-    bind: Option<Ipv4Addr>,
+    target: SocketAddr,
+    bind: Option<IpAddr>,
     result: &mut SvcResult,
 ) -> Option<String> {
     let Expect::Answer {
@@ -702,7 +779,7 @@ fn run_answer(
     else {
         unreachable!("run_answer needs Expect::Answer")
     };
-    let mut counts: BTreeMap<(String, Option<Ipv4Addr>), u32> = BTreeMap::new();
+    let mut counts: BTreeMap<(String, Option<IpAddr>), u32> = BTreeMap::new();
     let mut error = None;
     for i in 0..p.max_tries {
         result.tries = i + 1;
@@ -780,7 +857,7 @@ fn run_answer(
 
 /// One try: a new TCP connection (reads the greeting line) or a new connected UDP socket
 /// (sends one datagram, retried on timeout).
-fn ask(proto: Protocol, target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: Duration) -> Try {
+fn ask(proto: Protocol, target: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> Try {
     let line = match proto {
         Protocol::Tcp => tcp_connect(target, bind, timeout).and_then(|s| {
             s.set_read_timeout(Some(timeout))?;
@@ -809,25 +886,29 @@ fn ask(proto: Protocol, target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: D
 
 /// Connects a TCP socket, optionally bound to `bind` first, within `timeout`.
 pub fn tcp_connect(
-    target: SocketAddrV4,
-    bind: Option<Ipv4Addr>,
+    target: SocketAddr,
+    bind: Option<IpAddr>,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
     let Some(local) = bind else {
-        return TcpStream::connect_timeout(&SocketAddr::V4(target), timeout);
+        return TcpStream::connect_timeout(&target, timeout);
     };
-    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, SockaddrStorage};
+    let family = match target {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
     let fd = socket::socket(
-        AddressFamily::Inet,
+        family,
         SockType::Stream,
         SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         None,
     )?;
     socket::bind(
         fd.as_raw_fd(),
-        &SockaddrIn::from(SocketAddrV4::new(local, 0)),
+        &SockaddrStorage::from(SocketAddr::new(local, 0)),
     )?;
-    match socket::connect(fd.as_raw_fd(), &SockaddrIn::from(target)) {
+    match socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(target)) {
         Ok(()) => {}
         Err(nix::errno::Errno::EINPROGRESS) => {
             let mut pfd = libc::pollfd {
@@ -860,8 +941,12 @@ pub fn tcp_connect(
     Ok(stream)
 }
 
-fn udp_ask(target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: Duration) -> io::Result<String> {
-    let socket = UdpSocket::bind(SocketAddrV4::new(bind.unwrap_or(Ipv4Addr::UNSPECIFIED), 0))?;
+fn udp_ask(target: SocketAddr, bind: Option<IpAddr>, timeout: Duration) -> io::Result<String> {
+    let any = match target {
+        SocketAddr::V4(_) => IpAddr::from(Ipv4Addr::UNSPECIFIED),
+        SocketAddr::V6(_) => IpAddr::from(Ipv6Addr::UNSPECIFIED),
+    };
+    let socket = UdpSocket::bind(SocketAddr::new(bind.unwrap_or(any), 0))?;
     // Connected: only the frontend's (de-NATed) answers count, and an ICMP error is reported.
     socket.connect(target)?;
     let per_try = timeout / UDP_TRIES;
@@ -880,7 +965,7 @@ fn udp_ask(target: SocketAddrV4, bind: Option<Ipv4Addr>, timeout: Duration) -> i
 }
 
 /// `GET /` over TCP: the HTTP status.
-fn http_get(target: SocketAddrV4, bind: Option<Ipv4Addr>) -> io::Result<u16> {
+fn http_get(target: SocketAddr, bind: Option<IpAddr>) -> io::Result<u16> {
     let mut s = tcp_connect(target, bind, answer_timeout())?;
     s.set_read_timeout(Some(answer_timeout()))?;
     s.write_all(
@@ -913,18 +998,25 @@ pub const HEADERS: [&str; 8] = [
 ];
 
 /// What an address is, for the SEEN-SOURCE column.
-fn label(state: &LabState, p: &SvcProbe, ip: Ipv4Addr) -> String {
+fn label(state: &LabState, p: &SvcProbe, ip: IpAddr) -> String {
     if ip == p.from_ip {
         return "client".into();
     }
-    if let Some(n) = state
-        .nodes
-        .iter()
-        .find(|n| n.underlay_ip == ip || n.pod_gateway == ip || n.vtep_ip == Some(ip))
-    {
+    let is = |a: Option<IpAddr>| a == Some(ip);
+    if let Some(n) = state.nodes.iter().find(|n| {
+        is(Some(n.underlay_ip.into()))
+            || is(Some(n.pod_gateway.into()))
+            || is(n.vtep_ip.map(IpAddr::from))
+            || is(n.underlay_ip6.map(IpAddr::from))
+            || is(n.pod_gateway6.map(IpAddr::from))
+    }) {
         return format!("node {}", n.name);
     }
-    if let Some(pod) = state.pods.iter().find(|x| x.ip == ip) {
+    if let Some(pod) = state
+        .pods
+        .iter()
+        .find(|x| is(Some(x.ip.into())) || is(x.ip6.map(IpAddr::from)))
+    {
         return format!("pod {}", pod.name);
     }
     "?".into()
@@ -937,7 +1029,7 @@ pub fn render(state: &LabState, results: &[SvcResult]) -> String {
         .map(|r| {
             let p = &r.probe;
             let mut by: BTreeMap<&str, u32> = BTreeMap::new();
-            let mut sources: BTreeSet<Ipv4Addr> = BTreeSet::new();
+            let mut sources: BTreeSet<IpAddr> = BTreeSet::new();
             for a in &r.answers {
                 *by.entry(&a.by).or_default() += a.count;
                 sources.extend(a.source);
@@ -997,7 +1089,7 @@ pub(crate) mod tests {
         LabState::simulated(topo)
     }
 
-    fn ip(s: &str) -> Ipv4Addr {
+    fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
@@ -1231,6 +1323,60 @@ pub(crate) mod tests {
             panic!()
         };
         assert_eq!(backends, &["a2"]);
+    }
+
+    #[test]
+    fn a_dual_stack_lab_probes_every_service_in_both_families() {
+        let state = demo_state(&Topology::dual_stack_demo());
+        let probes = plan(&state);
+        let (v6, v4): (Vec<&SvcProbe>, Vec<&SvcProbe>) =
+            probes.iter().partition(|p| p.to_ip.is_ipv6());
+        assert!(v6.iter().all(|p| p.from_ip.is_ipv6()), "one family per probe");
+        // Every IPv4 row has its IPv6 twin, but for LoadBalancer IPs and health checks.
+        let shape = |p: &&SvcProbe| (p.service.clone(), p.kind, p.from.clone(), p.via.clone());
+        let v4_only = [
+            SvcKind::LoadBalancer,
+            SvcKind::LoadBalancerLocal,
+            SvcKind::PodLoadBalancer,
+            SvcKind::HealthCheck,
+        ];
+        let want: Vec<_> = v4
+            .iter()
+            .filter(|p| !v4_only.contains(&p.kind) && p.via != "lb")
+            .map(shape)
+            .collect();
+        assert_eq!(v6.iter().map(shape).collect::<Vec<_>>(), want);
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let find6 = |svc: &str, kind, from: &str, via: &str| {
+            *v6.iter()
+                .find(|p| p.service == svc && p.kind == kind && p.from == from && p.via == via)
+                .unwrap()
+        };
+        let p = find6("web", SvcKind::ClusterIp, "a2", "cluster-ip");
+        assert_eq!(p.to_ip, ip("fd00:10:96::1"));
+        let Expect::Answer { sources, backends, .. } = &p.expect else {
+            panic!("{p:?}")
+        };
+        assert_eq!(sources, &[ip("fd00:10:244:1::3")]);
+        assert_eq!(backends, &["a1", "b1"]);
+        let p = find6("np", SvcKind::NodePort, "outside", "node a");
+        assert_eq!((p.to_ip, p.from_ip), (ip("fd00:172:30::b"), ip("fd00:198:51:100::1")));
+        let Expect::Answer { sources, .. } = &p.expect else {
+            panic!("{p:?}")
+        };
+        assert_eq!(sources, &[ip("fd00:172:30::b"), ip("fd00:10:244:1::1")]);
+        let p = find6("shop", SvcKind::NodePortLocal, "outside", "node a");
+        let Expect::Answer { sources, .. } = &p.expect else {
+            panic!("{p:?}")
+        };
+        assert_eq!(sources, &[ip("fd00:198:51:100::1")], "source kept");
+        let p = find6("shop", SvcKind::NodePortLocal, "outside", "node b");
+        assert_eq!(p.expect, Expect::NoAnswer);
+        let p = find6("gone", SvcKind::NoEndpoints, "outside", "node a");
+        assert_eq!((p.to_ip, &p.expect), (ip("fd00:172:30::b"), &Expect::Rejected));
+        // IPv4-only labs: no IPv6 probe.
+        let state = demo_state(&Topology::default_demo());
+        assert!(plan(&state).iter().all(|p| p.to_ip.is_ipv4()));
     }
 
     #[test]

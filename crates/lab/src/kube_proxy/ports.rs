@@ -137,6 +137,7 @@ mod tests {
             protocol: crate::topology::Protocol::Tcp,
             port: 80,
             cluster_ip: Ipv4Addr::new(10, 96, 0, 1),
+            cluster_ip6: None,
             node_port: None,
             health_check_node_port: None,
             load_balancer_ip: None,
