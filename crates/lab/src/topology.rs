@@ -1292,6 +1292,70 @@ mod tests {
     }
 
     #[test]
+    fn dual_stack_is_opt_in_with_ula_defaults() {
+        // Every embedded IPv4 topology stays IPv4-only.
+        for t in [
+            Topology::default_demo(),
+            Topology::eni_demo(),
+            Topology::vxlan_demo(),
+        ] {
+            assert_eq!(t.ipv6, None, "{}", t.name);
+            assert!(!t.to_yaml().contains("ipv6"));
+            assert!(t.allocate().unwrap().iter().all(|a| a.cluster_ip6.is_none()));
+        }
+        let d = Topology::dual_stack_demo();
+        assert_eq!(Topology::parse(&d.to_yaml()).unwrap(), d);
+        // `ipv6: {}` takes every default.
+        let t = with("dns: true", "ipv6: {}\ndns: true").unwrap();
+        let v6 = t.ipv6.clone().unwrap();
+        assert_eq!(v6, d.ipv6.clone().unwrap());
+        assert_eq!(
+            t.pod_cidr6(&t.nodes[1]).unwrap().to_string(),
+            "fd00:10:244:2::/64"
+        );
+        assert_eq!(t.underlay_ip6(0).unwrap().to_string(), "fd00:172:30::b");
+        let a = t.allocate().unwrap();
+        assert_eq!(a[0].cluster_ip6.unwrap().to_string(), "fd00:10:96::1");
+        assert_eq!(Topology::parse(&t.to_yaml()).unwrap(), t);
+    }
+
+    #[test]
+    fn dual_stack_refusals_name_the_field() {
+        let e = |yaml: &str| Topology::parse(yaml).unwrap_err().to_string();
+        let dual = DUAL_STACK_TOPOLOGY;
+        let eni = ENI_TOPOLOGY.replacen("nodes:", "ipv6: {}\nnodes:", 1);
+        assert!(
+            e(&eni).starts_with("topology: ipv6: network eni is IPv4-only"),
+            "{}",
+            e(&eni)
+        );
+        let vx = VXLAN_TOPOLOGY.replacen("nodes:", "ipv6: {}\nnodes:", 1);
+        assert!(e(&vx).starts_with("topology: ipv6: routedUnderlay is IPv4-only"));
+        let kp = dual.replacen("proxy: nftables", "proxy: kube-proxy-iptables", 1);
+        assert!(e(&kp).contains("kube-proxy-iptables is IPv4-only"), "{}", e(&kp));
+        let rf = dual.replacen("cni: weir", "cni: reference", 1);
+        assert!(e(&rf).starts_with("topology: ipv6: the dual-stack lab runs weir-cni only"));
+        let ov = dual.replacen(
+            "serviceCIDR: fd00:10:96::/112",
+            "serviceCIDR: fd00:10:244::/112",
+            1,
+        );
+        assert!(
+            e(&ov).starts_with("topology: ipv6.serviceCIDR: fd00:10:244::/112 overlaps"),
+            "{}",
+            e(&ov)
+        );
+        let small = dual.replacen("clusterCIDR: fd00:10:244::/48", "clusterCIDR: fd00:10:244::/63", 1);
+        assert!(
+            e(&small).starts_with("topology: nodes[1].podCIDR: 10.244.2.0/24 has no IPv6 counterpart"),
+            "{}",
+            e(&small)
+        );
+        let unknown = dual.replacen("  outside: fd00", "  outsde: fd00", 1);
+        assert!(e(&unknown).contains("outsde"), "{}", e(&unknown));
+    }
+
+    #[test]
     fn defaults_for_an_old_topology() {
         let t = Topology::parse(
             "name: x\nunderlay: 172.30.0.0/24\nclusterCIDR: 10.244.0.0/16\noutside: 198.51.100.1\n\

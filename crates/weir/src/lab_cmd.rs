@@ -33,6 +33,10 @@ enum TopologyArg {
     /// Two nodes on different routed underlay subnets, `weir routes --backend vxlan` on each
     /// (weir_lab::VXLAN_TOPOLOGY).
     Vxlan,
+    /// The default two nodes, dual-stack: IPv6 underlay, podCIDRs, pods, ClusterIPs and
+    /// NodePorts beside the IPv4 ones, and every probe in both families
+    /// (weir_lab::DUAL_STACK_TOPOLOGY).
+    DualStack,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -388,6 +392,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 TopologyArg::Default => Topology::default_demo(),
                 TopologyArg::Eni => Topology::eni_demo(),
                 TopologyArg::Vxlan => Topology::vxlan_demo(),
+                TopologyArg::DualStack => Topology::dual_stack_demo(),
             };
             if no_eni_fix {
                 if topo.network != Network::Eni {
