@@ -129,9 +129,7 @@ impl Listener {
             Protocol::Udp => {
                 let s = std::net::UdpSocket::bind(any(family))?;
                 s.set_nonblocking(true)?;
-                if family == IpFamily::V4 {
-                    pktinfo::enable(&s)?;
-                }
+                pktinfo::enable(&s, family)?;
                 let port = s.local_addr()?.port();
                 let _guard = rt.handle.enter();
                 let s = UdpSocket::from_std(s)?;
@@ -223,31 +221,40 @@ pub fn reset_on_close(s: &impl std::os::fd::AsRawFd) {
 
 type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
 
-/// One datagram from the listener: its length, the client, and (IPv4) the address it was
-/// sent to after the redirect — the source the replies must carry for conntrack to map them
-/// back to the service address (127.0.0.1 for the node's own traffic, not the address the
+/// One datagram from the listener: its length, the client, and the address it was sent to
+/// after the redirect — the source the replies must carry for conntrack to map them back to
+/// the service address (127.0.0.1 or ::1 for the node's own traffic, not the address the
 /// route to the client would pick).
 async fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
-    if sock.local_addr()?.is_ipv4() {
-        use std::os::fd::AsRawFd;
-        let fd = sock.as_raw_fd();
-        sock.async_io(tokio::io::Interest::READABLE, || pktinfo::recv(fd, buf))
-            .await
-    } else {
-        let (n, client) = sock.recv_from(buf).await?;
-        Ok((n, client, None))
-    }
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    let v4 = sock.local_addr()?.is_ipv4();
+    sock.async_io(tokio::io::Interest::READABLE, || {
+        if v4 {
+            pktinfo::recv(fd, buf)
+        } else {
+            pktinfo::recv6(fd, buf)
+        }
+    })
+    .await
 }
 
 /// Sends `data` to `client` from `local` (when known) through the listener.
 async fn reply(sock: &UdpSocket, data: &[u8], client: SocketAddr, local: Option<IpAddr>) {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
     match (client, local) {
         (SocketAddr::V4(to), Some(IpAddr::V4(from))) => {
-            use std::os::fd::AsRawFd;
-            let fd = sock.as_raw_fd();
             let _ = sock
                 .async_io(tokio::io::Interest::WRITABLE, || {
                     pktinfo::send(fd, data, to, from)
+                })
+                .await;
+        }
+        (SocketAddr::V6(to), Some(IpAddr::V6(from))) => {
+            let _ = sock
+                .async_io(tokio::io::Interest::WRITABLE, || {
+                    pktinfo::send6(fd, data, to, from)
                 })
                 .await;
         }
@@ -315,21 +322,28 @@ async fn open_session(
     Some(up)
 }
 
-/// IPv4 `IP_PKTINFO`: learning a datagram's destination address and choosing a reply's source.
+/// `IP_PKTINFO` and `IPV6_PKTINFO`: learning a datagram's destination address and choosing a
+/// reply's source.
 mod pktinfo {
     use std::io;
     use std::mem::{size_of, zeroed};
-    use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
     use std::os::fd::{AsRawFd, RawFd};
 
-    pub fn enable(s: &std::net::UdpSocket) -> io::Result<()> {
+    use weir_model::IpFamily;
+
+    pub fn enable(s: &std::net::UdpSocket, family: IpFamily) -> io::Result<()> {
         let on: libc::c_int = 1;
+        let (level, name) = match family {
+            IpFamily::V4 => (libc::IPPROTO_IP, libc::IP_PKTINFO),
+            IpFamily::V6 => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+        };
         // SAFETY: setsockopt(2) with a correctly sized int on a socket we own.
         let r = unsafe {
             libc::setsockopt(
                 s.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_PKTINFO,
+                level,
+                name,
                 (&on as *const libc::c_int).cast(),
                 size_of::<libc::c_int>() as libc::socklen_t,
             )
@@ -413,6 +427,89 @@ mod pktinfo {
             (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as usize;
             let mut info: libc::in_pktinfo = zeroed();
             info.ipi_spec_dst.s_addr = u32::from(from).to_be();
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast(), info);
+            let n = libc::sendmsg(fd, &msg, 0);
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        }
+    }
+
+    /// [`recv`] on an IPv6 socket (`IPV6_PKTINFO`).
+    pub fn recv6(
+        fd: RawFd,
+        buf: &mut [u8],
+    ) -> io::Result<(usize, SocketAddr, Option<std::net::IpAddr>)> {
+        // SAFETY: as in `recv`.
+        unsafe {
+            let mut from: libc::sockaddr_in6 = zeroed();
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let mut control = [0u64; 16];
+            let mut msg: libc::msghdr = zeroed();
+            msg.msg_name = (&mut from as *mut libc::sockaddr_in6).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = size_of::<[u64; 16]>();
+            let n = libc::recvmsg(fd, &mut msg, 0);
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut local = None;
+            let mut c = libc::CMSG_FIRSTHDR(&msg);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::IPPROTO_IPV6 && (*c).cmsg_type == libc::IPV6_PKTINFO {
+                    let info: libc::in6_pktinfo =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                    local = Some(Ipv6Addr::from(info.ipi6_addr.s6_addr).into());
+                }
+                c = libc::CMSG_NXTHDR(&msg, c);
+            }
+            let client = SocketAddrV6::new(
+                Ipv6Addr::from(from.sin6_addr.s6_addr),
+                u16::from_be(from.sin6_port),
+                from.sin6_flowinfo,
+                from.sin6_scope_id,
+            );
+            Ok((n as usize, client.into(), local))
+        }
+    }
+
+    /// [`send`] on an IPv6 socket: `data` to `to` with source address `from`.
+    pub fn send6(fd: RawFd, data: &[u8], to: SocketAddrV6, from: Ipv6Addr) -> io::Result<usize> {
+        // SAFETY: as in `send`.
+        unsafe {
+            let mut dst: libc::sockaddr_in6 = zeroed();
+            dst.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            dst.sin6_port = to.port().to_be();
+            dst.sin6_addr.s6_addr = to.ip().octets();
+            dst.sin6_scope_id = to.scope_id();
+            let mut iov = libc::iovec {
+                iov_base: data.as_ptr() as *mut libc::c_void,
+                iov_len: data.len(),
+            };
+            let mut control = [0u64; 16];
+            let space = libc::CMSG_SPACE(size_of::<libc::in6_pktinfo>() as u32) as usize;
+            assert!(space <= size_of::<[u64; 16]>());
+            let mut msg: libc::msghdr = zeroed();
+            msg.msg_name = (&mut dst as *mut libc::sockaddr_in6).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::IPPROTO_IPV6;
+            (*c).cmsg_type = libc::IPV6_PKTINFO;
+            (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::in6_pktinfo>() as u32) as usize;
+            let mut info: libc::in6_pktinfo = zeroed();
+            info.ipi6_addr.s6_addr = from.octets();
             std::ptr::write_unaligned(libc::CMSG_DATA(c).cast(), info);
             let n = libc::sendmsg(fd, &msg, 0);
             if n < 0 {
