@@ -394,6 +394,7 @@ mod tests {
             vtep_ip: None,
             underlay_ip6: None,
             pod_gateway6: None,
+            vtep_ip6: None,
         };
         LabState {
             lab: "t".into(),

@@ -190,6 +190,7 @@ impl<'a> Clients<'a> {
     fn node_sources(&self, node: &NodeState, v6: bool) -> Vec<IpAddr> {
         if v6 {
             let mut v: Vec<IpAddr> = node.underlay_ip6.into_iter().map(IpAddr::from).collect();
+            v.extend(node.vtep_ip6.map(IpAddr::from));
             v.extend(node.pod_gateway6.map(IpAddr::from));
             return v;
         }
@@ -1020,6 +1021,7 @@ fn label(state: &LabState, p: &SvcProbe, ip: IpAddr) -> String {
             || is(n.vtep_ip.map(IpAddr::from))
             || is(n.underlay_ip6.map(IpAddr::from))
             || is(n.pod_gateway6.map(IpAddr::from))
+            || is(n.vtep_ip6.map(IpAddr::from))
     }) {
         return format!("node {}", n.name);
     }

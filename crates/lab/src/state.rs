@@ -98,6 +98,10 @@ pub struct NodeState {
     /// Dual-stack labs: the pods' IPv6 gateway (cni0's IPv6 address).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_gateway6: Option<Ipv6Addr>,
+    /// Dual-stack vxlan labs: the node's IPv6 address on its VTEP (its IPv6 podCIDR's first
+    /// address, `fd00:…::`), the source it masquerades to towards other nodes' pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vtep_ip6: Option<Ipv6Addr>,
 }
 
 fn unspecified() -> Ipv4Addr {
@@ -226,6 +230,9 @@ impl LabState {
                     .then(|| n.pod_cidr.network()),
                 underlay_ip6: topo.underlay_ip6(i),
                 pod_gateway6: topo.pod_cidr6(n).and_then(|c| nth6(c, 1)),
+                vtep_ip6: (topo.overlay == crate::topology::Overlay::Vxlan)
+                    .then(|| topo.pod_cidr6(n).map(|c| c.network()))
+                    .flatten(),
             })
             .collect();
         let mut pods = Vec::new();

@@ -69,6 +69,9 @@ pub(super) fn create_node(
         pod_gateway6: topo
             .pod_cidr6(node)
             .and_then(|c| crate::dualstack::nth6(c, 1)),
+        vtep_ip6: (topo.network == Network::Bridge && topo.overlay == Overlay::Vxlan)
+            .then(|| topo.pod_cidr6(node).map(|c| c.network()))
+            .flatten(),
     })
 }
 
