@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -112,6 +112,9 @@ struct Case {
     client: Client,
     to: Dest,
     udp: bool,
+    /// Over IPv6 (a dual-stack lab): the pod's, node's, outside's and ClusterIP's IPv6
+    /// addresses.
+    v6: bool,
 }
 
 fn case(name: &'static str, client: Client, to: Dest) -> Case {
@@ -120,6 +123,22 @@ fn case(name: &'static str, client: Client, to: Dest) -> Case {
         client,
         to,
         udp: false,
+        v6: false,
+    }
+}
+
+/// The same packet over IPv6.
+fn v6(c: Case) -> Case {
+    Case { v6: true, ..c }
+}
+
+impl Case {
+    fn label(&self) -> String {
+        if self.v6 {
+            format!("{} [IPv6]", self.name)
+        } else {
+            self.name.to_string()
+        }
     }
 }
 
@@ -182,22 +201,38 @@ impl Matrix<'_> {
             .underlay_ip
     }
 
+    /// A node's underlay address of the family asked for.
+    fn node_ip_of(&self, node: &str, v6: bool) -> IpAddr {
+        let n = self.state.nodes.iter().find(|n| n.name == node).unwrap();
+        match v6 {
+            false => n.underlay_ip.into(),
+            true => n.underlay_ip6.expect("a dual-stack lab").into(),
+        }
+    }
+
     /// Who answers at `ip`: (its echo server's name, its node), for a pod or a node.
-    fn owner(&self, ip: Ipv4Addr) -> Option<(String, String)> {
-        let pod = self.state.pods.iter().find(|p| p.ip == ip);
+    fn owner(&self, ip: IpAddr) -> Option<(String, String)> {
+        let is = |v4: Ipv4Addr, v6: Option<Ipv6Addr>| {
+            IpAddr::from(v4) == ip || v6.map(IpAddr::from) == Some(ip)
+        };
+        let pod = self.state.pods.iter().find(|p| is(p.ip, p.ip6));
         pod.map(|p| (p.name.clone(), p.node.clone())).or_else(|| {
-            let node = self.state.nodes.iter().find(|n| n.underlay_ip == ip)?;
+            let node = self
+                .state
+                .nodes
+                .iter()
+                .find(|n| is(n.underlay_ip, n.underlay_ip6))?;
             Some((node.name.clone(), node.name.clone()))
         })
     }
 
     /// The echo server at `ip` (a pod's or a node's name).
-    fn echo_name(&self, ip: Ipv4Addr) -> Option<String> {
+    fn echo_name(&self, ip: IpAddr) -> Option<String> {
         self.owner(ip).map(|(name, _)| name)
     }
 
     /// The node whose pod or whose address `ip` is.
-    fn node_of(&self, ip: Ipv4Addr) -> Option<String> {
+    fn node_of(&self, ip: IpAddr) -> Option<String> {
         self.owner(ip).map(|(_, node)| node)
     }
 
@@ -211,18 +246,24 @@ impl Matrix<'_> {
 
     /// (client namespace, source address to bind, first node, input interface there,
     /// destination).
-    fn endpoints(&self, c: &Case) -> (String, Ipv4Addr, String, String, SocketAddrV4) {
+    fn endpoints(&self, c: &Case) -> (String, IpAddr, String, String, SocketAddr) {
         let dst = match c.to {
             Dest::ClusterIp(s) => {
                 let s = self.service(s);
-                SocketAddrV4::new(s.cluster_ip, s.port)
+                let ip = match c.v6 {
+                    false => s.cluster_ip.into(),
+                    true => s.cluster_ip6.expect("a dual-stack service").into(),
+                };
+                SocketAddr::new(ip, s.port)
             }
-            Dest::NodePort(s, node) => {
-                SocketAddrV4::new(self.node_ip(node), self.service(s).node_port.unwrap())
-            }
+            Dest::NodePort(s, node) => SocketAddr::new(
+                self.node_ip_of(node, c.v6),
+                self.service(s).node_port.unwrap(),
+            ),
             Dest::LoadBalancer(s) => {
+                assert!(!c.v6, "LoadBalancer IPs are IPv4 only");
                 let s = self.service(s);
-                SocketAddrV4::new(s.load_balancer_ip.unwrap(), s.port)
+                SocketAddr::new(s.load_balancer_ip.unwrap().into(), s.port)
             }
         };
         match c.client {
@@ -230,7 +271,11 @@ impl Matrix<'_> {
                 let p = self.state.pods.iter().find(|p| p.name == pod).unwrap();
                 let node = p.node.clone();
                 let iif = self.host_veth(&node, &p.netns);
-                (p.netns.clone(), p.ip, node, iif, dst)
+                let ip = match c.v6 {
+                    false => p.ip.into(),
+                    true => p.ip6.expect("a dual-stack pod").into(),
+                };
+                (p.netns.clone(), ip, node, iif, dst)
             }
             Client::Outside => {
                 let node = match c.to {
@@ -238,9 +283,13 @@ impl Matrix<'_> {
                     Dest::LoadBalancer(s) => self.service(s).load_balancer_node.clone().unwrap(),
                     Dest::ClusterIp(_) => panic!("the outside does not route ClusterIPs"),
                 };
+                let outside = match c.v6 {
+                    false => self.state.outside.into(),
+                    true => self.state.outside6.expect("a dual-stack lab").into(),
+                };
                 (
                     format!("wl-{}-out", self.lab.name),
-                    self.state.outside,
+                    outside,
                     node,
                     "eth0".into(),
                     dst,
@@ -270,17 +319,21 @@ impl Matrix<'_> {
     fn counters(&self) -> Vec<(String, u64)> {
         let mut v = Vec::new();
         for n in &self.state.nodes {
-            let policy = self.exec(
-                &n.netns,
-                "iptables -t filter -L FORWARD -v -x -n 2>/dev/null | head -1",
-            );
-            // "Chain FORWARD (policy DROP 3 packets, 180 bytes)"
-            let dropped = policy
-                .split("policy DROP ")
-                .nth(1)
-                .and_then(|r| r.split_whitespace().next())
-                .and_then(|x| x.parse().ok())
-                .unwrap_or(0);
+            // IPv4's and IPv6's FORWARD policies, one counter (trace names either alike).
+            let mut dropped = 0;
+            for tool in ["iptables", "ip6tables"] {
+                let policy = self.exec(
+                    &n.netns,
+                    &format!("{tool} -t filter -L FORWARD -v -x -n 2>/dev/null | head -1"),
+                );
+                // "Chain FORWARD (policy DROP 3 packets, 180 bytes)"
+                dropped += policy
+                    .split("policy DROP ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|x| x.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
             v.push((format!("FORWARD policy on {}", n.name), dropped));
             let rp = weir_lab::eni::rp_filter_drops(&n.netns).unwrap_or(0);
             v.push((format!("rp_filter on {}", n.name), rp));
@@ -294,11 +347,12 @@ impl Matrix<'_> {
 
     /// The entry node's conntrack entries of connections from `src` to `dst`: each one's
     /// source port and the address its reply comes from (the endpoint DNAT chose).
-    fn ct_entries(&self, node: &str, src: Ipv4Addr, dst: SocketAddrV4) -> BTreeMap<u16, Ipv4Addr> {
+    fn ct_entries(&self, node: &str, src: IpAddr, dst: SocketAddr) -> BTreeMap<u16, IpAddr> {
+        let family = if src.is_ipv6() { "ipv6" } else { "ipv4" };
         let out = self.exec(
             &self.node_ns(node),
             &format!(
-                "conntrack -L -p tcp -s {src} -d {} --dport {} 2>/dev/null || true",
+                "conntrack -L -f {family} -p tcp -s {src} -d {} --dport {} 2>/dev/null || true",
                 dst.ip(),
                 dst.port()
             ),
@@ -356,13 +410,13 @@ impl Matrix<'_> {
                     // conntrack confirms the connection leaves none).
                     let endpoint = ct_before.and_then(|before| {
                         let now = self.ct_entries(&node, src, dst);
-                        let new: Vec<Ipv4Addr> = now
+                        let new: Vec<IpAddr> = now
                             .iter()
                             .filter(|(sport, _)| !before.contains_key(sport))
                             .map(|(_, reply)| *reply)
                             .collect();
                         match new.as_slice() {
-                            [reply] if reply != dst.ip() => self.echo_name(*reply),
+                            [reply] if *reply != dst.ip() => self.echo_name(*reply),
                             _ => None,
                         }
                     });
@@ -392,8 +446,8 @@ impl Matrix<'_> {
         &self,
         client: &NetNs,
         c: &Case,
-        dst: SocketAddrV4,
-        bind: Option<Ipv4Addr>,
+        dst: SocketAddr,
+        bind: Option<IpAddr>,
     ) -> Option<String> {
         let table = format!("wdtrace{}", std::process::id());
         let mut monitors = Vec::new();
@@ -437,7 +491,7 @@ impl Matrix<'_> {
     }
 
     /// One `weir trace --json` walk on `node`'s collected state.
-    fn walk(&self, node: &str, src: Ipv4Addr, dst: SocketAddrV4, udp: bool, iif: &str) -> Value {
+    fn walk(&self, node: &str, src: IpAddr, dst: SocketAddr, udp: bool, iif: &str) -> Value {
         let dir = self.dir(node);
         let src = src.to_string();
         let to = dst.ip().to_string();
@@ -495,8 +549,8 @@ impl Matrix<'_> {
     fn trace_from(
         &self,
         node: &str,
-        src: Ipv4Addr,
-        dst: SocketAddrV4,
+        src: IpAddr,
+        dst: SocketAddr,
         udp: bool,
         iif: &str,
         depth: usize,
@@ -506,9 +560,9 @@ impl Matrix<'_> {
         let t = &v["trace"];
         let name_of = |ep: &Value| {
             ep.as_str()?
-                .parse::<SocketAddrV4>()
+                .parse::<SocketAddr>()
                 .ok()
-                .and_then(|a| self.echo_name(*a.ip()))
+                .and_then(|a| self.echo_name(a.ip()))
         };
         let per = t["endpoint_outcomes"]
             .as_array()
@@ -548,7 +602,7 @@ impl Matrix<'_> {
             other => panic!("verdict {other}: {t}"),
         }
         let e = &t["egress"];
-        let out_dst: Ipv4Addr = e["dst"].as_str().unwrap().parse().unwrap();
+        let out_dst: IpAddr = e["dst"].as_str().unwrap().parse().unwrap();
         let out_port = e["dport"].as_u64().unwrap() as u16;
         if e["local"].as_bool() == Some(true) {
             if self.echo_name(out_dst).as_deref() == Some(node)
@@ -570,11 +624,11 @@ impl Matrix<'_> {
             return vec![(None, Outcome::Delivered([name].into()))];
         }
         let iif = self.arrival_iif(&next, out_dst);
-        let src: Ipv4Addr = e["src"].as_str().unwrap().parse().unwrap();
+        let src: IpAddr = e["src"].as_str().unwrap().parse().unwrap();
         self.trace_from(
             &next,
             src,
-            SocketAddrV4::new(out_dst, out_port),
+            SocketAddr::new(out_dst, out_port),
             udp,
             &iif,
             depth + 1,
@@ -584,8 +638,8 @@ impl Matrix<'_> {
     /// The interface a packet for `dst` arrives on at `node`: a node's own address on the
     /// underlay (eth0); a pod's address on eth0 (bridge: routed over the underlay) or on the
     /// ENI (eni: the VPC delivers each ENI's addresses to it).
-    fn arrival_iif(&self, node: &str, dst: Ipv4Addr) -> String {
-        if dst == self.node_ip(node) || self.state.network != weir_lab::Network::Eni {
+    fn arrival_iif(&self, node: &str, dst: IpAddr) -> String {
+        if dst == IpAddr::from(self.node_ip(node)) || self.state.network != weir_lab::Network::Eni {
             "eth0".into()
         } else {
             "eth1".into()
@@ -627,11 +681,11 @@ impl Matrix<'_> {
             let agree = row_agrees(&trace, &kernel, &|at| self.listener_exists(at));
             let (t, k) = (show_paths(&trace, false), show_paths(&kernel, true));
             if !agree {
-                bad.push(format!("{mode} {}: trace {t}, kernel {k}", c.name));
+                bad.push(format!("{mode} {}: trace {t}, kernel {k}", c.label()));
             }
             rows.push(vec![
                 mode.to_string(),
-                c.name.to_string(),
+                c.label(),
                 t,
                 k,
                 if agree { "yes" } else { "NO" }.to_string(),
@@ -710,10 +764,14 @@ impl Drop for KillOnDrop {
 
 /// One TCP connection (the greeting line) or one UDP question (two tries): the echo server's
 /// name.
-fn ask(udp: bool, to: SocketAddrV4, bind: Option<Ipv4Addr>) -> std::io::Result<String> {
+fn ask(udp: bool, to: SocketAddr, bind: Option<IpAddr>) -> std::io::Result<String> {
     let timeout = Duration::from_millis(1500);
     let line = if udp {
-        let s = UdpSocket::bind(SocketAddrV4::new(bind.unwrap_or(Ipv4Addr::UNSPECIFIED), 0))?;
+        let any = match to {
+            SocketAddr::V4(_) => IpAddr::from(Ipv4Addr::UNSPECIFIED),
+            SocketAddr::V6(_) => IpAddr::from(Ipv6Addr::UNSPECIFIED),
+        };
+        let s = UdpSocket::bind(SocketAddr::new(bind.unwrap_or(any), 0))?;
         s.connect(to)?;
         s.set_read_timeout(Some(timeout / 2))?;
         let mut last = std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer");
@@ -925,7 +983,31 @@ fn forward_drop_cases() -> Vec<Case> {
     ]
 }
 
+/// The bridge matrix's packets over IPv6, for a dual-stack lab (LoadBalancer IPs are IPv4
+/// only), and after FORWARD DROP.
+fn bridge_cases_v6() -> Vec<Case> {
+    bridge_cases()
+        .into_iter()
+        .filter(|c| !matches!(c.to, Dest::LoadBalancer(_)))
+        .map(v6)
+        .collect()
+}
+
+fn forward_drop_cases_v6() -> Vec<Case> {
+    vec![v6(case(
+        "pod → ClusterIP other node, FORWARD DROP",
+        Client::Pod("a1"),
+        Dest::ClusterIp("remote"),
+    ))]
+}
+
 fn bridge_matrix(tag: &str, mode: &str) {
+    bridge_matrix_of(tag, mode, false)
+}
+
+/// The bridge matrix on the default topology; `dual`: dual-stack (`ipv6: {}`), and every
+/// packet also over IPv6.
+fn bridge_matrix_of(tag: &str, mode: &str, dual: bool) {
     if !runnable() {
         return;
     }
@@ -933,7 +1015,13 @@ fn bridge_matrix(tag: &str, mode: &str) {
     let lab = Lab::new(tag);
     let topo = topology(&lab, weir_lab::DEFAULT_TOPOLOGY, |t| {
         let head = t.split("services:\n").next().unwrap().to_string();
-        head.replace("dns: true", "dns: false") + BRIDGE_SERVICES
+        let head = head.replace("dns: true", "dns: false");
+        let head = if dual {
+            head.replacen("nodes:", "ipv6: {}\nnodes:", 1)
+        } else {
+            head
+        };
+        head + BRIDGE_SERVICES
     });
     lab.ok(&["lab", "up", topo.to_str().unwrap(), "--proxy-mode", mode]);
     let state = LabState::load(&lab.lab_dir().join("state.json")).unwrap();
@@ -948,10 +1036,19 @@ fn bridge_matrix(tag: &str, mode: &str) {
         .services
         .push(hostnet_state(&m, "10.96.0.99", 30099));
     m.collect();
-    let mut bad = m.run(mode, &bridge_cases());
+    let mut cases = bridge_cases();
+    let mut drop_cases = forward_drop_cases();
+    if dual {
+        cases.extend(bridge_cases_v6());
+        drop_cases.extend(forward_drop_cases_v6());
+    }
+    let mut bad = m.run(mode, &cases);
     m.exec(&m.node_ns("a"), "iptables -t filter -P FORWARD DROP");
+    if dual {
+        m.exec(&m.node_ns("a"), "ip6tables -t filter -P FORWARD DROP");
+    }
     m.collect();
-    bad.extend(m.run(&format!("{mode}+FWD-DROP"), &forward_drop_cases()));
+    bad.extend(m.run(&format!("{mode}+FWD-DROP"), &drop_cases));
     assert!(bad.is_empty(), "disagreements:\n{}", bad.join("\n"));
 }
 
@@ -978,6 +1075,23 @@ fn trace_agrees_with_the_kernel_bridge_iptables() {
 #[test]
 fn trace_agrees_with_the_kernel_bridge_userspace() {
     bridge_matrix("tdu", "userspace");
+}
+
+// Dual-stack (issue 22): the same matrix on a dual-stack lab, every packet over IPv4 and IPv6.
+
+#[test]
+fn trace_agrees_with_the_kernel_dual_stack_nftables() {
+    bridge_matrix_of("t6n", "nftables", true);
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_dual_stack_iptables() {
+    bridge_matrix_of("t6i", "iptables", true);
+}
+
+#[test]
+fn trace_agrees_with_the_kernel_dual_stack_userspace() {
+    bridge_matrix_of("t6u", "userspace", true);
 }
 
 fn eni_cases() -> Vec<Case> {
