@@ -389,6 +389,37 @@ fn v6_forwarding_off_drops() {
     );
 }
 
+/// Found by the dual-stack lab's differential matrix (crates/weir/tests/lab_trace.rs, FORWARD
+/// DROP rows): a packet dropped by ip6tables' FORWARD policy was told to fix it with
+/// `iptables -A FORWARD …`, which changes nothing for IPv6.
+#[test]
+fn v6_forward_policy_drop_fixes_name_ip6tables() {
+    let dir = data_dir("v6-ip6tables-node");
+    let outputs = fs::read_dir(&dir).unwrap().filter_map(|e| {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let o = Output::for_file_name(&name)?;
+        let mut text = fs::read_to_string(e.path()).unwrap();
+        if name == "ip6tables-save.txt" {
+            text.push_str(
+                "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n",
+            );
+        }
+        Some((o, text))
+    });
+    let st = NodeState::from_outputs(outputs);
+    let t = walk(&st, "fd00:50::2", "fd00:96::10", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Dropped);
+    let cause = t.cause.as_deref().unwrap();
+    assert!(cause.contains("ip6tables filter FORWARD"), "{cause}");
+    let commands: Vec<&String> = t.fixes.iter().filter(|f| f.contains(" -A FORWARD")).collect();
+    assert_eq!(commands.len(), 2, "{:?}", t.fixes);
+    for f in commands {
+        assert!(f.contains("ip6tables -A FORWARD"), "{f}");
+        assert!(!f.contains("iptables -A"), "{f}");
+    }
+}
+
 #[test]
 fn v6_json_carries_addresses_as_v4_does() {
     let st = node("v6-ip6tables-node");

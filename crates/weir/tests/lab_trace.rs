@@ -666,6 +666,9 @@ impl Matrix<'_> {
         } else if let Some(chain) = last.strip_prefix("iptables ") {
             // iptables-nft: its tables are nft tables of family ip.
             format!("nft drop in ip {chain} on {node}")
+        } else if let Some(chain) = last.strip_prefix("ip6tables ") {
+            // ip6tables-nft: nft tables of family ip6.
+            format!("nft drop in ip6 {chain} on {node}")
         } else {
             format!("{node}: {cause}")
         }

@@ -114,8 +114,10 @@ impl Walker<'_> {
     pub(super) fn drop_cause(&self, stage: &str, place: &str, rule: String, p: &Pkt) -> Dropped {
         let mut fixes = Vec::new();
         if stage.ends_with("FORWARD") && rule.contains("policy") {
-            fixes.push(format!("accept forwarded traffic the proxy marked for masquerade: iptables -A FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT (kube-proxy's KUBE-FORWARD does; the packet's mark here is {:#x})", p.mark));
-            fixes.push("accept replies: iptables -A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT".into());
+            // The tool of the packet's family: an IPv6 packet's FORWARD policy is ip6tables'.
+            let ipt = ipt_name(p);
+            fixes.push(format!("accept forwarded traffic the proxy marked for masquerade: {ipt} -A FORWARD -m mark --mark 0x4000/0x4000 -j ACCEPT (kube-proxy's KUBE-FORWARD does; the packet's mark here is {:#x})", p.mark));
+            fixes.push(format!("accept replies: {ipt} -A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"));
             fixes.push(
                 "or set the FORWARD policy to ACCEPT (loses the firewall's default deny)".into(),
             );
