@@ -33,7 +33,8 @@ pub fn net_conf(topo: &Topology, node: &Node, dir: &LabDir) -> Value {
     let mut cluster_cidr = json!(topo.cluster_cidr.to_string());
     // Dual-stack: one range set per family, a default route and a clusterCIDR for each.
     if let (Some(v6), Some(cidr6)) = (&topo.ipv6, topo.pod_cidr6(node)) {
-        ranges = json!([[{ "subnet": node.pod_cidr.to_string() }], [{ "subnet": cidr6.to_string() }]]);
+        ranges =
+            json!([[{ "subnet": node.pod_cidr.to_string() }], [{ "subnet": cidr6.to_string() }]]);
         routes = json!([{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]);
         cluster_cidr = json!([topo.cluster_cidr.to_string(), v6.cluster_cidr.to_string()]);
     }

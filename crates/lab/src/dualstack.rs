@@ -84,7 +84,9 @@ impl Ipv6 {
     pub fn pod_cidr(&self, v4_cluster: Ipv4Net, v4_pod: Ipv4Net) -> Option<Ipv6Net> {
         let shift = 32 - u32::from(v4_pod.prefix_len());
         let index = host_number(v4_cluster, v4_pod.network()) >> shift;
-        let bits = self.pod_prefix.checked_sub(self.cluster_cidr.prefix_len())?;
+        let bits = self
+            .pod_prefix
+            .checked_sub(self.cluster_cidr.prefix_len())?;
         if bits < 128 && index >> bits != 0 {
             return None;
         }
@@ -124,7 +126,10 @@ impl Ipv6 {
                 }
             }
             if net.contains(&self.outside) {
-                return Err(("outside", format!("{} is inside ipv6.{field}", self.outside)));
+                return Err((
+                    "outside",
+                    format!("{} is inside ipv6.{field}", self.outside),
+                ));
             }
         }
         // Room for the IPv4 host numbers mirrored.

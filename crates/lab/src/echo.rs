@@ -121,7 +121,6 @@ fn bind_v6(port: u16) -> anyhow::Result<(TcpListener, UdpSocket)> {
     Ok((TcpListener::from(tcp), UdpSocket::from(udp)))
 }
 
-
 /// One TCP connection: the greeting `<name> <peer>`, then every line the client sends comes
 /// back as `<name> <peer> <line>` until the client closes (a long-lived connection shows that
 /// it still reaches the same backend, e.g. across a proxy restart).

@@ -39,7 +39,6 @@ pub use lab::{down, status, up, Binaries, DownReport, StatusRow};
 pub use state::{state_root, LabState};
 pub use timeout::startup_timeout;
 pub use topology::{
-    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY, DUAL_STACK_TOPOLOGY,
-    ENI_TOPOLOGY,
-    VXLAN_TOPOLOGY,
+    CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY,
+    DUAL_STACK_TOPOLOGY, ENI_TOPOLOGY, VXLAN_TOPOLOGY,
 };

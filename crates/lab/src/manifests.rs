@@ -355,7 +355,10 @@ mod tests {
             .iter()
             .map(|e| &e["addresses"][0])
             .collect();
-        assert_eq!(eps, [&json!("fd00:10:244:1::2"), &json!("fd00:10:244:2::2")]);
+        assert_eq!(
+            eps,
+            [&json!("fd00:10:244:1::2"), &json!("fd00:10:244:2::2")]
+        );
         // IPv4-only labs are unchanged: one slice, SingleStack.
         let (topo, state) = demo_state();
         let web = docs(&render(&topo, &state)[1].1);

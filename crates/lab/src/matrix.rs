@@ -103,7 +103,10 @@ impl Addrs {
         self.pods.iter().find(|(n, _)| n == name).map(|(_, ip)| *ip)
     }
     fn node(&self, name: &str) -> Option<IpAddr> {
-        self.nodes.iter().find(|(n, _)| n == name).map(|(_, ip)| *ip)
+        self.nodes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, ip)| *ip)
     }
 }
 

@@ -247,7 +247,8 @@ impl Clients<'_> {
     /// IP is routed to.
     fn proxying_node(&self, p: &SvcProbe) -> Option<&NodeState> {
         if let Some(node) = self.state.nodes.iter().find(|n| {
-            IpAddr::from(n.underlay_ip) == p.to_ip || n.underlay_ip6.map(IpAddr::from) == Some(p.to_ip)
+            IpAddr::from(n.underlay_ip) == p.to_ip
+                || n.underlay_ip6.map(IpAddr::from) == Some(p.to_ip)
         }) {
             return Some(node);
         }
@@ -351,15 +352,7 @@ fn plan_family(state: &LabState, fam: Family) -> Vec<SvcProbe> {
         };
         let outside = |kind, via: String, to_ip, port| SvcProbe {
             bind: true,
-            ..base(
-                kind,
-                "outside",
-                &outside_ns,
-                outside_ip,
-                via,
-                to_ip,
-                port,
-            )
+            ..base(kind, "outside", &outside_ns, outside_ip, via, to_ip, port)
         };
         let answer = |mut p: SvcProbe,
                       backends: Vec<String>,
@@ -1344,7 +1337,10 @@ pub(crate) mod tests {
         let probes = plan(&state);
         let (v6, v4): (Vec<&SvcProbe>, Vec<&SvcProbe>) =
             probes.iter().partition(|p| p.to_ip.is_ipv6());
-        assert!(v6.iter().all(|p| p.from_ip.is_ipv6()), "one family per probe");
+        assert!(
+            v6.iter().all(|p| p.from_ip.is_ipv6()),
+            "one family per probe"
+        );
         // Every IPv4 row has its IPv6 twin, but for LoadBalancer IPs and health checks.
         let shape = |p: &&SvcProbe| (p.service.clone(), p.kind, p.from.clone(), p.via.clone());
         let v4_only = [
@@ -1367,13 +1363,19 @@ pub(crate) mod tests {
         };
         let p = find6("web", SvcKind::ClusterIp, "a2", "cluster-ip");
         assert_eq!(p.to_ip, ip("fd00:10:96::1"));
-        let Expect::Answer { sources, backends, .. } = &p.expect else {
+        let Expect::Answer {
+            sources, backends, ..
+        } = &p.expect
+        else {
             panic!("{p:?}")
         };
         assert_eq!(sources, &[ip("fd00:10:244:1::3")]);
         assert_eq!(backends, &["a1", "b1"]);
         let p = find6("np", SvcKind::NodePort, "outside", "node a");
-        assert_eq!((p.to_ip, p.from_ip), (ip("fd00:172:30::b"), ip("fd00:198:51:100::1")));
+        assert_eq!(
+            (p.to_ip, p.from_ip),
+            (ip("fd00:172:30::b"), ip("fd00:198:51:100::1"))
+        );
         let Expect::Answer { sources, .. } = &p.expect else {
             panic!("{p:?}")
         };
@@ -1386,7 +1388,10 @@ pub(crate) mod tests {
         let p = find6("shop", SvcKind::NodePortLocal, "outside", "node b");
         assert_eq!(p.expect, Expect::NoAnswer);
         let p = find6("gone", SvcKind::NoEndpoints, "outside", "node a");
-        assert_eq!((p.to_ip, &p.expect), (ip("fd00:172:30::b"), &Expect::Rejected));
+        assert_eq!(
+            (p.to_ip, &p.expect),
+            (ip("fd00:172:30::b"), &Expect::Rejected)
+        );
         // IPv4-only labs: no IPv6 probe.
         let state = demo_state(&Topology::default_demo());
         assert!(plan(&state).iter().all(|p| p.to_ip.is_ipv4()));

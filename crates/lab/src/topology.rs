@@ -701,7 +701,9 @@ impl Topology {
 
     /// A node's IPv6 podCIDR (dual-stack labs).
     pub fn pod_cidr6(&self, node: &Node) -> Option<ipnet::Ipv6Net> {
-        self.ipv6.as_ref()?.pod_cidr(self.cluster_cidr, node.pod_cidr)
+        self.ipv6
+            .as_ref()?
+            .pod_cidr(self.cluster_cidr, node.pod_cidr)
     }
 
     /// Node `index`'s IPv6 underlay address (dual-stack labs): the host number of its IPv4 one.
@@ -1301,7 +1303,11 @@ mod tests {
         ] {
             assert_eq!(t.ipv6, None, "{}", t.name);
             assert!(!t.to_yaml().contains("ipv6"));
-            assert!(t.allocate().unwrap().iter().all(|a| a.cluster_ip6.is_none()));
+            assert!(t
+                .allocate()
+                .unwrap()
+                .iter()
+                .all(|a| a.cluster_ip6.is_none()));
         }
         let d = Topology::dual_stack_demo();
         assert_eq!(Topology::parse(&d.to_yaml()).unwrap(), d);
@@ -1332,7 +1338,11 @@ mod tests {
         let vx = VXLAN_TOPOLOGY.replacen("nodes:", "ipv6: {}\nnodes:", 1);
         assert!(e(&vx).starts_with("topology: ipv6: routedUnderlay is IPv4-only"));
         let kp = dual.replacen("proxy: nftables", "proxy: kube-proxy-iptables", 1);
-        assert!(e(&kp).contains("kube-proxy-iptables is IPv4-only"), "{}", e(&kp));
+        assert!(
+            e(&kp).contains("kube-proxy-iptables is IPv4-only"),
+            "{}",
+            e(&kp)
+        );
         let rf = dual.replacen("cni: weir", "cni: reference", 1);
         assert!(e(&rf).starts_with("topology: ipv6: the dual-stack lab runs weir-cni only"));
         let ov = dual.replacen(
@@ -1345,9 +1355,14 @@ mod tests {
             "{}",
             e(&ov)
         );
-        let small = dual.replacen("clusterCIDR: fd00:10:244::/48", "clusterCIDR: fd00:10:244::/63", 1);
+        let small = dual.replacen(
+            "clusterCIDR: fd00:10:244::/48",
+            "clusterCIDR: fd00:10:244::/63",
+            1,
+        );
         assert!(
-            e(&small).starts_with("topology: nodes[1].podCIDR: 10.244.2.0/24 has no IPv6 counterpart"),
+            e(&small)
+                .starts_with("topology: nodes[1].podCIDR: 10.244.2.0/24 has no IPv6 counterpart"),
             "{}",
             e(&small)
         );

@@ -412,7 +412,11 @@ fn v6_forward_policy_drop_fixes_name_ip6tables() {
     assert_eq!(t.verdict, Verdict::Dropped);
     let cause = t.cause.as_deref().unwrap();
     assert!(cause.contains("ip6tables filter FORWARD"), "{cause}");
-    let commands: Vec<&String> = t.fixes.iter().filter(|f| f.contains(" -A FORWARD")).collect();
+    let commands: Vec<&String> = t
+        .fixes
+        .iter()
+        .filter(|f| f.contains(" -A FORWARD"))
+        .collect();
     assert_eq!(commands.len(), 2, "{:?}", t.fixes);
     for f in commands {
         assert!(f.contains("ip6tables -A FORWARD"), "{f}");

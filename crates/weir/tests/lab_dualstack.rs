@@ -32,7 +32,9 @@ fn s(v: &Value, k: &str) -> String {
 }
 
 fn is_v6(v: &Value, k: &str) -> bool {
-    s(v, k).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_ipv6())
+    s(v, k)
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_ipv6())
 }
 
 /// (kind → count) of the rows whose destination is IPv6 / IPv4.
@@ -116,8 +118,17 @@ fn dual_stack(tag: &str, mode: &str, overlay: &str) {
     let services = v["services"].as_array().unwrap().clone();
     let mut bad = failures(&matrix);
     bad.extend(failures(&services));
-    assert!(bad.is_empty(), "{} probes failed:\n{}", bad.len(), bad.join("\n"));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        bad.is_empty(),
+        "{} probes failed:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // The matrix: every IPv4 row has its IPv6 twin, one family per probe.
     assert_eq!(matrix.len(), 80);
@@ -126,7 +137,11 @@ fn dual_stack(tag: &str, mode: &str, overlay: &str) {
         assert!(is_v6(r, "from_ip") && is_v6(r, "seen_source"), "{r}");
         if s(r, "kind") == "outside" {
             // Masqueraded to the node's IPv6 underlay address.
-            let node = if s(r, "from").starts_with('a') { "b" } else { "c" };
+            let node = if s(r, "from").starts_with('a') {
+                "b"
+            } else {
+                "c"
+            };
             assert_eq!(s(r, "seen_source"), format!("fd00:172:30::{node}"), "{r}");
         }
     }

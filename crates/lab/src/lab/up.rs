@@ -187,7 +187,11 @@ impl Build<'_> {
         let mut v6 = String::new();
         if let Some(ipv6) = &topo.ipv6 {
             let router = ipv6.router_ip();
-            setup_eth0_v6(&out, Ipv6Net::new(router, ipv6.underlay.prefix_len())?, None)?;
+            setup_eth0_v6(
+                &out,
+                Ipv6Net::new(router, ipv6.underlay.prefix_len())?,
+                None,
+            )?;
             let mut rt = Rtnl::in_netns(&out)?;
             let lo = rt.require_link("lo")?;
             rt.addr_ensure(lo.index, IpNet::V6(Ipv6Net::new(ipv6.outside, 128)?))?;
@@ -276,10 +280,7 @@ impl Build<'_> {
                     "node {}: pod {pod} {}{} (ADD {} ms)",
                     node.name,
                     pod_state.ip,
-                    pod_state
-                        .ip6
-                        .map(|ip| format!(" {ip}"))
-                        .unwrap_or_default(),
+                    pod_state.ip6.map(|ip| format!(" {ip}")).unwrap_or_default(),
                     took.as_millis()
                 ));
                 self.state.pods.push(pod_state);
