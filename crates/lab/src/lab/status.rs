@@ -37,20 +37,23 @@ pub fn status(lab: &str, root: &Path) -> anyhow::Result<Vec<StatusRow>> {
         let role = names::parse(lab, &n);
         let (role_s, address) = match (&role, &state) {
             (Some(NsRole::Switch), _) => ("switch".to_string(), "-".to_string()),
-            (Some(NsRole::Outside), Some(s)) => ("outside".into(), s.outside.to_string()),
+            (Some(NsRole::Outside), Some(s)) => ("outside".into(), with6(s.outside, s.outside6)),
             (Some(NsRole::Outside), None) => ("outside".into(), "?".into()),
             (Some(NsRole::Node(node)), s) => (
                 format!("node {node}"),
                 s.as_ref()
                     .and_then(|s| s.nodes.iter().find(|x| &x.name == node))
-                    .map(|x| x.underlay_ip.to_string())
+                    .map(|x| with6(x.underlay_ip, x.underlay_ip6))
                     .unwrap_or_else(|| "?".into()),
             ),
             (Some(NsRole::Pod { node, pod }), s) => (
                 format!("pod {node}/{pod}"),
                 s.as_ref()
                     .and_then(|s| s.pods.iter().find(|x| &x.name == pod))
-                    .map(|x| format!("{}/{}", x.ip, x.prefix_len))
+                    .map(|x| {
+                        let v4 = format!("{}/{}", x.ip, x.prefix_len);
+                        with6(v4, x.ip6)
+                    })
                     .unwrap_or_else(|| "?".into()),
             ),
             (None, _) => ("?".into(), "?".into()),
@@ -117,6 +120,14 @@ fn alive(a: Option<bool>) -> String {
     }
 }
 
+/// An address and, in a dual-stack lab, its IPv6 twin: `10.244.1.2/24,fd00:10:244:1::2`.
+fn with6(v4: impl std::fmt::Display, v6: Option<std::net::Ipv6Addr>) -> String {
+    match v6 {
+        Some(v6) => format!("{v4},{v6}"),
+        None => v4.to_string(),
+    }
+}
+
 /// The lab's services as a table (`weir lab status`).
 pub fn render_services(state: &LabState) -> String {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
@@ -127,7 +138,7 @@ pub fn render_services(state: &LabState) -> String {
             vec![
                 s.name.clone(),
                 s.kind.as_str().to_string(),
-                s.cluster_ip.to_string(),
+                with6(s.cluster_ip, s.cluster_ip6),
                 format!("{}/{}", s.port, s.protocol.as_str()),
                 opt(s.node_port.map(|p| p.to_string())),
                 opt(s
