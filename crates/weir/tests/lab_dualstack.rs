@@ -185,3 +185,48 @@ fn dual_stack_lab_every_probe_in_both_families_userspace() {
 fn dual_stack_lab_every_probe_in_both_families_vxlan_nftables() {
     dual_stack("dsv", "nftables", "vxlan");
 }
+
+/// A node joins a running dual-stack lab (`weir lab add-node`) and leaves again: its IPv6
+/// address, podCIDR and pod come from the same derivation, every node routes it in both
+/// families, and every probe (the new pod's IPv6 rows too) passes before and after.
+#[test]
+fn dual_stack_lab_node_joins_and_leaves() {
+    if !runnable() {
+        return;
+    }
+    weir_cni();
+    let lab = Lab::new("dsj");
+    let topo = topology(&lab, "host-gw");
+    lab.ok(&["lab", "up", topo.to_str().unwrap()]);
+    lab.ok(&[
+        "lab",
+        "add-node",
+        &lab.name,
+        "c",
+        "--pod-cidr",
+        "10.244.3.0/24",
+        "--pods",
+        "c1",
+    ]);
+    let state = weir_lab::LabState::load(&lab.lab_dir().join("state.json")).unwrap();
+    let c1 = state.pods.iter().find(|p| p.name == "c1").unwrap();
+    assert_eq!(
+        c1.ip6.map(|a| a.to_string()).as_deref(),
+        Some("fd00:10:244:3::2")
+    );
+    let check = |rows: usize| {
+        let out = lab.weir(&["lab", "check", &lab.name, "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let matrix = v["matrix"].as_array().unwrap();
+        let mut bad = failures(matrix);
+        bad.extend(failures(v["services"].as_array().unwrap()));
+        assert!(bad.is_empty(), "{}", bad.join("\n"));
+        assert_eq!(matrix.len(), rows);
+        assert_eq!(kinds(matrix, true), kinds(matrix, false));
+        assert!(out.status.success());
+    };
+    // 5 pods × (4 other pods + own node + outside) × 2 protocols × 2 families.
+    check(120);
+    lab.ok(&["lab", "remove-node", &lab.name, "c"]);
+    check(80);
+}
