@@ -140,11 +140,12 @@ pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 pub const UDP_TRIES: u32 = 3;
 /// A service without endpoints must refuse within this.
 pub const REJECT_WITHIN: Duration = Duration::from_secs(1);
-/// ... or, TCP over IPv6, within this: an ICMPv6 error that reaches a connecting socket while
-/// `connect()` still holds it is dropped (TcpExtLockDroppedIcmps; IPv4's is not, on the lab's
-/// 6.x kernels), so a `REJECT --reject-with icmp6-port-unreachable` (iptables mode, as
-/// kube-proxy's) refuses the retransmitted SYN, one RTO (1 s) later. Still well short of a
-/// drop's timeout.
+/// ... or, TCP over IPv6, within this. Seen on this machine's kernel (6.18): the ICMPv6 port
+/// unreachable a `REJECT --reject-with icmp6-port-unreachable` (iptables mode, as kube-proxy's)
+/// sends reaches the client while `connect()` still holds the socket, is counted in
+/// TcpExtLockDroppedIcmps and has no effect, so the retransmitted SYN (one RTO, 1 s, later) is
+/// the one refused; IPv4's port unreachable in the same place (counted there too) refuses at
+/// once. Still well short of a drop's timeout.
 pub const REJECT_WITHIN_TCP6: Duration = Duration::from_millis(1500);
 /// How long a dropped connection is waited for.
 pub const NO_ANSWER_WAIT: Duration = Duration::from_secs(1);

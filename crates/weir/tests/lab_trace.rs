@@ -826,11 +826,48 @@ fn topology(lab: &Lab, base: &str, edit: impl Fn(String) -> String) -> PathBuf {
     path
 }
 
+/// The IPv6 ClusterIP of the `hostnet` service in a dual-stack lab.
+const HOSTNET_IP6: &str = "fd00:10:96::99";
+
 /// Adds a NodePort service `hostnet` whose one endpoint is node b's own address (a
 /// hostNetwork pod's), by writing its manifest next to the lab's; waits until node a's rules
-/// name it.
+/// name it. In a dual-stack lab it is PreferDualStack, [`HOSTNET_IP6`] and node b's IPv6
+/// address beside the IPv4 ones.
 fn add_hostnet_service(m: &Matrix, cluster_ip: &str, node_port: u16) {
     let b = m.node_ip("b");
+    let b6 = m.state.nodes.iter().find(|n| n.name == "b").unwrap().underlay_ip6;
+    let (ips, families, slice6) = match b6 {
+        None => (cluster_ip.to_string(), "IPv4", String::new()),
+        Some(b6) => (
+            format!("{cluster_ip}, {HOSTNET_IP6}"),
+            "IPv4, IPv6",
+            format!(
+                "---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: hostnet-lab6
+  namespace: default
+  labels:
+    kubernetes.io/service-name: hostnet
+addressType: IPv6
+endpoints:
+- addresses: [\"{b6}\"]
+  conditions: {{ready: true, serving: true, terminating: false}}
+  nodeName: b
+ports:
+- name: echo
+  port: 8080
+  protocol: TCP
+"
+            ),
+        ),
+    };
+    let policy = if b6.is_some() {
+        "PreferDualStack"
+    } else {
+        "SingleStack"
+    };
     let manifest = format!(
         "apiVersion: v1
 kind: Service
@@ -839,8 +876,9 @@ metadata:
   namespace: default
 spec:
   clusterIP: {cluster_ip}
-  clusterIPs: [{cluster_ip}]
-  ipFamilies: [IPv4]
+  clusterIPs: [{ips}]
+  ipFamilies: [{families}]
+  ipFamilyPolicy: {policy}
   ports:
   - name: echo
     port: 80
@@ -865,7 +903,7 @@ ports:
 - name: echo
   port: 8080
   protocol: TCP
-"
+{slice6}"
     );
     let dir = m.lab.lab_dir().join("manifests");
     let tmp = dir.join(".service-hostnet.yaml.tmp");
@@ -873,8 +911,11 @@ ports:
     std::fs::rename(&tmp, dir.join("service-hostnet.yaml")).unwrap();
     let ns = m.node_ns("a");
     for _ in 0..100 {
-        let rules = m.exec(&ns, "nft list ruleset; iptables-save 2>/dev/null");
-        if rules.contains(cluster_ip) {
+        let rules = m.exec(
+            &ns,
+            "nft list ruleset; iptables-save 2>/dev/null; ip6tables-save 2>/dev/null",
+        );
+        if rules.contains(cluster_ip) && (b6.is_none() || rules.contains(HOSTNET_IP6)) {
             return;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -997,11 +1038,7 @@ fn bridge_cases_v6() -> Vec<Case> {
 }
 
 fn forward_drop_cases_v6() -> Vec<Case> {
-    vec![v6(case(
-        "pod → ClusterIP other node, FORWARD DROP",
-        Client::Pod("a1"),
-        Dest::ClusterIp("remote"),
-    ))]
+    forward_drop_cases().into_iter().map(v6).collect()
 }
 
 fn bridge_matrix(tag: &str, mode: &str) {
@@ -1059,6 +1096,7 @@ fn hostnet_state(m: &Matrix, ip: &str, node_port: u16) -> weir_lab::state::Servi
     let mut s = m.service("remote").clone();
     s.name = "hostnet".into();
     s.cluster_ip = ip.parse().unwrap();
+    s.cluster_ip6 = s.cluster_ip6.map(|_| HOSTNET_IP6.parse().unwrap());
     s.node_port = Some(node_port);
     s.kind = weir_lab::topology::ServiceType::NodePort;
     s.backends = vec!["b".into()];
