@@ -835,7 +835,13 @@ const HOSTNET_IP6: &str = "fd00:10:96::99";
 /// address beside the IPv4 ones.
 fn add_hostnet_service(m: &Matrix, cluster_ip: &str, node_port: u16) {
     let b = m.node_ip("b");
-    let b6 = m.state.nodes.iter().find(|n| n.name == "b").unwrap().underlay_ip6;
+    let b6 = m
+        .state
+        .nodes
+        .iter()
+        .find(|n| n.name == "b")
+        .unwrap()
+        .underlay_ip6;
     let (ips, families, slice6) = match b6 {
         None => (cluster_ip.to_string(), "IPv4", String::new()),
         Some(b6) => (
