@@ -168,7 +168,7 @@ cni: weir
 proxy: nftables
 serviceCIDR: 10.96.0.0/16
 loadBalancerCIDR: 203.0.113.0/24
-ipv6:                 # dual-stack; node i's IPv6 podCIDR is /64 number i of clusterCIDR
+ipv6:                 # dual-stack: a node's IPv6 podCIDR is the /64 of its IPv4 podCIDR's index (10.244.1.0/24 → fd00:10:244:1::/64)
   underlay: fd00:172:30::/64
   clusterCIDR: fd00:10:244::/48
   serviceCIDR: fd00:10:96::/112
