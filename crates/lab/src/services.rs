@@ -187,7 +187,7 @@ impl<'a> Clients<'a> {
     }
     /// The addresses a node masquerades to: its underlay address (towards other nodes), its
     /// VTEP address (towards other nodes' pods over a vxlan overlay) and its pods' gateway
-    /// (towards its own pods); of the family of `probe`'s destination.
+    /// (towards its own pods); the IPv6 ones with `v6`.
     fn node_sources(&self, node: &NodeState, v6: bool) -> Vec<IpAddr> {
         if v6 {
             let mut v: Vec<IpAddr> = node.underlay_ip6.into_iter().map(IpAddr::from).collect();
