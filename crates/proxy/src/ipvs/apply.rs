@@ -47,6 +47,9 @@ pub struct IpvsBackend {
     /// checks that the node's addresses still give the NodePort addresses it was rendered for.
     node_ports: BTreeMap<IpFamily, NodePortAddresses>,
     draining: Draining,
+    /// Whether the sysctls were last ensured with IPv6 forwarding ([`sysctls`]); `None`: not
+    /// since the last full sync.
+    sysctls_v6: Option<bool>,
 }
 
 impl IpvsBackend {
@@ -56,6 +59,7 @@ impl IpvsBackend {
             applied: BTreeMap::new(),
             node_ports: BTreeMap::new(),
             draining: Draining::new(),
+            sysctls_v6: None,
         }
     }
 
@@ -99,12 +103,23 @@ impl IpvsBackend {
             .families
             .iter()
             .all(|f| self.applied.contains_key(f));
-        match diff {
+        let done = match diff {
             Some(d) if !d.globals_changed && every_family => {
                 self.sync_changes(plan, d, &mut rtnl, dummy, &mut ipvs)
             }
             _ => self.sync_rendered(plan, &mut rtnl, dummy, &mut ipvs),
+        }?;
+        // After the sync, which knows whether any IPv6 virtual server is served (the first
+        // IPv6 Service may also come in a partial sync).
+        let serves_v6 = self
+            .applied
+            .get(&IpFamily::V6)
+            .is_some_and(|r| !r.desired.services.is_empty());
+        if self.sysctls_v6 != Some(serves_v6) {
+            ensure_sysctls(serves_v6)?;
+            self.sysctls_v6 = Some(serves_v6);
         }
+        Ok(done)
     }
 
     /// Renders every service port and compares with the last rendering (none: a full sync).
@@ -128,7 +143,7 @@ impl IpvsBackend {
         let full = self.applied.is_empty();
         let mut phases = Phases::default();
         if full {
-            ensure_sysctls(&self.opts)?;
+            self.sysctls_v6 = None;
             self.set_timeouts(ipvs)?;
         }
         let addrs = rtnl.addrs(None)?;
@@ -432,20 +447,33 @@ pub fn conn_reuse_mode(release: &str) -> Option<&'static str> {
     ((4, 1)..(5, 9)).contains(&v).then_some("0")
 }
 
-fn ensure_sysctls(_opts: &IpvsOptions) -> Result<()> {
-    let set = |k: &str, v: &str| {
+/// The sysctls ipvs mode needs, as (key, value): IPVS's own, forwarding, and
+/// `conn_reuse_mode` by kernel `release` ([`conn_reuse_mode`]). `serves_v6`: the node has
+/// IPv6 virtual servers, so IPv6 forwarding is needed as `ip_forward` is for IPv4: a masqueraded
+/// real server's replies (and connections from pods, which arrive routed) cross FORWARD.
+pub fn sysctls(release: &str, serves_v6: bool) -> Vec<(&'static str, &'static str)> {
+    let mut v = vec![
+        ("net.ipv4.vs.conntrack", "1"),
+        ("net.ipv4.vs.expire_nodest_conn", "1"),
+        ("net.ipv4.vs.expire_quiescent_template", "1"),
+        ("net.ipv4.ip_forward", "1"),
+    ];
+    if serves_v6 {
+        v.push(("net.ipv6.conf.all.forwarding", "1"));
+    }
+    if let Some(m) = conn_reuse_mode(release) {
+        v.push(("net.ipv4.vs.conn_reuse_mode", m));
+    }
+    v
+}
+
+fn ensure_sysctls(serves_v6: bool) -> Result<()> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    for (k, v) in sysctls(release.trim(), serves_v6) {
         sysctl::ensure(k, v).map_err(|e| Error::Tool {
             tool: "sysctl".into(),
             detail: format!("{k}={v}: {e}"),
-        })
-    };
-    set("net.ipv4.vs.conntrack", "1")?;
-    set("net.ipv4.vs.expire_nodest_conn", "1")?;
-    set("net.ipv4.vs.expire_quiescent_template", "1")?;
-    set("net.ipv4.ip_forward", "1")?;
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    if let Some(v) = conn_reuse_mode(release.trim()) {
-        set("net.ipv4.vs.conn_reuse_mode", v)?;
+        })?;
     }
     Ok(())
 }
@@ -758,6 +786,18 @@ COMMIT
             "*filter\n-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n",
         );
         assert_eq!(missing_jumps(&complete), "");
+    }
+
+    #[test]
+    fn ipv6_forwarding_is_ensured_when_ipv6_is_served() {
+        let v6 = ("net.ipv6.conf.all.forwarding", "1");
+        let served = sysctls("6.1.0-41-amd64", true);
+        assert!(served.contains(&v6), "{served:?}");
+        assert!(served.contains(&("net.ipv4.ip_forward", "1")), "{served:?}");
+        // An IPv4-only node's IPv6 forwarding is left alone (turning it on stops the
+        // acceptance of router advertisements where accept_ra is 1).
+        assert!(!sysctls("6.1.0-41-amd64", false).contains(&v6));
+        assert!(sysctls("5.4.0", false).contains(&("net.ipv4.vs.conn_reuse_mode", "0")));
     }
 
     #[test]

@@ -22,8 +22,10 @@
 //!   `KUBE-SOURCE-RANGES-FIREWALL`, `KUBE-IPVS-FILTER`, `KUBE-IPVS-OUT-FILTER`;
 //! * sysctls: `net.ipv4.vs.conntrack=1` (so netfilter's MASQUERADE sees IPVS connections),
 //!   `expire_nodest_conn=1` and `expire_quiescent_template=1` (connections and persistence
-//!   templates of removed or weight-0 real servers end instead of hanging), `ip_forward=1`,
-//!   and `conn_reuse_mode=0` only on kernels older than 5.9 — from 5.9 the default (1) no
+//!   templates of removed or weight-0 real servers end instead of hanging), `ip_forward=1`
+//!   (and `net.ipv6.conf.all.forwarding=1` once the node serves an IPv6 virtual server:
+//!   replies of masqueraded real servers cross FORWARD; left alone on IPv4-only nodes, where
+//!   turning it on would stop the acceptance of router advertisements), and `conn_reuse_mode=0` only on kernels older than 5.9 — from 5.9 the default (1) no
 //!   longer drops the first SYN of a reused port for a second, and 0 would keep sending new
 //!   connections to terminating real servers;
 //! * graceful termination: a real server that leaves gets weight 0 (no new connections) and
