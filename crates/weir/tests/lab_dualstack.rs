@@ -1,20 +1,21 @@
 //! The dual-stack lab on the real kernel (issue 22): weir_lab::DUAL_STACK_TOPOLOGY brought up
-//! with each proxy mode this kernel has (nftables, iptables, userspace; ipvs needs the qemu VM
-//! and is not run here), and `weir lab check`: every probe of the connectivity matrix and of
-//! the services passes in both families, and the IPv6 rows are there — pod → pod on the same
-//! and the other node, pod → own node, pod → outside (masqueraded to the node's IPv6 address),
-//! and for every Service its IPv6 ClusterIP, hairpin, host network, NodePorts on each node's
-//! IPv6 address from the outside and from a pod, and the Service without endpoints. Needs root.
+//! with each proxy mode this kernel has (nftables, iptables, userspace; ipvs needs the qemu
+//! VM: `dual_stack_lab_ipvs_in_the_vm` in proxy_ipvs_vm.rs makes the same assertions), and
+//! `weir lab check`: every probe of the connectivity matrix and of the services passes in both
+//! families, and the IPv6 rows are there — pod → pod on the same and the other node, pod → own
+//! node, pod → outside (masqueraded to the node's IPv6 address), and for every Service its IPv6
+//! ClusterIP, hairpin, host network, NodePorts on each node's IPv6 address from the outside and
+//! from a pod, and the Service without endpoints. Needs root.
 //!
 //! Each test has its own lab name (tag + pid) and state directory; `weir lab down` runs on drop,
 //! also after a panic.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::Value;
 
 mod common;
+use common::dualstack::{assert_every_probe_in_both_families, failures, kinds};
 use common::*;
 
 /// The dual-stack demo topology under this lab's name, with `overlay` (host-gw or vxlan).
@@ -25,42 +26,6 @@ fn topology(lab: &Lab, overlay: &str) -> PathBuf {
     let path = lab.state.path().join("topology-input.yaml");
     std::fs::write(&path, yaml).unwrap();
     path
-}
-
-fn s(v: &Value, k: &str) -> String {
-    v[k].as_str().unwrap_or_default().to_string()
-}
-
-fn is_v6(v: &Value, k: &str) -> bool {
-    s(v, k)
-        .parse::<std::net::IpAddr>()
-        .is_ok_and(|ip| ip.is_ipv6())
-}
-
-/// (kind → count) of the rows whose destination is IPv6 / IPv4.
-fn kinds(rows: &[Value], v6: bool) -> BTreeMap<String, usize> {
-    let mut m = BTreeMap::new();
-    for r in rows.iter().filter(|r| is_v6(r, "to_ip") == v6) {
-        *m.entry(s(r, "kind")).or_default() += 1;
-    }
-    m
-}
-
-fn failures(rows: &[Value]) -> Vec<String> {
-    rows.iter()
-        .filter(|r| r["ok"] != true)
-        .map(|r| {
-            format!(
-                "{} {} → {} {} ({}): {}",
-                s(r, "service"),
-                s(r, "from"),
-                s(r, "to_ip"),
-                s(r, "kind"),
-                s(r, "proto"),
-                s(r, "error")
-            )
-        })
-        .collect()
 }
 
 fn dual_stack(tag: &str, mode: &str, overlay: &str) {
@@ -114,56 +79,12 @@ fn dual_stack(tag: &str, mode: &str, overlay: &str) {
             String::from_utf8_lossy(&out.stderr)
         )
     });
-    let matrix = v["matrix"].as_array().unwrap().clone();
-    let services = v["services"].as_array().unwrap().clone();
-    let mut bad = failures(&matrix);
-    bad.extend(failures(&services));
-    assert!(
-        bad.is_empty(),
-        "{} probes failed:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
+    assert_every_probe_in_both_families(&v, mode);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-
-    // The matrix: every IPv4 row has its IPv6 twin, one family per probe.
-    assert_eq!(matrix.len(), 80);
-    assert_eq!(kinds(&matrix, true), kinds(&matrix, false));
-    for r in matrix.iter().filter(|r| is_v6(r, "to_ip")) {
-        assert!(is_v6(r, "from_ip") && is_v6(r, "seen_source"), "{r}");
-        if s(r, "kind") == "outside" {
-            // Masqueraded to the node's IPv6 underlay address.
-            let node = if s(r, "from").starts_with('a') {
-                "b"
-            } else {
-                "c"
-            };
-            assert_eq!(s(r, "seen_source"), format!("fd00:172:30::{node}"), "{r}");
-        }
-    }
-    // The services: IPv6 twins of every row but LoadBalancer IPs and health checks.
-    let mut want = kinds(&services, false);
-    for k in ["load-balancer", "pod-load-balancer", "health-check"] {
-        want.remove(k);
-    }
-    assert_eq!(kinds(&services, true), want);
-    for r in services.iter().filter(|r| is_v6(r, "to_ip")) {
-        assert!(is_v6(r, "from_ip"), "{r}");
-        for a in r["answers"].as_array().unwrap() {
-            assert!(is_v6(a, "source"), "{r}");
-        }
-        // The client's source kept (a user-space proxy connects from the node instead).
-        if s(r, "kind") == "node-port-local"
-            && mode != "userspace"
-            && !r["answers"].as_array().unwrap().is_empty()
-        {
-            assert_eq!(s(&r["answers"][0], "source"), "fd00:198:51:100::1", "{r}");
-        }
-    }
 }
 
 #[test]

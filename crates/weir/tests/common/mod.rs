@@ -6,6 +6,7 @@ use std::process::{Child, Command, Output};
 
 pub mod agent;
 pub mod cluster;
+pub mod dualstack;
 pub mod services;
 pub mod vm_lab;
 
