@@ -20,13 +20,9 @@
 //! service would be masqueraded on its own node, so no step has p2 ask a service that may
 //! send it to itself.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 mod common;
-use common::dualstack::{assert_every_probe_in_both_families, is_v6, s};
 use common::services::{assert_services_within, SERVICES, TWO_NODES};
 use common::{vm_lab, WEIR};
 
@@ -938,30 +934,43 @@ echo \"## namespaces left: $(ls /run/netns | grep -c ^wl-$LAB- || true)\" >&2"
     assert!(log.contains("## namespaces left: 0"), "{log}");
 }
 
-/// The dual-stack lab (issue 22; weir_lab::DUAL_STACK_TOPOLOGY) with ipvs proxies: every
-/// probe of `weir lab check` passes in both families, with every IPv6 row there (the
-/// assertions of lab_dualstack.rs: IPv6 virtual servers, the `KUBE-6-*` ipsets, the IPv6
-/// ClusterIPs on kube-ipvs0, masquerade in both families). Then `weir trace` agrees with what
-/// the probes saw for two IPv6 packets on node a's `weir trace collect` dir: pod a2 → web's
-/// IPv6 ClusterIP (an endpoint on each node) and outside → np's NodePort on node a's IPv6
-/// address (masqueraded to it, the endpoint on node b): per endpoint, delivered, with the
-/// source the echo server saw. Last, node a's proxy restarted with IPv6 forwarding off turns
-/// it on again (it serves IPv6 virtual servers; the lab and weir-cni had turned it on).
-#[test]
-fn dual_stack_lab_ipvs_in_the_vm() {
-    let Some((vm, _turn)) = vm_lab::vm_turn() else {
-        return;
-    };
-    let name = format!("dv{}", std::process::id());
-    let topology =
-        weir_lab::DUAL_STACK_TOPOLOGY.replacen("name: dual\n", &format!("name: {name}\n"), 1);
-    let run = vm_lab::run(
-        vm,
-        &name,
-        &topology,
-        "ipvs",
-        &format!(
-            r###"echo '## ipvsadm a' >&2; ip netns exec wl-$LAB-a ipvsadm -Ln >&2
+/// The dual-stack lab's test: it reads weir_lab's topology, so it needs the `lab` feature (as
+/// `weir lab` does).
+#[cfg(feature = "lab")]
+mod dual_stack {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use serde_json::Value;
+
+    use super::common::dualstack::{assert_every_probe_in_both_families, is_v6, s};
+    use super::common::{vm_lab, WEIR};
+
+    /// The dual-stack lab (issue 22; weir_lab::DUAL_STACK_TOPOLOGY) with ipvs proxies: every
+    /// probe of `weir lab check` passes in both families, with every IPv6 row there (the
+    /// assertions of lab_dualstack.rs, shared); node a holds IPv6 virtual servers with
+    /// masquerading real servers, the IPv6 ClusterIPs on kube-ipvs0, the `KUBE-6-CLUSTER-IP`
+    /// ipset (family inet6) and ip6tables' MASQUERADE; NodePorts of policy Cluster from
+    /// outside are masqueraded in both families. Then `weir trace` on node a's `weir trace
+    /// collect` dir agrees with the probes on two IPv6 packets — pod a2 → web's IPv6 ClusterIP
+    /// (an endpoint on each node) and outside → np's NodePort on node a's IPv6 address (its
+    /// endpoint on node b) —: per endpoint, delivered, leaving with the source the echo
+    /// server saw. Last, node a's proxy, restarted with IPv6 forwarding off, turns it on again
+    /// (it serves IPv6 virtual servers; before it did, it left it off).
+    #[test]
+    fn dual_stack_lab_ipvs_in_the_vm() {
+        let Some((vm, _turn)) = vm_lab::vm_turn() else {
+            return;
+        };
+        let name = format!("dv{}", std::process::id());
+        let topology =
+            weir_lab::DUAL_STACK_TOPOLOGY.replacen("name: dual\n", &format!("name: {name}\n"), 1);
+        let run = vm_lab::run(
+            vm,
+            &name,
+            &topology,
+            "ipvs",
+            &format!(
+                r###"echo '## ipvsadm a' >&2; ip netns exec wl-$LAB-a ipvsadm -Ln >&2
 echo '## kube-ipvs0 a' >&2; ip netns exec wl-$LAB-a ip -6 addr show dev kube-ipvs0 >&2
 echo '## ipsets a' >&2; ip netns exec wl-$LAB-a ipset list KUBE-6-CLUSTER-IP >&2
 echo '## ip6tables nat a' >&2; ip netns exec wl-$LAB-a ip6tables -t nat -S KUBE-POSTROUTING >&2
@@ -975,6 +984,7 @@ echo '## end trace' >&2
 for p in $(ip netns pids wl-$LAB-a); do
   tr '\0' ' ' < /proc/$p/cmdline | grep -q ' proxy --manifests ' && P=$p
 done
+[ -n "$P" ] || echo '## no weir proxy process in node a' >&2
 CMD=$(tr '\0' ' ' < /proc/$P/cmdline)
 ip netns exec wl-$LAB-a sysctl -qw net.ipv6.conf.all.forwarding=0
 kill $P; while kill -0 $P 2>/dev/null; do sleep 0.2; done
@@ -983,118 +993,119 @@ AGAIN=$!
 for i in $(seq 300); do grep -q 'synced' /tmp/proxy-again-$LAB.log && break; sleep 0.2; done
 echo "## ipv6 forwarding after a restart: $(ip netns exec wl-$LAB-a sysctl -n net.ipv6.conf.all.forwarding)" >&2
 kill $AGAIN"###
-        ),
-    );
-    let log = &run.log;
-    let section = |from: &str, to: &str| {
-        let start = log
-            .find(from)
-            .unwrap_or_else(|| panic!("no {from}:\n{log}"))
-            + from.len();
-        let rest = &log[start..];
-        rest[..rest.find(to).unwrap_or(rest.len())].to_string()
-    };
-    assert_every_probe_in_both_families(&run.json, "ipvs");
-    assert!(run.check_ok, "{log}");
-    // IPVS did it: IPv6 virtual servers and masquerading real servers, the ClusterIPs on
-    // kube-ipvs0, the IPv6 ipsets, ip6tables' masquerade.
-    let ipvs = section("## ipvsadm a", "## kube-ipvs0 a");
-    for want in [
-        "TCP  [fd00:10:96::1]:80 rr",
-        "-> [fd00:10:244:2::2]:8080      Masq",
-        "UDP  [fd00:10:96::2]:53 rr",
-        "TCP  [fd00:172:30::b]:30081 rr",
-    ] {
-        assert!(ipvs.contains(want), "missing {want:?}:\n{ipvs}");
-    }
-    assert!(
-        section("## kube-ipvs0 a", "## ipsets a").contains("inet6 fd00:10:96::1/128"),
-        "{log}"
-    );
-    let sets = section("## ipsets a", "## ip6tables nat a");
-    assert!(
-        sets.contains("family inet6") && sets.contains("fd00:10:96::1,tcp:80"),
-        "{sets}"
-    );
-    assert!(
-        section("## ip6tables nat a", "## trace cluster-ip").contains("-j MASQUERADE"),
-        "{log}"
-    );
-    // Masquerade in both families: NodePorts of policy Cluster from outside reach their
-    // endpoints from a node address, not the client's.
-    let services = run.json["services"].as_array().unwrap();
-    for v6 in [false, true] {
-        let rows: Vec<&Value> = services
-            .iter()
-            .filter(|r| r["kind"] == "node-port" && r["from"] == "outside")
-            .filter(|r| is_v6(r, "to_ip") == v6)
-            .collect();
-        assert!(!rows.is_empty(), "no outside node-port row (v6 {v6})");
-        for r in rows {
-            for a in r["answers"].as_array().unwrap() {
-                assert_ne!(a["source"], r["from_ip"], "not masqueraded: {r}");
+            ),
+        );
+        let log = &run.log;
+        let section = |from: &str, to: &str| {
+            let start = log
+                .find(from)
+                .unwrap_or_else(|| panic!("no {from}:\n{log}"))
+                + from.len();
+            let rest = &log[start..];
+            rest[..rest.find(to).unwrap_or(rest.len())].to_string()
+        };
+        assert_every_probe_in_both_families(&run.json, "ipvs");
+        assert!(run.check_ok, "{log}");
+        // IPVS did it: IPv6 virtual servers and masquerading real servers, the ClusterIPs on
+        // kube-ipvs0, the IPv6 ipsets, ip6tables' masquerade.
+        let ipvs = section("## ipvsadm a", "## kube-ipvs0 a");
+        for want in [
+            "TCP  [fd00:10:96::1]:80 rr",
+            "-> [fd00:10:244:2::2]:8080      Masq",
+            "UDP  [fd00:10:96::2]:53 rr",
+            "TCP  [fd00:172:30::b]:30081 rr",
+        ] {
+            assert!(ipvs.contains(want), "missing {want:?}:\n{ipvs}");
+        }
+        assert!(
+            section("## kube-ipvs0 a", "## ipsets a").contains("inet6 fd00:10:96::1/128"),
+            "{log}"
+        );
+        let sets = section("## ipsets a", "## ip6tables nat a");
+        assert!(
+            sets.contains("family inet6") && sets.contains("fd00:10:96::1,tcp:80"),
+            "{sets}"
+        );
+        assert!(
+            section("## ip6tables nat a", "## trace cluster-ip").contains("-j MASQUERADE"),
+            "{log}"
+        );
+        // Masquerade in both families: NodePorts of policy Cluster from outside reach their
+        // endpoints from a node address, not the client's.
+        let services = run.json["services"].as_array().unwrap();
+        for v6 in [false, true] {
+            let rows: Vec<&Value> = services
+                .iter()
+                .filter(|r| r["kind"] == "node-port" && r["from"] == "outside")
+                .filter(|r| is_v6(r, "to_ip") == v6)
+                .collect();
+            assert!(!rows.is_empty(), "no outside node-port row (v6 {v6})");
+            for r in rows {
+                for a in r["answers"].as_array().unwrap() {
+                    assert_ne!(a["source"], r["from_ip"], "not masqueraded: {r}");
+                }
             }
         }
-    }
 
-    // Trace agrees with the probes, endpoint by endpoint.
-    let names: BTreeMap<String, String> = run.json["matrix"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (s(r, "to_ip"), s(r, "to")))
-        .collect();
-    for (marker, end, service, from, to) in [
-        (
-            "## trace cluster-ip",
-            "## trace node-port",
-            "web",
-            "a2",
-            "fd00:10:96::1",
-        ),
-        (
-            "## trace node-port",
-            "## end trace",
-            "np",
-            "outside",
-            "fd00:172:30::b",
-        ),
-    ] {
-        let text = section(marker, end);
-        let t: Value =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{marker}: {e}:\n{text}\n{log}"));
-        let t = &t["trace"];
-        let per = t["endpoint_outcomes"].as_array().unwrap();
-        let legs: Vec<&Value> = if per.is_empty() {
-            vec![t]
-        } else {
-            per.iter().collect()
-        };
-        let traced: BTreeSet<(String, String)> = legs
-            .iter()
-            .map(|l| {
-                assert_eq!(l["verdict"], "delivered", "{marker}: {l}");
-                let dst = s(&l["egress"], "dst");
-                let name = names.get(&dst).cloned().unwrap_or(dst);
-                (name, s(&l["egress"], "src"))
-            })
-            .collect();
-        let probe = services
-            .iter()
-            .find(|r| r["service"] == service && r["from"] == from && r["to_ip"] == to)
-            .unwrap_or_else(|| panic!("no probe {service} {from} → {to}"));
-        let seen: BTreeSet<(String, String)> = probe["answers"]
+        // Trace agrees with the probes, endpoint by endpoint.
+        let names: BTreeMap<String, String> = run.json["matrix"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|a| (s(a, "by"), s(a, "source")))
+            .map(|r| (s(r, "to_ip"), s(r, "to")))
             .collect();
-        assert_eq!(traced, seen, "{marker}: trace vs the probe {probe}\n{text}");
+        for (marker, end, service, from, to) in [
+            (
+                "## trace cluster-ip",
+                "## trace node-port",
+                "web",
+                "a2",
+                "fd00:10:96::1",
+            ),
+            (
+                "## trace node-port",
+                "## end trace",
+                "np",
+                "outside",
+                "fd00:172:30::b",
+            ),
+        ] {
+            let text = section(marker, end);
+            let t: Value = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{marker}: {e}:\n{text}\n{log}"));
+            let t = &t["trace"];
+            let per = t["endpoint_outcomes"].as_array().unwrap();
+            let legs: Vec<&Value> = if per.is_empty() {
+                vec![t]
+            } else {
+                per.iter().collect()
+            };
+            let traced: BTreeSet<(String, String)> = legs
+                .iter()
+                .map(|l| {
+                    assert_eq!(l["verdict"], "delivered", "{marker}: {l}");
+                    let dst = s(&l["egress"], "dst");
+                    let name = names.get(&dst).cloned().unwrap_or(dst);
+                    (name, s(&l["egress"], "src"))
+                })
+                .collect();
+            let probe = services
+                .iter()
+                .find(|r| r["service"] == service && r["from"] == from && r["to_ip"] == to)
+                .unwrap_or_else(|| panic!("no probe {service} {from} → {to}"));
+            let seen: BTreeSet<(String, String)> = probe["answers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| (s(a, "by"), s(a, "source")))
+                .collect();
+            assert_eq!(traced, seen, "{marker}: trace vs the probe {probe}\n{text}");
+        }
+        assert!(
+            log.contains("## ipv6 forwarding after a restart: 1"),
+            "the ipvs proxy left IPv6 forwarding off:\n{log}"
+        );
     }
-    assert!(
-        log.contains("## ipv6 forwarding after a restart: 1"),
-        "the ipvs proxy left IPv6 forwarding off:\n{log}"
-    );
 }
 
 /// nftables mode's ruleset, as the renderer writes it (the golden scripts of
