@@ -954,7 +954,7 @@ mod dual_stack {
     /// collect` dir agrees with the probes on two IPv6 packets — pod a2 → web's IPv6 ClusterIP
     /// (an endpoint on each node) and outside → np's NodePort on node a's IPv6 address (its
     /// endpoint on node b) —: per endpoint, delivered, leaving with the source the echo
-    /// server saw. Last, node a's proxy, restarted with IPv6 forwarding off, turns it on again
+    /// server saw, and what goes on to node b walked there too and delivered unchanged. Last, node a's proxy, restarted with IPv6 forwarding off, turns it on again
     /// (it serves IPv6 virtual servers; before it did, it left it off).
     #[test]
     fn dual_stack_lab_ipvs_in_the_vm() {
@@ -980,6 +980,11 @@ echo '## trace cluster-ip' >&2
 {WEIR} trace --json --pod wl-$LAB-a-a2 --to fd00:10:96::1 --dport 80 $TC >&2 2>/dev/null
 echo '## trace node-port' >&2
 {WEIR} trace --json --from fd00:198:51:100::1 --iif eth0 --to fd00:172:30::b --dport 30081 $TC >&2 2>/dev/null
+{WEIR} trace collect $TC-b --netns wl-$LAB-b >/dev/null 2>&1
+for SRC in fd00:10:244:1::3 fd00:172:30::b; do
+  echo "## trace on b from $SRC" >&2
+  {WEIR} trace --json --from $SRC --iif eth0 --to fd00:10:244:2::2 --dport 8080 $TC-b >&2 2>/dev/null
+done
 echo '## end trace' >&2
 for p in $(ip netns pids wl-$LAB-a); do
   tr '\0' ' ' < /proc/$p/cmdline | grep -q ' proxy --manifests ' && P=$p
@@ -1047,36 +1052,28 @@ kill $AGAIN"###
             }
         }
 
-        // Trace agrees with the probes, endpoint by endpoint.
+        // Trace agrees with the probes, endpoint by endpoint: node a's walk per endpoint, and
+        // for b1's (on node b) the packet node a sends walked on from node b's eth0.
         let names: BTreeMap<String, String> = run.json["matrix"]
             .as_array()
             .unwrap()
             .iter()
             .map(|r| (s(r, "to_ip"), s(r, "to")))
             .collect();
-        for (marker, end, service, from, to) in [
-            (
-                "## trace cluster-ip",
-                "## trace node-port",
-                "web",
-                "a2",
-                "fd00:10:96::1",
-            ),
-            (
-                "## trace node-port",
-                "## end trace",
-                "np",
-                "outside",
-                "fd00:172:30::b",
-            ),
-        ] {
-            let text = section(marker, end);
-            let t: Value = serde_json::from_str(&text)
+        let trace = |marker: &str| -> Value {
+            let text = section(marker, "\n## ");
+            let v: Value = serde_json::from_str(&text)
                 .unwrap_or_else(|e| panic!("{marker}: {e}:\n{text}\n{log}"));
-            let t = &t["trace"];
+            v["trace"].clone()
+        };
+        for (marker, service, from, to) in [
+            ("## trace cluster-ip", "web", "a2", "fd00:10:96::1"),
+            ("## trace node-port", "np", "outside", "fd00:172:30::b"),
+        ] {
+            let t = trace(marker);
             let per = t["endpoint_outcomes"].as_array().unwrap();
             let legs: Vec<&Value> = if per.is_empty() {
-                vec![t]
+                vec![&t]
             } else {
                 per.iter().collect()
             };
@@ -1084,9 +1081,18 @@ kill $AGAIN"###
                 .iter()
                 .map(|l| {
                     assert_eq!(l["verdict"], "delivered", "{marker}: {l}");
-                    let dst = s(&l["egress"], "dst");
-                    let name = names.get(&dst).cloned().unwrap_or(dst);
-                    (name, s(&l["egress"], "src"))
+                    let (dst, src) = (s(&l["egress"], "dst"), s(&l["egress"], "src"));
+                    if dst.starts_with("fd00:10:244:2:") {
+                        // On to node b: delivered there unchanged.
+                        let on_b = trace(&format!("## trace on b from {src}"));
+                        assert_eq!(on_b["verdict"], "delivered", "{marker} on b: {on_b}");
+                        assert_eq!(s(&on_b["packet"], "dst"), dst, "{marker} on b: {on_b}");
+                        assert_eq!(on_b["packet"]["dport"], l["egress"]["dport"], "{on_b}");
+                        assert_eq!(s(&on_b["egress"], "dst"), dst, "{marker} on b: {on_b}");
+                        assert_eq!(s(&on_b["egress"], "src"), src, "{marker} on b: {on_b}");
+                        assert_eq!(on_b["egress"]["local"], false, "{marker} on b: {on_b}");
+                    }
+                    (names.get(&dst).cloned().unwrap_or(dst), src)
                 })
                 .collect();
             let probe = services
@@ -1099,7 +1105,7 @@ kill $AGAIN"###
                 .iter()
                 .map(|a| (s(a, "by"), s(a, "source")))
                 .collect();
-            assert_eq!(traced, seen, "{marker}: trace vs the probe {probe}\n{text}");
+            assert_eq!(traced, seen, "{marker}: trace vs the probe {probe}\n{t}");
         }
         assert!(
             log.contains("## ipv6 forwarding after a restart: 1"),
