@@ -47,8 +47,8 @@ pub struct IpvsBackend {
     /// checks that the node's addresses still give the NodePort addresses it was rendered for.
     node_ports: BTreeMap<IpFamily, NodePortAddresses>,
     draining: Draining,
-    /// Whether the sysctls were last ensured with IPv6 forwarding ([`sysctls`]); `None`: not
-    /// since the last full sync.
+    /// Whether the sysctls were ensured since the last full sync, with IPv6 forwarding or
+    /// without ([`sysctls`]).
     sysctls_v6: Option<bool>,
 }
 
@@ -109,15 +109,15 @@ impl IpvsBackend {
             }
             _ => self.sync_rendered(plan, &mut rtnl, dummy, &mut ipvs),
         }?;
-        // After the sync, which knows whether any IPv6 virtual server is served (the first
-        // IPv6 Service may also come in a partial sync).
+        // IPv6 forwarding once an IPv6 virtual server is served: known after the sync (the
+        // first IPv6 Service may also come in a partial one).
         let serves_v6 = self
             .applied
             .get(&IpFamily::V6)
             .is_some_and(|r| !r.desired.services.is_empty());
-        if self.sysctls_v6 != Some(serves_v6) {
-            ensure_sysctls(serves_v6)?;
-            self.sysctls_v6 = Some(serves_v6);
+        if serves_v6 && self.sysctls_v6 != Some(true) {
+            ensure_sysctls(true)?;
+            self.sysctls_v6 = Some(true);
         }
         Ok(done)
     }
@@ -143,7 +143,9 @@ impl IpvsBackend {
         let full = self.applied.is_empty();
         let mut phases = Phases::default();
         if full {
-            self.sysctls_v6 = None;
+            // Before any virtual server: IPVS connections need `vs.conntrack` for MASQUERADE.
+            ensure_sysctls(false)?;
+            self.sysctls_v6 = Some(false);
             self.set_timeouts(ipvs)?;
         }
         let addrs = rtnl.addrs(None)?;
