@@ -193,6 +193,11 @@ if [ "$KNOT" != 0 ]; then
   PIDS+=($!)
   KNOT_PID=$!
   wait_ready 5305
+  # Knot pins each of its worker threads to a CPU of its own choosing (UDP worker i on CPU i:
+  # its one UDP worker lands on CPU 0, dnsperf's, whatever taskset said), which puts the
+  # client and that server on one core, and only that server. Put its threads back on the
+  # servers' CPU, where weir's and NSD's run.
+  if [ ${#SERVER_CPU[@]} -gt 0 ]; then taskset -a -p -c "${SERVER_CPU[2]}" "$KNOT_PID" >/dev/null; fi
 fi
 if [ "$EXTERNAL" -gt 0 ]; then
   ip netns exec "$NS" "${SERVER_CPU[@]}" unbound -d -c "$DIR/unbound.conf" &
@@ -211,6 +216,22 @@ if [ "$EXTERNAL" -gt 0 ]; then
   # Warm the caches: one pass over every external name.
   for port in 5301 5304 ${KRESD_PID:+5306}; do in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$DIR/external" -n 1 -c 1 -q 50 >/dev/null 2>&1; done
 fi
+
+# Where each server's threads may run (name:allowed CPUs), for the record.
+placement() {
+  local pid t out=""
+  for pid in "$@"; do
+    for t in $(tree "$pid"); do
+      for t in /proc/"$t"/task/*; do
+        out+=" $(cat "$t/comm"):$(awk '/Cpus_allowed_list/ {print $2}' "$t/status")"
+      done
+    done
+    echo "  $(cat /proc/"$pid"/comm) ($pid):$(tr ' ' '\n' <<<"$out" | sort | uniq -c | awk 'NF {printf " %s x%s", $2, $1}')"
+    out=""
+  done
+}
+echo "threads (name:CPUs the scheduler may use):"
+placement "$WEIR_PID" "$NSD_PID" ${KNOT_PID:+"$KNOT_PID"}
 
 # One run of one server on one query file: "qps avg_ms p50 p90 p99 p999 lost".
 measure() {
