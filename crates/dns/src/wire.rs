@@ -76,14 +76,18 @@ impl WireZone {
             w.absent_is_nxdomain = false;
         }
         let names: Vec<&Name> = zone.owner_names().collect();
-        let mut offsets = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            if i == SAMPLE {
-                // The arena at its final size from the start, as the first entries predict it:
-                // one that grows doubles, holding its old and new buffers at once.
-                let each = w.arena.len().div_ceil(SAMPLE);
-                w.arena.reserve_exact((names.len() - SAMPLE) * each * 9 / 8);
+        if names.len() > SAMPLE {
+            // The arena at its final size from the start, as entries spread over the names
+            // predict it (forward and reverse names differ): one that grows doubles, holding
+            // its old and new buffers at once.
+            for i in 0..SAMPLE {
+                w.push_entry(zone, names[i * names.len() / SAMPLE]);
             }
+            let each = w.arena.len().div_ceil(SAMPLE);
+            w.arena = Vec::with_capacity(names.len() * each * 17 / 16);
+        }
+        let mut offsets = Vec::with_capacity(names.len());
+        for name in &names {
             if let Some(off) = w.push_entry(zone, name) {
                 offsets.push(off);
             }

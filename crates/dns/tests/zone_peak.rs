@@ -87,7 +87,7 @@ impl ZoneView for StoreView {
 }
 
 #[test]
-fn the_first_zone_peaks_within_a_fifth_above_what_it_keeps() {
+fn the_first_zone_peaks_within_a_tenth_above_what_it_keeps() {
     let store = SharedStore::new();
     {
         let parsed = weir_source::parse_manifest(Path::new("bench.yaml"), &manifests(SERVICES));
@@ -100,7 +100,9 @@ fn the_first_zone_peaks_within_a_fifth_above_what_it_keeps() {
 
     let before = LIVE.load(Ordering::SeqCst);
     PEAK.store(before, Ordering::SeqCst);
-    let handle = ZoneHandle::new(zones.build());
+    let zone = zones.build();
+
+    let handle = ZoneHandle::new(zone);
     let kept = LIVE.load(Ordering::SeqCst) - before;
     let peak = PEAK.load(Ordering::SeqCst) - before;
     assert!(handle.load().warnings.is_empty());
@@ -114,9 +116,9 @@ fn the_first_zone_peaks_within_a_fifth_above_what_it_keeps() {
         over * 100 / kept
     );
     assert!(
-        over * 5 <= kept,
+        over * 10 <= kept,
         "building the first zone of {SERVICES} services peaked at {peak} bytes above the \
-         objects, {over} more than the {kept} it keeps (over a fifth): does a map or the \
+         objects, {over} more than the {kept} it keeps (over a tenth): does a map or the \
          arena grow by doubling again, or the build copy the store's maps?"
     );
     drop(handle);

@@ -111,7 +111,8 @@ impl Store {
                 }
             }
             Event::Deleted(k) => {
-                let gone = self.objects.get(&k).is_some() && Arc::make_mut(&mut self.objects).remove(&k);
+                let gone =
+                    self.objects.get(&k).is_some() && Arc::make_mut(&mut self.objects).remove(&k);
                 if gone {
                     self.note(k);
                 }
