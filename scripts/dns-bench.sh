@@ -17,7 +17,8 @@
 # Environment: WEIR (binary, default target/release/weir), SECONDS_PER_RUN (10), RATE (10000),
 # ROUNDS (3), EXTERNAL (1000; 0: skip Unbound and Knot Resolver), KNOT (1; 0: skip Knot DNS and
 # Knot Resolver), MEMORY_SIZES ("1000 10000 100000"; empty: skip),
-# PIN (1: servers on CPU 1, dnsperf on CPU 0).
+# PIN (1: servers on CPU 1, dnsperf on CPU 0; Knot, which pins its own workers, is put back on
+# CPU 1 once started; each server's threads and their CPUs are printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-10000}
@@ -223,10 +224,10 @@ placement() {
   for pid in "$@"; do
     for t in $(tree "$pid"); do
       for t in /proc/"$t"/task/*; do
-        out+=" $(cat "$t/comm"):$(awk '/Cpus_allowed_list/ {print $2}' "$t/status")"
+        out+=" $(tr ' ' _ <"$t/comm"):$(awk '/Cpus_allowed_list/ {print $2}' "$t/status")"
       done
     done
-    echo "  $(cat /proc/"$pid"/comm) ($pid):$(tr ' ' '\n' <<<"$out" | sort | uniq -c | awk 'NF {printf " %s x%s", $2, $1}')"
+    echo "  $(tr ' ' _ </proc/"$pid"/comm) ($pid):$(tr ' ' '\n' <<<"$out" | sort | uniq -c | awk 'NF == 2 {printf " %s x%s", $2, $1}')"
     out=""
   done
 }
