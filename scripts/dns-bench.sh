@@ -218,13 +218,15 @@ if [ "$EXTERNAL" -gt 0 ]; then
   for port in 5301 5304 ${KRESD_PID:+5306}; do in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$DIR/external" -n 1 -c 1 -q 50 >/dev/null 2>&1; done
 fi
 
-# Where each server's threads may run (name:allowed CPUs), for the record.
+# Where each server's threads may run (name:allowed CPUs), for the record. A thread that ends
+# meanwhile (a runtime's idle helper) is left out.
 placement() {
-  local pid t out=""
+  local pid t out="" line
   for pid in "$@"; do
     for t in $(tree "$pid"); do
       for t in /proc/"$t"/task/*; do
-        out+=" $(tr ' ' _ <"$t/comm"):$(awk '/Cpus_allowed_list/ {print $2}' "$t/status")"
+        line=$({ tr ' ' _ <"$t/comm" && awk '/Cpus_allowed_list/ {print ":" $2}' "$t/status"; } 2>/dev/null | paste -sd '') || continue
+        out+=" $line"
       done
     done
     echo "  $(tr ' ' _ </proc/"$pid"/comm) ($pid):$(tr ' ' '\n' <<<"$out" | sort | uniq -c | awk 'NF == 2 {printf " %s x%s", $2, $1}')"
@@ -298,7 +300,7 @@ echo
 echo "memory: weir dns alone, RSS and high-water mark once every service is served, from a manifest"
 echo "directory and from the (fake) Kubernetes API server, as in a cluster (CoreDNS: (pods + services) x"
 echo "0.000858 + 49.1 MB, no pods)"
-printf '%9s %-10s %9s %9s %11s %6s\n' services source rss_mb hwm_mb coredns_mb ratio
+printf '%9s %-10s %9s %9s %11s %11s\n' services source rss_mb hwm_mb coredns_mb hwm/coredns
 # weir dns at $1 services from source $2 (its flags in the rest): RSS and VmHWM once served.
 serve_and_measure() {
   local m=$1 source=$2 pid last served="" rss hwm formula
@@ -317,7 +319,7 @@ serve_and_measure() {
   rss=$(rss_mb "$pid")
   hwm=$(awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
   formula=$(awk -v n="$m" 'BEGIN {printf "%.1f", n * 0.000858 + 49.1}')
-  printf '%9s %-10s %9s %9s %11s %6.2f\n' "$m" "$source" "$rss" "$hwm" "$formula" "$(awk -v r="$rss" -v f="$formula" 'BEGIN {print r / f}')"
+  printf '%9s %-10s %9s %9s %11s %11.2f\n' "$m" "$source" "$rss" "$hwm" "$formula" "$(awk -v r="$hwm" -v f="$formula" 'BEGIN {print r / f}')"
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }
