@@ -324,17 +324,8 @@ impl SharedStore {
 
     /// Waits until the generation exceeds `seen` (or `timeout` passes) and returns the new one.
     pub fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Snapshot)> {
-        let (m, cv) = &*self.inner;
-        let deadline = Instant::now() + timeout;
-        let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
-        while s.generation() <= seen {
-            let left = deadline.checked_duration_since(Instant::now())?;
-            s = cv
-                .wait_timeout(s, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        Some((s.generation(), s.snapshot()))
+        let (generation, shared) = self.wait_newer_shared(seen, timeout)?;
+        Some((generation, Snapshot::clone(&shared)))
     }
 }
 
