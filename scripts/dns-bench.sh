@@ -17,7 +17,8 @@
 # Environment: WEIR (binary, default target/release/weir), SECONDS_PER_RUN (10), RATE (10000),
 # ROUNDS (3), EXTERNAL (1000; 0: skip Unbound and Knot Resolver), KNOT (1; 0: skip Knot DNS and
 # Knot Resolver), MEMORY_SIZES ("1000 10000 100000"; empty: skip),
-# PIN (1: servers on CPU 1, dnsperf on CPU 0).
+# PIN (1: servers on CPU 1, dnsperf on CPU 0; Knot, which pins its own workers, is put back on
+# CPU 1 once started; each server's threads and their CPUs are printed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-10000}
@@ -193,6 +194,11 @@ if [ "$KNOT" != 0 ]; then
   PIDS+=($!)
   KNOT_PID=$!
   wait_ready 5305
+  # Knot pins each of its worker threads to a CPU of its own choosing (UDP worker i on CPU i:
+  # its one UDP worker lands on CPU 0, dnsperf's, whatever taskset said), which puts the
+  # client and that server on one core, and only that server. Put its threads back on the
+  # servers' CPU, where weir's and NSD's run.
+  if [ ${#SERVER_CPU[@]} -gt 0 ]; then taskset -a -p -c "${SERVER_CPU[2]}" "$KNOT_PID" >/dev/null; fi
 fi
 if [ "$EXTERNAL" -gt 0 ]; then
   ip netns exec "$NS" "${SERVER_CPU[@]}" unbound -d -c "$DIR/unbound.conf" &
@@ -211,6 +217,24 @@ if [ "$EXTERNAL" -gt 0 ]; then
   # Warm the caches: one pass over every external name.
   for port in 5301 5304 ${KRESD_PID:+5306}; do in_ns dnsperf -s 127.0.0.1 -p "$port" -d "$DIR/external" -n 1 -c 1 -q 50 >/dev/null 2>&1; done
 fi
+
+# Where each server's threads may run (name:allowed CPUs), for the record. A thread that ends
+# meanwhile (a runtime's idle helper) is left out.
+placement() {
+  local pid t out="" line
+  for pid in "$@"; do
+    for t in $(tree "$pid"); do
+      for t in /proc/"$t"/task/*; do
+        line=$({ tr ' ' _ <"$t/comm" && awk '/Cpus_allowed_list/ {print ":" $2}' "$t/status"; } 2>/dev/null | paste -sd '') || continue
+        out+=" $line"
+      done
+    done
+    echo "  $(tr ' ' _ </proc/"$pid"/comm) ($pid):$(tr ' ' '\n' <<<"$out" | sort | uniq -c | awk 'NF == 2 {printf " %s x%s", $2, $1}')"
+    out=""
+  done
+}
+echo "threads (name:CPUs the scheduler may use):"
+placement "$WEIR_PID" "$NSD_PID" ${KNOT_PID:+"$KNOT_PID"}
 
 # One run of one server on one query file: "qps avg_ms p50 p90 p99 p999 lost".
 measure() {
@@ -276,7 +300,7 @@ echo
 echo "memory: weir dns alone, RSS and high-water mark once every service is served, from a manifest"
 echo "directory and from the (fake) Kubernetes API server, as in a cluster (CoreDNS: (pods + services) x"
 echo "0.000858 + 49.1 MB, no pods)"
-printf '%9s %-10s %9s %9s %11s %6s\n' services source rss_mb hwm_mb coredns_mb ratio
+printf '%9s %-10s %9s %9s %11s %11s\n' services source rss_mb hwm_mb coredns_mb hwm/coredns
 # weir dns at $1 services from source $2 (its flags in the rest): RSS and VmHWM once served.
 serve_and_measure() {
   local m=$1 source=$2 pid last served="" rss hwm formula
@@ -295,7 +319,7 @@ serve_and_measure() {
   rss=$(rss_mb "$pid")
   hwm=$(awk '/VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
   formula=$(awk -v n="$m" 'BEGIN {printf "%.1f", n * 0.000858 + 49.1}')
-  printf '%9s %-10s %9s %9s %11s %6.2f\n' "$m" "$source" "$rss" "$hwm" "$formula" "$(awk -v r="$rss" -v f="$formula" 'BEGIN {print r / f}')"
+  printf '%9s %-10s %9s %9s %11s %11.2f\n' "$m" "$source" "$rss" "$hwm" "$formula" "$(awk -v r="$hwm" -v f="$formula" 'BEGIN {print r / f}')"
   kill "$pid" 2>/dev/null || true
   wait "$pid" 2>/dev/null || true
 }

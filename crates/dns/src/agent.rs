@@ -16,13 +16,15 @@ use weir_model::Snapshot;
 
 use crate::{DnsMetrics, Zone, ZoneConfig, ZoneHandle};
 
-/// Where the objects come from.
+/// Where the objects come from. The objects are shared, not copied: the store's own maps
+/// (`SharedStore::shared_snapshot`), so a zone build holds no second copy of them (12 MB at
+/// 100,000 services).
 pub trait ZoneView {
     /// (generation, every object) now.
-    fn snapshot(&self) -> (u64, Snapshot);
+    fn snapshot(&self) -> (u64, Arc<Snapshot>);
     /// Waits until the generation exceeds `seen` (then returns it and the objects) or
     /// `timeout` passes.
-    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Snapshot)>;
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Arc<Snapshot>)>;
 }
 
 /// Where built zones go.
@@ -124,9 +126,8 @@ impl<V: ZoneView> ZoneLoop<V> {
     pub fn build(&mut self) -> Zone {
         let (generation, snapshot) = self.view.snapshot();
         self.seen = generation;
-        // Each snapshot is dropped before its zone is swapped in (the swap hands freed memory
-        // back to the kernel): the store keeps the objects, and the first snapshot would
-        // otherwise live as long as the server (12 MB at 100,000 services).
+        // Each snapshot is dropped before its zone is swapped in: while it is held, a change
+        // to the store copies the store's maps.
         self.builder.build(&snapshot)
     }
 

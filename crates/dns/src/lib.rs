@@ -30,7 +30,9 @@ pub mod zone;
 
 pub use forward::{parse_resolv_conf, ForwardError, Forwarder, ForwarderConfig, Prefetch};
 pub use metrics::DnsMetrics;
-pub use server::{serve, serve_blocking, Handler, ServerConfig, ZoneHandle};
+pub use server::{
+    keep_large_blocks_mapped, serve, serve_blocking, Handler, ServerConfig, ZoneHandle,
+};
 pub use zone::{pod_address, Answer, PodRecords, Zone, ZoneConfig, SCHEMA_VERSION};
 
 #[cfg(test)]

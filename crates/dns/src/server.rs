@@ -57,6 +57,9 @@ struct Current {
 
 impl ZoneHandle {
     pub fn new(zone: Zone) -> Self {
+        // What the zone build and the objects' parse freed goes back before the wire answers
+        // are added on top.
+        release_free_memory();
         let wire = Arc::new(WireZone::build(&zone));
         let handle = ZoneHandle(Arc::new(Current {
             served: RwLock::new((Arc::new(zone), wire)),
@@ -92,6 +95,7 @@ impl ZoneHandle {
 
     /// Swaps in `zone`; its wire answers are encoded first, outside the lock.
     pub fn store(&self, zone: Zone) {
+        release_free_memory();
         let wire = Arc::new(WireZone::build(&zone));
         let old = std::mem::replace(
             &mut *self.0.served.write().unwrap_or_else(|e| e.into_inner()),
@@ -111,6 +115,20 @@ fn release_free_memory() {
     // SAFETY: malloc_trim only walks the allocator's own free lists.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Keeps the allocator's large blocks (a zone's maps and arena, a list being parsed) out of
+/// the heap proper: glibc raises its mmap threshold each time such a block is freed (up to
+/// 32 MB), after which the next zone's blocks are carved from the heap, grow by copying and
+/// leave holes only [`release_free_memory`] can return. Fixed at the default 128 KiB, every
+/// large block is its own mapping: returned when freed, resized in place by the kernel.
+/// Call once, before the objects are read.
+pub fn keep_large_blocks_mapped() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes a tuning parameter of the allocator.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }
 

@@ -37,6 +37,9 @@ const SERVER_OPT: [u8; 11] = {
     [0, 0, 41, p[0], p[1], 0, 0, 0, 0, 0, 0]
 };
 
+/// Entries encoded before [`WireZone::build`] sizes its arena from them.
+const SAMPLE: usize = 1024;
+
 /// The zone's answers, encoded.
 #[derive(Debug, Default)]
 pub struct WireZone {
@@ -73,12 +76,23 @@ impl WireZone {
             w.absent_is_nxdomain = false;
         }
         let names: Vec<&Name> = zone.owner_names().collect();
+        if names.len() > SAMPLE {
+            // The arena at its final size from the start, as entries spread over the names
+            // predict it (forward and reverse names differ): one that grows doubles, holding
+            // its old and new buffers at once.
+            for i in 0..SAMPLE {
+                w.push_entry(zone, names[i * names.len() / SAMPLE]);
+            }
+            let each = w.arena.len().div_ceil(SAMPLE);
+            w.arena = Vec::with_capacity(names.len() * each * 17 / 16);
+        }
         let mut offsets = Vec::with_capacity(names.len());
-        for name in names {
+        for name in &names {
             if let Some(off) = w.push_entry(zone, name) {
                 offsets.push(off);
             }
         }
+        drop(names);
         let size = (offsets.len() * 2).next_power_of_two().max(16);
         w.slots = vec![0; size];
         w.shift = 64 - size.trailing_zeros();

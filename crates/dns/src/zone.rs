@@ -297,7 +297,7 @@ impl Zone {
     /// Builds the zone from the objects. Objects whose names cannot be DNS names are
     /// skipped with a warning; the rest of the zone is unaffected.
     pub fn build(snapshot: &Snapshot, config: &ZoneConfig) -> Zone {
-        let mut b = Builder::new(config);
+        let mut b = Builder::new(config, snapshot.services.len());
         let mut slices: HashMap<(&str, &str), Vec<&EndpointSliceInfo>> = HashMap::new();
         for ((ns, _), slice) in &snapshot.endpoint_slices {
             if let Some(svc) = slice.service_name.as_deref() {
@@ -360,11 +360,14 @@ fn dashed(ip: IpAddr) -> String {
 }
 
 impl<'c> Builder<'c> {
-    fn new(config: &'c ZoneConfig) -> Self {
+    /// Room for `services` ClusterIP services (a name and a reverse name each) from the
+    /// start: a map that grows doubles, holding its old and new tables at once (at 100,000
+    /// services that was the zone build's peak).
+    fn new(config: &'c ZoneConfig, services: usize) -> Self {
         let mut b = Builder {
             config,
-            names: HashMap::new(),
-            reverse: HashMap::new(),
+            names: HashMap::with_capacity(services + 16),
+            reverse: HashMap::with_capacity(services),
             warnings: Vec::new(),
         };
         let origin = &config.origin;

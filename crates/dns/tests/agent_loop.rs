@@ -40,14 +40,14 @@ struct ScriptedView {
 }
 
 impl ZoneView for ScriptedView {
-    fn snapshot(&self) -> (u64, Snapshot) {
-        (*self.generation.borrow(), self.now.clone())
+    fn snapshot(&self) -> (u64, Arc<Snapshot>) {
+        (*self.generation.borrow(), Arc::new(self.now.clone()))
     }
-    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Snapshot)> {
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Arc<Snapshot>)> {
         self.waits.borrow_mut().push((seen, timeout));
         let step = self.steps.borrow_mut().pop_front().flatten()?;
         *self.generation.borrow_mut() += 1;
-        Some((*self.generation.borrow(), step))
+        Some((*self.generation.borrow(), Arc::new(step)))
     }
 }
 

@@ -57,7 +57,9 @@ pub struct Changes {
 /// (by pointer, then value) and records only what differs.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
-    objects: Snapshot,
+    /// Shared with the snapshots handed out ([`Store::shared_snapshot`]): a reader holds the
+    /// maps as they were, and the first change after that copies them (copy on write).
+    objects: Arc<Snapshot>,
     generation: u64,
     changed: Option<BTreeSet<ObjectKey>>,
     since: Option<Instant>,
@@ -103,13 +105,14 @@ impl Store {
                 if same(self.objects.get(&k).as_ref(), &o) {
                     false
                 } else {
-                    self.objects.insert(o);
+                    Arc::make_mut(&mut self.objects).insert(o);
                     self.note(k);
                     true
                 }
             }
             Event::Deleted(k) => {
-                let gone = self.objects.remove(&k);
+                let gone =
+                    self.objects.get(&k).is_some() && Arc::make_mut(&mut self.objects).remove(&k);
                 if gone {
                     self.note(k);
                 }
@@ -135,7 +138,7 @@ impl Store {
                 if keys.is_empty() {
                     false
                 } else {
-                    self.objects = new;
+                    self.objects = Arc::new(new);
                     for k in keys {
                         self.note(k);
                     }
@@ -165,12 +168,12 @@ impl Store {
             .collect();
         let mut keys = Vec::new();
         for k in gone {
-            self.objects.remove(&k);
+            Arc::make_mut(&mut self.objects).remove(&k);
             keys.push(k);
         }
         for (k, o) in new {
             if !same(self.objects.get(&k).as_ref(), &o) {
-                self.objects.insert(o);
+                Arc::make_mut(&mut self.objects).insert(o);
                 keys.push(k);
             }
         }
@@ -199,6 +202,12 @@ impl Store {
 
     /// Every object (a copy of the maps; the objects themselves are shared).
     pub fn snapshot(&self) -> Snapshot {
+        Snapshot::clone(&self.objects)
+    }
+
+    /// Every object, without copying the maps: the store's own, kept as they are while the
+    /// caller holds them (a change meanwhile copies them once).
+    pub fn shared_snapshot(&self) -> Arc<Snapshot> {
         self.objects.clone()
     }
 
@@ -291,8 +300,15 @@ impl SharedStore {
         (s.generation(), s.snapshot())
     }
 
-    /// Waits until the generation exceeds `seen` (or `timeout` passes) and returns the new one.
-    pub fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Snapshot)> {
+    /// (generation, the store's objects) now, without copying the maps
+    /// ([`Store::shared_snapshot`]).
+    pub fn shared_snapshot(&self) -> (u64, Arc<Snapshot>) {
+        let s = self.lock();
+        (s.generation(), s.shared_snapshot())
+    }
+
+    /// [`SharedStore::wait_newer`], without copying the maps ([`Store::shared_snapshot`]).
+    pub fn wait_newer_shared(&self, seen: u64, timeout: Duration) -> Option<(u64, Arc<Snapshot>)> {
         let (m, cv) = &*self.inner;
         let deadline = Instant::now() + timeout;
         let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -303,7 +319,13 @@ impl SharedStore {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        Some((s.generation(), s.snapshot()))
+        Some((s.generation(), s.shared_snapshot()))
+    }
+
+    /// Waits until the generation exceeds `seen` (or `timeout` passes) and returns the new one.
+    pub fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Snapshot)> {
+        let (generation, shared) = self.wait_newer_shared(seen, timeout)?;
+        Some((generation, Snapshot::clone(&shared)))
     }
 }
 

@@ -35,6 +35,37 @@ fn store_applies_events_and_bumps_generation_only_on_change() {
     assert_eq!(s.generation(), 4);
 }
 
+/// A shared snapshot is the store's own maps (no copy) until the store changes; a change
+/// then copies them, and the snapshot held keeps the objects as they were.
+#[test]
+fn shared_snapshots_are_the_stores_maps_until_a_change() {
+    let s = SharedStore::new();
+    s.apply(Event::Applied(svc("a", "10.96.0.1")));
+    let (g1, first) = s.shared_snapshot();
+    let (g2, again) = s.shared_snapshot();
+    assert_eq!(g1, g2);
+    assert!(
+        std::sync::Arc::ptr_eq(&first, &again),
+        "copied without a change"
+    );
+    drop(again);
+    assert!(s.apply(Event::Applied(svc("b", "10.96.0.2"))));
+    assert!(s.apply(Event::Deleted(ObjectKey::new(Kind::Service, "ns", "a"))));
+    assert!(!s.apply(Event::Deleted(ObjectKey::new(Kind::Service, "ns", "a"))));
+    assert_eq!(first.services.len(), 1, "the held snapshot changed");
+    assert!(first
+        .services
+        .contains_key(&("ns".to_string(), "a".to_string())));
+    let (g3, now) = s.wait_newer_shared(g1, Duration::from_secs(1)).unwrap();
+    assert_eq!(g3, g1 + 2);
+    assert_eq!(
+        now.services.keys().cloned().collect::<Vec<_>>(),
+        [("ns".to_string(), "b".to_string())]
+    );
+    assert_eq!(*now, s.snapshot().1);
+    assert!(s.wait_newer_shared(g3, Duration::from_millis(10)).is_none());
+}
+
 #[test]
 fn watcher_sends_a_resync_only_when_something_changed() {
     let tmp = tempfile::tempdir().unwrap();

@@ -156,11 +156,11 @@ fn forwarder(args: &DnsArgs, metrics: &Arc<DnsMetrics>) -> anyhow::Result<Option
 struct StoreView(SharedStore);
 
 impl ZoneView for StoreView {
-    fn snapshot(&self) -> (u64, weir_model::Snapshot) {
-        self.0.snapshot()
+    fn snapshot(&self) -> (u64, Arc<weir_model::Snapshot>) {
+        self.0.shared_snapshot()
     }
-    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, weir_model::Snapshot)> {
-        self.0.wait_newer(seen, timeout)
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Arc<weir_model::Snapshot>)> {
+        self.0.wait_newer_shared(seen, timeout)
     }
 }
 
@@ -345,6 +345,7 @@ fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
 }
 
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
+    weir_dns::keep_large_blocks_mapped();
     crate::init_logging();
     if args.node_local {
         node_local_setup(args.listen)?;
