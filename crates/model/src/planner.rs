@@ -476,10 +476,11 @@ fn nodeport_addresses(cfg: &ProxyConfig, node_ips: &[IpAddr], fam: IpFamily) -> 
 /// Endpoints merged across all EndpointSlices of a service, per (port name, protocol,
 /// family), deduplicated by (ip, port) with a local copy winning — as kube-proxy's
 /// EndpointSliceCache does.
-type PortId = (String, String, String, Protocol, IpFamily);
+/// (port name, protocol, family) within one service (borrowed from its slices).
+type PortId<'a> = (&'a str, Protocol, IpFamily);
 
-struct EndpointIndex {
-    by_port: BTreeMap<PortId, BTreeMap<(IpAddr, u16), EpInfo>>,
+struct EndpointIndex<'a> {
+    by_port: BTreeMap<PortId<'a>, BTreeMap<(IpAddr, u16), EpInfo>>,
 }
 
 #[derive(Clone)]
@@ -493,9 +494,9 @@ fn hinted(hints: &[Arc<str>], name: &str) -> bool {
     hints.iter().any(|h| &**h == name)
 }
 
-impl EndpointIndex {
+impl<'a> EndpointIndex<'a> {
     /// Indexes the `slices` (name, slice) of one service in namespace `ns`.
-    fn build<'a>(
+    fn build(
         ns: &str,
         slices: impl IntoIterator<Item = (&'a str, &'a EndpointSliceInfo)>,
         node_name: &str,
@@ -503,9 +504,9 @@ impl EndpointIndex {
     ) -> Self {
         let mut by_port: BTreeMap<_, BTreeMap<(IpAddr, u16), EpInfo>> = BTreeMap::new();
         for (slice_name, slice) in slices {
-            let Some(svc) = slice.service_name.as_deref() else {
+            if slice.service_name.is_none() {
                 continue;
-            };
+            }
             let family = match &*slice.address_type {
                 "IPv4" => IpFamily::V4,
                 "IPv6" => IpFamily::V6,
@@ -526,13 +527,7 @@ impl EndpointIndex {
                     ));
                     continue;
                 };
-                let key = (
-                    ns.to_string(),
-                    svc.to_string(),
-                    port.name.as_deref().unwrap_or_default().to_string(),
-                    proto,
-                    family,
-                );
+                let key = (port.name.as_deref().unwrap_or_default(), proto, family);
                 let set = by_port.entry(key).or_default();
                 for e in slice.endpoints.iter() {
                     let Some(first) = e.addresses.first() else {
@@ -580,13 +575,7 @@ impl EndpointIndex {
     }
 
     fn get(&self, key: &ServicePortKey) -> Vec<EpInfo> {
-        let k = (
-            key.namespace.clone(),
-            key.name.clone(),
-            key.port_name.clone(),
-            key.protocol,
-            key.family,
-        );
+        let k = (&*key.port_name, key.protocol, key.family);
         self.by_port
             .get(&k)
             .map(|m| m.values().cloned().collect())
@@ -615,8 +604,8 @@ fn parse_ips(
 
 fn plan_service(
     ctx: &Ctx<'_>,
-    ns: &str,
-    name: &str,
+    ns: &Arc<str>,
+    name: &Arc<str>,
     svc: &ServiceInfo,
     index: &EndpointIndex,
     out: &mut BTreeMap<ServicePortKey, ServicePortPlan>,
@@ -683,9 +672,9 @@ fn plan_service(
             .map(|p| p as u16);
         for &family in &families {
             let key = ServicePortKey {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-                port_name: sp.name.as_deref().unwrap_or_default().to_string(),
+                namespace: ns.clone(),
+                name: name.clone(),
+                port_name: sp.name.clone().unwrap_or_else(|| intern("")),
                 protocol,
                 family,
             };

@@ -51,7 +51,7 @@ fn protocols_tcp_udp_sctp() {
         assert_eq!(sp.cluster_endpoints.len(), 1, "{k}");
         assert_eq!(sp.frontends[0].verdict, Verdict::Forward);
     }
-    assert_eq!(p.services.keys().filter(|k| k.name == "dns").count(), 3);
+    assert_eq!(p.services.keys().filter(|k| &*k.name == "dns").count(), 3);
 }
 
 #[test]

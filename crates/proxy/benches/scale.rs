@@ -197,8 +197,8 @@ fn node_port(i: usize) -> Option<u16> {
 fn key(i: usize) -> ServicePortKey {
     ServicePortKey {
         namespace: NAMESPACE.into(),
-        name: svc_name(i),
-        port_name: String::new(),
+        name: svc_name(i).into(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
         family: IpFamily::V4,
     }

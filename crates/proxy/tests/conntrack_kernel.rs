@@ -177,7 +177,7 @@ fn key(name: &str, family: IpFamily) -> ServicePortKey {
     ServicePortKey {
         namespace: "default".into(),
         name: name.into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Udp,
         family,
     }

@@ -76,8 +76,8 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (T, usize) {
 fn key(i: usize) -> ServicePortKey {
     ServicePortKey {
         namespace: "bench".into(),
-        name: format!("svc-{i:05}"),
-        port_name: String::new(),
+        name: format!("svc-{i:05}").into(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
         family: IpFamily::V4,
     }

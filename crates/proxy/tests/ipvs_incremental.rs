@@ -128,8 +128,8 @@ fn service_port() -> impl Strategy<Value = (u8, ServicePortPlan)> {
 fn key(name: u8, udp: bool) -> ServicePortKey {
     ServicePortKey {
         namespace: "default".into(),
-        name: format!("s{name}"),
-        port_name: String::new(),
+        name: format!("s{name}").into(),
+        port_name: "".into(),
         protocol: if udp { Protocol::Udp } else { Protocol::Tcp },
         family: IpFamily::V4,
     }

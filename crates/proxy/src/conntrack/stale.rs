@@ -119,7 +119,7 @@ mod tests {
         ServicePortKey {
             namespace: "default".into(),
             name: name.into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol,
             family: IpFamily::V4,
         }

@@ -42,8 +42,8 @@ pub fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend
 pub fn bench_service(namespace: &str, i: usize) -> (ServicePortKey, ServicePortPlan) {
     let key = ServicePortKey {
         namespace: namespace.into(),
-        name: format!("svc-{i:05}"),
-        port_name: String::new(),
+        name: format!("svc-{i:05}").into(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
         family: IpFamily::V4,
     };
