@@ -530,8 +530,7 @@ impl<'c> Builder<'c> {
                         }
                     };
                     let label = ep
-                        .hostname
-                        .as_deref()
+                        .hostname()
                         .map(String::from)
                         .unwrap_or_else(|| dashed(ip));
                     let host = match base.prepend_label(label.as_str()) {

@@ -13,8 +13,8 @@ mod planner;
 mod pod;
 
 pub use compact::{
-    EndpointHints, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo,
-    NodeInfo, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
+    Addresses, EndpointExtra, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText,
+    NodeAddressInfo, NodeInfo, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
 };
 pub use diff::{Changed, PlanDiff};
 pub use objects::{Kind, Object, ObjectKey, Snapshot};

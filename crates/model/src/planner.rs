@@ -554,8 +554,6 @@ impl<'a> EndpointIndex<'a> {
                         ep: Endpoint {
                             ip,
                             port: num as u16,
-                            node_name: e.node_name.clone(),
-                            zone: e.zone.clone(),
                             is_local,
                             ready,
                             serving: e.serving.unwrap_or(true),

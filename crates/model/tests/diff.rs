@@ -73,8 +73,6 @@ fn arb_endpoint() -> impl Strategy<Value = Endpoint> {
     (0u8..4, prop::bool::ANY, prop::bool::ANY).prop_map(|(last, local, ready)| Endpoint {
         ip: format!("10.244.0.{last}").parse().unwrap(),
         port: 8080,
-        node_name: Some(if local { "node-a" } else { "node-b" }.into()),
-        zone: None,
         is_local: local,
         ready,
         serving: ready,

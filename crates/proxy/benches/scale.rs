@@ -208,8 +208,6 @@ fn endpoint(ip: Ipv4Addr) -> Endpoint {
     Endpoint {
         ip: IpAddr::V4(ip),
         port: EP_PORT,
-        node_name: Some(EP_NODE.into()),
-        zone: None,
         is_local: false,
         ready: true,
         serving: true,

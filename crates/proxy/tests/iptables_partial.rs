@@ -87,8 +87,6 @@ fn endpoint(ip: Ipv4Addr) -> Endpoint {
     Endpoint {
         ip: IpAddr::V4(ip),
         port: 8080,
-        node_name: Some("node-1".into()),
-        zone: None,
         is_local: false,
         ready: true,
         serving: true,

@@ -27,8 +27,6 @@ fn endpoint(i: u8, local: bool) -> Endpoint {
     Endpoint {
         ip: v4(10, 244, 0, i),
         port: 8080,
-        node_name: None,
-        zone: None,
         is_local: local,
         ready: true,
         serving: true,

@@ -129,8 +129,6 @@ mod tests {
         Endpoint {
             ip: ip.parse().unwrap(),
             port,
-            node_name: Some("node-a".into()),
-            zone: None,
             is_local: false,
             ready: true,
             serving: true,

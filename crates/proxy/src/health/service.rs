@@ -175,8 +175,6 @@ mod tests {
         Endpoint {
             ip: ip.parse().unwrap(),
             port: 8080,
-            node_name: Some("a".into()),
-            zone: None,
             is_local: true,
             ready,
             serving: true,
