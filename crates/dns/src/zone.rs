@@ -301,12 +301,12 @@ impl Zone {
         let mut slices: HashMap<(&str, &str), Vec<&EndpointSliceInfo>> = HashMap::new();
         for ((ns, _), slice) in &snapshot.endpoint_slices {
             if let Some(svc) = slice.service_name.as_deref() {
-                slices.entry((ns.as_str(), svc)).or_default().push(slice);
+                slices.entry((&**ns, svc)).or_default().push(slice);
             }
         }
         for ((ns, name), svc) in &snapshot.services {
             let svc_slices = slices
-                .get(&(ns.as_str(), name.as_str()))
+                .get(&(&**ns, &**name))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             if let Err(e) = b.service(ns, name, svc, svc_slices) {

@@ -14,10 +14,10 @@ mod pod;
 
 pub use compact::{
     Addresses, EndpointExtra, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText,
-    NodeAddressInfo, NodeInfo, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
+    NodeAddressInfo, NodeInfo, Placement, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
 };
 pub use diff::{Changed, PlanDiff};
-pub use objects::{Kind, Object, ObjectKey, Snapshot};
+pub use objects::{Kind, NsKey, Object, ObjectKey, Snapshot};
 pub use plan::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,

@@ -126,14 +126,14 @@ impl Planner {
             a.is_some_and(|a| Arc::ptr_eq(a, b) || a == b)
         }
         for ((ns, name), o) in &snapshot.services {
-            if !same(self.services.get(&ns_name(ns, name)), o) {
-                let key = ObjectKey::new(Kind::Service, ns, name);
+            if !same(self.services.get(&(ns.clone(), name.clone())), o) {
+                let key = ObjectKey::new(Kind::Service, &**ns, &**name);
                 changes.push((key, Some(Object::Service(o.clone()))));
             }
         }
         for ((ns, name), o) in &snapshot.endpoint_slices {
-            if !same(self.slices.get(&ns_name(ns, name)), o) {
-                let key = ObjectKey::new(Kind::EndpointSlice, ns, name);
+            if !same(self.slices.get(&(ns.clone(), name.clone())), o) {
+                let key = ObjectKey::new(Kind::EndpointSlice, &**ns, &**name);
                 changes.push((key, Some(Object::EndpointSlice(o.clone()))));
             }
         }
@@ -144,7 +144,7 @@ impl Planner {
             }
         }
         let gone = |kind| move |(ns, name): &NsName| (ObjectKey::new(kind, &**ns, &**name), None);
-        let listed = |(ns, name): &NsName| (ns.to_string(), name.to_string());
+        let listed = |(ns, name): &NsName| (ns.clone(), name.clone());
         changes.extend(
             self.services
                 .keys()
@@ -228,8 +228,16 @@ impl Planner {
             node_ips: &context.node_ips,
             zone: &context.zone,
         };
+        let replanned = dirty.len();
         for group in dirty {
             self.replan(&ctx, group, &mut diff);
+        }
+        if replanned >= 1024 {
+            // Service ports inserted in key order (a first sync) leave the B-tree's nodes
+            // half empty; rebuilt from the sorted map they are full (and so is every copy
+            // of the plan: the backend keeps one).
+            let services = std::mem::take(&mut self.plan.services);
+            self.plan.services = services.into_iter().collect();
         }
         let before = crate::diff::globals(&self.plan);
         let p = &mut self.plan;
@@ -549,7 +557,7 @@ impl<'a> EndpointIndex<'a> {
                     }
                     let ready = e.ready.unwrap_or(true);
                     let is_local =
-                        !node_name.is_empty() && e.node_name.as_deref() == Some(node_name);
+                        !node_name.is_empty() && e.node_name().map(|n| &**n) == Some(node_name);
                     let info = EpInfo {
                         ep: Endpoint {
                             ip,

@@ -63,6 +63,10 @@ pub struct Store {
     since: Option<Instant>,
 }
 
+/// A list that changed this many objects rebuilds the maps densely ([`Snapshot::compact`]):
+/// a first list inserted in key order leaves the B-tree nodes half empty.
+const COMPACT_AFTER: usize = 1024;
+
 fn same(a: Option<&Object>, b: &Object) -> bool {
     a.is_some_and(|a| a == b)
 }
@@ -117,8 +121,9 @@ impl Store {
             }
             Event::Listed(kind, list) => self.replace_kind(kind, list),
             Event::Resync(list) => {
-                let new = Snapshot::from_objects(&list);
+                let mut new = Snapshot::from_objects(&list);
                 drop(list);
+                new.compact();
                 let mut keys = Vec::new();
                 for o in new.objects() {
                     let k = o.key();
@@ -175,6 +180,9 @@ impl Store {
             }
         }
         let changed = !keys.is_empty();
+        if keys.len() >= COMPACT_AFTER {
+            self.objects.compact();
+        }
         for k in keys {
             self.note(k);
         }

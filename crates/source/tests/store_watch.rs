@@ -30,7 +30,7 @@ fn store_applies_events_and_bumps_generation_only_on_change() {
     let snap = s.snapshot();
     assert_eq!(
         snap.services.keys().cloned().collect::<Vec<_>>(),
-        [("ns".to_string(), "c".to_string())]
+        [("ns".into(), "c".into())]
     );
     assert_eq!(s.generation(), 4);
 }
@@ -180,7 +180,7 @@ fn a_listed_kind_replaces_only_that_kind() {
     let snap = s.snapshot();
     assert_eq!(
         snap.services.keys().cloned().collect::<Vec<_>>(),
-        [("ns".to_string(), "b".to_string())]
+        [("ns".into(), "b".into())]
     );
     assert_eq!(snap.nodes.len(), 1, "other kinds untouched");
     assert!(s.apply(Event::Listed(Kind::Node, vec![])));
