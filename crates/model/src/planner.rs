@@ -76,14 +76,6 @@ fn object_key(ns: &Arc<str>, name: &Arc<str>) -> NsName {
     (ns.clone(), name.clone())
 }
 
-/// The plan of one service (or of the slices of a service that does not exist: no ports,
-/// only their problems).
-#[derive(Default)]
-struct Planned {
-    ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)>,
-    warnings: Vec<String>,
-}
-
 /// What the node-wide part of the plan was computed from: the configuration and the facts
 /// of this node's Node object the planner reads.
 #[derive(Clone, PartialEq)]
@@ -111,7 +103,10 @@ pub struct Planner {
     /// endpoints are merged in). A sorted `Vec`, not a map: most services have one slice,
     /// and a B-tree's node has room for eleven (~400 bytes per service at 10,000).
     by_service: HashMap<NsName, Vec<Arc<EndpointSliceInfo>>>,
-    planned: HashMap<NsName, Planned>,
+    /// The problems each service's planning reported, for the services that had any (a
+    /// service's ports are found in the plan itself, whose keys sort by namespace and name:
+    /// a per-service list of them was ~170 bytes per service).
+    warned: HashMap<NsName, Box<[String]>>,
     /// Every standing warning with the number of places reporting it.
     warnings: BTreeMap<String, usize>,
     plan: Plan,
@@ -218,7 +213,13 @@ impl Planner {
         if self.context.as_ref() != Some(&context) {
             dirty.extend(self.services.keys().cloned());
             dirty.extend(self.by_service.keys().cloned());
-            dirty.extend(self.planned.keys().cloned());
+            dirty.extend(self.warned.keys().cloned());
+            dirty.extend(
+                self.plan
+                    .services
+                    .keys()
+                    .map(|k| (k.namespace.clone(), k.name.clone())),
+            );
             self.context = Some(context);
         }
         // Taken out while the services are replanned (they borrow it; `replan` needs `self`).
@@ -334,12 +335,25 @@ impl Planner {
     /// Plans one service afresh and puts the result in the plan, keeping the `Arc` of every
     /// port whose plan did not change; records the ports that did in `diff`.
     fn replan(&mut self, ctx: &Ctx<'_>, group: NsName, diff: &mut PlanDiff) {
-        let old = self.planned.remove(&group).unwrap_or_default();
-        for w in &old.warnings {
-            remove_warning(&mut self.warnings, w);
+        for w in self.warned.remove(&group).unwrap_or_default() {
+            remove_warning(&mut self.warnings, &w);
         }
-        let mut old_ports: HashMap<ServicePortKey, Arc<ServicePortPlan>> =
-            old.ports.into_iter().collect();
+        // The service's ports: the first possible key of the service, then on while the
+        // namespace and name are the same.
+        let first = ServicePortKey {
+            namespace: group.0.clone(),
+            name: group.1.clone(),
+            port_name: intern(""),
+            protocol: Protocol::Tcp,
+            family: IpFamily::V4,
+        };
+        let mut old_ports: HashMap<ServicePortKey, Arc<ServicePortPlan>> = self
+            .plan
+            .services
+            .range(&first..)
+            .take_while(|(k, _)| k.namespace == group.0 && k.name == group.1)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for k in old_ports.keys() {
             self.plan.services.remove(k);
         }
@@ -363,41 +377,30 @@ impl Planner {
                 &mut warnings,
             );
         }
-        let ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)> = ports
-            .into_iter()
-            .map(|(k, v)| match old_ports.remove(&k) {
-                Some(old) if *old == v => (k, old),
-                Some(old) => {
-                    let new = Arc::new(v);
-                    let change = Changed {
-                        old,
-                        new: new.clone(),
-                    };
-                    diff.changed.insert(k.clone(), change);
-                    (k, new)
-                }
-                None => {
-                    let new = Arc::new(v);
-                    diff.added.insert(k.clone(), new.clone());
-                    (k, new)
-                }
-            })
-            .collect();
+        let ports = ports.into_iter().map(|(k, v)| match old_ports.remove(&k) {
+            Some(old) if *old == v => (k, old),
+            Some(old) => {
+                let new = Arc::new(v);
+                let change = Changed {
+                    old,
+                    new: new.clone(),
+                };
+                diff.changed.insert(k.clone(), change);
+                (k, new)
+            }
+            None => {
+                let new = Arc::new(v);
+                diff.added.insert(k.clone(), new.clone());
+                (k, new)
+            }
+        });
+        self.plan.services.extend(ports);
         diff.removed.extend(old_ports);
-        for (k, v) in &ports {
-            self.plan.services.insert(k.clone(), v.clone());
-        }
         for w in &warnings {
             add_warning(&mut self.warnings, w.clone());
         }
-        if !ports.is_empty() || !warnings.is_empty() {
-            self.planned.insert(
-                group,
-                Planned {
-                    ports,
-                    warnings: warnings.into_iter().collect(),
-                },
-            );
+        if !warnings.is_empty() {
+            self.warned.insert(group, warnings.into_iter().collect());
         }
     }
 }
