@@ -459,7 +459,7 @@ impl<'c> Builder<'c> {
             return Err("no spec".into());
         };
         if spec.type_.as_deref() == Some("ExternalName") {
-            let ext = spec.external_name.as_deref().unwrap_or_default();
+            let ext = spec.external_name().unwrap_or_default();
             let mut target =
                 Name::from_ascii(ext).map_err(|e| format!("externalName {ext:?}: {e}"))?;
             target.set_fqdn(true);

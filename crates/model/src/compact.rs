@@ -115,25 +115,56 @@ pub struct ServiceInfo {
 pub struct ServiceSpecInfo {
     /// `spec.type` as written (`ClusterIP`, `NodePort`, `LoadBalancer`, `ExternalName`).
     pub type_: Option<Arc<str>>,
-    pub external_name: Option<Box<str>>,
     /// `spec.clusterIPs`, or `spec.clusterIP` when that list is empty (both as written).
-    pub cluster_ips: Box<[IpText]>,
+    pub cluster_ips: Addresses,
+    /// `sessionAffinity: ClientIP`.
+    pub client_ip_affinity: bool,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_policy_local: bool,
+    /// `externalTrafficPolicy: Local`.
+    pub external_policy_local: bool,
+    pub publish_not_ready_addresses: bool,
+    pub ports: Box<[ServicePortInfo]>,
+    /// What most services do not set, boxed (inline it was 80 bytes per service).
+    pub extra: Option<Box<ServiceSpecExtra>>,
+}
+
+/// The fields of a Service's spec that most services leave unset.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ServiceSpecExtra {
+    pub external_name: Option<Box<str>>,
     pub external_ips: Box<[IpText]>,
     /// `status.loadBalancer.ingress[].ip`, without empty ones and without those with
     /// `ipMode: Proxy` (that load balancer proxies itself; short-circuiting would bypass it).
     pub load_balancer_ips: Box<[IpText]>,
     pub load_balancer_source_ranges: Box<[Box<str>]>,
-    /// `sessionAffinity: ClientIP`.
-    pub client_ip_affinity: bool,
     /// `sessionAffinityConfig.clientIP.timeoutSeconds` as written.
     pub affinity_timeout_seconds: Option<i32>,
-    /// `internalTrafficPolicy: Local`.
-    pub internal_policy_local: bool,
-    /// `externalTrafficPolicy: Local`.
-    pub external_policy_local: bool,
     pub health_check_node_port: Option<i32>,
-    pub publish_not_ready_addresses: bool,
-    pub ports: Box<[ServicePortInfo]>,
+}
+
+impl ServiceSpecInfo {
+    fn extra(&self) -> Option<&ServiceSpecExtra> {
+        self.extra.as_deref()
+    }
+    pub fn external_name(&self) -> Option<&str> {
+        self.extra().and_then(|x| x.external_name.as_deref())
+    }
+    pub fn external_ips(&self) -> &[IpText] {
+        self.extra().map_or(&[], |x| &x.external_ips)
+    }
+    pub fn load_balancer_ips(&self) -> &[IpText] {
+        self.extra().map_or(&[], |x| &x.load_balancer_ips)
+    }
+    pub fn load_balancer_source_ranges(&self) -> &[Box<str>] {
+        self.extra().map_or(&[], |x| &x.load_balancer_source_ranges)
+    }
+    pub fn affinity_timeout_seconds(&self) -> Option<i32> {
+        self.extra().and_then(|x| x.affinity_timeout_seconds)
+    }
+    pub fn health_check_node_port(&self) -> Option<i32> {
+        self.extra().and_then(|x| x.health_check_node_port)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,13 +199,20 @@ pub struct EndpointPortInfo {
     pub port: Option<i32>,
 }
 
-/// An endpoint's addresses (the API allows one per endpoint today): a single one is held
-/// inline, other counts boxed. A boxed slice of one address was a separate 24-byte
-/// allocation per endpoint (24 MiB at 100,000 services × 10 endpoints).
+/// Addresses as written, nearly always one (an endpoint's: the API allows one today; a
+/// single-stack Service's clusterIPs): a single one is held inline, other counts boxed. A
+/// boxed slice of one address was a separate 24-byte allocation per endpoint (24 MiB at
+/// 100,000 services × 10 endpoints).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Addresses {
     One(IpText),
     Many(Box<[IpText]>),
+}
+
+impl Default for Addresses {
+    fn default() -> Self {
+        Addresses::Many(Box::new([]))
+    }
 }
 
 impl std::ops::Deref for Addresses {
@@ -323,10 +361,8 @@ impl From<&Service> for ServiceInfo {
                 .as_ref()
                 .and_then(|s| s.load_balancer.as_ref())
                 .and_then(|lb| lb.ingress.as_ref());
-            ServiceSpecInfo {
-                type_: intern_opt(spec.type_.as_ref()),
+            let extra = ServiceSpecExtra {
                 external_name: spec.external_name.as_deref().map(Into::into),
-                cluster_ips: cluster_ips.into_iter().map(|s| IpText::parse(s)).collect(),
                 external_ips: spec
                     .external_ips
                     .iter()
@@ -342,15 +378,20 @@ impl From<&Service> for ServiceInfo {
                     .map(IpText::parse)
                     .collect(),
                 load_balancer_source_ranges: boxed(spec.load_balancer_source_ranges.as_ref()),
-                client_ip_affinity: spec.session_affinity.as_deref() == Some("ClientIP"),
                 affinity_timeout_seconds: spec
                     .session_affinity_config
                     .as_ref()
                     .and_then(|c| c.client_ip.as_ref())
                     .and_then(|c| c.timeout_seconds),
+                health_check_node_port: spec.health_check_node_port,
+            };
+            ServiceSpecInfo {
+                type_: intern_opt(spec.type_.as_ref()),
+                cluster_ips: cluster_ips.into_iter().map(|s| IpText::parse(s)).collect(),
+                client_ip_affinity: spec.session_affinity.as_deref() == Some("ClientIP"),
                 internal_policy_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
                 external_policy_local: spec.external_traffic_policy.as_deref() == Some("Local"),
-                health_check_node_port: spec.health_check_node_port,
+                extra: (extra != ServiceSpecExtra::default()).then(|| Box::new(extra)),
                 publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
                 ports: spec
                     .ports
@@ -514,14 +555,14 @@ impl From<&ServiceInfo> for Service {
         use k8s_openapi::api::core::v1 as core;
         let spec = o.spec.as_ref().map(|s| core::ServiceSpec {
             type_: s.type_.as_deref().map(String::from),
-            external_name: s.external_name.as_deref().map(String::from),
+            external_name: s.external_name().map(String::from),
             cluster_ips: (!s.cluster_ips.is_empty())
                 .then(|| s.cluster_ips.iter().map(IpText::text).collect()),
-            external_ips: (!s.external_ips.is_empty())
-                .then(|| s.external_ips.iter().map(IpText::text).collect()),
-            load_balancer_source_ranges: strings(&s.load_balancer_source_ranges),
+            external_ips: (!s.external_ips().is_empty())
+                .then(|| s.external_ips().iter().map(IpText::text).collect()),
+            load_balancer_source_ranges: strings(s.load_balancer_source_ranges()),
             session_affinity: s.client_ip_affinity.then(|| "ClientIP".into()),
-            session_affinity_config: s.affinity_timeout_seconds.map(|t| {
+            session_affinity_config: s.affinity_timeout_seconds().map(|t| {
                 core::SessionAffinityConfig {
                     client_ip: Some(core::ClientIPConfig {
                         timeout_seconds: Some(t),
@@ -530,7 +571,7 @@ impl From<&ServiceInfo> for Service {
             }),
             internal_traffic_policy: s.internal_policy_local.then(|| "Local".into()),
             external_traffic_policy: s.external_policy_local.then(|| "Local".into()),
-            health_check_node_port: s.health_check_node_port,
+            health_check_node_port: s.health_check_node_port(),
             publish_not_ready_addresses: s.publish_not_ready_addresses.then_some(true),
             ports: (!s.ports.is_empty()).then(|| {
                 s.ports
@@ -549,11 +590,11 @@ impl From<&ServiceInfo> for Service {
         let status = o
             .spec
             .as_ref()
-            .filter(|s| !s.load_balancer_ips.is_empty())
+            .filter(|s| !s.load_balancer_ips().is_empty())
             .map(|s| core::ServiceStatus {
                 load_balancer: Some(core::LoadBalancerStatus {
                     ingress: Some(
-                        s.load_balancer_ips
+                        s.load_balancer_ips()
                             .iter()
                             .map(|ip| core::LoadBalancerIngress {
                                 ip: Some(ip.text()),

@@ -14,7 +14,8 @@ mod pod;
 
 pub use compact::{
     Addresses, EndpointExtra, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText,
-    NodeAddressInfo, NodeInfo, Placement, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
+    NodeAddressInfo, NodeInfo, Placement, ServiceInfo, ServicePortInfo, ServiceSpecExtra,
+    ServiceSpecInfo,
 };
 pub use diff::{Changed, PlanDiff};
 pub use objects::{Kind, NsKey, Object, ObjectKey, Snapshot};

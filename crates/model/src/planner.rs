@@ -632,15 +632,15 @@ fn plan_service(
         return;
     }
     let cluster_ips = parse_ips(&spec.cluster_ips, "clusterIP", &id, warnings);
-    let external_ips = parse_ips(&spec.external_ips, "externalIP", &id, warnings);
+    let external_ips = parse_ips(spec.external_ips(), "externalIP", &id, warnings);
     let lb_ips = parse_ips(
-        &spec.load_balancer_ips,
+        spec.load_balancer_ips(),
         "load-balancer ingress IP",
         &id,
         warnings,
     );
     let mut source_ranges = Vec::new();
-    for s in spec.load_balancer_source_ranges.iter() {
+    for s in spec.load_balancer_source_ranges() {
         match s.trim().parse::<IpNet>() {
             Ok(n) => source_ranges.push(n.trunc()),
             Err(_) => {
@@ -651,7 +651,7 @@ fn plan_service(
         }
     }
     let affinity_timeout = spec.client_ip_affinity.then(|| {
-        spec.affinity_timeout_seconds
+        spec.affinity_timeout_seconds()
             .filter(|t| *t > 0)
             .map(|t| t as u32)
             .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
@@ -836,7 +836,7 @@ fn plan_service(
             cat.local.shrink_to_fit();
 
             let health_check_node_port = spec
-                .health_check_node_port
+                .health_check_node_port()
                 .filter(|p| etp_local && (1..=65535).contains(p))
                 .map(|p| p as u16);
             out.insert(
