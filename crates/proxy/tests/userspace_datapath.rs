@@ -154,7 +154,7 @@ fn udp_is_proxied_and_answers_come_from_the_service_address() {
     let web = plan
         .services
         .keys()
-        .find(|k| &*&*k.name == "web" && k.family == IpFamily::V4)
+        .find(|k| &*k.name == "web" && k.family == IpFamily::V4)
         .unwrap()
         .clone();
     let sp = plan.services[&web].clone();
