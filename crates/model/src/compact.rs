@@ -227,11 +227,13 @@ impl std::ops::Deref for Addresses {
 
 impl FromIterator<IpText> for Addresses {
     fn from_iter<I: IntoIterator<Item = IpText>>(iter: I) -> Self {
-        let mut v: Vec<IpText> = iter.into_iter().collect();
-        if v.len() == 1 {
-            Addresses::One(v.pop().expect("one"))
-        } else {
-            Addresses::Many(v.into_boxed_slice())
+        let mut iter = iter.into_iter();
+        let Some(first) = iter.next() else {
+            return Addresses::default();
+        };
+        match iter.next() {
+            None => Addresses::One(first),
+            Some(second) => Addresses::Many([first, second].into_iter().chain(iter).collect()),
         }
     }
 }
@@ -274,6 +276,22 @@ impl Placement {
         if node_name.is_none() && zone.is_none() {
             return None;
         }
+        // The endpoints of a slice are converted one after the other and often share their
+        // node: the last pair is checked first, without a lock.
+        thread_local! {
+            static LAST: std::cell::RefCell<Option<Arc<Placement>>> =
+                const { std::cell::RefCell::new(None) };
+        }
+        let same = |p: &Placement| p.node_name.as_deref() == node_name && p.zone.as_deref() == zone;
+        if let Some(hit) = LAST.with_borrow(|l| l.as_ref().filter(|p| same(p)).cloned()) {
+            return Some(hit);
+        }
+        let found = Self::lookup(node_name, zone);
+        LAST.with_borrow_mut(|l| *l = Some(found.clone()));
+        Some(found)
+    }
+
+    fn lookup(node_name: Option<&str>, zone: Option<&str>) -> Arc<Placement> {
         let p = Placement {
             node_name: node_name.map(intern),
             zone: zone.map(intern),
@@ -284,7 +302,7 @@ impl Placement {
         let (table, sweep_at) = &mut *guard;
         let table = table.get_or_insert_with(HashSet::new);
         if let Some(hit) = table.get(&p) {
-            return Some(hit.clone());
+            return hit.clone();
         }
         if table.len() >= *sweep_at {
             table.retain(|a| Arc::strong_count(a) > 1);
@@ -292,7 +310,7 @@ impl Placement {
         }
         let new = Arc::new(p);
         table.insert(new.clone());
-        Some(new)
+        new
     }
 }
 
