@@ -198,6 +198,41 @@ impl Snapshot {
         }
     }
 
+    /// No object of `kind`.
+    pub fn kind_is_empty(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Service => self.services.is_empty(),
+            Kind::EndpointSlice => self.endpoint_slices.is_empty(),
+            Kind::Node => self.nodes.is_empty(),
+            Kind::Pod => self.pods.is_empty(),
+        }
+    }
+
+    /// Inserts `objects`, which come in key order, appending to the maps' ends where they
+    /// can (as `BTreeMap::extend` does not): a first list without a lookup per object.
+    pub fn extend_sorted(&mut self, objects: impl IntoIterator<Item = Object>) {
+        fn append<K: Ord, V>(m: &mut BTreeMap<K, V>, batch: &mut Vec<(K, V)>) {
+            if batch.is_empty() {
+                return;
+            }
+            let mut add: BTreeMap<K, V> = std::mem::take(batch).into_iter().collect();
+            m.append(&mut add);
+        }
+        let (mut s, mut e, mut n, mut p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for o in objects {
+            match o {
+                Object::Service(v) => s.push(((v.namespace.clone(), v.name.clone()), v)),
+                Object::EndpointSlice(v) => e.push(((v.namespace.clone(), v.name.clone()), v)),
+                Object::Node(v) => n.push((v.name.to_string(), v)),
+                Object::Pod(v) => p.push(((v.namespace.clone(), v.name.clone()), v)),
+            }
+        }
+        append(&mut self.services, &mut s);
+        append(&mut self.endpoint_slices, &mut e);
+        append(&mut self.nodes, &mut n);
+        append(&mut self.pods, &mut p);
+    }
+
     /// Rebuilds the maps with full B-tree nodes. Keys inserted in order (a first list) leave
     /// every node about half full; rebuilt from a sorted sequence, ~40 % less memory for
     /// the maps. Costs one pass; worth it after many inserts.
