@@ -4,7 +4,7 @@
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
-#   bash scripts/dev.sh agent-bench  build release weir, the real `weir proxy` at 1k/10k services:
+#   bash scripts/dev.sh agent-bench  build release weir, the real `weir proxy` at 1k/10k/100k services:
 #                              full sync, RSS, one endpoint change event → rules (WEIR_BIN_BASE:
 #                              an older binary measured side by side)
 #   bash scripts/dev.sh routes-bench  node routes: pod → pod throughput and connection rate

@@ -301,12 +301,12 @@ impl Zone {
         let mut slices: HashMap<(&str, &str), Vec<&EndpointSliceInfo>> = HashMap::new();
         for ((ns, _), slice) in &snapshot.endpoint_slices {
             if let Some(svc) = slice.service_name.as_deref() {
-                slices.entry((ns.as_str(), svc)).or_default().push(slice);
+                slices.entry((&**ns, svc)).or_default().push(slice);
             }
         }
         for ((ns, name), svc) in &snapshot.services {
             let svc_slices = slices
-                .get(&(ns.as_str(), name.as_str()))
+                .get(&(&**ns, &**name))
                 .map(Vec::as_slice)
                 .unwrap_or_default();
             if let Err(e) = b.service(ns, name, svc, svc_slices) {
@@ -462,7 +462,7 @@ impl<'c> Builder<'c> {
             return Err("no spec".into());
         };
         if spec.type_.as_deref() == Some("ExternalName") {
-            let ext = spec.external_name.as_deref().unwrap_or_default();
+            let ext = spec.external_name().unwrap_or_default();
             let mut target =
                 Name::from_ascii(ext).map_err(|e| format!("externalName {ext:?}: {e}"))?;
             target.set_fqdn(true);
@@ -533,8 +533,7 @@ impl<'c> Builder<'c> {
                         }
                     };
                     let label = ep
-                        .hostname
-                        .as_deref()
+                        .hostname()
                         .map(String::from)
                         .unwrap_or_else(|| dashed(ip));
                     let host = match base.prepend_label(label.as_str()) {

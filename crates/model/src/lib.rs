@@ -13,11 +13,12 @@ mod planner;
 mod pod;
 
 pub use compact::{
-    EndpointHints, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText, NodeAddressInfo,
-    NodeInfo, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
+    Addresses, EndpointExtra, EndpointInfo, EndpointPortInfo, EndpointSliceInfo, IpText,
+    NodeAddressInfo, NodeInfo, Placement, ServiceInfo, ServicePortInfo, ServiceSpecExtra,
+    ServiceSpecInfo,
 };
 pub use diff::{Changed, PlanDiff};
-pub use objects::{Kind, Object, ObjectKey, Snapshot};
+pub use objects::{Kind, NsKey, Object, ObjectKey, Snapshot};
 pub use plan::{
     Endpoint, EndpointSet, Frontend, FrontendKind, IpFamily, Masquerade, NodePortAddresses, Plan,
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,

@@ -148,16 +148,25 @@ impl From<PodInfo> for Object {
     }
 }
 
+/// (namespace, name) of a namespaced object: the object's own strings, shared (a copy of
+/// both per object was ~100 bytes at 100,000 services and their slices).
+pub type NsKey = (Arc<str>, Arc<str>);
+
 /// An immutable, ordered view of all objects (DNS and node routes read it; the proxy's
 /// planner is fed changes instead, see [`crate::Planner::apply`]).
 /// Keys: (namespace, name) for namespaced kinds, name for Nodes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Snapshot {
-    pub services: BTreeMap<(String, String), Arc<ServiceInfo>>,
-    pub endpoint_slices: BTreeMap<(String, String), Arc<EndpointSliceInfo>>,
+    pub services: BTreeMap<NsKey, Arc<ServiceInfo>>,
+    pub endpoint_slices: BTreeMap<NsKey, Arc<EndpointSliceInfo>>,
     pub nodes: BTreeMap<String, Arc<NodeInfo>>,
     /// Empty unless Pods are watched (`weir dns --pods verified`).
-    pub pods: BTreeMap<(String, String), Arc<PodInfo>>,
+    pub pods: BTreeMap<NsKey, Arc<PodInfo>>,
+}
+
+/// A key to look up by (allocated; stored keys are the objects' own strings).
+fn ns_key(key: &ObjectKey) -> NsKey {
+    (key.namespace.as_str().into(), key.name.as_str().into())
 }
 
 impl Snapshot {
@@ -171,26 +180,75 @@ impl Snapshot {
     }
 
     pub fn insert(&mut self, o: Object) {
-        let k = o.key();
         match o {
             Object::Service(v) => {
-                self.services.insert((k.namespace, k.name), v);
+                self.services
+                    .insert((v.namespace.clone(), v.name.clone()), v);
             }
             Object::EndpointSlice(v) => {
-                self.endpoint_slices.insert((k.namespace, k.name), v);
+                self.endpoint_slices
+                    .insert((v.namespace.clone(), v.name.clone()), v);
             }
             Object::Node(v) => {
-                self.nodes.insert(k.name, v);
+                self.nodes.insert(v.name.to_string(), v);
             }
             Object::Pod(v) => {
-                self.pods.insert((k.namespace, k.name), v);
+                self.pods.insert((v.namespace.clone(), v.name.clone()), v);
             }
         }
     }
 
+    /// No object of `kind`.
+    pub fn kind_is_empty(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Service => self.services.is_empty(),
+            Kind::EndpointSlice => self.endpoint_slices.is_empty(),
+            Kind::Node => self.nodes.is_empty(),
+            Kind::Pod => self.pods.is_empty(),
+        }
+    }
+
+    /// Inserts `objects`, which come in key order, appending to the maps' ends where they
+    /// can (as `BTreeMap::extend` does not): a first list without a lookup per object.
+    pub fn extend_sorted(&mut self, objects: impl IntoIterator<Item = Object>) {
+        fn append<K: Ord, V>(m: &mut BTreeMap<K, V>, batch: &mut Vec<(K, V)>) {
+            if batch.is_empty() {
+                return;
+            }
+            let mut add: BTreeMap<K, V> = std::mem::take(batch).into_iter().collect();
+            m.append(&mut add);
+        }
+        let (mut s, mut e, mut n, mut p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for o in objects {
+            match o {
+                Object::Service(v) => s.push(((v.namespace.clone(), v.name.clone()), v)),
+                Object::EndpointSlice(v) => e.push(((v.namespace.clone(), v.name.clone()), v)),
+                Object::Node(v) => n.push((v.name.to_string(), v)),
+                Object::Pod(v) => p.push(((v.namespace.clone(), v.name.clone()), v)),
+            }
+        }
+        append(&mut self.services, &mut s);
+        append(&mut self.endpoint_slices, &mut e);
+        append(&mut self.nodes, &mut n);
+        append(&mut self.pods, &mut p);
+    }
+
+    /// Rebuilds the maps with full B-tree nodes. Keys inserted in order (a first list) leave
+    /// every node about half full; rebuilt from a sorted sequence, ~40 % less memory for
+    /// the maps. Costs one pass; worth it after many inserts.
+    pub fn compact(&mut self) {
+        fn dense<K: Ord, V>(m: &mut BTreeMap<K, V>) {
+            *m = std::mem::take(m).into_iter().collect();
+        }
+        dense(&mut self.services);
+        dense(&mut self.endpoint_slices);
+        dense(&mut self.nodes);
+        dense(&mut self.pods);
+    }
+
     /// Removes the object with `key`; returns whether there was one.
     pub fn remove(&mut self, key: &ObjectKey) -> bool {
-        let nk = (key.namespace.clone(), key.name.clone());
+        let nk = ns_key(key);
         match key.kind {
             Kind::Service => self.services.remove(&nk).is_some(),
             Kind::EndpointSlice => self.endpoint_slices.remove(&nk).is_some(),
@@ -200,7 +258,7 @@ impl Snapshot {
     }
 
     pub fn get(&self, key: &ObjectKey) -> Option<Object> {
-        let nk = (key.namespace.clone(), key.name.clone());
+        let nk = ns_key(key);
         match key.kind {
             Kind::Service => self.services.get(&nk).cloned().map(Object::Service),
             Kind::EndpointSlice => self

@@ -76,14 +76,6 @@ fn object_key(ns: &Arc<str>, name: &Arc<str>) -> NsName {
     (ns.clone(), name.clone())
 }
 
-/// The plan of one service (or of the slices of a service that does not exist: no ports,
-/// only their problems).
-#[derive(Default)]
-struct Planned {
-    ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)>,
-    warnings: Vec<String>,
-}
-
 /// What the node-wide part of the plan was computed from: the configuration and the facts
 /// of this node's Node object the planner reads.
 #[derive(Clone, PartialEq)]
@@ -111,7 +103,10 @@ pub struct Planner {
     /// endpoints are merged in). A sorted `Vec`, not a map: most services have one slice,
     /// and a B-tree's node has room for eleven (~400 bytes per service at 10,000).
     by_service: HashMap<NsName, Vec<Arc<EndpointSliceInfo>>>,
-    planned: HashMap<NsName, Planned>,
+    /// The problems each service's planning reported, for the services that had any (a
+    /// service's ports are found in the plan itself, whose keys sort by namespace and name:
+    /// a per-service list of them was ~170 bytes per service).
+    warned: HashMap<NsName, Box<[String]>>,
     /// Every standing warning with the number of places reporting it.
     warnings: BTreeMap<String, usize>,
     plan: Plan,
@@ -126,14 +121,14 @@ impl Planner {
             a.is_some_and(|a| Arc::ptr_eq(a, b) || a == b)
         }
         for ((ns, name), o) in &snapshot.services {
-            if !same(self.services.get(&ns_name(ns, name)), o) {
-                let key = ObjectKey::new(Kind::Service, ns, name);
+            if !same(self.services.get(&(ns.clone(), name.clone())), o) {
+                let key = ObjectKey::new(Kind::Service, &**ns, &**name);
                 changes.push((key, Some(Object::Service(o.clone()))));
             }
         }
         for ((ns, name), o) in &snapshot.endpoint_slices {
-            if !same(self.slices.get(&ns_name(ns, name)), o) {
-                let key = ObjectKey::new(Kind::EndpointSlice, ns, name);
+            if !same(self.slices.get(&(ns.clone(), name.clone())), o) {
+                let key = ObjectKey::new(Kind::EndpointSlice, &**ns, &**name);
                 changes.push((key, Some(Object::EndpointSlice(o.clone()))));
             }
         }
@@ -144,7 +139,7 @@ impl Planner {
             }
         }
         let gone = |kind| move |(ns, name): &NsName| (ObjectKey::new(kind, &**ns, &**name), None);
-        let listed = |(ns, name): &NsName| (ns.to_string(), name.to_string());
+        let listed = |(ns, name): &NsName| (ns.clone(), name.clone());
         changes.extend(
             self.services
                 .keys()
@@ -218,7 +213,13 @@ impl Planner {
         if self.context.as_ref() != Some(&context) {
             dirty.extend(self.services.keys().cloned());
             dirty.extend(self.by_service.keys().cloned());
-            dirty.extend(self.planned.keys().cloned());
+            dirty.extend(self.warned.keys().cloned());
+            dirty.extend(
+                self.plan
+                    .services
+                    .keys()
+                    .map(|k| (k.namespace.clone(), k.name.clone())),
+            );
             self.context = Some(context);
         }
         // Taken out while the services are replanned (they borrow it; `replan` needs `self`).
@@ -228,8 +229,16 @@ impl Planner {
             node_ips: &context.node_ips,
             zone: &context.zone,
         };
+        let replanned = dirty.len();
         for group in dirty {
             self.replan(&ctx, group, &mut diff);
+        }
+        if replanned >= 1024 {
+            // Service ports inserted in key order (a first sync) leave the B-tree's nodes
+            // half empty; rebuilt from the sorted map they are full (and so is every copy
+            // of the plan: the backend keeps one).
+            let services = std::mem::take(&mut self.plan.services);
+            self.plan.services = services.into_iter().collect();
         }
         let before = crate::diff::globals(&self.plan);
         let p = &mut self.plan;
@@ -326,12 +335,25 @@ impl Planner {
     /// Plans one service afresh and puts the result in the plan, keeping the `Arc` of every
     /// port whose plan did not change; records the ports that did in `diff`.
     fn replan(&mut self, ctx: &Ctx<'_>, group: NsName, diff: &mut PlanDiff) {
-        let old = self.planned.remove(&group).unwrap_or_default();
-        for w in &old.warnings {
-            remove_warning(&mut self.warnings, w);
+        for w in self.warned.remove(&group).unwrap_or_default() {
+            remove_warning(&mut self.warnings, &w);
         }
-        let mut old_ports: HashMap<ServicePortKey, Arc<ServicePortPlan>> =
-            old.ports.into_iter().collect();
+        // The service's ports: the first possible key of the service, then on while the
+        // namespace and name are the same.
+        let first = ServicePortKey {
+            namespace: group.0.clone(),
+            name: group.1.clone(),
+            port_name: intern(""),
+            protocol: Protocol::Tcp,
+            family: IpFamily::V4,
+        };
+        let mut old_ports: HashMap<ServicePortKey, Arc<ServicePortPlan>> = self
+            .plan
+            .services
+            .range(&first..)
+            .take_while(|(k, _)| k.namespace == group.0 && k.name == group.1)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for k in old_ports.keys() {
             self.plan.services.remove(k);
         }
@@ -355,41 +377,30 @@ impl Planner {
                 &mut warnings,
             );
         }
-        let ports: Vec<(ServicePortKey, Arc<ServicePortPlan>)> = ports
-            .into_iter()
-            .map(|(k, v)| match old_ports.remove(&k) {
-                Some(old) if *old == v => (k, old),
-                Some(old) => {
-                    let new = Arc::new(v);
-                    let change = Changed {
-                        old,
-                        new: new.clone(),
-                    };
-                    diff.changed.insert(k.clone(), change);
-                    (k, new)
-                }
-                None => {
-                    let new = Arc::new(v);
-                    diff.added.insert(k.clone(), new.clone());
-                    (k, new)
-                }
-            })
-            .collect();
+        let ports = ports.into_iter().map(|(k, v)| match old_ports.remove(&k) {
+            Some(old) if *old == v => (k, old),
+            Some(old) => {
+                let new = Arc::new(v);
+                let change = Changed {
+                    old,
+                    new: new.clone(),
+                };
+                diff.changed.insert(k.clone(), change);
+                (k, new)
+            }
+            None => {
+                let new = Arc::new(v);
+                diff.added.insert(k.clone(), new.clone());
+                (k, new)
+            }
+        });
+        self.plan.services.extend(ports);
         diff.removed.extend(old_ports);
-        for (k, v) in &ports {
-            self.plan.services.insert(k.clone(), v.clone());
-        }
         for w in &warnings {
             add_warning(&mut self.warnings, w.clone());
         }
-        if !ports.is_empty() || !warnings.is_empty() {
-            self.planned.insert(
-                group,
-                Planned {
-                    ports,
-                    warnings: warnings.into_iter().collect(),
-                },
-            );
+        if !warnings.is_empty() {
+            self.warned.insert(group, warnings.into_iter().collect());
         }
     }
 }
@@ -476,10 +487,11 @@ fn nodeport_addresses(cfg: &ProxyConfig, node_ips: &[IpAddr], fam: IpFamily) -> 
 /// Endpoints merged across all EndpointSlices of a service, per (port name, protocol,
 /// family), deduplicated by (ip, port) with a local copy winning — as kube-proxy's
 /// EndpointSliceCache does.
-type PortId = (String, String, String, Protocol, IpFamily);
+/// (port name, protocol, family) within one service (borrowed from its slices).
+type PortId<'a> = (&'a str, Protocol, IpFamily);
 
-struct EndpointIndex {
-    by_port: BTreeMap<PortId, BTreeMap<(IpAddr, u16), EpInfo>>,
+struct EndpointIndex<'a> {
+    by_port: BTreeMap<PortId<'a>, BTreeMap<(IpAddr, u16), EpInfo>>,
 }
 
 #[derive(Clone)]
@@ -493,9 +505,9 @@ fn hinted(hints: &[Arc<str>], name: &str) -> bool {
     hints.iter().any(|h| &**h == name)
 }
 
-impl EndpointIndex {
+impl<'a> EndpointIndex<'a> {
     /// Indexes the `slices` (name, slice) of one service in namespace `ns`.
-    fn build<'a>(
+    fn build(
         ns: &str,
         slices: impl IntoIterator<Item = (&'a str, &'a EndpointSliceInfo)>,
         node_name: &str,
@@ -503,9 +515,9 @@ impl EndpointIndex {
     ) -> Self {
         let mut by_port: BTreeMap<_, BTreeMap<(IpAddr, u16), EpInfo>> = BTreeMap::new();
         for (slice_name, slice) in slices {
-            let Some(svc) = slice.service_name.as_deref() else {
+            if slice.service_name.is_none() {
                 continue;
-            };
+            }
             let family = match &*slice.address_type {
                 "IPv4" => IpFamily::V4,
                 "IPv6" => IpFamily::V6,
@@ -526,13 +538,7 @@ impl EndpointIndex {
                     ));
                     continue;
                 };
-                let key = (
-                    ns.to_string(),
-                    svc.to_string(),
-                    port.name.as_deref().unwrap_or_default().to_string(),
-                    proto,
-                    family,
-                );
+                let key = (port.name.as_deref().unwrap_or_default(), proto, family);
                 let set = by_port.entry(key).or_default();
                 for e in slice.endpoints.iter() {
                     let Some(first) = e.addresses.first() else {
@@ -554,13 +560,11 @@ impl EndpointIndex {
                     }
                     let ready = e.ready.unwrap_or(true);
                     let is_local =
-                        !node_name.is_empty() && e.node_name.as_deref() == Some(node_name);
+                        !node_name.is_empty() && e.node_name().map(|n| &**n) == Some(node_name);
                     let info = EpInfo {
                         ep: Endpoint {
                             ip,
                             port: num as u16,
-                            node_name: e.node_name.clone(),
-                            zone: e.zone.clone(),
                             is_local,
                             ready,
                             serving: e.serving.unwrap_or(true),
@@ -580,13 +584,7 @@ impl EndpointIndex {
     }
 
     fn get(&self, key: &ServicePortKey) -> Vec<EpInfo> {
-        let k = (
-            key.namespace.clone(),
-            key.name.clone(),
-            key.port_name.clone(),
-            key.protocol,
-            key.family,
-        );
+        let k = (&*key.port_name, key.protocol, key.family);
         self.by_port
             .get(&k)
             .map(|m| m.values().cloned().collect())
@@ -615,8 +613,8 @@ fn parse_ips(
 
 fn plan_service(
     ctx: &Ctx<'_>,
-    ns: &str,
-    name: &str,
+    ns: &Arc<str>,
+    name: &Arc<str>,
     svc: &ServiceInfo,
     index: &EndpointIndex,
     out: &mut BTreeMap<ServicePortKey, ServicePortPlan>,
@@ -634,15 +632,15 @@ fn plan_service(
         return;
     }
     let cluster_ips = parse_ips(&spec.cluster_ips, "clusterIP", &id, warnings);
-    let external_ips = parse_ips(&spec.external_ips, "externalIP", &id, warnings);
+    let external_ips = parse_ips(spec.external_ips(), "externalIP", &id, warnings);
     let lb_ips = parse_ips(
-        &spec.load_balancer_ips,
+        spec.load_balancer_ips(),
         "load-balancer ingress IP",
         &id,
         warnings,
     );
     let mut source_ranges = Vec::new();
-    for s in spec.load_balancer_source_ranges.iter() {
+    for s in spec.load_balancer_source_ranges() {
         match s.trim().parse::<IpNet>() {
             Ok(n) => source_ranges.push(n.trunc()),
             Err(_) => {
@@ -653,7 +651,7 @@ fn plan_service(
         }
     }
     let affinity_timeout = spec.client_ip_affinity.then(|| {
-        spec.affinity_timeout_seconds
+        spec.affinity_timeout_seconds()
             .filter(|t| *t > 0)
             .map(|t| t as u32)
             .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
@@ -683,9 +681,9 @@ fn plan_service(
             .map(|p| p as u16);
         for &family in &families {
             let key = ServicePortKey {
-                namespace: ns.to_string(),
-                name: name.to_string(),
-                port_name: sp.name.as_deref().unwrap_or_default().to_string(),
+                namespace: ns.clone(),
+                name: name.clone(),
+                port_name: sp.name.clone().unwrap_or_else(|| intern("")),
                 protocol,
                 family,
             };
@@ -838,7 +836,7 @@ fn plan_service(
             cat.local.shrink_to_fit();
 
             let health_check_node_port = spec
-                .health_check_node_port
+                .health_check_node_port()
                 .filter(|p| etp_local && (1..=65535).contains(p))
                 .map(|p| p as u16);
             out.insert(

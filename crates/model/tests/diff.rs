@@ -13,7 +13,7 @@ fn diff_reports_added_removed_changed_service_ports() {
     // Remove conditions.yaml's services, add lb.yaml's, change web's endpoints.
     let mut snap = snapshot(&["nodes.yaml", "basic.yaml", "lb.yaml"]);
     snap.endpoint_slices
-        .remove(&("shop".to_string(), "web-2".to_string()));
+        .remove(&("shop".into(), "web-2".into()));
     let new = plan(&snap, &cfg);
     let d = old.diff(&new);
     let names =
@@ -73,8 +73,6 @@ fn arb_endpoint() -> impl Strategy<Value = Endpoint> {
     (0u8..4, prop::bool::ANY, prop::bool::ANY).prop_map(|(last, local, ready)| Endpoint {
         ip: format!("10.244.0.{last}").parse().unwrap(),
         port: 8080,
-        node_name: Some(if local { "node-a" } else { "node-b" }.into()),
-        zone: None,
         is_local: local,
         ready,
         serving: ready,

@@ -262,7 +262,7 @@ fn an_endpoint_change_replans_only_its_service() {
         .services
         .iter()
         .filter(|(k, v)| !std::sync::Arc::ptr_eq(v, &before.services[*k]))
-        .map(|(k, _)| k.name.clone())
+        .map(|(k, _)| k.name.to_string())
         .collect();
     assert_eq!(replaced, vec!["b".to_string()]);
 }

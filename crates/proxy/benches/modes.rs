@@ -60,9 +60,9 @@ fn env_num(name: &str, default: u64) -> u64 {
 fn plan() -> Plan {
     let mut plan = load();
     plan.services
-        .retain(|k, _| k.name == "solo" || k.name == "web");
+        .retain(|k, _| &*k.name == "solo" || &*k.name == "web");
     for (k, sp) in plan.services.iter_mut() {
-        let port = if k.name == "solo" {
+        let port = if &*k.name == "solo" {
             CONN_PORT
         } else {
             SINK_PORT

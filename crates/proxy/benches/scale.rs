@@ -197,8 +197,8 @@ fn node_port(i: usize) -> Option<u16> {
 fn key(i: usize) -> ServicePortKey {
     ServicePortKey {
         namespace: NAMESPACE.into(),
-        name: svc_name(i),
-        port_name: String::new(),
+        name: svc_name(i).into(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
         family: IpFamily::V4,
     }
@@ -208,8 +208,6 @@ fn endpoint(ip: Ipv4Addr) -> Endpoint {
     Endpoint {
         ip: IpAddr::V4(ip),
         port: EP_PORT,
-        node_name: Some(EP_NODE.into()),
-        zone: None,
         is_local: false,
         ready: true,
         serving: true,

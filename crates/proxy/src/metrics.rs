@@ -505,7 +505,7 @@ mod tests {
         let key = |n: &str| ServicePortKey {
             namespace: "d".into(),
             name: n.into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol: Protocol::Tcp,
             family: IpFamily::V4,
         };

@@ -356,7 +356,7 @@ struct RecordingObserver(Arc<Mutex<Seen>>);
 
 impl SyncObserver for RecordingObserver {
     fn synced(&mut self, diff: Option<&PlanDiff>, _: &Plan, _: &SyncReport, _: &[SystemTime]) {
-        let touched = diff.map(|d| d.touched().iter().map(|k| k.name.clone()).collect());
+        let touched = diff.map(|d| d.touched().iter().map(|k| k.name.to_string()).collect());
         self.0.lock().unwrap().synced.push(touched);
     }
     fn failed(&mut self, _: &Error) {

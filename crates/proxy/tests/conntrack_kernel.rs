@@ -177,7 +177,7 @@ fn key(name: &str, family: IpFamily) -> ServicePortKey {
     ServicePortKey {
         namespace: "default".into(),
         name: name.into(),
-        port_name: String::new(),
+        port_name: "".into(),
         protocol: Protocol::Udp,
         family,
     }
@@ -214,8 +214,6 @@ fn service(vip: &str, node_port: Option<u16>, endpoints: &[&str]) -> ServicePort
             .map(|ip| Endpoint {
                 ip: ip.parse::<IpAddr>().unwrap(),
                 port: 5353,
-                node_name: None,
-                zone: None,
                 is_local: false,
                 ready: true,
                 serving: true,

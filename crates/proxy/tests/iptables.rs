@@ -38,8 +38,6 @@ fn endpoint(ip: &str, port: u16) -> Endpoint {
     Endpoint {
         ip: ip.parse().unwrap(),
         port,
-        node_name: None,
-        zone: None,
         is_local: false,
         ready: true,
         serving: true,

@@ -26,7 +26,12 @@ use common::lab::{
 /// `p` with web's endpoint `from` replaced by `to`.
 fn replace_web_endpoint(p: &Plan, from: &str, to: &str) -> Plan {
     let mut p = p.clone();
-    let web = p.services.keys().find(|k| k.name == "web").unwrap().clone();
+    let web = p
+        .services
+        .keys()
+        .find(|k| &*k.name == "web")
+        .unwrap()
+        .clone();
     let eps = &mut std::sync::Arc::make_mut(p.services.get_mut(&web).unwrap()).cluster_endpoints;
     let ep = eps.iter_mut().find(|e| e.ip.to_string() == from).unwrap();
     ep.ip = to.parse().unwrap();

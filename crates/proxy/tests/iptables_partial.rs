@@ -76,8 +76,8 @@ fn allocations<T>(f: impl FnOnce() -> T) -> (T, usize) {
 fn key(i: usize) -> ServicePortKey {
     ServicePortKey {
         namespace: "bench".into(),
-        name: format!("svc-{i:05}"),
-        port_name: String::new(),
+        name: format!("svc-{i:05}").into(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
         family: IpFamily::V4,
     }
@@ -87,8 +87,6 @@ fn endpoint(ip: Ipv4Addr) -> Endpoint {
     Endpoint {
         ip: IpAddr::V4(ip),
         port: 8080,
-        node_name: Some("node-1".into()),
-        zone: None,
         is_local: false,
         ready: true,
         serving: true,

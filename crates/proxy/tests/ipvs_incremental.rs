@@ -27,8 +27,6 @@ fn endpoint(i: u8, local: bool) -> Endpoint {
     Endpoint {
         ip: v4(10, 244, 0, i),
         port: 8080,
-        node_name: None,
-        zone: None,
         is_local: local,
         ready: true,
         serving: true,
@@ -128,8 +126,8 @@ fn service_port() -> impl Strategy<Value = (u8, ServicePortPlan)> {
 fn key(name: u8, udp: bool) -> ServicePortKey {
     ServicePortKey {
         namespace: "default".into(),
-        name: format!("s{name}"),
-        port_name: String::new(),
+        name: format!("s{name}").into(),
+        port_name: "".into(),
         protocol: if udp { Protocol::Udp } else { Protocol::Tcp },
         family: IpFamily::V4,
     }

@@ -31,7 +31,7 @@ fn with_more_web_endpoints(v2: &Plan) -> Plan {
     let web = v3
         .services
         .keys()
-        .find(|k| k.name == "web")
+        .find(|k| k.name.as_ref() == "web")
         .unwrap()
         .clone();
     let sp = std::sync::Arc::make_mut(v3.services.get_mut(&web).unwrap());
@@ -88,7 +88,12 @@ fn full_scripts_pass_nft_check_and_updates_apply() {
 fn conflicting_frontends_keep_the_first_and_say_so() {
     let mut p = load("v1");
     // Give a second service port the same externalIP frontend as `one`.
-    let one = p.services.keys().find(|k| k.name == "one").unwrap().clone();
+    let one = p
+        .services
+        .keys()
+        .find(|k| k.name.as_ref() == "one")
+        .unwrap()
+        .clone();
     let mut dup = (*p.services[&one]).clone();
     let mut key = one.clone();
     key.name = "one-copy".into();
@@ -135,7 +140,7 @@ fn encoded_ruleset_holds_the_rulesets_elements() {
     let one = conflicting
         .services
         .keys()
-        .find(|k| k.name == "one")
+        .find(|k| k.name.as_ref() == "one")
         .unwrap()
         .clone();
     let mut dup = (*conflicting.services[&one]).clone();

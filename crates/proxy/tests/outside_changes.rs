@@ -144,7 +144,7 @@ fn nftables_partial_sync_deletes_a_balancing_chain_with_its_last_user() {
     let solo = v2
         .services
         .keys()
-        .find(|k| k.name == "solo")
+        .find(|k| &*k.name == "solo")
         .unwrap()
         .clone();
     let sp = std::sync::Arc::make_mut(v2.services.get_mut(&solo).unwrap());

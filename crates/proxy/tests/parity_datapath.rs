@@ -118,7 +118,7 @@ fn topology_hints(mode: &str) {
     let hints = plan
         .services
         .iter()
-        .find(|(k, _)| k.name == "hints")
+        .find(|(k, _)| &*k.name == "hints")
         .unwrap();
     assert_eq!(hints.1.topology, TopologyMode::PreferSameZone);
     let Some(s) = Synced::new(&format!("hint-{mode}"), mode) else {

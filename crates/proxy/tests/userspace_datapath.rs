@@ -154,7 +154,7 @@ fn udp_is_proxied_and_answers_come_from_the_service_address() {
     let web = plan
         .services
         .keys()
-        .find(|k| k.name == "web" && k.family == IpFamily::V4)
+        .find(|k| &*k.name == "web" && k.family == IpFamily::V4)
         .unwrap()
         .clone();
     let sp = plan.services[&web].clone();
@@ -267,7 +267,7 @@ fn serve_bulk(lab: &Lab, upload: Arc<Vec<u8>>, download: Arc<Vec<u8>>) -> thread
 fn bulk_plan() -> Plan {
     let mut plan = load();
     for (k, sp) in plan.services.iter_mut() {
-        if k.name == "solo" {
+        if &*k.name == "solo" {
             let sp = std::sync::Arc::make_mut(sp);
             for e in sp
                 .cluster_endpoints

@@ -212,8 +212,8 @@ mod tests {
         let Object::EndpointSlice(info) = Object::from(s) else {
             panic!("not a slice")
         };
-        assert_eq!(info.endpoints[0].node_name.as_deref(), Some("node-a"));
-        assert_eq!(info.endpoints[0].zone.as_deref(), Some("zone-1"));
+        assert_eq!(info.endpoints[0].node_name().map(|n| &**n), Some("node-a"));
+        assert_eq!(info.endpoints[0].zone().map(|z| &**z), Some("zone-1"));
     }
 
     #[test]

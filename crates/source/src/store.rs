@@ -65,6 +65,10 @@ pub struct Store {
     since: Option<Instant>,
 }
 
+/// A list that changed this many objects rebuilds the maps densely ([`Snapshot::compact`]):
+/// a first list inserted in key order leaves the B-tree nodes half empty.
+const COMPACT_AFTER: usize = 1024;
+
 fn same(a: Option<&Object>, b: &Object) -> bool {
     a.is_some_and(|a| a == b)
 }
@@ -120,8 +124,9 @@ impl Store {
             }
             Event::Listed(kind, list) => self.replace_kind(kind, list),
             Event::Resync(list) => {
-                let new = Snapshot::from_objects(&list);
+                let mut new = Snapshot::from_objects(&list);
                 drop(list);
+                new.compact();
                 let mut keys = Vec::new();
                 for o in new.objects() {
                     let k = o.key();
@@ -171,13 +176,22 @@ impl Store {
             Arc::make_mut(&mut self.objects).remove(&k);
             keys.push(k);
         }
-        for (k, o) in new {
-            if !same(self.objects.get(&k).as_ref(), &o) {
-                Arc::make_mut(&mut self.objects).insert(o);
-                keys.push(k);
+        if self.objects.kind_is_empty(kind) {
+            // A first list: every object is new; the kind's map is built in one go.
+            keys.extend(new.keys().cloned());
+            Arc::make_mut(&mut self.objects).extend_sorted(new.into_values());
+        } else {
+            for (k, o) in new {
+                if !same(self.objects.get(&k).as_ref(), &o) {
+                    Arc::make_mut(&mut self.objects).insert(o);
+                    keys.push(k);
+                }
             }
         }
         let changed = !keys.is_empty();
+        if keys.len() >= COMPACT_AFTER {
+            Arc::make_mut(&mut self.objects).compact();
+        }
         for k in keys {
             self.note(k);
         }
@@ -218,15 +232,29 @@ impl Store {
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default();
-        Changes {
-            generation: self.generation,
-            objects: keys
-                .into_iter()
+        let objects = if keys.len() >= COMPACT_AFTER {
+            // Many (a first sync: all): one ordered walk beside the map instead of a lookup
+            // per key (a B-tree descent comparing names at every level, 200,000 of them at
+            // 100,000 services). Both are in (kind, namespace, name) order.
+            let mut present = self.objects.objects().map(|o| (o.key(), o)).peekable();
+            keys.into_iter()
+                .map(|k| {
+                    while present.next_if(|(p, _)| *p < k).is_some() {}
+                    let o = present.next_if(|(p, _)| *p == k).map(|(_, o)| o);
+                    (k, o)
+                })
+                .collect()
+        } else {
+            keys.into_iter()
                 .map(|k| {
                     let o = self.objects.get(&k);
                     (k, o)
                 })
-                .collect(),
+                .collect()
+        };
+        Changes {
+            generation: self.generation,
+            objects,
             since: self.since.take(),
         }
     }

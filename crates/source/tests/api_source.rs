@@ -457,8 +457,8 @@ fn a_1_20_server_gets_v1beta1_slices_and_the_service_field_selector_applied_here
     let Event::Applied(Object::EndpointSlice(slice)) = ev else {
         panic!("not a slice: {ev:?}")
     };
-    assert_eq!(slice.endpoints[0].node_name.as_deref(), Some("node-b"));
-    assert_eq!(slice.endpoints[0].zone.as_deref(), Some("zone-2"));
+    assert_eq!(slice.endpoints[0].node_name().map(|n| &**n), Some("node-b"));
+    assert_eq!(slice.endpoints[0].zone().map(|z| &**z), Some("zone-2"));
 
     // New headless Services stay out; one that was in and turns headless is deleted.
     api.apply_yaml(

@@ -30,7 +30,7 @@ fn store_applies_events_and_bumps_generation_only_on_change() {
     let snap = s.snapshot();
     assert_eq!(
         snap.services.keys().cloned().collect::<Vec<_>>(),
-        [("ns".to_string(), "c".to_string())]
+        [("ns".into(), "c".into())]
     );
     assert_eq!(s.generation(), 4);
 }
@@ -53,14 +53,12 @@ fn shared_snapshots_are_the_stores_maps_until_a_change() {
     assert!(s.apply(Event::Deleted(ObjectKey::new(Kind::Service, "ns", "a"))));
     assert!(!s.apply(Event::Deleted(ObjectKey::new(Kind::Service, "ns", "a"))));
     assert_eq!(first.services.len(), 1, "the held snapshot changed");
-    assert!(first
-        .services
-        .contains_key(&("ns".to_string(), "a".to_string())));
+    assert!(first.services.contains_key(&("ns".into(), "a".into())));
     let (g3, now) = s.wait_newer_shared(g1, Duration::from_secs(1)).unwrap();
     assert_eq!(g3, g1 + 2);
     assert_eq!(
         now.services.keys().cloned().collect::<Vec<_>>(),
-        [("ns".to_string(), "b".to_string())]
+        [("ns".into(), "b".into())]
     );
     assert_eq!(*now, s.snapshot().1);
     assert!(s.wait_newer_shared(g3, Duration::from_millis(10)).is_none());
@@ -211,7 +209,7 @@ fn a_listed_kind_replaces_only_that_kind() {
     let snap = s.snapshot();
     assert_eq!(
         snap.services.keys().cloned().collect::<Vec<_>>(),
-        [("ns".to_string(), "b".to_string())]
+        [("ns".into(), "b".into())]
     );
     assert_eq!(snap.nodes.len(), 1, "other kinds untouched");
     assert!(s.apply(Event::Listed(Kind::Node, vec![])));

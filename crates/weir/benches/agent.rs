@@ -11,10 +11,10 @@
 //! cargo build --release -p weir && cargo bench -p weir --bench agent
 //! ```
 //!
-//! Environment: `WEIR_BENCH_SIZES` (default `1000,10000`), `WEIR_BIN` (default
+//! Environment: `WEIR_BENCH_SIZES` (default `1000,10000,100000`), `WEIR_BIN` (default
 //! `target/release/weir`), `WEIR_BIN_BASE` (a second binary, e.g. an older build, measured side
 //! by side with runs interleaved; ratios are new / base), `WEIR_BENCH_BASE_MAX` (largest size the
-//! base binary runs, default 10000), `WEIR_BENCH_CHANGES` (endpoint changes per run, default 15),
+//! base binary runs, default 100000), `WEIR_BENCH_CHANGES` (endpoint changes per run, default 15),
 //! `WEIR_BENCH_RUNS` (agent starts per binary and size, default 1), `WEIR_BENCH_MODE` (default
 //! `nftables`), `WEIR_BENCH_AGENT_TIMEOUT` (seconds for the first sync, default 900),
 //! `WEIR_BENCH_MEMORY_MAX` (largest size of the in-process heap accounting, default 10000).
@@ -703,7 +703,7 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
-    let sizes: Vec<usize> = env_or("WEIR_BENCH_SIZES", "1000,10000")
+    let sizes: Vec<usize> = env_or("WEIR_BENCH_SIZES", "1000,10000,100000")
         .split(',')
         .map(|s| s.trim().parse().expect("WEIR_BENCH_SIZES: numbers"))
         .collect();
@@ -712,7 +712,7 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace.join("target/release/weir"));
     let base = std::env::var_os("WEIR_BIN_BASE").map(PathBuf::from);
-    let base_max = env_num("WEIR_BENCH_BASE_MAX", 10_000);
+    let base_max = env_num("WEIR_BENCH_BASE_MAX", 100_000);
     let changes = env_num("WEIR_BENCH_CHANGES", 15);
     let runs = env_num("WEIR_BENCH_RUNS", 1).max(1);
     for b in std::iter::once(&bin).chain(base.as_ref()) {

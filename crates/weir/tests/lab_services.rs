@@ -402,7 +402,7 @@ fn lab_manifests_load_and_plan() {
     let svc = |plan: &weir_model::Plan, name: &str| {
         plan.services
             .iter()
-            .find(|(k, _)| k.name == name)
+            .find(|(k, _)| &*k.name == name)
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| panic!("no {name}"))
     };

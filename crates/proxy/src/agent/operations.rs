@@ -144,15 +144,15 @@ impl Operations {
         let services: std::collections::BTreeSet<ServiceName> = diff
             .touched()
             .into_iter()
-            .map(|k| (k.namespace.clone(), k.name.clone()))
+            .map(|k| (k.namespace.to_string(), k.name.to_string()))
             .collect();
         for name in services {
             self.health_checks.remove(&name);
             // The service's ports now: keys sort by namespace, then name.
             let from = ServicePortKey {
-                namespace: name.0.clone(),
-                name: name.1.clone(),
-                port_name: String::new(),
+                namespace: name.0.as_str().into(),
+                name: name.1.as_str().into(),
+                port_name: "".into(),
                 protocol: weir_model::Protocol::Tcp,
                 family: weir_model::IpFamily::V4,
             };
@@ -160,7 +160,7 @@ impl Operations {
             ports.services.extend(
                 plan.services
                     .range(from..)
-                    .take_while(|(k, _)| k.namespace == name.0 && k.name == name.1)
+                    .take_while(|(k, _)| *k.namespace == *name.0 && *k.name == *name.1)
                     .map(|(k, v)| (k.clone(), v.clone())),
             );
             self.health_checks.extend(health_check_services(&ports));

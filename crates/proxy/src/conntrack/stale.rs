@@ -119,7 +119,7 @@ mod tests {
         ServicePortKey {
             namespace: "default".into(),
             name: name.into(),
-            port_name: String::new(),
+            port_name: "".into(),
             protocol,
             family: IpFamily::V4,
         }
@@ -129,8 +129,6 @@ mod tests {
         Endpoint {
             ip: ip.parse().unwrap(),
             port,
-            node_name: Some("node-a".into()),
-            zone: None,
             is_local: false,
             ready: true,
             serving: true,

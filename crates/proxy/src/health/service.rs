@@ -29,7 +29,7 @@ pub fn health_check_services(plan: &Plan) -> BTreeMap<ServiceName, (u16, usize)>
             continue;
         };
         let e = ips
-            .entry((key.namespace.clone(), key.name.clone()))
+            .entry((key.namespace.to_string(), key.name.to_string()))
             .or_insert_with(|| (port, BTreeSet::new()));
         let ready = sp.local_endpoints.iter().filter(|e| e.is_local && e.ready);
         e.1.extend(ready.map(|e| e.ip));
@@ -175,8 +175,6 @@ mod tests {
         Endpoint {
             ip: ip.parse().unwrap(),
             port: 8080,
-            node_name: Some("a".into()),
-            zone: None,
             is_local: true,
             ready,
             serving: true,

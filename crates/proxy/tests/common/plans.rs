@@ -42,8 +42,8 @@ pub fn frontend(kind: FrontendKind, addr: Option<IpAddr>, port: u16) -> Frontend
 pub fn bench_service(namespace: &str, i: usize) -> (ServicePortKey, ServicePortPlan) {
     let key = ServicePortKey {
         namespace: namespace.into(),
-        name: format!("svc-{i:05}"),
-        port_name: String::new(),
+        name: format!("svc-{i:05}").into(),
+        port_name: "".into(),
         protocol: Protocol::Tcp,
         family: IpFamily::V4,
     };
@@ -63,8 +63,6 @@ pub fn bench_service(namespace: &str, i: usize) -> (ServicePortKey, ServicePortP
         .map(|j| Endpoint {
             ip: IpAddr::V4(add(Ipv4Addr::new(10, 128, 0, 1), i * 10 + j)),
             port: 8080,
-            node_name: Some("other".into()),
-            zone: None,
             is_local: false,
             ready: true,
             serving: true,
