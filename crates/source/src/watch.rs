@@ -32,6 +32,7 @@ impl PollWatcher {
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(h) = self.handle.take() {
+            h.thread().unpark();
             if let Err(e) = h.join() {
                 tracing::error!("manifest watcher panicked: {e:?}");
             }
@@ -205,12 +206,16 @@ pub fn watch_dir(
                     }
                     status2.lock().ready = true;
                 }
-                // Sleep in small steps so stop() is prompt.
-                let mut left = interval;
-                while !left.is_zero() && !stop2.load(Ordering::SeqCst) {
-                    let step = left.min(Duration::from_millis(20));
-                    std::thread::sleep(step);
-                    left -= step;
+                // Parked until the next scan; stop() unparks it. (Sleeping in short steps
+                // instead woke the thread 50 times a second, on the CPU `weir dns` answers
+                // from.)
+                let next = Instant::now() + interval;
+                while !stop2.load(Ordering::SeqCst) {
+                    let left = next.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::park_timeout(left);
                 }
             }
         })

@@ -252,3 +252,57 @@ fn a_tracking_store_hands_out_each_changed_key_once_with_its_object_now() {
     assert_eq!(c.objects[0].0, ObjectKey::new(Kind::Service, "ns", "a"));
     assert!(c.objects[0].1.is_none());
 }
+
+/// The context switches of this process's thread named `comm` (Linux /proc).
+fn thread_switches(comm: &str) -> Option<u64> {
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let name = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if name.trim_end() == comm {
+            let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+            let count = |key: &str| -> u64 {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0)
+            };
+            return Some(count("voluntary_ctxt_switches:") + count("nonvoluntary_ctxt_switches:"));
+        }
+    }
+    None
+}
+
+/// Between scans the watcher sleeps through its interval: it does not wake to look at its
+/// stop flag (it once did, every 20 ms, on the CPU `weir dns` answers from), and stop() still
+/// ends it at once.
+#[test]
+fn an_idle_watcher_stays_asleep_until_its_next_scan_and_stops_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let w = watch_dir(
+        ManifestDir::new(tmp.path()),
+        Duration::from_secs(60),
+        tx,
+        |_| {},
+    );
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_secs(5)),
+        Ok(Event::Resync(_))
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    let before = thread_switches("weir-manifest-w").expect("the watcher thread");
+    std::thread::sleep(Duration::from_millis(600));
+    let after = thread_switches("weir-manifest-w").expect("the watcher thread");
+    assert!(
+        after - before <= 2,
+        "the idle watcher woke {} times in 0.6 s",
+        after - before
+    );
+    let began = std::time::Instant::now();
+    w.stop();
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "stop() waited {:?} for a 60 s interval",
+        began.elapsed()
+    );
+}
