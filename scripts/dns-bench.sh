@@ -9,7 +9,7 @@
 # kresd process), queried for random service names (A).
 # Each round runs, for weir then NSD: throughput (dnsperf unthrottled) and latency percentiles
 # at a fixed rate (dnsperf -v, every query's latency). The summary gives each figure's median
-# over the rounds and weir/NSD. Cached external names: NSD also serves EXTERNAL names under
+# over the rounds and weir/NSD, then the percentiles of every query of all rounds pooled. Cached external names: NSD also serves EXTERNAL names under
 # example.test; weir dns forwards to it and Unbound (one thread) has it as a stub zone; after one
 # pass over the names warms both caches, the same rounds measure weir and Unbound. Memory: each server's VmRSS after the runs; then weir dns alone
 # at each of MEMORY_SIZES services, RSS once the zone is served, fed from manifests and from
@@ -246,14 +246,17 @@ measure() {
   # Every query's latency at a fixed rate, sorted, for percentiles.
   in_ns "${CLIENT_CPU[@]}" dnsperf -s 127.0.0.1 -p "$port" -d "$queries" -l "$SECS" -Q "$RATE" -c 4 -v 2>/dev/null |
     awk '$1 == ">" {print $NF}' | sort -g >"$DIR/lat.$name"
-  pct() { awk -v p="$1" '{a[NR] = $1} END {i = int(NR * p); if (i < 1) i = 1; printf "%.3f", a[i] * 1000}' "$DIR/lat.$name"; }
-  echo "$qps $avg $(pct 0.5) $(pct 0.9) $(pct 0.99) $(pct 0.999) $lost"
+  cat "$DIR/lat.$name" >>"$DIR/pool.$name"
+  echo "$qps $avg $(pct "$DIR/lat.$name" 0.5) $(pct "$DIR/lat.$name" 0.9) $(pct "$DIR/lat.$name" 0.99) $(pct "$DIR/lat.$name" 0.999) $lost"
 }
+# The p-quantile, in ms, of a sorted file of latencies in seconds.
+pct() { awk -v p="$2" '{a[NR] = $1} END {i = int(NR * p); if (i < 1) i = 1; printf "%.3f", a[i] * 1000}' "$1"; }
 
 # Rounds of two "label port queries" specs, then medians and ratios (first / second).
 compare() {
   local title=$1 a=$2 b=$3 r spec name port queries qps avg p50 p90 p99 p999 lost
   : >"$DIR/results"
+  rm -f "$DIR"/pool.*
   echo
   echo "$title"
   printf '%-5s %-8s %9s %9s %9s %9s %9s %9s %6s  %s\n' round server qps avg_ms p50_ms p90_ms p99_ms p999_ms lost load
@@ -273,6 +276,16 @@ compare() {
     y=$(awk -v c=$col -v n="$nb" '$1 == n {print $c}' "$DIR/results" | median)
     printf '%-8s %12s %12s %8.2f\n' "$fig" "$x" "$y" "$(awk -v x="$x" -v y="$y" 'BEGIN {print (y > 0 ? x / y : 0)}')"
     col=$((col + 1))
+  done
+  # A tail percentile of one round rests on a few dozen queries; pooled, on every query of
+  # every round (each server's rounds interleaved with the other's, so load hits both).
+  echo "pooled: percentiles over every query of the $ROUNDS rounds together:"
+  sort -g -o "$DIR/pool.$na" "$DIR/pool.$na"
+  sort -g -o "$DIR/pool.$nb" "$DIR/pool.$nb"
+  for fig in 0.5 0.9 0.99 0.999; do
+    x=$(pct "$DIR/pool.$na" "$fig")
+    y=$(pct "$DIR/pool.$nb" "$fig")
+    printf '%-8s %12s %12s %8.2f\n' "p$fig" "$x" "$y" "$(awk -v x="$x" -v y="$y" 'BEGIN {print (y > 0 ? x / y : 0)}')"
   done
 }
 median() { sort -g | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
