@@ -49,24 +49,13 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
+mod common;
+use common::manifests;
+
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
 const SERVICES: usize = 2_000;
-
-/// The dns bench's services (scripts/dns-bench.sh): ClusterIP, one address each.
-fn manifests(n: usize) -> String {
-    let mut yaml = String::new();
-    for i in 0..n {
-        yaml.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\n\
-             spec: {{clusterIP: 10.96.{}.{}}}\n---\n",
-            i / 250,
-            i % 250 + 1
-        ));
-    }
-    yaml
-}
 
 /// Upper bound of a hashbrown map's heap for `n` entries after `shrink_to_fit`: buckets are
 /// the power of two at or above n × 8/7, so below 2 × n × 8/7 + 8; one control byte each,

@@ -54,25 +54,13 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
+mod common;
+use common::manifests;
+
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
 const SERVICES: usize = 20_000;
-
-/// The dns bench's services (scripts/dns-bench.sh): ClusterIP, one address each.
-fn manifests(n: usize) -> String {
-    let mut yaml = String::new();
-    for i in 0..n {
-        yaml.push_str(&format!(
-            "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: bench}}\n\
-             spec: {{clusterIP: 10.{}.{}.{}}}\n---\n",
-            96 + i / 62_500,
-            i / 250 % 250,
-            i % 250 + 1
-        ));
-    }
-    yaml
-}
 
 /// The store as `weir dns` hands it to the zone loop.
 struct StoreView(SharedStore);
