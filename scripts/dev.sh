@@ -19,14 +19,20 @@
 #                              the fake API server in a netns (minutes: a release build inside)
 #   bash scripts/dev.sh vm-bench  build release weir, the proxy modes side by side in ONE VM boot
 #                              (ipvs needs the VM's kernel): sync times, conn/s, throughput
-#   bash scripts/dev.sh cluster [--keep]  a real two-node Kubernetes 1.20 cluster (built from
-#                              Debian's source, cached) with weir as its networking: nodes, pods,
-#                              services and a probe matrix, then torn down (--keep: left up)
+#   bash scripts/dev.sh cluster [--keep] [--kube 1.20]  a real two-node Kubernetes cluster (the
+#                              version scripts/cluster/kube/go.mod pins, built from Go modules and
+#                              cached; --kube 1.20: 1.20.2 from Debian's source) with weir as its
+#                              networking: nodes, pods, services and a probe matrix, then torn
+#                              down (--keep: left up)
 #   bash scripts/dev.sh cluster-daemonset [--keep]  deploy/'s DaemonSet on the real cluster: the
 #                              image (dev.sh image) imported into the nodes' containerd, deploy/
 #                              applied with kubectl, the probe matrix (about 8-10 min: the image)
-#   bash scripts/dev.sh cluster-bench  weir proxy vs real kube-proxy 1.20 fed by a real apiserver
+#   bash scripts/dev.sh cluster-bench  weir proxy vs real kube-proxy fed by a real apiserver
 #                              (1,000 and 10,000 Services x 10 endpoints; WEIR_BENCH_SIZES, ...)
+#   bash scripts/dev.sh conformance [--proxy-mode M] [-- ginkgo args]  Kubernetes' own
+#                              [sig-network] [Conformance] tests (e2e.test of the pinned version)
+#                              on the real cluster networked by weir (CNI, proxy in mode M,
+#                              nftables by default, DNS as deploy/dns configures it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,12 +57,37 @@ KUBERNETES_VALIDATE_VERSION=1.37.0
 WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
 PACKAGES+=(iputils-ping) # lab_e2e: DF pings (ping -M do) across the vxlan overlay
 PACKAGES+=(debootstrap) # scripts/image.sh: local base images where Docker Hub is unreachable
-# A real Kubernetes (tests/kube_cluster.rs, `dev.sh cluster`): 1.20.2 built once from Debian's
-# source package into $WEIR_TOOLS (~5 min cold on 2 cores), with etcd, containerd and runc.
-export WEIR_KUBE_BUILD=${WEIR_KUBE_BUILD:-$WEIR_TOOLS/kube-1.20.2}
+# A real Kubernetes (tests/kube_cluster.rs, `dev.sh cluster`, the conformance run): the version
+# scripts/cluster/kube/go.mod pins, built once from Go modules into $WEIR_TOOLS/kube-<version>
+# with its etcd, containerd 2 and the e2e suite (scripts/cluster/kube/build.sh; docs/cluster.md
+# has its cold time and disk). 1.20.2 from Debian's source stays available (`cluster --kube 1.20`).
+KUBE_VERSION=$(bash scripts/cluster/kube/version.sh)
+export WEIR_KUBE_BUILD=${WEIR_KUBE_BUILD:-$WEIR_TOOLS/kube-$KUBE_VERSION}
+export PATH=$PATH:/usr/local/go/bin
 PACKAGES+=(python3-yaml bsdextrautils) # dev.sh cluster-daemonset renders deploy/; matrix.sh's table
 
 step() { printf '\n==> %s\n' "$*" >&2; }
+
+# The real Kubernetes, for the commands that run one (not the demo): built once, cached.
+ensure_kube() {
+  if [ -n "${KUBE_LEGACY:-}" ]; then
+    bash scripts/cluster/build-kube.sh "$WEIR_KUBE_BUILD" | grep -v '^already built' >&2 || true
+  else
+    [ -f "$WEIR_KUBE_BUILD/VERSION" ] ||
+      step "building Kubernetes $KUBE_VERSION from Go modules into $WEIR_KUBE_BUILD (once)"
+    command -v go >/dev/null || { echo "Go is required to build Kubernetes (1.26)" >&2; exit 1; }
+    # progress on stderr; nothing when it is already built
+    bash scripts/cluster/kube/build.sh "$WEIR_KUBE_BUILD" >/dev/null ||
+      { echo "the Kubernetes build failed" >&2; exit 1; }
+  fi
+  [ -x "$WEIR_KUBE_BUILD/bin/kubelet" ] || { echo "the Kubernetes build failed" >&2; exit 1; }
+  # runc, the CNI plugins containerd calls beside weir-cni, openssl for the PKI, gcc for pause
+  local missing=()
+  for p in runc containernetworking-plugins openssl gcc libc6-dev busybox-static; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
 
 install_packages() {
   local missing=()
@@ -82,11 +113,6 @@ install_packages() {
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
   fi
-  if [ ! -x "$WEIR_KUBE_BUILD/bin/kubelet" ]; then
-    step "building Kubernetes 1.20.2 from Debian's source into $WEIR_KUBE_BUILD (once; ~5 min)"
-  fi
-  bash scripts/cluster/build-kube.sh "$WEIR_KUBE_BUILD" | grep -v '^already built' >&2 || true
-  [ -x "$WEIR_KUBE_BUILD/bin/kubelet" ] || { echo "the Kubernetes build failed (log: $WEIR_KUBE_BUILD/build.log)" >&2; exit 1; }
   command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
   [ "$(id -u)" = 0 ] || { echo "run as root: weir creates network namespaces" >&2; exit 1; }
 }
@@ -193,8 +219,17 @@ case "${1:-}" in
     exec bash scripts/image.sh "${@:2}"
     ;;
   cluster)
+    keep=""
+    for a in "${@:2}"; do
+      case $a in
+        --keep) keep=1 ;;
+        --kube) ;;
+        1.20) KUBE_LEGACY=1; WEIR_KUBE_BUILD=$WEIR_TOOLS/kube-1.20.2; KUBE_VERSION=v1.20.2 ;;
+        *) echo "usage: bash scripts/dev.sh cluster [--keep] [--kube 1.20]" >&2; exit 2 ;;
+      esac
+    done
     install_packages
-    keep=""; [ "${2:-}" = "--keep" ] && keep=1
+    ensure_kube
     step "building weir"
     cargo build -q -p weir -p weir-cni --bins
     run=${WEIR_CLUSTER_RUN:-/tmp/weir-cluster}
@@ -202,8 +237,8 @@ case "${1:-}" in
     bash scripts/cluster/down.sh "$run" >/dev/null 2>&1 || true
     rm -rf "$run"
     [ -n "$keep" ] || trap 'step "tearing down"; bash scripts/cluster/down.sh "$run"' EXIT
-    step "a two-node Kubernetes 1.20 cluster, networked by weir ($run)"
-    bash scripts/cluster/up.sh "$name" "$run"
+    step "a two-node Kubernetes $KUBE_VERSION cluster, networked by weir ($run)"
+    KUBE_BUILD=$WEIR_KUBE_BUILD bash scripts/cluster/up.sh "$name" "$run"
     "$run/kubectl" apply -f scripts/cluster/demo.yaml >/dev/null
     "$run/kubectl" rollout status deploy/web --timeout=120s >/dev/null
     "$run/kubectl" wait --for=condition=Ready pod/client --timeout=60s >/dev/null
@@ -219,18 +254,28 @@ case "${1:-}" in
     ;;
   cluster-daemonset)
     install_packages
+    ensure_kube
     step "deploy/ on a real two-node cluster (scripts/cluster/daemonset.sh)"
     exec bash scripts/cluster/daemonset.sh "${@:2}"
     ;;
   cluster-bench)
     install_packages
+    ensure_kube
     step "building weir (release)"
     cargo build --release -p weir -p weir-cni --bins
-    step "weir proxy vs kube-proxy 1.20 through a real apiserver (scripts/cluster/bench.sh)"
+    step "weir proxy vs kube-proxy $KUBE_VERSION through a real apiserver (scripts/cluster/bench.sh)"
     exec bash scripts/cluster/bench.sh
     ;;
+  conformance)
+    install_packages
+    ensure_kube
+    step "building weir"
+    cargo build -q -p weir -p weir-cni --bins
+    step "Kubernetes $KUBE_VERSION [sig-network] conformance on a cluster networked by weir (scripts/cluster/conformance.sh)"
+    exec bash scripts/cluster/conformance.sh "${@:2}"
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
     exit 2
     ;;
 esac

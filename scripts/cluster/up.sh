@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A real two-node Kubernetes 1.20 cluster with weir as its networking, in network namespaces on
-# this machine (nothing can leave it: no namespace has a default route).
+# A real two-node Kubernetes cluster with weir as its networking, in network namespaces on this
+# machine (nothing can leave it: no namespace has a default route). The version is the build's:
+# the current one scripts/cluster/kube/ pins (default), or 1.20 (scripts/cluster/build-kube.sh).
 #
 #   <name>-cp   control plane: etcd, kube-apiserver, controller-manager, scheduler; the underlay
 #               bridge (the nodes' "switch") and the outside client of NodePort checks
@@ -8,11 +9,14 @@
 #   <name>-n2   node-2    (host-gw), weir dns (serving the kubelets' clusterDNS behind kube-dns)
 #
 # Usage: up.sh NAME RUN_DIR   (as root; NAME: at most 8 letters/digits, unique per cluster)
-# Env: KUBE_BUILD (build-kube.sh's OUT, default /opt/weir-tools/kube-1.20.2), WEIR_BIN (the
-#      directory holding weir and weir-cni, default target/debug), WEIR_PROXY_MODE (nftables,
-#      iptables, ipvs, userspace: weir proxy's mode; kube-proxy: upstream kube-proxy 1.20 in
-#      iptables mode instead), or WEIR_PROXY_MODES: one per node ("kube-proxy nftables": the
-#      two side by side, as the API benchmark runs them). WEIR_AGENTS=daemonset: weir-cni, its
+# Env: KUBE_BUILD (a build's OUT: default /opt/weir-tools/kube-<version go.mod pins>; a 1.20
+#      build is recognised by having no VERSION file), WEIR_BIN (the directory holding weir and
+#      weir-cni, default target/debug), WEIR_PROXY_MODE (nftables, iptables, ipvs, userspace:
+#      weir proxy's mode; kube-proxy or kube-proxy-iptables, kube-proxy-nftables: upstream
+#      kube-proxy of the build's version instead; 1.20's has no nftables mode), or
+#      WEIR_PROXY_MODES: one per node ("kube-proxy nftables": the two side by side, as the API
+#      benchmark runs them). WEIR_E2E_IMAGES: a directory of image tarballs (e2e-images.sh)
+#      imported into every node's containerd beside pause and busybox. WEIR_AGENTS=daemonset: weir-cni, its
 #      conflist, weir proxy and weir routes come from deploy/'s DaemonSet instead (daemonset.sh
 #      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
 #      runs on each node.
@@ -24,8 +28,11 @@ ROOT=$(cd "$HERE/../.." && pwd)
 NAME=${1:?usage: up.sh NAME RUN_DIR}
 R=${2:?usage: up.sh NAME RUN_DIR}
 [[ $NAME =~ ^[a-z0-9]{1,8}$ ]] || { echo "up.sh: NAME must be 1-8 lowercase letters/digits" >&2; exit 2; }
-KB=${KUBE_BUILD:-/opt/weir-tools/kube-1.20.2}
+KB=${KUBE_BUILD:-/opt/weir-tools/kube-$(bash "$HERE/kube/version.sh")}
 BIN=$KB/bin
+# 1.20 (Debian's source build) or the current version (Go modules, with its own etcd and
+# containerd 2: a kubelet of 1.36+ refuses containerd 1.x)
+if [ -f "$KB/VERSION" ]; then KUBE_VERSION=$(cat "$KB/VERSION"); LEGACY=""; else KUBE_VERSION=v1.20.2; LEGACY=1; fi
 WEIR_BIN=${WEIR_BIN:-$ROOT/target/debug}
 MODE=${WEIR_PROXY_MODE:-nftables}
 read -r -a MODES <<<"${WEIR_PROXY_MODES:-$MODE $MODE}"
@@ -36,6 +43,7 @@ done
 for b in weir weir-cni; do
   [ -x "$WEIR_BIN/$b" ] || { echo "up.sh: no $WEIR_BIN/$b: cargo build first" >&2; exit 2; }
 done
+[ -n "$LEGACY" ] || export PATH=$BIN:$PATH # etcd, containerd, its shim and ctr of the build
 for c in etcd containerd runc ctr openssl gcc busybox; do
   command -v $c >/dev/null || { echo "up.sh: $c is missing (scripts/cluster/build-kube.sh installs it)" >&2; exit 2; }
 done
@@ -59,9 +67,10 @@ POD_CIDRS="${POD_CIDRS[*]}"
 KUBECONFIG=$R/kubeconfig
 KUBECTL=$R/kubectl
 KUBE_PROXY=$BIN/kube-proxy
+KUBE_VERSION=$KUBE_VERSION
 PROXY_MODES="${MODES[*]}"
 EOF
-# kubectl 1.20 (as the server), run where the apiserver is reachable: the control plane's namespace
+# kubectl of the server's version, run where the apiserver is reachable: the control plane's namespace
 cat >"$R/kubectl" <<EOF
 #!/bin/sh
 exec nsenter --net=/run/netns/$CP env KUBECONFIG=$R/kubeconfig $BIN/kubectl "\$@"
@@ -141,7 +150,6 @@ cat >"$R/apiserver.args" <<EOF
 --bind-address=0.0.0.0
 --advertise-address=$CP_IP
 --secure-port=16443
---insecure-port=0
 --tls-cert-file=$P/apiserver.crt
 --tls-private-key-file=$P/apiserver.key
 --client-ca-file=$P/ca.crt
@@ -160,16 +168,20 @@ cat >"$R/apiserver.args" <<EOF
 --kubelet-client-key=$P/kubelet-client.key
 --cert-dir=$R/apiserver-certs
 EOF
+[ -z "$LEGACY" ] || echo "--insecure-port=0" >>"$R/apiserver.args"
 # shellcheck disable=SC2046
 bg "$CP" kube-apiserver "$BIN/kube-apiserver" $(cat "$R/apiserver.args")
 wait_for "the apiserver" 120 kubectl get --raw /readyz
+# 1.20's flags that later versions removed: --port (insecure serving), --pod-eviction-timeout
+legacy_kcm=(); legacy_sched=()
+[ -z "$LEGACY" ] || { legacy_kcm=(--port=0 --pod-eviction-timeout=30s); legacy_sched=(--port=0); }
 bg "$CP" kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$R/kubeconfig" \
-  --bind-address=127.0.0.1 --secure-port=10257 --port=0 --leader-elect=false \
+  --bind-address=127.0.0.1 --secure-port=10257 --leader-elect=false \
   --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" --use-service-account-credentials=false \
   --cluster-cidr=10.244.0.0/16 --allocate-node-cidrs=false --cert-dir="$R/kcm-certs" \
-  --node-monitor-grace-period=20s --pod-eviction-timeout=30s
+  --node-monitor-grace-period=20s "${legacy_kcm[@]}"
 bg "$CP" kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$R/kubeconfig" \
-  --bind-address=127.0.0.1 --secure-port=10259 --port=0 --leader-elect=false --cert-dir="$R/sched-certs"
+  --bind-address=127.0.0.1 --secure-port=10259 --leader-elect=false --cert-dir="$R/sched-certs" "${legacy_sched[@]}"
 
 step "local images (nothing is pulled): pause from the Kubernetes source, busybox"
 mkdir -p "$R/images"
@@ -177,6 +189,83 @@ gcc -Os -static -DVERSION=3.4.1-weir -o "$R/images/pause" "$KB/pause.c" && strip
 python3 "$HERE/mkimage.py" "$R/images/pause.tar" localhost/weir/pause:3.4.1 '["/pause"]' pause="$R/images/pause" >/dev/null
 python3 "$HERE/mkimage.py" "$R/images/busybox.tar" localhost/weir/busybox:1.35 '["/bin/sh"]' \
   bin/busybox=/bin/busybox bin/sh=@busybox >/dev/null
+
+# containerd's configuration: version 2 for Debian's containerd 1.6 (1.20), version 3 for
+# containerd 2. Everything under the node's directory (two containerds share this machine).
+containerd_config_v2() { local n=$1 cb=$2
+  cat <<CT
+version = 2
+root = "$n/containerd/root"
+state = "$n/containerd/state"
+[grpc]
+  address = "$n/containerd/containerd.sock"
+[ttrpc]
+  address = "$n/containerd/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$n/containerd/opt"
+  [plugins."io.containerd.grpc.v1.cri"]
+    restrict_oom_score_adj = true
+    sandbox_image = "localhost/weir/pause:3.4.1"
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "$cb"
+      conf_dir = "$n/cni/net.d"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "$n/runc"
+CT
+}
+containerd_config_v3() { local n=$1 cb=$2
+  cat <<CT
+version = 3
+root = "$n/containerd/root"
+state = "$n/containerd/state"
+[grpc]
+  address = "$n/containerd/containerd.sock"
+[ttrpc]
+  address = "$n/containerd/containerd.sock.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = "$n/containerd/opt"
+  # NRI's socket is host-wide (/var/run/nri): the second node's containerd would take the first's
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = true
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "localhost/weir/pause:3.4.1"
+  [plugins.'io.containerd.cri.v1.runtime']
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["$cb"]
+      conf_dir = "$n/cni/net.d"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          SystemdCgroup = false
+          Root = "$n/runc"
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+CT
+}
 
 # weir-cni and the reference plugins containerd's CRI also calls (loopback; portmap chained)
 mkdir -p "$R/cni-bin"
@@ -202,38 +291,7 @@ for i in 0 1; do
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 CN
   fi
-  cat >"$N/containerd/config.toml" <<CT
-version = 2
-root = "$N/containerd/root"
-state = "$N/containerd/state"
-[grpc]
-  address = "$N/containerd/containerd.sock"
-[ttrpc]
-  address = "$N/containerd/containerd.sock.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins]
-  [plugins."io.containerd.internal.v1.opt"]
-    path = "$N/containerd/opt"
-  [plugins."io.containerd.grpc.v1.cri"]
-    restrict_oom_score_adj = true
-    sandbox_image = "localhost/weir/pause:3.4.1"
-    stream_server_address = "127.0.0.1"
-    stream_server_port = "0"
-    [plugins."io.containerd.grpc.v1.cri".cni]
-      bin_dir = "$cni_bin"
-      conf_dir = "$N/cni/net.d"
-    [plugins."io.containerd.grpc.v1.cri".containerd]
-      snapshotter = "overlayfs"
-      default_runtime_name = "runc"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-        runtime_type = "io.containerd.runc.v2"
-        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-          SystemdCgroup = false
-          Root = "$N/runc"
-CT
+  if [ -n "$LEGACY" ]; then containerd_config_v2 "$N" "$cni_bin"; else containerd_config_v3 "$N" "$cni_bin"; fi >"$N/containerd/config.toml"
   bg "$ns" "$node-containerd" containerd --config "$N/containerd/config.toml"
   A=$N/containerd/containerd.sock
   wait_for "$node's containerd" 60 ctr -a "$A" version
@@ -242,6 +300,9 @@ CT
   if [ -n "${WEIR_IMAGE_TAR:-}" ]; then
     ctr -a "$A" -n k8s.io images import "$WEIR_IMAGE_TAR" >/dev/null
   fi
+  for t in "${WEIR_E2E_IMAGES:-/nonexistent}"/*.tar; do
+    [ ! -f "$t" ] || ctr -a "$A" -n k8s.io images import "$t" >/dev/null
+  done
   cat >"$N/kubelet/config.yaml" <<KL
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -267,16 +328,19 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 nodeStatusUpdateFrequency: 4s
 KL
+  if [ -z "$LEGACY" ]; then
+    # This machine mounts cgroup v1, which kubelets of 1.35+ refuse unless told otherwise.
+    printf 'failCgroupV1: false\ncontainerRuntimeEndpoint: unix://%s\n' "$A" >>"$N/kubelet/config.yaml"
+  fi
   cat >"$N/kubelet.args" <<EOF
 --config=$N/kubelet/config.yaml
 --kubeconfig=$R/kubeconfig
---container-runtime=remote
---container-runtime-endpoint=unix://$A
 --root-dir=$N/kubelet/root
 --cert-dir=$N/kubelet/pki
 --hostname-override=$node
 --node-ip=$ip
 EOF
+  [ -z "$LEGACY" ] || printf '%s\n' --container-runtime=remote "--container-runtime-endpoint=unix://$A" >>"$N/kubelet.args"
   # AWS_EC2_METADATA_DISABLED: the in-tree credential provider would probe the metadata address
   # shellcheck disable=SC2046
   bg "$ns" "$node-kubelet" env AWS_EC2_METADATA_DISABLED=true "$BIN/kubelet" $(cat "$N/kubelet.args")
@@ -289,6 +353,15 @@ for i in 0 1; do
   kubectl patch node "$node" -p "{\"spec\":{\"podCIDR\":\"${POD_CIDRS[$i]}\",\"podCIDRs\":[\"${POD_CIDRS[$i]}\"]}}" >/dev/null
 done
 
+# weir dns with the settings deploy/dns's ConfigMap gives the cluster DNS (zone, TTL, pod
+# records; names outside the zone to the node's resolv.conf, as there)
+dns_settings() {
+  python3 - "$ROOT/deploy/dns/config.yaml" <<'PY'
+import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))["data"]
+print(f"--zone={d['zone']} --ttl={d['ttl']} --pods={d['pods']} --upstream-resolv-conf={d['upstream']}")
+PY
+}
 step "weir on each node: proxy (${MODES[*]}), routes (host-gw), dns"
 for i in 0 1; do
   node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]}
@@ -303,28 +376,36 @@ proxy
 --healthz-bind-address=127.0.0.1:10256
 --metrics-bind-address=127.0.0.1:10249
 EOF
-  # Real kube-proxy 1.20 on the same node, for parity and benchmarks (started instead of
-  # weir proxy when WEIR_PROXY_MODE=kube-proxy; ctl.sh starts it otherwise). It touches no
-  # host-wide sysctl: conntrack limits and timeouts are left alone.
-  printf '%s\n' "$ns" "$BIN/kube-proxy" --kubeconfig="$R/kubeconfig" --hostname-override="$node" \
-    --proxy-mode=iptables --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
-    --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
-    --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 >"$R/$node-kube-proxy.cmd"
+  # Real kube-proxy of the build's version on the same node, for parity and benchmarks, in
+  # each of its modes (processes <node>-kube-proxy-iptables and -nftables: started instead of
+  # weir proxy when WEIR_PROXY_MODE=kube-proxy[-MODE]; ctl.sh starts one otherwise). It
+  # touches no host-wide sysctl: conntrack limits and timeouts are left alone.
+  for m in iptables nftables; do
+    printf '%s\n' "$ns" "$BIN/kube-proxy" --kubeconfig="$R/kubeconfig" --hostname-override="$node" \
+      --proxy-mode=$m --cluster-cidr=10.244.0.0/16 --conntrack-max-per-core=0 \
+      --conntrack-tcp-timeout-established=0 --conntrack-tcp-timeout-close-wait=0 \
+      --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 >"$R/$node-kube-proxy-$m.cmd"
+  done
   if [ "$AGENTS" = daemonset ]; then
     : # deploy/'s DaemonSet runs weir proxy and weir routes
-  elif [ "${MODES[$i]}" = kube-proxy ]; then
-    bash "$HERE/ctl.sh" "$R" start "$node-kube-proxy"
+  elif [[ ${MODES[$i]} == kube-proxy* ]]; then
+    m=${MODES[$i]#kube-proxy}; m=${m#-}
+    bash "$HERE/ctl.sh" "$R" start "$node-kube-proxy-${m:-iptables}"
   else
     # shellcheck disable=SC2046
     bg "$ns" "$node-proxy" env RUST_LOG=info "$WEIR_BIN/weir" $(cat "$N/proxy.args")
   fi
   [ "$AGENTS" = daemonset ] || bg "$ns" "$node-routes" env RUST_LOG=info "$WEIR_BIN/weir" routes --kubeconfig="$R/kubeconfig" \
     --node-name="$node" --backend=host-gw --mtu-file="$N/routes-mtu" --metrics-bind-address=127.0.0.1:10259
+  # shellcheck disable=SC2046
   bg "$ns" "$node-dns" env RUST_LOG=info "$WEIR_BIN/weir" dns --kubeconfig="$R/kubeconfig" \
-    --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081
+    --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081 $(dns_settings)
 done
 
 step "kube-dns: the kubelets' clusterDNS 10.96.0.10, served by weir dns on every node"
+# v1 came with 1.21, and with it nodeName in place of v1beta1's topology map
+SLICE_VERSION=v1; [ -z "$LEGACY" ] || SLICE_VERSION=v1beta1
+slice_node() { if [ -n "$LEGACY" ]; then echo "topology: {kubernetes.io/hostname: $1}"; else echo "nodeName: $1"; fi; }
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Service
@@ -333,7 +414,7 @@ spec:
   clusterIP: 10.96.0.10
   ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
 ---
-apiVersion: discovery.k8s.io/v1beta1
+apiVersion: discovery.k8s.io/$SLICE_VERSION
 kind: EndpointSlice
 metadata:
   name: kube-dns-nodes
@@ -343,10 +424,10 @@ addressType: IPv4
 endpoints:
 - addresses: ["${NODE_IPS[0]}"]
   conditions: {ready: true}
-  topology: {kubernetes.io/hostname: ${NODES[0]}}
+  $(slice_node "${NODES[0]}")
 - addresses: ["${NODE_IPS[1]}"]
   conditions: {ready: true}
-  topology: {kubernetes.io/hostname: ${NODES[1]}}
+  $(slice_node "${NODES[1]}")
 ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
 EOF
 if [ "$AGENTS" = daemonset ]; then

@@ -1,8 +1,9 @@
 //! weir as the networking of a real Kubernetes cluster: kube-apiserver, controller-manager
-//! and scheduler 1.20.2 (built from Debian's source), two nodes each with its own containerd
-//! (CRI) and kubelet calling weir-cni, and weir proxy, weir routes (host-gw) and weir dns on
-//! every node (scripts/cluster/up.sh). Every check goes through the objects the real
-//! controllers make (Deployment → ReplicaSet → Pods → EndpointSlices v1beta1).
+//! and scheduler of the version scripts/cluster/kube/go.mod pins (built from Go modules; a
+//! 1.20 build from Debian's source through `WEIR_KUBE_BUILD`), two nodes each with its own
+//! containerd (CRI) and kubelet calling weir-cni, and weir proxy, weir routes (host-gw) and
+//! weir dns on every node (scripts/cluster/up.sh). Every check goes through the objects the
+//! real controllers make (Deployment → ReplicaSet → Pods → EndpointSlices).
 //!
 //! Root; the Kubernetes build from `bash scripts/dev.sh test` (fails under CI=true without
 //! it, skips with a message elsewhere).
@@ -85,14 +86,19 @@ fn weir_networks_a_real_two_node_cluster() {
     let c = Cluster::up("kc");
     let long = Duration::from_secs(90);
 
-    // weir met a 1.20 apiserver: slices from v1beta1, the Service field selector refused.
+    // A 1.20 apiserver: slices from v1beta1, the Service field selector refused; a current
+    // one serves both, and weir falls back to neither.
     for node in c.nodes {
         let log = c.log(&format!("{node}-proxy"));
-        assert!(
-            log.contains("reading discovery.k8s.io/v1beta1")
-                && log.contains("refuses the field selector"),
-            "{node}'s proxy did not note the 1.20 API differences:\n{log}"
-        );
+        let noted = log.contains("reading discovery.k8s.io/v1beta1")
+            && log.contains("refuses the field selector");
+        let fell_back = log.contains("does not serve discovery.k8s.io/v1")
+            || log.contains("refuses the field selector");
+        if common::cluster::is_legacy() {
+            assert!(noted, "{node}'s proxy did not note the 1.20 API differences:\n{log}");
+        } else {
+            assert!(!fell_back, "{node}'s proxy fell back on a current apiserver:\n{log}");
+        }
     }
 
     c.apply(WEB);
@@ -366,7 +372,27 @@ spec:
   - {name: c, image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: ["/bin/sh", "-c", "exec sleep 100000"]}
 "#;
 
-/// The ready endpoints of a Service's EndpointSlices (v1beta1 on 1.20).
+/// Services whose fields came after 1.20: internalTrafficPolicy (1.22), trafficDistribution
+/// (PreferSameZone and PreferSameNode, 1.34), all answered from the client on node-2 (zone
+/// b: the nodes are labelled zone-a and zone-b first).
+const PARITY_CURRENT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: par-itp, namespace: default}
+spec: {internalTrafficPolicy: Local, selector: {app: par}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-zone, namespace: default}
+spec: {trafficDistribution: PreferSameZone, selector: {app: par}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: par-node, namespace: default}
+spec: {trafficDistribution: PreferSameNode, selector: {app: par}, ports: [{port: 80, targetPort: 8080}]}
+"#;
+
+/// The ready endpoints of a Service's EndpointSlices.
 fn ready_endpoints(c: &Cluster, service: &str) -> usize {
     let v = c.json(&[
         "get",
@@ -473,6 +499,18 @@ fn parity_answers(c: &Cluster) -> Vec<(String, String)> {
             distinct(2, &client, &format!("http://{}/", ip("par-none")))
         ),
     ));
+    if !common::cluster::is_legacy() {
+        for (svc, what) in [
+            ("par-itp", "internalTrafficPolicy Local"),
+            ("par-zone", "trafficDistribution PreferSameZone"),
+            ("par-node", "trafficDistribution PreferSameNode"),
+        ] {
+            a.push((
+                format!("{what} from node-2's pod (20 tries)"),
+                describe(&distinct(20, &client, &format!("http://{}/", ip(svc)))),
+            ));
+        }
+    }
     let sticky = distinct(15, &client, &format!("http://{}/", ip("par-affinity")));
     a.push((
         "ClientIP affinity (15 tries)".into(),
@@ -489,25 +527,39 @@ fn parity_answers(c: &Cluster) -> Vec<(String, String)> {
     a
 }
 
-/// Real kube-proxy 1.20 (iptables mode) and weir proxy in iptables and nftables modes, one
-/// after another on the same cluster, the same objects and the same pods: the probe kinds of
-/// the lab's matrix give the same answers.
+/// Real kube-proxy in its nftables and iptables modes (1.20: iptables only), then weir proxy
+/// in iptables and nftables modes, one after another on the same cluster, the same objects and
+/// the same pods: the probe kinds of the lab's matrix, internalTrafficPolicy and
+/// trafficDistribution give the same answers.
 #[test]
 fn weir_proxy_answers_as_real_kube_proxy_does() {
     if !weir_testkit::can_run(common::cluster::missing()) {
         return;
     }
     let _one = ONE_CLUSTER.lock().unwrap_or_else(|p| p.into_inner());
-    let c = Cluster::up_with("kp", "kube-proxy");
+    let legacy = common::cluster::is_legacy();
+    let first = if legacy {
+        "kube-proxy-iptables"
+    } else {
+        "kube-proxy-nftables"
+    };
+    let c = Cluster::up_with("kp", first);
     let long = Duration::from_secs(90);
+    // Zones before any slice exists: the EndpointSlice controller hints by the nodes' zones.
+    for (node, zone) in [("node-1", "zone-a"), ("node-2", "zone-b")] {
+        c.k(&["label", "node", node, &format!("topology.kubernetes.io/zone={zone}")]);
+    }
     c.apply(PARITY);
+    if !legacy {
+        c.apply(PARITY_CURRENT);
+    }
     c.wait("4 par pods, 2 per node", long, || {
         let p = c.pods("app=par");
         p.len() == 4 && p.iter().filter(|p| p.2 == "node-1").count() == 2
     });
     c.wait("the client pod", long, || c.pods("app!=par").len() == 1);
-    let first = c.pods("app=par")[0].0.clone();
-    c.k(&["label", "pod", &first, "solo=yes"]);
+    let first_pod = c.pods("app=par")[0].0.clone();
+    c.k(&["label", "pod", &first_pod, "solo=yes"]);
     // Running is not ready: the proxies are compared once the API has every endpoint ready
     // (a CI run compared kube-proxy while node-2's pods were still failing readiness).
     c.wait("4 ready endpoints of par, 1 of par-solo", long, || {
@@ -523,63 +575,69 @@ fn weir_proxy_answers_as_real_kube_proxy_does() {
             (0..2).all(|n| c.health(n, 10256) == 200) && c.curl_from(&c.node_ns(1), &url).is_some()
         });
         // every Service programmed: the last one applied answers too
-        let solo = format!(
+        let last = if legacy { "par-solo" } else { "par-node" };
+        let last = format!(
             "http://{}/",
-            c.k(&["get", "svc", "par-solo", "-o", "jsonpath={.spec.clusterIP}"])
+            c.k(&["get", "svc", last, "-o", "jsonpath={.spec.clusterIP}"])
         );
         c.wait(&format!("{who} to serve every Service"), long, || {
-            c.curl_from(&c.node_ns(1), &solo).is_some()
+            c.curl_from(&c.node_ns(1), &last).is_some()
         });
         // Past one --min-sync-period (1 s for both) since the API settled: the proxy has
         // synced what it has.
         std::thread::sleep(Duration::from_secs(2));
     };
+    // Each proxy in turn: stop the one before, clean its rules up, start the next.
+    let mut proxies: Vec<(&str, &str)> = Vec::new();
+    if !legacy {
+        proxies.push(("kube-proxy nftables", "kube-proxy-nftables"));
+    }
+    proxies.extend([
+        ("kube-proxy iptables", "kube-proxy-iptables"),
+        ("weir proxy iptables", "iptables"),
+        ("weir proxy nftables", "nftables"),
+    ]);
     let mut results: Vec<(&str, Vec<(String, String)>)> = Vec::new();
-    wait_serving("kube-proxy");
-    results.push(("kube-proxy 1.20 iptables", parity_answers(&c)));
-    c.step("kube-proxy's answers taken");
-
-    for (i, mode) in ["iptables", "nftables"].into_iter().enumerate() {
-        for n in 0..2 {
-            let node = c.nodes[n];
-            if i == 0 {
-                c.ctl("stop", &format!("{node}-kube-proxy"));
-                let out = c.in_ns(
-                    &c.node_ns(n),
-                    &format!("{} --cleanup >/dev/null 2>&1; true", c.kube_proxy()),
-                );
-                assert!(out.status.success());
-            } else {
-                c.ctl("stop", &format!("{node}-proxy"));
-                let out = c.in_ns(&c.node_ns(n), &format!("{WEIR} proxy cleanup"));
-                assert!(out.status.success(), "weir proxy cleanup on {node}");
+    let mut running = first;
+    for (who, process) in proxies {
+        if process != running {
+            for n in 0..2 {
+                let node = c.nodes[n];
+                let cleanup = if running.starts_with("kube-proxy") {
+                    c.ctl("stop", &format!("{node}-{running}"));
+                    format!("{} --cleanup >/dev/null 2>&1; true", c.kube_proxy())
+                } else {
+                    c.ctl("stop", &format!("{node}-proxy"));
+                    format!("{WEIR} proxy cleanup")
+                };
+                let out = c.in_ns(&c.node_ns(n), &cleanup);
+                assert!(out.status.success(), "{cleanup} on {node}");
+                if process.starts_with("kube-proxy") {
+                    c.ctl("start", &format!("{node}-{process}"));
+                } else {
+                    c.start_weir_proxy(n, process);
+                }
             }
-            c.start_weir_proxy(n, mode);
+            running = process;
         }
-        let who = format!("weir proxy {mode}");
-        wait_serving(&who);
-        results.push((
-            if mode == "iptables" {
-                "weir proxy iptables"
-            } else {
-                "weir proxy nftables"
-            },
-            parity_answers(&c),
-        ));
+        wait_serving(who);
+        results.push((who, parity_answers(&c)));
         c.step(&format!("{who}'s answers taken"));
     }
 
-    eprintln!(
-        "\n{:<52} {:<28} {:<28} {:<28}",
-        "probe", results[0].0, results[1].0, results[2].0
-    );
-    for (i, (probe, _)) in results[0].1.iter().enumerate() {
-        eprintln!(
-            "{probe:<52} {:<28} {:<28} {:<28}",
-            results[0].1[i].1, results[1].1[i].1, results[2].1[i].1
-        );
+    eprint!("\n{:<56}", "probe");
+    for (who, _) in &results {
+        eprint!(" {who:<24}");
     }
-    let expected = [
+    eprintln!();
+    for (i, (probe, _)) in results[0].1.iter().enumerate() {
+        eprint!("{probe:<56}");
+        for (_, answers) in &results {
+            eprint!(" {:<24}", answers[i].1);
+        }
+        eprintln!();
+    }
+    let mut expected = vec![
         "all 4 pods",
         "itself",
         "all 4 pods",
@@ -587,11 +645,14 @@ fn weir_proxy_answers_as_real_kube_proxy_does() {
         "all 4 pods",
         "node-2's pods only",
         "{\"(refused)\"}",
-        "1 distinct pod(s)",
     ];
+    if !legacy {
+        expected.extend(["node-2's pods only"; 3]);
+    }
+    expected.push("1 distinct pod(s)");
     let kube: Vec<&str> = results[0].1.iter().map(|r| r.1.as_str()).collect();
-    assert_eq!(kube, expected, "kube-proxy's own answers");
+    assert_eq!(kube, expected, "{}'s own answers", results[0].0);
     for (who, answers) in &results[1..] {
-        assert_eq!(answers, &results[0].1, "{who} differs from kube-proxy");
+        assert_eq!(answers, &results[0].1, "{who} differs from {}", results[0].0);
     }
 }

@@ -1,4 +1,4 @@
-//! A real Kubernetes 1.20 cluster (scripts/cluster/up.sh: control plane + two nodes, each
+//! A real Kubernetes cluster (scripts/cluster/up.sh: control plane + two nodes, each
 //! its own network namespace with containerd + kubelet, weir-cni as the CNI, weir proxy,
 //! routes and dns on every node), driven through kubectl, and torn down (down.sh) when
 //! dropped, also after a panic (the logs' tails are printed first).
@@ -9,12 +9,37 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Where scripts/cluster/build-kube.sh leaves the binaries (`bash scripts/dev.sh test` builds
-/// them there once; `WEIR_KUBE_BUILD` overrides).
+/// The Kubernetes version the project builds: the one scripts/cluster/kube/go.mod pins (its
+/// version.sh reads the same line).
+pub fn pinned_version() -> String {
+    let go_mod = std::fs::read_to_string(repo().join("scripts/cluster/kube/go.mod"))
+        .expect("scripts/cluster/kube/go.mod");
+    go_mod
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() >= 2 && w[0] == "k8s.io/kubernetes" && w[1].starts_with('v'))
+        .map(|w| w[1].to_string())
+        .expect("k8s.io/kubernetes in scripts/cluster/kube/go.mod")
+}
+
+/// Where scripts/cluster/kube/build.sh leaves the binaries (`bash scripts/dev.sh test` builds
+/// them there once; `WEIR_KUBE_BUILD` overrides, a 1.20 build from build-kube.sh included).
 pub fn kube_build() -> PathBuf {
     std::env::var_os("WEIR_KUBE_BUILD")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/weir-tools/kube-1.20.2"))
+        .unwrap_or_else(|| PathBuf::from(format!("/opt/weir-tools/kube-{}", pinned_version())))
+}
+
+/// The version of that build: its VERSION file, or 1.20.2 (Debian's source build has none).
+pub fn kube_version() -> String {
+    std::fs::read_to_string(kube_build().join("VERSION"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|_| "v1.20.2".into())
+}
+
+/// Whether the build is 1.20 (v1beta1 EndpointSlices, no Service field selector).
+pub fn is_legacy() -> bool {
+    kube_version() == "v1.20.2"
 }
 
 pub fn repo() -> PathBuf {
@@ -36,13 +61,19 @@ pub fn missing() -> Option<String> {
     ] {
         if !kb.join("bin").join(b).exists() {
             return Some(format!(
-                "{} (run scripts/cluster/build-kube.sh {}: builds Kubernetes 1.20 from Debian's source)",
+                "{} (run scripts/cluster/kube/build.sh {}: builds Kubernetes {} from Go modules)",
                 kb.join("bin").join(b).display(),
-                kb.display()
+                kb.display(),
+                pinned_version()
             ));
         }
     }
+    // etcd, containerd and ctr: the build's own, or (1.20) Debian's
+    let own = |tool: &str| !is_legacy() && kb.join("bin").join(tool).exists();
     for tool in ["etcd", "containerd", "runc", "ctr", "nft", "curl", "gcc"] {
+        if own(tool) {
+            continue;
+        }
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .output()
@@ -70,7 +101,8 @@ impl Cluster {
         Cluster::up_with(tag, "nftables")
     }
 
-    /// The same, the nodes' proxy being weir proxy in `mode`, or `kube-proxy` (upstream 1.20).
+    /// The same, the nodes' proxy being weir proxy in `mode`, or `kube-proxy-iptables` /
+    /// `kube-proxy-nftables` (upstream kube-proxy of the build's version).
     pub fn up_with(tag: &str, mode: &str) -> Cluster {
         let name = format!("{tag}{}", std::process::id() % 1_000_000);
         assert!(name.len() <= 8, "{name}");
@@ -102,8 +134,9 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         cluster.step(&format!(
-            "cluster {} up (2 nodes, Kubernetes 1.20.2)",
-            cluster.name
+            "cluster {} up (2 nodes, Kubernetes {})",
+            cluster.name,
+            kube_version()
         ));
         cluster
     }
@@ -292,7 +325,7 @@ impl Cluster {
         out.trim().parse().unwrap_or(0)
     }
 
-    /// The kube-proxy 1.20 binary of the build.
+    /// The kube-proxy binary of the build.
     pub fn kube_proxy(&self) -> String {
         kube_build().join("bin/kube-proxy").display().to_string()
     }

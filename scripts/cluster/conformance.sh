@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Kubernetes' own [sig-network] [Conformance] tests, from the e2e.test of the version the project
+# builds (scripts/cluster/kube/), on the real two-node cluster up.sh starts with weir as its CNI
+# (weir-cni), service proxy (weir proxy) and cluster DNS (weir dns, with deploy/dns's settings).
+# Every image the tests start is made locally (e2e-images.sh: agnhost from its module, busybox,
+# pause, glibc-dns-testing) and imported into the nodes' containerd under the name the suite asks
+# for; nothing is pulled. Prints the suite's own summary, then one row per conformance test the
+# focus selects (passed, failed, or not run and why). Exit status: the suite's.
+#
+# Usage: conformance.sh [--proxy-mode M] [--netpol] [--keep] [-- extra ginkgo arguments]
+#   M: weir proxy's mode (nftables, the default; iptables; userspace)
+#   --netpol: the NetworkPolicy suite ([sig-network] Netpol) instead of the conformance focus
+# Env: KUBE_BUILD (default /opt/weir-tools/kube-<pinned version>), WEIR_BIN (target/debug),
+#      WEIR_TOOLS (/opt/weir-tools: the images are cached there per version),
+#      WEIR_E2E_NODES (ginkgo's parallel processes, default 4).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+VERSION=$(bash "$HERE/kube/version.sh")
+WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
+KB=${KUBE_BUILD:-$WEIR_TOOLS/kube-$VERSION}
+MODE=nftables
+FOCUS='\[sig-network\].*\[Conformance\]'
+SKIP=''
+keep=""
+while (($#)); do
+  case $1 in
+    --proxy-mode) MODE=${2:?--proxy-mode needs a mode}; shift 2 ;;
+    --netpol) FOCUS='\[sig-network\] Netpol'; SKIP='\[Feature:SCTPConnectivity\]'; shift ;;
+    --keep) keep=1; shift ;;
+    --) shift; break ;;
+    *) echo "usage: conformance.sh [--proxy-mode M] [--netpol] [--keep] [-- ginkgo args]" >&2; exit 2 ;;
+  esac
+done
+for b in e2e.test ginkgo agnhost kubectl; do
+  [ -x "$KB/bin/$b" ] || { echo "conformance.sh: no $KB/bin/$b: run scripts/cluster/kube/build.sh $KB" >&2; exit 2; }
+done
+t0=$SECONDS
+step() { printf '[%4ds] %s\n' $((SECONDS - t0)) "$*" >&2; }
+
+images=$WEIR_TOOLS/e2e-images-$VERSION
+step "the suite's images, made locally ($images)"
+bash "$HERE/e2e-images.sh" "$KB" "$images" >&2
+
+name=cf$(($$ % 100000))
+run=${WEIR_CONFORMANCE_RUN:-/tmp/weir-conformance-$name}
+bash "$HERE/down.sh" "$run" >/dev/null 2>&1 || true
+rm -rf "$run"
+mkdir -p "$run"
+[ -n "$keep" ] || trap 'step "tearing down"; bash "$HERE/down.sh" "$run" >/dev/null 2>&1' EXIT
+step "cluster up: Kubernetes $VERSION, weir-cni, weir proxy ($MODE), weir routes, weir dns ($run)"
+KUBE_BUILD=$KB WEIR_PROXY_MODE=$MODE WEIR_E2E_IMAGES=$images \
+  bash "$HERE/up.sh" "$name" "$run" 2>"$run/up.log" || { cat "$run/up.log" >&2; exit 1; }
+# shellcheck disable=SC1091
+. "$run/env"
+
+nodes=${WEIR_E2E_NODES:-4}
+step "e2e.test --ginkgo.focus='$FOCUS' ($nodes parallel processes; log: $run/e2e.log)"
+mkdir -p "$run/report"
+status=0
+# From the control plane's namespace: the apiserver, the nodes and the pod CIDRs are reachable.
+nsenter --net="/run/netns/$CP_NS" env PATH="$KB/bin:$PATH" "$KB/bin/ginkgo" --nodes="$nodes" \
+  --focus="$FOCUS" ${SKIP:+--skip="$SKIP"} --no-color --timeout=2h "$@" "$KB/bin/e2e.test" -- \
+  --kubeconfig="$KUBECONFIG" --provider=skeleton --report-dir="$run/report" \
+  --e2e-output-dir="$run/report" --disable-log-dump --minStartupPods=0 \
+  --dns-domain=cluster.local >"$run/e2e.log" 2>&1 || status=$?
+
+step "the suite's summary"
+grep -E "^(Ran [0-9]+ of [0-9]+ Specs|SUCCESS!|FAIL!|Test Suite (Passed|Failed))" "$run/e2e.log" >&2 ||
+  tail -30 "$run/e2e.log" >&2
+grep -A1 "^Summarizing [0-9]* Failure" "$run/e2e.log" >&2 || true
+python3 "$HERE/junit_table.py" "$run/report" >&2 || true
+[ -z "$keep" ] || step "left up: $run/kubectl; stop: bash scripts/cluster/down.sh $run"
+step "done (exit $status)"
+exit $status
