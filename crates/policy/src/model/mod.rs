@@ -154,3 +154,6 @@ pub(crate) fn is_iana_service_name(name: &str) -> bool {
         && !name.ends_with('-')
         && !name.contains("--")
 }
+
+#[cfg(test)]
+mod tests;

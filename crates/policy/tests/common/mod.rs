@@ -24,7 +24,7 @@ use proptest::sample::select;
 pub const NODES: [&str; 2] = ["node-a", "node-b"];
 pub const NAMESPACES: [&str; 3] = ["a", "b", "c"];
 const KEYS: [&str; 3] = ["app", "tier", "team"];
-const VALUES: [&str; 5] = ["web", "db", "fe", "x", "y"];
+const VALUES: [&str; 4] = ["web", "db", "x", "y"];
 /// Named container ports; two "http" entries make a conflict when both are chosen.
 pub const CONTAINER_PORTS: [(&str, &str, i32); 6] = [
     ("http", "TCP", 80),
@@ -154,7 +154,7 @@ fn selector() -> impl Strategy<Value = SelectorGen> {
             _ => (k, op, values),
         });
     (
-        prop::collection::vec(pair, 0..3),
+        prop::collection::vec(pair, 0..2),
         prop::collection::vec(expression, 0..2),
     )
         .prop_map(|(labels, expressions)| SelectorGen {
@@ -264,8 +264,8 @@ pub fn cluster() -> impl Strategy<Value = ClusterGen> {
         .prop_map(|(exists, team)| NamespaceGen { exists, team });
     (
         prop::collection::vec(namespace, NAMESPACES.len()),
-        prop::collection::vec(pod(), 1..8),
-        prop::collection::vec(policy(), 0..5),
+        prop::collection::vec(pod(), 2..10),
+        prop::collection::vec(policy(), 1..6),
     )
         .prop_map(|(namespaces, pods, policies)| ClusterGen {
             namespaces,
