@@ -106,3 +106,89 @@ impl<'a> PodIndex<'a> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::ObjectKey;
+    use crate::model::{Labels, NamespaceInfo, Requirement};
+
+    /// Both ways of selecting (by namespace, by the narrowest label) give the naive answer.
+    #[test]
+    fn selection_equals_a_scan_of_every_pod() {
+        let mut cluster = Cluster::default();
+        let values = ["a", "b", "c", "d"];
+        for n in 0..5 {
+            let ns = format!("ns{n}");
+            let labels = Labels::from([("team".into(), values[n % 2].into())]);
+            cluster.insert_namespace(NamespaceInfo::new(&ns, labels));
+            for i in 0..(10 + 40 * n) {
+                let mut labels = Labels::new();
+                labels.insert("app".into(), values[i % 4].into());
+                if i % 7 == 0 {
+                    labels.insert("rare".into(), values[n % 4].into());
+                }
+                cluster.insert_pod(PodInfo {
+                    key: ObjectKey::new(&ns, &format!("p{i}")),
+                    labels,
+                    node: Some("n".into()),
+                    ips: vec![format!("10.{n}.{}.{}", i / 200, i % 200).parse().unwrap()],
+                    host_network: i % 13 == 5,
+                    terminated: false,
+                    named_ports: Default::default(),
+                });
+            }
+        }
+        let pair = |k: &str, v: &str| Requirement::In(k.into(), vec![v.into()]);
+        let selectors = [
+            Selector::everything(),
+            Selector {
+                requirements: vec![pair("app", "a")],
+            },
+            Selector {
+                requirements: vec![pair("rare", "b")],
+            },
+            Selector {
+                requirements: vec![pair("app", "b"), pair("rare", "b")],
+            },
+            Selector {
+                requirements: vec![pair("rare", "zzz")],
+            },
+            Selector {
+                requirements: vec![Requirement::Exists("rare".into())],
+            },
+        ];
+        let scopes = [
+            NamespaceScope::Own,
+            NamespaceScope::Matching(Selector::everything()),
+            NamespaceScope::Matching(Selector {
+                requirements: vec![pair("team", "b")],
+            }),
+        ];
+        let mut index = PodIndex::new(&cluster);
+        for own in ["ns0", "ns4", "elsewhere"] {
+            for scope in &scopes {
+                for selector in &selectors {
+                    let got: Vec<&ObjectKey> = index
+                        .select(own, scope, selector)
+                        .into_iter()
+                        .map(|i| &index.pods[i as usize].key)
+                        .collect();
+                    let want: Vec<&ObjectKey> = cluster
+                        .pods
+                        .values()
+                        .filter(|p| p.is_policy_pod() && selector.matches(&p.labels))
+                        .filter(|p| match scope {
+                            NamespaceScope::Own => *p.key.namespace == *own,
+                            NamespaceScope::Matching(s) => {
+                                s.matches(&cluster.namespace_labels(&p.key.namespace))
+                            }
+                        })
+                        .map(|p| &p.key)
+                        .collect();
+                    assert_eq!(got, want, "{own} {scope:?} {selector:?}");
+                }
+            }
+        }
+    }
+}

@@ -291,3 +291,153 @@ fn split_ports(ports: &Ports) -> (Option<PortMatch>, Vec<(Box<str>, Protocol)>) 
         names,
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use serde_json::json;
+
+    fn cluster(pods: serde_json::Value, policies: serde_json::Value) -> Cluster {
+        let pods: Vec<Pod> = serde_json::from_value(pods).unwrap();
+        let policies: Vec<NetworkPolicy> = serde_json::from_value(policies).unwrap();
+        let (cluster, warnings) = Cluster::from_objects(&[], &pods, &policies);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        cluster
+    }
+
+    fn pod(
+        name: &str,
+        node: &str,
+        app: &str,
+        ips: &[&str],
+        ports: serde_json::Value,
+    ) -> serde_json::Value {
+        json!({
+            "metadata": {"namespace": "shop", "name": name, "labels": {"app": app}},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "ports": ports}]},
+            "status": {"phase": "Running", "podIPs": ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>()},
+        })
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("shop", name)
+    }
+
+    #[test]
+    fn named_ports_resolve_per_destination() {
+        let c = cluster(
+            json!([
+                pod(
+                    "web-0",
+                    "n1",
+                    "web",
+                    &["10.0.0.1"],
+                    json!([{"name": "http", "containerPort": 8080}])
+                ),
+                pod(
+                    "web-1",
+                    "n1",
+                    "web",
+                    &["10.0.0.2"],
+                    json!([{"name": "http", "containerPort": 9000}])
+                ),
+                pod(
+                    "db-0",
+                    "n2",
+                    "db",
+                    &["10.0.1.1", "fd00::1"],
+                    json!([{"name": "pg", "containerPort": 5432}])
+                ),
+                pod(
+                    "db-1",
+                    "n2",
+                    "db",
+                    &["10.0.1.2"],
+                    json!([{"name": "pg", "containerPort": 5433}])
+                ),
+            ]),
+            json!([
+                {"metadata": {"namespace": "shop", "name": "web-in"},
+                 "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                          "ingress": [{"ports": [{"port": "http"}]}]}},
+                {"metadata": {"namespace": "shop", "name": "web-out"},
+                 "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                          "egress": [{"to": [{"ipBlock": {"cidr": "10.0.1.0/24"}}], "ports": [{"port": "pg"}]}]}},
+            ]),
+        );
+        let plan = plan(&c, "n1");
+        assert_eq!(
+            plan.pods.keys().collect::<Vec<_>>(),
+            [&key("web-0"), &key("web-1")]
+        );
+        let ingress_port = |name: &str| {
+            let rules = &plan.pods[&key(name)].ingress.as_ref().unwrap().rules;
+            assert_eq!(rules.len(), 1);
+            rules[0].ports.clone()
+        };
+        let tcp = |port| {
+            PortMatch::Only(vec![L4Match {
+                protocol: Protocol::Tcp,
+                ports: Some((port, port)),
+            }])
+        };
+        assert_eq!(ingress_port("web-0"), tcp(8080));
+        assert_eq!(ingress_port("web-1"), tcp(9000));
+
+        let egress = &plan.pods[&key("web-0")].egress.as_ref().unwrap().rules;
+        let to = |ip: &str| {
+            PeerMatch::Only(AddressSet {
+                ips: vec![ip.parse().unwrap()],
+                blocks: vec![],
+            })
+        };
+        // db-0's IPv6 address is outside the block: only its IPv4 one is reachable.
+        let got: Vec<(PeerMatch, PortMatch)> = egress
+            .iter()
+            .map(|r| (r.peers.clone(), r.ports.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [(to("10.0.1.1"), tcp(5432)), (to("10.0.1.2"), tcp(5433))]
+        );
+        // The egress rules are compiled once and shared by both selected pods.
+        let other = &plan.pods[&key("web-1")].egress.as_ref().unwrap().rules;
+        assert!(Arc::ptr_eq(&egress[0], &other[0]));
+        assert_eq!(&*egress[0].policy.to_string(), "shop/web-out");
+    }
+
+    #[test]
+    fn unselected_and_unenforced_pods_and_other_nodes_are_left_alone() {
+        let mut host = pod("agent", "n1", "web", &["192.168.0.1"], json!([]));
+        host["spec"]["hostNetwork"] = json!(true);
+        let mut done = pod("job", "n1", "web", &["10.0.0.9"], json!([]));
+        done["status"]["phase"] = json!("Failed");
+        let c = cluster(
+            json!([
+                pod("web-0", "n1", "web", &["10.0.0.1"], json!([])),
+                pod("db-0", "n1", "db", &["10.0.0.2"], json!([])),
+                pod("web-9", "n2", "web", &["10.0.1.9"], json!([])),
+                host,
+                done,
+                pod("pending", "n1", "web", &[], json!([])),
+            ]),
+            json!([{"metadata": {"namespace": "shop", "name": "deny"},
+                    "spec": {"podSelector": {"matchLabels": {"app": "web"}}}}]),
+        );
+        let plan = plan(&c, "n1");
+        assert_eq!(
+            plan.pods.keys().collect::<Vec<_>>(),
+            [&key("db-0"), &key("web-0")]
+        );
+        let web = &plan.pods[&key("web-0")];
+        assert_eq!(
+            web.ingress,
+            Some(Program::default()),
+            "isolated, nothing allowed"
+        );
+        assert_eq!(web.egress, None);
+        assert_eq!(plan.pods[&key("db-0")].ingress, None);
+    }
+}
