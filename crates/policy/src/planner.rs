@@ -225,6 +225,7 @@ impl<'a> Planner<'a> {
                             by_port.entry(port).or_default().extend(&pod.ips);
                         }
                     }
+                    by_port.values_mut().for_each(|ips| ips.sort_unstable());
                     Arc::new(by_port)
                 })
                 .clone();
