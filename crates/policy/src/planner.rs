@@ -13,7 +13,8 @@ use std::sync::Arc;
 use crate::index::PodIndex;
 use crate::key::ObjectKey;
 use crate::model::{
-    Cluster, Direction, Peer, Peers, PodInfo, PolicyInfo, PortSelector, Ports, Protocol, Rule,
+    Cluster, Direction, NamespaceScope, Peer, Peers, PodInfo, PolicyInfo, PortSelector, Ports,
+    Protocol, Rule, Selector,
 };
 use crate::plan::{
     AddressSet, AllowRule, L4Match, PeerMatch, PodProgram, PolicyPlan, PortMatch, Program,
@@ -25,6 +26,8 @@ pub fn plan(cluster: &Cluster, node: &str) -> PolicyPlan {
         index: PodIndex::new(cluster),
         compiled: HashMap::new(),
         named_everywhere: HashMap::new(),
+        named_to_peers: HashMap::new(),
+        selections: HashMap::new(),
     };
     let mut by_namespace: HashMap<&str, Vec<&PolicyInfo>> = HashMap::new();
     for policy in cluster.policies.values() {
@@ -64,7 +67,14 @@ struct Planner<'a> {
     compiled: HashMap<(&'a ObjectKey, Direction), Arc<[Compiled]>>,
     /// Egress named ports with any destination: (name, protocol) → port → pod IPs.
     named_everywhere: HashMap<(Box<str>, Protocol), Arc<BTreeMap<u16, Vec<IpAddr>>>>,
+    /// Egress named ports to listed peers; the policy's namespace is part of the key only
+    /// when a peer means "the policy's own namespace".
+    named_to_peers: HashMap<NamedKey<'a>, Arc<BTreeMap<u16, Vec<IpAddr>>>>,
+    /// Selected pods by (own namespace if the scope is `Own`, scope, pod selector).
+    selections: HashMap<(Option<&'a str>, &'a NamespaceScope, &'a Selector), Arc<[u32]>>,
 }
+
+type NamedKey<'a> = (Option<&'a str>, &'a Peers, Box<str>, Protocol);
 
 /// A policy rule compiled for every pod the policy selects.
 enum Compiled {
@@ -143,45 +153,62 @@ impl<'a> Planner<'a> {
         out: &mut Vec<Compiled>,
     ) {
         let (fixed, names) = split_ports(&rule.ports);
-        let peers = self.peer_addresses(policy, &rule.peers);
-        if matches!(&peers, PeerMatch::Only(set) if set.is_empty()) {
-            return;
+        // Egress named ports carry their own addresses: the peer set is needed only for
+        // numbered ports and ingress.
+        if fixed.is_some() || direction == Direction::Ingress && !names.is_empty() {
+            let peers = self.peer_addresses(policy, &rule.peers);
+            if matches!(&peers, PeerMatch::Only(set) if set.is_empty()) {
+                return;
+            }
+            if let Some(ports) = fixed {
+                out.push(Compiled::Fixed(Arc::new(AllowRule {
+                    policy: policy.key.clone(),
+                    peers: peers.clone(),
+                    ports,
+                })));
+            }
+            if direction == Direction::Ingress && !names.is_empty() {
+                out.push(Compiled::IngressNamed {
+                    policy: policy.key.clone(),
+                    peers,
+                    names: names.clone(),
+                });
+            }
         }
-        if let Some(ports) = fixed {
-            out.push(Compiled::Fixed(Arc::new(AllowRule {
-                policy: policy.key.clone(),
-                peers: peers.clone(),
-                ports,
-            })));
-        }
-        if names.is_empty() {
-            return;
-        }
-        match direction {
-            Direction::Ingress => out.push(Compiled::IngressNamed {
-                policy: policy.key.clone(),
-                peers,
-                names,
-            }),
-            Direction::Egress => {
-                for (name, protocol) in &names {
-                    let by_port = self.egress_named(policy, &rule.peers, name, *protocol);
-                    for (port, ips) in by_port.iter() {
-                        out.push(Compiled::Fixed(Arc::new(AllowRule {
-                            policy: policy.key.clone(),
-                            peers: PeerMatch::Only(AddressSet {
-                                ips: ips.clone(),
-                                blocks: Vec::new(),
-                            }),
-                            ports: PortMatch::Only(vec![L4Match {
-                                protocol: *protocol,
-                                ports: Some((*port, *port)),
-                            }]),
-                        })));
-                    }
+        if direction == Direction::Egress {
+            for (name, protocol) in &names {
+                let by_port = self.egress_named(policy, &rule.peers, name, *protocol);
+                for (port, ips) in by_port.iter() {
+                    out.push(Compiled::Fixed(Arc::new(AllowRule {
+                        policy: policy.key.clone(),
+                        peers: PeerMatch::Only(AddressSet {
+                            ips: ips.clone(),
+                            blocks: Vec::new(),
+                        }),
+                        ports: PortMatch::Only(vec![L4Match {
+                            protocol: *protocol,
+                            ports: Some((*port, *port)),
+                        }]),
+                    })));
                 }
             }
         }
+    }
+
+    /// The pods a peer selects, once per distinct (namespace scope, selector): clusters
+    /// repeat the same peers across namespaces ("from the monitoring namespace").
+    fn select(
+        &mut self,
+        policy: &'a PolicyInfo,
+        namespaces: &'a NamespaceScope,
+        pods: &'a Selector,
+    ) -> Arc<[u32]> {
+        let own = matches!(namespaces, NamespaceScope::Own).then_some(&*policy.key.namespace);
+        let index = &mut self.index;
+        self.selections
+            .entry((own, namespaces, pods))
+            .or_insert_with(|| index.select(&policy.key.namespace, namespaces, pods).into())
+            .clone()
     }
 
     /// Peers as addresses: the IPs of the pods their selectors match, and their blocks.
@@ -194,7 +221,7 @@ impl<'a> Planner<'a> {
             match peer {
                 Peer::Block(block) => set.blocks.push(block.clone()),
                 Peer::Pods { namespaces, pods } => {
-                    let selected = self.index.select(&policy.key.namespace, namespaces, pods);
+                    let selected = self.select(policy, namespaces, pods);
                     let ips = selected.iter().map(|i| &self.index.pods[*i as usize].ips);
                     set.ips.extend(ips.flatten());
                 }
@@ -230,12 +257,28 @@ impl<'a> Planner<'a> {
                 })
                 .clone();
         };
+        let own = list
+            .iter()
+            .any(|p| {
+                matches!(
+                    p,
+                    Peer::Pods {
+                        namespaces: NamespaceScope::Own,
+                        ..
+                    }
+                )
+            })
+            .then_some(&*policy.key.namespace);
+        let cache_key = (own, peers, Box::<str>::from(name), protocol);
+        if let Some(done) = self.named_to_peers.get(&cache_key) {
+            return done.clone();
+        }
         let mut by_port = BTreeMap::<u16, Vec<IpAddr>>::new();
         for peer in list {
             match peer {
                 Peer::Pods { namespaces, pods } => {
-                    let selected = self.index.select(&policy.key.namespace, namespaces, pods);
-                    for i in selected {
+                    let selected = self.select(policy, namespaces, pods);
+                    for i in selected.iter().copied() {
                         let pod = self.index.pods[i as usize];
                         if let Some(port) = pod.named_port(name, protocol) {
                             by_port.entry(port).or_default().extend(&pod.ips);
@@ -258,7 +301,9 @@ impl<'a> Planner<'a> {
             ips.dedup();
             !ips.is_empty()
         });
-        Arc::new(by_port)
+        let by_port = Arc::new(by_port);
+        self.named_to_peers.insert(cache_key, by_port.clone());
+        by_port
     }
 }
 

@@ -61,13 +61,13 @@ pub struct Rule {
 
 /// `from`/`to`. An absent or empty list is [`Peers::Any`]; a list whose every peer was
 /// unreadable is `Only(vec![])`, which matches nothing (never everything).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Peers {
     Any,
     Only(Vec<Peer>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Peer {
     /// Pods (never hostNetwork ones) matching `pods` in the namespaces of `namespaces`.
     Pods {
