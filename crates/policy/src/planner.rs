@@ -66,15 +66,18 @@ struct Planner<'a> {
     index: PodIndex<'a>,
     compiled: HashMap<(&'a ObjectKey, Direction), Arc<[Compiled]>>,
     /// Egress named ports with any destination: (name, protocol) → port → pod IPs.
-    named_everywhere: HashMap<(Box<str>, Protocol), Arc<BTreeMap<u16, Vec<IpAddr>>>>,
+    named_everywhere: HashMap<(Box<str>, Protocol), Arc<PortAddresses>>,
     /// Egress named ports to listed peers; the policy's namespace is part of the key only
     /// when a peer means "the policy's own namespace".
-    named_to_peers: HashMap<NamedKey<'a>, Arc<BTreeMap<u16, Vec<IpAddr>>>>,
+    named_to_peers: HashMap<NamedKey<'a>, Arc<PortAddresses>>,
     /// Selected pods by (own namespace if the scope is `Own`, scope, pod selector).
-    selections: HashMap<(Option<&'a str>, &'a NamespaceScope, &'a Selector), Arc<[u32]>>,
+    selections: HashMap<SelectionKey<'a>, Arc<[u32]>>,
 }
 
+/// Where a named port leads: port → the destination pods' addresses.
+type PortAddresses = BTreeMap<u16, Vec<IpAddr>>;
 type NamedKey<'a> = (Option<&'a str>, &'a Peers, Box<str>, Protocol);
+type SelectionKey<'a> = (Option<&'a str>, &'a NamespaceScope, &'a Selector);
 
 /// A policy rule compiled for every pod the policy selects.
 enum Compiled {
@@ -239,7 +242,7 @@ impl<'a> Planner<'a> {
         peers: &'a Peers,
         name: &str,
         protocol: Protocol,
-    ) -> Arc<BTreeMap<u16, Vec<IpAddr>>> {
+    ) -> Arc<PortAddresses> {
         let Peers::Only(list) = peers else {
             let index = &self.index;
             return self

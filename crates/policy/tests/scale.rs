@@ -67,7 +67,7 @@ fn generated(one_node: bool) -> Cluster {
                     .parse()
                     .unwrap(),
             ];
-            if id % 5 == 0 {
+            if id.is_multiple_of(5) {
                 ips.push(format!("fd00::{id:x}").parse().unwrap());
             }
             let mut named_ports = std::collections::BTreeMap::new();
