@@ -204,16 +204,13 @@ fn check(gen: &ClusterGen) -> Result<usize, TestCaseError> {
     Ok(checked)
 }
 
-static CHECKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn plans_agree_with_the_oracle(gen in common::cluster()) {
-        if std::env::var("SHOW_CHECKED").is_ok() { eprintln!("checked so far {}", CHECKED.load(std::sync::atomic::Ordering::Relaxed)); }
-        let n = check(&gen)?;
-        CHECKED.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        let checked = check(&gen)?;
+        prop_assert!(checked > 0);
     }
 }
 
