@@ -120,9 +120,11 @@ fn nft_check(script: &str) -> Option<Result<(), String>> {
     if !weir_testkit::can_run(weir_testkit::missing(true, &["nft", "unshare"])) {
         return None;
     }
-    let dir = std::env::temp_dir().join(format!("weir-policy-nft-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("{:?}.nft", std::thread::current().id()));
+    let file = std::env::temp_dir().join(format!(
+        "weir-policy-{}-{:?}.nft",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::write(&file, script).unwrap();
     let out = Command::new("unshare")
         .args(["-n", "nft", "-c", "-f"])
