@@ -1,0 +1,173 @@
+//! Label selectors (`metav1.LabelSelector`) as requirements that all must hold.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::warning::Problem;
+
+/// Labels of a pod or namespace.
+pub type Labels = BTreeMap<Box<str>, Box<str>>;
+
+/// A parsed label selector: every requirement must hold. No requirements selects everything
+/// (`{}`), as the API defines for NetworkPolicy selectors.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Selector {
+    pub requirements: Vec<Requirement>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Requirement {
+    /// `matchLabels` entries and `In` expressions; values sorted.
+    In(Box<str>, Vec<Box<str>>),
+    NotIn(Box<str>, Vec<Box<str>>),
+    Exists(Box<str>),
+    DoesNotExist(Box<str>),
+}
+
+impl Requirement {
+    pub fn matches(&self, labels: &Labels) -> bool {
+        match self {
+            Requirement::In(key, values) => labels
+                .get(&**key)
+                .is_some_and(|v| values.iter().any(|want| want == v)),
+            // A missing key satisfies NotIn, as in apimachinery's labels.Requirement.
+            Requirement::NotIn(key, values) => labels
+                .get(&**key)
+                .is_none_or(|v| values.iter().all(|not| not != v)),
+            Requirement::Exists(key) => labels.contains_key(&**key),
+            Requirement::DoesNotExist(key) => !labels.contains_key(&**key),
+        }
+    }
+}
+
+impl Selector {
+    /// The empty selector, which selects everything.
+    pub fn everything() -> Selector {
+        Selector::default()
+    }
+
+    pub fn selects_everything(&self) -> bool {
+        self.requirements.is_empty()
+    }
+
+    pub fn matches(&self, labels: &Labels) -> bool {
+        self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// Pairs `(key, value)` a label must equal for this selector to match: the `In`
+    /// requirements with one value. Indexes use the first of them to narrow candidates.
+    pub fn required_pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.requirements.iter().filter_map(|r| match r {
+            Requirement::In(key, values) if values.len() == 1 => Some((&**key, &*values[0])),
+            _ => None,
+        })
+    }
+
+    /// Parses a Kubernetes selector. The API server rejects the malformed selectors reported
+    /// here, so they come from manifests written by hand; the caller decides the safe outcome.
+    pub fn parse(selector: &LabelSelector) -> Result<Selector, Problem> {
+        let mut requirements = Vec::new();
+        for (key, value) in selector.match_labels.iter().flatten() {
+            requirements.push(Requirement::In(
+                key.as_str().into(),
+                vec![value.as_str().into()],
+            ));
+        }
+        for expr in selector.match_expressions.iter().flatten() {
+            let key: Box<str> = expr.key.as_str().into();
+            let mut values: Vec<Box<str>> = expr
+                .values
+                .iter()
+                .flatten()
+                .map(|v| v.as_str().into())
+                .collect();
+            values.sort();
+            values.dedup();
+            let requirement = match expr.operator.as_str() {
+                "In" | "NotIn" if values.is_empty() => {
+                    return Err(Problem::SelectorValuesRequired(expr.operator.clone()))
+                }
+                "Exists" | "DoesNotExist" if !values.is_empty() => {
+                    return Err(Problem::SelectorValuesForbidden(expr.operator.clone()))
+                }
+                "In" => Requirement::In(key, values),
+                "NotIn" => Requirement::NotIn(key, values),
+                "Exists" => Requirement::Exists(key),
+                "DoesNotExist" => Requirement::DoesNotExist(key),
+                other => return Err(Problem::UnknownSelectorOperator(other.to_string())),
+            };
+            requirements.push(requirement);
+        }
+        requirements.sort();
+        requirements.dedup();
+        Ok(Selector { requirements })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect()
+    }
+
+    fn expr(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: op.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    fn parse(exprs: Vec<LabelSelectorRequirement>) -> Result<Selector, Problem> {
+        Selector::parse(&LabelSelector {
+            match_expressions: Some(exprs),
+            match_labels: Some([("app".to_string(), "web".to_string())].into()),
+        })
+    }
+
+    #[test]
+    fn every_operator_and_match_labels_must_all_hold() {
+        let s = parse(vec![
+            expr("tier", "In", &["fe", "be"]),
+            expr("env", "NotIn", &["prod"]),
+            expr("team", "Exists", &[]),
+            expr("legacy", "DoesNotExist", &[]),
+        ])
+        .unwrap();
+        let good = labels(&[("app", "web"), ("tier", "fe"), ("team", "x")]);
+        assert!(s.matches(&good));
+        let mut prod = good.clone();
+        prod.insert("env".into(), "prod".into());
+        assert!(!s.matches(&prod));
+        let mut legacy = good.clone();
+        legacy.insert("legacy".into(), "".into());
+        assert!(!s.matches(&legacy));
+        assert!(!s.matches(&labels(&[("app", "web"), ("tier", "fe")])));
+        assert!(!s.matches(&labels(&[("app", "db"), ("tier", "fe"), ("team", "x")])));
+        assert_eq!(s.required_pairs().collect::<Vec<_>>(), [("app", "web")]);
+        assert!(Selector::everything().matches(&Labels::new()));
+    }
+
+    #[test]
+    fn malformed_expressions_are_problems() {
+        assert_eq!(
+            parse(vec![expr("a", "Equals", &["x"])]),
+            Err(Problem::UnknownSelectorOperator("Equals".into()))
+        );
+        assert_eq!(
+            parse(vec![expr("a", "In", &[])]),
+            Err(Problem::SelectorValuesRequired("In".into()))
+        );
+        assert_eq!(
+            parse(vec![expr("a", "Exists", &["x"])]),
+            Err(Problem::SelectorValuesForbidden("Exists".into()))
+        );
+    }
+}
