@@ -127,6 +127,7 @@ case "${1:-}" in
     ;;
   test)
     install_packages
+    ensure_kube
     step "formatting and lints"
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
@@ -146,6 +147,13 @@ case "${1:-}" in
     step "every test (unit, property, kernel, lab end-to-end)"
     status=0
     cargo test --workspace --all-targets --no-fail-fast -- "${@:2}" || status=$?
+    if (($# < 2)); then # the whole suite, not a filtered run
+      # Kubernetes' own [sig-network] conformance tests on the real cluster networked by weir
+      # (nftables mode; docs/cluster.md: the other modes, by hand). Alone: a cluster's
+      # processes beside the parallel tests above would starve both on two cores.
+      step "Kubernetes $KUBE_VERSION [sig-network] conformance (scripts/cluster/conformance.sh)"
+      bash scripts/cluster/conformance.sh || status=$?
+    fi
     if [ -s "$skips" ]; then
       n=$(sort -u "$skips" | wc -l)
       names=$(sort -u "$skips" | sed -E 's/^SKIPPED (.*): missing .*/\1/' | paste -sd, - | sed 's/,/, /g')

@@ -15,7 +15,6 @@
 #      WEIR_E2E_NODES (ginkgo's parallel processes, default 4).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
 VERSION=$(bash "$HERE/kube/version.sh")
 WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
 KB=${KUBE_BUILD:-$WEIR_TOOLS/kube-$VERSION}
@@ -23,10 +22,11 @@ MODE=nftables
 FOCUS='\[sig-network\].*\[Conformance\]'
 SKIP=''
 keep=""
+netpol=""
 while (($#)); do
   case $1 in
     --proxy-mode) MODE=${2:?--proxy-mode needs a mode}; shift 2 ;;
-    --netpol) FOCUS='\[sig-network\] Netpol'; SKIP='\[Feature:SCTPConnectivity\]'; shift ;;
+    --netpol) netpol=1; FOCUS='\[sig-network\] Netpol'; SKIP='\[Feature:SCTPConnectivity\]'; shift ;;
     --keep) keep=1; shift ;;
     --) shift; break ;;
     *) echo "usage: conformance.sh [--proxy-mode M] [--netpol] [--keep] [-- ginkgo args]" >&2; exit 2 ;;
@@ -69,7 +69,16 @@ step "the suite's summary"
 grep -E "^(Ran [0-9]+ of [0-9]+ Specs|SUCCESS!|FAIL!|Test Suite (Passed|Failed))" "$run/e2e.log" >&2 ||
   tail -30 "$run/e2e.log" >&2
 grep -A1 "^Summarizing [0-9]* Failure" "$run/e2e.log" >&2 || true
-python3 "$HERE/junit_table.py" "$run/report" >&2 || true
+# every test the focus should select, from the suite's own list (conformance) or its dry run
+if [ -z "$netpol" ]; then
+  "$KB/bin/e2e.test" --list-conformance-tests 2>/dev/null | python3 -c '
+import sys, yaml
+for t in yaml.safe_load(sys.stdin):
+    if t["codename"].startswith("[sig-network]"): print(t["codename"])' >"$run/expected.txt"
+else
+  "$KB/bin/e2e.test" --list-tests 2>/dev/null | sed -nE 's/^ *[^ ]+:[0-9]+: //; /^\[sig-network\] Netpol/p' >"$run/expected.txt"
+fi
+python3 "$HERE/junit_table.py" "$run/report" "$run/expected.txt" >&2 || true
 [ -z "$keep" ] || step "left up: $run/kubectl; stop: bash scripts/cluster/down.sh $run"
 step "done (exit $status)"
 exit $status

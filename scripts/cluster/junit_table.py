@@ -1,33 +1,43 @@
 #!/usr/bin/env python3
-"""One row per test of a ginkgo JUnit report that the run's focus selected: passed, failed (with
-the first line of why) or skipped (with the suite's reason). Specs the focus left out are not
-listed. usage: junit_table.py REPORT_DIR [--json]"""
+"""One row per test the run was asked for, from ginkgo's JUnit report: passed, failed (with the
+first line of why) or not run (with the suite's reason, or "not in the report"). The tests asked
+for are those of EXPECTED (one name per line; e.g. the conformance list e2e.test prints) when
+given, else every spec the report shows as run or skipped with a reason of its own (ginkgo
+reports the specs outside the focus as plain "skipped": those are left out).
+usage: junit_table.py REPORT_DIR [EXPECTED] [--json]"""
 import glob
 import json
 import sys
 import xml.etree.ElementTree as ET
 
-rows = []
-for path in sorted(glob.glob(f"{sys.argv[1]}/**/*.xml", recursive=True)):
+args = [a for a in sys.argv[1:] if a != "--json"]
+report, expected = args[0], (args[1] if len(args) > 1 else None)
+results = {}
+for path in sorted(glob.glob(f"{report}/**/*.xml", recursive=True)):
     for case in ET.parse(path).getroot().iter("testcase"):
         name = case.get("name", "")
-        if name.startswith("[SynchronizedBeforeSuite]") or name.startswith("[SynchronizedAfterSuite]") \
-                or name.startswith("[ReportAfterSuite]") or name.startswith("[ReportBeforeSuite]"):
-            continue
-        failure = case.find("failure")
-        error = case.find("error")
+        if not name.startswith("[It] "):
+            continue  # suite set-up and reporting nodes
+        name = name[len("[It] "):]
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         skipped = case.find("skipped")
-        if failure is not None or error is not None:
-            why = (failure if failure is not None else error).get("message", "")
-            rows.append(("failed", name, why.strip().splitlines()[0] if why.strip() else ""))
+        if bad is not None:
+            why = bad.get("message", "").strip()
+            results[name] = ("failed", why.splitlines()[0] if why else "")
         elif skipped is not None:
-            why = skipped.get("message", "")
-            # ginkgo marks specs outside the focus "skipped" with no reason of their own
-            if why.startswith("skipped - ") or why == "":
-                continue
-            rows.append(("not run", name, why.strip().splitlines()[0]))
+            why = skipped.get("message", "").strip()
+            if why.startswith("skipped - "):
+                why = why[len("skipped - "):]
+            results[name] = ("not run", "" if why == "skipped" else why.splitlines()[0])
         else:
-            rows.append(("passed", name, ""))
+            results[name] = ("passed", "")
+
+if expected:
+    wanted = [l.strip() for l in open(expected) if l.strip()]
+    rows = [(results.get(n, ("not run", "not in the report"))[0], n,
+             results.get(n, ("not run", "not in the report"))[1]) for n in wanted]
+else:
+    rows = [(s, n, w) for n, (s, w) in results.items() if not (s == "not run" and w == "")]
 
 if "--json" in sys.argv:
     json.dump([{"status": s, "test": n, "why": w} for s, n, w in rows], sys.stdout, indent=1)
