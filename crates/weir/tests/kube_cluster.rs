@@ -95,9 +95,15 @@ fn weir_networks_a_real_two_node_cluster() {
         let fell_back = log.contains("does not serve discovery.k8s.io/v1")
             || log.contains("refuses the field selector");
         if common::cluster::is_legacy() {
-            assert!(noted, "{node}'s proxy did not note the 1.20 API differences:\n{log}");
+            assert!(
+                noted,
+                "{node}'s proxy did not note the 1.20 API differences:\n{log}"
+            );
         } else {
-            assert!(!fell_back, "{node}'s proxy fell back on a current apiserver:\n{log}");
+            assert!(
+                !fell_back,
+                "{node}'s proxy fell back on a current apiserver:\n{log}"
+            );
         }
     }
 
@@ -547,7 +553,12 @@ fn weir_proxy_answers_as_real_kube_proxy_does() {
     let long = Duration::from_secs(90);
     // Zones before any slice exists: the EndpointSlice controller hints by the nodes' zones.
     for (node, zone) in [("node-1", "zone-a"), ("node-2", "zone-b")] {
-        c.k(&["label", "node", node, &format!("topology.kubernetes.io/zone={zone}")]);
+        c.k(&[
+            "label",
+            "node",
+            node,
+            &format!("topology.kubernetes.io/zone={zone}"),
+        ]);
     }
     c.apply(PARITY);
     if !legacy {
@@ -653,6 +664,10 @@ fn weir_proxy_answers_as_real_kube_proxy_does() {
     let kube: Vec<&str> = results[0].1.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(kube, expected, "{}'s own answers", results[0].0);
     for (who, answers) in &results[1..] {
-        assert_eq!(answers, &results[0].1, "{who} differs from {}", results[0].0);
+        assert_eq!(
+            answers, &results[0].1,
+            "{who} differs from {}",
+            results[0].0
+        );
     }
 }
