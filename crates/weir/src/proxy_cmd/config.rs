@@ -1459,6 +1459,15 @@ mod tests {
         assert!(version_request("v1.37.2")
             .unwrap_err()
             .starts_with("--version=v1.37.2: refused: weir reports its own version"));
+        // pflag's repeats: the last value wins, lists append.
+        let f = flags_of(&[
+            "--proxy-mode=iptables",
+            "--proxy-mode=ipvs",
+            "--nodeport-addresses=10.0.0.0/8",
+            "--nodeport-addresses=192.168.0.0/16",
+        ]);
+        assert_eq!(f.proxy_mode, Some(ProxyMode::Ipvs));
+        assert_eq!(f.nodeport_addresses.len(), 2);
         // --cleanup as pflag writes it.
         for (arg, want) in [("--cleanup", Some(true)), ("--cleanup=false", Some(false))] {
             use clap::Parser;

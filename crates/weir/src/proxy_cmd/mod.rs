@@ -101,6 +101,8 @@ fn agent(settings: Settings, backend: Box<dyn Backend>) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 #[command(
     args_conflicts_with_subcommands = true,
+    // pflag's rule: a flag given twice takes the last value (lists append).
+    args_override_self = true,
     after_help = "Every flag of kube-proxy 1.37 is accepted with its meaning, accepted with a \
                   notice saying how weir differs, or refused by name saying why \
                   (docs/proxy.md, \"kube-proxy 1.37 beside weir proxy\")."
