@@ -22,8 +22,9 @@ pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10800;
 pub struct ProxyConfig {
     /// This node's name (endpoints with this `nodeName` are local; PreferSameNode hints).
     pub node_name: String,
-    /// This node's primary addresses. Empty: taken from the Node object named `node_name`
-    /// (first InternalIP per family, else first ExternalIP).
+    /// This node's primary addresses (kube-proxy's `--bind-address`). A family without one
+    /// here takes the Node object's (named `node_name`: first InternalIP of that family, else
+    /// first ExternalIP).
     pub node_ips: Vec<IpAddr>,
     /// All addresses configured on this node's interfaces; matched against
     /// `nodeport_addresses` CIDRs. (Gathered by the caller; the planner does no I/O.)
@@ -192,11 +193,14 @@ impl Planner {
             self.record(key, object, &mut dirty);
         }
         let node = self.nodes.get(&config.node_name).cloned();
-        let node_ips = if config.node_ips.is_empty() {
-            node.as_deref().map(primary_node_ips).unwrap_or_default()
-        } else {
-            config.node_ips.clone()
-        };
+        let mut node_ips = config.node_ips.clone();
+        let from_node = node.as_deref().map(primary_node_ips).unwrap_or_default();
+        node_ips.extend(from_node.into_iter().filter(|ip| {
+            !config
+                .node_ips
+                .iter()
+                .any(|c| IpFamily::of(c) == IpFamily::of(ip))
+        }));
         let zone = config
             .zone
             .clone()

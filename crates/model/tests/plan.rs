@@ -405,6 +405,31 @@ fn nodeport_addresses() {
     );
 }
 
+/// kube-proxy's `--bind-address`: the given address replaces the Node object's primary IP
+/// of its own family only; the other family's still comes from the Node object.
+#[test]
+fn node_ips_override_the_node_objects_per_family() {
+    let snap = snapshot(&["nodes.yaml", "dualstack.yaml"]);
+    let p = plan(&snap, &config());
+    assert_eq!(
+        p.node_port_addresses_v4,
+        NodePortAddresses::List([ip("192.168.0.10")].into())
+    );
+    let cfg = ProxyConfig {
+        node_ips: vec![ip("192.168.7.7")],
+        ..config()
+    };
+    let p = plan(&snap, &cfg);
+    assert_eq!(
+        p.node_port_addresses_v4,
+        NodePortAddresses::List([ip("192.168.7.7")].into())
+    );
+    assert_eq!(
+        p.node_port_addresses_v6,
+        NodePortAddresses::List([ip("fd00::10")].into())
+    );
+}
+
 #[test]
 fn nodeport_defaults_per_mode_and_localhost() {
     // No Node object: the node's primary IPs are unknown.

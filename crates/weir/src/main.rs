@@ -33,7 +33,7 @@ struct Cli {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -61,12 +61,20 @@ enum Command {
 
 /// Logs to stderr in `--log-format`; `RUST_LOG` filters (default `info`).
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    init_logging_with(None, None)
+}
+
+/// [`init_logging`] with a format that overrides `--log-format` (kube-proxy's
+/// `--logging-format`) and a filter used when `RUST_LOG` is unset (kube-proxy's `-v`).
+fn init_logging_with(format: Option<LogFormat>, filter: Option<String>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(filter.as_deref().unwrap_or("info"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
+    let format = format.or(LOG_FORMAT.get().copied());
+    let _ = match format.unwrap_or(LogFormat::Text) {
         // Fields stay fields (`"fields":{"node":"n1",...}`), not words in the message.
         LogFormat::Json => builder.json().with_current_span(false).try_init(),
         LogFormat::Text => builder
@@ -76,7 +84,10 @@ fn init_logging() {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    // kube-proxy's flag spelling (`--iptables_sync_period`) for `weir proxy`.
+    let cli = Cli::parse_from(proxy_cmd::kube_proxy_spelling(
+        std::env::args_os().collect(),
+    ));
     let _ = LOG_FORMAT.set(cli.log_format);
     let result = match cli.command {
         #[cfg(feature = "lab")]

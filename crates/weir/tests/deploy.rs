@@ -337,9 +337,9 @@ fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
-    // Only fields weir applies: no "not applied" warning.
+    // Only fields weir applies as kube-proxy does: no notice.
     assert!(
-        !String::from_utf8_lossy(&out.stderr).contains("not applied"),
+        !String::from_utf8_lossy(&out.stdout).contains("notice:"),
         "{}",
         text(&out)
     );
@@ -353,8 +353,8 @@ fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
         "node_name: \"node-1\"",
         "mode: Nftables",
         "10.244.0.0/16",
-        "healthz_bind_address: 0.0.0.0:10256",
-        "metrics_bind_address: 0.0.0.0:10249",
+        "healthz_bind_address: Some(\n        0.0.0.0:10256,",
+        "metrics_bind_address: Some(\n        0.0.0.0:10249,",
     ] {
         assert!(settings.contains(expected), "{expected}: {settings}");
     }
@@ -391,16 +391,43 @@ fn validate_fails_on_a_configuration_weir_cannot_load() {
         .unwrap();
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("clusterCIDR"), "{}", text(&out));
-    // A field weir does not apply is reported by name.
-    std::fs::write(config, format!("{original}conntrack:\n  maxPerCore: 0\n")).unwrap();
+    // A field weir takes differently from kube-proxy, and one that is not kube-proxy's, are
+    // named in a notice.
+    std::fs::write(
+        config,
+        format!("{original}clientConnection:\n  qps: 20\nconntraks: {{}}\n"),
+    )
+    .unwrap();
     let out = Command::new(common::WEIR)
         .args(&args)
         .arg("--validate")
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains(r#"field \"conntrack\" is not applied"#),
+        stdout.contains("notice: ")
+            && stdout.contains("clientConnection.qps=20: accepted; no effect"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        stdout.contains("conntraks: not a KubeProxyConfiguration v1alpha1 field"),
+        "{}",
+        text(&out)
+    );
+    // One weir refuses stops it with exit code 2, naming the field and why.
+    std::fs::write(config, format!("{original}detectLocalMode: NodeCIDR\n")).unwrap();
+    let out = Command::new(common::WEIR)
+        .args(&args)
+        .arg("--validate")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(
+            "detectLocalMode=NodeCIDR: refused: weir tells pod traffic by --cluster-cidr only"
+        ),
         "{}",
         text(&out)
     );

@@ -116,7 +116,7 @@ impl IpvsBackend {
             .get(&IpFamily::V6)
             .is_some_and(|r| !r.desired.services.is_empty());
         if serves_v6 && self.sysctls_v6 != Some(true) {
-            ensure_sysctls(true)?;
+            ensure_sysctls(true, self.opts.strict_arp)?;
             self.sysctls_v6 = Some(true);
         }
         Ok(done)
@@ -144,7 +144,7 @@ impl IpvsBackend {
         let mut phases = Phases::default();
         if full {
             // Before any virtual server: IPVS connections need `vs.conntrack` for MASQUERADE.
-            ensure_sysctls(false)?;
+            ensure_sysctls(false, self.opts.strict_arp)?;
             self.sysctls_v6 = Some(false);
             self.set_timeouts(ipvs)?;
         }
@@ -228,11 +228,12 @@ impl IpvsBackend {
                 .iter()
                 .flat_map(|o| o.services.keys().map(|k| k.addr))
                 .collect();
-            // Weir's virtual servers: on its dummy, on a node address, or ones it made.
+            let exclude = self.opts.exclude_cidrs.clone();
             let owned = |k: &ServiceKey| {
-                dummy_addrs.contains(&k.addr)
+                let ours = dummy_addrs.contains(&k.addr)
                     || node_addrs.contains(&k.addr)
-                    || previous.contains(&k.addr)
+                    || previous.contains(&k.addr);
+                weir_owns(ours, k.addr, &exclude)
             };
             let sent = self.send(ipvs, &wanted, &observed, owned)?;
             phases.ipvs += lap(&mut clock);
@@ -449,11 +450,24 @@ pub fn conn_reuse_mode(release: &str) -> Option<&'static str> {
     ((4, 1)..(5, 9)).contains(&v).then_some("0")
 }
 
+/// Whether a virtual server at `addr` is weir's to delete when no plan wants it: `ours` (on
+/// its dummy, on a node address, or one it made) unless `ipvs.excludeCIDRs` holds the
+/// address (kube-proxy never touches those either).
+pub fn weir_owns(ours: bool, addr: IpAddr, exclude: &[IpNet]) -> bool {
+    ours && !exclude.iter().any(|n| n.contains(&addr))
+}
+
 /// The sysctls ipvs mode needs, as (key, value): IPVS's own, forwarding, and
 /// `conn_reuse_mode` by kernel `release` ([`conn_reuse_mode`]). `serves_v6`: the node has
 /// IPv6 virtual servers, so IPv6 forwarding is needed as `ip_forward` is for IPv4: a masqueraded
 /// real server's replies (and connections from pods, which arrive routed) cross FORWARD.
-pub fn sysctls(release: &str, serves_v6: bool) -> Vec<(&'static str, &'static str)> {
+/// `strict_arp`: kube-proxy's `strictARP` (`arp_ignore=1`, `arp_announce=2` on every
+/// interface).
+pub fn sysctls(
+    release: &str,
+    serves_v6: bool,
+    strict_arp: bool,
+) -> Vec<(&'static str, &'static str)> {
     let mut v = vec![
         ("net.ipv4.vs.conntrack", "1"),
         ("net.ipv4.vs.expire_nodest_conn", "1"),
@@ -466,12 +480,16 @@ pub fn sysctls(release: &str, serves_v6: bool) -> Vec<(&'static str, &'static st
     if let Some(m) = conn_reuse_mode(release) {
         v.push(("net.ipv4.vs.conn_reuse_mode", m));
     }
+    if strict_arp {
+        v.push(("net.ipv4.conf.all.arp_ignore", "1"));
+        v.push(("net.ipv4.conf.all.arp_announce", "2"));
+    }
     v
 }
 
-fn ensure_sysctls(serves_v6: bool) -> Result<()> {
+fn ensure_sysctls(serves_v6: bool, strict_arp: bool) -> Result<()> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    for (k, v) in sysctls(release.trim(), serves_v6) {
+    for (k, v) in sysctls(release.trim(), serves_v6, strict_arp) {
         sysctl::ensure(k, v).map_err(|e| Error::Tool {
             tool: "sysctl".into(),
             detail: format!("{k}={v}: {e}"),
@@ -656,11 +674,12 @@ impl Backend for IpvsBackend {
         // No IPVS in the kernel: no virtual servers to remove.
         if let Ok(mut ipvs) = Ipvs::open() {
             let node: BTreeSet<IpAddr> = rtnl.addrs(None)?.iter().map(|a| a.net.addr()).collect();
+            let exclude = &self.opts.exclude_cidrs;
             for (k, _) in ipvs.services().map_err(|e| Error::Netlink(e.to_string()))? {
-                if dummy_addrs.contains(&k.addr)
+                let ours = dummy_addrs.contains(&k.addr)
                     || previous.contains(&k.addr)
-                    || node.contains(&k.addr)
-                {
+                    || node.contains(&k.addr);
+                if weir_owns(ours, k.addr, exclude) {
                     ipvs.request(&Request::DelService(k))
                         .map_err(|e| Error::Netlink(format!("IPVS delete {k}: {e}")))?;
                 }
@@ -793,13 +812,36 @@ COMMIT
     #[test]
     fn ipv6_forwarding_is_ensured_when_ipv6_is_served() {
         let v6 = ("net.ipv6.conf.all.forwarding", "1");
-        let served = sysctls("6.1.0-41-amd64", true);
+        let served = sysctls("6.1.0-41-amd64", true, false);
         assert!(served.contains(&v6), "{served:?}");
         assert!(served.contains(&("net.ipv4.ip_forward", "1")), "{served:?}");
         // An IPv4-only node's IPv6 forwarding is left alone (turning it on stops the
         // acceptance of router advertisements where accept_ra is 1).
-        assert!(!sysctls("6.1.0-41-amd64", false).contains(&v6));
-        assert!(sysctls("5.4.0", false).contains(&("net.ipv4.vs.conn_reuse_mode", "0")));
+        assert!(!sysctls("6.1.0-41-amd64", false, false).contains(&v6));
+        assert!(sysctls("5.4.0", false, false).contains(&("net.ipv4.vs.conn_reuse_mode", "0")));
+    }
+
+    #[test]
+    fn strict_arp_sets_arp_ignore_and_arp_announce() {
+        let arp = [
+            ("net.ipv4.conf.all.arp_ignore", "1"),
+            ("net.ipv4.conf.all.arp_announce", "2"),
+        ];
+        let strict = sysctls("6.1.0", false, true);
+        assert!(arp.iter().all(|a| strict.contains(a)), "{strict:?}");
+        let lax = sysctls("6.1.0", false, false);
+        assert!(!lax.iter().any(|(k, _)| k.contains("arp_")), "{lax:?}");
+    }
+
+    #[test]
+    fn exclude_cidrs_protect_virtual_servers_from_deletion() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(weir_owns(true, ip("192.168.1.10"), &[]));
+        // Not on weir's addresses: someone else's, never deleted.
+        assert!(!weir_owns(false, ip("192.168.1.10"), &[]));
+        let exclude: Vec<IpNet> = vec!["192.168.1.0/24".parse().unwrap()];
+        assert!(!weir_owns(true, ip("192.168.1.10"), &exclude));
+        assert!(weir_owns(true, ip("192.168.2.10"), &exclude));
     }
 
     #[test]

@@ -35,6 +35,12 @@ pub struct IpvsOptions {
     /// How long a removed TCP real server may keep draining (weight 0) before it is deleted
     /// with connections still open.
     pub graceful_termination_timeout: std::time::Duration,
+    /// `ipvs.strictARP`: `arp_ignore=1` and `arp_announce=2` on every interface, so the node
+    /// does not answer ARP for the addresses on `kube-ipvs0` (kube-proxy's meaning).
+    pub strict_arp: bool,
+    /// `ipvs.excludeCIDRs`: virtual servers on these addresses are never deleted as stale
+    /// (another program's, on a node address).
+    pub exclude_cidrs: Vec<ipnet::IpNet>,
 }
 
 impl Default for IpvsOptions {
@@ -47,6 +53,8 @@ impl Default for IpvsOptions {
             tcp_fin_timeout: 0,
             udp_timeout: 0,
             graceful_termination_timeout: std::time::Duration::from_secs(15 * 60),
+            strict_arp: false,
+            exclude_cidrs: Vec::new(),
         }
     }
 }

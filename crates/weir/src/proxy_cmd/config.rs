@@ -1,6 +1,9 @@
 //! `weir proxy` settings: command-line flags over a KubeProxyConfiguration file over defaults.
+//! What weir does with each of kube-proxy's flags and fields is [`super::kube_proxy::ROWS`];
+//! the ones it applies are typed here.
 
-use std::net::SocketAddr;
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,6 +14,9 @@ use serde::Deserialize;
 use weir_model::NodePortDefault;
 use weir_proxy::iptables::BackendChoice;
 use weir_source::yaml::excerpt;
+
+use super::kube_proxy::{self, Findings, KubeProxyOnlyFlags, Refused};
+use crate::LogFormat;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -40,6 +46,34 @@ pub enum IptablesBackendFlag {
     Legacy,
 }
 
+/// An address flag as kube-proxy takes it: `IP:port`, or an IP alone (the port then comes
+/// from `--healthz-port` / `--metrics-port`, else the default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindAddr {
+    pub ip: IpAddr,
+    pub port: Option<u16>,
+}
+
+pub fn parse_bind_addr(s: &str) -> Result<BindAddr, String> {
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(BindAddr {
+            ip: a.ip(),
+            port: Some(a.port()),
+        });
+    }
+    let ip = s.trim_start_matches('[').trim_end_matches(']');
+    ip.parse::<IpAddr>()
+        .map(|ip| BindAddr { ip, port: None })
+        .map_err(|_| format!("{:?} is not IP:port or IP", excerpt(s, 60)))
+}
+
+fn go_bool(s: &str) -> Result<bool, String> {
+    kube_proxy::parse_go_bool(s)
+}
+
+/// The heading of the kube-proxy flags weir applies that have no other place in its help.
+const KP: &str = "kube-proxy's flags (its meaning unless said)";
+
 /// Flags of `weir proxy` (kube-proxy's names). Unset flags fall back to `--config`, then to
 /// kube-proxy's defaults.
 #[derive(Debug, Clone, Default, Args)]
@@ -56,8 +90,9 @@ pub struct ProxyFlags {
     /// Where last-known-good copies of the manifests' objects are kept across restarts.
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// How services are programmed: nftables (the default), iptables, ipvs, or userspace
-    /// (connections relayed through this process). Unset: the --config file's `mode`.
+    /// How services are programmed: nftables (the default; kube-proxy's is iptables),
+    /// iptables, ipvs, or userspace (connections relayed through this process). Unset: the
+    /// --config file's `mode`.
     #[arg(long, value_enum)]
     pub proxy_mode: Option<ProxyMode>,
     /// IPVS scheduler in ipvs mode: rr (default), wrr, lc, wlc, lblc, lblcr, sh, dh, sed,
@@ -74,15 +109,16 @@ pub struct ProxyFlags {
     /// This node's name (default: the host name).
     #[arg(long, value_name = "NAME")]
     pub hostname_override: Option<String>,
-    /// CIDRs whose local addresses serve NodePorts, or `primary` (the node's own IPs).
-    /// Unset: every local address in iptables, ipvs and userspace modes, `primary` in
-    /// nftables mode (as kube-proxy). A loopback CIDR enables localhost NodePorts (iptables
-    /// mode only).
+    /// CIDRs whose local addresses serve NodePorts, or the keywords `primary` (the node's own
+    /// IPs), `localhost`, `all`. Unset: every local address in iptables, ipvs and userspace
+    /// modes, `primary` in nftables mode (as kube-proxy). A loopback CIDR enables localhost
+    /// NodePorts (iptables mode only).
     #[arg(long, value_name = "CIDR[,CIDR]|primary", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
     /// Masquerade all traffic sent to service IPs.
-    #[arg(long)]
-    pub masquerade_all: bool,
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = go_bool)]
+    pub masquerade_all: Option<bool>,
     /// Periodic resync interval (Go duration, e.g. 30s).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub sync_period: Option<Duration>,
@@ -93,15 +129,16 @@ pub struct ProxyFlags {
     /// Minimum interval between syncs; changes arriving faster are batched.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_sync_period: Option<Duration>,
-    /// KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1).
+    /// KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1). Flags given beside it
+    /// win over its fields (kube-proxy ignores most flags then).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address of /healthz and /livez.
-    #[arg(long, value_name = "ADDR")]
-    pub healthz_bind_address: Option<SocketAddr>,
-    /// Address of /metrics.
-    #[arg(long, value_name = "ADDR")]
-    pub metrics_bind_address: Option<SocketAddr>,
+    /// Address of /healthz and /livez: IP:port, or an IP (port: --healthz-port, else 10256).
+    #[arg(long, value_name = "ADDR", value_parser = parse_bind_addr)]
+    pub healthz_bind_address: Option<BindAddr>,
+    /// Address of /metrics: IP:port, or an IP (port: --metrics-port, else 10249).
+    #[arg(long, value_name = "ADDR", value_parser = parse_bind_addr)]
+    pub metrics_bind_address: Option<BindAddr>,
     /// kubeconfig file of the Kubernetes API to watch (instead of --manifests).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
@@ -113,6 +150,97 @@ pub struct ProxyFlags {
     /// (plus 5 s), a hung response after it plus 10 s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, hide = true)]
     pub api_watch_timeout: Option<Duration>,
+
+    /// --sync-period outside ipvs mode.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub iptables_sync_period: Option<Duration>,
+    /// --min-sync-period outside ipvs mode.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub iptables_min_sync_period: Option<Duration>,
+    /// --sync-period in ipvs mode.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub ipvs_sync_period: Option<Duration>,
+    /// --min-sync-period in ipvs mode.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub ipvs_min_sync_period: Option<Duration>,
+    /// The fwmark bit (0-31, default 14) that marks packets to masquerade, in iptables and ipvs
+    /// modes (nftables mode: the config file's nftables.masqueradeBit).
+    #[arg(long, value_name = "BIT", value_parser = clap::value_parser!(u32).range(0..=31),
+          help_heading = KP)]
+    pub iptables_masquerade_bit: Option<u32>,
+    /// ipvs mode: idle timeout of IPVS TCP connections (0 leaves the kernel's).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub ipvs_tcp_timeout: Option<Duration>,
+    /// ipvs mode: timeout of IPVS TCP connections after a FIN (0 leaves the kernel's).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub ipvs_tcpfin_timeout: Option<Duration>,
+    /// ipvs mode: timeout of IPVS UDP flows (0 leaves the kernel's).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub ipvs_udp_timeout: Option<Duration>,
+    /// ipvs mode: virtual servers on these addresses are never deleted as stale.
+    #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',', help_heading = KP)]
+    pub ipvs_exclude_cidrs: Vec<IpNet>,
+    /// ipvs mode: set arp_ignore=1 and arp_announce=2 for every interface.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = go_bool, help_heading = KP)]
+    pub ipvs_strict_arp: Option<bool>,
+    /// This node's primary IP of its family (the other family's comes from the Node object);
+    /// 0.0.0.0 and :: leave both to the Node object.
+    #[arg(long, value_name = "IP", help_heading = KP)]
+    pub bind_address: Option<IpAddr>,
+    /// The port for an --healthz-bind-address without one; 0 turns /healthz and /livez off.
+    #[arg(long, value_name = "PORT", help_heading = KP)]
+    pub healthz_port: Option<u16>,
+    /// The port for an --metrics-bind-address without one; 0 turns /metrics off.
+    #[arg(long, value_name = "PORT", help_heading = KP)]
+    pub metrics_port: Option<u16>,
+    /// Written to /proc/self/oom_score_adj (-1000..1000); unset, left as it is (kube-proxy
+    /// writes -999).
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i32).range(-1000..=1000), help_heading = KP)]
+    pub oom_score_adj: Option<i32>,
+    /// Raise nf_conntrack_max to this many entries per CPU (0 leaves it); unset, weir leaves
+    /// conntrack's size alone (kube-proxy: 32768).
+    #[arg(long, value_name = "N", help_heading = KP)]
+    pub conntrack_max_per_core: Option<u32>,
+    /// nf_conntrack_max at least this (with --conntrack-max-per-core).
+    #[arg(long, value_name = "N", help_heading = KP)]
+    pub conntrack_min: Option<u32>,
+    /// nf_conntrack_tcp_timeout_established (0 leaves it; unset too, where kube-proxy sets 24h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub conntrack_tcp_timeout_established: Option<Duration>,
+    /// nf_conntrack_tcp_timeout_close_wait (0 leaves it; unset too, where kube-proxy sets 1h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub conntrack_tcp_timeout_close_wait: Option<Duration>,
+    /// Set nf_conntrack_tcp_be_liberal=1.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = go_bool, help_heading = KP)]
+    pub conntrack_tcp_be_liberal: Option<bool>,
+    /// nf_conntrack_udp_timeout (0 leaves it).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub conntrack_udp_timeout: Option<Duration>,
+    /// nf_conntrack_udp_timeout_stream (0 leaves it).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = KP)]
+    pub conntrack_udp_timeout_stream: Option<Duration>,
+    /// Feature gates, Name=true,Name=false: those weir always follows pass, those asking for
+    /// what weir lacks are refused by name, unknown ones noticed (see docs/proxy.md).
+    #[arg(long, value_name = "NAME=BOOL,...", help_heading = KP)]
+    pub feature_gates: Vec<String>,
+    /// The log format: text or json (weir's --log-format).
+    #[arg(long, value_enum, help_heading = KP)]
+    pub logging_format: Option<LogFormat>,
+    /// klog's verbosity as weir's log level: 0-1 info; 2-3 debug and 4-5 trace for weir's
+    /// crates; 6+ its libraries' debug too. RUST_LOG, when set, wins.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", help_heading = KP)]
+    pub v: Option<u32>,
+    /// Print weir's version line and exit (`--version` or `--version=raw`).
+    #[arg(long = "version", id = "kube_proxy_version", value_name = "raw",
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          help_heading = KP)]
+    pub version: Option<String>,
+    /// kube-proxy's flags weir has no flag of its own for: noticed or refused by name.
+    #[command(flatten)]
+    pub kube_proxy: KubeProxyOnlyFlags,
 }
 
 /// Where the Kubernetes API is (the source when set).
@@ -134,24 +262,35 @@ pub struct Settings {
     pub mode: ProxyMode,
     pub cluster_cidrs: Vec<IpNet>,
     pub node_name: String,
+    /// This node's primary IPs given (`--bind-address`); a family without one takes the
+    /// Node object's.
+    pub node_ips: Vec<IpAddr>,
     /// Empty: `nodeport_default`.
     pub nodeport_addresses: Vec<IpNet>,
     pub nodeport_default: NodePortDefault,
     /// Loopback addresses may serve NodePorts (iptables mode, with `route_localnet`).
     pub localhost_nodeports: bool,
     pub masquerade_all: bool,
+    /// The fwmark that marks packets to masquerade (`1 << masqueradeBit`).
+    pub masquerade_mark: u32,
     /// How often the proxy re-checks its rules (and resyncs if they were changed).
     pub sync_period: Duration,
     /// How often every rule is rewritten regardless.
     pub full_sync_period: Duration,
     pub min_sync_period: Duration,
-    pub healthz_bind_address: SocketAddr,
-    pub metrics_bind_address: SocketAddr,
+    /// `None`: not served (`--healthz-port=0`).
+    pub healthz_bind_address: Option<SocketAddr>,
+    /// `None`: not served (`--metrics-port=0`).
+    pub metrics_bind_address: Option<SocketAddr>,
     /// The Kubernetes API source; `None`: the manifest directory.
     pub api: Option<ApiSettings>,
     pub ipvs: IpvsSettings,
     /// iptables mode's implementation (`--iptables-backend`).
     pub iptables_backend: BackendChoice,
+    /// Written to /proc/self/oom_score_adj at start.
+    pub oom_score_adj: Option<i32>,
+    pub conntrack: ConntrackSettings,
+    pub log: LogSettings,
 }
 
 /// ipvs mode's settings (`--ipvs-scheduler`, the configuration file's `ipvs:` section).
@@ -162,10 +301,51 @@ pub struct IpvsSettings {
     pub tcp_timeout: Duration,
     pub tcp_fin_timeout: Duration,
     pub udp_timeout: Duration,
+    pub strict_arp: bool,
+    pub exclude_cidrs: Vec<IpNet>,
 }
 
-/// The KubeProxyConfiguration fields weir applies. Other fields of the kind are accepted and
-/// reported as ignored (real configuration files carry many that do not apply here).
+/// kube-proxy's conntrack settings, each applied only when given.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConntrackSettings {
+    pub max_per_core: Option<u32>,
+    pub min: Option<u32>,
+    pub tcp_established_timeout: Option<Duration>,
+    pub tcp_close_wait_timeout: Option<Duration>,
+    pub tcp_be_liberal: Option<bool>,
+    pub udp_timeout: Option<Duration>,
+    pub udp_stream_timeout: Option<Duration>,
+}
+
+/// Logging as kube-proxy's flags and `logging:` ask for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogSettings {
+    /// `--logging-format` / `logging.format`; `None`: weir's `--log-format`.
+    pub format: Option<LogFormat>,
+    /// klog's `-v` / `logging.verbosity`.
+    pub verbosity: Option<u32>,
+}
+
+impl LogSettings {
+    /// The tracing filter for a klog verbosity: 0–1 info; 2–3 debug and 4–5 trace for weir's
+    /// own crates (targets `weir*`); 6 and more the libraries' debug too (as klog's 6+ shows
+    /// API requests). `None`: weir's default, info.
+    pub fn filter(&self) -> Option<String> {
+        let v = self.verbosity?;
+        Some(
+            match v {
+                0 | 1 => "info",
+                2 | 3 => "info,weir=debug",
+                4 | 5 => "info,weir=trace",
+                _ => "debug,weir=trace",
+            }
+            .to_string(),
+        )
+    }
+}
+
+/// The KubeProxyConfiguration fields weir applies (the others are checked against
+/// [`kube_proxy::ROWS`] by [`kube_proxy::check_config`]).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct KubeProxyConfiguration {
@@ -174,24 +354,27 @@ struct KubeProxyConfiguration {
     mode: Option<String>,
     cluster_c_i_d_r: Option<String>,
     hostname_override: Option<String>,
-    #[serde(default)]
-    node_port_addresses: Vec<String>,
+    node_port_addresses: Option<Vec<String>>,
+    bind_address: Option<String>,
     healthz_bind_address: Option<String>,
     metrics_bind_address: Option<String>,
+    /// Not kube-proxy 1.37's (noticed as such), applied over the mode's section.
     sync_period: Option<String>,
     min_sync_period: Option<String>,
     iptables: Option<ModeSection>,
     nftables: Option<ModeSection>,
-    client_connection: Option<ClientConnection>,
     ipvs: Option<ModeSection>,
-    #[serde(flatten)]
-    other: std::collections::BTreeMap<String, serde_json::Value>,
+    client_connection: Option<ClientConnection>,
+    oom_score_adj: Option<i32>,
+    conntrack: Option<ConntrackSection>,
+    logging: Option<LoggingSection>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ModeSection {
     masquerade_all: Option<bool>,
+    masquerade_bit: Option<i64>,
     sync_period: Option<String>,
     min_sync_period: Option<String>,
     // ipvs: only.
@@ -199,44 +382,150 @@ struct ModeSection {
     tcp_timeout: Option<String>,
     tcp_fin_timeout: Option<String>,
     udp_timeout: Option<String>,
+    #[serde(rename = "strictARP")]
+    strict_arp: Option<bool>,
+    #[serde(rename = "excludeCIDRs")]
+    exclude_cidrs: Option<Vec<String>>,
 }
 
-fn ipvs_settings(
-    flag: Option<&str>,
-    section: Option<&ModeSection>,
-) -> anyhow::Result<IpvsSettings> {
-    let scheduler = flag
-        .or(section.and_then(|s| s.scheduler.as_deref()))
-        .filter(|s| !s.is_empty())
-        .unwrap_or("rr")
-        .to_string();
-    weir_proxy::ipvs::check_scheduler(&scheduler)
-        .map_err(|e| anyhow::anyhow!("--ipvs-scheduler: {e}"))?;
-    let timeout = |v: Option<&Option<String>>, name: &str| -> anyhow::Result<Duration> {
-        match v.and_then(|o| o.as_deref()) {
-            Some(t) => parse_duration(t).map_err(|e| anyhow::anyhow!("config ipvs.{name}: {e}")),
-            None => Ok(Duration::ZERO),
-        }
-    };
-    Ok(IpvsSettings {
-        scheduler,
-        tcp_timeout: timeout(section.map(|s| &s.tcp_timeout), "tcpTimeout")?,
-        tcp_fin_timeout: timeout(section.map(|s| &s.tcp_fin_timeout), "tcpFinTimeout")?,
-        udp_timeout: timeout(section.map(|s| &s.udp_timeout), "udpTimeout")?,
-    })
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ConntrackSection {
+    max_per_core: Option<i64>,
+    min: Option<i64>,
+    tcp_established_timeout: Option<String>,
+    tcp_close_wait_timeout: Option<String>,
+    tcp_be_liberal: Option<bool>,
+    udp_timeout: Option<String>,
+    udp_stream_timeout: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LoggingSection {
+    format: Option<String>,
+    verbosity: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ClientConnection {
     kubeconfig: Option<String>,
-    #[serde(flatten)]
-    other: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// A duration field of the file (`None`: unset).
+fn file_duration(v: Option<&String>, name: &str) -> anyhow::Result<Option<Duration>> {
+    v.map(|s| parse_duration(s).map_err(|e| anyhow::anyhow!("config {name}: {e}")))
+        .transpose()
+}
+
+fn ipvs_settings(
+    flags: &ProxyFlags,
+    section: Option<&ModeSection>,
+) -> anyhow::Result<IpvsSettings> {
+    let scheduler = flags
+        .ipvs_scheduler
+        .as_deref()
+        .or(section.and_then(|s| s.scheduler.as_deref()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or("rr")
+        .to_string();
+    weir_proxy::ipvs::check_scheduler(&scheduler)
+        .map_err(|e| anyhow::anyhow!("--ipvs-scheduler: {e}"))?;
+    let timeout = |flag: Option<Duration>, v: Option<&Option<String>>, name: &str| match flag {
+        Some(d) => Ok(d),
+        None => file_duration(v.and_then(|o| o.as_ref()), &format!("ipvs.{name}"))
+            .map(Option::unwrap_or_default),
+    };
+    let exclude_cidrs = if !flags.ipvs_exclude_cidrs.is_empty() {
+        flags.ipvs_exclude_cidrs.clone()
+    } else {
+        let items = section
+            .and_then(|s| s.exclude_cidrs.clone())
+            .unwrap_or_default();
+        parse_cidrs(&items, "config ipvs.excludeCIDRs")?
+    };
+    Ok(IpvsSettings {
+        scheduler,
+        tcp_timeout: timeout(
+            flags.ipvs_tcp_timeout,
+            section.map(|s| &s.tcp_timeout),
+            "tcpTimeout",
+        )?,
+        tcp_fin_timeout: timeout(
+            flags.ipvs_tcpfin_timeout,
+            section.map(|s| &s.tcp_fin_timeout),
+            "tcpFinTimeout",
+        )?,
+        udp_timeout: timeout(
+            flags.ipvs_udp_timeout,
+            section.map(|s| &s.udp_timeout),
+            "udpTimeout",
+        )?,
+        strict_arp: flags
+            .ipvs_strict_arp
+            .or(section.and_then(|s| s.strict_arp))
+            .unwrap_or(false),
+        exclude_cidrs,
+    })
+}
+
+fn conntrack_settings(
+    flags: &ProxyFlags,
+    file: Option<&ConntrackSection>,
+) -> anyhow::Result<ConntrackSettings> {
+    let count = |flag: Option<u32>, v: Option<i64>, name: &str| -> anyhow::Result<Option<u32>> {
+        match (flag, v) {
+            (Some(n), _) => Ok(Some(n)),
+            (None, Some(n)) => u32::try_from(n)
+                .map(Some)
+                .map_err(|_| anyhow::anyhow!("config conntrack.{name}: {n} is not 0 or more")),
+            (None, None) => Ok(None),
+        }
+    };
+    let duration = |flag: Option<Duration>, v: Option<&String>, name: &str| match flag {
+        Some(d) => Ok(Some(d)),
+        None => file_duration(v, &format!("conntrack.{name}")),
+    };
+    Ok(ConntrackSettings {
+        max_per_core: count(
+            flags.conntrack_max_per_core,
+            file.and_then(|c| c.max_per_core),
+            "maxPerCore",
+        )?,
+        min: count(flags.conntrack_min, file.and_then(|c| c.min), "min")?,
+        tcp_established_timeout: duration(
+            flags.conntrack_tcp_timeout_established,
+            file.and_then(|c| c.tcp_established_timeout.as_ref()),
+            "tcpEstablishedTimeout",
+        )?,
+        tcp_close_wait_timeout: duration(
+            flags.conntrack_tcp_timeout_close_wait,
+            file.and_then(|c| c.tcp_close_wait_timeout.as_ref()),
+            "tcpCloseWaitTimeout",
+        )?,
+        tcp_be_liberal: flags
+            .conntrack_tcp_be_liberal
+            .or(file.and_then(|c| c.tcp_be_liberal)),
+        udp_timeout: duration(
+            flags.conntrack_udp_timeout,
+            file.and_then(|c| c.udp_timeout.as_ref()),
+            "udpTimeout",
+        )?,
+        udp_stream_timeout: duration(
+            flags.conntrack_udp_timeout_stream,
+            file.and_then(|c| c.udp_stream_timeout.as_ref()),
+            "udpStreamTimeout",
+        )?,
+    })
 }
 
 /// A --config file that does not decode, said in one line: the file, where (line, and the
 /// field when inside one), what is wrong, and that line's start; never the file's content.
-fn decode_config(path: &std::path::Path, text: &str) -> anyhow::Result<KubeProxyConfiguration> {
+fn decode_config<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    text: &str,
+) -> anyhow::Result<T> {
     weir_source::yaml::decode(text).map_err(|e| {
         let at = e
             .line
@@ -304,7 +593,7 @@ fn parse_cidrs(items: &[String], what: &str) -> anyhow::Result<Vec<IpNet>> {
     items
         .iter()
         .map(|s| s.trim())
-        .filter(|s| !s.is_empty() && *s != "primary")
+        .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse::<IpNet>()
                 .with_context(|| format!("{what}: {:?} is not a CIDR", excerpt(s, 60)))
@@ -312,9 +601,84 @@ fn parse_cidrs(items: &[String], what: &str) -> anyhow::Result<Vec<IpNet>> {
         .collect()
 }
 
+/// `--nodeport-addresses`: CIDRs with kube-proxy's keywords `localhost` (127.0.0.0/8, ::1/128)
+/// and `all` (0.0.0.0/0, ::/0) expanded; `primary` is left out (the caller's default).
+fn parse_nodeport_addresses(items: &[String], what: &str) -> anyhow::Result<Vec<IpNet>> {
+    let mut out = Vec::new();
+    for s in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        match s {
+            "primary" => {}
+            "localhost" => {
+                out.extend(["127.0.0.0/8", "::1/128"].map(|c| c.parse::<IpNet>().unwrap()))
+            }
+            "all" => out.extend(["0.0.0.0/0", "::/0"].map(|c| c.parse::<IpNet>().unwrap())),
+            _ => out.extend(parse_cidrs(&[s.to_string()], what)?),
+        }
+    }
+    Ok(out)
+}
+
 /// Running in a pod: the kubelet sets KUBERNETES_SERVICE_HOST in every container.
 fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
+}
+
+/// A loaded --config file: the fields weir applies, the rows' findings, its feature gates.
+struct LoadedConfig {
+    cfg: KubeProxyConfiguration,
+    findings: Findings,
+    gates: BTreeMap<String, bool>,
+}
+
+fn load_config(path: &std::path::Path) -> anyhow::Result<LoadedConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let cfg: KubeProxyConfiguration = decode_config(path, &text)?;
+    if cfg
+        .kind
+        .as_deref()
+        .is_some_and(|k| k != "KubeProxyConfiguration")
+    {
+        bail!(
+            "{}: kind {:?} is not KubeProxyConfiguration",
+            path.display(),
+            cfg.kind.as_deref().unwrap_or_default()
+        );
+    }
+    if let Some(v) = &cfg.api_version {
+        if !v.starts_with("kubeproxy.config.k8s.io/") {
+            bail!(
+                "{}: apiVersion {v:?} is not kubeproxy.config.k8s.io/*",
+                path.display()
+            );
+        }
+    }
+    let doc: serde_json::Value = decode_config(path, &text)?;
+    let mut found = Findings::default();
+    let gates = kube_proxy::check_config(&doc, &mut found);
+    let at = |m: String| format!("{}: {m}", path.display());
+    let findings = Findings {
+        notices: found.notices.into_iter().map(at).collect(),
+        refused: found.refused.into_iter().map(at).collect(),
+    };
+    Ok(LoadedConfig {
+        cfg,
+        findings,
+        gates,
+    })
+}
+
+/// `--version[=raw]`: print weir's version (`Ok(true)`); `=false`: nothing; another value
+/// (kube-proxy's "report this version") is refused.
+pub fn version_request(v: &str) -> Result<bool, String> {
+    match v {
+        "raw" => Ok(true),
+        _ => kube_proxy::parse_go_bool(v).map_err(|_| {
+            format!(
+                "--version={v}: refused: weir reports its own version (`--version` or \
+                 `--version=raw` prints it)"
+            )
+        }),
+    }
 }
 
 impl ProxyFlags {
@@ -357,49 +721,45 @@ impl ProxyFlags {
         }))
     }
 
-    /// Merges flags over the configuration file (if any) over defaults. `warn` receives one
-    /// line per configuration field that is valid but not applied by weir.
-    pub fn settings(&self, warn: &mut dyn FnMut(String)) -> anyhow::Result<Settings> {
-        let file = match &self.config {
+    /// The logging the flags alone ask for (`--cleanup` reads no file).
+    pub fn log_flags(&self) -> LogSettings {
+        LogSettings {
+            format: self.logging_format,
+            verbosity: self.v,
+        }
+    }
+
+    /// Merges flags over the configuration file (if any) over defaults. `notice` receives one
+    /// line per flag or field that weir takes differently from kube-proxy, or not at all; a
+    /// flag, field or gate weir refuses is an error holding [`Refused`] (every one of them).
+    pub fn settings(&self, notice: &mut dyn FnMut(String)) -> anyhow::Result<Settings> {
+        let mut findings = Findings::default();
+        self.kube_proxy.check(&mut findings);
+        let (file, file_gates) = match &self.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("read {}", path.display()))?;
-                let cfg = decode_config(path, &text)?;
-                if cfg
-                    .kind
-                    .as_deref()
-                    .is_some_and(|k| k != "KubeProxyConfiguration")
-                {
-                    bail!(
-                        "{}: kind {:?} is not KubeProxyConfiguration",
-                        path.display(),
-                        cfg.kind.as_deref().unwrap_or_default()
-                    );
-                }
-                if let Some(v) = &cfg.api_version {
-                    if !v.starts_with("kubeproxy.config.k8s.io/") {
-                        bail!(
-                            "{}: apiVersion {v:?} is not kubeproxy.config.k8s.io/*",
-                            path.display()
-                        );
-                    }
-                }
-                for k in cfg.other.keys() {
-                    warn(format!(
-                        "{}: field {k:?} is not applied by weir",
-                        path.display()
-                    ));
-                }
-                for k in cfg.client_connection.iter().flat_map(|c| c.other.keys()) {
-                    warn(format!(
-                        "{}: field \"clientConnection.{k}\" is not applied by weir",
-                        path.display()
-                    ));
-                }
-                cfg
+                let loaded = load_config(path)?;
+                findings.notices.extend(loaded.findings.notices);
+                findings.refused.extend(loaded.findings.refused);
+                (loaded.cfg, loaded.gates)
             }
-            None => KubeProxyConfiguration::default(),
+            None => Default::default(),
         };
+        // Feature gates: the file's, then the flag's over them.
+        let mut gates: BTreeMap<String, (bool, String)> = file_gates
+            .into_iter()
+            .map(|(k, v)| (k, (v, "featureGates".to_string())))
+            .collect();
+        for list in &self.feature_gates {
+            match kube_proxy::parse_gates(list) {
+                Ok(parsed) => gates.extend(
+                    parsed
+                        .into_iter()
+                        .map(|(k, v)| (k, (v, "--feature-gates".to_string()))),
+                ),
+                Err(e) => findings.refused.push(format!("--feature-gates: {e}")),
+            }
+        }
+        kube_proxy::check_gates(&gates, &mut findings);
         let mode = match (self.proxy_mode, file.mode.as_deref()) {
             (Some(m), _) => m,
             (None, None | Some("")) => ProxyMode::Nftables,
@@ -414,40 +774,68 @@ impl ProxyFlags {
                 )
             }
         };
-        let section = match mode {
+        if mode == ProxyMode::Ipvs && gates.get("KubeProxyIPVS").is_some_and(|(on, _)| !on) {
+            findings.refused.push(
+                "ipvs mode: refused: the feature gate KubeProxyIPVS is false (kube-proxy 1.37 \
+                 refuses ipvs mode then too)"
+                    .into(),
+            );
+        }
+        // The mode's section, as kube-proxy converts v1alpha1: nftables mode reads
+        // `nftables:`, ipvs mode `ipvs:` for its periods, every other mode `iptables:`.
+        let masq_section = match mode {
             ProxyMode::Nftables => file.nftables.as_ref(),
-            ProxyMode::Iptables => file.iptables.as_ref(),
+            _ => file.iptables.as_ref(),
+        };
+        let period_section = match mode {
+            ProxyMode::Nftables => file.nftables.as_ref(),
             ProxyMode::Ipvs => file.ipvs.as_ref(),
-            ProxyMode::Userspace => None,
+            _ => file.iptables.as_ref(),
         };
-        let file_duration = |top: &Option<String>, sect: Option<&Option<String>>, name: &str| {
-            top.as_ref()
-                .or(sect.and_then(|s| s.as_ref()))
-                .map(|s| parse_duration(s).map_err(|e| anyhow::anyhow!("config {name}: {e}")))
-                .transpose()
+        let (mode_sync, mode_min_sync) = match mode {
+            ProxyMode::Ipvs => (self.ipvs_sync_period, self.ipvs_min_sync_period),
+            _ => (self.iptables_sync_period, self.iptables_min_sync_period),
         };
-        let sync_period = match self.sync_period {
-            Some(d) => d,
-            None => file_duration(
-                &file.sync_period,
-                section.map(|s| &s.sync_period),
-                "syncPeriod",
-            )?
-            .unwrap_or(Duration::from_secs(30)),
+        let period = |flag: Option<Duration>,
+                      mode_flag: Option<Duration>,
+                      top: &Option<String>,
+                      sect: Option<&Option<String>>,
+                      name: &str|
+         -> anyhow::Result<Option<Duration>> {
+            match flag.or(mode_flag) {
+                Some(d) => Ok(Some(d)),
+                None => file_duration(top.as_ref().or(sect.and_then(|s| s.as_ref())), name),
+            }
         };
+        let sync_period = period(
+            self.sync_period,
+            mode_sync,
+            &file.sync_period,
+            period_section.map(|s| &s.sync_period),
+            "syncPeriod",
+        )?
+        .unwrap_or(Duration::from_secs(30));
         let full_sync_period = self.full_sync_period.unwrap_or(Duration::from_secs(3600));
         if full_sync_period.is_zero() || sync_period.is_zero() {
             bail!("--sync-period and --full-sync-period must be greater than 0");
         }
-        let min_sync_period = match self.min_sync_period {
-            Some(d) => d,
-            None => file_duration(
-                &file.min_sync_period,
-                section.map(|s| &s.min_sync_period),
-                "minSyncPeriod",
-            )?
-            .unwrap_or(Duration::from_secs(1)),
-        };
+        let min_sync_period = period(
+            self.min_sync_period,
+            mode_min_sync,
+            &file.min_sync_period,
+            period_section.map(|s| &s.min_sync_period),
+            "minSyncPeriod",
+        )?
+        .unwrap_or(Duration::from_secs(1));
+        let masquerade_bit = match mode {
+            ProxyMode::Nftables => None,
+            _ => self.iptables_masquerade_bit.map(i64::from),
+        }
+        .or(masq_section.and_then(|s| s.masquerade_bit))
+        .unwrap_or(14);
+        if !(0..=31).contains(&masquerade_bit) {
+            bail!("config masqueradeBit {masquerade_bit}: must be within 0..31");
+        }
         let cluster_cidrs = if !self.cluster_cidr.is_empty() {
             self.cluster_cidr.clone()
         } else {
@@ -460,15 +848,19 @@ impl ProxyFlags {
                 .collect();
             parse_cidrs(&items, "config clusterCIDR")?
         };
+        let file_np = file.node_port_addresses.clone().unwrap_or_default();
         let (np_items, np_what) = if !self.nodeport_addresses.is_empty() {
             (&self.nodeport_addresses, "--nodeport-addresses")
         } else {
-            (&file.node_port_addresses, "config nodePortAddresses")
+            (&file_np, "config nodePortAddresses")
         };
-        let nodeport_addresses = parse_cidrs(np_items, np_what)?;
+        let nodeport_addresses = parse_nodeport_addresses(np_items, np_what)?;
         let explicit_primary = np_items.iter().any(|s| s.trim() == "primary");
         if explicit_primary && !nodeport_addresses.is_empty() {
-            bail!("{np_what}: \"primary\" cannot be combined with CIDRs");
+            findings.refused.push(format!(
+                "{np_what}: refused: \"primary\" cannot be combined with CIDRs or other keywords \
+                 in weir (kube-proxy serves their union)"
+            ));
         }
         // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
         // nftables on the node's primary IPs.
@@ -486,12 +878,14 @@ impl ProxyFlags {
             .collect();
         for n in &loopback {
             match (mode, n) {
-                (ProxyMode::Nftables | ProxyMode::Ipvs | ProxyMode::Userspace, _) => warn(format!(
-                    "{np_what}: {n}: localhost NodePorts are not supported in {} mode \
-                     (as in kube-proxy); loopback addresses are ignored",
-                    mode.as_str()
-                )),
-                (ProxyMode::Iptables, IpNet::V6(_)) => warn(format!(
+                (ProxyMode::Nftables | ProxyMode::Ipvs | ProxyMode::Userspace, _) => {
+                    findings.notices.push(format!(
+                        "{np_what}: {n}: localhost NodePorts are not supported in {} mode \
+                         (as in kube-proxy); loopback addresses are ignored",
+                        mode.as_str()
+                    ))
+                }
+                (ProxyMode::Iptables, IpNet::V6(_)) => findings.notices.push(format!(
                     "{np_what}: {n}: IPv6 localhost NodePorts cannot work; ignored"
                 )),
                 (ProxyMode::Iptables, IpNet::V4(_)) => {}
@@ -505,19 +899,62 @@ impl ProxyFlags {
                 .trim()
                 .to_lowercase(),
         };
-        let addr =
-            |flag: Option<SocketAddr>, file: &Option<String>, default: &str, name: &str| match (
-                flag,
-                file.as_deref(),
-            ) {
-                (Some(a), _) => Ok(a),
-                (None, Some(s)) if !s.is_empty() => s
-                    .parse::<SocketAddr>()
-                    .with_context(|| format!("config {name}: {:?} is not ip:port", excerpt(s, 60))),
-                _ => Ok(default.parse().expect("valid default")),
+        let bind_ip = match (self.bind_address, file.bind_address.as_deref()) {
+            (Some(ip), _) => Some(ip),
+            (None, Some(s)) if !s.trim().is_empty() => {
+                Some(s.trim().parse::<IpAddr>().map_err(|_| {
+                    anyhow::anyhow!("config bindAddress: {:?} is not an IP", excerpt(s, 60))
+                })?)
+            }
+            _ => None,
+        };
+        let node_ips: Vec<IpAddr> = bind_ip
+            .filter(|ip| !ip.is_unspecified())
+            .into_iter()
+            .collect();
+        let v6 = bind_ip.is_some_and(|ip| ip.is_ipv6());
+        let addr = |flag: Option<BindAddr>,
+                    port_flag: Option<u16>,
+                    file: &Option<String>,
+                    (default_ip, default_port): (&str, u16),
+                    name: &str|
+         -> anyhow::Result<Option<SocketAddr>> {
+            if port_flag == Some(0) {
+                return Ok(None);
+            }
+            let given = match (flag, file.as_deref()) {
+                (Some(a), _) => a,
+                (None, Some(s)) if !s.is_empty() => {
+                    parse_bind_addr(s).map_err(|e| anyhow::anyhow!("config {name}: {e}"))?
+                }
+                _ => BindAddr {
+                    ip: default_ip.parse().expect("valid default"),
+                    port: None,
+                },
             };
-        let ipvs = ipvs_settings(self.ipvs_scheduler.as_deref(), file.ipvs.as_ref())?;
-        Ok(Settings {
+            let port = given.port.or(port_flag).unwrap_or(default_port);
+            Ok(Some(SocketAddr::new(given.ip, port)))
+        };
+        let ipvs = ipvs_settings(self, file.ipvs.as_ref())?;
+        let conntrack = conntrack_settings(self, file.conntrack.as_ref())?;
+        let file_log = file.logging.as_ref();
+        let log = LogSettings {
+            format: match (
+                self.logging_format,
+                file_log.and_then(|l| l.format.as_deref()),
+            ) {
+                (Some(f), _) => Some(f),
+                (None, None | Some("")) => None,
+                (None, Some("text")) => Some(LogFormat::Text),
+                (None, Some("json")) => Some(LogFormat::Json),
+                (None, Some(other)) => bail!(
+                    "config logging.format {:?}: weir writes text or json",
+                    excerpt(other, 40)
+                ),
+            },
+            verbosity: self.v.or(file_log.and_then(|l| l.verbosity)),
+        };
+        let settings = Settings {
             api,
             ipvs,
             iptables_backend: match self.iptables_backend {
@@ -540,27 +977,48 @@ impl ProxyFlags {
             mode,
             cluster_cidrs,
             node_name,
+            node_ips,
             nodeport_addresses,
             nodeport_default,
             localhost_nodeports,
-            masquerade_all: self.masquerade_all
-                || section.and_then(|s| s.masquerade_all).unwrap_or(false),
+            masquerade_all: self
+                .masquerade_all
+                .or(masq_section.and_then(|s| s.masquerade_all))
+                .unwrap_or(false),
+            masquerade_mark: 1 << masquerade_bit,
             sync_period,
             full_sync_period,
             min_sync_period,
             healthz_bind_address: addr(
                 self.healthz_bind_address,
+                self.healthz_port,
                 &file.healthz_bind_address,
-                "0.0.0.0:10256",
+                (if v6 { "::" } else { "0.0.0.0" }, 10256),
                 "healthzBindAddress",
             )?,
             metrics_bind_address: addr(
                 self.metrics_bind_address,
+                self.metrics_port,
                 &file.metrics_bind_address,
-                "127.0.0.1:10249",
+                (if v6 { "::1" } else { "127.0.0.1" }, 10249),
                 "metricsBindAddress",
             )?,
-        })
+            oom_score_adj: self.oom_score_adj.or(file.oom_score_adj),
+            conntrack,
+            log,
+        };
+        if let Some(adj) = settings.oom_score_adj {
+            if !(-1000..=1000).contains(&adj) {
+                bail!("config oomScoreAdj {adj}: must be within -1000..1000");
+            }
+        }
+        if !findings.refused.is_empty() {
+            return Err(Refused(findings.refused).into());
+        }
+        for n in findings.notices {
+            notice(n);
+        }
+        Ok(settings)
     }
 }
 
@@ -609,8 +1067,9 @@ mod tests {
         assert!(s.masquerade_all);
         assert_eq!(s.sync_period, Duration::from_secs(60));
         assert_eq!(s.min_sync_period, Duration::from_secs(2));
-        assert_eq!(warnings.len(), 1, "{warnings:?}");
-        assert!(warnings[0].contains("conntrack"));
+        // Every field of it is applied: nothing to say.
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(s.conntrack.max_per_core, Some(0));
 
         let flags = ProxyFlags {
             proxy_mode: Some(ProxyMode::Nftables),
@@ -622,7 +1081,7 @@ mod tests {
         assert_eq!(s.sync_period, Duration::from_secs(5));
         // The iptables section does not apply to nftables mode.
         assert!(!s.masquerade_all);
-        assert_eq!(s.healthz_bind_address.port(), 10256);
+        assert_eq!(s.healthz_bind_address.unwrap().port(), 10256);
     }
 
     #[test]
@@ -803,5 +1262,311 @@ mod tests {
             ..Default::default()
         };
         assert!(settings_from(flags, "").is_err());
+    }
+
+    /// `weir proxy ARGS` through the real command line, as `main` parses it.
+    fn flags_of(args: &[&str]) -> ProxyFlags {
+        use clap::Parser;
+        let argv: Vec<std::ffi::OsString> = ["weir", "proxy"]
+            .iter()
+            .chain(args)
+            .map(Into::into)
+            .collect();
+        let cli = crate::Cli::try_parse_from(super::super::kube_proxy_spelling(argv))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        match cli.command {
+            crate::Command::Proxy(a) => a.flags,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!(),
+        }
+    }
+
+    fn refused(r: anyhow::Result<(Settings, Vec<String>)>) -> Vec<String> {
+        match r {
+            Ok((s, _)) => panic!("accepted: {s:?}"),
+            Err(e) => e
+                .downcast_ref::<Refused>()
+                .unwrap_or_else(|| panic!("not a refusal: {e:#}"))
+                .0
+                .clone(),
+        }
+    }
+
+    #[test]
+    fn kube_proxy_flags_map_onto_weirs_settings() {
+        let secs = Duration::from_secs;
+        // The iptables periods outside ipvs mode, the ipvs ones in it; --sync-period wins.
+        let f = flags_of(&[
+            "--iptables_sync_period=10s",
+            "--iptables-min-sync-period",
+            "2s",
+            "--ipvs-sync-period=20s",
+        ]);
+        let (s, w) = settings_from(f, "mode: nftables\n").unwrap();
+        assert_eq!((s.sync_period, s.min_sync_period), (secs(10), secs(2)));
+        assert!(w.is_empty(), "{w:?}");
+        let f = flags_of(&[
+            "--iptables-sync-period=10s",
+            "--ipvs-sync-period=20s",
+            "--ipvs-min-sync-period=3s",
+            "--proxy-mode=ipvs",
+        ]);
+        let (s, _) = settings_from(f, "").unwrap();
+        assert_eq!((s.sync_period, s.min_sync_period), (secs(20), secs(3)));
+        let f = flags_of(&["--iptables-sync-period=10s", "--sync-period=5s"]);
+        assert_eq!(settings_from(f, "").unwrap().0.sync_period, secs(5));
+        // nftables mode reads its own section, masquerade bit included.
+        let (s, _) = settings_from(
+            ProxyFlags::default(),
+            "mode: nftables\nnftables:\n  syncPeriod: 7s\n  minSyncPeriod: 0s\n  \
+             masqueradeBit: 12\n  masqueradeAll: true\niptables:\n  masqueradeBit: 3\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.sync_period, s.min_sync_period),
+            (secs(7), Duration::ZERO)
+        );
+        assert_eq!(s.masquerade_mark, 1 << 12);
+        assert!(s.masquerade_all);
+        // The masquerade bit flag: iptables and ipvs modes (nftables mode ignores it, as
+        // kube-proxy); ipvs mode reads the iptables section, masqueradeAll too.
+        let f = flags_of(&["--iptables-masquerade-bit=13", "--proxy-mode=iptables"]);
+        assert_eq!(settings_from(f, "").unwrap().0.masquerade_mark, 0x2000);
+        let f = flags_of(&["--iptables-masquerade-bit=13", "--proxy-mode=nftables"]);
+        assert_eq!(settings_from(f, "").unwrap().0.masquerade_mark, 0x4000);
+        let ipvs_file = "mode: ipvs\niptables:\n  masqueradeBit: 5\n  masqueradeAll: true\n";
+        let (s, _) = settings_from(ProxyFlags::default(), ipvs_file).unwrap();
+        assert_eq!((s.masquerade_mark, s.masquerade_all), (1 << 5, true));
+        let (s, _) = settings_from(flags_of(&["--masquerade-all=false"]), ipvs_file).unwrap();
+        assert!(!s.masquerade_all);
+        // ipvs mode's flags and fields.
+        let f = flags_of(&[
+            "--proxy-mode=ipvs",
+            "--ipvs-tcp-timeout=15m",
+            "--ipvs-tcpfin-timeout=30s",
+            "--ipvs-udp-timeout=1m",
+            "--ipvs-strict-arp",
+            "--ipvs-exclude-cidrs=10.0.0.0/8,fd00::/64",
+        ]);
+        let (s, _) = settings_from(f, "").unwrap();
+        assert_eq!(
+            (
+                s.ipvs.tcp_timeout,
+                s.ipvs.tcp_fin_timeout,
+                s.ipvs.udp_timeout
+            ),
+            (secs(900), secs(30), secs(60))
+        );
+        assert!(s.ipvs.strict_arp);
+        assert_eq!(s.ipvs.exclude_cidrs.len(), 2);
+        let (s, _) = settings_from(
+            ProxyFlags::default(),
+            "mode: ipvs\nipvs:\n  strictARP: true\n  excludeCIDRs: [192.168.0.0/16]\n",
+        )
+        .unwrap();
+        assert!(s.ipvs.strict_arp);
+        assert_eq!(
+            s.ipvs.exclude_cidrs,
+            ["192.168.0.0/16".parse::<IpNet>().unwrap()]
+        );
+        // --bind-address: this family's primary IP; IPv6 moves the servers' defaults.
+        let (s, _) = settings_from(flags_of(&["--bind-address=fd00::5"]), "").unwrap();
+        assert_eq!(s.node_ips, ["fd00::5".parse::<IpAddr>().unwrap()]);
+        assert_eq!(s.healthz_bind_address, Some("[::]:10256".parse().unwrap()));
+        assert_eq!(s.metrics_bind_address, Some("[::1]:10249".parse().unwrap()));
+        let (s, _) = settings_from(ProxyFlags::default(), "bindAddress: 0.0.0.0\n").unwrap();
+        assert!(s.node_ips.is_empty());
+        assert_eq!(
+            s.healthz_bind_address,
+            Some("0.0.0.0:10256".parse().unwrap())
+        );
+        // Bind addresses without a port take --healthz-port / --metrics-port; 0 is off.
+        let f = flags_of(&[
+            "--healthz-bind-address=127.0.0.2",
+            "--healthz-port=11000",
+            "--metrics-port=0",
+        ]);
+        let (s, _) = settings_from(f, "").unwrap();
+        assert_eq!(
+            s.healthz_bind_address,
+            Some("127.0.0.2:11000".parse().unwrap())
+        );
+        assert_eq!(s.metrics_bind_address, None);
+        let f = flags_of(&[
+            "--healthz-bind-address=127.0.0.2:12000",
+            "--healthz-port=11000",
+        ]);
+        let (s, _) = settings_from(f, "").unwrap();
+        assert_eq!(s.healthz_bind_address.unwrap().port(), 12000);
+        let (s, _) =
+            settings_from(ProxyFlags::default(), "healthzBindAddress: 10.0.0.1\n").unwrap();
+        assert_eq!(
+            s.healthz_bind_address,
+            Some("10.0.0.1:10256".parse().unwrap())
+        );
+        // The node's name, lowercased.
+        let (s, _) = settings_from(flags_of(&["--hostname-override=Node-X"]), "").unwrap();
+        assert_eq!(s.node_name, "node-x");
+        // Logging: the flags over the file's.
+        let (s, _) = settings_from(flags_of(&["--logging-format=json", "-v=4"]), "").unwrap();
+        assert_eq!(
+            s.log,
+            LogSettings {
+                format: Some(LogFormat::Json),
+                verbosity: Some(4)
+            }
+        );
+        let log_file = "logging:\n  format: json\n  verbosity: 2\n  flushFrequency: 5s\n";
+        let (s, w) = settings_from(ProxyFlags::default(), log_file).unwrap();
+        assert_eq!(
+            s.log,
+            LogSettings {
+                format: Some(LogFormat::Json),
+                verbosity: Some(2)
+            }
+        );
+        assert!(w.is_empty(), "{w:?}");
+        let (s, _) = settings_from(flags_of(&["--v", "0"]), log_file).unwrap();
+        assert_eq!(s.log.verbosity, Some(0));
+        // oom_score_adj and conntrack: from the flags, else the file.
+        let f = flags_of(&[
+            "--oom-score-adj",
+            "-999",
+            "--conntrack-min=1000",
+            "--conntrack-tcp-be-liberal",
+            "--conntrack-udp-timeout=30s",
+        ]);
+        let ct_file = "oomScoreAdj: 5\nconntrack:\n  maxPerCore: 10\n  min: 20\n  \
+                       tcpEstablishedTimeout: 24h\n";
+        let (s, w) = settings_from(f, ct_file).unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(s.oom_score_adj, Some(-999));
+        assert_eq!(
+            s.conntrack,
+            ConntrackSettings {
+                max_per_core: Some(10),
+                min: Some(1000),
+                tcp_established_timeout: Some(secs(86400)),
+                tcp_be_liberal: Some(true),
+                udp_timeout: Some(secs(30)),
+                ..Default::default()
+            }
+        );
+        // --version: weir's line; another version is refused.
+        assert_eq!(version_request("true"), Ok(true));
+        assert_eq!(version_request("raw"), Ok(true));
+        assert_eq!(version_request("false"), Ok(false));
+        assert!(version_request("v1.37.2")
+            .unwrap_err()
+            .starts_with("--version=v1.37.2: refused: weir reports its own version"));
+        // pflag's repeats: the last value wins, lists append.
+        let f = flags_of(&[
+            "--proxy-mode=iptables",
+            "--proxy-mode=ipvs",
+            "--nodeport-addresses=10.0.0.0/8",
+            "--nodeport-addresses=192.168.0.0/16",
+        ]);
+        assert_eq!(f.proxy_mode, Some(ProxyMode::Ipvs));
+        assert_eq!(f.nodeport_addresses.len(), 2);
+        // --cleanup as pflag writes it.
+        for (arg, want) in [("--cleanup", Some(true)), ("--cleanup=false", Some(false))] {
+            use clap::Parser;
+            let cli = crate::Cli::try_parse_from(["weir", "proxy", arg]).unwrap();
+            match cli.command {
+                crate::Command::Proxy(a) => assert_eq!(a.cleanup, want, "{arg}"),
+                #[allow(unreachable_patterns)]
+                _ => unreachable!(),
+            }
+        }
+    }
+
+    #[test]
+    fn nodeport_keywords_and_refusals_name_the_value() {
+        let f = flags_of(&["--nodeport-addresses=all", "--proxy-mode=nftables"]);
+        let (s, _) = settings_from(f, "").unwrap();
+        assert_eq!(
+            s.nodeport_addresses,
+            [
+                "0.0.0.0/0".parse::<IpNet>().unwrap(),
+                "::/0".parse().unwrap()
+            ]
+        );
+        let f = flags_of(&["--nodeport-addresses=localhost", "--proxy-mode=iptables"]);
+        let (s, w) = settings_from(f, "").unwrap();
+        assert_eq!(s.nodeport_addresses.len(), 2);
+        assert!(w.len() == 1 && w[0].contains("::1/128"), "{w:?}");
+        let r = refused(settings_from(
+            flags_of(&["--nodeport-addresses=primary,localhost"]),
+            "",
+        ));
+        assert!(
+            r[0].starts_with("--nodeport-addresses: refused: \"primary\""),
+            "{r:?}"
+        );
+        // Each refused flag, by name, all at once.
+        let r = refused(settings_from(
+            flags_of(&[
+                "--detect-local-mode=NodeCIDR",
+                "--init-only",
+                "--write-config-to=/x",
+            ]),
+            "",
+        ));
+        assert_eq!(r.len(), 3, "{r:?}");
+        assert!(r[0].starts_with("--detect-local-mode=NodeCIDR: refused:"));
+        assert!(r[1].starts_with("--init-only=true: refused:"));
+        assert!(r[2].starts_with("--write-config-to=/x: refused:"));
+        // Harmless values pass without a word.
+        let f = flags_of(&[
+            "--detect-local-mode=ClusterCIDR",
+            "--profiling=false",
+            "--init-only=false",
+        ]);
+        let (_, w) = settings_from(f, "").unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        // Gates: the file's and the flag's; KubeProxyIPVS=false refuses ipvs mode.
+        let r = refused(settings_from(
+            flags_of(&["--feature-gates=KubeProxyIPVS=false", "--proxy-mode=ipvs"]),
+            "",
+        ));
+        assert!(r[0].contains("KubeProxyIPVS"), "{r:?}");
+        assert!(settings_from(flags_of(&["--feature-gates=KubeProxyIPVS=false"]), "").is_ok());
+        let r = refused(settings_from(
+            ProxyFlags::default(),
+            "featureGates:\n  AllowServiceExternalIPs: false\n",
+        ));
+        assert!(
+            r[0].contains("featureGates AllowServiceExternalIPs=false: refused"),
+            "{r:?}"
+        );
+        // The flag's value wins over the file's.
+        let f = flags_of(&["--feature-gates", "AllowServiceExternalIPs=true"]);
+        assert!(settings_from(f, "featureGates:\n  AllowServiceExternalIPs: false\n").is_ok());
+        // A refused field names the file and the field.
+        let r = refused(settings_from(ProxyFlags::default(), "ipvs:\n  strictARP: true\ninitOnly: 1\nconntrack: {}\nwinkernel: {enableDSR: true}\ndetectLocalMode: BridgeInterface\n"));
+        assert!(
+            r.len() == 1 && r[0].contains("kp.yaml: detectLocalMode=BridgeInterface: refused"),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn verbosity_maps_onto_log_levels() {
+        let f = |v| {
+            LogSettings {
+                format: None,
+                verbosity: v,
+            }
+            .filter()
+        };
+        assert_eq!(f(None), None);
+        assert_eq!(f(Some(0)).as_deref(), Some("info"));
+        assert_eq!(f(Some(1)).as_deref(), Some("info"));
+        assert_eq!(f(Some(2)).as_deref(), Some("info,weir=debug"));
+        assert_eq!(f(Some(4)).as_deref(), Some("info,weir=trace"));
+        assert_eq!(f(Some(6)).as_deref(), Some("debug,weir=trace"));
+        // `weir=` covers every weir crate's target (weir_proxy, weir_source, …).
+        let filter = tracing_subscriber::EnvFilter::new(f(Some(2)).unwrap());
+        assert!(filter.to_string().contains("weir=debug"));
     }
 }

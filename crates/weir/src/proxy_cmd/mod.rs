@@ -4,8 +4,11 @@
 //! (`config`), starting the object source (`source`) and the wiring.
 
 mod config;
+mod host;
+mod kube_proxy;
 mod source;
 
+use std::ffi::OsString;
 use std::net::IpAddr;
 use std::process::ExitCode;
 
@@ -22,6 +25,7 @@ use weir_proxy::Backend;
 
 use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
+use kube_proxy::{Findings, Refused};
 
 /// One glibc arena for the whole process instead of one per thread that allocates: the API
 /// source's thread builds the objects the main loop keeps, and a second arena held the
@@ -50,7 +54,7 @@ fn local_addresses() -> anyhow::Result<Vec<IpAddr>> {
 fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
     Ok(ProxyConfig {
         node_name: s.node_name.clone(),
-        node_ips: Vec::new(),
+        node_ips: s.node_ips.clone(),
         local_addresses: local_addresses()?,
         cluster_cidrs: s.cluster_cidrs.clone(),
         masquerade_all: s.masquerade_all,
@@ -66,8 +70,8 @@ fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
 fn agent(settings: Settings, backend: Box<dyn Backend>) -> anyhow::Result<()> {
     let operations = Operations::start(
         &OperationsSettings {
-            healthz: Some(settings.healthz_bind_address),
-            metrics: Some(settings.metrics_bind_address),
+            healthz: settings.healthz_bind_address,
+            metrics: settings.metrics_bind_address,
             sync_period: settings.sync_period,
         },
         backend.mode(),
@@ -95,16 +99,25 @@ fn agent(settings: Settings, backend: Box<dyn Backend>) -> anyhow::Result<()> {
 }
 
 #[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    // pflag's rule: a flag given twice takes the last value (lists append).
+    args_override_self = true,
+    after_help = "Every flag of kube-proxy 1.37 is accepted with its meaning, accepted with a \
+                  notice saying how weir differs, or refused by name saying why \
+                  (docs/proxy.md, \"kube-proxy 1.37 beside weir proxy\")."
+)]
 pub struct ProxyArgs {
     #[command(subcommand)]
     command: Option<ProxyCommand>,
     /// Remove weir's proxy rules of every mode (or of --proxy-mode) and exit, like
     /// `weir proxy cleanup` (kube-proxy's spelling).
-    #[arg(long)]
-    cleanup: bool,
-    /// Read the flags and --config, report the fields weir does not apply, print the settings
-    /// the agent would run with, and exit without touching anything (checks a deployment).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
+          default_missing_value = "true", value_parser = kube_proxy::parse_go_bool)]
+    cleanup: Option<bool>,
+    /// Read the flags and --config, print a notice for each of kube-proxy's flags and fields
+    /// that weir takes differently or not at all (refused ones fail, exit code 2), print the
+    /// settings the agent would run with, and exit without touching anything.
     #[arg(long, conflicts_with = "cleanup")]
     validate: bool,
     #[command(flatten)]
@@ -125,6 +138,7 @@ fn backend(
     mode: ProxyMode,
     ipvs: &IpvsSettings,
     iptables_backend: BackendChoice,
+    masquerade_mark: u32,
 ) -> anyhow::Result<Box<dyn Backend>> {
     let v4_only = !std::path::Path::new("/proc/sys/net/ipv6").exists();
     match mode {
@@ -135,6 +149,9 @@ fn backend(
                 tcp_timeout: secs(ipvs.tcp_timeout),
                 tcp_fin_timeout: secs(ipvs.tcp_fin_timeout),
                 udp_timeout: secs(ipvs.udp_timeout),
+                masquerade_mark,
+                strict_arp: ipvs.strict_arp,
+                exclude_cidrs: ipvs.exclude_cidrs.clone(),
                 ..IpvsOptions::default()
             };
             if v4_only {
@@ -142,10 +159,14 @@ fn backend(
             }
             Ok(Box::new(IpvsBackend::new(opts)))
         }
-        ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions::default()))),
+        ProxyMode::Nftables => Ok(Box::new(NftBackend::new(NftOptions {
+            masquerade_mark,
+            ..NftOptions::default()
+        }))),
         ProxyMode::Iptables => {
             let mut opts = IptablesOptions {
                 backend: iptables_backend,
+                masquerade_mark,
                 ..IptablesOptions::default()
             };
             // ip6tables cannot work on a kernel booted with IPv6 disabled.
@@ -171,26 +192,125 @@ fn cleanup(mode: Option<ProxyMode>) -> anyhow::Result<ExitCode> {
     };
     for m in modes {
         // `auto` cleans whichever iptables implementation holds weir's chains.
-        backend(m, &IpvsSettings::default(), BackendChoice::Auto)?.cleanup()?;
+        backend(m, &IpvsSettings::default(), BackendChoice::Auto, 0x4000)?.cleanup()?;
         eprintln!("weir proxy cleanup: {} rules removed", m.as_str());
     }
     Ok(ExitCode::SUCCESS)
 }
 
+/// pflag's spelling of `weir proxy`'s flags, as kube-proxy takes them: `_` in a flag's name is
+/// `-` (`--iptables_sync_period=30s`). Other subcommands' arguments are left as they are.
+pub fn kube_proxy_spelling(args: Vec<OsString>) -> Vec<OsString> {
+    // The subcommand: the first argument that is not a flag nor the global flag's value.
+    let mut sub = None;
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].to_str() {
+            Some("--log-format") => i += 2,
+            Some(a) if a.starts_with('-') => i += 1,
+            Some(a) => {
+                sub = Some((i, a == "proxy"));
+                break;
+            }
+            None => break,
+        }
+    }
+    let Some((at, true)) = sub else {
+        return args;
+    };
+    let mut rest_are_values = false;
+    args.into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let Some(s) = a.to_str().filter(|_| i > at && !rest_are_values) else {
+                return a;
+            };
+            if s == "--" {
+                rest_are_values = true;
+                return a;
+            }
+            match s.strip_prefix("--") {
+                Some(flag) if flag.split('=').next().is_some_and(|n| n.contains('_')) => {
+                    let (name, value) = match flag.split_once('=') {
+                        Some((n, v)) => (n.replace('_', "-"), Some(v)),
+                        None => (flag.replace('_', "-"), None),
+                    };
+                    match value {
+                        Some(v) => format!("--{name}={v}").into(),
+                        None => format!("--{name}").into(),
+                    }
+                }
+                _ => a,
+            }
+        })
+        .collect()
+}
+
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     use_one_malloc_arena();
-    crate::init_logging();
+    match run_checked(args) {
+        Err(e) if e.downcast_ref::<Refused>().is_some() => {
+            for line in e.to_string().lines() {
+                eprintln!("weir proxy: {line}");
+            }
+            Ok(ExitCode::from(2))
+        }
+        other => other,
+    }
+}
+
+fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {
+    if let Some(v) = &args.flags.version {
+        match config::version_request(v) {
+            Ok(true) => {
+                println!("weir {}", env!("WEIR_VERSION_LINE"));
+                return Ok(ExitCode::SUCCESS);
+            }
+            Ok(false) => {}
+            Err(refused) => return Err(Refused(vec![refused]).into()),
+        }
+    }
+    let flag_log = args.flags.log_flags();
     match args.command {
-        Some(ProxyCommand::Cleanup { proxy_mode }) => cleanup(proxy_mode),
-        None if args.cleanup => cleanup(args.flags.proxy_mode),
+        Some(ProxyCommand::Cleanup { proxy_mode }) => {
+            crate::init_logging_with(flag_log.format, flag_log.filter());
+            cleanup(proxy_mode)
+        }
+        None if args.cleanup == Some(true) => {
+            let mut found = Findings::default();
+            args.flags.kube_proxy.check(&mut found);
+            if !found.refused.is_empty() {
+                return Err(Refused(found.refused).into());
+            }
+            crate::init_logging_with(flag_log.format, flag_log.filter());
+            for n in found.notices {
+                warn!("{n}");
+            }
+            cleanup(args.flags.proxy_mode)
+        }
         None if args.validate => {
-            let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
+            let mut notices = Vec::new();
+            let settings = args.flags.settings(&mut |n| notices.push(n))?;
+            for n in notices {
+                println!("notice: {n}");
+            }
             println!("{settings:#?}");
             Ok(ExitCode::SUCCESS)
         }
         None => {
-            let settings = args.flags.settings(&mut |w| warn!("{w}"))?;
-            let backend = backend(settings.mode, &settings.ipvs, settings.iptables_backend)?;
+            let mut notices = Vec::new();
+            let settings = args.flags.settings(&mut |n| notices.push(n))?;
+            crate::init_logging_with(settings.log.format, settings.log.filter());
+            for n in notices {
+                warn!("{n}");
+            }
+            host::apply(&settings)?;
+            let backend = backend(
+                settings.mode,
+                &settings.ipvs,
+                settings.iptables_backend,
+                settings.masquerade_mark,
+            )?;
             agent(settings, backend)?;
             Ok(ExitCode::SUCCESS)
         }
