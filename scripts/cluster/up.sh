@@ -84,8 +84,8 @@ bg() { local ns=$1 name=$2; shift 2
   printf '%s\n' "$ns" "$@" >"$R/$name.cmd"
   bash "$HERE/ctl.sh" "$R" start "$name"; }
 wait_for() { local what=$1 tries=$2; shift 2
-  for _ in $(seq 1 "$tries"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
-  echo "up.sh: timed out waiting for $what" >&2; return 1; }
+  for _ in $(seq 1 "$tries"); do "$@" >/dev/null 2>"$R/wait.err" && return 0; sleep 0.5; done
+  echo "up.sh: timed out waiting for $what; the last try said:" >&2; tail -5 "$R/wait.err" >&2; return 1; }
 
 step "namespaces and the underlay ($CP_IP/24 on a bridge in $CP)"
 ip netns add "$CP"
