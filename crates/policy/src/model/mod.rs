@@ -122,6 +122,21 @@ impl Converted<PolicyInfo> {
     }
 }
 
+/// Back to a Namespace holding what was kept (name and labels).
+impl From<&NamespaceInfo> for Namespace {
+    fn from(o: &NamespaceInfo) -> Self {
+        let labels = o
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(o.name.to_string());
+        ns.metadata.labels = Some(labels);
+        ns
+    }
+}
+
 /// Everything the oracle and the planner read. Pods and policies by `namespace/name`; the
 /// objects are shared (`Arc`) with whoever converted them (the agent's object store).
 #[derive(Debug, Clone, Default)]
