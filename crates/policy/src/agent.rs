@@ -15,7 +15,6 @@
 //! from scratch when anything changed (milliseconds for a node's share; `docs/policy.md`).
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -215,7 +214,7 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
     }
 
     /// Runs for good.
-    pub fn run(mut self) -> Infallible {
+    pub fn run(mut self) -> ! {
         loop {
             self.round();
         }
@@ -427,10 +426,8 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
                 kind = w.kind,
                 object = %w.object,
                 field = %w.field,
-                outcome = %w.outcome,
-                "policy: {}: {}; enforced instead: {}",
+                "policy: {}; enforced instead: {}",
                 w.problem,
-                w.field,
                 w.outcome
             );
         }
