@@ -208,14 +208,20 @@ impl World {
     }
 
     fn start_agent(&mut self) {
+        let source = vec!["--manifests".into(), self.manifests().display().to_string()];
+        self.start_agent_with(&source);
+    }
+
+    /// The agent with `source` (its object source's flags).
+    fn start_agent_with(&mut self, source: &[String]) {
         let log = File::options()
             .create(true)
             .append(true)
             .open(self.log_path())
             .unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", &self.node(), WEIR, "policy", "--manifests"])
-            .arg(self.manifests())
+            .args(["netns", "exec", &self.node(), WEIR, "policy"])
+            .args(source)
             .args([
                 "--node-name=node-a",
                 "--sync-period=1s",
@@ -700,4 +706,49 @@ fn changes_keep_established_connections_open_no_window_flush_repaired_cleanup() 
     );
     assert!(!w.nft("list tables").contains("weir-policy"));
     w.expect(From::Pod(3), To::Pod(2), HTTP, true);
+}
+
+/// The same agent fed by the Kubernetes API (weir's fake API server on the node's loopback):
+/// Namespaces, Pods and NetworkPolicies listed and watched, each change enforced.
+#[test]
+fn the_kubernetes_api_feeds_the_agent() {
+    if !weir_testkit::can_run(missing()) {
+        return;
+    }
+    let mut w = World::new("api");
+    w.serve();
+    let api = weir_fakeapi::FakeApi::start(Some(&w.node()), "127.0.0.1:6443".parse().unwrap())
+        .unwrap();
+    api.set_faults(|f| f.bookmark_interval = ms(500));
+    api.apply_yaml(&cluster_yaml()).unwrap();
+    api.apply_yaml(&policy("shop", "db", DB_FROM_WEB)).unwrap();
+    w.start_agent_with(&["--master=http://127.0.0.1:6443".into()]);
+    w.expect(From::Pod(1), To::Pod(2), HTTP, true);
+    w.expect(From::Pod(3), To::Pod(2), HTTP, false);
+
+    // A watched change: the policy now admits nobody.
+    let before = w.synced();
+    api.apply_yaml(&policy("shop", "db", "{podSelector: {matchLabels: {app: db}}}"))
+        .unwrap();
+    w.wait_for("the changed policy", || w.synced() > before);
+    w.expect(From::Pod(1), To::Pod(2), HTTP, false);
+
+    // A pod relabelled into the policy's reach (p1 becomes a db), then the policy deleted.
+    w.expect(From::Pod(3), To::Pod(1), HTTP, true);
+    let before = w.synced();
+    let p1_as_db = cluster_yaml().replace("labels: {app: web}", "labels: {app: db}");
+    api.apply_yaml(&p1_as_db).unwrap();
+    w.wait_for("the relabelled pod", || w.synced() > before);
+    w.expect(From::Pod(3), To::Pod(1), HTTP, false);
+    let before = w.synced();
+    assert!(api.delete("NetworkPolicy", "shop", "db"));
+    w.wait_for("the deleted policy", || w.synced() > before);
+    w.expect(From::Pod(1), To::Pod(2), HTTP, true);
+    w.expect(From::Pod(3), To::Pod(2), HTTP, true);
+    let reqs = api.requests();
+    assert!(
+        reqs.iter()
+            .all(|q| !q.contains("/services") && !q.contains("/nodes")),
+        "only the policy kinds are asked for: {reqs:#?}"
+    );
 }
