@@ -148,7 +148,6 @@ impl From<&PodInfo> for Pod {
                 phase: Some(if o.terminated { "Failed" } else { "Running" }.into()),
                 ..Default::default()
             }),
-            ..Default::default()
         }
     }
 }

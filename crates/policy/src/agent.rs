@@ -396,8 +396,7 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
                     }
                 }
                 Change::Policy { key, now } => {
-                    warnings_changed |=
-                        self.note_warnings("NetworkPolicy", &key, now.as_deref());
+                    warnings_changed |= self.note_warnings("NetworkPolicy", &key, now.as_deref());
                     match now {
                         Some(policy) => self.cluster.insert_policy(policy.value.clone()),
                         None => {

@@ -94,7 +94,9 @@ impl Nft for NftCommand {
         match written {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Error::Spawn(e)),
-            Err(_) => Err(Error::Spawn(std::io::Error::other("the nft writer panicked"))),
+            Err(_) => Err(Error::Spawn(std::io::Error::other(
+                "the nft writer panicked",
+            ))),
         }
     }
 

@@ -21,8 +21,8 @@ impl Labels {
         self.0.binary_search_by(|(k, _)| (**k).cmp(key))
     }
 
-    pub fn get(&self, key: &str) -> Option<&Box<str>> {
-        self.find(key).ok().map(|i| &self.0[i].1)
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.find(key).ok().map(|i| &*self.0[i].1)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -98,11 +98,11 @@ impl Requirement {
         match self {
             Requirement::In(key, values) => labels
                 .get(key)
-                .is_some_and(|v| values.iter().any(|want| want == v)),
+                .is_some_and(|v| values.iter().any(|want| &**want == v)),
             // A missing key satisfies NotIn, as in apimachinery's labels.Requirement.
             Requirement::NotIn(key, values) => labels
                 .get(key)
-                .is_none_or(|v| values.iter().all(|not| not != v)),
+                .is_none_or(|v| values.iter().all(|not| &**not != v)),
             Requirement::Exists(key) => labels.contains_key(key),
             Requirement::DoesNotExist(key) => !labels.contains_key(key),
         }
@@ -243,7 +243,7 @@ mod tests {
     fn labels_behave_as_a_map() {
         let mut l = labels(&[("b", "2"), ("a", "1"), ("b", "3")]);
         assert_eq!(l.len(), 2);
-        assert_eq!(l.get("b").map(|v| &**v), Some("3"));
+        assert_eq!(l.get("b"), Some("3"));
         l.insert("c".into(), "4".into());
         l.insert("a".into(), "0".into());
         let pairs: Vec<(&str, &str)> = l.iter().map(|(k, v)| (&**k, &**v)).collect();

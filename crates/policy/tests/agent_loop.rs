@@ -400,7 +400,10 @@ fn nothing_is_written_before_the_complete_first_view_then_the_whole_table_once()
     let (mut l, backend, clock) = new_loop(steps);
     l.round();
     assert!(clock.ms() >= 3000);
-    assert_eq!(backend.calls(), vec![sync(clock.ms(), Some(SyncKind::Full), 2, 1)]);
+    assert_eq!(
+        backend.calls(),
+        vec![sync(clock.ms(), Some(SyncKind::Full), 2, 1)]
+    );
     assert_eq!(l.observer().ready, 1);
     assert_eq!(l.cluster().pods.len(), 3);
     // Nothing changes: the next round waits a whole sync period and only checks the table.
@@ -536,7 +539,10 @@ fn conversion_warnings_are_said_once_per_object_change_and_counted() {
         }
     });
     let log = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = log.lines().filter(|l| l.contains("enforced instead")).collect();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("enforced instead"))
+        .collect();
     assert_eq!(lines.len(), 4, "two warnings, twice: {log}");
     assert!(
         lines[0].contains("shop/odd")

@@ -91,7 +91,8 @@ fn planned(isolated: &[&str]) -> PolicyPlan {
                                "ports": [{"port": 80}]}]}}
     ]))
     .unwrap();
-    let ns: Vec<Namespace> = serde_json::from_value(json!([{"metadata": {"name": "shop"}}])).unwrap();
+    let ns: Vec<Namespace> =
+        serde_json::from_value(json!([{"metadata": {"name": "shop"}}])).unwrap();
     plan(&Cluster::from_objects(&ns, &pods, &policies).0, "n1")
 }
 
@@ -125,8 +126,15 @@ fn whole_table_then_diffs_rejected_transactions_leave_all_as_it_was_checks_and_c
 
     // Someone deletes an element the next diff deletes too: nft rejects the whole
     // transaction and the kernel holds exactly what it held before it.
-    ns.nft(&["delete", "element", "inet", "weir-policy", "ingress4", "{ 10.0.0.3 }"])
-        .unwrap();
+    ns.nft(&[
+        "delete",
+        "element",
+        "inet",
+        "weir-policy",
+        "ingress4",
+        "{ 10.0.0.3 }",
+    ])
+    .unwrap();
     let before = ns.nft(&["list", "ruleset"]).unwrap();
     let three = planned(&["a", "d"]);
     let e = b.sync(&three).unwrap_err();
@@ -141,8 +149,15 @@ fn whole_table_then_diffs_rejected_transactions_leave_all_as_it_was_checks_and_c
         .contains("table inet other"));
 
     // Outside changes the check sees.
-    ns.nft(&["add", "rule", "inet", "weir-policy", "ingress_shop/a", "accept"])
-        .unwrap();
+    ns.nft(&[
+        "add",
+        "rule",
+        "inet",
+        "weir-policy",
+        "ingress_shop/a",
+        "accept",
+    ])
+    .unwrap();
     assert!(!b.intact().unwrap(), "a rule added");
     b.invalidate();
     b.sync(&three).unwrap();

@@ -507,7 +507,8 @@ pub fn start_api_source(
                         },
                     ),
                 );
-                let watches = futures::future::join(watches, probe_while_failing(client.clone(), &ctx));
+                let watches =
+                    futures::future::join(watches, probe_while_failing(client.clone(), &ctx));
                 tokio::select! {
                     _ = watches => {}
                     _ = stop_rx => {}

@@ -576,7 +576,7 @@ fn policy_kinds_are_watched_only_when_asked_and_pods_carry_their_policy_part() {
     };
     let part = &pod.policy.as_ref().expect("the policy part").value;
     assert_eq!(part.node.as_deref(), Some("node-b"));
-    assert_eq!(part.labels.get("app").map(|v| &**v), Some("db"));
+    assert_eq!(part.labels.get("app"), Some("db"));
     assert_eq!(
         part.named_port("pg", weir_model::weir_policy::model::Protocol::Tcp),
         Some(5432)

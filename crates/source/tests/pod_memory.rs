@@ -115,7 +115,10 @@ fn dns_pods_stay_lean_and_policy_pods_are_bounded() {
     let dns = per_pod(false);
     let policy = per_pod(true);
     eprintln!("store per pod: DNS {dns} bytes, policy {policy} bytes ({PODS} pods)");
-    assert!(dns <= BOUND_DNS, "DNS pods: {dns} bytes each (bound {BOUND_DNS})");
+    assert!(
+        dns <= BOUND_DNS,
+        "DNS pods: {dns} bytes each (bound {BOUND_DNS})"
+    );
     assert!(
         policy <= BOUND_POLICY,
         "policy pods: {policy} bytes each (bound {BOUND_POLICY})"

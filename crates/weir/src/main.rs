@@ -23,7 +23,9 @@ mod trace_cmd;
 )]
 #[cfg_attr(
     not(feature = "lab"),
-    command(about = "Kubernetes node networking: CNI, service proxy, routes, DNS, NetworkPolicy, diagnostics")
+    command(
+        about = "Kubernetes node networking: CNI, service proxy, routes, DNS, NetworkPolicy, diagnostics"
+    )
 )]
 struct Cli {
     #[command(subcommand)]

@@ -389,8 +389,7 @@ fn connect(
 /// `connect` from a given source address (bind, then connect with a send timeout).
 fn connect_from(src: SocketAddr, to: SocketAddr, timeout: Duration) -> Option<TcpStream> {
     use nix::sys::socket::{
-        bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType,
-        SockaddrIn,
+        bind, connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
     };
     let (SocketAddr::V4(src), SocketAddr::V4(to)) = (src, to) else {
         return None;
@@ -402,10 +401,7 @@ fn connect_from(src: SocketAddr, to: SocketAddr, timeout: Duration) -> Option<Tc
         None,
     )
     .ok()?;
-    let tv = nix::sys::time::TimeVal::new(
-        timeout.as_secs() as i64,
-        timeout.subsec_micros() as i64,
-    );
+    let tv = nix::sys::time::TimeVal::new(timeout.as_secs() as i64, timeout.subsec_micros() as i64);
     setsockopt(&fd, sockopt::SendTimeout, &tv).ok()?;
     use std::os::fd::AsRawFd;
     bind(fd.as_raw_fd(), &SockaddrIn::from(src)).ok()?;
@@ -421,7 +417,11 @@ fn cluster_yaml() -> String {
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: shop, labels: {team: a}}\n---\n\
          apiVersion: v1\nkind: Namespace\nmetadata: {name: other, labels: {team: b}}\n",
     );
-    for (i, ns, app) in [(1, "shop", "web"), (2, "shop", "db"), (3, "other", "client")] {
+    for (i, ns, app) in [
+        (1, "shop", "web"),
+        (2, "shop", "db"),
+        (3, "other", "client"),
+    ] {
         y += &format!(
             "---\napiVersion: v1\nkind: Pod\n\
              metadata: {{name: p{i}, namespace: {ns}, labels: {{app: {app}}}}}\n\
@@ -477,7 +477,10 @@ fn policies_allow_exactly_what_they_say_with_real_packets() {
 
     // Allow rules on top of it, each exactly: by podSelector with a named port, by
     // namespaceSelector on a number, by ipBlock with an except.
-    w.apply("db-from-web.yaml", &policy("shop", "db-from-web", DB_FROM_WEB));
+    w.apply(
+        "db-from-web.yaml",
+        &policy("shop", "db-from-web", DB_FROM_WEB),
+    );
     w.apply(
         "db-from-team-b.yaml",
         &policy(
@@ -644,7 +647,11 @@ fn changes_keep_established_connections_open_no_window_flush_repaired_cleanup() 
         policy("shop", "db", DB_FROM_WEB),
         policy("shop", "db", wider),
         policy("shop", "db", "{podSelector: {matchLabels: {app: db}}}"),
-        policy("shop", "db", "{podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.244.1.11/32}}]}]}"),
+        policy(
+            "shop",
+            "db",
+            "{podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.244.1.11/32}}]}]}",
+        ),
     ];
     let isolate_p3 = policy(
         "other",
@@ -664,7 +671,10 @@ fn changes_keep_established_connections_open_no_window_flush_repaired_cleanup() 
         }
     }
     let (attempts, answered) = prober.finish();
-    assert_eq!(answered, 0, "a denied connection got through during a change");
+    assert_eq!(
+        answered, 0,
+        "a denied connection got through during a change"
+    );
     assert!(attempts >= 40, "the prober ran only {attempts} times");
     eprintln!("prober: {attempts} attempts during {changes} policy changes, none answered");
 
@@ -717,8 +727,8 @@ fn the_kubernetes_api_feeds_the_agent() {
     }
     let mut w = World::new("api");
     w.serve();
-    let api = weir_fakeapi::FakeApi::start(Some(&w.node()), "127.0.0.1:6443".parse().unwrap())
-        .unwrap();
+    let api =
+        weir_fakeapi::FakeApi::start(Some(&w.node()), "127.0.0.1:6443".parse().unwrap()).unwrap();
     api.set_faults(|f| f.bookmark_interval = ms(500));
     api.apply_yaml(&cluster_yaml()).unwrap();
     api.apply_yaml(&policy("shop", "db", DB_FROM_WEB)).unwrap();
@@ -728,8 +738,12 @@ fn the_kubernetes_api_feeds_the_agent() {
 
     // A watched change: the policy now admits nobody.
     let before = w.synced();
-    api.apply_yaml(&policy("shop", "db", "{podSelector: {matchLabels: {app: db}}}"))
-        .unwrap();
+    api.apply_yaml(&policy(
+        "shop",
+        "db",
+        "{podSelector: {matchLabels: {app: db}}}",
+    ))
+    .unwrap();
     w.wait_for("the changed policy", || w.synced() > before);
     w.expect(From::Pod(1), To::Pod(2), HTTP, false);
 

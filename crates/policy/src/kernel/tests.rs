@@ -66,7 +66,8 @@ fn listing(ruleset: &Ruleset) -> String {
             .iter()
             .map(|(ip, chain)| serde_json::json!([ip.to_string(), {"jump": {"target": chain}}]))
             .collect();
-        let mut map = serde_json::json!({"family": "inet", "table": TABLE, "name": name, "map": "verdict"});
+        let mut map =
+            serde_json::json!({"family": "inet", "table": TABLE, "name": name, "map": "verdict"});
         if !elem.is_empty() {
             map["elem"] = elem.into();
         }
@@ -97,7 +98,11 @@ fn the_first_sync_writes_the_table_later_ones_the_diff_and_nothing_when_equal() 
 
     let r = b.sync(&one).unwrap();
     assert_eq!((r.kind, r.script_bytes), (SyncKind::Noop, 0));
-    assert_eq!(b.nft().scripts.len(), 1, "nothing sent when nothing differs");
+    assert_eq!(
+        b.nft().scripts.len(),
+        1,
+        "nothing sent when nothing differs"
+    );
 
     let two = plan(&[("a", "10.0.0.1", 81), ("b", "10.0.0.2", 80)]);
     let r = b.sync(&two).unwrap();

@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use crate::key::ObjectKey;
 pub use crate::selector::{Labels, Requirement, Selector};
 use crate::warning::{Problem, Warning};
-pub use pod::{NamedPort, PodInfo};
+pub use pod::{NamedPort, NamedPorts, PodInfo};
 pub use policy::{
     Direction, IpBlock, NamespaceScope, Peer, Peers, PolicyInfo, PortSelector, PortSpec, Ports,
     Rule,

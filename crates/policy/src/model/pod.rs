@@ -20,6 +20,9 @@ pub enum NamedPort {
     Conflict,
 }
 
+/// A pod's named ports: ((name, protocol), meaning), sorted by name and protocol.
+pub type NamedPorts = Box<[((Box<str>, Protocol), NamedPort)]>;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodInfo {
     pub key: ObjectKey,
@@ -33,7 +36,7 @@ pub struct PodInfo {
     pub terminated: bool,
     /// Container (and init/sidecar container) ports by (name, protocol), sorted, each once
     /// (a slice, not a map: a pod has a handful, and a map's node is 300 bytes).
-    pub named_ports: Box<[((Box<str>, Protocol), NamedPort)]>,
+    pub named_ports: NamedPorts,
 }
 
 impl PodInfo {

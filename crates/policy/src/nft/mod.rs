@@ -171,7 +171,6 @@ pub fn render_ruleset_diff(diff: &RulesetDiff) -> String {
     s
 }
 
-
 #[cfg(test)]
 mod tests {
     #[test]

@@ -122,7 +122,9 @@ impl PolicyMetrics {
             ("ingress", count(&|p| p.ingress.is_some())),
             ("egress", count(&|p| p.egress.is_some())),
         ] {
-            self.isolated.get_or_create(&DirectionLabel { direction }).set(n);
+            self.isolated
+                .get_or_create(&DirectionLabel { direction })
+                .set(n);
         }
         self.chains.set(s.report.chains as i64);
         self.rules.set(s.report.rules as i64);

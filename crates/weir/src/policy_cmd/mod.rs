@@ -227,9 +227,7 @@ fn node_name(flags: &PolicyFlags) -> anyhow::Result<String> {
 pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
     if let Some(PolicyCommand::Cleanup) = args.command {
-        NftBackend::new()
-            .cleanup()
-            .context("weir policy cleanup")?;
+        NftBackend::new().cleanup().context("weir policy cleanup")?;
         eprintln!("weir policy cleanup: table inet weir-policy removed");
         return Ok(ExitCode::SUCCESS);
     }
@@ -257,13 +255,7 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         min_sync_period: flags.min_sync_period,
     };
     let reporting = Reporting { metrics, health };
-    let policy_loop = PolicyLoop::new(
-        settings,
-        NftBackend::new(),
-        source,
-        SystemClock,
-        reporting,
-    );
+    let policy_loop = PolicyLoop::new(settings, NftBackend::new(), source, SystemClock, reporting);
     policy_loop.run()
 }
 
@@ -281,7 +273,10 @@ mod tests {
             Some((503, "no rules written yet\n".into()))
         );
         assert_eq!(status("/healthz", true, false, Ok(())).unwrap().0, 200);
-        assert_eq!(status("/livez", true, false, Err("x".into())).unwrap().0, 200);
+        assert_eq!(
+            status("/livez", true, false, Err("x".into())).unwrap().0,
+            200
+        );
         assert_eq!(status("/metrics", true, false, Ok(())), None);
         assert_eq!(status("/metrics", false, true, Ok(())).unwrap().0, 200);
         assert_eq!(status("/healthz", false, true, Ok(())), None);

@@ -84,7 +84,9 @@ impl StoreSource {
                 let source =
                     start_api_source(opts, store.clone(), crate::manifest_view::log_api_report)?;
                 info!(
-                    server = master.as_deref().unwrap_or("(from kubeconfig or in-cluster)"),
+                    server = master
+                        .as_deref()
+                        .unwrap_or("(from kubeconfig or in-cluster)"),
                     "watching the Kubernetes API: Namespaces, Pods, NetworkPolicies"
                 );
                 Watcher::Api(source)
@@ -191,11 +193,16 @@ mod tests {
             .filter_map(|o| change(&o.key(), Some(o)))
             .collect();
         assert_eq!(changes.len(), 3);
-        assert!(matches!(&changes[0], Change::Namespace { name, now: Some(_) } if &**name == "shop"));
+        assert!(
+            matches!(&changes[0], Change::Namespace { name, now: Some(_) } if &**name == "shop")
+        );
         assert!(matches!(&changes[1], Change::Pod { key, now: Some(p) }
             if key.to_string() == "shop/p" && p.value.labels.len() == 1));
         assert!(matches!(&changes[2], Change::Policy { now: Some(_), .. }));
         let gone = weir_model::ObjectKey::new(Kind::NetworkPolicy, "shop", "d");
-        assert!(matches!(change(&gone, None), Some(Change::Policy { now: None, .. })));
+        assert!(matches!(
+            change(&gone, None),
+            Some(Change::Policy { now: None, .. })
+        ));
     }
 }
