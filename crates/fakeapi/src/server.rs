@@ -640,6 +640,14 @@ mod tests {
         assert_eq!(route("/api/v1/nodes"), Some((Resource::Nodes, None)));
         assert_eq!(route("/api/v1/namespaces/x/nodes"), None);
         assert_eq!(route("/api/v1/pods"), Some((Resource::Pods, None)));
+        assert_eq!(
+            route("/api/v1/namespaces"),
+            Some((Resource::Namespaces, None))
+        );
+        assert_eq!(
+            route("/apis/networking.k8s.io/v1/namespaces/shop/networkpolicies"),
+            Some((Resource::NetworkPolicies, Some("shop".into())))
+        );
         assert_eq!(route("/api/v1/configmaps"), None);
     }
 

@@ -22,14 +22,18 @@ pub enum Resource {
     EndpointSlices,
     Nodes,
     Pods,
+    Namespaces,
+    NetworkPolicies,
 }
 
 impl Resource {
-    pub const ALL: [Resource; 4] = [
+    pub const ALL: [Resource; 6] = [
         Resource::Services,
         Resource::EndpointSlices,
         Resource::Nodes,
         Resource::Pods,
+        Resource::Namespaces,
+        Resource::NetworkPolicies,
     ];
 
     pub fn kind(self) -> &'static str {
@@ -38,24 +42,28 @@ impl Resource {
             Resource::EndpointSlices => "EndpointSlice",
             Resource::Nodes => "Node",
             Resource::Pods => "Pod",
+            Resource::Namespaces => "Namespace",
+            Resource::NetworkPolicies => "NetworkPolicy",
         }
     }
 
     pub fn api_version(self) -> &'static str {
         match self {
             Resource::EndpointSlices => "discovery.k8s.io/v1",
+            Resource::NetworkPolicies => "networking.k8s.io/v1",
             _ => "v1",
         }
     }
 
     pub fn namespaced(self) -> bool {
-        self != Resource::Nodes
+        !matches!(self, Resource::Nodes | Resource::Namespaces)
     }
 
     /// The collection's URL path (cluster-wide, or in `namespace`).
     pub fn path(self, namespace: Option<&str>) -> String {
         let prefix = match self {
             Resource::EndpointSlices => "/apis/discovery.k8s.io/v1",
+            Resource::NetworkPolicies => "/apis/networking.k8s.io/v1",
             _ => "/api/v1",
         };
         let plural = match self {
@@ -63,6 +71,8 @@ impl Resource {
             Resource::EndpointSlices => "endpointslices",
             Resource::Nodes => "nodes",
             Resource::Pods => "pods",
+            Resource::Namespaces => "namespaces",
+            Resource::NetworkPolicies => "networkpolicies",
         };
         match namespace {
             Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}"),

@@ -24,7 +24,14 @@ pub use plan::{
     Protocol, ServicePortKey, ServicePortPlan, TopologyMode, Verdict,
 };
 pub use planner::{plan, NodePortDefault, Planner, ProxyConfig, DEFAULT_AFFINITY_TIMEOUT_SECONDS};
-pub use pod::PodInfo;
+pub use pod::{PodForPolicy, PodInfo, PolicyPod};
+
+/// NetworkPolicy's inputs in weir-policy's compact form: a Namespace (name and labels).
+pub use weir_policy::model::NamespaceInfo;
+/// A NetworkPolicy as weir-policy reads it, with what conversion found wrong.
+pub type PolicyObject = weir_policy::Converted<weir_policy::model::PolicyInfo>;
+/// Re-export of the NetworkPolicy crate whose types the store holds.
+pub use weir_policy;
 
 /// Re-export of the Kubernetes API types this crate is built on.
 pub use k8s_openapi;

@@ -2,20 +2,26 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::compact::{EndpointSliceInfo, NodeInfo, ServiceInfo};
-use crate::pod::PodInfo;
+use crate::pod::{PodForPolicy, PodInfo};
+use crate::{NamespaceInfo, PolicyObject};
 
-/// The kinds of objects the proxy consumes.
+/// The kinds of objects weir's agents consume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Service,
     EndpointSlice,
     Node,
-    /// Only `weir dns --pods verified` watches Pods.
+    /// `weir dns --pods verified` (namespace, name, IPs) and `weir policy` (labels, node,
+    /// named ports too: [`PodInfo::policy`]) watch Pods.
     Pod,
+    /// Only `weir policy` reads Namespaces and NetworkPolicies.
+    Namespace,
+    NetworkPolicy,
 }
 
 impl Kind {
@@ -25,11 +31,13 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
             Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+            Kind::NetworkPolicy => "NetworkPolicy",
         }
     }
 }
 
-/// kind/namespace/name. `namespace` is empty for cluster-scoped objects (Node).
+/// kind/namespace/name. `namespace` is empty for cluster-scoped objects (Node, Namespace).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
     pub kind: Kind,
@@ -65,6 +73,9 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSliceInfo>),
     Node(Arc<NodeInfo>),
     Pod(Arc<PodInfo>),
+    Namespace(Arc<NamespaceInfo>),
+    /// The policy as weir-policy reads it, with its conversion warnings.
+    NetworkPolicy(Arc<PolicyObject>),
 }
 
 /// Equal by pointer first: an object nobody changed is the same `Arc` in every snapshot.
@@ -78,6 +89,8 @@ impl PartialEq for Object {
             (Object::EndpointSlice(a), Object::EndpointSlice(b)) => same(a, b),
             (Object::Node(a), Object::Node(b)) => same(a, b),
             (Object::Pod(a), Object::Pod(b)) => same(a, b),
+            (Object::Namespace(a), Object::Namespace(b)) => same(a, b),
+            (Object::NetworkPolicy(a), Object::NetworkPolicy(b)) => same(a, b),
             _ => false,
         }
     }
@@ -90,6 +103,8 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::Node(_) => Kind::Node,
             Object::Pod(_) => Kind::Pod,
+            Object::Namespace(_) => Kind::Namespace,
+            Object::NetworkPolicy(_) => Kind::NetworkPolicy,
         }
     }
 
@@ -101,6 +116,11 @@ impl Object {
             }
             Object::Node(o) => ObjectKey::new(Kind::Node, "", &*o.name),
             Object::Pod(o) => ObjectKey::new(Kind::Pod, &*o.namespace, &*o.name),
+            Object::Namespace(o) => ObjectKey::new(Kind::Namespace, "", &*o.name),
+            Object::NetworkPolicy(o) => {
+                let key = &o.value.key;
+                ObjectKey::new(Kind::NetworkPolicy, &*key.namespace, &*key.name)
+            }
         }
     }
 }
@@ -124,6 +144,25 @@ impl From<Node> for Object {
 impl From<Pod> for Object {
     fn from(o: Pod) -> Self {
         Object::Pod(Arc::new(PodInfo::from(&o)))
+    }
+}
+
+/// A Pod with what NetworkPolicy needs (labels, node, hostNetwork, named ports).
+impl From<PodForPolicy> for Object {
+    fn from(o: PodForPolicy) -> Self {
+        Object::Pod(Arc::new(PodInfo::with_policy(&o.0)))
+    }
+}
+
+impl From<Namespace> for Object {
+    fn from(o: Namespace) -> Self {
+        Object::Namespace(Arc::new(NamespaceInfo::from(&o)))
+    }
+}
+
+impl From<NetworkPolicy> for Object {
+    fn from(o: NetworkPolicy) -> Self {
+        Object::NetworkPolicy(Arc::new(PolicyObject::policy(&o)))
     }
 }
 
@@ -160,8 +199,11 @@ pub struct Snapshot {
     pub services: BTreeMap<NsKey, Arc<ServiceInfo>>,
     pub endpoint_slices: BTreeMap<NsKey, Arc<EndpointSliceInfo>>,
     pub nodes: BTreeMap<String, Arc<NodeInfo>>,
-    /// Empty unless Pods are watched (`weir dns --pods verified`).
+    /// Empty unless Pods are watched (`weir dns --pods verified`, `weir policy`).
     pub pods: BTreeMap<NsKey, Arc<PodInfo>>,
+    /// Empty unless `weir policy` reads them.
+    pub namespaces: BTreeMap<String, Arc<NamespaceInfo>>,
+    pub network_policies: BTreeMap<NsKey, Arc<PolicyObject>>,
 }
 
 /// A key to look up by (allocated; stored keys are the objects' own strings).
@@ -195,6 +237,14 @@ impl Snapshot {
             Object::Pod(v) => {
                 self.pods.insert((v.namespace.clone(), v.name.clone()), v);
             }
+            Object::Namespace(v) => {
+                self.namespaces.insert(v.name.to_string(), v);
+            }
+            Object::NetworkPolicy(v) => {
+                let key = &v.value.key;
+                self.network_policies
+                    .insert((key.namespace.clone(), key.name.clone()), v);
+            }
         }
     }
 
@@ -205,6 +255,8 @@ impl Snapshot {
             Kind::EndpointSlice => self.endpoint_slices.is_empty(),
             Kind::Node => self.nodes.is_empty(),
             Kind::Pod => self.pods.is_empty(),
+            Kind::Namespace => self.namespaces.is_empty(),
+            Kind::NetworkPolicy => self.network_policies.is_empty(),
         }
     }
 
@@ -219,18 +271,26 @@ impl Snapshot {
             m.append(&mut add);
         }
         let (mut s, mut e, mut n, mut p) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ns, mut np) = (Vec::new(), Vec::new());
         for o in objects {
             match o {
                 Object::Service(v) => s.push(((v.namespace.clone(), v.name.clone()), v)),
                 Object::EndpointSlice(v) => e.push(((v.namespace.clone(), v.name.clone()), v)),
                 Object::Node(v) => n.push((v.name.to_string(), v)),
                 Object::Pod(v) => p.push(((v.namespace.clone(), v.name.clone()), v)),
+                Object::Namespace(v) => ns.push((v.name.to_string(), v)),
+                Object::NetworkPolicy(v) => {
+                    let key = (v.value.key.namespace.clone(), v.value.key.name.clone());
+                    np.push((key, v))
+                }
             }
         }
         append(&mut self.services, &mut s);
         append(&mut self.endpoint_slices, &mut e);
         append(&mut self.nodes, &mut n);
         append(&mut self.pods, &mut p);
+        append(&mut self.namespaces, &mut ns);
+        append(&mut self.network_policies, &mut np);
     }
 
     /// Rebuilds the maps with full B-tree nodes. Keys inserted in order (a first list) leave
@@ -244,6 +304,8 @@ impl Snapshot {
         dense(&mut self.endpoint_slices);
         dense(&mut self.nodes);
         dense(&mut self.pods);
+        dense(&mut self.namespaces);
+        dense(&mut self.network_policies);
     }
 
     /// Removes the object with `key`; returns whether there was one.
@@ -254,6 +316,8 @@ impl Snapshot {
             Kind::EndpointSlice => self.endpoint_slices.remove(&nk).is_some(),
             Kind::Node => self.nodes.remove(&key.name).is_some(),
             Kind::Pod => self.pods.remove(&nk).is_some(),
+            Kind::Namespace => self.namespaces.remove(&key.name).is_some(),
+            Kind::NetworkPolicy => self.network_policies.remove(&nk).is_some(),
         }
     }
 
@@ -268,6 +332,16 @@ impl Snapshot {
                 .map(Object::EndpointSlice),
             Kind::Node => self.nodes.get(&key.name).cloned().map(Object::Node),
             Kind::Pod => self.pods.get(&nk).cloned().map(Object::Pod),
+            Kind::Namespace => self
+                .namespaces
+                .get(&key.name)
+                .cloned()
+                .map(Object::Namespace),
+            Kind::NetworkPolicy => self
+                .network_policies
+                .get(&nk)
+                .cloned()
+                .map(Object::NetworkPolicy),
         }
     }
 
@@ -281,11 +355,27 @@ impl Snapshot {
             .map(Object::EndpointSlice);
         let nodes = self.nodes.values().cloned().map(Object::Node);
         let pods = self.pods.values().cloned().map(Object::Pod);
-        services.chain(slices).chain(nodes).chain(pods)
+        let namespaces = self.namespaces.values().cloned().map(Object::Namespace);
+        let policies = self
+            .network_policies
+            .values()
+            .cloned()
+            .map(Object::NetworkPolicy);
+        services
+            .chain(slices)
+            .chain(nodes)
+            .chain(pods)
+            .chain(namespaces)
+            .chain(policies)
     }
 
     pub fn len(&self) -> usize {
-        self.services.len() + self.endpoint_slices.len() + self.nodes.len() + self.pods.len()
+        self.services.len()
+            + self.endpoint_slices.len()
+            + self.nodes.len()
+            + self.pods.len()
+            + self.namespaces.len()
+            + self.network_policies.len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -298,8 +298,9 @@ impl Planner {
                     _ => self.nodes.remove(&key.name),
                 };
             }
-            // Pods (watched only by `weir dns --pods verified`) plan nothing.
-            (Kind::Pod, _) => {}
+            // Pods (`weir dns --pods verified`, `weir policy`), Namespaces and NetworkPolicies
+            // (`weir policy`) plan no service.
+            (Kind::Pod | Kind::Namespace | Kind::NetworkPolicy, _) => {}
         }
     }
 

@@ -21,6 +21,7 @@ impl<'a> PodIndex<'a> {
         let pods: Vec<&PodInfo> = cluster
             .pods
             .values()
+            .map(|p| &**p)
             .filter(|p| p.is_policy_pod())
             .collect();
         let mut by_namespace: HashMap<&str, Vec<u32>> = HashMap::new();

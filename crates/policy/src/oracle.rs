@@ -62,7 +62,11 @@ pub fn allowed(
 /// The endpoint's pod if policies can apply to it (live, not hostNetwork).
 fn policed_pod<'a>(cluster: &'a Cluster, e: &Endpoint) -> Option<&'a PodInfo> {
     match e {
-        Endpoint::Pod { pod, .. } => cluster.pods.get(pod).filter(|p| p.is_policy_pod()),
+        Endpoint::Pod { pod, .. } => cluster
+            .pods
+            .get(pod)
+            .map(|p| &**p)
+            .filter(|p| p.is_policy_pod()),
         _ => None,
     }
 }

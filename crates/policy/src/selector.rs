@@ -6,8 +6,76 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use crate::warning::Problem;
 
-/// Labels of a pod or namespace.
-pub type Labels = BTreeMap<Box<str>, Box<str>>;
+/// Labels of a pod or namespace: (key, value) pairs sorted by key, each key once. A sorted
+/// slice rather than a map: a pod has a handful of labels, and a B-tree's node (sized for
+/// eleven) cost 250 bytes more per pod at 10,000 pods.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Labels(Box<[(Box<str>, Box<str>)]>);
+
+impl Labels {
+    pub fn new() -> Labels {
+        Labels::default()
+    }
+
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| (**k).cmp(key))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.find(key).ok().map(|i| &*self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.find(key).is_ok()
+    }
+
+    /// Sets `key` to `value` (replacing an earlier value).
+    pub fn insert(&mut self, key: Box<str>, value: Box<str>) {
+        let mut v = std::mem::take(&mut self.0).into_vec();
+        match v.binary_search_by(|(k, _)| k.cmp(&key)) {
+            Ok(i) => v[i].1 = value,
+            Err(i) => v.insert(i, (key, value)),
+        }
+        self.0 = v.into_boxed_slice();
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Box<str>, &Box<str>)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl<'a> IntoIterator for &'a Labels {
+    type Item = (&'a Box<str>, &'a Box<str>);
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'a, (Box<str>, Box<str>)>,
+        fn(&'a (Box<str>, Box<str>)) -> (&'a Box<str>, &'a Box<str>),
+    >;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+/// A later value for a key replaces an earlier one, as in a map.
+impl FromIterator<(Box<str>, Box<str>)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (Box<str>, Box<str>)>>(iter: I) -> Labels {
+        let map: BTreeMap<Box<str>, Box<str>> = iter.into_iter().collect();
+        Labels(map.into_iter().collect())
+    }
+}
+
+impl<const N: usize> From<[(Box<str>, Box<str>); N]> for Labels {
+    fn from(pairs: [(Box<str>, Box<str>); N]) -> Labels {
+        pairs.into_iter().collect()
+    }
+}
 
 /// A parsed label selector: every requirement must hold. No requirements selects everything
 /// (`{}`), as the API defines for NetworkPolicy selectors.
@@ -29,14 +97,14 @@ impl Requirement {
     pub fn matches(&self, labels: &Labels) -> bool {
         match self {
             Requirement::In(key, values) => labels
-                .get(&**key)
-                .is_some_and(|v| values.iter().any(|want| want == v)),
+                .get(key)
+                .is_some_and(|v| values.iter().any(|want| &**want == v)),
             // A missing key satisfies NotIn, as in apimachinery's labels.Requirement.
             Requirement::NotIn(key, values) => labels
-                .get(&**key)
-                .is_none_or(|v| values.iter().all(|not| not != v)),
-            Requirement::Exists(key) => labels.contains_key(&**key),
-            Requirement::DoesNotExist(key) => !labels.contains_key(&**key),
+                .get(key)
+                .is_none_or(|v| values.iter().all(|not| &**not != v)),
+            Requirement::Exists(key) => labels.contains_key(key),
+            Requirement::DoesNotExist(key) => !labels.contains_key(key),
         }
     }
 }
@@ -169,5 +237,18 @@ mod tests {
             parse(vec![expr("a", "Exists", &["x"])]),
             Err(Problem::SelectorValuesForbidden("Exists".into()))
         );
+    }
+
+    #[test]
+    fn labels_behave_as_a_map() {
+        let mut l = labels(&[("b", "2"), ("a", "1"), ("b", "3")]);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.get("b"), Some("3"));
+        l.insert("c".into(), "4".into());
+        l.insert("a".into(), "0".into());
+        let pairs: Vec<(&str, &str)> = l.iter().map(|(k, v)| (&**k, &**v)).collect();
+        assert_eq!(pairs, [("a", "0"), ("b", "3"), ("c", "4")]);
+        assert!(l.contains_key("c") && !l.contains_key("d"));
+        assert_eq!(Labels::from([("a".into(), "0".into())]).len(), 1);
     }
 }

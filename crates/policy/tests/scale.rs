@@ -87,7 +87,7 @@ fn generated(one_node: bool) -> Cluster {
                 ips,
                 host_network: false,
                 terminated: false,
-                named_ports,
+                named_ports: named_ports.into_iter().collect(),
             });
         }
         for j in 0..POLICIES_PER_NAMESPACE {

@@ -17,8 +17,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher;
 use kube::{Api, Client, Config, Resource};
@@ -95,9 +96,13 @@ pub struct ApiOptions {
     /// Selectors of Services and EndpointSlices (default: kube-proxy's).
     pub selectors: Selectors,
     /// The kinds to watch (the proxy: Services, EndpointSlices and Nodes; node routes: Nodes
-    /// only; `weir dns`: Services, EndpointSlices and, for verified pod records, Pods). A kind not listed
-    /// is never asked for, and readiness waits only for the listed ones.
+    /// only; `weir dns`: Services, EndpointSlices and, for verified pod records, Pods;
+    /// `weir policy`: Namespaces, Pods and NetworkPolicies). A kind not listed is never asked
+    /// for, and readiness waits only for the listed ones.
     pub kinds: Vec<Kind>,
+    /// Keep Pods with what NetworkPolicy reads (labels, node, named ports:
+    /// `weir_model::PodInfo::with_policy`); off, Pods keep only what DNS reads.
+    pub policy_pods: bool,
     /// The server-side `timeoutSeconds` of each watch request. kube-rs also gives up on a watch
     /// that has sent nothing (not even a bookmark) for this plus 5 s, and weir gives up on any
     /// response read (a hung list) after this plus 10 s.
@@ -119,6 +124,7 @@ impl Default for ApiOptions {
             node_name: None,
             selectors: Selectors::KubeProxy,
             kinds: vec![Kind::Service, Kind::EndpointSlice, Kind::Node],
+            policy_pods: false,
             watch_timeout: Duration::from_secs(290),
             backoff_min: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
@@ -471,13 +477,38 @@ pub fn start_api_source(
                     },
                     async {
                         if wanted(Kind::Pod) {
-                            let api = Api::all(client.clone());
-                            let all_pods = watcher::Config::default();
-                            watch_kind::<Pod>(Kind::Pod, api, tune(all_pods), every, &ctx).await;
+                            let all_pods = tune(watcher::Config::default());
+                            if ctx.opts.policy_pods {
+                                let api = Api::<PolicyPod>::all(client.clone());
+                                watch_kind(Kind::Pod, api, all_pods, every, &ctx).await;
+                            } else {
+                                let api = Api::<Pod>::all(client.clone());
+                                watch_kind(Kind::Pod, api, all_pods, every, &ctx).await;
+                            }
                         }
                     },
-                    probe_while_failing(client.clone(), &ctx),
+                    // NetworkPolicy's other inputs (`weir policy` only).
+                    futures::future::join(
+                        async {
+                            if wanted(Kind::Namespace) {
+                                let api = Api::all(client.clone());
+                                let all = tune(watcher::Config::default());
+                                watch_kind::<Namespace>(Kind::Namespace, api, all, every, &ctx)
+                                    .await;
+                            }
+                        },
+                        async {
+                            if wanted(Kind::NetworkPolicy) {
+                                let kind = Kind::NetworkPolicy;
+                                let api = Api::all(client.clone());
+                                let all = tune(watcher::Config::default());
+                                watch_kind::<NetworkPolicy>(kind, api, all, every, &ctx).await;
+                            }
+                        },
+                    ),
                 );
+                let watches =
+                    futures::future::join(watches, probe_while_failing(client.clone(), &ctx));
                 tokio::select! {
                     _ = watches => {}
                     _ = stop_rx => {}
@@ -489,6 +520,47 @@ pub fn start_api_source(
         stop: Some(stop_tx),
         thread: Some(thread),
     })
+}
+
+/// A Pod read with what NetworkPolicy needs ([`ApiOptions::policy_pods`]): the same
+/// resource, converted with `weir_model::PodInfo::with_policy`.
+#[derive(Debug, Clone)]
+struct PolicyPod(Pod);
+
+impl<'de> serde::Deserialize<'de> for PolicyPod {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Pod::deserialize(d).map(PolicyPod)
+    }
+}
+
+impl kube::Resource for PolicyPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::kind(&())
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::group(&())
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::version(&())
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::plural(&())
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.0.metadata
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.0.metadata
+    }
+}
+
+impl From<PolicyPod> for Object {
+    fn from(o: PolicyPod) -> Self {
+        Object::from(weir_model::PodForPolicy(o.0))
+    }
 }
 
 /// Merges `annotations` into the Node `node`'s (a JSON merge patch, as `kubectl patch node

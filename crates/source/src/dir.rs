@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use weir_model::{Object, ObjectKey};
 
 use crate::last_good::LastGood;
-use crate::manifest::{parse_manifest_limited, ManifestError, DEFAULT_MAX_NESTING};
+use crate::manifest::{parse_manifest_with, ManifestError, ParseOptions, DEFAULT_MAX_NESTING};
 
 /// Bounds on what a scan reads. Exceeding one is a named error for the file (or
 /// subdirectory) concerned, whose previous objects stay.
@@ -114,6 +114,8 @@ pub struct ManifestDir {
     from_last_good: BTreeMap<ObjectKey, PathBuf>,
     /// A complete view was produced at least once (last-known-good pruning waits for it).
     seen_complete: bool,
+    /// Read NetworkPolicy's objects ([`ParseOptions::policy`]).
+    policy: bool,
 }
 
 /// One file found by [`ManifestDir::list`], with its (symlink-followed) metadata.
@@ -197,6 +199,21 @@ impl ManifestDir {
             last_good: None,
             from_last_good: BTreeMap::new(),
             seen_complete: false,
+            policy: false,
+        }
+    }
+
+    /// Also reads Namespaces and NetworkPolicies, and keeps Pods with what NetworkPolicy
+    /// needs ([`ParseOptions::policy`]): `weir policy`'s directory.
+    pub fn with_policy_objects(mut self) -> Self {
+        self.policy = true;
+        self
+    }
+
+    fn parse_options(&self) -> ParseOptions {
+        ParseOptions {
+            max_nesting: self.limits.max_nesting,
+            policy: self.policy,
         }
     }
 
@@ -385,7 +402,7 @@ impl ManifestDir {
             match read_regular(path, self.limits.max_file_bytes) {
                 Err(message) => (prev, vec![error(path, "file", message)], true, Vec::new()),
                 Ok(text) => {
-                    let parsed = parse_manifest_limited(path, &text, self.limits.max_nesting);
+                    let parsed = parse_manifest_with(path, &text, &self.parse_options());
                     if parsed.file_failed {
                         (prev, parsed.errors, true, Vec::new())
                     } else {
@@ -407,7 +424,7 @@ impl ManifestDir {
             if first_read && (failed || !invalid.is_empty()) {
                 // After a restart: what is invalid now is served from the copy kept when
                 // it was last valid, so a restart of a healthy node changes nothing.
-                for o in lg.load(path) {
+                for o in lg.load(path, &self.parse_options()) {
                     let k = o.key();
                     let wanted = if failed {
                         !objects.contains_key(&k)

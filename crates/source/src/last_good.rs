@@ -27,15 +27,20 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// What weir kept of the object (see `weir_model::compact`), as a Kubernetes object: reading
-/// the copy back gives the same object.
-fn to_yaml(o: &Object) -> Result<String, serde_saphyr::ser::Error> {
-    use k8s_openapi::api::core::v1::{Node, Pod, Service};
+/// the copy back gives the same object. `None` for NetworkPolicies: weir keeps them in a
+/// compiled form (unreadable parts already turned into "allows nothing") that has no faithful
+/// Kubernetes spelling, so no copy is kept; only the proxy keeps last-known-good copies, and
+/// it does not read them.
+fn to_yaml(o: &Object) -> Result<Option<String>, serde_saphyr::ser::Error> {
+    use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
     use k8s_openapi::api::discovery::v1::EndpointSlice;
     match o {
-        Object::Service(s) => crate::yaml::to_string(&Service::from(&**s)),
-        Object::EndpointSlice(s) => crate::yaml::to_string(&EndpointSlice::from(&**s)),
-        Object::Node(n) => crate::yaml::to_string(&Node::from(&**n)),
-        Object::Pod(p) => crate::yaml::to_string(&Pod::from(&**p)),
+        Object::Service(s) => crate::yaml::to_string(&Service::from(&**s)).map(Some),
+        Object::EndpointSlice(s) => crate::yaml::to_string(&EndpointSlice::from(&**s)).map(Some),
+        Object::Node(n) => crate::yaml::to_string(&Node::from(&**n)).map(Some),
+        Object::Pod(p) => crate::yaml::to_string(&Pod::from(&**p)).map(Some),
+        Object::Namespace(n) => crate::yaml::to_string(&Namespace::from(&**n)).map(Some),
+        Object::NetworkPolicy(_) => Ok(None),
     }
 }
 
@@ -55,8 +60,10 @@ impl LastGood {
     pub fn save(&self, manifest: &Path, objects: &BTreeMap<ObjectKey, Object>) -> io::Result<()> {
         let mut text = format!("{HEADER}{}\n", manifest.display());
         for o in objects.values() {
-            text.push_str("---\n");
-            text.push_str(&to_yaml(o).map_err(io::Error::other)?);
+            if let Some(yaml) = to_yaml(o).map_err(io::Error::other)? {
+                text.push_str("---\n");
+                text.push_str(&yaml);
+            }
         }
         let dest = self.copy_path(manifest);
         // Per process: several proxies (a lab's nodes) may share a state directory.
@@ -67,8 +74,9 @@ impl LastGood {
         fs::rename(&tmp, &dest)
     }
 
-    /// The objects of the copy of `manifest` (none if there is no valid copy).
-    pub fn load(&self, manifest: &Path) -> Vec<Object> {
+    /// The objects of the copy of `manifest` (none if there is no valid copy), read as the
+    /// directory reads its files.
+    pub fn load(&self, manifest: &Path, opts: &crate::ParseOptions) -> Vec<Object> {
         let path = self.copy_path(manifest);
         let Ok(text) = fs::read_to_string(&path) else {
             return Vec::new();
@@ -76,7 +84,7 @@ impl LastGood {
         if Self::names(&text) != Some(manifest) {
             return Vec::new(); // a hash collision: not this file's copy
         }
-        let parsed = crate::parse_manifest(&path, &text);
+        let parsed = crate::parse_manifest_with(&path, &text, opts);
         for e in &parsed.errors {
             tracing::warn!("last-known-good copy: {e}");
         }

@@ -1,6 +1,7 @@
 //! weir-source: where cluster objects come from.
 //!
-//! * [`parse_manifest`] / [`ManifestDir`]: Services, EndpointSlices and Nodes from a directory of
+//! * [`parse_manifest`] / [`ManifestDir`]: Services, EndpointSlices, Nodes and Pods (and, when
+//!   asked, [`ParseOptions::policy`], Namespaces and NetworkPolicies) from a directory of
 //!   ordinary (multi-document, `kind: List`) Kubernetes YAML manifests, with per-file/per-object
 //!   error isolation: a broken file or object never makes good objects disappear.
 //! * [`Store`] / [`SharedStore`]: objects keyed by kind/namespace/name, fed by [`Event`]s through
@@ -28,7 +29,8 @@ pub mod yaml;
 
 pub use dir::{Limits, ManifestDir, ScanReport};
 pub use manifest::{
-    parse_manifest, parse_manifest_limited, ManifestError, Parsed, DEFAULT_MAX_NESTING,
+    parse_manifest, parse_manifest_limited, parse_manifest_with, ManifestError, ParseOptions,
+    Parsed, DEFAULT_MAX_NESTING,
 };
 pub use store::{Changes, Event, EventSink, SharedStore, Store};
 pub use watch::{watch_dir, PollWatcher, SourceStatus, WatchEvent};

@@ -2,10 +2,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::yaml::Value;
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde::de::DeserializeOwned;
-use weir_model::{Kind, Object, ObjectKey};
+use weir_model::{Kind, Object, ObjectKey, PodForPolicy};
 
 /// A problem in a manifest: which file, which object, which field.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,9 +54,40 @@ pub fn parse_manifest(file: &Path, text: &str) -> Parsed {
 /// its cost grows about quadratically with depth (200k levels took 91 s).
 pub const DEFAULT_MAX_NESTING: usize = 100;
 
+/// How a manifest is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseOptions {
+    /// See [`parse_manifest_limited`].
+    pub max_nesting: usize,
+    /// Read what NetworkPolicy enforcement needs (`weir policy`): Namespaces and
+    /// NetworkPolicies, and Pods with their labels, node and named ports
+    /// ([`weir_model::PodInfo::with_policy`]). Off, those two kinds are ignored and Pods keep
+    /// only what DNS reads.
+    pub policy: bool,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            max_nesting: DEFAULT_MAX_NESTING,
+            policy: false,
+        }
+    }
+}
+
 /// [`parse_manifest`] with a nesting limit: a file nested deeper fails as a whole with a
 /// "nested deeper than" error, without being parsed.
 pub fn parse_manifest_limited(file: &Path, text: &str, max_nesting: usize) -> Parsed {
+    let opts = ParseOptions {
+        max_nesting,
+        ..ParseOptions::default()
+    };
+    parse_manifest_with(file, text, &opts)
+}
+
+/// [`parse_manifest`] with every option.
+pub fn parse_manifest_with(file: &Path, text: &str, opts: &ParseOptions) -> Parsed {
+    let max_nesting = opts.max_nesting;
     let mut p = Parsed::default();
     let file_error = |p: &mut Parsed, object: String, message: String| {
         p.errors.push(ManifestError {
@@ -82,7 +114,7 @@ pub fn parse_manifest_limited(file: &Path, text: &str, max_nesting: usize) -> Pa
     for (i, doc) in crate::yaml::documents(&mut reader).enumerate() {
         let loc = format!("document {}", i + 1);
         match doc {
-            Ok(doc) => handle_value(file, doc, &loc, true, &mut p),
+            Ok(doc) => handle_value(file, doc, &loc, true, opts, &mut p),
             Err(e) => {
                 file_error(&mut p, loc, format!("invalid YAML: {e}"));
                 return p;
@@ -100,7 +132,14 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
     cur.as_str()
 }
 
-fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Parsed) {
+fn handle_value(
+    file: &Path,
+    v: Value,
+    loc: &str,
+    allow_list: bool,
+    opts: &ParseOptions,
+    p: &mut Parsed,
+) {
     let err = |object: String, field: Option<&str>, message: String| ManifestError {
         file: file.to_path_buf(),
         object,
@@ -131,7 +170,7 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         match items {
             Some(Value::Array(items)) => {
                 for (j, item) in items.into_iter().enumerate() {
-                    handle_value(file, item, &format!("{loc}, item {j}"), false, p);
+                    handle_value(file, item, &format!("{loc}, item {j}"), false, opts, p);
                 }
             }
             _ => p
@@ -145,6 +184,8 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         ("discovery.k8s.io/v1", "EndpointSlice") => Kind::EndpointSlice,
         ("v1", "Node") => Kind::Node,
         ("v1", "Pod") => Kind::Pod,
+        ("v1", "Namespace") if opts.policy => Kind::Namespace,
+        ("networking.k8s.io/v1", "NetworkPolicy") if opts.policy => Kind::NetworkPolicy,
         _ => {
             tracing::debug!(file = %file.display(), object = loc, %api_version, %kind, "ignoring kind");
             return;
@@ -159,7 +200,7 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         ));
         return;
     }
-    let namespace = if k == Kind::Node {
+    let namespace = if matches!(k, Kind::Node | Kind::Namespace) {
         String::new()
     } else {
         str_at(&v, &["metadata", "namespace"])
@@ -183,7 +224,19 @@ fn handle_value(file: &Path, v: Value, loc: &str, allow_list: bool, p: &mut Pars
         Kind::Node => typed::<Node>(v).map(Object::from),
         Kind::Pod => typed::<Pod>(v).map(|mut p| {
             set_ns(&mut p.metadata, &key);
-            p.into()
+            if opts.policy {
+                PodForPolicy(p).into()
+            } else {
+                p.into()
+            }
+        }),
+        Kind::Namespace => typed::<Namespace>(v).map(Object::from),
+        // A policy that does not even deserialize is skipped (reported, its previous version
+        // from this file kept); one that does but says something weir cannot enforce as
+        // written is kept with warnings and a safe reading (weir_policy::warning).
+        Kind::NetworkPolicy => typed::<NetworkPolicy>(v).map(|mut n| {
+            set_ns(&mut n.metadata, &key);
+            n.into()
         }),
     };
     match typed {

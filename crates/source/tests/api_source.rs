@@ -498,3 +498,87 @@ fn a_current_server_gets_v1_slices_and_the_selector_with_no_compat_note() {
         "no compat note"
     );
 }
+
+const POLICY_WORLD: &str = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {team: a}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, namespace: shop, labels: {app: web}}
+spec: {nodeName: node-a, containers: [{name: c, ports: [{name: http, containerPort: 8080}]}]}
+status: {phase: Running, podIPs: [{ip: 10.244.0.5}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: shop}
+spec: {podSelector: {}}
+";
+
+/// `weir policy`'s kinds: Namespaces, Pods with their policy part, NetworkPolicies with
+/// their warnings; nothing else is asked for.
+#[test]
+fn policy_kinds_are_watched_only_when_asked_and_pods_carry_their_policy_part() {
+    let api = server();
+    api.apply_yaml(WORLD).unwrap();
+    api.apply_yaml(POLICY_WORLD).unwrap();
+    let kinds = vec![Kind::Namespace, Kind::Pod, Kind::NetworkPolicy];
+    let r = start_with(ApiOptions {
+        kinds: kinds.clone(),
+        policy_pods: true,
+        node_name: None,
+        ..options(&api)
+    });
+    let lists = initial_lists(&r);
+    assert_eq!(lists.keys().copied().collect::<Vec<_>>(), {
+        let mut k = kinds.clone();
+        k.sort();
+        k
+    });
+    wait_until("ready", || r.source.status().ready());
+    let reqs = api.requests();
+    assert!(
+        reqs.iter()
+            .all(|q| !q.contains("/services") && !q.contains("/endpointslices")),
+        "{reqs:#?}"
+    );
+    assert!(
+        reqs.iter()
+            .any(|q| q.starts_with("GET /apis/networking.k8s.io/v1/networkpolicies?")),
+        "{reqs:#?}"
+    );
+
+    // A policy with something weir cannot enforce as written: kept, with its warning.
+    api.apply_yaml(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {name: odd, namespace: shop}\n\
+         spec: {podSelector: {}, ingress: [{from: [{ipBlock: {cidr: 10.0.0.0/33}}]}]}\n",
+    )
+    .unwrap();
+    let ev = next_event(&r, "the new policy", |e| matches!(e, Event::Applied(_)));
+    let Event::Applied(Object::NetworkPolicy(p)) = ev else {
+        panic!("not a policy: {ev:?}")
+    };
+    assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+    assert_eq!(p.warnings[0].field, "spec.ingress[0].from[0].ipBlock.cidr");
+
+    // A new pod comes with labels, node and named ports.
+    api.apply_yaml(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: db-0, namespace: shop, labels: {app: db}}\n\
+         spec: {nodeName: node-b, containers: [{name: c, ports: [{name: pg, containerPort: 5432}]}]}\n\
+         status: {phase: Running, podIP: 10.244.1.7}\n",
+    )
+    .unwrap();
+    let ev = next_event(&r, "the new pod", |e| matches!(e, Event::Applied(_)));
+    let Event::Applied(Object::Pod(pod)) = ev else {
+        panic!("not a pod: {ev:?}")
+    };
+    let part = &pod.policy.as_ref().expect("the policy part").value;
+    assert_eq!(part.node.as_deref(), Some("node-b"));
+    assert_eq!(part.labels.get("app"), Some("db"));
+    assert_eq!(
+        part.named_port("pg", weir_model::weir_policy::model::Protocol::Tcp),
+        Some(5432)
+    );
+}

@@ -550,3 +550,87 @@ fn a_list_of_tens_of_thousands_of_objects_parses_whole() {
         ObjectKey::new(Kind::Service, "big", "s11999")
     );
 }
+
+const POLICY_OBJECTS: &str = "
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {team: a}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny}
+spec: {podSelector: {}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: broken, namespace: shop}
+spec: {podSelector: 5}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: odd, namespace: shop}
+spec: {podSelector: {}, ingress: [{ports: [{protocol: ICMP}]}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-0, namespace: shop, labels: {app: web}}
+spec: {nodeName: n1, containers: [{name: c}]}
+status: {podIP: 10.244.1.5}
+";
+
+/// `weir policy`'s directory reads Namespaces and NetworkPolicies and keeps Pods with their
+/// policy part; every other agent's ignores the first two and keeps Pods lean. A policy that
+/// does not deserialize is reported by field and skipped; one weir cannot enforce as
+/// written is kept with its warning.
+#[test]
+fn policy_objects_only_when_asked() {
+    let opts = weir_source::ParseOptions {
+        policy: true,
+        ..Default::default()
+    };
+    let p = weir_source::parse_manifest_with(Path::new("p.yaml"), POLICY_OBJECTS, &opts);
+    assert_eq!(
+        keys(&p.objects),
+        [
+            "Namespace/shop",
+            "NetworkPolicy/default/deny",
+            "NetworkPolicy/shop/odd",
+            "Pod/shop/web-0"
+        ]
+    );
+    assert_eq!(p.errors.len(), 1, "{:?}", p.errors);
+    assert_eq!(p.errors[0].field.as_deref(), Some("spec.podSelector"));
+    assert!(p.errors[0].object.contains("NetworkPolicy/shop/broken"));
+    assert_eq!(
+        p.invalid_keys,
+        [ObjectKey::new(Kind::NetworkPolicy, "shop", "broken")]
+    );
+    let weir_source::Object::NetworkPolicy(odd) = &p.objects[2] else {
+        panic!()
+    };
+    assert_eq!(odd.warnings.len(), 1);
+    assert_eq!(odd.warnings[0].field, "spec.ingress[0].ports[0].protocol");
+    let weir_source::Object::Pod(pod) = &p.objects[3] else {
+        panic!()
+    };
+    assert_eq!(
+        pod.policy.as_ref().unwrap().value.node.as_deref(),
+        Some("n1")
+    );
+
+    let lean = parse_manifest(Path::new("p.yaml"), POLICY_OBJECTS);
+    assert_eq!(keys(&lean.objects), ["Pod/shop/web-0"]);
+    assert!(lean.errors.is_empty());
+    let weir_source::Object::Pod(pod) = &lean.objects[0] else {
+        panic!()
+    };
+    assert!(pod.policy.is_none());
+
+    // The directory reader, asked for them.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.yaml"), POLICY_OBJECTS).unwrap();
+    let mut m = undebounced(dir.path()).with_policy_objects();
+    let report = m.scan();
+    assert!(report.complete());
+    assert_eq!(m.objects().len(), 4);
+}

@@ -8,6 +8,7 @@ mod doctor_cmd;
 #[cfg(feature = "lab")]
 mod lab_cmd;
 mod manifest_view;
+mod policy_cmd;
 mod proxy_cmd;
 mod routes_cmd;
 mod trace_cmd;
@@ -17,12 +18,14 @@ mod trace_cmd;
 #[cfg_attr(
     feature = "lab",
     command(
-        about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab"
+        about = "Kubernetes node networking: CNI, service proxy, routes, DNS, NetworkPolicy, diagnostics, lab"
     )
 )]
 #[cfg_attr(
     not(feature = "lab"),
-    command(about = "Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics")
+    command(
+        about = "Kubernetes node networking: CNI, service proxy, routes, DNS, NetworkPolicy, diagnostics"
+    )
 )]
 struct Cli {
     #[command(subcommand)]
@@ -52,6 +55,9 @@ enum Command {
     Routes(routes_cmd::RoutesArgs),
     /// The cluster DNS server (CoreDNS's job): the Kubernetes DNS zone, forwarding, cache.
     Dns(dns_cmd::DnsArgs),
+    /// NetworkPolicy for this node's pods (a network plugin's policy controller's job), in
+    /// nftables table inet weir-policy.
+    Policy(policy_cmd::PolicyArgs),
     /// Checks a node (or a lab node, or a collected directory) for known networking faults.
     Doctor(doctor_cmd::DoctorArgs),
     /// Walks a packet through a node's state: where it goes or why it is dropped (`trace
@@ -95,6 +101,7 @@ fn main() -> std::process::ExitCode {
         Command::Proxy(args) => proxy_cmd::run(*args),
         Command::Routes(args) => routes_cmd::run(args),
         Command::Dns(args) => dns_cmd::run(args),
+        Command::Policy(args) => policy_cmd::run(args),
         Command::Doctor(args) => doctor_cmd::run(args),
         Command::Trace(args) => trace_cmd::run(args),
     };

@@ -28,7 +28,9 @@ fn top_level_help_names_every_proxy_mode_and_what_trace_does() {
     let help = stdout(&o);
     assert_eq!(
         help.lines().next(),
-        Some("Kubernetes node networking: CNI, service proxy, routes, DNS, diagnostics, lab")
+        Some(
+            "Kubernetes node networking: CNI, service proxy, routes, DNS, NetworkPolicy, diagnostics, lab"
+        )
     );
     assert_eq!(
         line(&help, "proxy ")
@@ -41,6 +43,7 @@ fn top_level_help_names_every_proxy_mode_and_what_trace_does() {
     assert!(trace.contains("Walks a packet"), "{trace}");
     assert!(!trace.contains("Saves"), "{trace}");
     assert!(line(&help, "routes ").contains("host-gw or vxlan"));
+    assert!(line(&help, "policy ").contains("NetworkPolicy for this node's pods"));
     let collect = stdout(&weir(&["trace", "--help"]));
     let collect = line(&collect, "collect ");
     assert!(

@@ -14,7 +14,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use crate::key::ObjectKey;
 pub use crate::selector::{Labels, Requirement, Selector};
 use crate::warning::{Problem, Warning};
-pub use pod::{NamedPort, PodInfo};
+pub use pod::{NamedPort, NamedPorts, PodInfo};
 pub use policy::{
     Direction, IpBlock, NamespaceScope, Peer, Peers, PolicyInfo, PortSelector, PortSpec, Ports,
     Rule,
@@ -90,12 +90,60 @@ impl From<&Namespace> for NamespaceInfo {
     }
 }
 
-/// Everything the oracle and the planner read. Pods and policies by `namespace/name`.
+/// An object as conversion left it, and what conversion found wrong with it (each warning
+/// names the field and the safe outcome). The agent keeps these in its object store, so an
+/// object's warnings are said once when it changes, not on every plan; the value is shared
+/// (`Arc`) with the [`Cluster`] the planner reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Converted<T> {
+    pub value: Arc<T>,
+    pub warnings: Box<[Warning]>,
+}
+
+impl Converted<PodInfo> {
+    pub fn pod(o: &Pod) -> Converted<PodInfo> {
+        let mut warnings = Vec::new();
+        let value = Arc::new(PodInfo::convert(o, &mut warnings));
+        Converted {
+            value,
+            warnings: warnings.into(),
+        }
+    }
+}
+
+impl Converted<PolicyInfo> {
+    pub fn policy(o: &NetworkPolicy) -> Converted<PolicyInfo> {
+        let mut warnings = Vec::new();
+        let value = Arc::new(PolicyInfo::convert(o, &mut warnings));
+        Converted {
+            value,
+            warnings: warnings.into(),
+        }
+    }
+}
+
+/// Back to a Namespace holding what was kept (name and labels).
+impl From<&NamespaceInfo> for Namespace {
+    fn from(o: &NamespaceInfo) -> Self {
+        let labels = o
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let mut ns = Namespace::default();
+        ns.metadata.name = Some(o.name.to_string());
+        ns.metadata.labels = Some(labels);
+        ns
+    }
+}
+
+/// Everything the oracle and the planner read. Pods and policies by `namespace/name`; the
+/// objects are shared (`Arc`) with whoever converted them (the agent's object store).
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
-    pub namespaces: BTreeMap<Arc<str>, NamespaceInfo>,
-    pub pods: BTreeMap<ObjectKey, PodInfo>,
-    pub policies: BTreeMap<ObjectKey, PolicyInfo>,
+    pub namespaces: BTreeMap<Arc<str>, Arc<NamespaceInfo>>,
+    pub pods: BTreeMap<ObjectKey, Arc<PodInfo>>,
+    pub policies: BTreeMap<ObjectKey, Arc<PolicyInfo>>,
 }
 
 impl Cluster {
@@ -119,16 +167,31 @@ impl Cluster {
         (cluster, warnings)
     }
 
-    pub fn insert_namespace(&mut self, ns: NamespaceInfo) {
+    pub fn insert_namespace(&mut self, ns: impl Into<Arc<NamespaceInfo>>) {
+        let ns = ns.into();
         self.namespaces.insert(ns.name.clone(), ns);
     }
 
-    pub fn insert_pod(&mut self, pod: PodInfo) {
+    pub fn insert_pod(&mut self, pod: impl Into<Arc<PodInfo>>) {
+        let pod = pod.into();
         self.pods.insert(pod.key.clone(), pod);
     }
 
-    pub fn insert_policy(&mut self, policy: PolicyInfo) {
+    pub fn insert_policy(&mut self, policy: impl Into<Arc<PolicyInfo>>) {
+        let policy = policy.into();
         self.policies.insert(policy.key.clone(), policy);
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) -> bool {
+        self.namespaces.remove(name).is_some()
+    }
+
+    pub fn remove_pod(&mut self, key: &ObjectKey) -> bool {
+        self.pods.remove(key).is_some()
+    }
+
+    pub fn remove_policy(&mut self, key: &ObjectKey) -> bool {
+        self.policies.remove(key).is_some()
     }
 
     /// A namespace's labels. A namespace weir has not seen (yet) has only its name label, so

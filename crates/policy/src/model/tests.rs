@@ -285,16 +285,10 @@ fn namespaces_always_carry_their_name_label() {
         serde_json::from_value(json!({"metadata": {"name": "shop", "labels": {"team": "x"}}}))
             .unwrap();
     let info = NamespaceInfo::from(&ns);
-    assert_eq!(
-        info.labels.get(LABEL_NAMESPACE_NAME).map(|v| &**v),
-        Some("shop")
-    );
+    assert_eq!(info.labels.get(LABEL_NAMESPACE_NAME), Some("shop"));
     let cluster = Cluster::default();
     assert_eq!(
-        cluster
-            .namespace_labels("unseen")
-            .get(LABEL_NAMESPACE_NAME)
-            .map(|v| &**v),
+        cluster.namespace_labels("unseen").get(LABEL_NAMESPACE_NAME),
         Some("unseen")
     );
 }

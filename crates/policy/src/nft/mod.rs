@@ -98,6 +98,35 @@ const BASE_CHAINS: &str = "\
 \t}
 ";
 
+/// The base chains and how many rules each holds (what a check of the kernel's table
+/// expects besides the per-pod chains).
+pub fn base_chains() -> Vec<(&'static str, usize)> {
+    let mut out: Vec<(&'static str, usize)> = Vec::new();
+    for line in BASE_CHAINS.lines().map(str::trim) {
+        if let Some(name) = line
+            .strip_prefix("chain ")
+            .and_then(|l| l.strip_suffix(" {"))
+        {
+            out.push((name, 0));
+        } else if !(line.is_empty()
+            || line.starts_with('#')
+            || line.starts_with("type ")
+            || line == "}")
+        {
+            if let Some(last) = out.last_mut() {
+                last.1 += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Deletes the table (and nothing else) whether or not it exists: declaring it first makes
+/// the delete valid on a node that never had it. One transaction.
+pub fn render_cleanup() -> String {
+    format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
+}
+
 /// Order inside the transaction: new chains exist before elements jump to them; elements
 /// that jump to a removed chain are deleted before it.
 pub fn render_ruleset_diff(diff: &RulesetDiff) -> String {
@@ -140,4 +169,12 @@ pub fn render_ruleset_diff(diff: &RulesetDiff) -> String {
         let _ = writeln!(s, "delete chain {t} {name}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base_chains_and_their_rules() {
+        assert_eq!(super::base_chains(), vec![("forward", 5), ("input", 3)]);
+    }
 }

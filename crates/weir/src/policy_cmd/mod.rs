@@ -1,0 +1,284 @@
+//! `weir policy`: NetworkPolicy enforcement for the pods on this node (a network plugin's
+//! policy controller's job), in nftables `table inet weir-policy`; and `weir policy cleanup`.
+//!
+//! The loop is `weir_policy::agent::PolicyLoop` with `weir_policy::kernel::NftBackend`; this
+//! module keeps the flags, starting the object source (`source.rs`), health and metrics
+//! (`metrics.rs`).
+
+mod metrics;
+mod source;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use tracing::info;
+use weir_http::{HttpRuntime, PathResponse, PathServer};
+use weir_policy::agent::{LoopSettings, PolicyLoop, PolicyObserver, Synced, SystemClock};
+use weir_policy::backend::{Backend, Error};
+use weir_policy::kernel::NftBackend;
+
+use crate::proxy_cmd::parse_duration;
+use metrics::PolicyMetrics;
+use source::{Origin, SourceHealth, StoreSource};
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct PolicyArgs {
+    #[command(subcommand)]
+    command: Option<PolicyCommand>,
+    #[command(flatten)]
+    flags: PolicyFlags,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Delete table inet weir-policy (and nothing else): every pod's traffic is allowed again.
+    Cleanup,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PolicyFlags {
+    /// Directory of Kubernetes YAML manifests (Namespaces, Pods, NetworkPolicies), watched.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
+    manifests: Option<PathBuf>,
+    /// Namespaces, Pods and NetworkPolicies from the Kubernetes API of this kubeconfig.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The Kubernetes API at URL (overrides the kubeconfig's server). With neither flag nor
+    /// --manifests, in a pod (KUBERNETES_SERVICE_HOST set): the in-cluster account.
+    #[arg(long, value_name = "URL")]
+    master: Option<String>,
+    /// This node's name: the pods whose spec.nodeName it is are enforced here (default: the
+    /// host name).
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
+    /// Serve `/healthz` (200 once the rules of a complete first view are in the kernel and
+    /// while the source is current, 503 otherwise) and `/livez` here, e.g. 0.0.0.0:10258.
+    /// Off when not given.
+    #[arg(long, value_name = "ADDR")]
+    healthz_bind_address: Option<SocketAddr>,
+    /// Serve `/metrics` (Prometheus) here; the same address as --healthz-bind-address serves
+    /// all three paths on one listener. Off when not given.
+    #[arg(long, value_name = "ADDR")]
+    metrics_bind_address: Option<SocketAddr>,
+    /// How often the kernel's table is checked against what was written, and rewritten if
+    /// it changed (an outside `nft flush ruleset`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
+    sync_period: Duration,
+    /// Changes arriving faster than this are written together.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    min_sync_period: Duration,
+    /// How often the manifest directory is checked for changes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    manifest_poll_interval: Duration,
+}
+
+/// What /healthz reads: a first sync done, the last one not failed, and the source current.
+#[derive(Default)]
+struct Health {
+    synced: AtomicBool,
+    failing: AtomicBool,
+}
+
+/// The observer: metrics and health.
+struct Reporting {
+    metrics: Arc<PolicyMetrics>,
+    health: Arc<Health>,
+}
+
+impl PolicyObserver for Reporting {
+    fn synced(&mut self, s: &Synced<'_>) {
+        self.metrics.synced(s);
+        self.health.synced.store(true, Ordering::Release);
+        self.health.failing.store(false, Ordering::Release);
+    }
+    fn failed(&mut self, _error: &Error) {
+        self.metrics.failed();
+        self.health.failing.store(true, Ordering::Release);
+    }
+    fn warnings(&mut self, total: usize) {
+        self.metrics.warnings(total);
+    }
+}
+
+/// What the listeners answer for `path`.
+fn route(
+    path: &str,
+    health: bool,
+    metrics: bool,
+    state: Result<(), String>,
+    metrics_body: impl FnOnce() -> String,
+) -> Option<PathResponse> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    match path {
+        "/healthz" if health => Some(match state {
+            Ok(()) => (200, TEXT, "ok\n".into()),
+            Err(why) => (503, TEXT, format!("{why}\n")),
+        }),
+        "/livez" if health => Some((200, TEXT, "ok\n".into())),
+        "/metrics" if metrics => Some((
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics_body(),
+        )),
+        _ => None,
+    }
+}
+
+fn health_state(health: &Health, source: &SourceHealth) -> Result<(), String> {
+    if !health.synced.load(Ordering::Acquire) {
+        return Err(match source.check() {
+            Err(why) => format!("no rules written yet: {why}"),
+            Ok(()) => "no rules written yet".into(),
+        });
+    }
+    if health.failing.load(Ordering::Acquire) {
+        return Err("the last sync failed (the rules before it are enforced)".into());
+    }
+    source.check()
+}
+
+struct Http {
+    _servers: Vec<PathServer>,
+    _runtime: HttpRuntime,
+}
+
+fn start_http(
+    flags: &PolicyFlags,
+    health: &Arc<Health>,
+    source: SourceHealth,
+    metrics: &Arc<PolicyMetrics>,
+) -> anyhow::Result<Option<Http>> {
+    let (healthz, metrics_at) = (flags.healthz_bind_address, flags.metrics_bind_address);
+    if healthz.is_none() && metrics_at.is_none() {
+        return Ok(None);
+    }
+    let runtime = HttpRuntime::new().context("HTTP runtime")?;
+    // Port 0 twice means two free ports, not one.
+    let shared = healthz.is_some_and(|a| a.port() != 0) && healthz == metrics_at;
+    let mut wanted = Vec::new();
+    if let Some(a) = healthz {
+        wanted.push((a, true, shared));
+    }
+    if let Some(a) = metrics_at.filter(|_| !shared) {
+        wanted.push((a, false, true));
+    }
+    let mut servers = Vec::new();
+    for (addr, with_health, with_metrics) in wanted {
+        let (health, source, metrics) = (health.clone(), source.clone(), metrics.clone());
+        let server = PathServer::start(&runtime, addr, move |path| {
+            let state = if path == "/healthz" {
+                health_state(&health, &source)
+            } else {
+                Ok(())
+            };
+            route(path, with_health, with_metrics, state, || metrics.encode())
+        })?;
+        let paths = match (with_health, with_metrics) {
+            (true, true) => "/healthz, /livez, /metrics",
+            (true, false) => "/healthz, /livez",
+            _ => "/metrics",
+        };
+        info!(addr = %server.addr(), paths, "serving HTTP");
+        servers.push(server);
+    }
+    Ok(Some(Http {
+        _servers: servers,
+        _runtime: runtime,
+    }))
+}
+
+fn origin(flags: &PolicyFlags) -> anyhow::Result<Origin> {
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty());
+    let use_api = flags.kubeconfig.is_some() || flags.master.is_some();
+    if let Some(dir) = flags.manifests.as_ref().filter(|_| !use_api) {
+        return Ok(Origin::Manifests {
+            dir: dir.clone(),
+            poll: flags.manifest_poll_interval,
+        });
+    }
+    anyhow::ensure!(
+        use_api || in_cluster,
+        "no object source: give --manifests DIR, or --kubeconfig / --master (in a pod the \
+         in-cluster service account is used)"
+    );
+    Ok(Origin::Api {
+        kubeconfig: flags.kubeconfig.clone(),
+        master: flags.master.clone(),
+    })
+}
+
+fn node_name(flags: &PolicyFlags) -> anyhow::Result<String> {
+    match &flags.node_name {
+        Some(n) => Ok(n.clone()),
+        None => Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .context("host name")?
+            .trim()
+            .to_string()),
+    }
+}
+
+pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
+    crate::init_logging();
+    if let Some(PolicyCommand::Cleanup) = args.command {
+        NftBackend::new().cleanup().context("weir policy cleanup")?;
+        eprintln!("weir policy cleanup: table inet weir-policy removed");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let flags = args.flags;
+    let node = node_name(&flags)?;
+    anyhow::ensure!(
+        flags.sync_period > Duration::ZERO,
+        "--sync-period must be above zero"
+    );
+    let origin = origin(&flags)?;
+    let metrics = Arc::new(PolicyMetrics::new());
+    let health = Arc::new(Health::default());
+    let source = StoreSource::start(&origin).context("object source")?;
+    // Bound before the loop, in this thread's network namespace.
+    let _http = start_http(&flags, &health, source.health(), &metrics)?;
+    info!(
+        node = %node,
+        sync_period_s = flags.sync_period.as_secs_f64(),
+        min_sync_period_s = flags.min_sync_period.as_secs_f64(),
+        "enforcing NetworkPolicy in table inet weir-policy"
+    );
+    let settings = LoopSettings {
+        node_name: node,
+        sync_period: flags.sync_period,
+        min_sync_period: flags.min_sync_period,
+    };
+    let reporting = Reporting { metrics, health };
+    let policy_loop = PolicyLoop::new(settings, NftBackend::new(), source, SystemClock, reporting);
+    policy_loop.run()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_says_why_not_and_metrics_only_where_served() {
+        let status = |path, health, metrics, state: Result<(), String>| {
+            route(path, health, metrics, state, || "m".into()).map(|r| (r.0, r.2))
+        };
+        assert_eq!(
+            status("/healthz", true, false, Err("no rules written yet".into())),
+            Some((503, "no rules written yet\n".into()))
+        );
+        assert_eq!(status("/healthz", true, false, Ok(())).unwrap().0, 200);
+        assert_eq!(
+            status("/livez", true, false, Err("x".into())).unwrap().0,
+            200
+        );
+        assert_eq!(status("/metrics", true, false, Ok(())), None);
+        assert_eq!(status("/metrics", false, true, Ok(())).unwrap().0, 200);
+        assert_eq!(status("/healthz", false, true, Ok(())), None);
+    }
+}
