@@ -13,6 +13,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 export WEIR_BIN=${WEIR_BIN:-$ROOT/target/release}
+export WEIR_POLICY=0 # only the proxies: no NetworkPolicy agent beside them
 E=${WEIR_BENCH_ENDPOINTS:-10}
 json=${WEIR_BENCH_JSON:-} # rows go to $WEIR_BENCH_JSON.<size>.<kube-proxy mode>
 for n in ${WEIR_BENCH_SIZES:-1000 10000}; do

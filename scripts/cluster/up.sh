@@ -16,7 +16,8 @@
 #      kube-proxy of the build's version instead; 1.20's has no nftables mode), or
 #      WEIR_PROXY_MODES: one per node ("kube-proxy nftables": the two side by side, as the API
 #      benchmark runs them). WEIR_E2E_IMAGES: a directory of image tarballs (e2e-images.sh)
-#      imported into every node's containerd beside pause and busybox. WEIR_AGENTS=daemonset: weir-cni, its
+#      imported into every node's containerd beside pause and busybox. WEIR_POLICY=0: no
+#      `weir policy` on the nodes (NetworkPolicy is not enforced). WEIR_AGENTS=daemonset: weir-cni, its
 #      conflist, weir proxy and weir routes come from deploy/'s DaemonSet instead (daemonset.sh
 #      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
 #      runs on each node.
@@ -362,7 +363,7 @@ d = yaml.safe_load(open(sys.argv[1]))["data"]
 print(f"--zone={d['zone']} --ttl={d['ttl']} --pods={d['pods']} --upstream-resolv-conf={d['upstream']}")
 PY
 }
-step "weir on each node: proxy (${MODES[*]}), routes (host-gw), dns"
+step "weir on each node: proxy (${MODES[*]}), routes (host-gw), dns, policy"
 for i in 0 1; do
   node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]}
   N=$R/$node
@@ -400,6 +401,10 @@ EOF
   # shellcheck disable=SC2046
   bg "$ns" "$node-dns" env RUST_LOG=info "$WEIR_BIN/weir" dns --kubeconfig="$R/kubeconfig" \
     --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081 $(dns_settings)
+  # NetworkPolicy for the node's pods (WEIR_POLICY=0 leaves it out, as the proxy benchmark
+  # does; deploy/'s DaemonSet runs its own)
+  [ "${WEIR_POLICY:-1}" = 0 ] || [ "$AGENTS" = daemonset ] || bg "$ns" "$node-policy" env RUST_LOG=info "$WEIR_BIN/weir" policy --kubeconfig="$R/kubeconfig" \
+    --node-name="$node" --healthz-bind-address=127.0.0.1:10258
 done
 
 step "kube-dns: the kubelets' clusterDNS 10.96.0.10, served by weir dns on every node"
@@ -441,6 +446,7 @@ for i in 0 1; do
   ns=$NAME-n$((i + 1))
   wait_for "weir proxy ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:10256/healthz
   wait_for "weir dns ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:8081/healthz
+  [ "${WEIR_POLICY:-1}" = 0 ] || wait_for "weir policy ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:10258/healthz
 done
 kubectl get nodes -o wide >&2
 step "up: KUBECONFIG=$R/kubeconfig ($BIN/kubectl)"

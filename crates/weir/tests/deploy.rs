@@ -467,7 +467,7 @@ fn every_weir_container_parses_its_args_and_every_reference_resolves() {
             "{args:?} does not pass the node name"
         );
     }
-    assert_eq!(weir_containers, 2);
+    assert_eq!(weir_containers, 3);
     // The same trick refuses a wrong flag (so the loop above can fail).
     let out = Command::new(common::WEIR)
         .args(["routes", "--backend=hostgw", "--help"])
