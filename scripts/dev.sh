@@ -32,7 +32,8 @@
 #   bash scripts/dev.sh conformance [--proxy-mode M] [-- ginkgo args]  Kubernetes' own
 #                              [sig-network] [Conformance] tests (e2e.test of the pinned version)
 #                              on the real cluster networked by weir (CNI, proxy in mode M,
-#                              nftables by default, DNS as deploy/dns configures it)
+#                              nftables by default, DNS as deploy/dns configures it); --netpol:
+#                              the NetworkPolicy suite ([sig-network] Netpol) with weir policy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -153,6 +154,8 @@ case "${1:-}" in
       # processes beside the parallel tests above would starve both on two cores.
       step "Kubernetes $KUBE_VERSION [sig-network] conformance (scripts/cluster/conformance.sh)"
       bash scripts/cluster/conformance.sh || status=$?
+      step "Kubernetes $KUBE_VERSION NetworkPolicy suite, [sig-network] Netpol (conformance.sh --netpol)"
+      bash scripts/cluster/conformance.sh --netpol || status=$?
     fi
     if [ -s "$skips" ]; then
       n=$(sort -u "$skips" | wc -l)

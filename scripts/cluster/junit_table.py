@@ -4,13 +4,16 @@ first line of why) or not run (with the suite's reason, or "not in the report").
 for are those of EXPECTED (one name per line; e.g. the conformance list e2e.test prints) when
 given, else every spec the report shows as run or skipped with a reason of its own (ginkgo
 reports the specs outside the focus as plain "skipped": those are left out).
-usage: junit_table.py REPORT_DIR [EXPECTED] [--json]"""
+--skipped=REGEX=WHY gives the reason of the tests the run left out on purpose (ginkgo --skip).
+usage: junit_table.py REPORT_DIR [EXPECTED] [--skipped=REGEX=WHY] [--json]"""
 import glob
 import json
+import re
 import sys
 import xml.etree.ElementTree as ET
 
-args = [a for a in sys.argv[1:] if a != "--json"]
+args = [a for a in sys.argv[1:] if a != "--json" and not a.startswith("--skipped=")]
+skipped_on_purpose = [a[len("--skipped="):].split("=", 1) for a in sys.argv[1:] if a.startswith("--skipped=")]
 report, expected = args[0], (args[1] if len(args) > 1 else None)
 results = {}
 for path in sorted(glob.glob(f"{report}/**/*.xml", recursive=True)):
@@ -32,6 +35,14 @@ for path in sorted(glob.glob(f"{report}/**/*.xml", recursive=True)):
         else:
             results[name] = ("passed", "")
 
+def why_not_run(name, why):
+    for regex, reason in skipped_on_purpose:
+        if re.search(regex, name):
+            return f"left out (--skip): {reason}"
+    return why
+
+
+results = {n: (s, why_not_run(n, w) if s == "not run" else w) for n, (s, w) in results.items()}
 if expected:
     wanted = [l.strip() for l in open(expected) if l.strip()]
     rows = [(results.get(n, ("not run", "not in the report"))[0], n,
