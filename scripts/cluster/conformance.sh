@@ -17,7 +17,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 VERSION=$(bash "$HERE/kube/version.sh")
 WEIR_TOOLS=${WEIR_TOOLS:-/opt/weir-tools}
-KB=${KUBE_BUILD:-$WEIR_TOOLS/kube-$VERSION}
+KB=${KUBE_BUILD:-${WEIR_KUBE_BUILD:-$WEIR_TOOLS/kube-$VERSION}}
 MODE=nftables
 FOCUS='\[sig-network\].*\[Conformance\]'
 SKIP=''
