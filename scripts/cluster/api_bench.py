@@ -5,17 +5,18 @@ at the same moment.
 
 N Services x E endpoints are created through the API (selector-less Services and their
 EndpointSlices, 16 requests in flight). The last Service's one endpoint is a real pod (A), so
-"rules in the kernel" is tested by the packet: curl from each node to its ClusterIP, every 50 ms,
-until it answers (back to back). Then R endpoint changes (the slice's endpoint A -> B -> A ...): from the API
-write's answer until each node's curl gets the new pod's page. Medians and ratios (kube-proxy /
-weir) are printed as a table, with --json for machines; the probe floor is what one nsenter +
-curl costs when the answer is there at once (a direct request to pod A), included in each figure.
-Changes are spaced WEIR_BENCH_GAP seconds (default 1.5) after both proxies served the last
-one, past either's minimum sync period (1 s for both): each is measured as a change arriving on
-a settled proxy, not one queued behind the other's pace. Each proxy's resident memory (VmRSS of
-its process) is read after the changes. Then the full sync from nothing: each proxy in turn is
-stopped, its rules cleaned up, and started again with every object in the API; the time from
-its start until the last Service answers on its node.
+"rules in the kernel" is tested by the packet: curl from each node to its ClusterIP, back to
+back, until it answers. Then R endpoint changes (the slice's endpoint A -> B -> A ...): from
+the API write's answer until each node's curl gets the new pod's page, spaced WEIR_BENCH_GAP
+seconds (default 1.5) after both proxies served the last one, past either's minimum sync
+period (1 s for both), so each is a change arriving on a settled proxy, not one queued behind
+the other's pace. Both figures include what both proxies pay: the apiserver's watch delivery
+and one probe (the probe floor: one nsenter + curl answered at once, a request straight to pod
+A). The proxies' own part is their kubeproxy_sync_proxy_rules_duration_seconds (both export
+it): its mean over the syncs during the changes. Each proxy's resident memory (VmRSS) is read
+after the changes. Then the full sync from nothing: each proxy in turn is stopped, its rules
+cleaned up, and started again with every object in the API; the time from its start until the
+last Service answers on its node. Results as a table (--json for machines) and one ratio line.
 
 Run in the control plane's namespace (dev.sh cluster-bench does): it talks to the apiserver
 directly and reaches the nodes with `nsenter`.
@@ -151,6 +152,20 @@ limit = float(os.environ.get("WEIR_BENCH_LIMIT", "900"))
 ready = both(url, A_NAME, t_last, limit)
 log(f"rules in the kernel after the last create: {ready}")
 
+def sync_seconds(k):
+    """(sum, count) of kubeproxy_sync_proxy_rules_duration_seconds on node k+1: both proxies
+    export it (the time one sync takes to write its rules)."""
+    r = subprocess.run(["nsenter", f"--net=/run/netns/{NODE_NS[k]}", "curl", "-s", "-m", "5",
+                        "http://127.0.0.1:10249/metrics"], capture_output=True, text=True)
+    got = {}
+    for line in r.stdout.splitlines():
+        for what in ("sum", "count"):
+            if line.startswith(f"kubeproxy_sync_proxy_rules_duration_seconds_{what} "):
+                got[what] = float(line.split()[-1])
+    return got.get("sum"), got.get("count")
+
+
+syncs_before = [sync_seconds(k) for k in range(2)]
 changes = [[], []]
 target = (B_IP, B_NAME)
 for r in range(ROUNDS):
@@ -171,6 +186,15 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
+def mean_sync_ms(k):
+    """The mean time of the syncs during the changes, by the proxy's own metric."""
+    (s0, c0), (s1, c1) = syncs_before[k], syncs_after[k]
+    if None in (s0, c0, s1, c1) or c1 <= c0:
+        return None
+    return (s1 - s0) / (c1 - c0) * 1000
+
+
+syncs_after = [sync_seconds(k) for k in range(2)]
 # The measurement's own floor: one nsenter + curl that answers at once (the pod directly).
 floor = [med([until(NODE_NS[k], f"http://{A_IP}:8080/", None, time.monotonic(), 5) or 0 for _ in range(7)])
          for k in range(2)]
@@ -220,7 +244,7 @@ log(f"start on a clean node -> the last Service served: {full}")
 rows = []
 for k in range(2):
     name, who = process(k)
-    rows.append({"proxy": who, "node": f"node-{k + 1}", "services": N, "endpoints": E, "rss_mib": rss[k], "start_to_rules_s": full[k],
+    rows.append({"proxy": who, "node": f"node-{k + 1}", "services": N, "endpoints": E, "rss_mib": rss[k], "start_to_rules_s": full[k], "sync_ms_mean": mean_sync_ms(k),
                  "last_create_to_rules_s": ready[k], "endpoint_change_ms_median": (med(changes[k]) or 0) * 1000,
                  "endpoint_change_ms": [round(x * 1000, 1) for x in changes[k]], "create_s": create_s,
                  "probe_floor_ms": floor[k] * 1000})
@@ -233,6 +257,7 @@ def ratio_line(k, w):
     return (f"ratio weir/{MODES[0]} services={N} full={ratio(w['start_to_rules_s'], k['start_to_rules_s'])} "
             f"last_create={ratio(w['last_create_to_rules_s'], k['last_create_to_rules_s'])} "
             f"change={ratio(w['endpoint_change_ms_median'], k['endpoint_change_ms_median'])} "
+            f"change_sync={ratio(w['sync_ms_mean'], k['sync_ms_mean'])} "
             f"rss={ratio(w['rss_mib'], k['rss_mib'])}")
 
 
