@@ -67,7 +67,7 @@ def request(method, path, body=None):
             if r.status >= 300 and not (method == "POST" and r.status == 409):
                 raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
             return json.loads(data or b"{}")
-        except (ConnectionError, http.client.HTTPException):
+        except (OSError, http.client.HTTPException):  # a dropped connection (ssl errors too)
             conn = local.conn = http.client.HTTPSConnection(HOST, 16443, context=CTX, timeout=60)
     raise RuntimeError(f"{method} {path}: gave up")
 
