@@ -160,7 +160,9 @@ def sync_seconds(k):
     got = {}
     for line in r.stdout.splitlines():
         for what in ("sum", "count"):
-            if line.startswith(f"kubeproxy_sync_proxy_rules_duration_seconds_{what} "):
+            name = f"kubeproxy_sync_proxy_rules_duration_seconds_{what}"
+            # kube-proxy 1.37 labels it per family; the IPv4 series is this cluster's
+            if line.startswith(name + " ") or line.startswith(name + '{ip_family="IPv4"}'):
                 got[what] = float(line.split()[-1])
     return got.get("sum"), got.get("count")
 
