@@ -294,10 +294,30 @@ fn weir_networks_a_real_two_node_cluster() {
             })
             .unwrap_or_default();
         assert!(files.is_empty(), "{node}: address files left: {files:?}");
-        let nft = c.nft(n);
+    }
+    // The rules follow the EndpointSlices, which the controller-manager empties after the
+    // pods are gone (seconds later on a loaded machine): wait for both, then name which lags.
+    let slice_addresses = || {
+        c.k(&[
+            "get",
+            "endpointslices",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}: {.endpoints[*].addresses}{\"\\n\"}{end}",
+        ])
+    };
+    let pod_addresses_in_rules =
+        |n: usize| c.nft(n).contains("10.244.1.") || c.nft(n).contains("10.244.2.");
+    let t0 = Instant::now();
+    while t0.elapsed() < long && (0..2).any(pod_addresses_in_rules) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for n in 0..2 {
         assert!(
-            !nft.contains("10.244.1.") && !nft.contains("10.244.2."),
-            "{node}: pod addresses left in nftables:\n{nft}"
+            !pod_addresses_in_rules(n),
+            "{}: pod addresses left in nftables {long:?} after the pods went; the slices say:\n{}\n{}",
+            c.nodes[n],
+            slice_addresses(),
+            c.nft(n)
         );
     }
     c.step("every pod deleted: no veth, no address file, no nft element left");
