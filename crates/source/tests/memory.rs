@@ -9,9 +9,7 @@
 //! One test in this file: the counter is process-wide, and another test running alongside
 //! would be counted too.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use weir_model::k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use weir_model::k8s_openapi::api::discovery::v1::{
@@ -20,37 +18,8 @@ use weir_model::k8s_openapi::api::discovery::v1::{
 use weir_model::{Kind, Object, Planner, ProxyConfig};
 use weir_source::{Event, Store};
 
-/// Counts live heap bytes as requested (not glibc's chunk sizes: the bound is about what
-/// weir asks for).
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn live() -> isize {
-    LIVE.load(Ordering::Relaxed)
-}
+mod counting;
+use counting::live;
 
 const SERVICES: usize = 2_000;
 const ENDPOINTS: usize = 10;

@@ -305,8 +305,10 @@ fn weir_networks_a_real_two_node_cluster() {
             "jsonpath={range .items[*]}{.metadata.name}: {.endpoints[*].addresses}{\"\\n\"}{end}",
         ])
     };
-    let pod_addresses_in_rules =
-        |n: usize| c.nft(n).contains("10.244.1.") || c.nft(n).contains("10.244.2.");
+    let pod_addresses_in_rules = |n: usize| {
+        let nft = c.nft(n);
+        nft.contains("10.244.1.") || nft.contains("10.244.2.")
+    };
     let t0 = Instant::now();
     while t0.elapsed() < long && (0..2).any(pod_addresses_in_rules) {
         std::thread::sleep(Duration::from_millis(200));
