@@ -101,7 +101,7 @@ ns="weir-image-$$"
 work=$(mktemp -d)
 fake_pid=""
 cleanup() {
-  podman rm -f -t 0 "$tag-proxy" "$tag-routes" >/dev/null 2>&1 || true
+  podman rm -f -t 0 "$tag-agent" >/dev/null 2>&1 || true
   if [ -n "$fake_pid" ]; then kill "$fake_pid" 2>/dev/null || true; fi
   ip netns del "$ns" 2>/dev/null || true
   rm -rf "$work"
@@ -223,27 +223,23 @@ jq -e '.plugins[0].ipam.ranges[0][0].subnet == "10.244.5.0/24"' "$work/host-net/
 CNI_COMMAND=VERSION "$work/host-bin/weir-cni" </dev/null | jq -e .cniVersion >/dev/null || fail "the installed weir-cni does not run here"
 pass "install-cni: weir-cni installed, conflist with the Node's podCIDR 10.244.5.0/24"
 
-# The proxy and routes containers, detached, with the DaemonSet's arguments.
-mapfile -t proxy < <(argv proxy)
-mapfile -t flags < <(container_flags proxy)
-podman run -d --name "$tag-proxy" --network "ns:/run/netns/$ns" "${flags[@]}" -e NODE_NAME=node-img \
-  -v "$work/proxy:/etc/weir/proxy:ro" -v "$work/kubeconfig:/etc/weir/kubeconfig:ro" \
-  --entrypoint "${proxy[0]}" "$image" "${proxy[@]:1}" --kubeconfig=/etc/weir/kubeconfig >/dev/null
-mapfile -t routes < <(argv routes)
-mapfile -t flags < <(container_flags routes)
-podman run -d --name "$tag-routes" --network "ns:/run/netns/$ns" "${flags[@]}" -e NODE_NAME=node-img \
-  -v "$work/kubeconfig:/etc/weir/kubeconfig:ro" --tmpfs /run/weir \
-  --entrypoint "${routes[0]}" "$image" "${routes[@]:1}" --kubeconfig=/etc/weir/kubeconfig >/dev/null
+# The node agent container (proxy, routes and NetworkPolicy), detached, with the DaemonSet's
+# arguments.
+mapfile -t agent < <(argv agent)
+mapfile -t flags < <(container_flags agent)
+podman run -d --name "$tag-agent" --network "ns:/run/netns/$ns" "${flags[@]}" -e NODE_NAME=node-img \
+  -v "$work/proxy:/etc/weir/proxy:ro" -v "$work/kubeconfig:/etc/weir/kubeconfig:ro" --tmpfs /run/weir \
+  --entrypoint "${agent[0]}" "$image" "${agent[@]:1}" --kubeconfig=/etc/weir/kubeconfig >/dev/null
 
 ready=""
 for _ in $(seq 100); do
   if ip netns exec "$ns" curl -sf http://127.0.0.1:10256/healthz >/dev/null; then ready=1; break; fi
   sleep 0.3
 done
-[ -n "$ready" ] || fail "proxy /healthz never answered 200; its log: $(podman logs "$tag-proxy" 2>&1 | tail -20)"
-pass "proxy /healthz 200 (readiness probe)"
-ip netns exec "$ns" curl -sf http://127.0.0.1:10256/livez >/dev/null || fail "proxy /livez"
-pass "proxy /livez 200 (liveness probe)"
+[ -n "$ready" ] || fail "agent /healthz never answered 200: $(ip netns exec "$ns" curl -s http://127.0.0.1:10256/healthz); its log: $(podman logs "$tag-agent" 2>&1 | tail -20)"
+pass "agent /healthz 200 (readiness probe: proxy, routes and policy)"
+ip netns exec "$ns" curl -sf http://127.0.0.1:10256/livez >/dev/null || fail "agent /livez"
+pass "agent /livez 200 (liveness probe)"
 rules=$(ip netns exec "$ns" nft list ruleset)
 grep -q 10.96.7.7 <<<"$rules" || fail "no rule for ClusterIP 10.96.7.7"
 grep -q 30080 <<<"$rules" || fail "no rule for NodePort 30080"
@@ -252,10 +248,14 @@ pass "nftables: ClusterIP 10.96.7.7, NodePort 30080, endpoint 10.244.6.9"
 metrics=$(ip netns exec "$ns" curl -sf http://127.0.0.1:10249/metrics)
 grep -q '^weir_source_objects{kind="Service"} 1' <<<"$metrics" || fail "metrics: $(grep weir_source_objects <<<"$metrics")"
 pass "metrics: weir_source_objects per kind"
-podman logs "$tag-proxy" >"$work/proxy.log" 2>&1
-first=$(head -1 "$work/proxy.log")
-jq -e .level <<<"$first" >/dev/null 2>&1 || fail "proxy logs are not JSON lines: '$first'"
-pass "proxy logs: JSON lines (--log-format=json)"
+grep -q '^weir_policy_syncs' <<<"$metrics" || fail "metrics: no weir_policy_* beside the proxy's"
+pass "metrics: the policy part's beside the proxy's, one endpoint"
+ip netns exec "$ns" nft list table inet weir-policy >/dev/null || fail "no table inet weir-policy"
+pass "policy: table inet weir-policy"
+podman logs "$tag-agent" >"$work/agent.log" 2>&1
+first=$(head -1 "$work/agent.log")
+jq -e .level <<<"$first" >/dev/null 2>&1 || fail "agent logs are not JSON lines: '$first'"
+pass "agent logs: JSON lines (--log-format=json)"
 
 route=""
 for _ in $(seq 50); do
@@ -263,6 +263,6 @@ for _ in $(seq 50); do
   [ -n "$route" ] && break
   sleep 0.2
 done
-[[ $route == *"via 192.0.2.11"* ]] || fail "routes: '10.244.6.0/24 via 192.0.2.11' missing ($route); log: $(podman logs "$tag-routes" 2>&1 | tail -5)"
+[[ $route == *"via 192.0.2.11"* ]] || fail "routes: '10.244.6.0/24 via 192.0.2.11' missing ($route); log: $(podman logs "$tag-agent" 2>&1 | tail -5)"
 pass "routes (host-gw): $route"
 echo "image $image: all checks passed"

@@ -25,6 +25,16 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind, in the store's (and the keys') order.
+    pub const ALL: [Kind; 6] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::Pod,
+        Kind::Namespace,
+        Kind::NetworkPolicy,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Service => "Service",

@@ -32,6 +32,6 @@ pub use manifest::{
     parse_manifest, parse_manifest_limited, parse_manifest_with, ManifestError, ParseOptions,
     Parsed, DEFAULT_MAX_NESTING,
 };
-pub use store::{Changes, Event, EventSink, SharedStore, Store};
+pub use store::{Changes, Event, EventSink, FeedId, SharedStore, Store};
 pub use watch::{watch_dir, PollWatcher, SourceStatus, WatchEvent};
 pub use weir_model::{Kind, Object, ObjectKey, Snapshot};

@@ -51,18 +51,36 @@ pub struct Changes {
 
 /// Objects keyed by kind/namespace/name. `generation` increases only on real changes.
 ///
-/// With [`Store::track_changes`] it also remembers which keys changed until they are taken
-/// ([`Store::take_changes`]), so a consumer (the proxy's planner) works on what changed
-/// instead of on the whole set. A whole-set [`Event::Resync`] is compared object by object
-/// (by pointer, then value) and records only what differs.
+/// Consumers that work on what changed instead of on the whole set (the proxy's planner, the
+/// policy planner) each open a change feed ([`Store::feed`]) for the kinds they read: the
+/// store remembers, per feed, which keys of those kinds changed until the feed takes them
+/// ([`Store::take`]). One store (one set of watches) thus serves several consumers, and a
+/// consumer is woken only by its own kinds ([`SharedStore::wait_feed`]). A whole-set
+/// [`Event::Resync`] is compared object by object (by pointer, then value) and records only
+/// what differs.
 #[derive(Debug, Default, Clone)]
 pub struct Store {
     /// Shared with the snapshots handed out ([`Store::shared_snapshot`]): a reader holds the
     /// maps as they were, and the first change after that copies them (copy on write).
     objects: Arc<Snapshot>,
     generation: u64,
-    changed: Option<BTreeSet<ObjectKey>>,
+    feeds: Vec<Feed>,
+    /// The feed of every kind behind [`Store::track_changes`] / [`Store::take_changes`].
+    default_feed: Option<FeedId>,
+}
+
+/// A consumer's change feed ([`Store::feed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedId(usize);
+
+/// What one consumer has not taken yet.
+#[derive(Debug, Clone)]
+struct Feed {
+    kinds: Vec<Kind>,
+    keys: BTreeSet<ObjectKey>,
     since: Option<Instant>,
+    /// The store's generation at this feed's last change: what its consumer waits past.
+    generation: u64,
 }
 
 /// A list that changed this many objects rebuilds the maps densely ([`Snapshot::compact`]):
@@ -78,26 +96,43 @@ impl Store {
         Self::default()
     }
 
-    /// Starts recording changed keys for [`Store::take_changes`] (every object present now
-    /// counts as changed, so the first take is the whole set).
+    /// Opens a change feed for `kinds`: every object of those kinds present now counts as
+    /// changed, so the feed's first take is the whole set of them.
+    pub fn feed(&mut self, kinds: &[Kind]) -> FeedId {
+        let keys = self
+            .objects
+            .objects()
+            .map(|o| o.key())
+            .filter(|k| kinds.contains(&k.kind))
+            .collect::<BTreeSet<_>>();
+        self.feeds.push(Feed {
+            kinds: kinds.to_vec(),
+            since: (!keys.is_empty()).then(Instant::now),
+            keys,
+            generation: self.generation,
+        });
+        FeedId(self.feeds.len() - 1)
+    }
+
+    /// Starts recording changed keys of every kind for [`Store::take_changes`] (every object
+    /// present now counts as changed, so the first take is the whole set).
     pub fn track_changes(&mut self) {
-        if self.changed.is_none() {
-            let all = self
-                .objects
-                .objects()
-                .map(|o| o.key())
-                .collect::<BTreeSet<_>>();
-            if !all.is_empty() {
-                self.since.get_or_insert_with(Instant::now);
-            }
-            self.changed = Some(all);
+        if self.default_feed.is_none() {
+            self.default_feed = Some(self.feed(&Kind::ALL));
         }
     }
 
     fn note(&mut self, key: ObjectKey) {
-        if let Some(c) = &mut self.changed {
-            c.insert(key);
-            self.since.get_or_insert_with(Instant::now);
+        // `note` runs only for a change, and a change ends by raising the generation by one.
+        let after = self.generation + 1;
+        for feed in self
+            .feeds
+            .iter_mut()
+            .filter(|f| f.kinds.contains(&key.kind))
+        {
+            feed.keys.insert(key.clone());
+            feed.since.get_or_insert_with(Instant::now);
+            feed.generation = after;
         }
     }
 
@@ -227,11 +262,24 @@ impl Store {
 
     /// The changes recorded since the last call (empty unless [`Store::track_changes`]).
     pub fn take_changes(&mut self) -> Changes {
-        let keys = self
-            .changed
-            .as_mut()
-            .map(std::mem::take)
-            .unwrap_or_default();
+        match self.default_feed {
+            Some(id) => self.take(id),
+            None => Changes {
+                generation: self.generation,
+                ..Changes::default()
+            },
+        }
+    }
+
+    /// The generation of `feed`'s last change.
+    pub fn feed_generation(&self, feed: FeedId) -> u64 {
+        self.feeds[feed.0].generation
+    }
+
+    /// What changed for `feed` since it last took; `generation` is the feed's.
+    pub fn take(&mut self, feed: FeedId) -> Changes {
+        let f = &mut self.feeds[feed.0];
+        let (keys, since, generation) = (std::mem::take(&mut f.keys), f.since.take(), f.generation);
         let objects = if keys.len() >= COMPACT_AFTER {
             // Many (a first sync: all): one ordered walk beside the map instead of a lookup
             // per key (a B-tree descent comparing names at every level, 200,000 of them at
@@ -253,9 +301,9 @@ impl Store {
                 .collect()
         };
         Changes {
-            generation: self.generation,
+            generation,
             objects,
-            since: self.since.take(),
+            since,
         }
     }
 }
@@ -293,6 +341,41 @@ impl SharedStore {
     /// See [`Store::take_changes`].
     pub fn take_changes(&self) -> Changes {
         self.lock().take_changes()
+    }
+
+    /// See [`Store::feed`].
+    pub fn feed(&self, kinds: &[Kind]) -> FeedId {
+        self.lock().feed(kinds)
+    }
+
+    /// See [`Store::take`].
+    pub fn take(&self, feed: FeedId) -> Changes {
+        self.lock().take(feed)
+    }
+
+    /// Waits until `feed`'s generation exceeds `seen` (a change of its kinds) or `timeout`
+    /// passes; returns the feed's generation. Other kinds' changes do not wake it.
+    pub fn wait_feed(&self, feed: FeedId, seen: u64, timeout: Duration) -> u64 {
+        let (m, cv) = &*self.inner;
+        let deadline = Instant::now() + timeout;
+        let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+        while s.feed_generation(feed) <= seen {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            s = cv
+                .wait_timeout(s, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        s.feed_generation(feed)
+    }
+
+    /// (the feed's generation, every object) now, without copying the maps: for a consumer
+    /// that reads the whole set but is woken only by its feed's kinds.
+    pub fn feed_snapshot(&self, feed: FeedId) -> (u64, Arc<Snapshot>) {
+        let s = self.lock();
+        (s.feed_generation(feed), s.shared_snapshot())
     }
 
     /// The current version of one object.

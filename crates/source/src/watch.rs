@@ -47,7 +47,7 @@ impl Drop for PollWatcher {
 }
 
 /// What the watcher reports besides objects (each standing error once, not every poll).
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub enum WatchEvent<'a> {
     /// An error that the previous scan did not have.
     Error(&'a ManifestError),

@@ -253,6 +253,44 @@ fn a_tracking_store_hands_out_each_changed_key_once_with_its_object_now() {
     assert!(c.objects[0].1.is_none());
 }
 
+/// Two consumers of one store (the one node agent's proxy and routes): each feed gets the
+/// changes of its own kinds, each once, whoever takes first; a feed's generation moves only
+/// with its kinds, so its consumer is not woken by the other's objects.
+#[test]
+fn each_feed_sees_its_own_kinds_once_and_is_woken_only_by_them() {
+    let store = SharedStore::new();
+    store.apply(Event::Applied(svc("a", "10.96.0.1")));
+    let services = store.feed(&[Kind::Service, Kind::EndpointSlice]);
+    let nodes = store.feed(&[Kind::Node]);
+    let first = store.take(services);
+    assert_eq!(first.objects.len(), 1, "a feed starts with what is there");
+    assert!(store.take(nodes).objects.is_empty());
+
+    let before = store.wait_feed(services, 0, Duration::ZERO);
+    store.apply(Event::Applied(node("n1")));
+    assert_eq!(
+        store.wait_feed(services, before, Duration::from_millis(20)),
+        before,
+        "a Node does not wake the Service feed"
+    );
+    let n = store.take(nodes);
+    assert_eq!(n.objects.len(), 1);
+    assert_eq!(n.generation, store.generation());
+    assert!(store.take(services).objects.is_empty());
+
+    store.apply(Event::Applied(svc("b", "10.96.0.2")));
+    assert!(store.wait_feed(services, before, Duration::from_secs(5)) > before);
+    let (generation, snapshot) = store.feed_snapshot(nodes);
+    assert_eq!(generation, n.generation, "the Node feed did not move");
+    assert_eq!(
+        snapshot.services.len(),
+        2,
+        "but its snapshot is the whole store"
+    );
+    assert_eq!(store.take(services).objects.len(), 1);
+    assert!(store.take(nodes).objects.is_empty());
+}
+
 /// The context switches of this process's thread named `comm` (Linux /proc).
 fn thread_switches(comm: &str) -> Option<u64> {
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {

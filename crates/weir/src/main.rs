@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+mod agent_cmd;
 mod conditions;
 mod dns_cmd;
 mod doctor_cmd;
@@ -11,6 +12,7 @@ mod manifest_view;
 mod policy_cmd;
 mod proxy_cmd;
 mod routes_cmd;
+mod runtime;
 mod trace_cmd;
 
 #[derive(Parser)]
@@ -46,6 +48,9 @@ static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 #[derive(Subcommand)]
 enum Command {
+    /// The one node agent: the service proxy, node routes and NetworkPolicy in one process
+    /// over one set of watches (`--parts` to choose).
+    Agent(Box<agent_cmd::AgentArgs>),
     /// A whole cluster simulated with network namespaces on this machine.
     #[cfg(feature = "lab")]
     Lab(lab_cmd::LabArgs),
@@ -98,6 +103,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         #[cfg(feature = "lab")]
         Command::Lab(args) => lab_cmd::run(args),
+        Command::Agent(args) => agent_cmd::run(*args),
         Command::Proxy(args) => proxy_cmd::run(*args),
         Command::Routes(args) => routes_cmd::run(args),
         Command::Dns(args) => dns_cmd::run(args),

@@ -312,12 +312,12 @@ fn args_in_pod(spec: &Value, c: &Value, root: &Path) -> Vec<String> {
 }
 
 #[test]
-fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
-    let proxy = container("proxy");
+fn the_agent_containers_flags_and_configuration_are_accepted_by_weir() {
+    let proxy = container("agent");
     assert_eq!(strings(&proxy["command"]), ["weir"]);
     let root = tempfile::tempdir().unwrap();
     let args = args_in(&proxy, root.path());
-    assert_eq!(args[0], "proxy");
+    assert_eq!(args[0], "agent");
     // The config file the args name is one of the ConfigMap's keys, mounted.
     let config = args
         .iter()
@@ -350,6 +350,7 @@ fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
         assert!(settings.contains("api: Some("), "{settings}");
     }
     for expected in [
+        "parts: proxy,routes,policy",
         "node_name: \"node-1\"",
         "mode: Nftables",
         "10.244.0.0/16",
@@ -372,7 +373,7 @@ fn the_proxy_containers_flags_and_configuration_are_accepted_by_weir() {
 fn validate_fails_on_a_configuration_weir_cannot_load() {
     // The same check with one wrong value: --validate is the loader, not a formality.
     let root = tempfile::tempdir().unwrap();
-    let args = args_in(&container("proxy"), root.path());
+    let args = args_in(&container("agent"), root.path());
     let config = args
         .iter()
         .find_map(|a| a.strip_prefix("--config="))
@@ -467,7 +468,8 @@ fn every_weir_container_parses_its_args_and_every_reference_resolves() {
             "{args:?} does not pass the node name"
         );
     }
-    assert_eq!(weir_containers, 3);
+    // One node agent: the proxy, routes and NetworkPolicy in one container.
+    assert_eq!(weir_containers, 1);
     // The same trick refuses a wrong flag (so the loop above can fail).
     let out = Command::new(common::WEIR)
         .args(["routes", "--backend=hostgw", "--help"])

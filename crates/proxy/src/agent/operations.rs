@@ -12,8 +12,8 @@ use weir_model::{Plan, PlanDiff, ServicePortKey};
 use super::SyncObserver;
 use crate::conntrack::{stale_udp_flows, Conntrack};
 use crate::health::{
-    health_check_services, HttpRuntime, ProxyHealth, ProxyServers, ServiceHealthServers,
-    ServiceName, SourceCheck,
+    health_check_services, HttpRuntime, OtherParts, ProxyHealth, ProxyServers,
+    ServiceHealthServers, ServiceName, SourceCheck,
 };
 use crate::metrics::ProxyMetrics;
 use crate::{SyncKind, SyncReport};
@@ -54,16 +54,26 @@ pub struct Operations {
 impl Operations {
     /// Starts the health and metrics servers in the current network namespace.
     pub fn start(settings: &OperationsSettings, mode: &str) -> std::io::Result<Self> {
+        Self::start_with(settings, mode, OtherParts::default())
+    }
+
+    /// [`Operations::start`] in the node agent: the servers answer for its `others` too.
+    pub fn start_with(
+        settings: &OperationsSettings,
+        mode: &str,
+        others: OtherParts,
+    ) -> std::io::Result<Self> {
         // kube-proxy's health timeout: twice the sync period.
         let health = Arc::new(ProxyHealth::new(2 * settings.sync_period));
         let metrics = Arc::new(ProxyMetrics::new(mode));
         let runtime = HttpRuntime::new()?;
-        let servers = ProxyServers::start(
+        let servers = ProxyServers::start_with(
             &runtime,
             settings.healthz,
             settings.metrics,
             health.clone(),
             metrics.clone(),
+            others,
         )?;
         let service_health = ServiceHealthServers::new(&runtime, Vec::new(), health.clone());
         Ok(Operations {

@@ -22,7 +22,7 @@ mod server;
 mod service;
 mod state;
 
-pub use server::ProxyServers;
+pub use server::{OtherParts, ProxyServers};
 pub use service::{health_check_services, OpenError, ServiceHealthServers, ServiceName};
 pub use state::{go_time, HealthStatus, ProxyHealth, SourceCheck};
 pub use weir_http::{HttpRuntime, MetricsServer, PathResponse, PathServer};

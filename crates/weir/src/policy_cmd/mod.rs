@@ -2,11 +2,10 @@
 //! policy controller's job), in nftables `table inet weir-policy`; and `weir policy cleanup`.
 //!
 //! The loop is `weir_policy::agent::PolicyLoop` with `weir_policy::kernel::NftBackend`; this
-//! module keeps the flags, starting the object source (`source.rs`), health and metrics
-//! (`metrics.rs`).
+//! module keeps the flags, the part as the agent runs it ([`PolicyPart`]), health and metrics
+//! (`metrics.rs`). The object source is the agent runtime's (`crate::runtime`).
 
 mod metrics;
-mod source;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,8 +23,9 @@ use weir_policy::backend::{Backend, Error};
 use weir_policy::kernel::NftBackend;
 
 use crate::proxy_cmd::parse_duration;
-use metrics::PolicyMetrics;
-use source::{Origin, SourceHealth, StoreSource};
+use crate::runtime::source::{LogOnly, Origin, RunningSource, SourceHealth, Wanted};
+use crate::runtime::views::{View, POLICY_KINDS};
+pub(crate) use metrics::PolicyMetrics;
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -81,7 +81,7 @@ pub struct PolicyFlags {
 
 /// What /healthz reads: a first sync done, the last one not failed, and the source current.
 #[derive(Default)]
-struct Health {
+pub(crate) struct Health {
     synced: AtomicBool,
     failing: AtomicBool,
 }
@@ -131,7 +131,7 @@ fn route(
     }
 }
 
-fn health_state(health: &Health, source: &SourceHealth) -> Result<(), String> {
+pub(crate) fn health_state(health: &Health, source: &SourceHealth) -> Result<(), String> {
     if !health.synced.load(Ordering::Acquire) {
         return Err(match source.check() {
             Err(why) => format!("no rules written yet: {why}"),
@@ -194,26 +194,6 @@ fn start_http(
     }))
 }
 
-fn origin(flags: &PolicyFlags) -> anyhow::Result<Origin> {
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty());
-    let use_api = flags.kubeconfig.is_some() || flags.master.is_some();
-    if let Some(dir) = flags.manifests.as_ref().filter(|_| !use_api) {
-        return Ok(Origin::Manifests {
-            dir: dir.clone(),
-            poll: flags.manifest_poll_interval,
-        });
-    }
-    anyhow::ensure!(
-        use_api || in_cluster,
-        "no object source: give --manifests DIR, or --kubeconfig / --master (in a pod the \
-         in-cluster service account is used)"
-    );
-    Ok(Origin::Api {
-        kubeconfig: flags.kubeconfig.clone(),
-        master: flags.master.clone(),
-    })
-}
-
 fn node_name(flags: &PolicyFlags) -> anyhow::Result<String> {
     match &flags.node_name {
         Some(n) => Ok(n.clone()),
@@ -221,6 +201,46 @@ fn node_name(flags: &PolicyFlags) -> anyhow::Result<String> {
             .context("host name")?
             .trim()
             .to_string()),
+    }
+}
+
+/// What the policy enforcer reads: Namespaces, Pods with their policy part, NetworkPolicies.
+pub(crate) fn wanted() -> Wanted {
+    Wanted {
+        kinds: POLICY_KINDS.to_vec(),
+        policy_pods: true,
+        ..Wanted::default()
+    }
+}
+
+/// The NetworkPolicy part as the agent runs it.
+pub(crate) struct PolicyPart {
+    pub settings: LoopSettings,
+    pub metrics: Arc<PolicyMetrics>,
+    pub health: Arc<Health>,
+}
+
+impl PolicyPart {
+    /// Runs the loop in this thread (so in its network namespace) until it fails.
+    pub fn run(self, view: View) -> anyhow::Result<ExitCode> {
+        info!(
+            node = %self.settings.node_name,
+            sync_period_s = self.settings.sync_period.as_secs_f64(),
+            min_sync_period_s = self.settings.min_sync_period.as_secs_f64(),
+            "enforcing NetworkPolicy in table inet weir-policy"
+        );
+        let reporting = Reporting {
+            metrics: self.metrics,
+            health: self.health,
+        };
+        PolicyLoop::new(
+            self.settings,
+            NftBackend::new(),
+            view,
+            SystemClock,
+            reporting,
+        )
+        .run()
     }
 }
 
@@ -237,26 +257,27 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         flags.sync_period > Duration::ZERO,
         "--sync-period must be above zero"
     );
-    let origin = origin(&flags)?;
-    let metrics = Arc::new(PolicyMetrics::new());
-    let health = Arc::new(Health::default());
-    let source = StoreSource::start(&origin).context("object source")?;
-    // Bound before the loop, in this thread's network namespace.
-    let _http = start_http(&flags, &health, source.health(), &metrics)?;
-    info!(
-        node = %node,
-        sync_period_s = flags.sync_period.as_secs_f64(),
-        min_sync_period_s = flags.min_sync_period.as_secs_f64(),
-        "enforcing NetworkPolicy in table inet weir-policy"
-    );
-    let settings = LoopSettings {
-        node_name: node,
-        sync_period: flags.sync_period,
-        min_sync_period: flags.min_sync_period,
+    let origin = Origin::choose(
+        flags.manifests.as_ref(),
+        flags.kubeconfig.as_ref(),
+        flags.master.as_ref(),
+        flags.manifest_poll_interval,
+    )?;
+    let source =
+        RunningSource::start(&origin, &wanted(), Arc::new(LogOnly)).context("object source")?;
+    let part = PolicyPart {
+        settings: LoopSettings {
+            node_name: node,
+            sync_period: flags.sync_period,
+            min_sync_period: flags.min_sync_period,
+        },
+        metrics: Arc::new(PolicyMetrics::new()),
+        health: Arc::new(Health::default()),
     };
-    let reporting = Reporting { metrics, health };
-    let policy_loop = PolicyLoop::new(settings, NftBackend::new(), source, SystemClock, reporting);
-    policy_loop.run()
+    // Bound before the loop, in this thread's network namespace.
+    let _http = start_http(&flags, &part.health, source.health(), &part.metrics)?;
+    let view = View::new(source.store(), &POLICY_KINDS, source.health());
+    part.run(view)
 }
 
 #[cfg(test)]

@@ -1,31 +1,40 @@
 //! `weir proxy`: the service proxy agent (kube-proxy's job) and `weir proxy cleanup`.
 //!
 //! The sync loop is `weir_proxy::agent`; this module keeps the flags and configuration file
-//! (`config`), starting the object source (`source`) and the wiring.
+//! (`config`) and the part as the agent runs it ([`ProxyPart`]). The object source is the
+//! agent runtime's (`crate::runtime`).
 
 mod config;
 mod host;
 mod kube_proxy;
-mod source;
 
+use std::convert::Infallible;
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::process::ExitCode;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use tracing::warn;
 use weir_model::ProxyConfig;
 use weir_proxy::agent::{LoopSettings, Operations, OperationsSettings, ProxyLoop, SystemClock};
+use weir_proxy::health::OtherParts;
 use weir_proxy::iptables::{BackendChoice, IptablesBackend, IptablesOptions};
 use weir_proxy::ipvs::{IpvsBackend, IpvsOptions};
+use weir_proxy::metrics::ProxyMetrics;
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::userspace::UserspaceBackend;
 use weir_proxy::Backend;
+use weir_source::api::{ApiReport, Selectors};
+use weir_source::WatchEvent;
 
-use config::Settings;
+pub(crate) use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 use kube_proxy::{Findings, Refused};
+
+use crate::runtime::source::{Origin, RunningSource, SourceReports, Wanted};
+use crate::runtime::views::{View, PROXY_KINDS};
 
 /// One glibc arena for the whole process instead of one per thread that allocates: the API
 /// source's thread builds the objects the main loop keeps, and a second arena held the
@@ -33,7 +42,7 @@ use kube_proxy::{Findings, Refused};
 /// the high-water mark 3.6 MiB lower with one). The threads seldom allocate at the same
 /// time (the store's lock orders them), so sharing one arena costs little. Must run before
 /// the threads start.
-fn use_one_malloc_arena() {
+pub(crate) fn use_one_malloc_arena() {
     // SAFETY: mallopt only changes glibc's allocator's tuning.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
@@ -65,37 +74,123 @@ fn proxy_config(s: &Settings) -> anyhow::Result<ProxyConfig> {
     })
 }
 
-/// The agent: health and metrics servers, the object source, and the sync loop on `backend`
-/// in this thread (so in this network namespace), until the process is killed.
-fn agent(settings: Settings, backend: Box<dyn Backend>) -> anyhow::Result<()> {
-    let operations = Operations::start(
-        &OperationsSettings {
-            healthz: settings.healthz_bind_address,
-            metrics: settings.metrics_bind_address,
-            sync_period: settings.sync_period,
-        },
-        backend.mode(),
-    )?;
-    let source = source::StoreSource::start(&settings, operations.metrics())?;
-    let loop_settings = LoopSettings {
-        node_name: settings.node_name.clone(),
-        sync_period: settings.sync_period,
-        full_sync_period: settings.full_sync_period,
-        min_sync_period: settings.min_sync_period,
-    };
-    let config = Box::new(move || proxy_config(&settings).map_err(|e| format!("{e:#}")));
-    let sync_loop = ProxyLoop::new(
-        loop_settings,
-        config,
-        backend,
-        source,
-        SystemClock,
-        operations,
-    );
-    match sync_loop.run() {
-        Ok(never) => match never {},
-        Err(e) => Err(e.into()),
+/// The source's reports in the proxy's metrics, once its metrics exist.
+#[derive(Default)]
+pub(crate) struct ProxyReports(OnceLock<Arc<ProxyMetrics>>);
+
+impl SourceReports for ProxyReports {
+    fn api(&self, r: &ApiReport) {
+        let Some(metrics) = self.0.get() else { return };
+        match r {
+            ApiReport::Listed { kind, objects } => metrics.source_listed(kind.as_str(), *objects),
+            ApiReport::Objects { kind, objects } => metrics.source_objects(kind.as_str(), *objects),
+            ApiReport::Failed { kind, .. } => metrics.source_watch_restarted(kind.as_str()),
+            ApiReport::Recovered { .. } | ApiReport::Compat { .. } => {}
+        }
     }
+
+    fn scanned(&self, ev: &WatchEvent<'_>) {
+        let Some(metrics) = self.0.get() else { return };
+        match ev {
+            WatchEvent::Error(_) => metrics.source_errors_changed(1),
+            WatchEvent::Resolved(_) => metrics.source_errors_changed(-1),
+            WatchEvent::Scanned { duration, failed } => metrics.source_scanned(*duration, *failed),
+        }
+    }
+}
+
+/// Where the proxy's settings say the objects are.
+pub(crate) fn origin(s: &Settings) -> Origin {
+    match &s.api {
+        Some(api) => Origin::Api {
+            kubeconfig: api.kubeconfig.clone(),
+            master: api.master.clone(),
+            watch_timeout: Some(api.watch_timeout),
+        },
+        None => Origin::Manifests {
+            dir: s.manifests.clone(),
+            poll: s.manifest_poll_interval,
+            max_file_bytes: Some(s.manifest_max_file_size),
+            state_dir: Some(s.state_dir.clone()),
+        },
+    }
+}
+
+/// What the proxy reads: kube-proxy's Services and EndpointSlices, and its own Node.
+pub(crate) fn wanted(s: &Settings) -> Wanted {
+    Wanted {
+        kinds: PROXY_KINDS.to_vec(),
+        only_node: Some(s.node_name.clone()),
+        selectors: Selectors::KubeProxy,
+        policy_pods: false,
+    }
+}
+
+/// The service proxy as the agent runs it.
+pub(crate) struct ProxyPart {
+    pub settings: Settings,
+    pub backend: Box<dyn Backend>,
+}
+
+impl ProxyPart {
+    /// Builds the backend the settings ask for (after the host settings are applied).
+    pub fn new(settings: Settings) -> anyhow::Result<Self> {
+        host::apply(&settings)?;
+        let backend = backend(
+            settings.mode,
+            &settings.ipvs,
+            settings.iptables_backend,
+            settings.masquerade_mark,
+        )?;
+        Ok(ProxyPart { settings, backend })
+    }
+
+    /// Health and metrics servers (answering for the agent's `others` too), then the sync
+    /// loop on `view` in this thread (so in this network namespace), until it fails.
+    pub fn run(
+        self,
+        view: View,
+        reports: &ProxyReports,
+        others: OtherParts,
+    ) -> anyhow::Result<Infallible> {
+        let ProxyPart { settings, backend } = self;
+        let operations = Operations::start_with(
+            &OperationsSettings {
+                healthz: settings.healthz_bind_address,
+                metrics: settings.metrics_bind_address,
+                sync_period: settings.sync_period,
+            },
+            backend.mode(),
+            others,
+        )?;
+        let _ = reports.0.set(operations.metrics().clone());
+        let loop_settings = LoopSettings {
+            node_name: settings.node_name.clone(),
+            sync_period: settings.sync_period,
+            full_sync_period: settings.full_sync_period,
+            min_sync_period: settings.min_sync_period,
+        };
+        let config = Box::new(move || proxy_config(&settings).map_err(|e| format!("{e:#}")));
+        let sync_loop = ProxyLoop::new(
+            loop_settings,
+            config,
+            backend,
+            view,
+            SystemClock,
+            operations,
+        );
+        Ok(sync_loop.run()?)
+    }
+}
+
+/// `weir proxy`: the agent runtime with the proxy part alone.
+fn agent(settings: Settings) -> anyhow::Result<()> {
+    let part = ProxyPart::new(settings)?;
+    let reports = Arc::new(ProxyReports::default());
+    let (origin, wanted) = (origin(&part.settings), wanted(&part.settings));
+    let source = RunningSource::start(&origin, &wanted, reports.clone())?;
+    let view = View::new(source.store(), &PROXY_KINDS, source.health());
+    match part.run(view, &reports, OtherParts::default())? {}
 }
 
 #[derive(Debug, Args)]
@@ -209,7 +304,8 @@ pub fn kube_proxy_spelling(args: Vec<OsString>) -> Vec<OsString> {
             Some("--log-format") => i += 2,
             Some(a) if a.starts_with('-') => i += 1,
             Some(a) => {
-                sub = Some((i, a == "proxy"));
+                // `weir agent` takes the proxy's flags too.
+                sub = Some((i, a == "proxy" || a == "agent"));
                 break;
             }
             None => break,
@@ -248,15 +344,19 @@ pub fn kube_proxy_spelling(args: Vec<OsString>) -> Vec<OsString> {
 
 pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     use_one_malloc_arena();
-    match run_checked(args) {
-        Err(e) if e.downcast_ref::<Refused>().is_some() => {
-            for line in e.to_string().lines() {
-                eprintln!("weir proxy: {line}");
-            }
-            Ok(ExitCode::from(2))
-        }
-        other => other,
+    run_checked(args).or_else(|e| refused_exit(e, "weir proxy"))
+}
+
+/// A refused flag or field (kube-proxy's, which weir does not do) ends the command with exit
+/// code 2 and every reason on stderr; other errors pass through.
+pub(crate) fn refused_exit(e: anyhow::Error, command: &str) -> anyhow::Result<ExitCode> {
+    if e.downcast_ref::<Refused>().is_none() {
+        return Err(e);
     }
+    for line in e.to_string().lines() {
+        eprintln!("{command}: {line}");
+    }
+    Ok(ExitCode::from(2))
 }
 
 fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {
@@ -304,14 +404,7 @@ fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             for n in notices {
                 warn!("{n}");
             }
-            host::apply(&settings)?;
-            let backend = backend(
-                settings.mode,
-                &settings.ipvs,
-                settings.iptables_backend,
-                settings.masquerade_mark,
-            )?;
-            agent(settings, backend)?;
+            agent(settings)?;
             Ok(ExitCode::SUCCESS)
         }
     }

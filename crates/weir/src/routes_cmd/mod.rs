@@ -15,6 +15,7 @@ mod publish;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,34 +24,26 @@ use clap::{Args, Subcommand, ValueEnum};
 use tracing::info;
 use weir_http::{HttpRuntime, MetricsServer};
 use weir_kernel::Rtnl;
-use weir_model::Snapshot;
 use weir_routes::agent::{Kernel, LoopSettings, NodeView, RoutesLoop, RoutesObserver};
 use weir_routes::annotations::DEFAULT_PREFIX;
 use weir_routes::kernel::{cleanup, Reconciled};
 use weir_routes::plan::{DEFAULT_PORT, DEFAULT_VNI};
 use weir_routes::{Backend, Config, VxlanConfig};
-use weir_source::api::{patch_node_annotations, start_api_source, ApiOptions, ApiSource};
-use weir_source::{watch_dir, Event, Kind, ManifestDir, SharedStore};
+use weir_source::api::{patch_node_annotations, ApiOptions};
+use weir_source::{Event, ManifestDir, SharedStore};
+
+pub(crate) use metrics::RoutesMetrics;
 
 use crate::proxy_cmd::parse_duration;
-
-/// The store as the loop sees it.
-struct StoreView(SharedStore);
-
-impl NodeView for StoreView {
-    fn snapshot(&self) -> (u64, Snapshot) {
-        self.0.snapshot()
-    }
-    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<u64> {
-        self.0.wait_newer(seen, timeout).map(|(g, _)| g)
-    }
-}
+use crate::runtime::source::{wait_ready, LogOnly, Origin, RunningSource, SourceHealth, Wanted};
+use crate::runtime::views::{View, ROUTES_KINDS};
 
 /// After each reconciliation: the patch, status and MTU files (and the Node, from the API),
-/// and the metrics.
-struct Reporting {
+/// the metrics and the health state.
+pub(crate) struct Reporting {
     publisher: publish::Publisher,
-    metrics: Arc<metrics::RoutesMetrics>,
+    metrics: Arc<RoutesMetrics>,
+    health: Arc<RoutesHealth>,
 }
 
 impl RoutesObserver for Reporting {
@@ -59,11 +52,35 @@ impl RoutesObserver for Reporting {
     fn reconciled(&mut self, r: &Reconciled) -> anyhow::Result<()> {
         self.publisher.report(&r.desired)?;
         self.metrics.reconciled(&r.desired, !r.failed.is_empty());
+        self.health.reconciled.store(true, Ordering::Release);
+        self.health
+            .failing
+            .store(!r.failed.is_empty(), Ordering::Release);
         Ok(())
     }
 
     fn failed(&mut self, _error: &weir_routes::kernel::Error) {
         self.metrics.failed();
+        self.health.failing.store(true, Ordering::Release);
+    }
+}
+
+/// The node routes part's state, as the agent's `/healthz` reports it.
+#[derive(Default)]
+pub(crate) struct RoutesHealth {
+    reconciled: AtomicBool,
+    failing: AtomicBool,
+}
+
+impl RoutesHealth {
+    pub fn state(&self) -> Result<(), String> {
+        if !self.reconciled.load(Ordering::Acquire) {
+            return Err("no routes reconciled yet".into());
+        }
+        if self.failing.load(Ordering::Acquire) {
+            return Err("the last reconciliation failed (see the log)".into());
+        }
+        Ok(())
     }
 }
 
@@ -103,6 +120,22 @@ pub struct RoutesFlags {
     /// This node's name (default: the host name).
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    #[command(flatten)]
+    options: RoutesOptions,
+    /// How often the manifest directory is checked for changes.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
+    manifest_poll_interval: Duration,
+    /// Reconcile once and exit (non-zero if any operation failed).
+    #[arg(long)]
+    once: bool,
+    /// Serve `/metrics` (routed and refused nodes, failures) here; off when not given.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_bind_address: Option<std::net::SocketAddr>,
+}
+
+/// What node routes do, the same flags in `weir routes` and `weir agent`.
+#[derive(Debug, Clone, Args)]
+pub struct RoutesOptions {
     /// How pod traffic reaches other nodes: host-gw (a route via each node's address; the
     /// nodes share one L2 network) or vxlan (an overlay device, any underlay).
     #[arg(long, value_enum, default_value = "vxlan")]
@@ -129,107 +162,125 @@ pub struct RoutesFlags {
     /// conflist sets no `mtu`; removed under host-gw (pods keep the underlay's MTU).
     #[arg(long, value_name = "FILE", default_value = weir_routes::MTU_FILE)]
     mtu_file: PathBuf,
-    /// How often the manifest directory is checked for changes.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
-    manifest_poll_interval: Duration,
     /// Periodic full reconciliation (repairs entries changed behind weir's back).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     resync_period: Duration,
-    /// Reconcile once and exit (non-zero if any operation failed).
-    #[arg(long)]
-    once: bool,
-    /// Serve `/metrics` (routed and refused nodes, failures) here; off when not given.
-    #[arg(long, value_name = "ADDR:PORT")]
-    metrics_bind_address: Option<std::net::SocketAddr>,
 }
 
-fn config(flags: &RoutesFlags) -> anyhow::Result<Config> {
-    let node_name = match &flags.node_name {
-        Some(n) => n.clone(),
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .context("host name")?
-            .trim()
-            .to_string(),
-    };
-    let backend = match flags.backend {
+fn host_name() -> anyhow::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("host name")?
+        .trim()
+        .to_string())
+}
+
+fn config(node_name: &str, opts: &RoutesOptions) -> anyhow::Result<Config> {
+    let backend = match opts.backend {
         BackendName::HostGw => Backend::HostGw,
         BackendName::Vxlan => {
             anyhow::ensure!(
-                flags.vni > 0 && flags.vni < 1 << 24,
+                opts.vni > 0 && opts.vni < 1 << 24,
                 "--vni {} is outside 1..16777215",
-                flags.vni
+                opts.vni
             );
-            Backend::Vxlan(VxlanConfig::new(flags.vni, flags.port))
+            Backend::Vxlan(VxlanConfig::new(opts.vni, opts.port))
         }
     };
-    let mut cfg = Config::new(&node_name, backend);
-    cfg.annotation_prefix = flags.annotation_prefix.clone();
+    let mut cfg = Config::new(node_name, backend);
+    cfg.annotation_prefix = opts.annotation_prefix.clone();
     Ok(cfg)
 }
 
-/// Where Nodes come from, running for as long as it is held.
-enum NodeSource {
-    Manifests {
-        _watcher: Option<weir_source::PollWatcher>,
-    },
-    Api {
-        _source: ApiSource,
-        /// Where the API is: node routes publish this node's VTEP on its Node there.
-        options: ApiOptions,
-    },
+/// Checks the options as the part will read them (`--vni` in range).
+pub(crate) fn check(node_name: &str, opts: &RoutesOptions) -> anyhow::Result<()> {
+    config(node_name, opts).map(|_| ())
 }
 
-/// Starts the Node source and returns once the store holds one complete view: nothing is
-/// reconciled from a partial world (an empty one would remove every route).
-fn start_source(flags: &RoutesFlags, store: &SharedStore) -> anyhow::Result<NodeSource> {
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty());
-    let use_api = flags.kubeconfig.is_some() || flags.master.is_some();
-    if let Some(manifests) = flags.manifests.as_ref().filter(|_| !use_api) {
-        let mut dir = ManifestDir::new(manifests);
-        crate::manifest_view::wait_for_complete_view(
-            &mut dir,
-            flags.manifest_poll_interval,
-            flags.once,
-        )?;
-        store.apply(Event::Resync(dir.objects()));
-        let watcher = (!flags.once).then(|| {
-            watch_dir(
-                dir,
-                flags.manifest_poll_interval,
-                store.clone(),
-                crate::manifest_view::log_watch_event,
-            )
-        });
-        return Ok(NodeSource::Manifests { _watcher: watcher });
+/// The node routes part as the agent runs it: its loop over `view`, reporting to `metrics`
+/// and `health`; `api`: where to publish this node's annotations on its Node.
+pub(crate) struct RoutesPart {
+    pub node_name: String,
+    pub options: RoutesOptions,
+    pub api: Option<ApiOptions>,
+    pub metrics: Arc<RoutesMetrics>,
+    pub health: Arc<RoutesHealth>,
+}
+
+impl RoutesPart {
+    /// Runs the loop in this thread until it fails.
+    pub fn run<V: NodeView>(self, view: V) -> anyhow::Result<std::convert::Infallible> {
+        let routes = self.routes_loop(view)?;
+        routes.run()
     }
-    anyhow::ensure!(
-        use_api || in_cluster,
-        "no Node source: give --manifests DIR, or --kubeconfig / --master (in a pod the \
-         in-cluster service account is used)"
-    );
-    let opts = ApiOptions {
-        kubeconfig: flags.kubeconfig.clone(),
-        master: flags.master.clone(),
-        kinds: vec![Kind::Node],
-        ..Default::default()
+
+    fn routes_loop<V: NodeView>(self, view: V) -> anyhow::Result<RoutesLoop<Kernel, V, Reporting>> {
+        let cfg = config(&self.node_name, &self.options)?;
+        let rtnl = Rtnl::new().context("open rtnetlink")?;
+        let opts = &self.options;
+        let mut publisher = publish::Publisher::new(
+            &cfg,
+            opts.publish.clone(),
+            opts.status.clone(),
+            opts.mtu_file.clone(),
+        );
+        if let Some(api) = self.api.clone() {
+            let node = cfg.node_name.clone();
+            publisher = publisher.patch_node_with(Box::new(move |annotations| {
+                Ok(patch_node_annotations(&api, &node, annotations)?)
+            }));
+        }
+        let settings = LoopSettings {
+            config: cfg,
+            iface: opts.iface.clone(),
+            resync_period: opts.resync_period,
+        };
+        let reporting = Reporting {
+            publisher,
+            metrics: self.metrics,
+            health: self.health,
+        };
+        Ok(RoutesLoop::new(settings, Kernel(rtnl), view, reporting))
+    }
+}
+
+/// `--once`: one reconciliation from one complete view, without watching.
+fn once(origin: &Origin, part: RoutesPart) -> anyhow::Result<ExitCode> {
+    let (store, health, _running) = match origin {
+        Origin::Manifests { dir, poll, .. } => {
+            // An unreadable directory is an error here, not a wait.
+            let mut dir = ManifestDir::new(dir);
+            crate::manifest_view::wait_for_complete_view(&mut dir, *poll, true)?;
+            let store = SharedStore::new();
+            store.apply(Event::Resync(dir.objects()));
+            (store, SourceHealth::ReadOnce, None)
+        }
+        Origin::Api { .. } => {
+            let source = RunningSource::start(origin, &wanted(), Arc::new(LogOnly))?;
+            wait_ready(&source.health());
+            (source.store().clone(), source.health(), Some(source))
+        }
     };
-    let source = start_api_source(
-        opts.clone(),
-        store.clone(),
-        crate::manifest_view::log_api_report,
-    )
-    .context("Kubernetes API source")?;
-    crate::manifest_view::wait_for_api_lists(&source);
-    Ok(NodeSource::Api {
-        _source: source,
-        options: opts,
+    let view = View::new(&store, &ROUTES_KINDS, health);
+    let failed = part.routes_loop(view)?.reconcile()?;
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     })
+}
+
+/// What node routes read: every Node.
+pub(crate) fn wanted() -> Wanted {
+    Wanted {
+        kinds: ROUTES_KINDS.to_vec(),
+        ..Wanted::default()
+    }
 }
 
 pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
     crate::init_logging();
-    let mut rtnl = Rtnl::new().context("open rtnetlink")?;
     if let Some(RoutesCommand::Cleanup) = args.command {
+        let mut rtnl = Rtnl::new().context("open rtnetlink")?;
         let cleaned = cleanup(&mut rtnl)?;
         eprintln!(
             "weir routes cleanup: {} routes, devices {:?} removed",
@@ -245,48 +296,37 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         });
     }
     let flags = args.flags;
-    let cfg = config(&flags)?;
-
-    let store = SharedStore::new();
-    let source = start_source(&flags, &store)?;
-
-    let mut publisher = publish::Publisher::new(
-        &cfg,
-        flags.publish.clone(),
-        flags.status.clone(),
-        flags.mtu_file.clone(),
-    );
-    if let NodeSource::Api { options, .. } = &source {
-        let (options, node) = (options.clone(), cfg.node_name.clone());
-        publisher = publisher.patch_node_with(Box::new(move |annotations| {
-            Ok(patch_node_annotations(&options, &node, annotations)?)
-        }));
+    let origin = Origin::choose(
+        flags.manifests.as_ref(),
+        flags.kubeconfig.as_ref(),
+        flags.master.as_ref(),
+        flags.manifest_poll_interval,
+    )?;
+    let part = RoutesPart {
+        node_name: flags.node_name.clone().map_or_else(host_name, Ok)?,
+        options: flags.options.clone(),
+        api: origin.api_options(),
+        metrics: Arc::new(RoutesMetrics::new()),
+        health: Arc::new(RoutesHealth::default()),
+    };
+    if flags.once {
+        return once(&origin, part);
     }
-    let metrics = Arc::new(metrics::RoutesMetrics::new());
+    let source =
+        RunningSource::start(&origin, &wanted(), Arc::new(LogOnly)).context("object source")?;
     // Bound before the loop: the listener opens in this thread's network namespace.
     let _metrics_server = match flags.metrics_bind_address {
         Some(addr) => {
             let rt = HttpRuntime::new().context("metrics runtime")?;
-            let m = metrics.clone();
+            let m = part.metrics.clone();
             let server = MetricsServer::start(&rt, addr, move || m.encode())?;
             info!(addr = %server.addr(), "serving /metrics");
             Some((server, rt))
         }
         None => None,
     };
-    let settings = LoopSettings {
-        config: cfg,
-        iface: flags.iface.clone(),
-        resync_period: flags.resync_period,
-    };
-    let reporting = Reporting { publisher, metrics };
-    let mut routes = RoutesLoop::new(settings, Kernel(rtnl), StoreView(store), reporting);
-    if flags.once {
-        return Ok(if routes.reconcile()? {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        });
-    }
-    match routes.run()? {}
+    // Nothing is reconciled from a partial world (an empty one would remove every route).
+    wait_ready(&source.health());
+    let view = View::new(source.store(), &ROUTES_KINDS, source.health());
+    match part.run(view)? {}
 }

@@ -26,6 +26,8 @@ pub struct Agent {
     pub wrapper: Vec<String>,
     /// Pass `--manifests <dir>` (false when the test gives another source, e.g. `--master`).
     pub use_manifests: bool,
+    /// The subcommand: `proxy`, or `agent` (the one node agent takes the proxy's flags).
+    pub command: &'static str,
     child: Option<Child>,
     /// The echo server standing in for every pod (see [`Agent::serve_pods`]).
     pods: Option<Child>,
@@ -65,6 +67,7 @@ impl Agent {
             args: Vec::new(),
             wrapper: Vec::new(),
             use_manifests: true,
+            command: "proxy",
             child: None,
             pods: None,
         };
@@ -103,7 +106,7 @@ impl Agent {
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
             .args(&self.wrapper)
-            .args([WEIR, "proxy", "--proxy-mode", self.mode])
+            .args([WEIR, self.command, "--proxy-mode", self.mode])
             .args(source)
             .arg("--state-dir")
             .arg(self.dir.path().join("state"))

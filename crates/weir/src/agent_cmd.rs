@@ -1,0 +1,252 @@
+//! `weir agent`: the one node agent. The service proxy, node routes and the NetworkPolicy
+//! enforcer run in one process over one store fed by one set of watches (or one manifest
+//! directory): each kind is listed and watched once per node, whatever parts are enabled.
+//!
+//! Each part keeps its own loop on its own thread, its own health state and its own
+//! metrics namespace (kube-proxy's `kubeproxy_*`, `weir_routes_*`, `weir_policy_*`). A part
+//! whose loop fails is reported unhealthy by name on `/healthz`; the others go on. The flags
+//! are `weir proxy`'s (kube-proxy's, with `--config`) and `weir routes`'s; the policy part
+//! takes the proxy's `--sync-period` and `--min-sync-period`.
+
+use std::process::ExitCode;
+use std::sync::{mpsc, Arc};
+
+use clap::{Args, ValueEnum};
+use tracing::{error, info, warn};
+use weir_policy::agent::LoopSettings as PolicyLoopSettings;
+
+use crate::policy_cmd::{self, Health as PolicyHealth, PolicyMetrics, PolicyPart};
+use crate::proxy_cmd::{self, ProxyFlags, ProxyPart, ProxyReports, Settings};
+use crate::routes_cmd::{self, RoutesHealth, RoutesMetrics, RoutesOptions, RoutesPart};
+use crate::runtime::parts::{self, Parts};
+use crate::runtime::source::{wait_ready, RunningSource, SourceHealth, Wanted};
+use crate::runtime::views::{View, POLICY_KINDS, PROXY_KINDS, ROUTES_KINDS};
+
+/// A part of the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Part {
+    /// The service proxy (kube-proxy's job).
+    Proxy,
+    /// Routes to the other nodes' pods (flanneld's job).
+    Routes,
+    /// NetworkPolicy for this node's pods.
+    Policy,
+}
+
+impl Part {
+    fn name(self) -> &'static str {
+        match self {
+            Part::Proxy => "proxy",
+            Part::Routes => "routes",
+            Part::Policy => "policy",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(
+    // pflag's rule, as `weir proxy`: a flag given twice takes the last value.
+    args_override_self = true,
+    after_help = "The proxy's flags are kube-proxy's (docs/proxy.md); the routes flags are \
+                  `weir routes`'s; the policy part takes --sync-period and --min-sync-period."
+)]
+pub struct AgentArgs {
+    /// The parts to run, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "proxy,routes,policy"
+    )]
+    parts: Vec<Part>,
+    /// Read the flags and --config as `weir proxy --validate` does, print the parts and the
+    /// settings the agent would run with, and exit without touching anything.
+    #[arg(long)]
+    validate: bool,
+    #[command(flatten)]
+    proxy: ProxyFlags,
+    #[command(flatten, next_help_heading = "Node routes (weir routes's flags)")]
+    routes: RoutesOptions,
+}
+
+/// A part's loop ended: its name and why.
+type Ended = (&'static str, String);
+
+pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
+    proxy_cmd::use_one_malloc_arena();
+    let mut notices = Vec::new();
+    let settings = match args.proxy.settings(&mut |n| notices.push(n)) {
+        Ok(s) => s,
+        Err(e) => return proxy_cmd::refused_exit(e, "weir agent"),
+    };
+    let mut enabled = args.parts.clone();
+    enabled.sort();
+    enabled.dedup();
+    anyhow::ensure!(!enabled.is_empty(), "--parts names no part");
+    let names: Vec<&str> = enabled.iter().map(|p| p.name()).collect();
+    if enabled.contains(&Part::Routes) {
+        routes_cmd::check(&settings.node_name, &args.routes)?;
+    }
+    if args.validate {
+        for n in notices {
+            println!("notice: {n}");
+        }
+        println!("parts: {}", names.join(","));
+        println!("{settings:#?}");
+        println!("{:#?}", args.routes);
+        return Ok(ExitCode::SUCCESS);
+    }
+    crate::init_logging_with(settings.log.format, settings.log.filter());
+    for n in notices {
+        warn!("{n}");
+    }
+
+    let mut wanted = Wanted::default();
+    for part in &enabled {
+        wanted.add(match part {
+            Part::Proxy => proxy_cmd::wanted(&settings),
+            Part::Routes => routes_cmd::wanted(),
+            Part::Policy => policy_cmd::wanted(),
+        });
+    }
+    let origin = proxy_cmd::origin(&settings);
+    let reports = Arc::new(ProxyReports::default());
+    let source = RunningSource::start(&origin, &wanted, reports.clone())?;
+    info!(parts = names.join(","), node = %settings.node_name, "node agent starting");
+
+    let (ended_tx, ended) = mpsc::channel::<Ended>();
+    let mut parts = Parts::default();
+    let mut starts: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
+    if enabled.contains(&Part::Routes) {
+        starts.push(routes_part(
+            &settings,
+            &args.routes,
+            &origin,
+            &source,
+            &mut parts,
+            &ended_tx,
+        ));
+    }
+    if enabled.contains(&Part::Policy) {
+        starts.push(policy_part(&settings, &source, &mut parts, &ended_tx));
+    }
+    let parts = Arc::new(parts);
+    // Without the proxy, whose servers answer for every part, the agent serves its own.
+    let _served = if enabled.contains(&Part::Proxy) {
+        let part = ProxyPart::new(settings.clone())?;
+        let view = View::new(source.store(), &PROXY_KINDS, source.health());
+        let (others, tx) = (parts.for_proxy(), ended_tx.clone());
+        starts.push(Box::new(move || {
+            let result = part.run(view, &reports, others);
+            let _ = tx.send(("proxy", why_ended(result.map(|never| match never {}))));
+        }));
+        None
+    } else {
+        let (healthz, metrics) = (settings.healthz_bind_address, settings.metrics_bind_address);
+        Some(parts::serve(&parts, healthz, metrics)?)
+    };
+    drop(ended_tx);
+    let threads: Vec<_> = starts
+        .into_iter()
+        .enumerate()
+        .map(|(i, start)| {
+            std::thread::Builder::new()
+                .name(format!("weir-part-{i}"))
+                .spawn(start)
+        })
+        .collect::<Result<_, _>>()?;
+    watch_parts(&parts, &ended, enabled.len());
+    drop(threads);
+    anyhow::bail!("every part of the agent stopped")
+}
+
+/// Waits for parts to end: each is logged and reported unhealthy while the others go on.
+/// Returns when every part has ended.
+fn watch_parts(parts: &Parts, ended: &mpsc::Receiver<Ended>, running: usize) {
+    for (n, (name, why)) in ended.iter().enumerate() {
+        error!(part = name, "stopped: {why}; the other parts go on");
+        parts.stopped(name, why);
+        if n + 1 == running {
+            return;
+        }
+    }
+}
+
+/// A part's loop result as the reason it ended.
+fn why_ended(result: anyhow::Result<()>) -> String {
+    match result {
+        Ok(()) => "its loop returned".into(),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+/// The routes part: registered with the agent's health and metrics, started on its thread
+/// once the source holds a complete view (an empty world would remove every route).
+fn routes_part(
+    settings: &Settings,
+    options: &RoutesOptions,
+    origin: &crate::runtime::source::Origin,
+    source: &RunningSource,
+    parts: &mut Parts,
+    ended_tx: &mpsc::Sender<Ended>,
+) -> Box<dyn FnOnce() + Send> {
+    let (metrics, health) = (
+        Arc::new(RoutesMetrics::new()),
+        Arc::new(RoutesHealth::default()),
+    );
+    let (h, s, m) = (health.clone(), source.health(), metrics.clone());
+    parts.add(
+        "routes",
+        move || h.state().and(s.check()),
+        move || m.encode(),
+    );
+    let part = RoutesPart {
+        node_name: settings.node_name.clone(),
+        options: options.clone(),
+        api: origin.api_options(),
+        metrics,
+        health,
+    };
+    let view = View::new(source.store(), &ROUTES_KINDS, source.health());
+    let (source_health, tx) = (source.health(), ended_tx.clone());
+    Box::new(move || {
+        wait_ready(&source_health);
+        let result = part.run(view).map(|never| match never {});
+        let _ = tx.send(("routes", why_ended(result)));
+    })
+}
+
+/// The NetworkPolicy part: registered with the agent's health and metrics, started on its
+/// thread (its loop waits for the complete first view itself).
+fn policy_part(
+    settings: &Settings,
+    source: &RunningSource,
+    parts: &mut Parts,
+    ended_tx: &mpsc::Sender<Ended>,
+) -> Box<dyn FnOnce() + Send> {
+    let (metrics, health) = (
+        Arc::new(PolicyMetrics::new()),
+        Arc::new(PolicyHealth::default()),
+    );
+    let (h, s, m): (_, SourceHealth, _) = (health.clone(), source.health(), metrics.clone());
+    parts.add(
+        "policy",
+        move || policy_cmd::health_state(&h, &s),
+        move || m.encode(),
+    );
+    let part = PolicyPart {
+        settings: PolicyLoopSettings {
+            node_name: settings.node_name.clone(),
+            sync_period: settings.sync_period,
+            min_sync_period: settings.min_sync_period,
+        },
+        metrics,
+        health,
+    };
+    let view = View::new(source.store(), &POLICY_KINDS, source.health());
+    let tx = ended_tx.clone();
+    Box::new(move || {
+        let result = part.run(view).map(|_| ());
+        let _ = tx.send(("policy", why_ended(result)));
+    })
+}
