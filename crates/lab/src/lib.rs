@@ -25,7 +25,9 @@ pub mod links;
 pub mod manifests;
 pub mod matrix;
 pub mod names;
+pub mod netpol;
 pub mod ns;
+pub mod policy_spec;
 pub mod process;
 pub mod proxy;
 pub mod routes;
@@ -40,5 +42,5 @@ pub use state::{state_root, LabState};
 pub use timeout::startup_timeout;
 pub use topology::{
     CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY,
-    DUAL_STACK_TOPOLOGY, ENI_TOPOLOGY, VXLAN_TOPOLOGY,
+    DUAL_STACK_TOPOLOGY, ENI_TOPOLOGY, POLICY_ENI_TOPOLOGY, POLICY_TOPOLOGY, VXLAN_TOPOLOGY,
 };

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr::{dns_cluster_ip, nth_host, take_ip};
 use crate::dualstack::Ipv6;
+use crate::policy_spec::{self, PodMeta};
 
 /// The two-node topology `weir lab demo` uses.
 pub const DEFAULT_TOPOLOGY: &str = "\
@@ -208,6 +209,14 @@ services:
     port: 80
     backends: []
 ";
+
+/// The NetworkPolicy lab `weir lab demo --topology policy` uses: bridge mode, pods in three
+/// namespaces on two nodes, a default deny, a podSelector+namespaceSelector allow, an ipBlock
+/// with an except and an egress policy ([`crate::netpol`] computes every row's expectation).
+pub const POLICY_TOPOLOGY: &str = include_str!("../topologies/policy.yaml");
+
+/// The same lab in eni-shared mode (`weir lab demo --topology policy-eni`).
+pub const POLICY_ENI_TOPOLOGY: &str = include_str!("../topologies/policy-eni.yaml");
 
 /// How nodes reach each other's pods: the backend of the `weir routes` agent every node runs
 /// (bridge network only; in an eni network the VPC router delivers pod addresses).
@@ -428,6 +437,29 @@ pub struct Topology {
     pub nodes: Vec<Node>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<Service>,
+    /// NetworkPolicy ([`crate::policy_spec`]): the labels of the lab's namespaces (`default`
+    /// needs no entry).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Each pod's namespace and labels (default: namespace `default`, no labels).
+    #[serde(
+        rename = "podMetadata",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub pod_metadata: BTreeMap<String, PodMeta>,
+    /// NetworkPolicy objects (`networking.k8s.io/v1`, as `kubectl apply` takes them). Any:
+    /// the lab writes Namespaces, Pods and these, and runs `weir policy` on every node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<serde_json::Value>,
+    /// More addresses of the outside world (on its `lo`), which the policy rows probe
+    /// NodePorts from too (an `ipBlock` `except`); a topology with policies only.
+    #[serde(
+        rename = "outsideAddresses",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub outside_addresses: Vec<Ipv4Addr>,
 }
 
 /// The lab's cluster DNS (`dns:`): `false` (none), `true` or `cluster-ip` (pods' resolv.conf
@@ -699,6 +731,16 @@ impl Topology {
         Self::parse(DUAL_STACK_TOPOLOGY).expect("the embedded dual-stack topology is valid")
     }
 
+    /// The embedded NetworkPolicy topology (bridge mode).
+    pub fn policy_demo() -> Self {
+        Self::parse(POLICY_TOPOLOGY).expect("the embedded policy topology is valid")
+    }
+
+    /// The embedded NetworkPolicy topology in eni-shared mode.
+    pub fn policy_eni_demo() -> Self {
+        Self::parse(POLICY_ENI_TOPOLOGY).expect("the embedded policy-eni topology is valid")
+    }
+
     /// A node's IPv6 podCIDR (dual-stack labs).
     pub fn pod_cidr6(&self, node: &Node) -> Option<ipnet::Ipv6Net> {
         self.ipv6
@@ -939,6 +981,7 @@ impl Topology {
         }
         self.validate_ipv6()?;
         self.validate_services(&pod_names)?;
+        self.validate_policy(&pod_names)?;
         self.allocate()?;
         if self.dns.on() && self.proxy.mode().is_none() {
             return Err(err(
@@ -969,6 +1012,59 @@ impl Topology {
             }
         }
         Ok(())
+    }
+
+    fn validate_policy(&self, pods: &BTreeSet<String>) -> Result<(), TopologyError> {
+        policy_spec::validate(&policy_spec::Parts {
+            namespaces: &self.namespaces,
+            pod_metadata: &self.pod_metadata,
+            policies: &self.policies,
+            outside_addresses: &self.outside_addresses,
+            pods,
+        })
+        .map_err(|(f, m)| err(f, m))?;
+        for (i, a) in self.outside_addresses.iter().enumerate() {
+            let taken = [
+                self.cluster_cidr,
+                self.underlay,
+                self.service_cidr,
+                self.lb_cidr,
+            ]
+            .iter()
+            .any(|n| n.contains(a));
+            if taken || *a == self.outside {
+                return Err(err(
+                    format!("outsideAddresses[{i}]"),
+                    format!(
+                        "{a} must be outside clusterCIDR, underlay, serviceCIDR and \
+                         loadBalancerCIDR, and not `outside` itself"
+                    ),
+                ));
+            }
+        }
+        if self.enforces_policy() && self.ipv6.is_some() {
+            return Err(err(
+                "policies",
+                "the policy rows are IPv4 only: remove ipv6 or the policies",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the lab enforces NetworkPolicy (its topology has policies).
+    pub fn enforces_policy(&self) -> bool {
+        !self.policies.is_empty()
+    }
+
+    /// A pod's namespace and labels (`podMetadata`, else namespace `default` and none).
+    pub fn pod_meta(&self, pod: &str) -> PodMeta {
+        self.pod_metadata
+            .get(pod)
+            .cloned()
+            .unwrap_or_else(|| PodMeta {
+                namespace: policy_spec::DEFAULT_NAMESPACE.into(),
+                labels: BTreeMap::new(),
+            })
     }
 
     fn validate_services(&self, pods: &BTreeSet<String>) -> Result<(), TopologyError> {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use weir_lab::lab::{self, Binaries};
-use weir_lab::{eni, matrix, services, state_root, CniKind, Network, ProxyKind, Topology};
+use weir_lab::{eni, matrix, netpol, services, state_root, CniKind, Network, ProxyKind, Topology};
 
 #[derive(clap::Args)]
 pub struct LabArgs {
@@ -37,6 +37,12 @@ enum TopologyArg {
     /// NodePorts beside the IPv4 ones, and every probe in both families
     /// (weir_lab::DUAL_STACK_TOPOLOGY).
     DualStack,
+    /// NetworkPolicy: pods in three namespaces on two nodes, policies, `weir policy` on
+    /// every node; each matrix row's expectation from weir-policy's oracle (bridge mode,
+    /// weir_lab::POLICY_TOPOLOGY).
+    Policy,
+    /// The same policy lab in eni-shared mode (weir_lab::POLICY_ENI_TOPOLOGY).
+    PolicyEni,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -393,6 +399,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 TopologyArg::Eni => Topology::eni_demo(),
                 TopologyArg::Vxlan => Topology::vxlan_demo(),
                 TopologyArg::DualStack => Topology::dual_stack_demo(),
+                TopologyArg::Policy => Topology::policy_demo(),
+                TopologyArg::PolicyEni => Topology::policy_eni_demo(),
             };
             if no_eni_fix {
                 if topo.network != Network::Eni {
@@ -417,8 +425,28 @@ fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {
 /// The matrix and the service probes, run at the same time; table or JSON
 /// (`{"matrix": [...], "services": [...], "proxies": [...], "routes": [...]}`).
 fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
-    let probes = matrix::plan(state);
-    let svc_probes = services::plan(state);
+    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
+    let policy = !state.policy_agents.is_empty();
+    let mut probes = matrix::plan(state);
+    // With policies the open network's service probes (everything answers) do not hold; the
+    // policy rows probe the Services instead, each with the oracle's verdict.
+    let svc_probes = if policy {
+        Vec::new()
+    } else {
+        services::plan(state)
+    };
+    if policy {
+        match netpol::load_cluster(&lab_dir.manifests()) {
+            Ok(cluster) => {
+                netpol::expect(&cluster, state, &mut probes);
+                probes.extend(netpol::service_rows(&cluster, state));
+            }
+            Err(e) => {
+                println!("FAIL: the lab's policy objects: {e:#}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     let (results, svc_results) = std::thread::scope(|s| {
         let m = s.spawn(|| matrix::run(&probes));
         let svc = services::run(&svc_probes);
@@ -448,7 +476,18 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         })
         .collect();
     let routes_ok = routes.iter().all(|r| r["alive"] == true);
-    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
+    let policy_agents: Vec<serde_json::Value> = state
+        .policy_agents
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "node": a.node,
+                "pid": a.pid,
+                "alive": weir_lab::ns::alive(a.pid),
+            })
+        })
+        .collect();
+    let policy_ok = policy_agents.iter().all(|a| a["alive"] == true);
     let dns = weir_lab::dns::load(&lab_dir).map(|d| {
         let results = weir_lab::dns::run(&weir_lab::dns::plan(state, &d), &d, &lab_dir);
         (d, results)
@@ -463,6 +502,9 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             "proxies": proxies,
             "routes": routes,
         });
+        if policy {
+            out["policy_agents"] = serde_json::Value::Array(policy_agents.clone());
+        }
         if let Some(c) = &counters {
             out["eni"] = serde_json::to_value(c).expect("counters serialize");
         }
@@ -478,6 +520,12 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         println!("{}", matrix::summary(&results));
         println!();
         match state.proxy.mode() {
+            _ if policy => println!(
+                "{} services probed by the policy rows (cluster-ip, node-port); every \
+                 EXPECTED is weir-policy's oracle on the objects in {}",
+                state.services.len(),
+                lab_dir.manifests().display()
+            ),
             None if !state.services.is_empty() => {
                 println!(
                     "{} services not probed: the lab runs no proxy (proxy: none)",
@@ -529,11 +577,20 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 );
             }
         }
+        for a in &policy_agents {
+            if a["alive"] != true {
+                println!(
+                    "FAIL: weir policy on node {} (pid {}) is not running",
+                    a["node"], a["pid"]
+                );
+            }
+        }
     }
     if results.iter().all(|r| r.ok)
         && svc_results.iter().all(|r| r.ok)
         && proxies_ok
         && routes_ok
+        && policy_ok
         && dns_ok
     {
         ExitCode::SUCCESS
