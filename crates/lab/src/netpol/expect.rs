@@ -19,7 +19,7 @@ use crate::echo::ECHO_PORT;
 use crate::matrix::{Kind, Probe, Proto, Verdict};
 use crate::names;
 use crate::state::{LabState, NodeState, PodState, ServiceState};
-use crate::topology::{Network, ServiceType};
+use crate::topology::ServiceType;
 
 /// Who `ip` is to a policy: a live pod of the objects (by its address), a node (any address
 /// it sends from: underlay, pod gateway or ENI address, VTEP), or the outside world.
@@ -68,15 +68,12 @@ pub fn expect(cluster: &Cluster, state: &LabState, probes: &mut [Probe]) {
     }
 }
 
-/// The address `node` masquerades to towards another node's pod: its VTEP's over a vxlan
-/// overlay, its ENI's own in an eni network (the route to the pod leaves by the ENI), else
-/// its underlay address.
-fn masquerade_towards_pods(state: &LabState, node: &NodeState) -> Ipv4Addr {
-    match (state.network, node.vtep_ip) {
-        (Network::Eni, _) => node.pod_gateway,
-        (Network::Bridge, Some(vtep)) => vtep,
-        (Network::Bridge, None) => node.underlay_ip,
-    }
+/// The address `node` masquerades NodePort traffic from the outside to towards another
+/// node's pod: its VTEP's over a vxlan overlay, else its underlay address. In an eni network
+/// too: the request came in on eth0 and is routed by the main table, out of eth0 to the VPC
+/// (only traffic from a pod's own address takes the ENI's table and so the ENI's address).
+fn masquerade_towards_pods(node: &NodeState) -> Ipv4Addr {
+    node.vtep_ip.unwrap_or(node.underlay_ip)
 }
 
 /// The rows through Services of a lab with policies, each with the oracle's verdict: every
@@ -170,7 +167,7 @@ fn node_port_rows(
                 (true, _) => (addr, addr),
                 (false, true) => (addr, node.pod_gateway),
                 (false, false) => {
-                    let m = masquerade_towards_pods(state, node);
+                    let m = masquerade_towards_pods(node);
                     (m, m)
                 }
             };

@@ -116,14 +116,14 @@ fn service_rows_are_judged_after_dnat_and_before_masquerade() {
 }
 
 #[test]
-fn the_eni_variant_masquerades_to_the_eni_address() {
+fn the_eni_variant_masquerades_to_the_underlay_address() {
     let (state, cluster) = lab(&Topology::policy_eni_demo());
     let rows = service_rows(&cluster, &state);
     let via_a = rows
         .iter()
         .find(|p| p.to == "dbnp via a" && p.from_ip == IpAddr::from([198, 51, 100, 1]))
         .unwrap();
-    assert_eq!(via_a.expect_source, Some(IpAddr::from([10, 12, 192, 17])));
+    assert_eq!(via_a.expect_source, Some(IpAddr::from([10, 12, 97, 11])));
     assert_eq!(via_a.policy, Some(Verdict::Allowed));
 }
 
