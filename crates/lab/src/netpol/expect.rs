@@ -19,7 +19,7 @@ use crate::echo::ECHO_PORT;
 use crate::matrix::{Kind, Probe, Proto, Verdict};
 use crate::names;
 use crate::state::{LabState, NodeState, PodState, ServiceState};
-use crate::topology::ServiceType;
+use crate::topology::{Network, ServiceType};
 
 /// Who `ip` is to a policy: a live pod of the objects (by its address), a node (any address
 /// it sends from: underlay, pod gateway or ENI address, VTEP), or the outside world.
@@ -74,6 +74,16 @@ pub fn expect(cluster: &Cluster, state: &LabState, probes: &mut [Probe]) {
 /// (only traffic from a pod's own address takes the ENI's table and so the ENI's address).
 fn masquerade_towards_pods(node: &NodeState) -> Ipv4Addr {
     node.vtep_ip.unwrap_or(node.underlay_ip)
+}
+
+/// The address `node` masquerades NodePort traffic to towards its own pods: the bridge's
+/// (the pods' gateway) in a bridge network; in an eni network the pods sit behind
+/// addressless host veths, so the kernel picks the node's primary address, eth0's.
+fn masquerade_towards_local_pods(state: &LabState, node: &NodeState) -> Ipv4Addr {
+    match state.network {
+        Network::Bridge => node.pod_gateway,
+        Network::Eni => node.underlay_ip,
+    }
 }
 
 /// The rows through Services of a lab with policies, each with the oracle's verdict: every
@@ -165,7 +175,7 @@ fn node_port_rows(
             // (what the policy hook on the backend's node sees, what the backend sees)
             let (hook, seen) = match (svc.local_policy(), local) {
                 (true, _) => (addr, addr),
-                (false, true) => (addr, node.pod_gateway),
+                (false, true) => (addr, masquerade_towards_local_pods(state, node)),
                 (false, false) => {
                     let m = masquerade_towards_pods(node);
                     (m, m)

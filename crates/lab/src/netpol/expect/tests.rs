@@ -125,6 +125,13 @@ fn the_eni_variant_masquerades_to_the_underlay_address() {
         .unwrap();
     assert_eq!(via_a.expect_source, Some(IpAddr::from([10, 12, 97, 11])));
     assert_eq!(via_a.policy, Some(Verdict::Allowed));
+    // A local pod behind an addressless host veth sees eth0's address.
+    let via_b = rows
+        .iter()
+        .find(|p| p.to == "dbnp via b" && p.from_ip == IpAddr::from([198, 51, 100, 1]))
+        .unwrap();
+    assert_eq!(via_b.expect_source, Some(IpAddr::from([10, 12, 97, 12])));
+    assert_eq!(via_b.policy, Some(Verdict::Denied));
 }
 
 #[test]
