@@ -6,6 +6,8 @@
 //! the outside run an echo server that answers with its name and the peer address it saw; the
 //! connectivity [`matrix`] probes them all. Every node runs `weir proxy` ([`proxy`]) over the
 //! lab's Kubernetes objects ([`manifests`]), and the [`services`] probes check what it serves.
+//! A topology with NetworkPolicies ([`policy_spec`]) adds `weir policy` on every node and gives
+//! every matrix row weir-policy's oracle's verdict ([`netpol`]).
 //!
 //! Modules depend one way (docs/ARCHITECTURE.md has the picture): helpers at the bottom
 //! ([`addr`], [`names`], [`links`], [`ns`], [`process`], [`table`], [`timeout`]), then the model

@@ -96,10 +96,7 @@ impl Launch {
 pub fn is_weir_policy(pid: u32, manifests: &std::path::Path) -> bool {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
     let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
-    args.iter().any(|a| *a == b"policy")
-        && args
-            .iter()
-            .any(|a| *a == manifests.as_os_str().as_encoded_bytes())
+    args.contains(&b"policy".as_slice()) && args.contains(&manifests.as_os_str().as_encoded_bytes())
 }
 
 #[cfg(test)]
