@@ -14,46 +14,7 @@ use crate::dualstack::Ipv6;
 use crate::policy_spec::{self, PodMeta};
 
 /// The two-node topology `weir lab demo` uses.
-pub const DEFAULT_TOPOLOGY: &str = "\
-name: demo
-underlay: 172.30.0.0/24
-clusterCIDR: 10.244.0.0/16
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 203.0.113.0/24
-dns: true             # weir dns behind 10.96.0.10, NSD outside, the pods' resolv.conf
-nodes:
-  - name: a
-    podCIDR: 10.244.1.0/24
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.244.2.0/24
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: api           # LoadBalancer (IP from loadBalancerCIDR, routed by the outside via a node)
-    type: LoadBalancer
-    port: 443
-    backends: [a2, b1]
-  - name: gone          # no endpoints: rejected at once
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const DEFAULT_TOPOLOGY: &str = include_str!("../topologies/default.yaml");
 
 /// The eni-shared topology `weir lab demo --topology eni` uses: the brief's cloud. Every node has
 /// `eth0` on the underlay and an ENI (`eth1`, no address of its own unless weir's fix gives it
@@ -62,153 +23,18 @@ services:
 /// left from. A node's podCIDR is the address block the cloud assigned to its ENI (like an AWS
 /// prefix delegation): its first host is the ENI's own address, the rest go to pods;
 /// clusterCIDR is the ENI subnet, whose first host is the ENI gateway.
-pub const ENI_TOPOLOGY: &str = "\
-name: eni
-network: eni
-eniFix: true          # weir's fix: an address on the ENI + connmark for connections from eth0
-sourceCheck: true     # the VPC drops packets whose source is not the sending interface's
-underlay: 10.12.97.0/24
-clusterCIDR: 10.12.192.0/20
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 10.12.115.0/24
-nodes:
-  - name: a
-    podCIDR: 10.12.192.16/28
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.12.192.32/28
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: api           # LoadBalancer with backends on both nodes
-    type: LoadBalancer
-    port: 443
-    loadBalancerIP: 10.12.115.101
-    backends: [a2, b1]
-  - name: edge          # LoadBalancer whose only backend is on node b: pod a1 -> LB IP is the brief's failure
-    type: LoadBalancer
-    port: 8443
-    loadBalancerIP: 10.12.115.102
-    backends: [b2]
-  - name: gone          # no endpoints: rejected at once
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const ENI_TOPOLOGY: &str = include_str!("../topologies/eni.yaml");
 
 /// The routed-underlay topology `weir lab demo --topology vxlan` uses: every node on its own
 /// underlay subnet (a /28 of `underlay` each), wired to the outside namespace, which routes
 /// between them, so no node shares a segment with another and host-gw cannot work; `weir routes
 /// --backend vxlan` on every node builds the overlay from the Node objects.
-pub const VXLAN_TOPOLOGY: &str = "\
-name: vxlan
-underlay: 172.31.0.0/24
-routedUnderlay: true  # node i on the (i+1)-th /28 of underlay, the outside routing between them
-overlay: vxlan        # weir routes --backend vxlan on every node
-clusterCIDR: 10.244.0.0/16
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 203.0.113.0/24
-nodes:
-  - name: a
-    podCIDR: 10.244.1.0/24
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.244.2.0/24
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: api           # LoadBalancer (IP from loadBalancerCIDR, routed by the outside via a node)
-    type: LoadBalancer
-    port: 443
-    backends: [a2, b1]
-  - name: gone          # no endpoints: rejected at once
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const VXLAN_TOPOLOGY: &str = include_str!("../topologies/vxlan.yaml");
 
 /// The dual-stack topology `weir lab demo --topology dual-stack` uses: the default two nodes
 /// with an `ipv6:` block, so every node, pod and Service has an IPv6 address beside its IPv4
 /// one (crate::dualstack derives them) and `weir routes` routes both families host-gw.
-pub const DUAL_STACK_TOPOLOGY: &str = "\
-name: dual
-underlay: 172.30.0.0/24
-clusterCIDR: 10.244.0.0/16
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 203.0.113.0/24
-ipv6:                 # dual-stack: a node's IPv6 podCIDR is the /64 of its IPv4 podCIDR's index (10.244.1.0/24 → fd00:10:244:1::/64)
-  underlay: fd00:172:30::/64
-  clusterCIDR: fd00:10:244::/48
-  serviceCIDR: fd00:10:96::/112
-  outside: fd00:198:51:100::1
-nodes:
-  - name: a
-    podCIDR: 10.244.1.0/24
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.244.2.0/24
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes (PreferDualStack: two ClusterIPs)
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: np            # NodePort, policy Cluster, on both nodes' IPv4 and IPv6 addresses
-    type: NodePort
-    port: 80
-    nodePort: 30081
-    backends: [b1]
-  - name: api           # LoadBalancer (its LB IP is IPv4 only)
-    type: LoadBalancer
-    port: 443
-    backends: [a2, b1]
-  - name: gone          # no endpoints: rejected at once, in both families
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const DUAL_STACK_TOPOLOGY: &str = include_str!("../topologies/dual-stack.yaml");
 
 /// The NetworkPolicy lab `weir lab demo --topology policy` uses: bridge mode, pods in three
 /// namespaces on two nodes, a default deny, a podSelector+namespaceSelector allow, an ipBlock

@@ -424,60 +424,9 @@ fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {
 
 /// The matrix and the service probes, run at the same time; table or JSON
 /// (`{"matrix": [...], "services": [...], "proxies": [...], "routes": [...]}`).
-fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
-    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
-    let policy = !state.policy_agents.is_empty();
-    let mut probes = matrix::plan(state);
-    // With policies the open network's service probes (everything answers) do not hold; the
-    // policy rows probe the Services instead, each with the oracle's verdict.
-    let svc_probes = if policy {
-        Vec::new()
-    } else {
-        services::plan(state)
-    };
-    if policy {
-        match netpol::load_cluster(&lab_dir.manifests()) {
-            Ok(cluster) => {
-                netpol::expect(&cluster, state, &mut probes);
-                probes.extend(netpol::service_rows(&cluster, state));
-            }
-            Err(e) => {
-                println!("FAIL: the lab's policy objects: {e:#}");
-                return ExitCode::from(1);
-            }
-        }
-    }
-    let (results, svc_results) = std::thread::scope(|s| {
-        let m = s.spawn(|| matrix::run(&probes));
-        let svc = services::run(&svc_probes);
-        (m.join().expect("matrix thread"), svc)
-    });
-    let proxies: Vec<serde_json::Value> = state
-        .proxies
-        .iter()
-        .map(|p| {
-            serde_json::json!({
-                "node": p.node,
-                "pid": p.pid,
-                "alive": weir_lab::ns::alive(p.pid),
-            })
-        })
-        .collect();
-    let proxies_ok = proxies.iter().all(|p| p["alive"] == true);
-    let routes: Vec<serde_json::Value> = state
-        .routes
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "node": r.node,
-                "pid": r.pid,
-                "alive": weir_lab::ns::alive(r.pid),
-            })
-        })
-        .collect();
-    let routes_ok = routes.iter().all(|r| r["alive"] == true);
-    let policy_agents: Vec<serde_json::Value> = state
-        .policy_agents
+/// Each agent process (`node`, `pid`, `alive`) and whether all are alive.
+fn agents_json(agents: &[weir_lab::state::ProxyState]) -> (Vec<serde_json::Value>, bool) {
+    let rows: Vec<serde_json::Value> = agents
         .iter()
         .map(|a| {
             serde_json::json!({
@@ -487,7 +436,45 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             })
         })
         .collect();
-    let policy_ok = policy_agents.iter().all(|a| a["alive"] == true);
+    let ok = rows.iter().all(|a| a["alive"] == true);
+    (rows, ok)
+}
+
+/// The matrix's probes and the service probes. With policies every matrix row carries the
+/// oracle's verdict on the lab's objects and the policy rows probe the Services, so the
+/// open network's service probes (everything answers) are not planned.
+fn plan_probes(
+    state: &weir_lab::LabState,
+    lab_dir: &weir_lab::state::LabDir,
+) -> anyhow::Result<(Vec<matrix::Probe>, Vec<services::SvcProbe>)> {
+    let mut probes = matrix::plan(state);
+    if state.policy_agents.is_empty() {
+        return Ok((probes, services::plan(state)));
+    }
+    let cluster = netpol::load_cluster(&lab_dir.manifests())?;
+    netpol::expect(&cluster, state, &mut probes);
+    probes.extend(netpol::service_rows(&cluster, state));
+    Ok((probes, Vec::new()))
+}
+
+fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
+    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
+    let policy = !state.policy_agents.is_empty();
+    let (probes, svc_probes) = match plan_probes(state, &lab_dir) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("FAIL: the lab's policy objects: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
+    let (results, svc_results) = std::thread::scope(|s| {
+        let m = s.spawn(|| matrix::run(&probes));
+        let svc = services::run(&svc_probes);
+        (m.join().expect("matrix thread"), svc)
+    });
+    let (proxies, proxies_ok) = agents_json(&state.proxies);
+    let (routes, routes_ok) = agents_json(&state.routes);
+    let (policy_agents, policy_ok) = agents_json(&state.policy_agents);
     let dns = weir_lab::dns::load(&lab_dir).map(|d| {
         let results = weir_lab::dns::run(&weir_lab::dns::plan(state, &d), &d, &lab_dir);
         (d, results)
@@ -561,26 +548,14 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             print!("{}", weir_lab::dns::render(r));
             println!("{}", weir_lab::dns::summary(r, d));
         }
-        for p in &proxies {
-            if p["alive"] != true {
+        for (agent, rows) in [
+            ("proxy", &proxies),
+            ("routes", &routes),
+            ("policy", &policy_agents),
+        ] {
+            for a in rows.iter().filter(|a| a["alive"] != true) {
                 println!(
-                    "FAIL: weir proxy on node {} (pid {}) is not running",
-                    p["node"], p["pid"]
-                );
-            }
-        }
-        for r in &routes {
-            if r["alive"] != true {
-                println!(
-                    "FAIL: weir routes on node {} (pid {}) is not running",
-                    r["node"], r["pid"]
-                );
-            }
-        }
-        for a in &policy_agents {
-            if a["alive"] != true {
-                println!(
-                    "FAIL: weir policy on node {} (pid {}) is not running",
+                    "FAIL: weir {agent} on node {} (pid {}) is not running",
                     a["node"], a["pid"]
                 );
             }
