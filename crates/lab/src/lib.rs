@@ -6,6 +6,8 @@
 //! the outside run an echo server that answers with its name and the peer address it saw; the
 //! connectivity [`matrix`] probes them all. Every node runs `weir proxy` ([`proxy`]) over the
 //! lab's Kubernetes objects ([`manifests`]), and the [`services`] probes check what it serves.
+//! A topology with NetworkPolicies ([`policy_spec`]) adds `weir policy` on every node and gives
+//! every matrix row weir-policy's oracle's verdict ([`netpol`]).
 //!
 //! Modules depend one way (docs/ARCHITECTURE.md has the picture): helpers at the bottom
 //! ([`addr`], [`names`], [`links`], [`ns`], [`process`], [`table`], [`timeout`]), then the model
@@ -25,7 +27,9 @@ pub mod links;
 pub mod manifests;
 pub mod matrix;
 pub mod names;
+pub mod netpol;
 pub mod ns;
+pub mod policy_spec;
 pub mod process;
 pub mod proxy;
 pub mod routes;
@@ -40,5 +44,5 @@ pub use state::{state_root, LabState};
 pub use timeout::startup_timeout;
 pub use topology::{
     CniKind, Network, Overlay, ProxyKind, Topology, TopologyError, DEFAULT_TOPOLOGY,
-    DUAL_STACK_TOPOLOGY, ENI_TOPOLOGY, VXLAN_TOPOLOGY,
+    DUAL_STACK_TOPOLOGY, ENI_TOPOLOGY, POLICY_ENI_TOPOLOGY, POLICY_TOPOLOGY, VXLAN_TOPOLOGY,
 };

@@ -204,8 +204,9 @@ pub fn render_nodes(topo: &Topology, state: &LabState) -> (String, String) {
     )
 }
 
-/// Every manifest file of the lab: `nodes.yaml` and one `service-<name>.yaml` (Service +
-/// EndpointSlice) per service. Pure.
+/// Every manifest file of the lab: `nodes.yaml`, one `service-<name>.yaml` (Service +
+/// EndpointSlice) per service, and with policies `namespaces.yaml`, `pods.yaml` and
+/// `policies.yaml` ([`crate::netpol::objects`]). Pure.
 pub fn render(topo: &Topology, state: &LabState) -> Vec<(String, String)> {
     let mut files = vec![render_nodes(topo, state)];
     for svc in &state.services {
@@ -215,6 +216,12 @@ pub fn render(topo: &Topology, state: &LabState) -> Vec<(String, String)> {
         }
         files.push((
             format!("service-{}.yaml", svc.name),
+            format!("# written by weir lab\n{}", documents(&docs)),
+        ));
+    }
+    for (name, docs) in crate::netpol::objects::render(topo, state) {
+        files.push((
+            name.to_string(),
             format!("# written by weir lab\n{}", documents(&docs)),
         ));
     }

@@ -2,7 +2,7 @@
 //! and rendering the results (pure).
 
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +19,10 @@ pub enum Kind {
     OtherNode,
     OwnNode,
     Outside,
+    /// A pod → a Service's ClusterIP (a lab with policies: matched after DNAT).
+    ClusterIp,
+    /// The outside → a node's NodePort (a lab with policies).
+    NodePort,
 }
 
 impl Kind {
@@ -28,6 +32,8 @@ impl Kind {
             Kind::OtherNode => "other-node",
             Kind::OwnNode => "own-node",
             Kind::Outside => "outside",
+            Kind::ClusterIp => "cluster-ip",
+            Kind::NodePort => "node-port",
         }
     }
 }
@@ -48,6 +54,35 @@ impl Proto {
     }
 }
 
+/// What NetworkPolicy makes of a connection: weir-policy's oracle's verdict (a row's
+/// expectation), or what the probe saw (answered, or dropped: no answer, no refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allowed,
+    Denied,
+}
+
+impl Verdict {
+    pub fn of(allowed: bool) -> Verdict {
+        if allowed {
+            Verdict::Allowed
+        } else {
+            Verdict::Denied
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+        }
+    }
+}
+
+fn echo_port() -> u16 {
+    ECHO_PORT
+}
+
 /// One cell of the matrix: what to send, from where, and what must come back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probe {
@@ -65,6 +100,16 @@ pub struct Probe {
     pub expect_answer: String,
     /// The source address the answerer must see (None: not checked).
     pub expect_source: Option<IpAddr>,
+    /// The port dialled: the echo servers' (pod, node and outside rows) or a Service's.
+    #[serde(default = "echo_port")]
+    pub port: u16,
+    /// The client binds `from_ip` first (the outside probing from one of its addresses).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bind: bool,
+    /// A lab with policies: the oracle's verdict ([`crate::netpol::expect`]). A denied row
+    /// must go unanswered: dropped, neither answered nor refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<Verdict>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +122,10 @@ pub struct ProbeResult {
     /// Why the probe failed (timeout, refused, wrong answerer, wrong source).
     pub error: Option<String>,
     pub ms: u64,
+    /// A row with a policy verdict: what the probe saw (answered: allowed; no answer:
+    /// denied; None: neither, e.g. refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Verdict>,
 }
 
 /// Every probe for a lab: each pod to every other pod (TCP and UDP), to its own node, and to the
@@ -162,6 +211,9 @@ fn plan_family(state: &LabState, addrs: &Addrs) -> Vec<Probe> {
                     proto,
                     expect_answer: to.to_string(),
                     expect_source,
+                    port: ECHO_PORT,
+                    bind: false,
+                    policy: None,
                 });
             }
         };
@@ -212,94 +264,139 @@ pub fn run(probes: &[Probe]) -> Vec<ProbeResult> {
 }
 
 fn failed(p: &Probe, error: String, elapsed: Duration) -> ProbeResult {
-    ProbeResult {
-        probe: p.clone(),
-        ok: false,
-        answered_by: None,
-        seen_source: None,
-        error: Some(error),
-        ms: elapsed.as_millis() as u64,
-    }
+    judge(p, Outcome::Failed(error), elapsed)
+}
+
+/// How one probe went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The answer line (`<name> <source seen>`).
+    Answered(String),
+    /// Nothing came back in time: dropped (what a policy does).
+    TimedOut(String),
+    /// Anything else: refused, unreachable, no namespace, …
+    Failed(String),
 }
 
 /// Runs one probe on the calling thread (which enters the source namespace for the duration).
 pub fn run_one(p: &Probe) -> ProbeResult {
     let started = Instant::now();
-    let answer = NetNs::named(&p.from_ns)
-        .map_err(|e| format!("open netns {}: {e}", p.from_ns))
-        .and_then(|ns| {
-            let _guard = ns
-                .enter()
-                .map_err(|e| format!("enter netns {}: {e}", p.from_ns))?;
-            let target = SocketAddr::new(p.to_ip, ECHO_PORT);
-            match p.proto {
-                Proto::Tcp => tcp_ask(target),
-                Proto::Udp => udp_ask(target),
+    let outcome = match NetNs::named(&p.from_ns) {
+        Err(e) => Outcome::Failed(format!("open netns {}: {e}", p.from_ns)),
+        Ok(ns) => match ns.enter() {
+            Err(e) => Outcome::Failed(format!("enter netns {}: {e}", p.from_ns)),
+            Ok(_guard) => {
+                let target = SocketAddr::new(p.to_ip, p.port);
+                let bind = p.bind.then_some(p.from_ip);
+                match p.proto {
+                    Proto::Tcp => tcp_ask(target, bind),
+                    Proto::Udp => udp_ask(target, bind),
+                }
             }
-        });
-    let elapsed = started.elapsed();
-    let line = match answer {
-        Ok(line) => line,
-        Err(e) => return failed(p, e, elapsed),
+        },
+    };
+    judge(p, outcome, started.elapsed())
+}
+
+/// Compares what a probe saw with what its row expects (pure): the answerer and the source
+/// it saw, or, for a row the oracle denies, no answer at all.
+pub fn judge(p: &Probe, outcome: Outcome, elapsed: Duration) -> ProbeResult {
+    let mut r = ProbeResult {
+        probe: p.clone(),
+        ok: false,
+        answered_by: None,
+        seen_source: None,
+        error: None,
+        ms: elapsed.as_millis() as u64,
+        observed: None,
+    };
+    let line = match outcome {
+        Outcome::Answered(line) => line,
+        Outcome::TimedOut(e) => {
+            if p.policy.is_some() {
+                r.observed = Some(Verdict::Denied);
+            }
+            r.ok = p.policy == Some(Verdict::Denied);
+            r.error = (!r.ok).then_some(e);
+            return r;
+        }
+        Outcome::Failed(e) => {
+            r.error = Some(match p.policy {
+                Some(Verdict::Denied) => format!("{e} (a denied row must be dropped)"),
+                _ => e,
+            });
+            return r;
+        }
     };
     let mut words = line.split_whitespace();
-    let answered_by = words.next().map(str::to_string);
-    let seen_source = words.next().and_then(|w| w.parse::<IpAddr>().ok());
-    let mut error = None;
-    if answered_by.as_deref() != Some(p.expect_answer.as_str()) {
-        error = Some(format!(
+    r.answered_by = words.next().map(str::to_string);
+    r.seen_source = words.next().and_then(|w| w.parse::<IpAddr>().ok());
+    if p.policy.is_some() {
+        r.observed = Some(Verdict::Allowed);
+    }
+    r.error = if p.policy == Some(Verdict::Denied) {
+        Some(format!(
+            "answered by {}, but the oracle denies it",
+            r.answered_by.as_deref().unwrap_or("?")
+        ))
+    } else if r.answered_by.as_deref() != Some(p.expect_answer.as_str()) {
+        Some(format!(
             "answered by {:?}, expected {}",
-            answered_by, p.expect_answer
-        ));
-    } else if let Some(want) = p.expect_source {
-        if seen_source != Some(want) {
-            error = Some(format!(
-                "source seen as {}, expected {want}",
-                seen_source
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "?".into())
-            ));
-        }
-    }
-    ProbeResult {
-        probe: p.clone(),
-        ok: error.is_none(),
-        answered_by,
-        seen_source,
-        error,
-        ms: elapsed.as_millis() as u64,
-    }
-}
-
-fn tcp_ask(target: SocketAddr) -> Result<String, String> {
-    let stream = TcpStream::connect_timeout(&target, TCP_TIMEOUT)
-        .map_err(|e| format!("tcp connect {target}: {e}"))?;
-    stream
-        .set_read_timeout(Some(TCP_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .map_err(|e| format!("tcp read {target}: {e}"))?;
-    if line.is_empty() {
-        return Err(format!("tcp {target}: closed without an answer"));
-    }
-    Ok(line.trim().to_string())
-}
-
-fn udp_ask(target: SocketAddr) -> Result<String, String> {
-    let any: SocketAddr = match target {
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+            r.answered_by, p.expect_answer
+        ))
+    } else {
+        p.expect_source
+            .filter(|want| r.seen_source != Some(*want))
+            .map(|want| {
+                format!(
+                    "source seen as {}, expected {want}",
+                    r.seen_source
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "?".into())
+                )
+            })
     };
-    let socket = UdpSocket::bind(any).map_err(|e| format!("udp bind: {e}"))?;
-    socket
-        .set_read_timeout(Some(UDP_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    let mut last = String::from("no answer");
+    r.ok = r.error.is_none();
+    r
+}
+
+fn tcp_ask(target: SocketAddr, bind: Option<IpAddr>) -> Outcome {
+    let stream = match crate::services::tcp_connect(target, bind, TCP_TIMEOUT) {
+        Ok(s) => s,
+        Err(e) if crate::services::is_timeout(&e) => {
+            return Outcome::TimedOut(format!("tcp connect {target}: {e}"))
+        }
+        Err(e) => return Outcome::Failed(format!("tcp connect {target}: {e}")),
+    };
+    if let Err(e) = stream.set_read_timeout(Some(TCP_TIMEOUT)) {
+        return Outcome::Failed(e.to_string());
+    }
+    let mut line = String::new();
+    match BufReader::new(stream).read_line(&mut line) {
+        Err(e) => Outcome::Failed(format!("tcp read {target}: {e}")),
+        Ok(_) if line.is_empty() => {
+            Outcome::Failed(format!("tcp {target}: closed without an answer"))
+        }
+        Ok(_) => Outcome::Answered(line.trim().to_string()),
+    }
+}
+
+fn udp_ask(target: SocketAddr, bind: Option<IpAddr>) -> Outcome {
+    let any: IpAddr = match target {
+        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let socket = match UdpSocket::bind(SocketAddr::new(bind.unwrap_or(any), 0)) {
+        Ok(s) => s,
+        Err(e) => return Outcome::Failed(format!("udp bind: {e}")),
+    };
+    if let Err(e) = socket.set_read_timeout(Some(UDP_TIMEOUT)) {
+        return Outcome::Failed(e.to_string());
+    }
+    let mut last = Outcome::TimedOut(format!("udp {target}: no answer"));
     for _ in 0..UDP_TRIES {
         if let Err(e) = socket.send_to(b"ping\n", target) {
-            last = format!("udp send {target}: {e}");
+            last = Outcome::Failed(format!("udp send {target}: {e}"));
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
@@ -308,17 +405,25 @@ fn udp_ask(target: SocketAddr) -> Result<String, String> {
         while Instant::now() < deadline {
             match socket.recv_from(&mut buf) {
                 Ok((n, from)) if from == target => {
-                    return Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string());
+                    return Outcome::Answered(
+                        String::from_utf8_lossy(&buf[..n]).trim().to_string(),
+                    );
                 }
-                Ok((_, from)) => last = format!("udp answer from unexpected {from}"),
+                Ok((_, from)) => {
+                    last = Outcome::Failed(format!("udp answer from unexpected {from}"))
+                }
+                Err(e) if crate::services::is_timeout(&e) => {
+                    last = Outcome::TimedOut(format!("udp {target}: no answer ({e})"));
+                    break;
+                }
                 Err(e) => {
-                    last = format!("udp {target}: no answer ({e})");
+                    last = Outcome::Failed(format!("udp {target}: {e}"));
                     break;
                 }
             }
         }
     }
-    Err(last)
+    last
 }
 
 // ---- rendering (pure) ----
@@ -335,43 +440,84 @@ pub const MATRIX_HEADERS: [&str; 7] = [
     "SEEN-SOURCE",
 ];
 
-/// The matrix as a table, one row per probe.
+/// The headers of a lab with policies: each row's expectation (the oracle's) and what the
+/// probe saw.
+pub const POLICY_HEADERS: [&str; 9] = [
+    "FROM",
+    "TO",
+    "KIND",
+    "PROTO",
+    "EXPECTED",
+    "OBSERVED",
+    "RESULT",
+    "ANSWERED-BY",
+    "SEEN-SOURCE",
+];
+
+/// The matrix as a table, one row per probe; with the EXPECTED and OBSERVED columns when
+/// rows carry a policy verdict.
 pub fn render_matrix(results: &[ProbeResult]) -> String {
+    let policy = results.iter().any(|r| r.probe.policy.is_some());
     let rows: Vec<Vec<String>> = results
         .iter()
         .map(|r| {
             let p = &r.probe;
             let source = match r.seen_source {
                 None => "-".to_string(),
+                Some(s) if s == p.from_ip && p.bind => format!("{s} (kept)"),
                 Some(s) if s == p.from_ip => format!("{s} (pod)"),
                 Some(s) => format!("{s} (masqueraded)"),
             };
-            vec![
-                p.from.clone(),
-                format!("{} {}", p.to, p.to_ip),
-                p.kind.as_str().to_string(),
-                p.proto.as_str().to_string(),
-                if r.ok {
-                    "ok".into()
-                } else {
-                    format!("FAIL: {}", r.error.as_deref().unwrap_or("?"))
-                },
-                r.answered_by.clone().unwrap_or_else(|| "-".into()),
-                source,
-            ]
+            let from = if p.bind {
+                format!("{} {}", p.from, p.from_ip)
+            } else {
+                p.from.clone()
+            };
+            let to = if p.port == ECHO_PORT {
+                format!("{} {}", p.to, p.to_ip)
+            } else {
+                format!("{} {}", p.to, SocketAddr::new(p.to_ip, p.port))
+            };
+            let mut row = vec![from, to, p.kind.as_str().into(), p.proto.as_str().into()];
+            if policy {
+                let verdict = |v: Option<Verdict>| v.map_or("-", Verdict::as_str).to_string();
+                row.push(verdict(p.policy));
+                row.push(verdict(r.observed));
+            }
+            row.push(if r.ok {
+                "ok".into()
+            } else {
+                format!("FAIL: {}", r.error.as_deref().unwrap_or("?"))
+            });
+            row.push(r.answered_by.clone().unwrap_or_else(|| "-".into()));
+            row.push(source);
+            row
         })
         .collect();
-    render_table(&MATRIX_HEADERS, &rows)
+    if policy {
+        render_table(&POLICY_HEADERS, &rows)
+    } else {
+        render_table(&MATRIX_HEADERS, &rows)
+    }
 }
 
 pub fn summary(results: &[ProbeResult]) -> String {
     let failed = results.iter().filter(|r| !r.ok).count();
-    format!(
+    let mut line = format!(
         "{} probes: {} ok, {} failed",
         results.len(),
         results.len() - failed,
         failed
-    )
+    );
+    let expected = |v| results.iter().filter(|r| r.probe.policy == Some(v)).count();
+    if results.iter().any(|r| r.probe.policy.is_some()) {
+        line += &format!(
+            " (weir-policy's oracle expects {} allowed, {} denied)",
+            expected(Verdict::Allowed),
+            expected(Verdict::Denied)
+        );
+    }
+    line
 }
 
 #[cfg(test)]
@@ -416,6 +562,8 @@ mod tests {
             services: vec![],
             proxies: vec![],
             routes: vec![],
+            policy_agents: vec![],
+            outside_addresses: vec![],
         }
     }
 
@@ -498,6 +646,7 @@ mod tests {
             seen_source: Some(IpAddr::from([10, 244, 1, 2u8])),
             error: None,
             ms: 1,
+            observed: None,
         };
         let out = probes.iter().find(|p| p.kind == Kind::Outside).unwrap();
         let masq = ProbeResult {
@@ -507,6 +656,7 @@ mod tests {
             seen_source: Some(IpAddr::from([172, 30, 0, 11u8])),
             error: None,
             ms: 3,
+            observed: None,
         };
         let bad = failed(
             &probes[2],
@@ -522,5 +672,98 @@ a1    b1 10.244.2.2         other-node  tcp    FAIL: tcp connect 10.244.2.2:8080
 ";
         assert_eq!(text, expected, "\n{text}");
         assert_eq!(summary(&[bad]), "1 probes: 0 ok, 1 failed");
+    }
+
+    fn policy_row(verdict: Verdict) -> Probe {
+        let mut p = plan(&state(CniKind::Weir))
+            .into_iter()
+            .find(|p| p.from == "a1" && p.to == "b1" && p.proto == Proto::Tcp)
+            .unwrap();
+        p.policy = Some(verdict);
+        p
+    }
+
+    #[test]
+    fn a_denied_row_passes_only_when_dropped() {
+        let denied = policy_row(Verdict::Denied);
+        let r = judge(
+            &denied,
+            Outcome::TimedOut("timed out".into()),
+            Duration::ZERO,
+        );
+        assert!(r.ok, "{r:?}");
+        assert_eq!((r.observed, r.error), (Some(Verdict::Denied), None));
+        // A wrong expectation: the oracle denies what the kernel lets through.
+        let answered = Outcome::Answered("b1 10.244.1.2".into());
+        let r = judge(&denied, answered.clone(), Duration::ZERO);
+        assert!(!r.ok);
+        assert_eq!(r.observed, Some(Verdict::Allowed));
+        assert_eq!(
+            r.error.as_deref(),
+            Some("answered by b1, but the oracle denies it")
+        );
+        // Refused is not dropped: not what a policy does.
+        let r = judge(&denied, Outcome::Failed("refused".into()), Duration::ZERO);
+        assert!(!r.ok);
+        assert_eq!(r.observed, None);
+        // The same answer passes an allowed row, and a drop fails it.
+        let allowed = policy_row(Verdict::Allowed);
+        assert!(judge(&allowed, answered, Duration::ZERO).ok);
+        let r = judge(
+            &allowed,
+            Outcome::TimedOut("timed out".into()),
+            Duration::ZERO,
+        );
+        assert!(!r.ok);
+        assert_eq!(r.observed, Some(Verdict::Denied));
+        // An allowed row still checks the answerer and the source it saw.
+        let r = judge(
+            &allowed,
+            Outcome::Answered("b1 172.30.0.11".into()),
+            Duration::ZERO,
+        );
+        assert_eq!(
+            r.error.as_deref(),
+            Some("source seen as 172.30.0.11, expected 10.244.1.2")
+        );
+        // Rows without a verdict never expect a drop.
+        let mut open = allowed.clone();
+        open.policy = None;
+        let r = judge(&open, Outcome::TimedOut("timed out".into()), Duration::ZERO);
+        assert!(!r.ok);
+        assert_eq!(r.observed, None);
+    }
+
+    #[test]
+    fn renders_the_policy_columns() {
+        let denied = policy_row(Verdict::Denied);
+        let mut np = policy_row(Verdict::Allowed);
+        np.from = "outside".into();
+        np.from_ip = IpAddr::from([198, 51, 100, 200]);
+        np.bind = true;
+        np.to = "web via a".into();
+        np.to_ip = IpAddr::from([172, 30, 0, 11]);
+        np.port = 30080;
+        np.kind = Kind::NodePort;
+        np.expect_source = Some(np.from_ip);
+        let rows = [
+            judge(&denied, Outcome::TimedOut("t".into()), Duration::ZERO),
+            judge(
+                &np,
+                Outcome::Answered("b1 198.51.100.200".into()),
+                Duration::ZERO,
+            ),
+        ];
+        let text = render_matrix(&rows);
+        let expected = "\
+FROM                    TO                           KIND        PROTO  EXPECTED  OBSERVED  RESULT  ANSWERED-BY  SEEN-SOURCE
+a1                      b1 10.244.2.2                other-node  tcp    denied    denied    ok      -            -
+outside 198.51.100.200  web via a 172.30.0.11:30080  node-port   tcp    allowed   allowed   ok      b1           198.51.100.200 (kept)
+";
+        assert_eq!(text, expected, "\n{text}");
+        assert_eq!(
+            summary(&rows),
+            "2 probes: 2 ok, 0 failed (weir-policy's oracle expects 1 allowed, 1 denied)"
+        );
     }
 }

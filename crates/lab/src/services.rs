@@ -761,7 +761,7 @@ pub fn run_one(p: &SvcProbe) -> SvcResult {
     result
 }
 
-fn is_timeout(e: &io::Error) -> bool {
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock

@@ -70,6 +70,10 @@ impl LabDir {
     pub fn routes_mtu(&self, node: &str) -> PathBuf {
         self.routes_dir(node).join("mtu")
     }
+    /// `weir policy`'s log on a node.
+    pub fn policy_log(&self, node: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("policy-{node}.log"))
+    }
     /// The Kubernetes objects every node's proxy watches (the lab's "API server").
     pub fn manifests(&self) -> PathBuf {
         self.dir.join("manifests")
@@ -207,6 +211,12 @@ pub struct LabState {
     /// The `weir routes` agents (bridge network), one per node.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<ProxyState>,
+    /// The `weir policy` agents (a topology with policies), one per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_agents: Vec<ProxyState>,
+    /// The outside's more addresses (`outsideAddresses`), which policy rows probe from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outside_addresses: Vec<Ipv4Addr>,
 }
 
 impl LabState {
@@ -269,6 +279,8 @@ impl LabState {
                 .collect(),
             proxies: vec![],
             routes: vec![],
+            policy_agents: vec![],
+            outside_addresses: topo.outside_addresses.clone(),
         }
     }
 

@@ -11,48 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr::{dns_cluster_ip, nth_host, take_ip};
 use crate::dualstack::Ipv6;
+use crate::policy_spec::{self, PodMeta};
 
 /// The two-node topology `weir lab demo` uses.
-pub const DEFAULT_TOPOLOGY: &str = "\
-name: demo
-underlay: 172.30.0.0/24
-clusterCIDR: 10.244.0.0/16
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 203.0.113.0/24
-dns: true             # weir dns behind 10.96.0.10, NSD outside, the pods' resolv.conf
-nodes:
-  - name: a
-    podCIDR: 10.244.1.0/24
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.244.2.0/24
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: api           # LoadBalancer (IP from loadBalancerCIDR, routed by the outside via a node)
-    type: LoadBalancer
-    port: 443
-    backends: [a2, b1]
-  - name: gone          # no endpoints: rejected at once
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const DEFAULT_TOPOLOGY: &str = include_str!("../topologies/default.yaml");
 
 /// The eni-shared topology `weir lab demo --topology eni` uses: the brief's cloud. Every node has
 /// `eth0` on the underlay and an ENI (`eth1`, no address of its own unless weir's fix gives it
@@ -61,153 +23,26 @@ services:
 /// left from. A node's podCIDR is the address block the cloud assigned to its ENI (like an AWS
 /// prefix delegation): its first host is the ENI's own address, the rest go to pods;
 /// clusterCIDR is the ENI subnet, whose first host is the ENI gateway.
-pub const ENI_TOPOLOGY: &str = "\
-name: eni
-network: eni
-eniFix: true          # weir's fix: an address on the ENI + connmark for connections from eth0
-sourceCheck: true     # the VPC drops packets whose source is not the sending interface's
-underlay: 10.12.97.0/24
-clusterCIDR: 10.12.192.0/20
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 10.12.115.0/24
-nodes:
-  - name: a
-    podCIDR: 10.12.192.16/28
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.12.192.32/28
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: api           # LoadBalancer with backends on both nodes
-    type: LoadBalancer
-    port: 443
-    loadBalancerIP: 10.12.115.101
-    backends: [a2, b1]
-  - name: edge          # LoadBalancer whose only backend is on node b: pod a1 -> LB IP is the brief's failure
-    type: LoadBalancer
-    port: 8443
-    loadBalancerIP: 10.12.115.102
-    backends: [b2]
-  - name: gone          # no endpoints: rejected at once
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const ENI_TOPOLOGY: &str = include_str!("../topologies/eni.yaml");
 
 /// The routed-underlay topology `weir lab demo --topology vxlan` uses: every node on its own
 /// underlay subnet (a /28 of `underlay` each), wired to the outside namespace, which routes
 /// between them, so no node shares a segment with another and host-gw cannot work; `weir routes
 /// --backend vxlan` on every node builds the overlay from the Node objects.
-pub const VXLAN_TOPOLOGY: &str = "\
-name: vxlan
-underlay: 172.31.0.0/24
-routedUnderlay: true  # node i on the (i+1)-th /28 of underlay, the outside routing between them
-overlay: vxlan        # weir routes --backend vxlan on every node
-clusterCIDR: 10.244.0.0/16
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 203.0.113.0/24
-nodes:
-  - name: a
-    podCIDR: 10.244.1.0/24
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.244.2.0/24
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: api           # LoadBalancer (IP from loadBalancerCIDR, routed by the outside via a node)
-    type: LoadBalancer
-    port: 443
-    backends: [a2, b1]
-  - name: gone          # no endpoints: rejected at once
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const VXLAN_TOPOLOGY: &str = include_str!("../topologies/vxlan.yaml");
 
 /// The dual-stack topology `weir lab demo --topology dual-stack` uses: the default two nodes
 /// with an `ipv6:` block, so every node, pod and Service has an IPv6 address beside its IPv4
 /// one (crate::dualstack derives them) and `weir routes` routes both families host-gw.
-pub const DUAL_STACK_TOPOLOGY: &str = "\
-name: dual
-underlay: 172.30.0.0/24
-clusterCIDR: 10.244.0.0/16
-outside: 198.51.100.1
-cni: weir
-proxy: nftables
-serviceCIDR: 10.96.0.0/16
-loadBalancerCIDR: 203.0.113.0/24
-ipv6:                 # dual-stack: a node's IPv6 podCIDR is the /64 of its IPv4 podCIDR's index (10.244.1.0/24 → fd00:10:244:1::/64)
-  underlay: fd00:172:30::/64
-  clusterCIDR: fd00:10:244::/48
-  serviceCIDR: fd00:10:96::/112
-  outside: fd00:198:51:100::1
-nodes:
-  - name: a
-    podCIDR: 10.244.1.0/24
-    pods: [a1, a2]
-  - name: b
-    podCIDR: 10.244.2.0/24
-    pods: [b1, b2]
-services:
-  - name: web           # ClusterIP over pods on both nodes (PreferDualStack: two ClusterIPs)
-    port: 80
-    backends: [a1, b1]
-  - name: dns           # UDP
-    port: 53
-    protocol: UDP
-    backends: [a2, b2]
-  - name: shop          # NodePort, externalTrafficPolicy Local: only node a has an endpoint
-    type: NodePort
-    port: 80
-    nodePort: 30080
-    externalTrafficPolicy: Local
-    backends: [a1]
-  - name: np            # NodePort, policy Cluster, on both nodes' IPv4 and IPv6 addresses
-    type: NodePort
-    port: 80
-    nodePort: 30081
-    backends: [b1]
-  - name: api           # LoadBalancer (its LB IP is IPv4 only)
-    type: LoadBalancer
-    port: 443
-    backends: [a2, b1]
-  - name: gone          # no endpoints: rejected at once, in both families
-    type: NodePort
-    port: 80
-    backends: []
-";
+pub const DUAL_STACK_TOPOLOGY: &str = include_str!("../topologies/dual-stack.yaml");
+
+/// The NetworkPolicy lab `weir lab demo --topology policy` uses: bridge mode, pods in three
+/// namespaces on two nodes, a default deny, a podSelector+namespaceSelector allow, an ipBlock
+/// with an except and an egress policy ([`crate::netpol`] computes every row's expectation).
+pub const POLICY_TOPOLOGY: &str = include_str!("../topologies/policy.yaml");
+
+/// The same lab in eni-shared mode (`weir lab demo --topology policy-eni`).
+pub const POLICY_ENI_TOPOLOGY: &str = include_str!("../topologies/policy-eni.yaml");
 
 /// How nodes reach each other's pods: the backend of the `weir routes` agent every node runs
 /// (bridge network only; in an eni network the VPC router delivers pod addresses).
@@ -428,6 +263,29 @@ pub struct Topology {
     pub nodes: Vec<Node>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<Service>,
+    /// NetworkPolicy ([`crate::policy_spec`]): the labels of the lab's namespaces (`default`
+    /// needs no entry).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Each pod's namespace and labels (default: namespace `default`, no labels).
+    #[serde(
+        rename = "podMetadata",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub pod_metadata: BTreeMap<String, PodMeta>,
+    /// NetworkPolicy objects (`networking.k8s.io/v1`, as `kubectl apply` takes them). Any:
+    /// the lab writes Namespaces, Pods and these, and runs `weir policy` on every node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<serde_json::Value>,
+    /// More addresses of the outside world (on its `lo`), which the policy rows probe
+    /// NodePorts from too (an `ipBlock` `except`); a topology with policies only.
+    #[serde(
+        rename = "outsideAddresses",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub outside_addresses: Vec<Ipv4Addr>,
 }
 
 /// The lab's cluster DNS (`dns:`): `false` (none), `true` or `cluster-ip` (pods' resolv.conf
@@ -699,6 +557,16 @@ impl Topology {
         Self::parse(DUAL_STACK_TOPOLOGY).expect("the embedded dual-stack topology is valid")
     }
 
+    /// The embedded NetworkPolicy topology (bridge mode).
+    pub fn policy_demo() -> Self {
+        Self::parse(POLICY_TOPOLOGY).expect("the embedded policy topology is valid")
+    }
+
+    /// The embedded NetworkPolicy topology in eni-shared mode.
+    pub fn policy_eni_demo() -> Self {
+        Self::parse(POLICY_ENI_TOPOLOGY).expect("the embedded policy-eni topology is valid")
+    }
+
     /// A node's IPv6 podCIDR (dual-stack labs).
     pub fn pod_cidr6(&self, node: &Node) -> Option<ipnet::Ipv6Net> {
         self.ipv6
@@ -939,6 +807,7 @@ impl Topology {
         }
         self.validate_ipv6()?;
         self.validate_services(&pod_names)?;
+        self.validate_policy(&pod_names)?;
         self.allocate()?;
         if self.dns.on() && self.proxy.mode().is_none() {
             return Err(err(
@@ -969,6 +838,59 @@ impl Topology {
             }
         }
         Ok(())
+    }
+
+    fn validate_policy(&self, pods: &BTreeSet<String>) -> Result<(), TopologyError> {
+        policy_spec::validate(&policy_spec::Parts {
+            namespaces: &self.namespaces,
+            pod_metadata: &self.pod_metadata,
+            policies: &self.policies,
+            outside_addresses: &self.outside_addresses,
+            pods,
+        })
+        .map_err(|(f, m)| err(f, m))?;
+        for (i, a) in self.outside_addresses.iter().enumerate() {
+            let taken = [
+                self.cluster_cidr,
+                self.underlay,
+                self.service_cidr,
+                self.lb_cidr,
+            ]
+            .iter()
+            .any(|n| n.contains(a));
+            if taken || *a == self.outside {
+                return Err(err(
+                    format!("outsideAddresses[{i}]"),
+                    format!(
+                        "{a} must be outside clusterCIDR, underlay, serviceCIDR and \
+                         loadBalancerCIDR, and not `outside` itself"
+                    ),
+                ));
+            }
+        }
+        if self.enforces_policy() && self.ipv6.is_some() {
+            return Err(err(
+                "policies",
+                "the policy rows are IPv4 only: remove ipv6 or the policies",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the lab enforces NetworkPolicy (its topology has policies).
+    pub fn enforces_policy(&self) -> bool {
+        !self.policies.is_empty()
+    }
+
+    /// A pod's namespace and labels (`podMetadata`, else namespace `default` and none).
+    pub fn pod_meta(&self, pod: &str) -> PodMeta {
+        self.pod_metadata
+            .get(pod)
+            .cloned()
+            .unwrap_or_else(|| PodMeta {
+                namespace: policy_spec::DEFAULT_NAMESPACE.into(),
+                labels: BTreeMap::new(),
+            })
     }
 
     fn validate_services(&self, pods: &BTreeSet<String>) -> Result<(), TopologyError> {

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use weir_lab::lab::{self, Binaries};
-use weir_lab::{eni, matrix, services, state_root, CniKind, Network, ProxyKind, Topology};
+use weir_lab::{eni, matrix, netpol, services, state_root, CniKind, Network, ProxyKind, Topology};
 
 #[derive(clap::Args)]
 pub struct LabArgs {
@@ -37,6 +37,12 @@ enum TopologyArg {
     /// NodePorts beside the IPv4 ones, and every probe in both families
     /// (weir_lab::DUAL_STACK_TOPOLOGY).
     DualStack,
+    /// NetworkPolicy: pods in three namespaces on two nodes, policies, `weir policy` on
+    /// every node; each matrix row's expectation from weir-policy's oracle (bridge mode,
+    /// weir_lab::POLICY_TOPOLOGY).
+    Policy,
+    /// The same policy lab in eni-shared mode (weir_lab::POLICY_ENI_TOPOLOGY).
+    PolicyEni,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -393,6 +399,8 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
                 TopologyArg::Eni => Topology::eni_demo(),
                 TopologyArg::Vxlan => Topology::vxlan_demo(),
                 TopologyArg::DualStack => Topology::dual_stack_demo(),
+                TopologyArg::Policy => Topology::policy_demo(),
+                TopologyArg::PolicyEni => Topology::policy_eni_demo(),
             };
             if no_eni_fix {
                 if topo.network != Network::Eni {
@@ -416,39 +424,57 @@ fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {
 
 /// The matrix and the service probes, run at the same time; table or JSON
 /// (`{"matrix": [...], "services": [...], "proxies": [...], "routes": [...]}`).
+/// Each agent process (`node`, `pid`, `alive`) and whether all are alive.
+fn agents_json(agents: &[weir_lab::state::ProxyState]) -> (Vec<serde_json::Value>, bool) {
+    let rows: Vec<serde_json::Value> = agents
+        .iter()
+        .map(|a| {
+            serde_json::json!({
+                "node": a.node,
+                "pid": a.pid,
+                "alive": weir_lab::ns::alive(a.pid),
+            })
+        })
+        .collect();
+    let ok = rows.iter().all(|a| a["alive"] == true);
+    (rows, ok)
+}
+
+/// The matrix's probes and the service probes. With policies every matrix row carries the
+/// oracle's verdict on the lab's objects and the policy rows probe the Services, so the
+/// open network's service probes (everything answers) are not planned.
+fn plan_probes(
+    state: &weir_lab::LabState,
+    lab_dir: &weir_lab::state::LabDir,
+) -> anyhow::Result<(Vec<matrix::Probe>, Vec<services::SvcProbe>)> {
+    let mut probes = matrix::plan(state);
+    if state.policy_agents.is_empty() {
+        return Ok((probes, services::plan(state)));
+    }
+    let cluster = netpol::load_cluster(&lab_dir.manifests())?;
+    netpol::expect(&cluster, state, &mut probes);
+    probes.extend(netpol::service_rows(&cluster, state));
+    Ok((probes, Vec::new()))
+}
+
 fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
-    let probes = matrix::plan(state);
-    let svc_probes = services::plan(state);
+    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
+    let policy = !state.policy_agents.is_empty();
+    let (probes, svc_probes) = match plan_probes(state, &lab_dir) {
+        Ok(p) => p,
+        Err(e) => {
+            println!("FAIL: the lab's policy objects: {e:#}");
+            return ExitCode::from(1);
+        }
+    };
     let (results, svc_results) = std::thread::scope(|s| {
         let m = s.spawn(|| matrix::run(&probes));
         let svc = services::run(&svc_probes);
         (m.join().expect("matrix thread"), svc)
     });
-    let proxies: Vec<serde_json::Value> = state
-        .proxies
-        .iter()
-        .map(|p| {
-            serde_json::json!({
-                "node": p.node,
-                "pid": p.pid,
-                "alive": weir_lab::ns::alive(p.pid),
-            })
-        })
-        .collect();
-    let proxies_ok = proxies.iter().all(|p| p["alive"] == true);
-    let routes: Vec<serde_json::Value> = state
-        .routes
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "node": r.node,
-                "pid": r.pid,
-                "alive": weir_lab::ns::alive(r.pid),
-            })
-        })
-        .collect();
-    let routes_ok = routes.iter().all(|r| r["alive"] == true);
-    let lab_dir = weir_lab::state::LabDir::new(&state_root(), &state.lab);
+    let (proxies, proxies_ok) = agents_json(&state.proxies);
+    let (routes, routes_ok) = agents_json(&state.routes);
+    let (policy_agents, policy_ok) = agents_json(&state.policy_agents);
     let dns = weir_lab::dns::load(&lab_dir).map(|d| {
         let results = weir_lab::dns::run(&weir_lab::dns::plan(state, &d), &d, &lab_dir);
         (d, results)
@@ -463,6 +489,9 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             "proxies": proxies,
             "routes": routes,
         });
+        if policy {
+            out["policy_agents"] = serde_json::Value::Array(policy_agents.clone());
+        }
         if let Some(c) = &counters {
             out["eni"] = serde_json::to_value(c).expect("counters serialize");
         }
@@ -478,6 +507,12 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         println!("{}", matrix::summary(&results));
         println!();
         match state.proxy.mode() {
+            _ if policy => println!(
+                "{} services probed by the policy rows (cluster-ip, node-port); every \
+                 EXPECTED is weir-policy's oracle on the objects in {}",
+                state.services.len(),
+                lab_dir.manifests().display()
+            ),
             None if !state.services.is_empty() => {
                 println!(
                     "{} services not probed: the lab runs no proxy (proxy: none)",
@@ -513,19 +548,15 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             print!("{}", weir_lab::dns::render(r));
             println!("{}", weir_lab::dns::summary(r, d));
         }
-        for p in &proxies {
-            if p["alive"] != true {
+        for (agent, rows) in [
+            ("proxy", &proxies),
+            ("routes", &routes),
+            ("policy", &policy_agents),
+        ] {
+            for a in rows.iter().filter(|a| a["alive"] != true) {
                 println!(
-                    "FAIL: weir proxy on node {} (pid {}) is not running",
-                    p["node"], p["pid"]
-                );
-            }
-        }
-        for r in &routes {
-            if r["alive"] != true {
-                println!(
-                    "FAIL: weir routes on node {} (pid {}) is not running",
-                    r["node"], r["pid"]
+                    "FAIL: weir {agent} on node {} (pid {}) is not running",
+                    a["node"], a["pid"]
                 );
             }
         }
@@ -534,6 +565,7 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         && svc_results.iter().all(|r| r.ok)
         && proxies_ok
         && routes_ok
+        && policy_ok
         && dns_ok
     {
         ExitCode::SUCCESS

@@ -101,6 +101,22 @@ pub fn proxy_launch(
     }
 }
 
+/// How the lab runs `weir policy` on `node` (a topology with policies).
+pub fn policy_launch(
+    bins: &Binaries,
+    dir: &LabDir,
+    node: &NodeState,
+) -> crate::netpol::agent::Launch {
+    crate::netpol::agent::Launch {
+        weir: bins.weir.clone(),
+        manifests: dir.manifests(),
+        node: node.name.clone(),
+        node_ip: node.underlay_ip,
+        netns: node.netns.clone(),
+        log: dir.policy_log(&node.name),
+    }
+}
+
 /// What [`restart_proxy`] did.
 #[derive(Debug)]
 pub struct Restart {

@@ -71,6 +71,13 @@ pub fn down(
                 pids.push(r.pid);
             }
         }
+        for a in &state.policy_agents {
+            if crate::netpol::agent::is_weir_policy(a.pid, &dir.manifests())
+                && !pids.contains(&a.pid)
+            {
+                pids.push(a.pid);
+            }
+        }
     }
     ns::kill_all(&pids);
     report.killed = pids;

@@ -162,6 +162,10 @@ pub fn add_node(
     let mut state = load_state(lab, root)?;
     let mut topo = Topology::parse(&std::fs::read_to_string(dir.topology())?)
         .map_err(|e| anyhow!("{}: {e}", dir.topology().display()))?;
+    if topo.enforces_policy() {
+        // Its pods would need Pod objects and the node its own `weir policy`.
+        bail!("lab {lab}: nodes do not join a lab with policies");
+    }
     if topo.network != Network::Bridge {
         bail!("lab {lab}: nodes join bridge-network labs only");
     }

@@ -10,7 +10,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::{LinkBridge, RouteMessageBuilder};
 use weir_kernel::{sysctl, NetNs, Rtnl};
 
-use super::agents::{proxy_launch, start_routes};
+use super::agents::{policy_launch, proxy_launch, start_routes};
 use super::context::{ms, Binaries, Progress, Steps};
 use super::nodes::{add_pod, create_node};
 use crate::cni::Plugin;
@@ -70,6 +70,7 @@ fn step_count(topo: &Topology) -> usize {
         + 1
         + 1
         + usize::from(topo.proxy.mode().is_some())
+        + usize::from(topo.enforces_policy())
         + usize::from(topo.dns.on())
 }
 
@@ -94,6 +95,8 @@ fn initial_state(topo: &Topology) -> anyhow::Result<LabState> {
             .collect(),
         proxies: Vec::new(),
         routes: Vec::new(),
+        policy_agents: Vec::new(),
+        outside_addresses: topo.outside_addresses.clone(),
     })
 }
 
@@ -136,6 +139,7 @@ fn build(
     b.eni_fix_off()?;
     b.echo_servers(&out_name)?;
     b.services(&out)?;
+    b.policy_agents()?;
     b.weir_proxies()?;
     b.kube_proxy_rules()?;
     b.dns()?;
@@ -182,6 +186,9 @@ impl Build<'_> {
             let mut rt = Rtnl::in_netns(&out)?;
             let lo = rt.require_link("lo")?;
             rt.addr_ensure(lo.index, IpNet::V4(Ipv4Net::new(topo.outside, 32)?))?;
+            for extra in &topo.outside_addresses {
+                rt.addr_ensure(lo.index, IpNet::V4(Ipv4Net::new(*extra, 32)?))?;
+            }
         }
         out.run(|| sysctl::ensure("net.ipv4.ip_forward", "1"))??;
         let mut v6 = String::new();
@@ -198,8 +205,13 @@ impl Build<'_> {
             out.run(|| sysctl::ensure("net.ipv6.conf.all.forwarding", "1"))??;
             v6 = format!(", {router} on eth0, {} on lo", ipv6.outside);
         }
+        let extra: String = topo
+            .outside_addresses
+            .iter()
+            .map(|a| format!(", {a}"))
+            .collect();
         self.steps.step(&format!(
-            "outside {out_name}: {} on eth0, {} on lo{v6} ({} ms)",
+            "outside {out_name}: {} on eth0, {}{extra} on lo{v6} ({} ms)",
             topo.router_ip(),
             topo.outside,
             ms(t)
@@ -368,6 +380,41 @@ impl Build<'_> {
             } else {
                 format!("; outside routes {}", lb_routes.join(", "))
             },
+            ms(t)
+        ));
+        Ok(())
+    }
+
+    /// `weir policy` on every node of a lab with policies, all started before waiting for
+    /// any: the probes run only once every node enforces the objects just written.
+    fn policy_agents(&mut self) -> anyhow::Result<()> {
+        if !self.topo.enforces_policy() {
+            return Ok(());
+        }
+        let t = Instant::now();
+        let mut started = Vec::new();
+        for node in &self.state.nodes {
+            let launch = policy_launch(self.bins, &self.dir, node);
+            let pid = launch.spawn()?;
+            self.state.policy_agents.push(ProxyState {
+                node: node.name.clone(),
+                netns: node.netns.clone(),
+                pid,
+            });
+            self.state.save(&self.dir.state())?;
+            started.push((launch, pid));
+        }
+        let mut ready = Vec::new();
+        for (launch, pid) in &started {
+            let timeout = crate::timeout::startup_timeout(crate::netpol::agent::READY_TIMEOUT);
+            let took = launch.wait_ready(*pid, timeout)?;
+            ready.push(format!("{} {} ms", launch.node, took.as_millis()));
+        }
+        self.steps.step(&format!(
+            "policy: weir policy enforcing {} NetworkPolicies on {} nodes ({}; {} ms)",
+            self.topo.policies.len(),
+            started.len(),
+            ready.join(", "),
             ms(t)
         ));
         Ok(())
