@@ -43,7 +43,7 @@ pub struct Check {
 }
 
 impl Check {
-    fn new(id: &'static str, title: &'static str) -> Check {
+    pub(crate) fn new(id: &'static str, title: &'static str) -> Check {
         Check {
             id,
             title,
@@ -53,23 +53,23 @@ impl Check {
         }
     }
 
-    fn skip(mut self, why: impl Into<String>) -> Check {
+    pub(crate) fn skip(mut self, why: impl Into<String>) -> Check {
         self.status = Status::Skip;
         self.evidence.push(why.into());
         self
     }
 
     /// Raises the status to `s` (never lowers it) and records why.
-    fn found(&mut self, s: Status, evidence: impl Into<String>) {
+    pub(crate) fn found(&mut self, s: Status, evidence: impl Into<String>) {
         self.status = self.status.max(s);
         self.evidence.push(evidence.into());
     }
 
-    fn note(&mut self, evidence: impl Into<String>) {
+    pub(crate) fn note(&mut self, evidence: impl Into<String>) {
         self.evidence.push(evidence.into());
     }
 
-    fn add_fix(&mut self, fix: impl Into<String>) {
+    pub(crate) fn add_fix(&mut self, fix: impl Into<String>) {
         let fix = fix.into();
         match &mut self.fix {
             Some(f) if !f.contains(&fix) => {
@@ -119,6 +119,9 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         rp_filter_refusals(st),
         mtu(st),
         eni_asymmetric(st),
+        crate::doctor_policy::policy_dns(st.objects.as_ref()),
+        crate::doctor_policy::policy_selector(st.objects.as_ref()),
+        crate::doctor_policy::policy_named_port(st.objects.as_ref()),
     ]
 }
 

@@ -12,6 +12,7 @@
 
 pub mod conntrack;
 pub mod doctor;
+pub mod doctor_policy;
 pub mod hairpin;
 pub mod iproute;
 pub mod ipset;
@@ -21,6 +22,7 @@ pub mod ipvs;
 pub mod kernel_log;
 pub mod live;
 pub mod nft;
+pub mod objects;
 pub mod paste;
 pub mod route_get;
 pub mod state;
