@@ -52,11 +52,7 @@ fn peer_pods<'a>(c: &'a Cluster, policy: &PolicyInfo, peers: &Peers) -> Vec<&'a 
 }
 
 /// The check's input, or the check skipped saying what it lacks.
-fn input(
-    objects: Option<&Objects>,
-    c: Check,
-    needs_pods: bool,
-) -> Result<&Cluster, Check> {
+fn input(objects: Option<&Objects>, c: Check, needs_pods: bool) -> Result<&Cluster, Check> {
     let Some(o) = objects else {
         return Err(c.skip(NO_OBJECTS));
     };

@@ -176,7 +176,8 @@ impl Walker<'_> {
                         };
                         let Some(verdict) = self.nft_lookup(rs, family, table, &v["data"], &k)
                         else {
-                            if policy_table {
+                            // (An `ip6` map's key on an IPv4 packet is no lookup at all.)
+                            if policy_table && !matches!(k, NVal::Absent) {
                                 self.policy_miss(&v["data"], p, stage, &place, &r.text);
                             }
                             continue 'rules;

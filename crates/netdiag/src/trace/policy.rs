@@ -82,14 +82,11 @@ impl PolicyDecision {
                 } else {
                     format!(" (isolated by {list})")
                 };
-                format!(
-                    "no policy allows {} {to} {pod}{isolated}",
-                    self.direction
-                )
+                format!("no policy allows {} {to} {pod}{isolated}", self.direction)
             }
             PolicyVerdict::NotIsolated => format!(
-                "{} {to} {}: not isolated on this node (no NetworkPolicy selects a pod there with that address)",
-                self.direction, self.address
+                "{} {to} {}: not isolated (no pod on this node isolated for {} has this address)",
+                self.direction, self.address, self.direction
             ),
         }
     }
