@@ -17,7 +17,7 @@ use weir_policy::model::{
 };
 use weir_policy::model::{Peer, Peers};
 
-use crate::doctor::{Check, Status};
+use crate::check::{Check, Status};
 use crate::objects::Objects;
 
 /// What the checks say when there are no objects to judge.

@@ -10,6 +10,7 @@
 //! [`Skipped`] and the rest of the file still counts, because operators paste partial,
 //! grep-cut and old-version outputs.
 
+pub mod check;
 pub mod conntrack;
 pub mod doctor;
 pub mod doctor_policy;

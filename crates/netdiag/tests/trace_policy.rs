@@ -229,6 +229,24 @@ fn a_comment_with_more_policies_than_fit_is_said_with_the_count() {
     assert_eq!(t.policy.last().unwrap().isolated_by_more, 3);
 }
 
+/// The objects saved beside the node are the ones the golden was rendered from.
+#[test]
+fn the_saved_objects_render_to_the_golden() {
+    let st = node();
+    let objects = st.objects.as_ref().expect("objects.yaml read by content");
+    assert_eq!(objects.files, ["objects.yaml"]);
+    assert!(
+        objects.errors.is_empty() && objects.warnings.is_empty(),
+        "{objects:?}"
+    );
+    let golden =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policy/tests/golden/before.nft");
+    assert_eq!(
+        weir_policy::nft::render(&weir_policy::plan(&objects.cluster, "n1")),
+        std::fs::read_to_string(golden).unwrap()
+    );
+}
+
 /// The fixture is what the golden table loads to today (root: loaded into a scratch network
 /// namespace with `unshare -n`, listed with `nft -j`): a changed renderer fails here until
 /// `capture.sh` is run again.

@@ -28,7 +28,7 @@ x ip route add default via 192.168.1.254 dev eth0
 x sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
 for i in $(x ls /proc/sys/net/ipv4/conf); do x sysctl -qw "net.ipv4.conf.$i.rp_filter=0"; done
 x nft -f crates/policy/tests/golden/before.nft
-find "$dir" -type f ! -name capture.sh -delete
+find "$dir" -type f ! -name capture.sh ! -name objects.yaml -delete
 target/debug/weir trace collect "$dir" --netns "$ns"
 # The namespace's name is this run's; keep the manifest stable.
 sed -i "s/$ns/wpcap/g" "$dir/manifest.json"
