@@ -72,6 +72,14 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         st.objects = Some(objects);
     }
     if let Some(o) = &st.objects {
+        let c = &o.cluster;
+        notes.push(format!(
+            "objects: {} Namespace(s), {} Pod(s), {} NetworkPolicy(ies) from {}",
+            c.namespaces.len(),
+            c.pods.len(),
+            c.policies.len(),
+            o.files.join(", ")
+        ));
         notes.extend(o.errors.iter().map(|e| format!("objects: {e}")));
         notes.extend(o.warnings.iter().map(|w| format!("objects: {w}")));
     }
