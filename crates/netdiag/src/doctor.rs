@@ -12,75 +12,7 @@ use crate::iptables::{Dump, Rule as IptRule};
 use crate::nft::Ruleset;
 use crate::state::NodeState;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Status {
-    Ok,
-    Skip,
-    Warn,
-    Fail,
-}
-
-impl Status {
-    pub fn label(self) -> &'static str {
-        match self {
-            Status::Ok => "ok",
-            Status::Skip => "skip",
-            Status::Warn => "warn",
-            Status::Fail => "FAIL",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    pub id: &'static str,
-    pub title: &'static str,
-    pub status: Status,
-    pub evidence: Vec<String>,
-    /// What to do; `None` when there is nothing to fix.
-    pub fix: Option<String>,
-}
-
-impl Check {
-    fn new(id: &'static str, title: &'static str) -> Check {
-        Check {
-            id,
-            title,
-            status: Status::Ok,
-            evidence: Vec::new(),
-            fix: None,
-        }
-    }
-
-    fn skip(mut self, why: impl Into<String>) -> Check {
-        self.status = Status::Skip;
-        self.evidence.push(why.into());
-        self
-    }
-
-    /// Raises the status to `s` (never lowers it) and records why.
-    fn found(&mut self, s: Status, evidence: impl Into<String>) {
-        self.status = self.status.max(s);
-        self.evidence.push(evidence.into());
-    }
-
-    fn note(&mut self, evidence: impl Into<String>) {
-        self.evidence.push(evidence.into());
-    }
-
-    fn add_fix(&mut self, fix: impl Into<String>) {
-        let fix = fix.into();
-        match &mut self.fix {
-            Some(f) if !f.contains(&fix) => {
-                f.push_str("; ");
-                f.push_str(&fix);
-            }
-            Some(_) => {}
-            None => self.fix = Some(fix),
-        }
-    }
-}
+pub use crate::check::{Check, Status};
 
 /// A pod's DNS configuration and what answered from inside its namespace.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -119,6 +51,9 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         rp_filter_refusals(st),
         mtu(st),
         eni_asymmetric(st),
+        crate::doctor_policy::policy_dns(st.objects.as_ref()),
+        crate::doctor_policy::policy_selector(st.objects.as_ref()),
+        crate::doctor_policy::policy_named_port(st.objects.as_ref()),
     ]
 }
 

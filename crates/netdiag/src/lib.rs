@@ -10,8 +10,10 @@
 //! [`Skipped`] and the rest of the file still counts, because operators paste partial,
 //! grep-cut and old-version outputs.
 
+pub mod check;
 pub mod conntrack;
 pub mod doctor;
+pub mod doctor_policy;
 pub mod hairpin;
 pub mod iproute;
 pub mod ipset;
@@ -21,6 +23,7 @@ pub mod ipvs;
 pub mod kernel_log;
 pub mod live;
 pub mod nft;
+pub mod objects;
 pub mod paste;
 pub mod route_get;
 pub mod state;

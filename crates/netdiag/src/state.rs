@@ -257,6 +257,10 @@ pub struct NodeState {
     pub assumptions: Vec<String>,
     /// The outputs that were there.
     pub present: Vec<Output>,
+    /// Kubernetes objects (Namespaces, Pods, NetworkPolicies) found among the files, by
+    /// content, for doctor's policy checks.
+    #[serde(skip)]
+    pub objects: Option<crate::objects::Objects>,
 }
 
 impl NodeState {
@@ -645,10 +649,12 @@ impl NodeState {
         Some(side)
     }
 
-    /// Reads every file of `dir` whose name stands for an output ([`Output::for_file_name`]);
-    /// other files are listed in `ignored`. Unreadable files are an error: losing one silently
-    /// would make the checks lie.
+    /// Reads every file of `dir` whose name stands for an output ([`Output::for_file_name`]),
+    /// and any other file holding Kubernetes objects ([`NodeState::objects`]); other files
+    /// are listed in `ignored`. Unreadable outputs are an error: losing one silently would
+    /// make the checks lie.
     pub fn from_dir(dir: &Path) -> std::io::Result<(NodeState, Vec<String>)> {
+        let mut objects = None;
         let mut outputs = Vec::new();
         let mut ignored = Vec::new();
         let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
@@ -665,10 +671,23 @@ impl NodeState {
                     })?;
                     outputs.push((o, text));
                 }
-                None => ignored.push(name),
+                // Kubernetes objects (`kubectl get … -o yaml`) under any name, by content.
+                None => match std::fs::read_to_string(e.path()) {
+                    Ok(text) if crate::objects::looks_like_objects(&text) => {
+                        let found = objects
+                            .get_or_insert_with(crate::objects::Objects::default)
+                            .add_text(&name, &text);
+                        if found == 0 {
+                            ignored.push(name);
+                        }
+                    }
+                    _ => ignored.push(name),
+                },
             }
         }
-        Ok((NodeState::from_outputs(outputs), ignored))
+        let mut st = NodeState::from_outputs(outputs);
+        st.objects = objects;
+        Ok((st, ignored))
     }
 
     /// Every address assigned on this node, with its interface: `ip addr`'s, then those learnt

@@ -8,9 +8,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::key::ObjectKey;
-use crate::model::{
-    Cluster, Direction, NamespaceScope, Peer, Peers, PodInfo, PortSelector, Ports, Protocol, Rule,
-};
+use crate::model::{Cluster, Direction, Peer, Peers, PodInfo, PortSelector, Ports, Protocol, Rule};
 
 /// One end of a connection, with the address the packet carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,9 +96,7 @@ fn direction_allows(
     let selecting: Vec<_> = cluster
         .policies
         .values()
-        .filter(|p| p.key.namespace == pod.key.namespace)
-        .filter(|p| p.pod_selector.matches(&pod.labels))
-        .filter(|p| p.isolates(direction))
+        .filter(|p| p.selects(pod) && p.isolates(direction))
         .collect();
     if selecting.is_empty() {
         return true;
@@ -160,17 +156,7 @@ fn rule_allows(
 fn peer_matches(cluster: &Cluster, policy_namespace: &str, peer: &Peer, e: &Endpoint) -> bool {
     match peer {
         Peer::Block(block) => block.contains(e.ip()),
-        Peer::Pods { namespaces, pods } => {
-            let Some(pod) = policed_pod(cluster, e) else {
-                return false;
-            };
-            let namespace_ok = match namespaces {
-                NamespaceScope::Own => *pod.key.namespace == *policy_namespace,
-                NamespaceScope::Matching(selector) => {
-                    selector.matches(&cluster.namespace_labels(&pod.key.namespace))
-                }
-            };
-            namespace_ok && pods.matches(&pod.labels)
-        }
+        Peer::Pods { .. } => policed_pod(cluster, e)
+            .is_some_and(|pod| peer.selects_pod(cluster, policy_namespace, pod)),
     }
 }

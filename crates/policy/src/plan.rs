@@ -31,6 +31,9 @@ pub struct PodProgram {
 /// (a pod cannot block itself) or some rule allows it; everything else is dropped.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Program {
+    /// The policies that isolate the pod in this direction (they select it and have this
+    /// policy type), by `namespace/name`: what a denial is blamed on when no rule allows.
+    pub isolated_by: Vec<ObjectKey>,
     /// In policy order (`namespace/name`), then rule order. Rules that come out the same for
     /// many pods are one shared allocation.
     pub rules: Vec<Arc<AllowRule>>,

@@ -100,7 +100,9 @@ impl<'a> Planner<'a> {
         let isolating = selecting.iter().filter(|p| p.isolates(direction));
         let mut program: Option<Program> = None;
         for policy in isolating {
-            let rules = &mut program.get_or_insert_with(Program::default).rules;
+            let program = program.get_or_insert_with(Program::default);
+            program.isolated_by.push(policy.key.clone());
+            let rules = &mut program.rules;
             for compiled in self.compiled(policy, direction).iter() {
                 match compiled {
                     Compiled::Fixed(rule) => rules.push(rule.clone()),
@@ -483,8 +485,11 @@ mod tests {
         let web = &plan.pods[&key("web-0")];
         assert_eq!(
             web.ingress,
-            Some(Program::default()),
-            "isolated, nothing allowed"
+            Some(Program {
+                isolated_by: vec![key("deny")],
+                rules: vec![],
+            }),
+            "isolated by deny, nothing allowed"
         );
         assert_eq!(web.egress, None);
         assert_eq!(plan.pods[&key("db-0")].ingress, None);

@@ -54,6 +54,11 @@ fn policies() -> serde_json::Value {
                              {"ports": [{"protocol": "UDP", "port": "dns"}, {"protocol": "UDP", "port": 53}]}]}},
         {"metadata": {"namespace": "shop", "name": "db-deny"},
          "spec": {"podSelector": {"matchLabels": {"app": "db"}}}},
+        // A second isolating policy for web and db (free-0 stays open): the drop comments
+        // name both.
+        {"metadata": {"namespace": "shop", "name": "default-deny"},
+         "spec": {"podSelector": {"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["free"]}]},
+                  "policyTypes": ["Ingress"]}},
     ])
 }
 

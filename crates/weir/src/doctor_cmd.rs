@@ -25,6 +25,11 @@ pub struct DoctorArgs {
     /// The pod's resolv.conf (default: read through a process living in --pod-netns).
     #[arg(long, requires = "pod_netns")]
     resolv_conf: Option<PathBuf>,
+    /// Kubernetes objects for the NetworkPolicy checks: a manifest file or directory, or a
+    /// `kubectl get namespaces,pods,networkpolicies -A -o yaml` dump (repeatable). In --dir,
+    /// files holding objects are read without it.
+    #[arg(long, value_name = "FILE|DIR")]
+    objects: Vec<PathBuf>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -56,6 +61,28 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             NodeState::from_outputs(outputs)
         }
     };
+    let mut st = st;
+    if !args.objects.is_empty() {
+        let mut objects = st.objects.take().unwrap_or_default();
+        for path in &args.objects {
+            objects
+                .add_path(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+        }
+        st.objects = Some(objects);
+    }
+    if let Some(o) = &st.objects {
+        let c = &o.cluster;
+        notes.push(format!(
+            "objects: {} Namespace(s), {} Pod(s), {} NetworkPolicy(ies) from {}",
+            c.namespaces.len(),
+            c.pods.len(),
+            c.policies.len(),
+            o.files.join(", ")
+        ));
+        notes.extend(o.errors.iter().map(|e| format!("objects: {e}")));
+        notes.extend(o.warnings.iter().map(|w| format!("objects: {w}")));
+    }
     let pod = match &args.pod_netns {
         Some(ns) => Some(pod_dns(ns, args.resolv_conf.as_ref())?),
         // A directory may hold the pod's resolv.conf (pod-resolv.conf): its lines are checked.

@@ -34,7 +34,7 @@ fn doctor_on_a_directory_fails_with_evidence_and_json() {
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 12);
+    assert_eq!(checks.len(), 15);
     let eni = checks.iter().find(|c| c["id"] == "eni-asymmetric").unwrap();
     assert_eq!(eni["status"], "fail");
     assert!(eni["evidence"][0]
@@ -100,6 +100,70 @@ fn trace_on_a_directory_exit_status_follows_the_verdict() {
     let o = weir(&["doctor", "--dir", "/nonexistent/weir-diag"]);
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read /nonexistent/weir-diag"));
+}
+
+/// NetworkPolicy through the commands, on node n1 of weir-policy's golden
+/// (crates/netdiag/tests/data/policy-node, which holds the objects too): trace names the
+/// isolating policies of a drop (exit 1, `--json`'s `policy`) and the policy of an allow;
+/// doctor reads the objects from the directory by content, and more from `--objects`.
+#[test]
+fn policy_trace_and_doctor_through_the_commands() {
+    let dir = data("policy-node");
+    let dir = dir.to_str().unwrap();
+    let trace = |from: &str, iif: &str, to: &str, port: &str, json: bool| {
+        let mut args = vec![
+            "trace", "--from", from, "--iif", iif, "--to", to, "--dport", port, dir,
+        ];
+        if json {
+            args.push("--json");
+        }
+        weir(&args)
+    };
+    let o = trace("10.0.1.3", "eth0", "10.0.0.3", "5432", false);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains(
+        "verdict: DROPPED: FORWARD: NetworkPolicy: no policy allows ingress to shop/db-0 (isolated by shop/db-deny, shop/default-deny)"
+    ), "{}", stdout(&o));
+    let o = trace("10.0.1.3", "eth0", "10.0.0.3", "5432", true);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["trace"]["policy"][1]["verdict"], "dropped");
+    assert_eq!(v["trace"]["policy"][1]["pod"], "shop/db-0");
+    let o = trace("10.0.1.1", "eth0", "10.0.0.1", "8080", false);
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("policy: ingress to shop/web-0 allowed by shop/web-from-lb"));
+
+    let o = weir(&["doctor", "--dir", dir, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let check = |v: &serde_json::Value, id: &str| {
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    for id in ["policy-dns", "policy-selector", "policy-named-port"] {
+        assert_eq!(check(&v, id)["status"], "ok", "{id}: {v}");
+    }
+    // A policy whose selector has a typo, given with --objects.
+    let extra = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        extra.path(),
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {namespace: shop, name: db-typo}\nspec: {podSelector: {matchLabels: {app: dbb}}}\n",
+    )
+    .unwrap();
+    let o = weir(&[
+        "doctor",
+        "--dir",
+        dir,
+        "--objects",
+        extra.path().to_str().unwrap(),
+    ]);
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "a warning is no failure: {text}");
+    assert!(text.contains("warn  policy-selector"), "{text}");
+    assert!(text.contains("shop/db-typo: podSelector app=dbb matches no pod in namespace shop (its pods have app=db, app=free, app=lb, app=probe, app=web)"), "{text}");
 }
 
 /// IPv6 through the command: a collected IPv6 node (crates/netdiag/tests/data/v6-nft-node),

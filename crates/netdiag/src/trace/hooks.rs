@@ -112,6 +112,9 @@ impl Walker<'_> {
 
     /// A netfilter drop, with fixes for the cases this module recognises.
     pub(super) fn drop_cause(&self, stage: &str, place: &str, rule: String, p: &Pkt) -> Dropped {
+        if let Some(dropped) = self.policy_drop_cause(stage, &rule, p) {
+            return dropped;
+        }
         let mut fixes = Vec::new();
         if stage.ends_with("FORWARD") && rule.contains("policy") {
             // The tool of the packet's family: an IPv6 packet's FORWARD policy is ip6tables'.

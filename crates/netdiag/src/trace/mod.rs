@@ -34,6 +34,7 @@ mod nft_walk;
 mod output;
 mod packet;
 mod path;
+mod policy;
 mod render;
 mod reply;
 mod routing;
@@ -47,8 +48,8 @@ use crate::state::NodeState;
 
 use packet::Pkt;
 pub use packet::{
-    Branch, Condition, Egress, EndpointOutcome, Fact, Hop, Packet, Proto, Trace, Unknown, Verdict,
-    LOCAL,
+    Branch, Condition, Egress, EndpointOutcome, Fact, Hop, Packet, PolicyDecision, PolicyVerdict,
+    Proto, Trace, Unknown, Verdict, LOCAL,
 };
 pub use render::{render, svg};
 use walker::{ChoicePoints, Walker};
@@ -150,6 +151,7 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
                 branches: e.branches,
                 egress: e.egress,
                 hops: e.hops,
+                policy: e.policy,
             });
         }
     }
@@ -425,6 +427,7 @@ fn walk_once(
             branches: Vec::new(),
             unknowns: Vec::new(),
             endpoint_outcomes: Vec::new(),
+            policy: w.policy,
         },
         asked,
         w.points,

@@ -26,6 +26,7 @@ impl Walker<'_> {
             return Flow::Return;
         }
         let place = format!("nft {family} {table} {chain}");
+        let policy_table = super::policy::is_policy_table(family, table);
         let rules: Vec<nft::Rule> = rs
             .rules
             .iter()
@@ -61,11 +62,19 @@ impl Walker<'_> {
                     // `update @set { ip saddr }` (affinity): records, changes nothing now.
                     "set" => {}
                     "accept" => {
-                        self.hop(stage, place, Some(r.text.clone()), "accepted");
+                        if !(policy_table
+                            && self.policy_verdict(rs, chain, r, "accept", p, stage, &place))
+                        {
+                            self.hop(stage, place, Some(r.text.clone()), "accepted");
+                        }
                         return Flow::Accept;
                     }
                     "drop" => {
-                        self.hop(stage, place, Some(r.text.clone()), "dropped");
+                        if !(policy_table
+                            && self.policy_verdict(rs, chain, r, "drop", p, stage, &place))
+                        {
+                            self.hop(stage, place, Some(r.text.clone()), "dropped");
+                        }
                         return Flow::Drop(r.text.clone());
                     }
                     "reject" => {
@@ -73,7 +82,12 @@ impl Walker<'_> {
                         self.hop(stage, place, Some(r.text.clone()), "rejected");
                         return Flow::Drop(r.text.clone());
                     }
-                    "return" => return Flow::Return,
+                    "return" => {
+                        if policy_table {
+                            self.policy_verdict(rs, chain, r, "return", p, stage, &place);
+                        }
+                        return Flow::Return;
+                    }
                     "jump" | "goto" => {
                         let target = v["target"].as_str().unwrap_or_default().to_string();
                         self.hop(
@@ -162,6 +176,10 @@ impl Walker<'_> {
                         };
                         let Some(verdict) = self.nft_lookup(rs, family, table, &v["data"], &k)
                         else {
+                            // (An `ip6` map's key on an IPv4 packet is no lookup at all.)
+                            if policy_table && !matches!(k, NVal::Absent) {
+                                self.policy_miss(&v["data"], p, stage, &place, &r.text);
+                            }
                             continue 'rules;
                         };
                         match self.nft_verdict(

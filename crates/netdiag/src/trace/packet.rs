@@ -158,6 +158,44 @@ pub struct Trace {
     /// endpoint's is; otherwise the cause counts them and names the failing ones, and the hops
     /// shown are the first failing endpoint's path.
     pub endpoint_outcomes: Vec<EndpointOutcome>,
+    /// What weir's NetworkPolicy table (`table inet weir-policy`) decided on the way, in
+    /// the order the walk met it: the source pod's egress, then the destination's ingress.
+    /// Empty on a node without that table.
+    pub policy: Vec<PolicyDecision>,
+}
+
+/// One decision of weir's NetworkPolicy table for the packet: at one pod, in one direction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyDecision {
+    /// `ingress` (at the destination pod) or `egress` (at the source pod).
+    pub direction: String,
+    /// The address the table looked up: the destination for ingress, the source for egress.
+    pub address: IpAddr,
+    /// The pod (`namespace/name`) whose chain decided, as the chain's drop comment names it;
+    /// `None` when the address is no isolated pod's.
+    pub pod: Option<String>,
+    pub verdict: PolicyVerdict,
+    /// The policy whose rule allowed the packet (`shop/web-from-lb`).
+    pub allowed_by: Option<String>,
+    /// The policies isolating the pod in this direction, as the drop comment names them.
+    pub isolated_by: Vec<String>,
+    /// How many more isolate it than the comment could name (nft's 128-byte limit).
+    pub isolated_by_more: usize,
+    /// The rule that decided, as the dump writes it.
+    pub rule: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyVerdict {
+    /// A rule of a policy selecting the pod allows it (`allowed_by`).
+    Allowed,
+    /// The pod's own address ("a pod cannot block access to itself").
+    Itself,
+    /// The pod is isolated in this direction and no rule allows the packet.
+    Dropped,
+    /// No policy isolates the address in this direction on this node: not policed here.
+    NotIsolated,
 }
 
 /// The walk to one endpoint of a choice.
@@ -176,6 +214,8 @@ pub struct EndpointOutcome {
     pub egress: Option<Egress>,
     /// The hops of the walk to this endpoint (with a conditional verdict: a failing branch's).
     pub hops: Vec<Hop>,
+    /// What weir's NetworkPolicy table decided on the walk to this endpoint.
+    pub policy: Vec<PolicyDecision>,
 }
 
 impl EndpointOutcome {

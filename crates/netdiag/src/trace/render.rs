@@ -1,6 +1,6 @@
 //! A trace as text for people, and as an SVG picture.
 
-use super::packet::{EndpointOutcome, Trace, Verdict};
+use super::packet::{EndpointOutcome, PolicyVerdict, Trace, Verdict};
 
 /// A trace for people: one line per hop with its rule, then the verdict.
 pub fn render(t: &Trace) -> String {
@@ -20,6 +20,13 @@ pub fn render(t: &Trace) -> String {
     }
     for c in &t.choices {
         out.push_str(&format!("choice: {c}\n"));
+    }
+    for d in &t.policy {
+        let word = match d.verdict {
+            PolicyVerdict::Dropped => "DROPPED by NetworkPolicy: ",
+            _ => "",
+        };
+        out.push_str(&format!("policy: {word}{}\n", d.describe()));
     }
     if !t.endpoint_outcomes.is_empty() {
         out.push_str(&format!("endpoints: {}\n", endpoint_count(t)));

@@ -35,6 +35,8 @@ pub(super) struct Walker<'a> {
     pub(super) picks: Vec<usize>,
     /// Each choice met: how many options, and the endpoint taken.
     pub(super) points: ChoicePoints,
+    /// What weir's NetworkPolicy table decided ([`super::policy`]).
+    pub(super) policy: Vec<super::packet::PolicyDecision>,
 }
 
 /// Each choice among endpoints a walk met: how many options, and the endpoint it took.
@@ -61,6 +63,7 @@ impl<'a> Walker<'a> {
             unknown_outcome: false,
             picks: Vec::new(),
             points: Vec::new(),
+            policy: Vec::new(),
         }
     }
 }

@@ -47,6 +47,7 @@ fn plan(pods: &[(&str, &str, u16)]) -> PolicyPlan {
         let program = PodProgram {
             ips: vec![ip.parse().unwrap()],
             ingress: Some(Program {
+                isolated_by: vec![ObjectKey::new("shop", "allow")],
                 rules: vec![Arc::new(rule)],
             }),
             egress: None,

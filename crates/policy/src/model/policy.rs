@@ -9,7 +9,7 @@ use k8s_openapi::api::networking::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{is_iana_service_name, Protocol, Selector};
+use super::{is_iana_service_name, Cluster, PodInfo, Protocol, Selector};
 use crate::key::ObjectKey;
 use crate::warning::{Outcome, Problem, Warning};
 
@@ -40,6 +40,13 @@ impl PolicyInfo {
             Direction::Ingress => self.isolates_ingress,
             Direction::Egress => self.isolates_egress,
         }
+    }
+
+    /// Whether the policy applies to `pod`: the same namespace and a matching podSelector.
+    /// Whether the pod can be policed at all (live, not hostNetwork) is the caller's
+    /// question.
+    pub fn selects(&self, pod: &PodInfo) -> bool {
+        self.key.namespace == pod.key.namespace && self.pod_selector.matches(&pod.labels)
     }
 
     /// The rules that count in `direction`: none when the policy does not isolate it.
@@ -75,6 +82,23 @@ pub enum Peer {
         pods: Selector,
     },
     Block(IpBlock),
+}
+
+impl Peer {
+    /// Whether this peer of a policy in `policy_namespace` selects `pod` by the labels of
+    /// the pod and of its namespace. An ipBlock selects addresses, not pods: false.
+    pub fn selects_pod(&self, cluster: &Cluster, policy_namespace: &str, pod: &PodInfo) -> bool {
+        let Peer::Pods { namespaces, pods } = self else {
+            return false;
+        };
+        let namespace_ok = match namespaces {
+            NamespaceScope::Own => *pod.key.namespace == *policy_namespace,
+            NamespaceScope::Matching(selector) => {
+                selector.matches(&cluster.namespace_labels(&pod.key.namespace))
+            }
+        };
+        namespace_ok && pods.matches(&pod.labels)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

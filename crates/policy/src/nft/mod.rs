@@ -18,7 +18,7 @@ mod ruleset;
 use std::fmt::Write;
 
 pub use diff::RulesetDiff;
-pub use names::chain_name;
+pub use names::{chain_name, drop_comment, RuleComment};
 pub use ruleset::{Ruleset, VerdictMap};
 
 use crate::plan::PolicyPlan;

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::names::{chain_name, comment};
+use super::names::{chain_name, comment, drop_comment};
 use crate::key::ObjectKey;
 use crate::model::{IpBlock, Protocol};
 use crate::plan::{AllowRule, L4Match, PeerMatch, PolicyPlan, PortMatch, Program};
@@ -148,7 +148,7 @@ fn chain_rules(pod: &ObjectKey, ips: &[IpAddr], dir: Dir, program: &Program) -> 
     }
     rules.push(format!(
         "drop {}",
-        comment(&format!("{pod} {}", dir.name()))
+        drop_comment(pod, dir.name(), &program.isolated_by)
     ));
     rules
 }
