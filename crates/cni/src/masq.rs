@@ -18,7 +18,6 @@
 //! (first use, changed destinations, or a table someone deleted) re-declares this network's objects
 //! and re-adds every pod the IPAM store holds, so existing pods are masqueraded again.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -19,8 +19,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{run_plugin, unique, TestNs};
-use weir_testkit::KillOnDrop;
 use serde_json::{json, Value};
+use weir_testkit::KillOnDrop;
 
 /// Debian's reference plugins: portmap and tuning are chained after weir-cni.
 const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";

@@ -58,7 +58,7 @@ use weir_model::{
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::{Backend, SyncKind};
-use weir_testkit::{sh, KillOnDrop, Netns, TempDir};
+use weir_testkit::{KillOnDrop, Netns, TempDir};
 
 #[path = "../tests/common/plans.rs"]
 mod plans;
@@ -651,7 +651,12 @@ const FLOOR_VIP: Ipv4Addr = Ipv4Addr::new(10, 111, 255, 254);
 
 /// Rounds through the VIP, the bare DNAT rule and straight to the pod, the order rotating each
 /// round, conntrack flushed before each so that no round inherits the previous one's table.
-fn conn_rates(node: &Netns, pod: &Netns, vip_addr: Ipv4Addr, cfg: &Config) -> Result<ConnRates, String> {
+fn conn_rates(
+    node: &Netns,
+    pod: &Netns,
+    vip_addr: Ipv4Addr,
+    cfg: &Config,
+) -> Result<ConnRates, String> {
     wire_pod(node, pod)?;
     let _server = Server::start(pod)?;
     // Spread over the same 10 endpoints as the VIP (numgen, an anonymous map), so that both

@@ -14,8 +14,7 @@
 //!   `nft -f` as one transaction instead.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use weir_model::{Plan, PlanDiff};
