@@ -13,6 +13,7 @@ pub mod vm_lab;
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
 /// A process a test started, killed (and reaped) when the test ends, however it ends.
+#[allow(unused_imports)] // not every test binary that includes this module starts one
 pub use weir_testkit::KillOnDrop;
 
 pub fn is_root() -> bool {
