@@ -509,16 +509,7 @@ fn with_the_fix_removed_the_brief_failure_happens_exactly() {
     let pod = TestNs::new(&format!("{}1", cloud.node.name));
     let data = tempfile::tempdir().unwrap();
     let a = conf_a(data.path(), "");
-    run_plugin(
-        &plugin(),
-        &cloud.node,
-        "ADD",
-        "c-one",
-        Some(&pod.path()),
-        "eth0",
-        &a,
-    )
-    .ok();
+    add(&cloud, &pod, "c-one", &a);
     serve_peer(&cloud.backend, 8080);
     serve_peer(&pod, 8080);
     assert_eq!(ok(&pod, LB_IP, 80), "10.12.192.10");
@@ -566,16 +557,7 @@ fn with_the_fix_removed_the_brief_failure_happens_exactly() {
 
     // The next ADD puts the fix back, and both paths work again.
     let pod2 = TestNs::new(&format!("{}2", cloud.node.name));
-    run_plugin(
-        &plugin(),
-        &cloud.node,
-        "ADD",
-        "c-two",
-        Some(&pod2.path()),
-        "eth0",
-        &a,
-    )
-    .ok();
+    add(&cloud, &pod2, "c-two", &a);
     assert_eq!(ok(&pod, LB_IP, 80), "10.12.192.10");
     assert_eq!(ok(&cloud.client, NODE_IP, 30080), CLIENT);
 }
@@ -752,21 +734,8 @@ fn del_returns_before_the_veth_is_deleted_and_gc_finishes_a_delete_that_never_ra
     let pods: Vec<TestNs> = (0..2)
         .map(|i| TestNs::new(&format!("{}t{i}", cloud.node.name)))
         .collect();
-    let add = |id: &str, pod: &TestNs| {
-        let r = run_plugin(
-            &plugin(),
-            &cloud.node,
-            "ADD",
-            id,
-            Some(&pod.path()),
-            "eth0",
-            &a,
-        );
-        r.ok();
-        pod_ip(&r.json())
-    };
-    let ip0 = add("c0", &pods[0]);
-    let ip1 = add("c1", &pods[1]);
+    let ip0 = pod_ip(&add(&cloud, &pods[0], "c0", &a));
+    let ip1 = pod_ip(&add(&cloud, &pods[1], "c1", &a));
     let veth0 = host_veth_name("eni", "enia", "c0", "eth0");
     let veth1 = host_veth_name("eni", "enia", "c1", "eth0");
 

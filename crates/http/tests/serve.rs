@@ -3,6 +3,7 @@
 //! port and ends its connections, and (root and `ip`) that a listener stays in the network
 //! namespace of the thread that bound it while the runtime's thread sits in another.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
@@ -15,21 +16,12 @@ fn any_port() -> SocketAddr {
     (Ipv4Addr::LOCALHOST, 0).into()
 }
 
-/// A reply: status, headers (names lowercased) and body.
+/// A reply: status, headers by lowercased name, body.
 #[derive(Debug)]
 struct Reply {
     status: u16,
-    headers: Vec<(String, String)>,
+    headers: BTreeMap<String, String>,
     body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
 }
 
 /// One `GET` on its own connection (`Connection: close`); the reply read to the end.
@@ -50,7 +42,7 @@ fn get(addr: SocketAddr, path: &str) -> Reply {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("not a status line: {line:?}"));
-    let mut headers = Vec::new();
+    let mut headers = BTreeMap::new();
     loop {
         line.clear();
         r.read_line(&mut line).unwrap();
@@ -59,7 +51,7 @@ fn get(addr: SocketAddr, path: &str) -> Reply {
             break;
         }
         let (n, v) = l.split_once(':').expect("a header line");
-        headers.push((n.to_ascii_lowercase(), v.trim().to_string()));
+        headers.insert(n.to_ascii_lowercase(), v.trim().to_string());
     }
     let mut body = String::new();
     r.read_to_string(&mut body).unwrap();
@@ -84,7 +76,7 @@ fn a_path_server_answers_its_routes_and_404_for_the_rest() {
 
     let ok = get(addr, "/healthz");
     assert_eq!(ok.status, 200);
-    assert_eq!(ok.header("content-type"), Some("application/json"));
+    assert_eq!(ok.headers["content-type"], "application/json");
     assert_eq!(ok.body, "{\"ok\":true}");
 
     let down = get(addr, "/livez?verbose=1");
@@ -110,8 +102,8 @@ fn a_metrics_server_answers_the_current_body_on_metrics_only() {
     let first = get(server.addr(), "/metrics");
     assert_eq!(first.status, 200);
     assert_eq!(
-        first.header("content-type"),
-        Some("text/plain; version=0.0.4; charset=utf-8")
+        first.headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
     );
     assert_eq!(first.body, "weir_test_scrapes_total 1\n");
     assert_eq!(
@@ -144,8 +136,8 @@ fn a_handler_sees_the_request_and_sets_status_and_headers() {
     let served = serve(&rt, bind(any_port()).unwrap(), handler).unwrap();
     let r = get(served.addr(), "/some/path");
     assert_eq!(r.status, 207);
-    assert_eq!(r.header("x-one"), Some("1"));
-    assert_eq!(r.header("cache-control"), Some("no-cache"));
+    assert_eq!(r.headers["x-one"], "1");
+    assert_eq!(r.headers["cache-control"], "no-cache");
     assert_eq!(r.body, "GET /some/path weir");
 }
 
@@ -217,26 +209,13 @@ fn a_listener_dropped_inside_an_async_context_does_not_block_or_panic() {
     assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
 }
 
-/// A named namespace of this test's own, with loopback up, deleted on drop.
-struct Scratch(String);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .status();
-    }
-}
-
 #[test]
 fn a_listener_lives_in_the_namespace_of_the_thread_that_bound_it() {
     if !weir_testkit::can_run(weir_testkit::missing(true, &["ip"])) {
         return;
     }
-    let ns = Scratch(format!("wh{}-bind", std::process::id()));
-    weir_testkit::sh("ip", &["netns", "add", &ns.0]).unwrap();
-    weir_testkit::sh("ip", &["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
-    let netns = weir_kernel::NetNs::named(&ns.0).unwrap();
+    let ns = weir_testkit::Netns::create(format!("wh{}-bind", std::process::id())).unwrap();
+    let netns = weir_kernel::NetNs::named(&ns.name).unwrap();
     // The runtime (its worker thread) starts here, in the test's own namespace.
     let rt = HttpRuntime::new().unwrap();
     let (addr, reply, server) = netns

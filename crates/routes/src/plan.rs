@@ -293,6 +293,23 @@ struct Owners<'a> {
     macs: BTreeMap<Mac, &'a str>,
 }
 
+impl<'a> Owners<'a> {
+    /// Whether `cidr` is free of other nodes' pod CIDRs; if not, says whose in `reasons`.
+    fn free(&self, cidr: IpNet, reasons: &mut Vec<String>) -> bool {
+        let owner = overlap(&self.cidrs, cidr);
+        if let Some(owner) = owner {
+            reasons.push(format!("pod CIDR {cidr} overlaps node {owner}'s"));
+        }
+        owner.is_none()
+    }
+
+    /// Routes `cidr` of `node` via `route`, and makes it `node`'s.
+    fn route(&mut self, node: &'a str, cidr: IpNet, route: RouteEntry, entries: &mut Entries) {
+        entries.routes.insert(cidr, route);
+        self.cidrs.insert(cidr, node);
+    }
+}
+
 /// host-gw: each pod CIDR of `node` via its address of that family, which must be on a
 /// directly connected subnet. Returns the CIDRs routed; adds why others are not to `reasons`.
 fn route_host_gw<'a>(
@@ -304,8 +321,7 @@ fn route_host_gw<'a>(
 ) -> Vec<IpNet> {
     let mut routed = Vec::new();
     for cidr in &node.pod_cidrs {
-        if let Some(owner) = overlap(&owners.cidrs, *cidr) {
-            reasons.push(format!("pod CIDR {cidr} overlaps node {owner}'s"));
+        if !owners.free(*cidr, reasons) {
             continue;
         }
         let family_ip = match cidr {
@@ -326,8 +342,7 @@ fn route_host_gw<'a>(
             gateway: ip,
             via_vtep: false,
         };
-        entries.routes.insert(*cidr, route);
-        owners.cidrs.insert(*cidr, &node.name);
+        owners.route(&node.name, *cidr, route, entries);
         routed.push(*cidr);
     }
     routed
@@ -352,8 +367,7 @@ fn route_vxlan<'a>(
     }
     let mut routed = Vec::new();
     for cidr in &node.pod_cidrs {
-        if let Some(owner) = overlap(&owners.cidrs, *cidr) {
-            reasons.push(format!("pod CIDR {cidr} overlaps node {owner}'s"));
+        if !owners.free(*cidr, reasons) {
             continue;
         }
         let gw = gateway_of(*cidr);
@@ -362,8 +376,7 @@ fn route_vxlan<'a>(
             gateway: gw,
             via_vtep: true,
         };
-        entries.routes.insert(*cidr, route);
-        owners.cidrs.insert(*cidr, &node.name);
+        owners.route(&node.name, *cidr, route, entries);
         routed.push(*cidr);
     }
     if !routed.is_empty() {
