@@ -18,7 +18,6 @@
 //! (first use, changed destinations, or a table someone deleted) re-declares this network's objects
 //! and re-adds every pod the IPAM store holds, so existing pods are masqueraded again.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -261,30 +260,16 @@ pub fn apply(script: &str) -> CniResult<()> {
     nft_transaction(script, "the masquerade update")
 }
 
-/// Runs `script` as one `nft -f -` transaction; `what` names it in the error.
+/// Runs `script` as one `nft -f -` transaction (weir-kernel's runner); `what` names it in
+/// the error.
 pub(crate) fn nft_transaction(script: &str, what: &str) -> CniResult<()> {
+    use weir_kernel::nft::NftError;
     let fail = |m: String| CniError::new(ErrorCode::Nftables, m);
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(format!("cannot run nft (install package nftables): {e}")))?;
-    child
-        .stdin
-        .take()
-        .expect("piped stdin")
-        .write_all(script.as_bytes())
-        .map_err(|e| fail(format!("writing to nft: {e}")))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| fail(format!("waiting for nft: {e}")))?;
-    if !out.status.success() {
-        return Err(fail(format!("nft rejected {what}"))
-            .with_details(String::from_utf8_lossy(&out.stderr).trim()));
-    }
-    Ok(())
+    weir_kernel::nft::apply(script).map_err(|e| match e {
+        NftError::Spawn(e) => fail(format!("cannot run nft (install package nftables): {e}")),
+        NftError::Io(e) => fail(format!("writing to nft: {e}")),
+        NftError::Rejected(stderr) => fail(format!("nft rejected {what}")).with_details(stderr),
+    })
 }
 
 /// Removes the whole table (used by cleanup tooling; a missing table is success).

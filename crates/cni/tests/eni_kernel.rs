@@ -262,6 +262,21 @@ fn files(data: &Path, net: &str) -> Vec<String> {
     v
 }
 
+/// ADD of `id` into `ns`, which must succeed; its result.
+fn add(cloud: &Cloud, ns: &TestNs, id: &str, conf: &str) -> serde_json::Value {
+    let r = run_plugin(
+        &plugin(),
+        &cloud.node,
+        "ADD",
+        id,
+        Some(&ns.path()),
+        "eth0",
+        conf,
+    );
+    r.ok();
+    r.json()
+}
+
 #[test]
 fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
     let cloud = Cloud::new("es");
@@ -272,22 +287,9 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
     let data = tempfile::tempdir().unwrap();
     let a = conf_a(data.path(), "");
     let b = conf_b(data.path(), &cloud.mac("eth2"));
-    let add = |ns: &TestNs, id: &str, conf: &str| {
-        let r = run_plugin(
-            &plugin(),
-            &cloud.node,
-            "ADD",
-            id,
-            Some(&ns.path()),
-            "eth0",
-            conf,
-        );
-        r.ok();
-        r.json()
-    };
-    let r1 = add(&pod1, "c-one", &a);
-    let r2 = add(&pod2, "c-two", &a);
-    let r3 = add(&pod3, "c-three", &b);
+    let r1 = add(&cloud, &pod1, "c-one", &a);
+    let r2 = add(&cloud, &pod2, "c-two", &a);
+    let r3 = add(&cloud, &pod3, "c-three", &b);
     // the ENI's own address is never a pod's; round-robin through the rest
     assert_eq!(pod_ip(&r1), Ipv4Addr::new(10, 12, 192, 44));
     assert_eq!(pod_ip(&r2), Ipv4Addr::new(10, 12, 192, 45));
@@ -298,7 +300,21 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
         host_veth_name("eni", "enia", "c-one", "eth0")
     );
 
-    // per node: each ENI has its /32, each table its default route, one fwmark rule
+    the_node_is_set_up(&cloud);
+    every_path_is_reached(&cloud, [&pod1, &pod2, &pod3]);
+    let _more_pods = check_notices_a_lost_address_and_add_heals_it(&cloud, &a, &r1, &pod1);
+    assert_eq!(files(data.path(), "enia").len(), 3);
+    drop(pod1);
+    del_and_gc_release_only_their_own(&cloud, data.path(), &a, &r1, &r2);
+    assert_eq!(ok(&pod3, BACKEND, 8080), "10.12.193.20");
+    assert_eq!(ok(&pod2, LB_IP, 80), "10.12.192.10");
+
+    run_plugin(&plugin(), &cloud.node, "STATUS", "", None, "", &a).ok();
+}
+
+/// Per node: each ENI has its /32, each table its default route, one fwmark rule; strict
+/// rp_filter stays on.
+fn the_node_is_set_up(cloud: &Cloud) {
     let addrs = cloud.node.sh("ip -4 -o addr show");
     assert!(addrs.contains("eth1    inet 10.12.192.10/32"), "{addrs}");
     assert!(addrs.contains("eth2    inet 10.12.193.10/32"), "{addrs}");
@@ -337,25 +353,29 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
             .trim(),
         "1"
     );
+}
 
-    for ns in [&pod1, &pod2, &pod3, &cloud.backend] {
+/// Pod to pod, to the node, to the VPC and a LoadBalancer; the outside to NodePorts; hairpin:
+/// no drop by rp_filter or the VPC's source check, no ICMP redirect.
+fn every_path_is_reached(cloud: &Cloud, [pod1, pod2, pod3]: [&TestNs; 3]) {
+    for ns in [pod1, pod2, pod3, &cloud.backend] {
         serve_peer(ns, 8080);
     }
     let (rp0, sc0) = (cloud.rp_drops(), cloud.source_check_drops());
     // pod -> pod, same ENI and across ENIs (different veth prefixes), both directions
-    assert_eq!(ok(&pod1, "10.12.192.45", 8080), "10.12.192.44");
-    assert_eq!(ok(&pod1, "10.12.193.20", 8080), "10.12.192.44");
-    assert_eq!(ok(&pod3, "10.12.192.44", 8080), "10.12.193.20");
+    assert_eq!(ok(pod1, "10.12.192.45", 8080), "10.12.192.44");
+    assert_eq!(ok(pod1, "10.12.193.20", 8080), "10.12.192.44");
+    assert_eq!(ok(pod3, "10.12.192.44", 8080), "10.12.193.20");
     // pod -> node
     serve_peer(&cloud.node, 9090);
-    assert_eq!(ok(&pod1, NODE_IP, 9090), "10.12.192.44");
+    assert_eq!(ok(pod1, NODE_IP, 9090), "10.12.192.44");
     // pod -> something behind the VPC, unNATed: leaves by its own ENI with its own address
-    assert_eq!(ok(&pod1, BACKEND, 8080), "10.12.192.44");
-    assert_eq!(ok(&pod3, BACKEND, 8080), "10.12.193.20");
+    assert_eq!(ok(pod1, BACKEND, 8080), "10.12.192.44");
+    assert_eq!(ok(pod3, BACKEND, 8080), "10.12.193.20");
     // pod -> LoadBalancer IP, backend elsewhere, masqueraded: the brief's failure. The SYN leaves
     // by the ENI, so masquerade picks the ENI's own address; the reply comes back to the ENI.
-    assert_eq!(ok(&pod1, LB_IP, 80), "10.12.192.10");
-    assert_eq!(ok(&pod3, LB_IP, 80), "10.12.193.10");
+    assert_eq!(ok(pod1, LB_IP, 80), "10.12.192.10");
+    assert_eq!(ok(pod3, LB_IP, 80), "10.12.193.10");
     // outside -> NodePort -> pod on this node, without (ETP Local) and with masquerade
     assert_eq!(ok(&cloud.client, NODE_IP, 30080), CLIENT);
     assert_ne!(ok(&cloud.client, NODE_IP, 30081), CLIENT);
@@ -365,7 +385,7 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
     let redirects0 = cloud.redirects();
     for _ in 0..3 {
         assert_ne!(
-            ok(&pod1, "10.96.0.9", 80),
+            ok(pod1, "10.96.0.9", 80),
             "10.12.192.44",
             "hairpin is masqueraded"
         );
@@ -386,8 +406,18 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
         .node
         .sh("conntrack -L -p tcp --dport 30080 2>/dev/null");
     assert!(ct.contains("mark=128"), "{ct}");
+}
 
-    // CHECK passes, then notices a missing ENI address
+/// CHECK passes, then notices a missing ENI address; the next ADD heals the node, and the
+/// one after finds the ENI's addresses all in use. Returns the pods it made (alive until the
+/// test ends, as GC expects them).
+fn check_notices_a_lost_address_and_add_heals_it(
+    cloud: &Cloud,
+    a: &str,
+    r1: &serde_json::Value,
+    pod1: &TestNs,
+) -> [TestNs; 2] {
+    let p = &cloud.node.name;
     let check = |conf: &str, prev: &serde_json::Value, ns: &TestNs| {
         run_plugin(
             &plugin(),
@@ -399,9 +429,9 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
             &with_prev(conf, prev),
         )
     };
-    check(&a, &r1, &pod1).ok();
+    check(a, r1, pod1).ok();
     cloud.node.sh("ip addr del 10.12.192.10/32 dev eth1");
-    let broken = check(&a, &r1, &pod1);
+    let broken = check(a, r1, pod1);
     assert_eq!(broken.error_code(), 103);
     assert!(broken.json()["msg"]
         .as_str()
@@ -409,9 +439,9 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
         .contains("10.12.192.10"));
     // the next ADD heals the node (node setup is idempotent)
     let pod4 = TestNs::new(&format!("{p}4"));
-    let r4 = add(&pod4, "c-four", &a);
+    let r4 = add(cloud, &pod4, "c-four", a);
     assert_eq!(pod_ip(&r4), Ipv4Addr::new(10, 12, 192, 46));
-    check(&a, &r1, &pod1).ok();
+    check(a, r1, pod1).ok();
     // the ENI's addresses are all in use now
     let pod5 = TestNs::new(&format!("{p}5"));
     let full = run_plugin(
@@ -421,16 +451,25 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
         "c-five",
         Some(&pod5.path()),
         "eth0",
-        &a,
+        a,
     );
     assert_eq!(full.error_code(), 100);
-    assert_eq!(files(data.path(), "enia").len(), 3);
 
-    // DEL from prevResult alone, with the pod's namespace already gone
-    drop(pod1);
+    [pod4, pod5]
+}
+
+/// DEL from prevResult alone, with the pod's namespace already gone; a stale prevResult; GC of
+/// network A keeps c-two, reclaims c-four, and never touches network B.
+fn del_and_gc_release_only_their_own(
+    cloud: &Cloud,
+    data: &Path,
+    a: &str,
+    r1: &serde_json::Value,
+    r2: &serde_json::Value,
+) {
     let del =
         |id: &str, conf: &str| run_plugin(&plugin(), &cloud.node, "DEL", id, None, "eth0", conf);
-    del("c-one", &with_prev(&a, &r1)).ok();
+    del("c-one", &with_prev(a, r1)).ok();
     let rules = cloud.node.sh("ip rule");
     assert!(!rules.contains("10.12.192.44"), "{rules}");
     assert!(cloud
@@ -438,13 +477,10 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
         .sh("ip link")
         .lines()
         .all(|l| !l.contains(&host_veth_name("eni", "enia", "c-one", "eth0"))));
-    assert_eq!(
-        files(data.path(), "enia"),
-        vec!["10.12.192.45", "10.12.192.46"]
-    );
-    del("c-one", &with_prev(&a, &r1)).ok(); // idempotent
-                                            // a stale prevResult never removes rules of an address someone else holds now
-    del("c-gone", &with_prev(&a, &r2)).ok();
+    assert_eq!(files(data, "enia"), vec!["10.12.192.45", "10.12.192.46"]);
+    del("c-one", &with_prev(a, r1)).ok(); // idempotent
+                                          // a stale prevResult never removes rules of an address someone else holds now
+    del("c-gone", &with_prev(a, r2)).ok();
     assert!(cloud
         .node
         .sh("ip rule")
@@ -458,17 +494,13 @@ fn eni_shared_pods_reach_every_path_under_strict_rp_filter_and_source_check() {
         "",
         None,
         "",
-        &with_valid(&a, &[("c-two", "eth0")]),
+        &with_valid(a, &[("c-two", "eth0")]),
     )
     .ok();
-    assert_eq!(files(data.path(), "enia"), vec!["10.12.192.45"]);
+    assert_eq!(files(data, "enia"), vec!["10.12.192.45"]);
     let rules = cloud.node.sh("ip rule");
     assert!(!rules.contains("10.12.192.46"), "{rules}");
     assert!(rules.contains("from 10.12.193.20 lookup 1004"), "{rules}");
-    assert_eq!(ok(&pod3, BACKEND, 8080), "10.12.193.20");
-    assert_eq!(ok(&pod2, LB_IP, 80), "10.12.192.10");
-
-    run_plugin(&plugin(), &cloud.node, "STATUS", "", None, "", &a).ok();
 }
 
 #[test]
@@ -477,16 +509,7 @@ fn with_the_fix_removed_the_brief_failure_happens_exactly() {
     let pod = TestNs::new(&format!("{}1", cloud.node.name));
     let data = tempfile::tempdir().unwrap();
     let a = conf_a(data.path(), "");
-    run_plugin(
-        &plugin(),
-        &cloud.node,
-        "ADD",
-        "c-one",
-        Some(&pod.path()),
-        "eth0",
-        &a,
-    )
-    .ok();
+    add(&cloud, &pod, "c-one", &a);
     serve_peer(&cloud.backend, 8080);
     serve_peer(&pod, 8080);
     assert_eq!(ok(&pod, LB_IP, 80), "10.12.192.10");
@@ -534,16 +557,7 @@ fn with_the_fix_removed_the_brief_failure_happens_exactly() {
 
     // The next ADD puts the fix back, and both paths work again.
     let pod2 = TestNs::new(&format!("{}2", cloud.node.name));
-    run_plugin(
-        &plugin(),
-        &cloud.node,
-        "ADD",
-        "c-two",
-        Some(&pod2.path()),
-        "eth0",
-        &a,
-    )
-    .ok();
+    add(&cloud, &pod2, "c-two", &a);
     assert_eq!(ok(&pod, LB_IP, 80), "10.12.192.10");
     assert_eq!(ok(&cloud.client, NODE_IP, 30080), CLIENT);
 }
@@ -720,21 +734,8 @@ fn del_returns_before_the_veth_is_deleted_and_gc_finishes_a_delete_that_never_ra
     let pods: Vec<TestNs> = (0..2)
         .map(|i| TestNs::new(&format!("{}t{i}", cloud.node.name)))
         .collect();
-    let add = |id: &str, pod: &TestNs| {
-        let r = run_plugin(
-            &plugin(),
-            &cloud.node,
-            "ADD",
-            id,
-            Some(&pod.path()),
-            "eth0",
-            &a,
-        );
-        r.ok();
-        pod_ip(&r.json())
-    };
-    let ip0 = add("c0", &pods[0]);
-    let ip1 = add("c1", &pods[1]);
+    let ip0 = pod_ip(&add(&cloud, &pods[0], "c0", &a));
+    let ip1 = pod_ip(&add(&cloud, &pods[1], "c1", &a));
     let veth0 = host_veth_name("eni", "enia", "c0", "eth0");
     let veth1 = host_veth_name("eni", "enia", "c1", "eth0");
 

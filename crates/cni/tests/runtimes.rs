@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::{run_plugin, unique, TestNs};
 use serde_json::{json, Value};
+use weir_testkit::KillOnDrop;
 
 /// Debian's reference plugins: portmap and tuning are chained after weir-cni.
 const DEBIAN_CNI_DIR: &str = "/usr/lib/cni";
@@ -609,16 +610,6 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
     fn run_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("ctr-run.log")).unwrap_or_default()
-    }
-}
-
-/// A child process that a failing test must not leave behind.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -2,7 +2,8 @@
 //! protocol closely enough that kube-rs cannot tell (no real kube-apiserver can run where
 //! weir's tests run).
 //!
-//! Serves Services, EndpointSlices and Nodes (cluster-wide and namespaced paths) over
+//! Serves Services, EndpointSlices, Nodes, Pods, Namespaces and NetworkPolicies (cluster-wide
+//! and namespaced paths; EndpointSlices as 1.20's `v1beta1` when it [`Emulate`]s 1.20) over
 //! HTTP/1.1: lists with `resourceVersion`, `limit`/`continue` pagination (a consistent
 //! snapshot per paged list, `410 Gone` for an expired continue token), `labelSelector` and
 //! `fieldSelector`; watches as chunked streams of `ADDED`/`MODIFIED`/`DELETED`/`BOOKMARK`

@@ -6,6 +6,7 @@
 
 pub mod netlink_reply;
 pub mod netns;
+pub mod nft;
 pub mod rtnl;
 pub mod sysctl;
 

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::compact::{
-    intern, EndpointSliceInfo, IpText, NodeInfo, ServiceInfo, LABEL_SERVICE_NAME,
+    intern, EndpointSliceInfo, IpText, NodeInfo, ServiceInfo, ServicePortInfo, ServiceSpecInfo,
+    LABEL_SERVICE_NAME,
 };
 use crate::diff::{Changed, PlanDiff};
 use crate::objects::{Kind, Object, ObjectKey, Snapshot};
@@ -628,58 +629,14 @@ fn plan_service(
     let Some(spec) = svc.spec.as_ref() else {
         return;
     };
-    let id = format!("{ns}/{name}");
-    // kube-proxy's ShouldSkipService: ExternalName and headless services get no rules.
-    if spec.type_.as_deref() == Some("ExternalName") {
+    let Some(facts) = ServiceFacts::read(spec, format!("{ns}/{name}"), warnings) else {
         return;
-    }
-    if spec.cluster_ips.is_empty() || spec.cluster_ips.iter().any(|s| s.is("None") || s.is("")) {
-        return;
-    }
-    let cluster_ips = parse_ips(&spec.cluster_ips, "clusterIP", &id, warnings);
-    let external_ips = parse_ips(spec.external_ips(), "externalIP", &id, warnings);
-    let lb_ips = parse_ips(
-        spec.load_balancer_ips(),
-        "load-balancer ingress IP",
-        &id,
-        warnings,
-    );
-    let mut source_ranges = Vec::new();
-    for s in spec.load_balancer_source_ranges() {
-        match s.trim().parse::<IpNet>() {
-            Ok(n) => source_ranges.push(n.trunc()),
-            Err(_) => {
-                warnings.insert(format!(
-                    "Service {id}: invalid loadBalancerSourceRange {s:?}, ignored"
-                ));
-            }
-        }
-    }
-    let affinity_timeout = spec.client_ip_affinity.then(|| {
-        spec.affinity_timeout_seconds()
-            .filter(|t| *t > 0)
-            .map(|t| t as u32)
-            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
-    });
-    let itp_local = spec.internal_policy_local;
-    let etp_local_requested = spec.external_policy_local;
-
-    let families: BTreeSet<IpFamily> = cluster_ips.iter().map(IpFamily::of).collect();
+    };
+    let families: BTreeSet<IpFamily> = facts.cluster_ips.iter().map(IpFamily::of).collect();
     for (pi, sp) in spec.ports.iter().enumerate() {
-        let Some(protocol) = Protocol::parse(sp.protocol.as_deref()) else {
-            warnings.insert(format!(
-                "Service {id}: port #{pi}: unknown protocol {:?}, ignored",
-                sp.protocol.as_deref()
-            ));
+        let Some(protocol) = port_protocol(&facts.id, pi, sp, warnings) else {
             continue;
         };
-        if !(1..=65535).contains(&sp.port) {
-            warnings.insert(format!(
-                "Service {id}: port #{pi}: invalid port {}, ignored",
-                sp.port
-            ));
-            continue;
-        }
         let node_port = sp
             .node_port
             .filter(|p| (1..=65535).contains(p))
@@ -692,173 +649,355 @@ fn plan_service(
                 protocol,
                 family,
             };
-            let fam = |ips: &[IpAddr]| -> Vec<IpAddr> {
-                ips.iter()
-                    .filter(|ip| IpFamily::of(ip) == family)
-                    .copied()
-                    .collect()
-            };
-            let cips = fam(&cluster_ips);
-            let eips = fam(&external_ips);
-            let lbs = fam(&lb_ips);
-            let np_addrs = nodeport_addresses(ctx.config, ctx.node_ips, family);
-            if let (Some(p), NodePortAddresses::None) = (node_port, &np_addrs) {
-                let family = match family {
-                    IpFamily::V4 => "IPv4",
-                    IpFamily::V6 => "IPv6",
-                };
-                let why = if ctx.config.nodeport_addresses.is_empty() {
-                    format!(
-                        "this node's own {family} address is unknown (no Node object {:?} \
-                         with an InternalIP or ExternalIP); add the Node or set \
-                         --nodeport-addresses",
-                        ctx.config.node_name
-                    )
-                } else {
-                    format!("no local {family} address matches --nodeport-addresses")
-                };
-                warnings.insert(format!("Service {id}: NodePort {p} not served: {why}"));
-            }
-            let node_port = node_port.filter(|_| np_addrs != NodePortAddresses::None);
-            let externally_accessible = node_port.is_some() || !eips.is_empty() || !lbs.is_empty();
-            let etp_local = externally_accessible && etp_local_requested;
-
-            let eps = index.get(&key);
-            let mut cat = categorize(&eps, itp_local, etp_local, &ctx.config.node_name, ctx.zone);
-
-            let verdict = |set: EndpointSet| {
-                let eps = match set {
-                    EndpointSet::Cluster => &cat.cluster,
-                    EndpointSet::Local => &cat.local,
-                };
-                if !cat.has_any {
-                    Verdict::Reject
-                } else if eps.is_empty() {
-                    Verdict::Drop
-                } else {
-                    Verdict::Forward
-                }
-            };
-            let internal_set = if itp_local {
-                EndpointSet::Local
-            } else {
-                EndpointSet::Cluster
-            };
-            let external_set = if etp_local {
-                EndpointSet::Local
-            } else {
-                EndpointSet::Cluster
-            };
-            let cluster_masq = if ctx.config.masquerade_all {
-                Masquerade::Always
-            } else if ctx
-                .config
-                .cluster_cidrs
-                .iter()
-                .any(|n| IpFamily::of_net(n) == family)
-            {
-                Masquerade::OffCluster
-            } else {
-                Masquerade::Never
-            };
-            let ext = |kind: FrontendKind,
-                       addr: Option<IpAddr>,
-                       port: u16,
-                       ranges: Option<Vec<IpNet>>| Frontend {
-                kind,
-                addr,
-                port,
-                endpoints: external_set,
-                verdict: verdict(external_set),
-                masquerade: if etp_local {
-                    Masquerade::Never
-                } else {
-                    Masquerade::Always
-                },
-                // Only meaningful when the cluster endpoints are computed (ITP is not Local too).
-                short_circuit: etp_local && !itp_local,
-                source_ranges: ranges,
-            };
-
-            let mut frontends = Vec::new();
-            for ip in &cips {
-                frontends.push(Frontend {
-                    kind: FrontendKind::ClusterIp,
-                    addr: Some(*ip),
-                    port: sp.port as u16,
-                    endpoints: internal_set,
-                    verdict: verdict(internal_set),
-                    masquerade: cluster_masq,
-                    short_circuit: false,
-                    source_ranges: None,
-                });
-            }
-            for ip in &eips {
-                frontends.push(ext(
-                    FrontendKind::ExternalIp,
-                    Some(*ip),
-                    sp.port as u16,
-                    None,
-                ));
-            }
-            let lb_ranges = if source_ranges.is_empty() {
-                None
-            } else {
-                let mut r: Vec<IpNet> = source_ranges
-                    .iter()
-                    .filter(|n| IpFamily::of_net(n) == family)
-                    .copied()
-                    .collect();
-                // A request from this node to a VIP bound locally loops back with the VIP as
-                // source: allow it when the node itself is allowed (kube-proxy's allowFromNode).
-                let node_allowed = ctx
-                    .node_ips
-                    .iter()
-                    .any(|ip| r.iter().any(|n| n.contains(ip)));
-                if node_allowed {
-                    r.extend(lbs.iter().map(|ip| IpNet::from(*ip)));
-                }
-                r.sort();
-                r.dedup();
-                Some(r)
-            };
-            for ip in &lbs {
-                frontends.push(ext(
-                    FrontendKind::LoadBalancer,
-                    Some(*ip),
-                    sp.port as u16,
-                    lb_ranges.clone(),
-                ));
-            }
-            if let Some(np) = node_port {
-                frontends.push(ext(FrontendKind::NodePort, None, np, None));
-            }
-            frontends.sort();
-            // The plan lives until the service changes: no growth slack (a filtered
-            // collect of ten endpoints has room for sixteen; ~3 MiB at 10,000 services).
-            frontends.shrink_to_fit();
-            cat.cluster.shrink_to_fit();
-            cat.local.shrink_to_fit();
-
-            let health_check_node_port = spec
-                .health_check_node_port()
-                .filter(|p| etp_local && (1..=65535).contains(p))
-                .map(|p| p as u16);
-            out.insert(
-                key,
-                ServicePortPlan {
-                    port: sp.port as u16,
-                    frontends,
-                    cluster_endpoints: cat.cluster,
-                    local_endpoints: cat.local,
-                    affinity_timeout,
-                    internal_policy_local: itp_local,
-                    external_policy_local: etp_local,
-                    health_check_node_port,
-                    topology: cat.topology,
-                    has_any_endpoints: cat.has_any,
-                },
+            let plan = plan_port(
+                ctx,
+                &facts,
+                &key,
+                sp.port as u16,
+                node_port,
+                index,
+                warnings,
             );
+            out.insert(key, plan);
+        }
+    }
+}
+
+/// What a Service says for all its ports and families: its addresses (invalid ones warned
+/// about and left out), source ranges, affinity and traffic policies.
+struct ServiceFacts {
+    /// `namespace/name`, for warnings.
+    id: String,
+    cluster_ips: Vec<IpAddr>,
+    external_ips: Vec<IpAddr>,
+    lb_ips: Vec<IpAddr>,
+    source_ranges: Vec<IpNet>,
+    affinity_timeout: Option<u32>,
+    itp_local: bool,
+    etp_local_requested: bool,
+    health_check_node_port: Option<i32>,
+}
+
+impl ServiceFacts {
+    /// `None`: kube-proxy's ShouldSkipService (ExternalName and headless services get no
+    /// rules).
+    fn read(
+        spec: &ServiceSpecInfo,
+        id: String,
+        warnings: &mut BTreeSet<String>,
+    ) -> Option<ServiceFacts> {
+        if spec.type_.as_deref() == Some("ExternalName") {
+            return None;
+        }
+        if spec.cluster_ips.is_empty() || spec.cluster_ips.iter().any(|s| s.is("None") || s.is(""))
+        {
+            return None;
+        }
+        let cluster_ips = parse_ips(&spec.cluster_ips, "clusterIP", &id, warnings);
+        let external_ips = parse_ips(spec.external_ips(), "externalIP", &id, warnings);
+        let lb_ips = parse_ips(
+            spec.load_balancer_ips(),
+            "load-balancer ingress IP",
+            &id,
+            warnings,
+        );
+        let mut source_ranges = Vec::new();
+        for s in spec.load_balancer_source_ranges() {
+            match s.trim().parse::<IpNet>() {
+                Ok(n) => source_ranges.push(n.trunc()),
+                Err(_) => {
+                    warnings.insert(format!(
+                        "Service {id}: invalid loadBalancerSourceRange {s:?}, ignored"
+                    ));
+                }
+            }
+        }
+        let affinity_timeout = spec.client_ip_affinity.then(|| {
+            spec.affinity_timeout_seconds()
+                .filter(|t| *t > 0)
+                .map(|t| t as u32)
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
+        });
+        Some(ServiceFacts {
+            id,
+            cluster_ips,
+            external_ips,
+            lb_ips,
+            source_ranges,
+            affinity_timeout,
+            itp_local: spec.internal_policy_local,
+            etp_local_requested: spec.external_policy_local,
+            health_check_node_port: spec.health_check_node_port(),
+        })
+    }
+}
+
+/// A service port's protocol, or `None` (warned) for an unknown protocol or a port out of range.
+fn port_protocol(
+    id: &str,
+    pi: usize,
+    sp: &ServicePortInfo,
+    warnings: &mut BTreeSet<String>,
+) -> Option<Protocol> {
+    let Some(protocol) = Protocol::parse(sp.protocol.as_deref()) else {
+        warnings.insert(format!(
+            "Service {id}: port #{pi}: unknown protocol {:?}, ignored",
+            sp.protocol.as_deref()
+        ));
+        return None;
+    };
+    if !(1..=65535).contains(&sp.port) {
+        warnings.insert(format!(
+            "Service {id}: port #{pi}: invalid port {}, ignored",
+            sp.port
+        ));
+        return None;
+    }
+    Some(protocol)
+}
+
+/// One service port in one family: its frontends, endpoints and policies.
+fn plan_port(
+    ctx: &Ctx<'_>,
+    facts: &ServiceFacts,
+    key: &ServicePortKey,
+    port: u16,
+    node_port: Option<u16>,
+    index: &EndpointIndex,
+    warnings: &mut BTreeSet<String>,
+) -> ServicePortPlan {
+    let family = key.family;
+    let fam = |ips: &[IpAddr]| -> Vec<IpAddr> {
+        ips.iter()
+            .filter(|ip| IpFamily::of(ip) == family)
+            .copied()
+            .collect()
+    };
+    let addrs = PortAddrs {
+        cluster: fam(&facts.cluster_ips),
+        external: fam(&facts.external_ips),
+        lbs: fam(&facts.lb_ips),
+    };
+    let node_port = served_node_port(ctx, &facts.id, family, node_port, warnings);
+    let externally_accessible =
+        node_port.is_some() || !addrs.external.is_empty() || !addrs.lbs.is_empty();
+    let etp_local = externally_accessible && facts.etp_local_requested;
+
+    let eps = index.get(key);
+    let mut cat = categorize(
+        &eps,
+        facts.itp_local,
+        etp_local,
+        &ctx.config.node_name,
+        ctx.zone,
+    );
+    let serving = Serving {
+        cat: &cat,
+        itp_local: facts.itp_local,
+        etp_local,
+        cluster_masq: cluster_masquerade(ctx.config, family),
+    };
+    let lb_ranges = lb_source_ranges(ctx, &facts.source_ranges, &addrs.lbs, family);
+    let mut frontends = serving.frontends(&addrs, port, lb_ranges, node_port);
+    // The plan lives until the service changes: no growth slack (a filtered
+    // collect of ten endpoints has room for sixteen; ~3 MiB at 10,000 services).
+    frontends.shrink_to_fit();
+    cat.cluster.shrink_to_fit();
+    cat.local.shrink_to_fit();
+
+    let health_check_node_port = facts
+        .health_check_node_port
+        .filter(|p| etp_local && (1..=65535).contains(p))
+        .map(|p| p as u16);
+    ServicePortPlan {
+        port,
+        frontends,
+        cluster_endpoints: cat.cluster,
+        local_endpoints: cat.local,
+        affinity_timeout: facts.affinity_timeout,
+        internal_policy_local: facts.itp_local,
+        external_policy_local: etp_local,
+        health_check_node_port,
+        topology: cat.topology,
+        has_any_endpoints: cat.has_any,
+    }
+}
+
+/// A service port's addresses of one family.
+struct PortAddrs {
+    cluster: Vec<IpAddr>,
+    external: Vec<IpAddr>,
+    lbs: Vec<IpAddr>,
+}
+
+/// The NodePort when this node serves it in `family`: warned about and `None` when no
+/// address of the node can carry it.
+fn served_node_port(
+    ctx: &Ctx<'_>,
+    id: &str,
+    family: IpFamily,
+    node_port: Option<u16>,
+    warnings: &mut BTreeSet<String>,
+) -> Option<u16> {
+    let np_addrs = nodeport_addresses(ctx.config, ctx.node_ips, family);
+    if np_addrs != NodePortAddresses::None {
+        return node_port;
+    }
+    if let Some(p) = node_port {
+        let family = match family {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
+        };
+        let why = if ctx.config.nodeport_addresses.is_empty() {
+            format!(
+                "this node's own {family} address is unknown (no Node object {:?} \
+                 with an InternalIP or ExternalIP); add the Node or set \
+                 --nodeport-addresses",
+                ctx.config.node_name
+            )
+        } else {
+            format!("no local {family} address matches --nodeport-addresses")
+        };
+        warnings.insert(format!("Service {id}: NodePort {p} not served: {why}"));
+    }
+    None
+}
+
+/// Traffic to a ClusterIP is masqueraded always (`masqueradeAll`), from off the cluster CIDR
+/// when the family has one, or never.
+fn cluster_masquerade(config: &ProxyConfig, family: IpFamily) -> Masquerade {
+    if config.masquerade_all {
+        Masquerade::Always
+    } else if config
+        .cluster_cidrs
+        .iter()
+        .any(|n| IpFamily::of_net(n) == family)
+    {
+        Masquerade::OffCluster
+    } else {
+        Masquerade::Never
+    }
+}
+
+/// A LoadBalancer's allowed sources in `family` (`None`: any).
+fn lb_source_ranges(
+    ctx: &Ctx<'_>,
+    source_ranges: &[IpNet],
+    lbs: &[IpAddr],
+    family: IpFamily,
+) -> Option<Vec<IpNet>> {
+    if source_ranges.is_empty() {
+        return None;
+    }
+    let mut r: Vec<IpNet> = source_ranges
+        .iter()
+        .filter(|n| IpFamily::of_net(n) == family)
+        .copied()
+        .collect();
+    // A request from this node to a VIP bound locally loops back with the VIP as
+    // source: allow it when the node itself is allowed (kube-proxy's allowFromNode).
+    let node_allowed = ctx
+        .node_ips
+        .iter()
+        .any(|ip| r.iter().any(|n| n.contains(ip)));
+    if node_allowed {
+        r.extend(lbs.iter().map(|ip| IpNet::from(*ip)));
+    }
+    r.sort();
+    r.dedup();
+    Some(r)
+}
+
+/// How a service port's frontends are served: which endpoint set, what verdict, whether
+/// masqueraded.
+struct Serving<'a> {
+    cat: &'a Categorized,
+    itp_local: bool,
+    etp_local: bool,
+    cluster_masq: Masquerade,
+}
+
+impl Serving<'_> {
+    fn verdict(&self, set: EndpointSet) -> Verdict {
+        let eps = match set {
+            EndpointSet::Cluster => &self.cat.cluster,
+            EndpointSet::Local => &self.cat.local,
+        };
+        if !self.cat.has_any {
+            Verdict::Reject
+        } else if eps.is_empty() {
+            Verdict::Drop
+        } else {
+            Verdict::Forward
+        }
+    }
+
+    fn set(local: bool) -> EndpointSet {
+        if local {
+            EndpointSet::Local
+        } else {
+            EndpointSet::Cluster
+        }
+    }
+
+    /// Every frontend, sorted: ClusterIPs, externalIPs, load balancers, the NodePort.
+    fn frontends(
+        &self,
+        addrs: &PortAddrs,
+        port: u16,
+        lb_ranges: Option<Vec<IpNet>>,
+        node_port: Option<u16>,
+    ) -> Vec<Frontend> {
+        let internal = Self::set(self.itp_local);
+        let mut frontends: Vec<Frontend> = (addrs.cluster.iter())
+            .map(|ip| Frontend {
+                kind: FrontendKind::ClusterIp,
+                addr: Some(*ip),
+                port,
+                endpoints: internal,
+                verdict: self.verdict(internal),
+                masquerade: self.cluster_masq,
+                short_circuit: false,
+                source_ranges: None,
+            })
+            .collect();
+        for ip in &addrs.external {
+            frontends.push(self.external(FrontendKind::ExternalIp, Some(*ip), port, None));
+        }
+        for ip in &addrs.lbs {
+            let ranges = lb_ranges.clone();
+            frontends.push(self.external(FrontendKind::LoadBalancer, Some(*ip), port, ranges));
+        }
+        if let Some(np) = node_port {
+            frontends.push(self.external(FrontendKind::NodePort, None, np, None));
+        }
+        frontends.sort();
+        frontends
+    }
+
+    /// A frontend reached from outside: externalTrafficPolicy applies.
+    fn external(
+        &self,
+        kind: FrontendKind,
+        addr: Option<IpAddr>,
+        port: u16,
+        ranges: Option<Vec<IpNet>>,
+    ) -> Frontend {
+        let set = Self::set(self.etp_local);
+        Frontend {
+            kind,
+            addr,
+            port,
+            endpoints: set,
+            verdict: self.verdict(set),
+            masquerade: if self.etp_local {
+                Masquerade::Never
+            } else {
+                Masquerade::Always
+            },
+            // Only meaningful when the cluster endpoints are computed (ITP is not Local too).
+            short_circuit: self.etp_local && !self.itp_local,
+            source_ranges: ranges,
         }
     }
 }

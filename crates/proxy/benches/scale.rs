@@ -58,6 +58,7 @@ use weir_model::{
 use weir_proxy::iptables::{IptablesBackend, IptablesOptions};
 use weir_proxy::nft::{NftBackend, NftOptions};
 use weir_proxy::{Backend, SyncKind};
+use weir_testkit::{KillOnDrop, Netns, TempDir};
 
 #[path = "../tests/common/plans.rs"]
 mod plans;
@@ -344,7 +345,7 @@ fn check_plan_matches_planner() -> Result<(), String> {
         services: 25,
         endpoints: 10,
     };
-    let dir = TempDir::new("check")?;
+    let dir = TempDir::new("wbench-check")?;
     write_manifests(&dir.0, shape);
     // Just written: without settle 0 the files would wait out the source's settle time.
     let limits = weir_source::Limits {
@@ -378,89 +379,27 @@ fn check_plan_matches_planner() -> Result<(), String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Namespaces, directories and processes that clean up after themselves (also on panic).
+// Namespaces (weir_testkit's, removed on drop, also on panic).
 
-struct Ns {
-    name: String,
-}
-
-impl Ns {
-    fn create(name: String) -> Result<Ns, String> {
-        sh("ip", &["netns", "add", &name])?;
-        let ns = Ns { name };
-        ns.ip(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-    fn handle(&self) -> Result<NetNs, String> {
-        NetNs::named(&self.name).map_err(|e| format!("open netns {}: {e}", self.name))
-    }
+/// Entering a bench namespace from this thread (weir-kernel's handle on it).
+trait Enter {
+    fn handle(&self) -> Result<NetNs, String>;
     /// Runs `f` on the calling thread inside this namespace.
-    fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, String> {
-        self.handle()?
-            .run(f)
-            .map_err(|e| format!("enter netns {}: {e}", self.name))
-    }
-    fn ip(&self, args: &[&str]) -> Result<(), String> {
-        let mut all = vec!["-n", &self.name];
-        all.extend_from_slice(args);
-        sh("ip", &all)
-    }
-    fn exec(&self, args: &[&str]) -> Result<(), String> {
-        let mut all = vec!["netns", "exec", &self.name];
-        all.extend_from_slice(args);
-        sh("ip", &all)
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = sh("ip", &["netns", "del", &self.name]);
-    }
+    fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, String>;
 }
 
 fn ns_name(mode: &str, label: &str, role: &str) -> String {
     format!("wbench-{mode}-{label}-{}{role}", std::process::id())
 }
 
-fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+impl Enter for Netns {
+    fn handle(&self) -> Result<NetNs, String> {
+        NetNs::named(&self.name).map_err(|e| format!("open netns {}: {e}", self.name))
     }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Result<TempDir, String> {
-        let p = std::env::temp_dir().join(format!("wbench-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    fn run<T>(&self, f: impl FnOnce() -> T) -> Result<T, String> {
+        self.handle()?
+            .run(f)
+            .map_err(|e| format!("enter netns {}: {e}", self.name))
     }
 }
 
@@ -512,7 +451,7 @@ fn new_backend(mode: &str) -> Result<Box<dyn Backend>, String> {
 /// to include everything). `diff`: the planner's diff from the last synced plan, given as the
 /// agent gives it (`sync_diff`).
 fn timed_sync(
-    ns: &Ns,
+    ns: &Netns,
     backend: &mut dyn Backend,
     plan: &Plan,
     diff: Option<&PlanDiff>,
@@ -543,7 +482,7 @@ struct Churn {
 /// `count` successive syncs, each replacing one endpoint of a different service (never the
 /// last one, whose endpoints are the datapath test's pod).
 fn churn(
-    ns: &Ns,
+    ns: &Netns,
     backend: &mut dyn Backend,
     plan: &mut Plan,
     shape: Shape,
@@ -590,7 +529,7 @@ fn pod_ips() -> Vec<Ipv4Addr> {
 
 /// A pod namespace behind a veth with the 10 pod addresses; the node routes the service range
 /// to it (the route lookup happens before the DNAT, so the VIP needs one).
-fn wire_pod(node: &Ns, pod: &Ns) -> Result<(), String> {
+fn wire_pod(node: &Netns, pod: &Netns) -> Result<(), String> {
     node.ip(&[
         "link", "add", NODE_VETH, "type", "veth", "peer", "name", POD_VETH, "netns", &pod.name,
     ])?;
@@ -614,7 +553,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(pod: &Ns) -> Result<Server, String> {
+    fn start(pod: &Netns) -> Result<Server, String> {
         // Bound from inside the namespace, the socket stays there whatever thread uses it.
         let listener = pod
             .run(|| TcpListener::bind(("0.0.0.0", EP_PORT)))?
@@ -657,7 +596,7 @@ impl Drop for Server {
 
 /// Connections per second from `clients` threads in the node namespace for `time`.
 fn connect_round(
-    node: &Ns,
+    node: &Netns,
     targets: &[SocketAddr],
     clients: usize,
     time: Duration,
@@ -712,7 +651,12 @@ const FLOOR_VIP: Ipv4Addr = Ipv4Addr::new(10, 111, 255, 254);
 
 /// Rounds through the VIP, the bare DNAT rule and straight to the pod, the order rotating each
 /// round, conntrack flushed before each so that no round inherits the previous one's table.
-fn conn_rates(node: &Ns, pod: &Ns, vip_addr: Ipv4Addr, cfg: &Config) -> Result<ConnRates, String> {
+fn conn_rates(
+    node: &Netns,
+    pod: &Netns,
+    vip_addr: Ipv4Addr,
+    cfg: &Config,
+) -> Result<ConnRates, String> {
     wire_pod(node, pod)?;
     let _server = Server::start(pod)?;
     // Spread over the same 10 endpoints as the VIP (numgen, an anonymous map), so that both
@@ -848,7 +792,7 @@ fn agent(mode: &str, shape: Shape, cfg: &Config) -> Result<AgentResult, String> 
             cfg.weir_bin.display()
         ));
     }
-    let ns = Ns::create(ns_name(mode, &shape.label(), "-agent"))?;
+    let ns = Netns::create(ns_name(mode, &shape.label(), "-agent"))?;
     // The node's InternalIP, so NodePorts are planned as in the backend runs (on a veth:
     // this kernel has no dummy driver).
     ns.ip(&[
@@ -856,7 +800,7 @@ fn agent(mode: &str, shape: Shape, cfg: &Config) -> Result<AgentResult, String> 
     ])?;
     ns.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"])?;
     ns.ip(&["link", "set", "node0", "up"])?;
-    let dir = TempDir::new(&format!("{mode}-{}", shape.label()))?;
+    let dir = TempDir::new(&format!("wbench-{mode}-{}", shape.label()))?;
     write_manifests(&dir.0, shape);
 
     let mut cmd = Command::new(&cfg.weir_bin);
@@ -1005,7 +949,7 @@ struct SideBySide {
 }
 
 /// `iptables-restore -w [--noflush]` of `script` inside `ns`.
-fn timed_restore(ns: &Ns, script: &str, noflush: bool) -> Result<Cost, String> {
+fn timed_restore(ns: &Netns, script: &str, noflush: bool) -> Result<Cost, String> {
     use std::io::Write as _;
     let mut args = vec!["netns", "exec", &ns.name, "iptables-restore", "-w"];
     if noflush {
@@ -1040,7 +984,7 @@ fn timed_restore(ns: &Ns, script: &str, noflush: bool) -> Result<Cost, String> {
 /// One weir sync inside `ns` that must be of `want` kind.
 /// `diff`: the planner's diff from the previous plan (`sync_diff`, as the agent calls it).
 fn costed_sync(
-    ns: &Ns,
+    ns: &Netns,
     b: &mut IptablesBackend,
     plan: &Plan,
     diff: Option<&PlanDiff>,
@@ -1137,7 +1081,7 @@ fn kube_partial(full: &str, update: &str) -> String {
 
 /// Inserts kube-proxy's jump rules from the built-in chains into weir's chains in `ns`
 /// (weir's backend inserts the same ones), so kube-proxy's layout is hooked in as on a node.
-fn hook_in(ns: &Ns) -> Result<(), String> {
+fn hook_in(ns: &Netns) -> Result<(), String> {
     for j in weir_proxy::iptables::jumps().iter().rev() {
         let mut args = vec!["iptables", "-w", "-t", j.table.name(), "-I", j.chain, "1"];
         args.extend(j.args.iter().copied());
@@ -1190,7 +1134,7 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
     for round in 0..cfg.full_rounds {
         // Alternate who goes first, so that load on a shared machine hits both alike.
         for weir_turn in [round % 2 == 0, round % 2 == 1] {
-            let ns = Ns::create(ns_name("iptables", &shape.label(), &format!("-sbs{round}")))?;
+            let ns = Netns::create(ns_name("iptables", &shape.label(), &format!("-sbs{round}")))?;
             if weir_turn {
                 let mut b = v4_backend();
                 wf.push(costed_sync(&ns, &mut b, plan, None, SyncKind::Full)?);
@@ -1211,7 +1155,7 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
                     kf.push(timed_restore(&ns, &script, true)?);
                 }
                 let flushing =
-                    Ns::create(ns_name("iptables", &shape.label(), &format!("-fl{round}")))?;
+                    Netns::create(ns_name("iptables", &shape.label(), &format!("-fl{round}")))?;
                 xf.push(timed_restore(&flushing, &script, false)?);
                 xr.push(timed_restore(&flushing, &script, false)?);
                 // The partial syncs go to whichever namespace holds the layout (the same
@@ -1275,7 +1219,7 @@ fn side_by_side(shape: Shape, cfg: &Config) -> Result<SideBySide, String> {
 
 /// Backend-level steps (full sync, churn, datapath) in one node namespace.
 fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &Config) {
-    let node = match Ns::create(ns_name(mode, &shape.label(), "")) {
+    let node = match Netns::create(ns_name(mode, &shape.label(), "")) {
         Ok(ns) => ns,
         Err(e) => return row.errors.push(e),
     };
@@ -1323,7 +1267,7 @@ fn backend_steps(row: &mut Row, mode: &str, shape: Shape, datapath: bool, cfg: &
         "{mode} {}: connection rate, VIP vs a bare DNAT rule vs direct",
         shape.label()
     ));
-    let pod = match Ns::create(ns_name(mode, &shape.label(), "-pod")) {
+    let pod = match Netns::create(ns_name(mode, &shape.label(), "-pod")) {
         Ok(ns) => ns,
         Err(e) => return row.errors.push(e),
     };

@@ -205,117 +205,46 @@ pub fn desire_from_facts(cfg: &Config, nodes: &[NodeFacts], local: &Local) -> De
         return desired;
     };
     if let Backend::Vxlan(vx) = &cfg.backend {
-        let Some(underlay) = &local.underlay else {
-            desired.blocked = Some("no underlay interface/address for the VTEP".into());
-            return desired;
-        };
-        let overhead = if underlay.ip.is_ipv4() {
-            VXLAN_OVERHEAD_V4
-        } else {
-            VXLAN_OVERHEAD_V6
-        };
-        desired.vtep = Some(VtepSpec {
-            name: vx.device.clone(),
-            vni: vx.vni,
-            port: vx.port,
-            local: underlay.ip,
-            underlay_index: underlay.index,
-            mtu: underlay.mtu.saturating_sub(overhead),
-            mac: vtep_mac(&cfg.node_name, vx.vni),
-            addresses: me
-                .pod_cidrs
-                .iter()
-                .map(|c| host_net(gateway_of(*c)))
-                .collect(),
-        });
+        match local_vtep(cfg, vx, me, local) {
+            Ok(vtep) => desired.vtep = Some(vtep),
+            Err(blocked) => {
+                desired.blocked = Some(blocked);
+                return desired;
+            }
+        }
     }
-    let mut mac_owner: BTreeMap<Mac, &str> = BTreeMap::new();
+    let mut owners = Owners {
+        macs: BTreeMap::new(),
+        // Our own pod CIDRs are never routed elsewhere.
+        cidrs: me
+            .pod_cidrs
+            .iter()
+            .map(|c| (*c, me.name.as_str()))
+            .collect(),
+    };
     if let Some(v) = &desired.vtep {
-        mac_owner.insert(v.mac, &cfg.node_name);
+        owners.macs.insert(v.mac, &cfg.node_name);
     }
-    // Our own pod CIDRs are never routed elsewhere.
-    let mut cidr_owner: BTreeMap<IpNet, &str> = me
-        .pod_cidrs
-        .iter()
-        .map(|c| (*c, me.name.as_str()))
-        .collect();
     let annotations = Annotations::new(&cfg.annotation_prefix);
     for node in nodes.iter().filter(|n| n.name != cfg.node_name) {
         let mut reasons: Vec<String> = node.problems.clone();
-        let mut routed = Vec::new();
         if node.pod_cidrs.is_empty() {
             reasons.push("no pod CIDR".into());
         }
-        match &cfg.backend {
-            Backend::HostGw => {
-                for cidr in &node.pod_cidrs {
-                    if let Some(owner) = overlap(&cidr_owner, *cidr) {
-                        reasons.push(format!("pod CIDR {cidr} overlaps node {owner}'s"));
-                        continue;
-                    }
-                    let family_ip = match cidr {
-                        IpNet::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                        IpNet::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                    };
-                    let Some(ip) = node.internal_ip_like(family_ip) else {
-                        reasons.push(format!("pod CIDR {cidr}: no InternalIP of its family"));
-                        continue;
-                    };
-                    if !local.connected(ip) {
-                        reasons.push(format!(
-                            "pod CIDR {cidr}: node address {ip} is not on a directly connected subnet (host-gw needs one L2 segment; use vxlan)"
-                        ));
-                        continue;
-                    }
-                    desired.entries.routes.insert(
-                        *cidr,
-                        RouteEntry {
-                            gateway: ip,
-                            via_vtep: false,
-                        },
-                    );
-                    cidr_owner.insert(*cidr, &node.name);
-                    routed.push(*cidr);
-                }
-            }
+        let entries = &mut desired.entries;
+        let routed = match &cfg.backend {
+            Backend::HostGw => route_host_gw(node, local, &mut owners, entries, &mut reasons),
             Backend::Vxlan(vx) => {
                 let vtep = desired.vtep.as_ref().expect("set above for vxlan");
                 match remote_vtep(node, vx, vtep.local, &annotations) {
-                    Err(reason) => reasons.push(reason),
-                    Ok((data, underlay_ip)) => {
-                        if let Some(owner) = mac_owner.get(&data.mac) {
-                            reasons.push(format!(
-                                "VTEP MAC {} is node {owner}'s already",
-                                crate::format_mac(&data.mac)
-                            ));
-                        } else {
-                            for cidr in &node.pod_cidrs {
-                                if let Some(owner) = overlap(&cidr_owner, *cidr) {
-                                    reasons
-                                        .push(format!("pod CIDR {cidr} overlaps node {owner}'s"));
-                                    continue;
-                                }
-                                let gw = gateway_of(*cidr);
-                                desired.entries.neighbours.insert(gw, data.mac);
-                                desired.entries.routes.insert(
-                                    *cidr,
-                                    RouteEntry {
-                                        gateway: gw,
-                                        via_vtep: true,
-                                    },
-                                );
-                                cidr_owner.insert(*cidr, &node.name);
-                                routed.push(*cidr);
-                            }
-                            if !routed.is_empty() {
-                                desired.entries.fdb.insert(data.mac, underlay_ip);
-                                mac_owner.insert(data.mac, &node.name);
-                            }
-                        }
+                    Err(reason) => {
+                        reasons.push(reason);
+                        Vec::new()
                     }
+                    Ok(remote) => route_vxlan(node, remote, &mut owners, entries, &mut reasons),
                 }
             }
-        }
+        };
         let status = if reasons.is_empty() {
             NodeStatus::Routed { pod_cidrs: routed }
         } else {
@@ -324,6 +253,137 @@ pub fn desire_from_facts(cfg: &Config, nodes: &[NodeFacts], local: &Local) -> De
         desired.status.insert(node.name.clone(), status);
     }
     desired
+}
+
+/// This node's VTEP, on the underlay; `Err` says why there can be none.
+fn local_vtep(
+    cfg: &Config,
+    vx: &VxlanConfig,
+    me: &NodeFacts,
+    local: &Local,
+) -> Result<VtepSpec, String> {
+    let Some(underlay) = &local.underlay else {
+        return Err("no underlay interface/address for the VTEP".into());
+    };
+    let overhead = if underlay.ip.is_ipv4() {
+        VXLAN_OVERHEAD_V4
+    } else {
+        VXLAN_OVERHEAD_V6
+    };
+    Ok(VtepSpec {
+        name: vx.device.clone(),
+        vni: vx.vni,
+        port: vx.port,
+        local: underlay.ip,
+        underlay_index: underlay.index,
+        mtu: underlay.mtu.saturating_sub(overhead),
+        mac: vtep_mac(&cfg.node_name, vx.vni),
+        addresses: me
+            .pod_cidrs
+            .iter()
+            .map(|c| host_net(gateway_of(*c)))
+            .collect(),
+    })
+}
+
+/// Which node holds each pod CIDR and VTEP MAC so far: nodes are visited in name order, so
+/// the first name wins and a later claim is refused.
+struct Owners<'a> {
+    cidrs: BTreeMap<IpNet, &'a str>,
+    macs: BTreeMap<Mac, &'a str>,
+}
+
+impl<'a> Owners<'a> {
+    /// Whether `cidr` is free of other nodes' pod CIDRs; if not, says whose in `reasons`.
+    fn free(&self, cidr: IpNet, reasons: &mut Vec<String>) -> bool {
+        let owner = overlap(&self.cidrs, cidr);
+        if let Some(owner) = owner {
+            reasons.push(format!("pod CIDR {cidr} overlaps node {owner}'s"));
+        }
+        owner.is_none()
+    }
+
+    /// Routes `cidr` of `node` via `route`, and makes it `node`'s.
+    fn route(&mut self, node: &'a str, cidr: IpNet, route: RouteEntry, entries: &mut Entries) {
+        entries.routes.insert(cidr, route);
+        self.cidrs.insert(cidr, node);
+    }
+}
+
+/// host-gw: each pod CIDR of `node` via its address of that family, which must be on a
+/// directly connected subnet. Returns the CIDRs routed; adds why others are not to `reasons`.
+fn route_host_gw<'a>(
+    node: &'a NodeFacts,
+    local: &Local,
+    owners: &mut Owners<'a>,
+    entries: &mut Entries,
+    reasons: &mut Vec<String>,
+) -> Vec<IpNet> {
+    let mut routed = Vec::new();
+    for cidr in &node.pod_cidrs {
+        if !owners.free(*cidr, reasons) {
+            continue;
+        }
+        let family_ip = match cidr {
+            IpNet::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpNet::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        let Some(ip) = node.internal_ip_like(family_ip) else {
+            reasons.push(format!("pod CIDR {cidr}: no InternalIP of its family"));
+            continue;
+        };
+        if !local.connected(ip) {
+            reasons.push(format!(
+                "pod CIDR {cidr}: node address {ip} is not on a directly connected subnet (host-gw needs one L2 segment; use vxlan)"
+            ));
+            continue;
+        }
+        let route = RouteEntry {
+            gateway: ip,
+            via_vtep: false,
+        };
+        owners.route(&node.name, *cidr, route, entries);
+        routed.push(*cidr);
+    }
+    routed
+}
+
+/// vxlan: each pod CIDR of `node` via its gateway address on the VTEP, with the neighbour
+/// and FDB entries that reach its VTEP (`remote`: its VTEP data and underlay address).
+/// Returns the CIDRs routed; adds why others are not to `reasons`.
+fn route_vxlan<'a>(
+    node: &'a NodeFacts,
+    (data, underlay_ip): (VtepData, IpAddr),
+    owners: &mut Owners<'a>,
+    entries: &mut Entries,
+    reasons: &mut Vec<String>,
+) -> Vec<IpNet> {
+    if let Some(owner) = owners.macs.get(&data.mac) {
+        reasons.push(format!(
+            "VTEP MAC {} is node {owner}'s already",
+            crate::format_mac(&data.mac)
+        ));
+        return Vec::new();
+    }
+    let mut routed = Vec::new();
+    for cidr in &node.pod_cidrs {
+        if !owners.free(*cidr, reasons) {
+            continue;
+        }
+        let gw = gateway_of(*cidr);
+        entries.neighbours.insert(gw, data.mac);
+        let route = RouteEntry {
+            gateway: gw,
+            via_vtep: true,
+        };
+        owners.route(&node.name, *cidr, route, entries);
+        routed.push(*cidr);
+    }
+    if !routed.is_empty() {
+        entries.fdb.insert(data.mac, underlay_ip);
+        owners.macs.insert(data.mac, &node.name);
+    }
+    routed
 }
 
 /// The owner of a CIDR that overlaps `cidr`, if any.

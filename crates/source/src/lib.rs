@@ -5,7 +5,7 @@
 //!   ordinary (multi-document, `kind: List`) Kubernetes YAML manifests, with per-file/per-object
 //!   error isolation: a broken file or object never makes good objects disappear.
 //! * [`Store`] / [`SharedStore`]: objects keyed by kind/namespace/name, fed by [`Event`]s through
-//!   the [`EventSink`] trait — the same interface a Kubernetes API watcher will use — recording
+//!   the [`EventSink`] trait — the interface the manifest watcher and the API watchers share — recording
 //!   which keys changed ([`Changes`]) for a consumer that works per change (the proxy).
 //! * [`watch_dir`]: a polling watcher (mtime, ctime, size, inode) that sends a full
 //!   [`Event::Resync`] only when something changed, never before it has a complete view and

@@ -18,6 +18,13 @@
 //! `SKIPPED <test>: missing <what>` and appends that line to the skips file
 //! (`$CARGO_TARGET_DIR/test-skips.txt`, else the workspace's `target/test-skips.txt`), which
 //! `scripts/dev.sh test` empties before the run and summarises after it.
+//!
+//! Benches and tests also share what cleans up after them ([`KillOnDrop`], [`TempDir`],
+//! [`Netns`]) and [`sh`].
+
+mod scratch;
+
+pub use scratch::{sh, KillOnDrop, Netns, TempDir};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

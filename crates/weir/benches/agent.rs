@@ -35,6 +35,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use weir_testkit::{KillOnDrop, Netns, TempDir};
+
 fn progress(msg: impl AsRef<str>) {
     eprintln!("[agent-bench] {}", msg.as_ref());
 }
@@ -134,7 +136,7 @@ struct ManifestFeed {
 impl ManifestFeed {
     fn new(tag: &str) -> Result<Self, String> {
         Ok(ManifestFeed {
-            dir: TempDir::new(tag)?,
+            dir: TempDir::new(&format!("wab-{tag}"))?,
             services: 0,
         })
     }
@@ -399,14 +401,14 @@ fn run_agent(
 ) -> Result<Run, String> {
     let mode = env_or("WEIR_BENCH_MODE", "nftables");
     let timeout = Duration::from_secs(env_num("WEIR_BENCH_AGENT_TIMEOUT", 900) as u64);
-    let ns = Ns::create(format!("wab-{tag}-{}", std::process::id()))?;
+    let ns = Netns::create(format!("wab-{tag}-{}", std::process::id()))?;
     ns.ip(&[
         "link", "add", "node0", "type", "veth", "peer", "name", "node0p",
     ])?;
     ns.ip(&["addr", "add", &format!("{NODE_IP}/24"), "dev", "node0"])?;
     ns.ip(&["link", "set", "node0", "up"])?;
     let source_args = feed.start(&ns.name, services)?;
-    let state = TempDir::new(&format!("{tag}-state"))?;
+    let state = TempDir::new(&format!("wab-{tag}-state"))?;
 
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &ns.name])
@@ -456,75 +458,6 @@ fn run_agent(
     }
     run.hwm_mib = memory_mib(pid)?.1;
     Ok(run)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Plumbing that cleans up after itself (also on panic)
-
-struct Ns {
-    name: String,
-}
-
-impl Ns {
-    fn create(name: String) -> Result<Ns, String> {
-        sh("ip", &["netns", "add", &name])?;
-        let ns = Ns { name };
-        ns.ip(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-    fn ip(&self, args: &[&str]) -> Result<(), String> {
-        let mut all = vec!["-n", &self.name];
-        all.extend_from_slice(args);
-        sh("ip", &all)
-    }
-}
-
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = sh("ip", &["netns", "del", &self.name]);
-    }
-}
-
-fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd} {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Result<TempDir, String> {
-        let p = std::env::temp_dir().join(format!("wab-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        Ok(TempDir(p))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -756,15 +756,6 @@ fn agrees(t: &Outcome, k: &Outcome, listens: &dyn Fn(&str) -> bool) -> bool {
     }
 }
 
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// One TCP connection (the greeting line) or one UDP question (two tries): the echo server's
 /// name.
 fn ask(udp: bool, to: SocketAddr, bind: Option<IpAddr>) -> std::io::Result<String> {

@@ -226,121 +226,37 @@ impl EniConf {
         Self::from_raw(raw)
     }
 
+    /// Each value checked in the order of the fields, the first wrong one named.
     fn from_raw(raw: Raw) -> CniResult<Self> {
-        let bad = |m: String| Err(invalid(m));
-        let name_ok = !raw.name.is_empty()
-            && !raw.name.starts_with('.')
-            && raw
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !name_ok {
-            return bad(format!(
-                "name {:?}: must be letters, digits, '-', '_' or '.'",
-                raw.name
-            ));
-        }
-        let eni = match (raw.eni_name, raw.eni_mac) {
-            (Some(_), Some(_)) => return bad("give eniName or eniMAC, not both".into()),
-            (None, None) => {
-                return bad("eni-shared needs the ENI: eniName (e.g. \"eth1\") or eniMAC".into())
-            }
-            (Some(name), None) => {
-                crate::spec::validate_ifname(&name).map_err(|m| {
-                    invalid(format!("eniName: {}", m.replace("CNI_IFNAME", "eniName")))
-                })?;
-                EniSelector::Name(name)
-            }
-            (None, Some(mac)) => EniSelector::Mac(parse_mac(&mac).ok_or_else(|| {
-                invalid(format!(
-                    "eniMAC {mac:?}: not a MAC address like 02:00:0a:0c:c0:01"
-                ))
-            })?),
-        };
+        check_name(&raw.name)?;
+        let eni = eni_selector(raw.eni_name, raw.eni_mac)?;
         // 0 is unspec, 253-255 are default/main/local.
         if raw.route_table == 0 || (253..=255).contains(&raw.route_table) {
-            return bad(format!(
+            return Err(invalid(format!(
                 "routeTable {}: must be a table of its own (not 0, 253 default, 254 main or 255 local)",
                 raw.route_table
-            ));
+            )));
         }
-        let addresses =
-            match (raw.eni_addresses, raw.eni_address_file) {
-                (Some(_), Some(_)) => {
-                    return bad("give eniAddresses or eniAddressFile, not both".into())
-                }
-                (None, None) => return bad(
-                    "eni-shared needs the ENI's addresses: eniAddresses [...] or eniAddressFile"
-                        .into(),
-                ),
-                (Some(list), None) => {
-                    if let Err(m) = check_address_list(&list) {
-                        return bad(format!("eniAddresses: {m}"));
-                    }
-                    AddressConf::List(list)
-                }
-                (None, Some(path)) => {
-                    if !path.is_absolute() {
-                        return bad(format!(
-                            "eniAddressFile {}: must be an absolute path",
-                            path.display()
-                        ));
-                    }
-                    AddressConf::File(path)
-                }
-            };
+        let addresses = address_conf(raw.eni_addresses, raw.eni_address_file)?;
         if let (Some(own), AddressConf::List(list)) = (raw.eni_address, &addresses) {
             if !list.contains(&own) {
-                return bad(format!("eniAddress {own}: not one of eniAddresses"));
+                return Err(invalid(format!(
+                    "eniAddress {own}: not one of eniAddresses"
+                )));
             }
         }
-        let veth_prefix = raw
-            .veth_prefix
-            .unwrap_or_else(|| DEFAULT_VETH_PREFIX.to_string());
-        if !(1..=8).contains(&veth_prefix.len())
-            || !veth_prefix
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-        {
-            return bad(format!(
-                "vethPrefix {veth_prefix:?}: must be 1 to 8 characters from [a-z0-9] (the rest of the 15-byte name is a hash)"
-            ));
-        }
-        if let EniSelector::Name(n) = &eni {
-            if n.starts_with(&veth_prefix) {
-                return bad(format!(
-                    "vethPrefix {veth_prefix:?}: the ENI {n} starts with it, so it would be taken for a pod interface"
-                ));
-            }
-        }
+        let veth_prefix = veth_prefix(raw.veth_prefix, &eni)?;
         let p = raw.rule_priorities;
         if !(p.to_pod > 0 && p.to_pod < p.fwmark && p.fwmark < p.from_pod && p.from_pod < 32766) {
-            return bad(format!(
+            return Err(invalid(format!(
                 "rulePriorities {{toPod {}, fwmark {}, fromPod {}}}: need 0 < toPod < fwmark < fromPod < 32766 (the main table's rule)",
                 p.to_pod, p.fwmark, p.from_pod
-            ));
+            )));
         }
-        let mark = match &raw.mark {
-            Some(n) => n.value("mark")?,
-            None => DEFAULT_MARK,
-        };
-        let mark_mask = match &raw.mark_mask {
-            Some(n) => n.value("markMask")?,
-            None => mark,
-        };
-        if mark == 0 || mark & !mark_mask != 0 {
-            return bad(format!(
-                "mark {mark:#x}/{mark_mask:#x}: the mark must be non-zero and inside markMask"
-            ));
-        }
-        if mark_mask & KUBE_PROXY_BITS != 0 {
-            return bad(format!(
-                "markMask {mark_mask:#x}: overlaps kube-proxy's masquerade/drop bits 0x4000/0x8000, which would clear or misread weir's mark"
-            ));
-        }
+        let (mark, mark_mask) = marks(raw.mark.as_ref(), raw.mark_mask.as_ref())?;
         if let Some(mtu) = raw.mtu {
             if !(68..=65535).contains(&mtu) {
-                return bad(format!("mtu {mtu}: must be between 68 and 65535"));
+                return Err(invalid(format!("mtu {mtu}: must be between 68 and 65535")));
             }
         }
         Ok(EniConf {
@@ -364,6 +280,108 @@ impl EniConf {
             valid_attachments: raw.valid_attachments,
         })
     }
+}
+
+fn check_name(name: &str) -> CniResult<()> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "name {name:?}: must be letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+/// `eniName` or `eniMAC`, exactly one.
+fn eni_selector(name: Option<String>, mac: Option<String>) -> CniResult<EniSelector> {
+    match (name, mac) {
+        (Some(_), Some(_)) => Err(invalid("give eniName or eniMAC, not both".into())),
+        (None, None) => Err(invalid(
+            "eni-shared needs the ENI: eniName (e.g. \"eth1\") or eniMAC".into(),
+        )),
+        (Some(name), None) => {
+            crate::spec::validate_ifname(&name)
+                .map_err(|m| invalid(format!("eniName: {}", m.replace("CNI_IFNAME", "eniName"))))?;
+            Ok(EniSelector::Name(name))
+        }
+        (None, Some(mac)) => Ok(EniSelector::Mac(parse_mac(&mac).ok_or_else(|| {
+            invalid(format!(
+                "eniMAC {mac:?}: not a MAC address like 02:00:0a:0c:c0:01"
+            ))
+        })?)),
+    }
+}
+
+/// `eniAddresses` or `eniAddressFile`, exactly one.
+fn address_conf(list: Option<Vec<Ipv4Addr>>, file: Option<PathBuf>) -> CniResult<AddressConf> {
+    match (list, file) {
+        (Some(_), Some(_)) => Err(invalid(
+            "give eniAddresses or eniAddressFile, not both".into(),
+        )),
+        (None, None) => Err(invalid(
+            "eni-shared needs the ENI's addresses: eniAddresses [...] or eniAddressFile".into(),
+        )),
+        (Some(list), None) => {
+            check_address_list(&list).map_err(|m| invalid(format!("eniAddresses: {m}")))?;
+            Ok(AddressConf::List(list))
+        }
+        (None, Some(path)) if !path.is_absolute() => Err(invalid(format!(
+            "eniAddressFile {}: must be an absolute path",
+            path.display()
+        ))),
+        (None, Some(path)) => Ok(AddressConf::File(path)),
+    }
+}
+
+/// The pod interfaces' name prefix: short, plain, and not the ENI's own.
+fn veth_prefix(prefix: Option<String>, eni: &EniSelector) -> CniResult<String> {
+    let prefix = prefix.unwrap_or_else(|| DEFAULT_VETH_PREFIX.to_string());
+    if !(1..=8).contains(&prefix.len())
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return Err(invalid(format!(
+            "vethPrefix {prefix:?}: must be 1 to 8 characters from [a-z0-9] (the rest of the 15-byte name is a hash)"
+        )));
+    }
+    if let EniSelector::Name(n) = eni {
+        if n.starts_with(&prefix) {
+            return Err(invalid(format!(
+                "vethPrefix {prefix:?}: the ENI {n} starts with it, so it would be taken for a pod interface"
+            )));
+        }
+    }
+    Ok(prefix)
+}
+
+/// `mark` and `markMask` (the mark by default): non-zero, inside the mask, clear of
+/// kube-proxy's bits.
+fn marks(mark: Option<&Number>, mask: Option<&Number>) -> CniResult<(u32, u32)> {
+    let mark = match mark {
+        Some(n) => n.value("mark")?,
+        None => DEFAULT_MARK,
+    };
+    let mask = match mask {
+        Some(n) => n.value("markMask")?,
+        None => mark,
+    };
+    if mark == 0 || mark & !mask != 0 {
+        return Err(invalid(format!(
+            "mark {mark:#x}/{mask:#x}: the mark must be non-zero and inside markMask"
+        )));
+    }
+    if mask & KUBE_PROXY_BITS != 0 {
+        return Err(invalid(format!(
+            "markMask {mask:#x}: overlaps kube-proxy's masquerade/drop bits 0x4000/0x8000, which would clear or misread weir's mark"
+        )));
+    }
+    Ok((mark, mask))
 }
 
 /// A usable list: at least two addresses (the ENI's own and one for a pod), no duplicates, none

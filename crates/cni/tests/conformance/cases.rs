@@ -165,6 +165,14 @@ fn with_prev(conf: &Value, result: &Value, v: &str) -> Value {
 // the probes of issue 7 and other spec requirements
 
 fn probes() -> Vec<Case> {
+    let mut all = gc_probes();
+    all.extend(lifecycle_probes());
+    all.extend(input_probes());
+    all
+}
+
+/// VERSION as libcni asks it, and GC.
+fn gc_probes() -> Vec<Case> {
     vec![
         case(
             "VERSION with libcni's dummy CNI_NETNS/IFNAME/PATH (podman)",
@@ -257,6 +265,12 @@ fn probes() -> Vec<Case> {
                 ensure(pod_eth0(&pod).is_some(), || "netb's pod lost eth0".into())
             },
         ),
+    ]
+}
+
+/// ADD, DEL and CHECK where the pod, its namespace or its interface is not as expected.
+fn lifecycle_probes() -> Vec<Case> {
+    vec![
         case(
             "ADD twice, same container ID and ifname",
             "second ADD fails; the first attachment is unchanged",
@@ -359,6 +373,12 @@ fn probes() -> Vec<Case> {
                 .map(drop)
             },
         ),
+    ]
+}
+
+/// STATUS, and what the plugin is handed: versions, syntax, size.
+fn input_probes() -> Vec<Case> {
+    vec![
         case(
             "STATUS with the range exhausted",
             "error code 50 (cannot serve ADDs)",

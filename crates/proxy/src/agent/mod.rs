@@ -232,6 +232,12 @@ impl FailureLog {
     }
 }
 
+/// What planning a round took, for the log.
+struct Planned {
+    changed_objects: usize,
+    plan_ms: f64,
+}
+
 /// The proxy's sync loop. [`ProxyLoop::run`] runs it for good; tests call
 /// [`ProxyLoop::round`] one round at a time.
 pub struct ProxyLoop<B, S, C, O> {
@@ -357,9 +363,18 @@ impl<B: Backend, S: ObjectSource, C: Clock, O: SyncObserver> ProxyLoop<B, S, C, 
     /// the kernel's rules when a sync period has passed, and syncs.
     pub fn round(&mut self) -> Result<(), LoopError> {
         self.wait_for_first_view();
+        self.wait_for_change();
+        let (diff, planned) = self.plan()?;
+        self.check_rules();
+        self.sync(diff, planned);
+        Ok(())
+    }
+
+    /// Waits for a change, or for the periodic resync (sooner after a failure); then batches
+    /// changes arriving faster than `min_sync_period`. The first sync does not wait.
+    fn wait_for_change(&mut self) {
         let s = &self.settings;
         if let Some(last) = self.last_sync {
-            // Wait for a change, or for the periodic resync (sooner after a failure).
             let period = if self.failing {
                 s.min_sync_period.max(Duration::from_secs(1))
             } else {
@@ -368,15 +383,18 @@ impl<B: Backend, S: ObjectSource, C: Clock, O: SyncObserver> ProxyLoop<B, S, C, 
             let wait = (last + period).saturating_duration_since(self.clock.now());
             self.source.wait_newer(self.seen, wait);
             self.observer.queued();
-            // Batch changes arriving faster than min-sync-period.
             let earliest = last + s.min_sync_period;
             self.clock
                 .sleep(earliest.saturating_duration_since(self.clock.now()));
         } else {
             self.observer.queued();
         }
-        // Only what changed since the last round: the planner replans the services these
-        // objects belong to, not the cluster.
+    }
+
+    /// Takes what changed since the last round and replans only that: the planner replans
+    /// the services these objects belong to, not the cluster, and hands over what changed
+    /// in the plan, so the backend applies only that.
+    fn plan(&mut self) -> Result<(PlanDiff, Planned), LoopError> {
         let changes = self.source.take_changes();
         self.seen = changes.generation;
         self.last_sync = Some(self.clock.now());
@@ -395,13 +413,20 @@ impl<B: Backend, S: ObjectSource, C: Clock, O: SyncObserver> ProxyLoop<B, S, C, 
             .node_eligible(node_eligible(own_node.as_deref()));
         let config = (self.config)().map_err(LoopError::Config)?;
         let planning = self.clock.now();
-        // The planner replans the services the changes touch and hands over what changed in
-        // the plan: the backend applies only that, so nothing per change walks the cluster.
         let diff = self.planner.update(changes.objects, &config);
+        let planned = Planned {
+            changed_objects,
+            plan_ms: self.since(planning).as_secs_f64() * 1e3,
+        };
+        self.log_plan(&planned);
+        Ok((diff, planned))
+    }
+
+    /// The plan's warnings as they appear, change and clear (a warning holds as long as its
+    /// cause, such as a NodePort not served until the Node is known: not said on every
+    /// sync), and the first plan's size.
+    fn log_plan(&mut self, planned: &Planned) {
         let plan = self.planner.current();
-        let plan_ms = self.since(planning).as_secs_f64() * 1e3;
-        // A warning holds as long as its cause (a NodePort not served until the Node is
-        // known): said when it appears or changes and when it clears, not on every sync.
         let said = self
             .plan_warnings
             .update(plan.warnings.iter().map(String::as_str));
@@ -413,16 +438,19 @@ impl<B: Backend, S: ObjectSource, C: Clock, O: SyncObserver> ProxyLoop<B, S, C, 
         }
         if self.first {
             info!(
-                objects = changed_objects,
+                objects = planned.changed_objects,
                 service_ports = plan.services.len(),
-                plan_ms,
+                plan_ms = planned.plan_ms,
                 "planned the initial objects"
             );
         }
         self.first = false;
-        // Every --sync-period, even while changes keep coming, check that the kernel still
-        // holds what weir wrote (an outside flush is repaired by a full sync); and every
-        // --full-sync-period rewrite every rule regardless (kube-proxy: hourly).
+    }
+
+    /// Every --sync-period, even while changes keep coming, checks that the kernel still
+    /// holds what weir wrote (an outside flush is repaired by a full sync); and every
+    /// --full-sync-period has every rule rewritten regardless (kube-proxy: hourly).
+    fn check_rules(&mut self) {
         if self.since(self.last_check) >= self.settings.sync_period {
             self.last_check = self.clock.now();
             let check = self.backend.intact();
@@ -457,65 +485,74 @@ impl<B: Backend, S: ObjectSource, C: Clock, O: SyncObserver> ProxyLoop<B, S, C, 
         {
             self.backend.invalidate();
         }
-        let result = self.backend.sync_diff(plan, &diff);
+    }
+
+    /// Hands the plan and `diff` to the backend; the observer hears of every change since
+    /// the last successful sync.
+    fn sync(&mut self, diff: PlanDiff, planned: Planned) {
+        let result = self.backend.sync_diff(self.planner.current(), &diff);
         let diff = match self.unobserved.take() {
             Some(earlier) => earlier.then(diff),
             None => diff,
         };
         match result {
-            Ok(report) => {
-                self.failing = false;
-                if let Some(line) = self.failures.succeeded() {
-                    info!(mode = self.backend.mode(), "{line}");
-                }
-                if report.kind == SyncKind::Full {
-                    self.last_full = Some(self.clock.now());
-                }
-                // From the oldest change's arrival in the store to the rules in the kernel.
-                let event_to_rules_ms = self
-                    .pending_since
-                    .take()
-                    .map(|t| self.since(t).as_secs_f64() * 1e3);
-                if report.kind != SyncKind::Noop {
-                    info!(
-                        mode = self.backend.mode(),
-                        kind = ?report.kind,
-                        service_ports = plan.services.len(),
-                        touched = report.service_ports_touched,
-                        changed_objects,
-                        elapsed_ms = report.elapsed.as_secs_f64() * 1e3,
-                        plan_ms,
-                        event_to_rules_ms = event_to_rules_ms.unwrap_or(0.0),
-                        "synced"
-                    );
-                }
-                self.observer.synced(
-                    self.synced_once.then_some(&diff),
-                    plan,
-                    &report,
-                    &self.triggers,
-                );
-                self.synced_once = true;
-                self.triggers.clear();
-                if report.kind == SyncKind::Full {
-                    release_freed_memory();
-                }
-            }
-            Err(e) => {
-                self.failing = true;
-                self.unobserved = Some(diff);
-                // The backend's contract already makes the next sync a full one after an
-                // error; the loop says so too, so no backend can retry with a partial sync
-                // on top of rules it left half-written.
-                self.backend.invalidate();
-                let now = self.clock.now();
-                if let Some(line) = self.failures.failed(&e.to_string(), now) {
-                    warn!(mode = self.backend.mode(), "{line}");
-                }
-                self.observer.failed(&e);
-            }
+            Ok(report) => self.synced(diff, report, planned),
+            Err(e) => self.sync_failed(diff, e),
         }
-        Ok(())
+    }
+
+    fn synced(&mut self, diff: PlanDiff, report: SyncReport, planned: Planned) {
+        self.failing = false;
+        if let Some(line) = self.failures.succeeded() {
+            info!(mode = self.backend.mode(), "{line}");
+        }
+        if report.kind == SyncKind::Full {
+            self.last_full = Some(self.clock.now());
+        }
+        // From the oldest change's arrival in the store to the rules in the kernel.
+        let event_to_rules_ms = self
+            .pending_since
+            .take()
+            .map(|t| self.since(t).as_secs_f64() * 1e3);
+        let plan = self.planner.current();
+        if report.kind != SyncKind::Noop {
+            info!(
+                mode = self.backend.mode(),
+                kind = ?report.kind,
+                service_ports = plan.services.len(),
+                touched = report.service_ports_touched,
+                changed_objects = planned.changed_objects,
+                elapsed_ms = report.elapsed.as_secs_f64() * 1e3,
+                plan_ms = planned.plan_ms,
+                event_to_rules_ms = event_to_rules_ms.unwrap_or(0.0),
+                "synced"
+            );
+        }
+        self.observer.synced(
+            self.synced_once.then_some(&diff),
+            plan,
+            &report,
+            &self.triggers,
+        );
+        self.synced_once = true;
+        self.triggers.clear();
+        if report.kind == SyncKind::Full {
+            release_freed_memory();
+        }
+    }
+
+    fn sync_failed(&mut self, diff: PlanDiff, e: crate::Error) {
+        self.failing = true;
+        self.unobserved = Some(diff);
+        // The backend's contract already makes the next sync a full one after an
+        // error; the loop says so too, so no backend can retry with a partial sync
+        // on top of rules it left half-written.
+        self.backend.invalidate();
+        let now = self.clock.now();
+        if let Some(line) = self.failures.failed(&e.to_string(), now) {
+            warn!(mode = self.backend.mode(), "{line}");
+        }
+        self.observer.failed(&e);
     }
 
     fn since(&self, t: Instant) -> Duration {

@@ -15,8 +15,8 @@ use super::incremental::Rendering;
 use super::ipset::Ipset;
 use super::netlink::{set_timeouts, Ipvs, Request, ServiceKey, ServiceSpec};
 use super::render::{
-    ipset_rebuild, ipset_update, set_names, EntryChange, IpvsOptions, VirtualServer, CHAINS, DUMMY,
-    JUMPS, KUBE_MARK_MASQ,
+    ipset_rebuild, ipset_update, set_names, Desired, EntryChange, IpvsOptions, VirtualServer,
+    CHAINS, DUMMY, JUMPS, KUBE_MARK_MASQ,
 };
 use crate::backend::{Backend, Error, Result, SyncKind, SyncReport};
 use crate::iptables::restore::{Restore, Table};
@@ -132,10 +132,10 @@ impl IpvsBackend {
         dummy: u32,
         ipvs: &mut Ipvs,
     ) -> Result<(SyncKind, usize)> {
-        let observed_keys: Vec<(ServiceKey, _)> = ipvs
+        let services: Vec<(ServiceKey, _)> = ipvs
             .services()
             .map_err(|e| Error::Netlink(format!("IPVS list services: {e}")))?;
-        let held: HashSet<ServiceKey> = observed_keys.iter().map(|(k, _)| *k).collect();
+        let held: HashSet<ServiceKey> = services.iter().map(|(k, _)| *k).collect();
         if !self.applied.is_empty() && !self.holds_applied(&held) {
             tracing::warn!("weir's ipvs state was changed behind its back: full resync");
             self.applied.clear();
@@ -149,128 +149,35 @@ impl IpvsBackend {
             self.set_timeouts(ipvs)?;
         }
         let addrs = rtnl.addrs(None)?;
-        let dummy_addrs: BTreeSet<IpAddr> = addrs
-            .iter()
-            .filter(|a| a.index == dummy)
-            .map(|a| a.net.addr())
-            .collect();
-        let node_addrs: Vec<IpAddr> = addrs
-            .iter()
-            .filter(|a| a.index != dummy)
-            .map(|a| a.net.addr())
-            .collect();
+        let (on_dummy, on_node): (Vec<_>, Vec<_>) = addrs.iter().partition(|a| a.index == dummy);
+        let kernel = Observed {
+            services,
+            held,
+            dummy_addrs: on_dummy.iter().map(|a| a.net.addr()).collect(),
+            node_addrs: on_node.iter().map(|a| a.net.addr()).collect(),
+        };
         let mut touched = 0;
         let mut all_addresses = BTreeSet::new();
         let mut kinds = Vec::new();
         for family in self.opts.families.clone() {
-            let np = plan.node_port_addresses(family).clone();
-            let node_ips = node_port_ips(&np, &node_addrs, family);
-            let old = self.applied.remove(&family).map(|o| o.desired);
-            let mut clock = Instant::now();
-            let rendering = Rendering::full(plan, family, &node_ips, &self.opts);
-            self.node_ports.insert(family, np);
-            let desired = &rendering.desired;
-            phases.render += lap(&mut clock);
-            // ipsets first (the rules name them), then the rules, then IPVS.
-            match &old {
-                None => {
-                    let rebuild = ipset_rebuild(&desired.ipsets, family);
-                    run_tool("ipset", &["restore"], &rebuild.create)?;
-                    apply_entries(&rebuild.fill)?;
-                    run_tool("ipset", &["restore"], &rebuild.swap)?;
-                }
-                Some(o) => apply_entries(&ipset_update(&o.ipsets, &desired.ipsets))?,
-            }
-            phases.ipsets += lap(&mut clock);
-            if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {
-                tools::restore(family, &desired.iptables)?;
-                if old.is_none() {
-                    ensure_jumps(family)?;
-                }
-            }
-            phases.iptables += lap(&mut clock);
-            // Which virtual servers to look at: all on a full sync, else the changed ones
-            // and those with real servers still draining.
-            let mut look: BTreeSet<ServiceKey> = BTreeSet::new();
-            match &old {
-                None => look.extend(
-                    observed_keys
-                        .iter()
-                        .map(|(k, _)| *k)
-                        .filter(|k| k.family() == family),
-                ),
-                Some(o) => {
-                    for (k, vs) in &desired.services {
-                        if o.services.get(k) != Some(vs) {
-                            look.insert(*k);
-                        }
-                    }
-                    look.extend(
-                        o.services
-                            .keys()
-                            .filter(|k| !desired.services.contains_key(k)),
-                    );
-                }
-            }
-            look.extend(self.draining_keys(family));
-            let mut observed = BTreeMap::new();
-            for (k, spec) in observed_keys.iter().filter(|(k, _)| look.contains(k)) {
-                observed.insert(*k, observe(ipvs, k, spec.clone())?);
-            }
-            let wanted: BTreeMap<ServiceKey, _> = desired
-                .services
-                .iter()
-                .filter(|(k, _)| look.contains(k) || !held.contains(k))
-                .map(|(k, v)| (*k, v.clone()))
-                .collect();
-            // What weir made before.
-            let previous: BTreeSet<IpAddr> = old
-                .iter()
-                .flat_map(|o| o.services.keys().map(|k| k.addr))
-                .collect();
-            let exclude = self.opts.exclude_cidrs.clone();
-            let owned = |k: &ServiceKey| {
-                let ours = dummy_addrs.contains(&k.addr)
-                    || node_addrs.contains(&k.addr)
-                    || previous.contains(&k.addr);
-                weir_owns(ours, k.addr, &exclude)
-            };
-            let sent = self.send(ipvs, &wanted, &observed, owned)?;
-            phases.ipvs += lap(&mut clock);
+            let (kind, sent) = self.sync_family(plan, family, &kernel, ipvs, &mut phases)?;
             touched += sent;
-            all_addresses.extend(desired.addresses.iter().copied());
-            kinds.push(match &old {
-                None => SyncKind::Full,
-                Some(o) if sent == 0 && o == desired => SyncKind::Noop,
-                Some(_) => SyncKind::Partial,
-            });
-            self.applied.insert(family, rendering);
+            kinds.push(kind);
+            all_addresses.extend(self.applied[&family].desired.addresses.iter().copied());
         }
         // Addresses last: a VIP appears once its virtual server exists, and goes after it.
         let address_changes: Vec<(IpNet, bool)> = all_addresses
-            .difference(&dummy_addrs)
+            .difference(&kernel.dummy_addrs)
             .map(|a| (IpNet::from(*a), true))
             .chain(
-                dummy_addrs
-                    .difference(&all_addresses)
-                    .map(|a| (IpNet::from(*a), false)),
+                (kernel.dummy_addrs.difference(&all_addresses)).map(|a| (IpNet::from(*a), false)),
             )
             .collect();
         let mut clock = Instant::now();
         rtnl.addrs_change(dummy, &address_changes)?;
         phases.addresses = lap(&mut clock);
         if full {
-            // Where a full sync's time goes (the figures docs/benchmarks.md reports).
-            tracing::info!(
-                render_ms = ms(phases.render),
-                ipsets_ms = ms(phases.ipsets),
-                iptables_ms = ms(phases.iptables),
-                ipvs_ms = ms(phases.ipvs),
-                addresses_ms = ms(phases.addresses),
-                virtual_servers_touched = touched,
-                addresses = address_changes.len(),
-                "full sync phases"
-            );
+            phases.log(touched, address_changes.len());
         }
         let kind = if kinds.contains(&SyncKind::Full) {
             SyncKind::Full
@@ -280,6 +187,69 @@ impl IpvsBackend {
             SyncKind::Noop
         };
         Ok((kind, touched))
+    }
+
+    /// One family of [`Self::sync_rendered`]: rendered, then ipsets (the rules name them),
+    /// the rules, and the virtual servers that differ; returns the kind of sync it was and
+    /// how many virtual servers it changed.
+    fn sync_family(
+        &mut self,
+        plan: &Plan,
+        family: IpFamily,
+        kernel: &Observed,
+        ipvs: &mut Ipvs,
+        phases: &mut Phases,
+    ) -> Result<(SyncKind, usize)> {
+        let np = plan.node_port_addresses(family).clone();
+        let node_ips = node_port_ips(&np, &kernel.node_addrs, family);
+        let old = self.applied.remove(&family).map(|o| o.desired);
+        let mut clock = Instant::now();
+        let rendering = Rendering::full(plan, family, &node_ips, &self.opts);
+        self.node_ports.insert(family, np);
+        let desired = &rendering.desired;
+        phases.render += lap(&mut clock);
+        apply_sets(old.as_ref(), desired, family)?;
+        phases.ipsets += lap(&mut clock);
+        if old.as_ref().map(|o| &o.iptables) != Some(&desired.iptables) {
+            tools::restore(family, &desired.iptables)?;
+            if old.is_none() {
+                ensure_jumps(family)?;
+            }
+        }
+        phases.iptables += lap(&mut clock);
+        let mut look = changed_servers(old.as_ref(), desired, kernel, family);
+        look.extend(self.draining_keys(family));
+        let mut observed = BTreeMap::new();
+        for (k, spec) in kernel.services.iter().filter(|(k, _)| look.contains(k)) {
+            observed.insert(*k, observe(ipvs, k, spec.clone())?);
+        }
+        let wanted: BTreeMap<ServiceKey, _> = desired
+            .services
+            .iter()
+            .filter(|(k, _)| look.contains(k) || !kernel.held.contains(k))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        // What weir made before.
+        let previous: BTreeSet<IpAddr> = old
+            .iter()
+            .flat_map(|o| o.services.keys().map(|k| k.addr))
+            .collect();
+        let exclude = self.opts.exclude_cidrs.clone();
+        let owned = |k: &ServiceKey| {
+            let ours = kernel.dummy_addrs.contains(&k.addr)
+                || kernel.node_addrs.contains(&k.addr)
+                || previous.contains(&k.addr);
+            weir_owns(ours, k.addr, &exclude)
+        };
+        let sent = self.send(ipvs, &wanted, &observed, owned)?;
+        phases.ipvs += lap(&mut clock);
+        let kind = match &old {
+            None => SyncKind::Full,
+            Some(o) if sent == 0 && *o == rendering.desired => SyncKind::Noop,
+            Some(_) => SyncKind::Partial,
+        };
+        self.applied.insert(family, rendering);
+        Ok((kind, sent))
     }
 
     /// A partial sync from the planner's diff: each family's rendering is updated for the
@@ -400,6 +370,59 @@ fn observe(ipvs: &mut Ipvs, k: &ServiceKey, spec: ServiceSpec) -> Result<Observe
         .dests(k)
         .map_err(|e| Error::Netlink(format!("IPVS list real servers of {k}: {e}")))?;
     Ok(ObservedService { spec, real_servers })
+}
+
+/// What a full comparison reads from the kernel once, for every family.
+struct Observed {
+    /// Every virtual server, with its spec.
+    services: Vec<(ServiceKey, ServiceSpec)>,
+    held: HashSet<ServiceKey>,
+    /// The addresses on `kube-ipvs0`.
+    dummy_addrs: BTreeSet<IpAddr>,
+    /// Every other local address.
+    node_addrs: Vec<IpAddr>,
+}
+
+/// The family's ipsets: every one rebuilt under a temporary name and swapped in on a full
+/// sync (`old` is `None`), else the entries that changed.
+fn apply_sets(old: Option<&Desired>, desired: &Desired, family: IpFamily) -> Result<()> {
+    match old {
+        None => {
+            let rebuild = ipset_rebuild(&desired.ipsets, family);
+            run_tool("ipset", &["restore"], &rebuild.create)?;
+            apply_entries(&rebuild.fill)?;
+            run_tool("ipset", &["restore"], &rebuild.swap)
+        }
+        Some(o) => apply_entries(&ipset_update(&o.ipsets, &desired.ipsets)),
+    }
+}
+
+/// Which virtual servers to look at: all of the family's on a full sync, else those whose
+/// rendering changed (the caller adds those still draining).
+fn changed_servers(
+    old: Option<&Desired>,
+    desired: &Desired,
+    kernel: &Observed,
+    family: IpFamily,
+) -> BTreeSet<ServiceKey> {
+    match old {
+        None => (kernel.services.iter())
+            .map(|(k, _)| *k)
+            .filter(|k| k.family() == family)
+            .collect(),
+        Some(o) => {
+            let mut look: BTreeSet<ServiceKey> = (desired.services.iter())
+                .filter(|(k, vs)| o.services.get(k) != Some(*vs))
+                .map(|(k, _)| *k)
+                .collect();
+            look.extend(
+                o.services
+                    .keys()
+                    .filter(|k| !desired.services.contains_key(k)),
+            );
+            look
+        }
+    }
 }
 
 /// Adds and deletes ipset entries over netlink (no socket when there are none).
@@ -744,6 +767,22 @@ struct Phases {
     iptables: Duration,
     ipvs: Duration,
     addresses: Duration,
+}
+
+impl Phases {
+    /// Where a full sync's time went (the figures docs/benchmarks.md reports).
+    fn log(&self, touched: usize, addresses: usize) {
+        tracing::info!(
+            render_ms = ms(self.render),
+            ipsets_ms = ms(self.ipsets),
+            iptables_ms = ms(self.iptables),
+            ipvs_ms = ms(self.ipvs),
+            addresses_ms = ms(self.addresses),
+            virtual_servers_touched = touched,
+            addresses,
+            "full sync phases"
+        );
+    }
 }
 
 /// The time since `clock`, which then restarts.

@@ -372,99 +372,26 @@ pub(super) fn render_service(
     node_ips: &[IpAddr],
     opts: &IpvsOptions,
 ) -> Fragment {
-    let family = key.family;
     let mut f = Fragment::default();
     let proto = key.protocol;
     let spec = ServiceSpec {
         scheduler: opts.scheduler.clone(),
         persistence: sp.affinity_timeout,
     };
-    let mut add = |set: &'static str, e: String| f.sets.push((set, e));
     for fe in &sp.frontends {
         let short_circuited = short_circuited(sp, fe);
-        let endpoints: &[weir_model::Endpoint] = match fe.verdict {
-            Verdict::Forward => sp.endpoints(fe.endpoints),
-            // Policy Local without a local endpoint: kube-proxy's syncEndpoint gives the
-            // virtual server every cluster endpoint (kubernetes#97081), so pods and the
-            // node reach the service; outside sources are dropped by
-            // `no_local_endpoint_drops` below, as in the other modes.
-            Verdict::Drop if short_circuited => &sp.cluster_endpoints,
-            // No real server: IPVS answers with ICMP port unreachable (a rejection).
-            Verdict::Reject | Verdict::Drop => &[],
-        };
+        let endpoints = frontend_endpoints(sp, fe, short_circuited);
         let real_servers = rs_of(endpoints);
         // Hairpin (a pod reaching itself through a service) can only start on the pod's own
         // node: kube-proxy puts this node's endpoints in the set and no others, which also
         // keeps it far below its 65,536 entries in a large cluster.
         for e in endpoints.iter().filter(|e| e.is_local) {
-            add(
-                LOOP_BACK,
-                format!("{},{}:{},{}", e.ip, proto.as_str(), e.port, e.ip),
-            );
+            let entry = format!("{},{}:{},{}", e.ip, proto.as_str(), e.port, e.ip);
+            f.sets.push((LOOP_BACK, entry));
         }
-        let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
-        let mut vips = Vec::new();
-        match fe.kind {
-            FrontendKind::ClusterIp => {
-                let Some(ip) = fe.addr else { continue };
-                add(CLUSTER_IP, ip_port(ip, proto, fe.port));
-                add(IPVS_IPS, ip.to_string());
-                vips.push(ip);
-            }
-            FrontendKind::ExternalIp => {
-                let Some(ip) = fe.addr else { continue };
-                add(
-                    if local {
-                        EXTERNAL_IP_LOCAL
-                    } else {
-                        EXTERNAL_IP
-                    },
-                    ip_port(ip, proto, fe.port),
-                );
-                add(IPVS_IPS, ip.to_string());
-                vips.push(ip);
-            }
-            FrontendKind::LoadBalancer => {
-                let Some(ip) = fe.addr else { continue };
-                let e = ip_port(ip, proto, fe.port);
-                add(LOAD_BALANCER, e.clone());
-                if local {
-                    add(LOAD_BALANCER_LOCAL, e.clone());
-                }
-                if let Some(ranges) = &fe.source_ranges {
-                    add(LOAD_BALANCER_FW, e.clone());
-                    for r in ranges {
-                        add(LOAD_BALANCER_SOURCE_CIDR, format!("{e},{r}"));
-                    }
-                }
-                add(IPVS_IPS, ip.to_string());
-                vips.push(ip);
-            }
-            FrontendKind::NodePort => {
-                match proto {
-                    Protocol::Tcp | Protocol::Udp => {
-                        let (all, loc) = if proto == Protocol::Tcp {
-                            (NODE_PORT_TCP, NODE_PORT_LOCAL_TCP)
-                        } else {
-                            (NODE_PORT_UDP, NODE_PORT_LOCAL_UDP)
-                        };
-                        add(all, fe.port.to_string());
-                        if local {
-                            add(loc, fe.port.to_string());
-                        }
-                    }
-                    Protocol::Sctp => {
-                        for ip in node_ips {
-                            add(NODE_PORT_SCTP, ip_port(*ip, proto, fe.port));
-                            if local {
-                                add(NODE_PORT_LOCAL_SCTP, ip_port(*ip, proto, fe.port));
-                            }
-                        }
-                    }
-                }
-                vips.extend(node_ips.iter().filter(|ip| IpFamily::of(ip) == family));
-            }
-        }
+        let Some(vips) = frontend_sets(&mut f.sets, key, fe, node_ips) else {
+            continue;
+        };
         if fe.kind != FrontendKind::NodePort {
             f.addresses.extend(vips.iter().copied());
         }
@@ -474,21 +401,110 @@ pub(super) fn render_service(
             }
         }
         for addr in vips {
-            f.servers.push((
-                ServiceKey {
-                    protocol: proto,
-                    addr,
-                    port: fe.port,
-                },
-                spec.clone(),
-                real_servers.clone(),
-            ));
+            let vs = ServiceKey {
+                protocol: proto,
+                addr,
+                port: fe.port,
+            };
+            f.servers.push((vs, spec.clone(), real_servers.clone()));
         }
     }
     if let Some(p) = sp.health_check_node_port {
-        add(HEALTH_CHECK_NODE_PORT, p.to_string());
+        f.sets.push((HEALTH_CHECK_NODE_PORT, p.to_string()));
     }
     f
+}
+
+/// The endpoints a frontend's virtual servers get.
+fn frontend_endpoints<'a>(
+    sp: &'a ServicePortPlan,
+    fe: &weir_model::Frontend,
+    short_circuited: bool,
+) -> &'a [weir_model::Endpoint] {
+    match fe.verdict {
+        Verdict::Forward => sp.endpoints(fe.endpoints),
+        // Policy Local without a local endpoint: kube-proxy's syncEndpoint gives the
+        // virtual server every cluster endpoint (kubernetes#97081), so pods and the
+        // node reach the service; outside sources are dropped by
+        // `no_local_endpoint_drops` below, as in the other modes.
+        Verdict::Drop if short_circuited => &sp.cluster_endpoints,
+        // No real server: IPVS answers with ICMP port unreachable (a rejection).
+        Verdict::Reject | Verdict::Drop => &[],
+    }
+}
+
+/// A frontend's set entries (pushed on `sets`) and the addresses of its virtual servers;
+/// `None` for an address frontend without an address.
+fn frontend_sets(
+    sets: &mut Vec<(&'static str, String)>,
+    key: &ServicePortKey,
+    fe: &weir_model::Frontend,
+    node_ips: &[IpAddr],
+) -> Option<Vec<IpAddr>> {
+    let proto = key.protocol;
+    let local = fe.masquerade == Masquerade::Never && fe.endpoints == EndpointSet::Local;
+    let mut add = |set: &'static str, e: String| sets.push((set, e));
+    if fe.kind == FrontendKind::NodePort {
+        node_port_sets(&mut add, proto, fe.port, local, node_ips);
+        let family = key.family;
+        return Some(
+            node_ips
+                .iter()
+                .copied()
+                .filter(|ip| IpFamily::of(ip) == family)
+                .collect(),
+        );
+    }
+    let ip = fe.addr?;
+    let e = ip_port(ip, proto, fe.port);
+    match fe.kind {
+        FrontendKind::ClusterIp => add(CLUSTER_IP, e),
+        FrontendKind::ExternalIp if local => add(EXTERNAL_IP_LOCAL, e),
+        FrontendKind::ExternalIp => add(EXTERNAL_IP, e),
+        FrontendKind::LoadBalancer => {
+            add(LOAD_BALANCER, e.clone());
+            if local {
+                add(LOAD_BALANCER_LOCAL, e.clone());
+            }
+            if let Some(ranges) = &fe.source_ranges {
+                add(LOAD_BALANCER_FW, e.clone());
+                for r in ranges {
+                    add(LOAD_BALANCER_SOURCE_CIDR, format!("{e},{r}"));
+                }
+            }
+        }
+        // Above: a NodePort has no address of its own.
+        FrontendKind::NodePort => {}
+    }
+    add(IPVS_IPS, ip.to_string());
+    Some(vec![ip])
+}
+
+/// A NodePort's set entries: its port for TCP and UDP, each node address with it for SCTP.
+fn node_port_sets(
+    add: &mut impl FnMut(&'static str, String),
+    proto: Protocol,
+    port: u16,
+    local: bool,
+    node_ips: &[IpAddr],
+) {
+    let (all, loc) = match proto {
+        Protocol::Tcp => (NODE_PORT_TCP, NODE_PORT_LOCAL_TCP),
+        Protocol::Udp => (NODE_PORT_UDP, NODE_PORT_LOCAL_UDP),
+        Protocol::Sctp => {
+            for ip in node_ips {
+                add(NODE_PORT_SCTP, ip_port(*ip, proto, port));
+                if local {
+                    add(NODE_PORT_LOCAL_SCTP, ip_port(*ip, proto, port));
+                }
+            }
+            return;
+        }
+    };
+    add(all, port.to_string());
+    if local {
+        add(loc, port.to_string());
+    }
 }
 
 /// The family's sets, every one present (empty or not), by name.
@@ -560,215 +576,182 @@ pub(super) fn iptables_rules(
     opts: &IpvsOptions,
     no_local: &[(IpAddr, Protocol, u16, String)],
 ) -> String {
-    let name = |base: &str| set_name(base, family);
-    let full = |base: &str| {
-        d.ipsets
-            .get(&name(base))
-            .is_some_and(|s| !s.entries.is_empty())
+    let sets = SetRules {
+        family,
+        sets: &d.ipsets,
     };
-    let comment = |base: &str| {
-        SETS.iter()
+    let filter = filter_rules(&sets, plan, opts, no_local);
+    let nat = nat_rules(&sets, plan, opts);
+    let mut out = String::from("# weir ipvs mode\n");
+    for (t, body) in [(Table::Filter, filter), (Table::Nat, nat)] {
+        let _ = writeln!(out, "*{}", t.name());
+        for (ct, c) in CHAINS {
+            if *ct == t {
+                let _ = writeln!(out, ":{c} - [0:0]");
+            }
+        }
+        out += &body;
+        out += "COMMIT\n";
+    }
+    out
+}
+
+/// kube-proxy's `ipsetWithIptablesChain`, in its order: (table, set, from chain, target,
+/// match flags, protocol). A rule is written only for a set with entries.
+#[rustfmt::skip]
+const SET_CHAINS: &[(Table, &str, &str, &str, &str, &str)] = &[
+    (Table::Nat, LOOP_BACK, KUBE_POSTROUTING, "MASQUERADE", "dst,dst,src", ""),
+    (Table::Nat, LOAD_BALANCER, KUBE_SERVICES, KUBE_LOAD_BALANCER, "dst,dst", ""),
+    (Table::Nat, LOAD_BALANCER_LOCAL, KUBE_LOAD_BALANCER, "RETURN", "dst,dst", ""),
+    (Table::Nat, NODE_PORT_LOCAL_TCP, KUBE_NODE_PORT, "RETURN", "dst", "tcp"),
+    (Table::Nat, NODE_PORT_TCP, KUBE_NODE_PORT, KUBE_MARK_MASQ, "dst", "tcp"),
+    (Table::Nat, NODE_PORT_LOCAL_UDP, KUBE_NODE_PORT, "RETURN", "dst", "udp"),
+    (Table::Nat, NODE_PORT_UDP, KUBE_NODE_PORT, KUBE_MARK_MASQ, "dst", "udp"),
+    (Table::Nat, NODE_PORT_LOCAL_SCTP, KUBE_NODE_PORT, "RETURN", "dst,dst", "sctp"),
+    (Table::Nat, NODE_PORT_SCTP, KUBE_NODE_PORT, KUBE_MARK_MASQ, "dst,dst", "sctp"),
+    (Table::Filter, LOAD_BALANCER_FW, KUBE_PROXY_FIREWALL, KUBE_SOURCE_RANGES_FIREWALL, "dst,dst", ""),
+    (Table::Filter, LOAD_BALANCER_SOURCE_CIDR, KUBE_SOURCE_RANGES_FIREWALL, "RETURN", "dst,dst,src", ""),
+    (Table::Filter, LOAD_BALANCER_SOURCE_IP, KUBE_SOURCE_RANGES_FIREWALL, "RETURN", "dst,dst,src", ""),
+];
+
+/// One family's sets as its iptables rules name and match them.
+struct SetRules<'a> {
+    family: IpFamily,
+    sets: &'a BTreeMap<String, IpSet>,
+}
+
+impl SetRules<'_> {
+    fn name(&self, base: &str) -> String {
+        set_name(base, self.family)
+    }
+
+    /// The set has entries (rules for empty sets are left out, as kube-proxy does).
+    fn full(&self, base: &str) -> bool {
+        self.sets
+            .get(&self.name(base))
+            .is_some_and(|s| !s.entries.is_empty())
+    }
+
+    /// `-m comment --comment "<the set's comment>" -m set --match-set <name>`.
+    fn matching(&self, base: &str) -> String {
+        let comment = SETS
+            .iter()
             .find(|(n, _, _)| *n == base)
             .map(|(_, _, c)| *c)
-            .unwrap_or_default()
-    };
-    let (mut nat, mut filter) = (String::new(), String::new());
-    let set_rule = |out: &mut String, chain: &str, proto: &str, base: &str, m: &str, to: &str| {
-        let p = if proto.is_empty() {
-            String::new()
-        } else {
-            format!("-p {proto} ")
-        };
-        let _ = writeln!(
-            out,
-            "-A {chain} {p}-m comment --comment \"{}\" -m set --match-set {} {m} -j {to}",
-            comment(base),
-            name(base)
-        );
-    };
-    if family == IpFamily::V4 {
+            .unwrap_or_default();
+        format!(
+            "-m comment --comment \"{comment}\" -m set --match-set {}",
+            self.name(base)
+        )
+    }
+
+    /// The [`SET_CHAINS`] rules of `table`, for the sets with entries.
+    fn chained(&self, out: &mut String, table: Table) {
+        for (t, set, from, to, m, proto) in SET_CHAINS {
+            if *t == table && self.full(set) {
+                let p = if proto.is_empty() {
+                    String::new()
+                } else {
+                    format!("-p {proto} ")
+                };
+                let _ = writeln!(out, "-A {from} {p}{} {m} -j {to}", self.matching(set));
+            }
+        }
+    }
+}
+
+/// The nat table's rules: set matches, masquerade marks, and the jump to NodePorts.
+fn nat_rules(sets: &SetRules<'_>, plan: &Plan, opts: &IpvsOptions) -> String {
+    let mut nat = String::new();
+    if sets.family == IpFamily::V4 {
         // IPVS cannot serve connections from 127.0.0.0/8: dismiss them early.
         let _ = writeln!(nat, "-A {KUBE_SERVICES} -s 127.0.0.0/8 -j RETURN");
     }
-    // kube-proxy's ipsetWithIptablesChain, in its order.
-    let table: &[(Table, &str, &str, &str, &str, &str)] = &[
-        (
-            Table::Nat,
-            LOOP_BACK,
-            KUBE_POSTROUTING,
-            "MASQUERADE",
-            "dst,dst,src",
-            "",
-        ),
-        (
-            Table::Nat,
-            LOAD_BALANCER,
-            KUBE_SERVICES,
-            KUBE_LOAD_BALANCER,
-            "dst,dst",
-            "",
-        ),
-        (
-            Table::Nat,
-            LOAD_BALANCER_LOCAL,
-            KUBE_LOAD_BALANCER,
-            "RETURN",
-            "dst,dst",
-            "",
-        ),
-        (
-            Table::Nat,
-            NODE_PORT_LOCAL_TCP,
-            KUBE_NODE_PORT,
-            "RETURN",
-            "dst",
-            "tcp",
-        ),
-        (
-            Table::Nat,
-            NODE_PORT_TCP,
-            KUBE_NODE_PORT,
-            KUBE_MARK_MASQ,
-            "dst",
-            "tcp",
-        ),
-        (
-            Table::Nat,
-            NODE_PORT_LOCAL_UDP,
-            KUBE_NODE_PORT,
-            "RETURN",
-            "dst",
-            "udp",
-        ),
-        (
-            Table::Nat,
-            NODE_PORT_UDP,
-            KUBE_NODE_PORT,
-            KUBE_MARK_MASQ,
-            "dst",
-            "udp",
-        ),
-        (
-            Table::Nat,
-            NODE_PORT_LOCAL_SCTP,
-            KUBE_NODE_PORT,
-            "RETURN",
-            "dst,dst",
-            "sctp",
-        ),
-        (
-            Table::Nat,
-            NODE_PORT_SCTP,
-            KUBE_NODE_PORT,
-            KUBE_MARK_MASQ,
-            "dst,dst",
-            "sctp",
-        ),
-        (
-            Table::Filter,
-            LOAD_BALANCER_FW,
-            KUBE_PROXY_FIREWALL,
-            KUBE_SOURCE_RANGES_FIREWALL,
-            "dst,dst",
-            "",
-        ),
-        (
-            Table::Filter,
-            LOAD_BALANCER_SOURCE_CIDR,
-            KUBE_SOURCE_RANGES_FIREWALL,
-            "RETURN",
-            "dst,dst,src",
-            "",
-        ),
-        (
-            Table::Filter,
-            LOAD_BALANCER_SOURCE_IP,
-            KUBE_SOURCE_RANGES_FIREWALL,
-            "RETURN",
-            "dst,dst,src",
-            "",
-        ),
-    ];
-    for (t, set, from, to, m, proto) in table {
-        if full(set) {
-            let out = if *t == Table::Nat {
-                &mut nat
-            } else {
-                &mut filter
-            };
-            set_rule(out, from, proto, set, m, to);
-        }
-    }
-    if full(CLUSTER_IP) {
-        let head = format!(
-            "-A {KUBE_SERVICES} -m comment --comment \"{}\" -m set --match-set {}",
-            comment(CLUSTER_IP),
-            name(CLUSTER_IP)
-        );
-        let cidr = plan
-            .cluster_cidrs
-            .iter()
-            .find(|c| weir_model::IpFamily::of_net(c) == family);
-        match (plan.masquerade_all, cidr) {
-            (true, _) => {
-                let _ = writeln!(nat, "{head} dst,dst -j {KUBE_MARK_MASQ}");
-            }
-            // Off-cluster traffic to a service VIP is masqueraded.
-            (false, Some(c)) => {
-                let _ = writeln!(nat, "{head} dst,dst ! -s {c} -j {KUBE_MARK_MASQ}");
-            }
-            // No cluster CIDR: masquerade node-originated traffic whose source is a VIP.
-            (false, None) => {
-                let _ = writeln!(nat, "{head} src,dst -j {KUBE_MARK_MASQ}");
-            }
-        }
-    }
-    let external = |nat: &mut String, args: &str| {
-        // Traffic from off the machine (not bridged, not local), or to a local address.
-        let _ = writeln!(
-            nat,
-            "{args} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT"
-        );
-        let _ = writeln!(nat, "{args} -m addrtype --dst-type LOCAL -j ACCEPT");
-    };
-    if full(EXTERNAL_IP) {
-        let args = format!(
-            "-A {KUBE_SERVICES} -m comment --comment \"{}\" -m set --match-set {} dst,dst",
-            comment(EXTERNAL_IP),
-            name(EXTERNAL_IP)
-        );
-        let _ = writeln!(nat, "{args} -j {KUBE_MARK_MASQ}");
-        external(&mut nat, &args);
-    }
-    if full(EXTERNAL_IP_LOCAL) {
-        let args = format!(
-            "-A {KUBE_SERVICES} -m comment --comment \"{}\" -m set --match-set {} dst,dst",
-            comment(EXTERNAL_IP_LOCAL),
-            name(EXTERNAL_IP_LOCAL)
-        );
-        external(&mut nat, &args);
-    }
+    sets.chained(&mut nat, Table::Nat);
+    cluster_ip_masquerade(&mut nat, sets, plan);
+    external_ip_rules(&mut nat, sets);
     let _ = writeln!(
         nat,
         "-A {KUBE_SERVICES} -m addrtype --dst-type LOCAL -j {KUBE_NODE_PORT}"
     );
     let _ = writeln!(nat, "-A {KUBE_LOAD_BALANCER} -j {KUBE_MARK_MASQ}");
-    let _ = writeln!(filter, "-A {KUBE_SOURCE_RANGES_FIREWALL} -j DROP");
-    no_local_endpoint_drops(&mut filter, plan, family, no_local);
     // Accept what IPVS will take, in case later rules would drop it.
     for set in [CLUSTER_IP, LOAD_BALANCER] {
-        if full(set) {
+        if sets.full(set) {
             let _ = writeln!(
                 nat,
                 "-A {KUBE_SERVICES} -m set --match-set {} dst,dst -j ACCEPT",
-                name(set)
+                sets.name(set)
             );
         }
     }
-    let mark = format!("{:#x}/{:#x}", opts.masquerade_mark, opts.masquerade_mark);
+    let mark = opts.masquerade_mark;
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark:#x}/{mark:#x} -j RETURN"
+    );
+    let _ = writeln!(nat, "-A {KUBE_POSTROUTING} -j MARK --xor-mark {mark:#x}");
+    let _ = writeln!(
+        nat,
+        "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
+    );
+    let _ = writeln!(nat, "-A {KUBE_MARK_MASQ} -j MARK --or-mark {mark:#x}");
+    nat
+}
+
+/// Which traffic to a ClusterIP is masqueraded: all of it (`masqueradeAll`), what comes from
+/// off the cluster CIDR, or without a cluster CIDR what the node sends from a VIP.
+fn cluster_ip_masquerade(nat: &mut String, sets: &SetRules<'_>, plan: &Plan) {
+    if !sets.full(CLUSTER_IP) {
+        return;
+    }
+    let head = format!("-A {KUBE_SERVICES} {}", sets.matching(CLUSTER_IP));
+    let cidr = plan
+        .cluster_cidrs
+        .iter()
+        .find(|c| IpFamily::of_net(c) == sets.family);
+    let _ = match (plan.masquerade_all, cidr) {
+        (true, _) => writeln!(nat, "{head} dst,dst -j {KUBE_MARK_MASQ}"),
+        (false, Some(c)) => writeln!(nat, "{head} dst,dst ! -s {c} -j {KUBE_MARK_MASQ}"),
+        (false, None) => writeln!(nat, "{head} src,dst -j {KUBE_MARK_MASQ}"),
+    };
+}
+
+/// externalIPs: masqueraded unless policy Local, and accepted from off the machine (not
+/// bridged, not local) or to a local address.
+fn external_ip_rules(nat: &mut String, sets: &SetRules<'_>) {
+    for (set, masquerade) in [(EXTERNAL_IP, true), (EXTERNAL_IP_LOCAL, false)] {
+        if !sets.full(set) {
+            continue;
+        }
+        let args = format!("-A {KUBE_SERVICES} {} dst,dst", sets.matching(set));
+        if masquerade {
+            let _ = writeln!(nat, "{args} -j {KUBE_MARK_MASQ}");
+        }
+        let _ = writeln!(
+            nat,
+            "{args} -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT"
+        );
+        let _ = writeln!(nat, "{args} -m addrtype --dst-type LOCAL -j ACCEPT");
+    }
+}
+
+/// The filter table's rules: source ranges, short-circuited frontends, forwarding accepts,
+/// healthCheckNodePorts and the VIP access filter.
+fn filter_rules(
+    sets: &SetRules<'_>,
+    plan: &Plan,
+    opts: &IpvsOptions,
+    no_local: &[(IpAddr, Protocol, u16, String)],
+) -> String {
+    let mut filter = String::new();
+    sets.chained(&mut filter, Table::Filter);
+    let _ = writeln!(filter, "-A {KUBE_SOURCE_RANGES_FIREWALL} -j DROP");
+    no_local_endpoint_drops(&mut filter, plan, sets.family, no_local);
+    let mark = opts.masquerade_mark;
     let _ = writeln!(
         filter,
-        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark} -j ACCEPT"
+        "-A {KUBE_FORWARD} -m comment --comment \"kubernetes forwarding rules\" -m mark --mark {mark:#x}/{mark:#x} -j ACCEPT"
     );
     let _ = writeln!(
         filter,
@@ -776,9 +759,8 @@ pub(super) fn iptables_rules(
     );
     let _ = writeln!(
         filter,
-        "-A {KUBE_NODE_PORT} -m comment --comment \"{}\" -m set --match-set {} dst -j ACCEPT",
-        comment(HEALTH_CHECK_NODE_PORT),
-        name(HEALTH_CHECK_NODE_PORT)
+        "-A {KUBE_NODE_PORT} {} dst -j ACCEPT",
+        sets.matching(HEALTH_CHECK_NODE_PORT)
     );
     // Only the service ports of a VIP are open: anything else to it is rejected (a VIP is a
     // local address, so without this it would reach the node's own listeners).
@@ -792,45 +774,15 @@ pub(super) fn iptables_rules(
         let _ = writeln!(
             filter,
             "-A {KUBE_IPVS_FILTER} -m set --match-set {} {m} -j RETURN",
-            name(set)
+            sets.name(set)
         );
     }
     let _ = writeln!(
         filter,
         "-A {KUBE_IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT",
-        name(IPVS_IPS)
+        sets.name(IPVS_IPS)
     );
-    let _ = writeln!(
-        nat,
-        "-A {KUBE_POSTROUTING} -m mark ! --mark {mark} -j RETURN"
-    );
-    let _ = writeln!(
-        nat,
-        "-A {KUBE_POSTROUTING} -j MARK --xor-mark {:#x}",
-        opts.masquerade_mark
-    );
-    let _ = writeln!(
-        nat,
-        "-A {KUBE_POSTROUTING} -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully"
-    );
-    let _ = writeln!(
-        nat,
-        "-A {KUBE_MARK_MASQ} -j MARK --or-mark {:#x}",
-        opts.masquerade_mark
-    );
-
-    let mut out = String::from("# weir ipvs mode\n");
-    for (t, body) in [(Table::Filter, filter), (Table::Nat, nat)] {
-        let _ = writeln!(out, "*{}", t.name());
-        for (ct, c) in CHAINS {
-            if *ct == t {
-                let _ = writeln!(out, ":{c} - [0:0]");
-            }
-        }
-        out += &body;
-        out += "COMMIT\n";
-    }
-    out
+    filter
 }
 
 /// Every set rebuilt from scratch: each is created empty under a temporary name, filled, and

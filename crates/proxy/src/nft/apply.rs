@@ -14,8 +14,7 @@
 //!   `nft -f` as one transaction instead.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use weir_model::{Plan, PlanDiff};
@@ -336,28 +335,16 @@ fn names_in_table(listing: &str, table: &str) -> Vec<String> {
     names
 }
 
-/// Runs `nft -f -` with `script` on stdin.
+/// Runs `nft -f -` with `script` on stdin (weir-kernel's runner).
 pub(crate) fn nft_script(script: &str) -> Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .expect("stdin is piped")
-        .write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Tool {
+    use weir_kernel::nft::NftError;
+    weir_kernel::nft::apply(script).map_err(|e| match e {
+        NftError::Spawn(e) | NftError::Io(e) => Error::Io(e),
+        NftError::Rejected(detail) => Error::Tool {
             tool: "nft".into(),
-            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
+            detail,
+        },
+    })
 }
 
 fn nft_output(args: &[&str]) -> Result<String> {

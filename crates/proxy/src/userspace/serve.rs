@@ -228,33 +228,19 @@ type Sessions = Arc<Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>>;
 async fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
     use std::os::fd::AsRawFd;
     let fd = sock.as_raw_fd();
-    let v4 = sock.local_addr()?.is_ipv4();
-    sock.async_io(tokio::io::Interest::READABLE, || {
-        if v4 {
-            pktinfo::recv(fd, buf)
-        } else {
-            pktinfo::recv6(fd, buf)
-        }
-    })
-    .await
+    sock.async_io(tokio::io::Interest::READABLE, || pktinfo::recv(fd, buf))
+        .await
 }
 
 /// Sends `data` to `client` from `local` (when known) through the listener.
 async fn reply(sock: &UdpSocket, data: &[u8], client: SocketAddr, local: Option<IpAddr>) {
     use std::os::fd::AsRawFd;
     let fd = sock.as_raw_fd();
-    match (client, local) {
-        (SocketAddr::V4(to), Some(IpAddr::V4(from))) => {
+    match local {
+        Some(from) if from.is_ipv4() == client.is_ipv4() => {
             let _ = sock
                 .async_io(tokio::io::Interest::WRITABLE, || {
-                    pktinfo::send(fd, data, to, from)
-                })
-                .await;
-        }
-        (SocketAddr::V6(to), Some(IpAddr::V6(from))) => {
-            let _ = sock
-                .async_io(tokio::io::Interest::WRITABLE, || {
-                    pktinfo::send6(fd, data, to, from)
+                    pktinfo::send(fd, data, client, from)
                 })
                 .await;
         }
@@ -327,7 +313,7 @@ async fn open_session(
 mod pktinfo {
     use std::io;
     use std::mem::{size_of, zeroed};
-    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
     use std::os::fd::{AsRawFd, RawFd};
 
     use weir_model::IpFamily;
@@ -355,23 +341,22 @@ mod pktinfo {
         }
     }
 
-    /// recvmsg(2): (length, sender, the datagram's destination address).
-    pub fn recv(
-        fd: RawFd,
-        buf: &mut [u8],
-    ) -> io::Result<(usize, SocketAddr, Option<std::net::IpAddr>)> {
+    /// recvmsg(2) on an IPv4 or IPv6 socket: (length, sender, the datagram's destination
+    /// address from `IP_PKTINFO` / `IPV6_PKTINFO`).
+    pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, Option<IpAddr>)> {
         // SAFETY: every pointer in `msg` refers to a local that outlives the call, with its
-        // true length; the control messages are read only within `msg_controllen`.
+        // true length; the control messages are read only within `msg_controllen`, and the
+        // sender only as the family the kernel wrote.
         unsafe {
-            let mut from: libc::sockaddr_in = zeroed();
+            let mut from: libc::sockaddr_storage = zeroed();
             let mut iov = libc::iovec {
                 iov_base: buf.as_mut_ptr().cast(),
                 iov_len: buf.len(),
             };
             let mut control = [0u64; 16];
             let mut msg: libc::msghdr = zeroed();
-            msg.msg_name = (&mut from as *mut libc::sockaddr_in).cast();
-            msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+            msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
             msg.msg_control = control.as_mut_ptr().cast();
@@ -380,137 +365,99 @@ mod pktinfo {
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let mut local = None;
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
-                    let info: libc::in_pktinfo =
-                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    local = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)).into());
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
-            }
-            let client = SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr)),
-                u16::from_be(from.sin_port),
-            );
-            Ok((n as usize, client.into(), local))
+            let client = sender(&from).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, "recvmsg: not an IP sender")
+            })?;
+            Ok((n as usize, client, destination(&msg)))
         }
     }
 
-    /// sendmsg(2) of `data` to `to` with source address `from`.
-    pub fn send(fd: RawFd, data: &[u8], to: SocketAddrV4, from: Ipv4Addr) -> io::Result<usize> {
+    /// The sender recvmsg(2) wrote, by its family.
+    fn sender(from: &libc::sockaddr_storage) -> Option<SocketAddr> {
+        let p: *const libc::sockaddr_storage = from;
+        // SAFETY: sockaddr_storage is large and aligned enough for either, and the family
+        // field says which one the kernel wrote.
+        unsafe {
+            match libc::c_int::from(from.ss_family) {
+                libc::AF_INET => {
+                    let a = &*p.cast::<libc::sockaddr_in>();
+                    let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+                    Some(SocketAddrV4::new(ip, u16::from_be(a.sin_port)).into())
+                }
+                libc::AF_INET6 => {
+                    let a = &*p.cast::<libc::sockaddr_in6>();
+                    let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+                    let port = u16::from_be(a.sin6_port);
+                    Some(SocketAddrV6::new(ip, port, a.sin6_flowinfo, a.sin6_scope_id).into())
+                }
+                _ => None,
+            }
+        }
+    }
+
+    /// The destination address of an `IP_PKTINFO` or `IPV6_PKTINFO` control message.
+    ///
+    /// # Safety
+    /// `msg` is a header recvmsg(2) filled, its control buffer still alive.
+    unsafe fn destination(msg: &libc::msghdr) -> Option<IpAddr> {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let info: libc::in_pktinfo = std::ptr::read_unaligned(data.cast());
+                    return Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)).into());
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let info: libc::in6_pktinfo = std::ptr::read_unaligned(data.cast());
+                    return Some(Ipv6Addr::from(info.ipi6_addr.s6_addr).into());
+                }
+                _ => {}
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+        None
+    }
+
+    /// sendmsg(2) of `data` to `to` with source address `from` (the same family).
+    pub fn send(fd: RawFd, data: &[u8], to: SocketAddr, from: IpAddr) -> io::Result<usize> {
+        let mut dst = socket_addr(to);
+        let dst_len = match to {
+            SocketAddr::V4(_) => size_of::<libc::sockaddr_in>(),
+            SocketAddr::V6(_) => size_of::<libc::sockaddr_in6>(),
+        };
+        let mut control = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
         // SAFETY: as in `recv`; the one control message is written inside `control`, whose
-        // size is what CMSG_SPACE asks for (checked below).
+        // size is what CMSG_SPACE asks for (checked in `source`).
         unsafe {
-            let mut dst: libc::sockaddr_in = zeroed();
-            dst.sin_family = libc::AF_INET as libc::sa_family_t;
-            dst.sin_port = to.port().to_be();
-            dst.sin_addr.s_addr = u32::from(*to.ip()).to_be();
-            let mut iov = libc::iovec {
-                iov_base: data.as_ptr() as *mut libc::c_void,
-                iov_len: data.len(),
-            };
-            let mut control = [0u64; 16];
-            let space = libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as u32) as usize;
-            assert!(space <= size_of::<[u64; 16]>());
             let mut msg: libc::msghdr = zeroed();
-            msg.msg_name = (&mut dst as *mut libc::sockaddr_in).cast();
-            msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            msg.msg_name = (&mut dst as *mut libc::sockaddr_storage).cast();
+            msg.msg_namelen = dst_len as libc::socklen_t;
             msg.msg_iov = &mut iov;
             msg.msg_iovlen = 1;
             msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::IPPROTO_IP;
-            (*c).cmsg_type = libc::IP_PKTINFO;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as u32) as usize;
-            let mut info: libc::in_pktinfo = zeroed();
-            info.ipi_spec_dst.s_addr = u32::from(from).to_be();
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast(), info);
-            let n = libc::sendmsg(fd, &msg, 0);
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
-        }
-    }
-
-    /// [`recv`] on an IPv6 socket (`IPV6_PKTINFO`).
-    pub fn recv6(
-        fd: RawFd,
-        buf: &mut [u8],
-    ) -> io::Result<(usize, SocketAddr, Option<std::net::IpAddr>)> {
-        // SAFETY: as in `recv`.
-        unsafe {
-            let mut from: libc::sockaddr_in6 = zeroed();
-            let mut iov = libc::iovec {
-                iov_base: buf.as_mut_ptr().cast(),
-                iov_len: buf.len(),
-            };
-            let mut control = [0u64; 16];
-            let mut msg: libc::msghdr = zeroed();
-            msg.msg_name = (&mut from as *mut libc::sockaddr_in6).cast();
-            msg.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = size_of::<[u64; 16]>();
-            let n = libc::recvmsg(fd, &mut msg, 0);
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut local = None;
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::IPPROTO_IPV6 && (*c).cmsg_type == libc::IPV6_PKTINFO {
-                    let info: libc::in6_pktinfo =
-                        std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                    local = Some(Ipv6Addr::from(info.ipi6_addr.s6_addr).into());
+            match (to, from) {
+                (SocketAddr::V4(_), IpAddr::V4(from)) => {
+                    let mut info: libc::in_pktinfo = zeroed();
+                    info.ipi_spec_dst.s_addr = u32::from(from).to_be();
+                    source(&mut msg, libc::IPPROTO_IP, libc::IP_PKTINFO, info);
                 }
-                c = libc::CMSG_NXTHDR(&msg, c);
+                (SocketAddr::V6(_), IpAddr::V6(from)) => {
+                    let mut info: libc::in6_pktinfo = zeroed();
+                    info.ipi6_addr.s6_addr = from.octets();
+                    source(&mut msg, libc::IPPROTO_IPV6, libc::IPV6_PKTINFO, info);
+                }
+                _ => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("reply to {to} from {from}: not one family"),
+                    ))
+                }
             }
-            let client = SocketAddrV6::new(
-                Ipv6Addr::from(from.sin6_addr.s6_addr),
-                u16::from_be(from.sin6_port),
-                from.sin6_flowinfo,
-                from.sin6_scope_id,
-            );
-            Ok((n as usize, client.into(), local))
-        }
-    }
-
-    /// [`send`] on an IPv6 socket: `data` to `to` with source address `from`.
-    pub fn send6(fd: RawFd, data: &[u8], to: SocketAddrV6, from: Ipv6Addr) -> io::Result<usize> {
-        // SAFETY: as in `send`.
-        unsafe {
-            let mut dst: libc::sockaddr_in6 = zeroed();
-            dst.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            dst.sin6_port = to.port().to_be();
-            dst.sin6_addr.s6_addr = to.ip().octets();
-            dst.sin6_scope_id = to.scope_id();
-            let mut iov = libc::iovec {
-                iov_base: data.as_ptr() as *mut libc::c_void,
-                iov_len: data.len(),
-            };
-            let mut control = [0u64; 16];
-            let space = libc::CMSG_SPACE(size_of::<libc::in6_pktinfo>() as u32) as usize;
-            assert!(space <= size_of::<[u64; 16]>());
-            let mut msg: libc::msghdr = zeroed();
-            msg.msg_name = (&mut dst as *mut libc::sockaddr_in6).cast();
-            msg.msg_namelen = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::IPPROTO_IPV6;
-            (*c).cmsg_type = libc::IPV6_PKTINFO;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<libc::in6_pktinfo>() as u32) as usize;
-            let mut info: libc::in6_pktinfo = zeroed();
-            info.ipi6_addr.s6_addr = from.octets();
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast(), info);
             let n = libc::sendmsg(fd, &msg, 0);
             if n < 0 {
                 Err(io::Error::last_os_error())
@@ -518,5 +465,45 @@ mod pktinfo {
                 Ok(n as usize)
             }
         }
+    }
+
+    /// `to` as the kernel reads it (sockaddr_in or sockaddr_in6 in a sockaddr_storage).
+    fn socket_addr(to: SocketAddr) -> libc::sockaddr_storage {
+        // SAFETY: all-zero is a valid sockaddr_storage, and either address fits in one.
+        unsafe {
+            let mut dst: libc::sockaddr_storage = zeroed();
+            let p: *mut libc::sockaddr_storage = &mut dst;
+            match to {
+                SocketAddr::V4(to) => {
+                    let a = &mut *p.cast::<libc::sockaddr_in>();
+                    a.sin_family = libc::AF_INET as libc::sa_family_t;
+                    a.sin_port = to.port().to_be();
+                    a.sin_addr.s_addr = u32::from(*to.ip()).to_be();
+                }
+                SocketAddr::V6(to) => {
+                    let a = &mut *p.cast::<libc::sockaddr_in6>();
+                    a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                    a.sin6_port = to.port().to_be();
+                    a.sin6_addr.s6_addr = to.ip().octets();
+                    a.sin6_scope_id = to.scope_id();
+                }
+            }
+            dst
+        }
+    }
+
+    /// Writes `info` as the one control message of `msg` and sets `msg_controllen`.
+    ///
+    /// # Safety
+    /// `msg.msg_control` points to at least 128 bytes, aligned for a `cmsghdr`.
+    unsafe fn source<T>(msg: &mut libc::msghdr, level: libc::c_int, kind: libc::c_int, info: T) {
+        let space = libc::CMSG_SPACE(size_of::<T>() as u32) as usize;
+        assert!(space <= size_of::<[u64; 16]>());
+        msg.msg_controllen = space;
+        let c = libc::CMSG_FIRSTHDR(msg);
+        (*c).cmsg_level = level;
+        (*c).cmsg_type = kind;
+        (*c).cmsg_len = libc::CMSG_LEN(size_of::<T>() as u32) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast(), info);
     }
 }

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 
 pub mod agent;
 pub mod cluster;
@@ -13,14 +13,8 @@ pub mod vm_lab;
 pub const WEIR: &str = env!("CARGO_BIN_EXE_weir");
 
 /// A process a test started, killed (and reaped) when the test ends, however it ends.
-pub struct KillOnDrop(pub Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module starts one
+pub use weir_testkit::KillOnDrop;
 
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
