@@ -12,9 +12,8 @@
 //! what is sent when (whole table, diff, nothing, after a failure) is tested without root.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use crate::backend::{Backend, Error, SyncKind, SyncReport};
@@ -66,38 +65,11 @@ impl NftCommand {
 
 impl Nft for NftCommand {
     fn apply(&mut self, script: &str) -> Result<(), Error> {
-        let mut child = self
-            .command()
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        let mut stdin = child.stdin.take().expect("stdin is piped");
-        // Written from a thread: nft may report errors (stderr) before it has read a large
-        // script, and a full stderr pipe must not wait on a full stdin pipe.
-        let out = std::thread::scope(|s| {
-            let writer = s.spawn(move || stdin.write_all(script.as_bytes()));
-            let out = child.wait_with_output();
-            (out, writer.join())
-        });
-        let (out, written) = out;
-        let out = out?;
-        if !out.status.success() {
-            return Err(Error::Rejected(
-                String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            ));
-        }
-        // nft succeeded but did not get the whole script (it cannot have: it reads to the
-        // end before it commits). Said as an error all the same, so the loop writes the
-        // whole table next.
-        match written {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(Error::Spawn(e)),
-            Err(_) => Err(Error::Spawn(std::io::Error::other(
-                "the nft writer panicked",
-            ))),
-        }
+        use weir_kernel::nft::NftError;
+        weir_kernel::nft::apply_with(self.command(), script).map_err(|e| match e {
+            NftError::Spawn(e) | NftError::Io(e) => Error::Spawn(e),
+            NftError::Rejected(why) => Error::Rejected(why),
+        })
     }
 
     fn list_table(&mut self) -> Result<Option<String>, Error> {

@@ -316,23 +316,7 @@ fn node_local_setup(listen: SocketAddr) -> anyhow::Result<()> {
     // `add table` first makes the delete valid on a first start; the file is one transaction.
     let script =
         format!("add table ip weir-nodelocal-dns\ndelete table ip weir-nodelocal-dns\n{table}");
-    let mut nft = std::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .context("run nft (package nftables)")?;
-    use std::io::Write;
-    nft.stdin
-        .take()
-        .expect("piped")
-        .write_all(script.as_bytes())?;
-    let out = nft.wait_with_output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "nft: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    weir_kernel::nft::apply(&script)?;
     // The address only once its traffic is untracked: queries sent to it in between would
     // each leave a conntrack entry (the test saw them).
     let mut rtnl = weir_kernel::rtnl::Rtnl::new().context("rtnetlink")?;
