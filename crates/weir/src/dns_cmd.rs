@@ -18,31 +18,31 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use tracing::{info, warn};
-use weir_dns::agent::{ZoneBuilder, ZoneLoop, ZoneView};
+use weir_dns::agent::{ZoneBuilder, ZoneLoop};
 use weir_dns::{
     parse_resolv_conf, DnsMetrics, Forwarder, ForwarderConfig, Handler, PodRecords, Prefetch,
     ServerConfig, ZoneConfig, ZoneHandle,
 };
 use weir_http::{HttpRuntime, PathResponse, PathServer};
-use weir_source::api::{start_api_source, ApiOptions, ApiSource, Selectors};
-use weir_source::{watch_dir, Event, Kind, ManifestDir, PollWatcher, SharedStore};
+use weir_source::api::Selectors;
+use weir_source::Kind;
+
+use crate::proxy_cmd::parse_duration;
+use crate::runtime::flags::SourceFlags;
+use crate::runtime::source::{wait_ready, LogOnly, Origin, RunningSource, Wanted};
+use crate::runtime::views::View;
 
 /// Where the manifests are read when no source is named (and not in a cluster).
 const DEFAULT_MANIFESTS: &str = "/etc/weir/manifests";
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Without --manifests, --kubeconfig or --master, and outside a pod: the \
+                        manifests in /etc/weir/manifests."
+)]
 pub struct DnsArgs {
-    /// Directory of Kubernetes YAML manifests (Services, EndpointSlices, Pods), watched.
-    /// Default /etc/weir/manifests, unless --kubeconfig/--master is given or the command runs
-    /// in a pod (KUBERNETES_SERVICE_HOST set), where the API is read.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
-    manifests: Option<PathBuf>,
-    /// Objects from the Kubernetes API of this kubeconfig (as `weir proxy --kubeconfig`).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Objects from the Kubernetes API at URL (overrides the kubeconfig's server).
-    #[arg(long, value_name = "URL")]
-    master: Option<String>,
+    #[command(flatten)]
+    source: SourceFlags,
     /// Address to serve on, UDP and TCP.
     #[arg(long, default_value = "0.0.0.0:53")]
     listen: SocketAddr,
@@ -59,9 +59,6 @@ pub struct DnsArgs {
     /// TTL of the cluster zone's records, in seconds.
     #[arg(long, default_value_t = 5)]
     ttl: u32,
-    /// How often the manifest directory is checked for changes (`250ms`, `1s`).
-    #[arg(long, default_value = "250ms", value_parser = parse_interval)]
-    manifest_poll_interval: Duration,
     /// Answer a pod's first search-path expansion (`<name>.<ns>.svc.<zone>`, NXDOMAIN in the
     /// zone) with a CNAME to the first name its resolver would try next that has records.
     #[arg(long)]
@@ -76,7 +73,7 @@ pub struct DnsArgs {
     prefetch: bool,
     /// Keep expired cached entries this long (e.g. `86400s`) and answer them, with a 30 s
     /// TTL, when every upstream fails (RFC 8767). Off by default.
-    #[arg(long, value_parser = parse_interval)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     serve_stale: Option<Duration>,
     /// UDP serving threads (one socket each) and worker threads of the TCP/forwarding runtime.
     #[arg(long, default_value_t = 2)]
@@ -103,20 +100,6 @@ enum PodsArg {
     Disabled,
     Insecure,
     Verified,
-}
-
-/// `<n>ms` or `<n>s`.
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let bad = || format!("{s:?}: expected e.g. 250ms or 1s");
-    if let Some(ms) = s.strip_suffix("ms") {
-        return ms.parse().map(Duration::from_millis).map_err(|_| bad());
-    }
-    let secs: f64 = s
-        .strip_suffix('s')
-        .ok_or_else(bad)?
-        .parse()
-        .map_err(|_| bad())?;
-    Duration::try_from_secs_f64(secs).map_err(|_| bad())
 }
 
 fn forwarder(args: &DnsArgs, metrics: &Arc<DnsMetrics>) -> anyhow::Result<Option<Arc<Forwarder>>> {
@@ -152,70 +135,30 @@ fn forwarder(args: &DnsArgs, metrics: &Arc<DnsMetrics>) -> anyhow::Result<Option
     Ok(Some(Forwarder::new(config)))
 }
 
-/// The store as the zone loop sees it.
-struct StoreView(SharedStore);
-
-impl ZoneView for StoreView {
-    fn snapshot(&self) -> (u64, Arc<weir_model::Snapshot>) {
-        self.0.shared_snapshot()
-    }
-    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Arc<weir_model::Snapshot>)> {
-        self.0.wait_newer_shared(seen, timeout)
-    }
-}
-
-/// Keeps the object source running.
-#[allow(dead_code)] // held for its Drop
-enum Source {
-    Manifests(PollWatcher),
-    Api(ApiSource),
-}
-
-/// What `weir dns` asks the API for: every Service and EndpointSlice (kube-proxy's selectors
-/// leave out headless Services, which DNS answers), and Pods only for verified pod records.
-fn api_options(args: &DnsArgs) -> ApiOptions {
+/// What `weir dns` reads: every Service and EndpointSlice (kube-proxy's selectors leave out
+/// headless Services, which DNS answers), and Pods only for verified pod records.
+fn wanted(args: &DnsArgs) -> Wanted {
     let mut kinds = vec![Kind::Service, Kind::EndpointSlice];
     if args.pods == PodsArg::Verified {
         kinds.push(Kind::Pod);
     }
-    ApiOptions {
-        kubeconfig: args.kubeconfig.clone(),
-        master: args.master.clone(),
-        selectors: Selectors::Everything,
+    Wanted {
         kinds,
-        ..Default::default()
+        selectors: Selectors::Everything,
+        ..Wanted::default()
     }
 }
 
-/// Starts the object source and returns once the store holds one complete view: a restart
-/// never answers NXDOMAIN for every service because the directory is missing, a file is
-/// still being written, or the API's first lists are not in.
-fn start_source(args: &DnsArgs, store: &SharedStore) -> anyhow::Result<Source> {
+/// The source the flags name; with none, outside a pod, the default manifest directory.
+fn origin(args: &DnsArgs) -> anyhow::Result<Origin> {
+    let mut source = args.source.clone();
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty());
-    let use_api = args.kubeconfig.is_some() || args.master.is_some();
-    if use_api || (in_cluster && args.manifests.is_none()) {
-        let source = start_api_source(
-            api_options(args),
-            store.clone(),
-            crate::manifest_view::log_api_report,
-        )
-        .context("Kubernetes API source")?;
-        crate::manifest_view::wait_for_api_lists(&source);
-        return Ok(Source::Api(source));
+    let named =
+        source.manifests.is_some() || source.kubeconfig.is_some() || source.master.is_some();
+    if !named && !in_cluster {
+        source.manifests = Some(PathBuf::from(DEFAULT_MANIFESTS));
     }
-    let path = args
-        .manifests
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_MANIFESTS));
-    let mut dir = ManifestDir::new(&path);
-    crate::manifest_view::wait_for_complete_view(&mut dir, args.manifest_poll_interval, false)?;
-    store.apply(Event::Resync(dir.objects()));
-    Ok(Source::Manifests(watch_dir(
-        dir,
-        args.manifest_poll_interval,
-        store.clone(),
-        crate::manifest_view::log_watch_event,
-    )))
+    source.origin()
 }
 
 /// What the health and metrics listeners answer for `path`: `health` and `metrics` say which
@@ -347,12 +290,17 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
     let ready = Arc::new(AtomicBool::new(false));
     let _http = start_http(&args, &ready, &metrics, &forwarder)?;
 
-    let store = SharedStore::new();
-    let _source = start_source(&args, &store)?;
+    // Nothing is served from a partial view: a restart never answers NXDOMAIN for every
+    // service because the directory is missing, a file is still being written, or the API's
+    // first lists are not in.
+    let source = RunningSource::start(&origin(&args)?, &wanted(&args), Arc::new(LogOnly))
+        .context("object source")?;
+    wait_ready(&source.health());
+    let view = View::new(source.store(), &wanted(&args).kinds, source.health());
 
     // The zone loop (weir_dns::agent): the first zone now, then a new one on every change.
     let builder = ZoneBuilder::new(config, metrics.clone());
-    let mut zones = ZoneLoop::new(builder, StoreView(store));
+    let mut zones = ZoneLoop::new(builder, view);
     let handle = ZoneHandle::new(zones.build());
     let updater = handle.clone();
     std::thread::Builder::new()
@@ -380,14 +328,6 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn intervals() {
-        assert_eq!(parse_interval("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
-        assert!(parse_interval("5").is_err());
-        assert!(parse_interval("-1s").is_err());
-    }
 
     #[test]
     fn health_paths_say_ready_only_when_ready() {

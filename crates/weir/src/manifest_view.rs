@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use tracing::{info, warn};
-use weir_source::api::{ApiReport, ApiSource};
+use weir_source::api::ApiReport;
 use weir_source::{ManifestDir, WatchEvent};
 
 use crate::conditions::Conditions;
@@ -88,20 +88,4 @@ pub fn log_api_report(r: &ApiReport) {
         ApiReport::Compat { kind, note } => warn!(kind = kind.as_str(), "older API server: {note}"),
         ApiReport::Objects { .. } => {}
     }
-}
-
-/// Waits until every watched kind's first list is in the store: nothing is programmed from a
-/// partial world. Says why every 10 s while it waits.
-pub fn wait_for_api_lists(source: &ApiSource) {
-    let mut last_said = std::time::Instant::now();
-    while !source.status().ready() {
-        if last_said.elapsed() >= Duration::from_secs(10) {
-            if let Err(why) = source.status().check() {
-                warn!("waiting for the API's first lists: {why}");
-            }
-            last_said = std::time::Instant::now();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    info!("object source ready");
 }

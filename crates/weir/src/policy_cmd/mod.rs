@@ -8,7 +8,6 @@
 mod metrics;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -23,7 +22,8 @@ use weir_policy::backend::{Backend, Error};
 use weir_policy::kernel::NftBackend;
 
 use crate::proxy_cmd::parse_duration;
-use crate::runtime::source::{LogOnly, Origin, RunningSource, SourceHealth, Wanted};
+use crate::runtime::flags::{NodeFlag, SourceFlags};
+use crate::runtime::source::{LogOnly, RunningSource, SourceHealth, Wanted};
 use crate::runtime::views::{View, POLICY_KINDS};
 pub(crate) use metrics::PolicyMetrics;
 
@@ -44,20 +44,11 @@ enum PolicyCommand {
 
 #[derive(Debug, Clone, Args)]
 pub struct PolicyFlags {
-    /// Directory of Kubernetes YAML manifests (Namespaces, Pods, NetworkPolicies), watched.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
-    manifests: Option<PathBuf>,
-    /// Namespaces, Pods and NetworkPolicies from the Kubernetes API of this kubeconfig.
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// The Kubernetes API at URL (overrides the kubeconfig's server). With neither flag nor
-    /// --manifests, in a pod (KUBERNETES_SERVICE_HOST set): the in-cluster account.
-    #[arg(long, value_name = "URL")]
-    master: Option<String>,
-    /// This node's name: the pods whose spec.nodeName it is are enforced here (default: the
-    /// host name).
-    #[arg(long, value_name = "NAME")]
-    node_name: Option<String>,
+    #[command(flatten)]
+    source: SourceFlags,
+    /// The pods whose spec.nodeName is this node's are enforced here.
+    #[command(flatten)]
+    node: NodeFlag,
     /// Serve `/healthz` (200 once the rules of a complete first view are in the kernel and
     /// while the source is current, 503 otherwise) and `/livez` here, e.g. 0.0.0.0:10258.
     /// Off when not given.
@@ -74,9 +65,6 @@ pub struct PolicyFlags {
     /// Changes arriving faster than this are written together.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
     min_sync_period: Duration,
-    /// How often the manifest directory is checked for changes.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
-    manifest_poll_interval: Duration,
 }
 
 /// What /healthz reads: a first sync done, the last one not failed, and the source current.
@@ -194,16 +182,6 @@ fn start_http(
     }))
 }
 
-fn node_name(flags: &PolicyFlags) -> anyhow::Result<String> {
-    match &flags.node_name {
-        Some(n) => Ok(n.clone()),
-        None => Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .context("host name")?
-            .trim()
-            .to_string()),
-    }
-}
-
 /// What the policy enforcer reads: Namespaces, Pods with their policy part, NetworkPolicies.
 pub(crate) fn wanted() -> Wanted {
     Wanted {
@@ -252,17 +230,12 @@ pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let flags = args.flags;
-    let node = node_name(&flags)?;
+    let node = flags.node.resolve()?;
     anyhow::ensure!(
         flags.sync_period > Duration::ZERO,
         "--sync-period must be above zero"
     );
-    let origin = Origin::choose(
-        flags.manifests.as_ref(),
-        flags.kubeconfig.as_ref(),
-        flags.master.as_ref(),
-        flags.manifest_poll_interval,
-    )?;
+    let origin = flags.source.origin()?;
     let source =
         RunningSource::start(&origin, &wanted(), Arc::new(LogOnly)).context("object source")?;
     let part = PolicyPart {

@@ -106,8 +106,8 @@ pub struct ProxyFlags {
     /// Pod CIDRs of the cluster, comma-separated.
     #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]
     pub cluster_cidr: Vec<IpNet>,
-    /// This node's name (default: the host name).
-    #[arg(long, value_name = "NAME")]
+    /// This node's name (default: the host name). `--node-name`, as in the other commands.
+    #[arg(long, visible_alias = "node-name", value_name = "NAME")]
     pub hostname_override: Option<String>,
     /// CIDRs whose local addresses serve NodePorts, or the keywords `primary` (the node's own
     /// IPs), `localhost`, `all`. Unset: every local address in iptables, ipvs and userspace

@@ -35,6 +35,7 @@ use weir_source::{Event, ManifestDir, SharedStore};
 pub(crate) use metrics::RoutesMetrics;
 
 use crate::proxy_cmd::parse_duration;
+use crate::runtime::flags::{NodeFlag, SourceFlags};
 use crate::runtime::source::{wait_ready, LogOnly, Origin, RunningSource, SourceHealth, Wanted};
 use crate::runtime::views::{View, ROUTES_KINDS};
 
@@ -107,24 +108,12 @@ enum RoutesCommand {
 
 #[derive(Debug, Clone, Args)]
 pub struct RoutesFlags {
-    /// Directory of Kubernetes YAML manifests (Nodes), watched.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
-    manifests: Option<PathBuf>,
-    /// Nodes from the Kubernetes API of this kubeconfig (as `weir proxy --kubeconfig`).
-    #[arg(long, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// Nodes from the Kubernetes API at URL (overrides the kubeconfig's server). With neither
-    /// flag nor --manifests, in a pod (KUBERNETES_SERVICE_HOST set): the in-cluster account.
-    #[arg(long, value_name = "URL")]
-    master: Option<String>,
-    /// This node's name (default: the host name).
-    #[arg(long, value_name = "NAME")]
-    node_name: Option<String>,
+    #[command(flatten)]
+    source: SourceFlags,
+    #[command(flatten)]
+    node: NodeFlag,
     #[command(flatten)]
     options: RoutesOptions,
-    /// How often the manifest directory is checked for changes.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1s")]
-    manifest_poll_interval: Duration,
     /// Reconcile once and exit (non-zero if any operation failed).
     #[arg(long)]
     once: bool,
@@ -165,13 +154,6 @@ pub struct RoutesOptions {
     /// Periodic full reconciliation (repairs entries changed behind weir's back).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
     resync_period: Duration,
-}
-
-fn host_name() -> anyhow::Result<String> {
-    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .context("host name")?
-        .trim()
-        .to_string())
 }
 
 fn config(node_name: &str, opts: &RoutesOptions) -> anyhow::Result<Config> {
@@ -296,14 +278,9 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         });
     }
     let flags = args.flags;
-    let origin = Origin::choose(
-        flags.manifests.as_ref(),
-        flags.kubeconfig.as_ref(),
-        flags.master.as_ref(),
-        flags.manifest_poll_interval,
-    )?;
+    let origin = flags.source.origin()?;
     let part = RoutesPart {
-        node_name: flags.node_name.clone().map_or_else(host_name, Ok)?,
+        node_name: flags.node.resolve()?,
         options: flags.options.clone(),
         api: origin.api_options(),
         metrics: Arc::new(RoutesMetrics::new()),

@@ -80,17 +80,19 @@ impl Origin {
     }
 }
 
-/// Blocks until the source holds one complete view, saying once (after a second) why it
-/// waits: nothing is programmed from a partial world.
+/// Blocks until the source holds one complete view, saying why it waits after a second and
+/// every 10 s after that: nothing is programmed from a partial world.
 pub fn wait_ready(health: &SourceHealth) {
     let started = std::time::Instant::now();
+    let mut next_say = Duration::from_secs(1);
     let mut said = false;
     while !health.ready() {
-        if !said && started.elapsed() > Duration::from_secs(1) {
+        if started.elapsed() >= next_say {
             if let Err(why) = health.check() {
                 warn!("waiting for a complete view of the cluster: {why}");
                 said = true;
             }
+            next_say += Duration::from_secs(10);
         }
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -2,8 +2,10 @@
 //! Pod churn never wakes the proxy, nor a Service the policy enforcer), the source's health,
 //! and the objects.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use weir_dns::agent::ZoneView;
 use weir_model::{Kind, Object, ObjectKey, Snapshot};
 use weir_policy::agent::{Change, Changes as PolicyChanges, PolicySource};
 use weir_proxy::agent::ObjectSource;
@@ -87,6 +89,17 @@ impl PolicySource for View {
                 .collect(),
             since: c.since,
         }
+    }
+}
+
+impl ZoneView for View {
+    fn snapshot(&self) -> (u64, Arc<Snapshot>) {
+        self.store.feed_snapshot(self.feed)
+    }
+
+    fn wait_newer(&self, seen: u64, timeout: Duration) -> Option<(u64, Arc<Snapshot>)> {
+        let now = self.store.wait_feed(self.feed, seen, timeout);
+        (now > seen).then(|| self.store.feed_snapshot(self.feed))
     }
 }
 

@@ -1,0 +1,68 @@
+//! One way to name the object source and the node on the command line: the same flags, value
+//! grammar and defaults in `weir routes`, `weir policy` and `weir dns` (`weir proxy` and
+//! `weir agent` take kube-proxy's spelling of the same: `--kubeconfig`, `--master`,
+//! `--hostname-override`, which `--node-name` aliases there too).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+use super::source::Origin;
+use crate::proxy_cmd::parse_duration;
+
+/// Where the objects come from.
+#[derive(Debug, Clone, Args)]
+pub struct SourceFlags {
+    /// Directory of Kubernetes YAML manifests, watched.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kubeconfig", "master"])]
+    pub manifests: Option<PathBuf>,
+    /// Objects from the Kubernetes API of this kubeconfig.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The Kubernetes API at URL (overrides the kubeconfig's server). With neither flag nor
+    /// --manifests, in a pod (KUBERNETES_SERVICE_HOST set): the in-cluster service account.
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
+    /// How often the manifest directory is checked for changes (a Go duration: 500ms, 1s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "500ms")]
+    pub manifest_poll_interval: Duration,
+}
+
+impl SourceFlags {
+    /// The source these flags name ([`Origin::choose`]).
+    pub fn origin(&self) -> anyhow::Result<Origin> {
+        Origin::choose(
+            self.manifests.as_ref(),
+            self.kubeconfig.as_ref(),
+            self.master.as_ref(),
+            self.manifest_poll_interval,
+        )
+    }
+}
+
+/// This node's name.
+#[derive(Debug, Clone, Args)]
+pub struct NodeFlag {
+    /// This node's name (default: the host name).
+    #[arg(
+        long = "node-name",
+        visible_alias = "hostname-override",
+        value_name = "NAME"
+    )]
+    pub node_name: Option<String>,
+}
+
+impl NodeFlag {
+    /// The name given, else the host name.
+    pub fn resolve(&self) -> anyhow::Result<String> {
+        match &self.node_name {
+            Some(n) => Ok(n.clone()),
+            None => Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .context("host name")?
+                .trim()
+                .to_string()),
+        }
+    }
+}
