@@ -1,6 +1,5 @@
-//! What every `weir` agent that reads a manifest directory does first and on each watch event
-//! (the proxy has its own, health-aware version in `weir_proxy::agent`), and how every agent
-//! logs its Kubernetes API watchers.
+//! How every `weir` agent logs its manifest watcher's events and its Kubernetes API watchers,
+//! and `weir routes --once`'s one complete read of a manifest directory.
 
 use std::time::Duration;
 
