@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 mod common;
-use common::agent::{Agent, SOLO};
+use common::agent::{Agent, EXTRA, SOLO};
 use common::runnable;
 use weir_fakeapi::FakeApi;
 
@@ -39,23 +39,6 @@ apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: default-deny, namespace: shop}
 spec: {podSelector: {}}
-";
-
-/// A second Service, 10.96.7.7:80 → the same echo server.
-const EXTRA: &str = "apiVersion: v1
-kind: Service
-metadata: {name: extra, namespace: default}
-spec:
-  clusterIP: 10.96.7.7
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: extra-1, namespace: default, labels: {kubernetes.io/service-name: extra}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints:
-  - {addresses: [10.244.9.9], nodeName: node-a}
 ";
 
 /// The agent in its namespace (an underlay link holding the node's address, so host-gw's

@@ -6,26 +6,9 @@
 use std::time::Duration;
 
 mod common;
-use common::agent::{Agent, SOLO};
+use common::agent::{Agent, EXTRA, SOLO};
 use common::runnable;
 use weir_fakeapi::FakeApi;
-
-/// A second service, 10.96.7.7:80 → the pods' 10.244.0.5:8080.
-const EXTRA: &str = "apiVersion: v1
-kind: Service
-metadata: {name: extra, namespace: default}
-spec:
-  clusterIP: 10.96.7.7
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: extra-1, namespace: default, labels: {kubernetes.io/service-name: extra}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints:
-  - {addresses: [10.244.0.5], nodeName: node-a}
-";
 
 /// An agent in its namespace, with the pods' echo server, and the fake API server on the
 /// namespace's 127.0.0.1:6443 holding `objects`. The agent is not started.

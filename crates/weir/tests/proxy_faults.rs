@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::agent::{Agent, Health, SOLO};
+use common::agent::{Agent, Health, EXTRA, SOLO};
 use common::{runnable, WEIR};
 
 /// One fault: optional extra flags, something to do before the agent's first start, and the
@@ -316,23 +316,6 @@ fn directory_unreadable(a: &mut Agent) {
     let log = a.log();
     assert!(log.contains("Permission denied"), "{log}");
 }
-
-/// A second service, on the pod at 10.244.0.5: proof that the watcher still follows changes.
-const EXTRA: &str = "apiVersion: v1
-kind: Service
-metadata: {name: extra, namespace: default}
-spec:
-  clusterIP: 10.96.7.7
-  ports: [{name: http, port: 80, targetPort: 8080}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: extra-1, namespace: default, labels: {kubernetes.io/service-name: extra}}
-addressType: IPv4
-ports: [{name: http, port: 8080}]
-endpoints:
-  - {addresses: [10.244.0.5], nodeName: node-a}
-";
 
 /// An odd file appears while running (`make` runs in the manifest directory): reported once
 /// by name with `error` within 2 s, /healthz stays 200 (one bad file is not a failing

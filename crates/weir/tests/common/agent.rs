@@ -410,6 +410,24 @@ impl Drop for HealthWatch {
 }
 
 /// A service `solo` (10.96.9.9:80) whose one endpoint is 10.244.9.9:8080.
+/// A second service, 10.96.7.7:80 → the pods' 10.244.0.5:8080 ([`Agent::serve_pods`]): proof
+/// that the watcher follows changes.
+pub const EXTRA: &str = "apiVersion: v1
+kind: Service
+metadata: {name: extra, namespace: default}
+spec:
+  clusterIP: 10.96.7.7
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: extra-1, namespace: default, labels: {kubernetes.io/service-name: extra}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+  - {addresses: [10.244.0.5], nodeName: node-a}
+";
+
 pub const SOLO: &str = "apiVersion: v1
 kind: Service
 metadata: {name: solo, namespace: default}
