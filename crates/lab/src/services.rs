@@ -308,210 +308,328 @@ fn plan_family(state: &LabState, fam: Family) -> Vec<SvcProbe> {
     if state.proxy.mode().is_none() {
         return probes;
     }
-    let c = Clients { state };
-    let outside_ns = names::outside(&state.lab);
-    let v6 = fam.v6;
-    // Pods and nodes with an address of this family.
-    let pods: Vec<(&PodState, IpAddr)> = state
-        .pods
-        .iter()
-        .filter_map(|p| Some((p, fam.pod(p)?)))
-        .collect();
-    let nodes: Vec<(&NodeState, IpAddr)> = state
-        .nodes
-        .iter()
-        .filter_map(|n| Some((n, fam.node(n)?)))
-        .collect();
-    let (Some(outside_ip), Some(_)) = (fam.outside(state), nodes.first()) else {
+    let Some(view) = FamilyView::new(state, fam) else {
         return probes;
     };
     for svc in &state.services {
         let Some(cluster_ip) = fam.cluster_ip(svc) else {
             continue;
         };
+        let plan = SvcPlan::new(&view, svc, cluster_ip);
+        if plan.backends.is_empty() {
+            plan.no_endpoints(&mut probes);
+        } else {
+            plan.answered(&mut probes);
+        }
+    }
+    if state.proxy == ProxyKind::Userspace {
+        for p in &mut probes {
+            view.c.proxy_connects_from_the_node(p);
+        }
+    }
+    probes
+}
+
+/// What every probe of one family shares: the outside client and the pods and nodes with an
+/// address of the family.
+struct FamilyView<'a> {
+    state: &'a LabState,
+    fam: Family,
+    c: Clients<'a>,
+    outside_ns: String,
+    outside_ip: IpAddr,
+    pods: Vec<(&'a PodState, IpAddr)>,
+    nodes: Vec<(&'a NodeState, IpAddr)>,
+}
+
+impl<'a> FamilyView<'a> {
+    /// None when the lab has no outside address or no node of this family: nothing to probe.
+    fn new(state: &'a LabState, fam: Family) -> Option<Self> {
+        let pods: Vec<_> = state
+            .pods
+            .iter()
+            .filter_map(|p| Some((p, fam.pod(p)?)))
+            .collect();
+        let nodes: Vec<_> = state
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n, fam.node(n)?)))
+            .collect();
+        let outside_ip = fam.outside(state)?;
+        nodes.first()?;
+        Some(FamilyView {
+            state,
+            fam,
+            c: Clients { state },
+            outside_ns: names::outside(&state.lab),
+            outside_ip,
+            pods,
+            nodes,
+        })
+    }
+}
+
+/// Where a probe starts: a pod's, a node's or the outside namespace, and its address there.
+#[derive(Clone, Copy)]
+struct Client<'s> {
+    name: &'s str,
+    netns: &'s str,
+    ip: IpAddr,
+}
+
+impl<'s> Client<'s> {
+    fn pod(p: &'s PodState, ip: IpAddr) -> Self {
+        Client {
+            name: &p.name,
+            netns: &p.netns,
+            ip,
+        }
+    }
+    fn node(n: &'s NodeState, ip: IpAddr) -> Self {
+        Client {
+            name: &n.name,
+            netns: &n.netns,
+            ip,
+        }
+    }
+}
+
+/// One service's probes in one family; `backends` are its pods with an address of the family.
+struct SvcPlan<'a, 'v> {
+    v: &'v FamilyView<'a>,
+    svc: &'a ServiceState,
+    cluster_ip: IpAddr,
+    backends: Vec<&'a PodState>,
+    names: Vec<String>,
+}
+
+impl<'a, 'v> SvcPlan<'a, 'v> {
+    fn new(v: &'v FamilyView<'a>, svc: &'a ServiceState, cluster_ip: IpAddr) -> Self {
         let backends: Vec<&PodState> = svc
             .backends
             .iter()
-            .filter_map(|b| c.pod(b))
-            .filter(|p| fam.pod(p).is_some())
+            .filter_map(|b| v.c.pod(b))
+            .filter(|p| v.fam.pod(p).is_some())
             .collect();
-        let names: Vec<String> = backends.iter().map(|p| p.name.clone()).collect();
-        let base = |kind, from: &str, from_ns: &str, from_ip, via: String, to_ip, port| SvcProbe {
-            service: svc.name.clone(),
+        let names = backends.iter().map(|p| p.name.clone()).collect();
+        SvcPlan {
+            v,
+            svc,
+            cluster_ip,
+            backends,
+            names,
+        }
+    }
+
+    /// A probe expected to be rejected, tried once.
+    fn base(&self, kind: SvcKind, from: Client, via: String, to_ip: IpAddr, port: u16) -> SvcProbe {
+        SvcProbe {
+            service: self.svc.name.clone(),
             kind,
-            from: from.to_string(),
-            from_ns: from_ns.to_string(),
-            from_ip,
+            from: from.name.to_string(),
+            from_ns: from.netns.to_string(),
+            from_ip: from.ip,
             bind: false,
             via,
             to_ip,
             port,
-            proto: svc.protocol,
+            proto: self.svc.protocol,
             min_tries: 1,
             max_tries: 1,
             expect: Expect::Rejected,
+        }
+    }
+
+    /// `base` from the outside namespace, bound to its address.
+    fn outside(&self, kind: SvcKind, via: String, to_ip: IpAddr, port: u16) -> SvcProbe {
+        let from = Client {
+            name: "outside",
+            netns: &self.v.outside_ns,
+            ip: self.v.outside_ip,
         };
-        let outside = |kind, via: String, to_ip, port| SvcProbe {
+        SvcProbe {
             bind: true,
-            ..base(kind, "outside", &outside_ns, outside_ip, via, to_ip, port)
-        };
-        let answer = |mut p: SvcProbe,
-                      backends: Vec<String>,
-                      must_include: Option<String>,
-                      sources: Vec<IpAddr>,
-                      self_sources: Vec<IpAddr>| {
-            let (min_distinct, max_distinct) = spread(backends.len(), svc.sticky());
-            p.min_tries = MIN_TRIES;
-            p.max_tries = MAX_TRIES;
-            p.expect = Expect::Answer {
-                backends,
-                min_distinct,
-                max_distinct,
-                must_include,
-                sources,
-                self_sources,
-            };
-            p
-        };
-
-        if backends.is_empty() {
-            // Rejected at once wherever it is reached.
-            if let Some((client, ip)) = pods.first() {
-                probes.push(base(
-                    SvcKind::NoEndpoints,
-                    &client.name,
-                    &client.netns,
-                    *ip,
-                    "cluster-ip".into(),
-                    cluster_ip,
-                    svc.port,
-                ));
-            }
-            if let (Some(np), Some((node, ip))) = (svc.node_port, nodes.first()) {
-                probes.push(outside(
-                    SvcKind::NoEndpoints,
-                    format!("node {}", node.name),
-                    *ip,
-                    np,
-                ));
-            }
-            if let Some(lb) = fam.load_balancer_ip(svc) {
-                probes.push(outside(SvcKind::NoEndpoints, "lb".into(), lb, svc.port));
-            }
-            continue;
+            ..self.base(kind, from, via, to_ip, port)
         }
+    }
 
-        // Pods (not backends) on every node → ClusterIP: the client's own address is seen.
-        for (node, _) in &nodes {
-            let client = pods
+    /// `p` expected to be answered by `backends`, spread as the service's affinity allows.
+    fn answer(
+        &self,
+        mut p: SvcProbe,
+        backends: Vec<String>,
+        must_include: Option<String>,
+        sources: Vec<IpAddr>,
+        self_sources: Vec<IpAddr>,
+    ) -> SvcProbe {
+        let (min_distinct, max_distinct) = spread(backends.len(), self.svc.sticky());
+        p.min_tries = MIN_TRIES;
+        p.max_tries = MAX_TRIES;
+        p.expect = Expect::Answer {
+            backends,
+            min_distinct,
+            max_distinct,
+            must_include,
+            sources,
+            self_sources,
+        };
+        p
+    }
+
+    /// A ClusterIP probe from `from`, answered by every backend.
+    fn cluster_ip_answer(
+        &self,
+        kind: SvcKind,
+        from: Client,
+        sources: Vec<IpAddr>,
+        self_sources: Vec<IpAddr>,
+    ) -> SvcProbe {
+        let p = self.base(
+            kind,
+            from,
+            "cluster-ip".into(),
+            self.cluster_ip,
+            self.svc.port,
+        );
+        self.answer(p, self.names.clone(), None, sources, self_sources)
+    }
+
+    /// Rejected at once wherever it is reached.
+    fn no_endpoints(&self, probes: &mut Vec<SvcProbe>) {
+        let (svc, v) = (self.svc, self.v);
+        if let Some((client, ip)) = v.pods.first() {
+            probes.push(self.base(
+                SvcKind::NoEndpoints,
+                Client::pod(client, *ip),
+                "cluster-ip".into(),
+                self.cluster_ip,
+                svc.port,
+            ));
+        }
+        if let (Some(np), Some((node, ip))) = (svc.node_port, v.nodes.first()) {
+            let via = format!("node {}", node.name);
+            probes.push(self.outside(SvcKind::NoEndpoints, via, *ip, np));
+        }
+        if let Some(lb) = v.fam.load_balancer_ip(svc) {
+            probes.push(self.outside(SvcKind::NoEndpoints, "lb".into(), lb, svc.port));
+        }
+    }
+
+    /// Every probe of a service with backends, in the order they run.
+    fn answered(&self, probes: &mut Vec<SvcProbe>) {
+        self.pods_to_cluster_ip(probes);
+        self.hairpin(probes);
+        self.host_network(probes);
+        self.outside_to_node_ports(probes);
+        self.outside_to_load_balancer(probes);
+        self.pod_to_node_ports(probes);
+        self.pod_to_load_balancer(probes);
+        self.health_checks(probes);
+    }
+
+    /// Pods (not backends) on every node → ClusterIP: the client's own address is seen.
+    fn pods_to_cluster_ip(&self, probes: &mut Vec<SvcProbe>) {
+        for (node, _) in &self.v.nodes {
+            let client = self
+                .v
+                .pods
                 .iter()
-                .find(|(p, _)| p.node == node.name && !svc.backends.contains(&p.name));
+                .find(|(p, _)| p.node == node.name && !self.svc.backends.contains(&p.name));
             if let Some((client, ip)) = client {
-                probes.push(answer(
-                    base(
-                        SvcKind::ClusterIp,
-                        &client.name,
-                        &client.netns,
-                        *ip,
-                        "cluster-ip".into(),
-                        cluster_ip,
-                        svc.port,
-                    ),
-                    names.clone(),
-                    None,
-                    vec![*ip],
-                    vec![],
-                ));
+                let from = Client::pod(client, *ip);
+                probes.push(self.cluster_ip_answer(SvcKind::ClusterIp, from, vec![*ip], vec![]));
             }
         }
-        // A backend → its own service: when it answers itself it sees its node (masqueraded).
-        let first = backends[0];
-        if let (Some(node), Some(first_ip)) = (c.node(&first.node), fam.pod(first)) {
-            probes.push(answer(
-                base(
-                    SvcKind::Hairpin,
-                    &first.name,
-                    &first.netns,
-                    first_ip,
-                    "cluster-ip".into(),
-                    cluster_ip,
-                    svc.port,
-                ),
-                names.clone(),
+    }
+
+    /// A backend → its own service: when it answers itself it sees its node (masqueraded).
+    fn hairpin(&self, probes: &mut Vec<SvcProbe>) {
+        let (svc, v) = (self.svc, self.v);
+        let first = self.backends[0];
+        if let (Some(node), Some(first_ip)) = (v.c.node(&first.node), v.fam.pod(first)) {
+            let p = self.base(
+                SvcKind::Hairpin,
+                Client::pod(first, first_ip),
+                "cluster-ip".into(),
+                self.cluster_ip,
+                svc.port,
+            );
+            probes.push(self.answer(
+                p,
+                self.names.clone(),
                 (!svc.sticky()).then(|| first.name.clone()),
                 vec![first_ip],
-                c.node_sources(node, v6),
+                v.c.node_sources(node, v.fam.v6),
             ));
         }
-        // The first node's host network → ClusterIP: off-cluster source, masqueraded.
-        if let Some((node, node_ip)) = nodes.first() {
-            let srcs = c.node_sources(node, v6);
-            probes.push(answer(
-                base(
-                    SvcKind::HostNetwork,
-                    &node.name,
-                    &node.netns,
-                    *node_ip,
-                    "cluster-ip".into(),
-                    cluster_ip,
-                    svc.port,
-                ),
-                names.clone(),
-                None,
-                srcs.clone(),
-                srcs,
-            ));
+    }
+
+    /// The first node's host network → ClusterIP: off-cluster source, masqueraded.
+    fn host_network(&self, probes: &mut Vec<SvcProbe>) {
+        if let Some((node, node_ip)) = self.v.nodes.first() {
+            let srcs = self.v.c.node_sources(node, self.v.fam.v6);
+            let from = Client::node(node, *node_ip);
+            probes.push(self.cluster_ip_answer(SvcKind::HostNetwork, from, srcs.clone(), srcs));
         }
-        // Outside → a node (NodePort on every node, or the node the LB IP is routed to).
-        let via_node = |node: &NodeState, kind_cluster, kind_local, via: String, to_ip, port| {
-            if svc.local_policy() {
-                let local: Vec<String> = backends
-                    .iter()
-                    .filter(|p| p.node == node.name)
-                    .map(|p| p.name.clone())
-                    .collect();
-                if local.is_empty() {
-                    SvcProbe {
-                        expect: Expect::NoAnswer,
-                        ..outside(kind_local, via, to_ip, port)
-                    }
-                } else {
-                    answer(
-                        outside(kind_local, via, to_ip, port),
-                        local,
-                        None,
-                        vec![outside_ip],
-                        vec![],
-                    )
-                }
-            } else {
-                let srcs = c.node_sources(node, v6);
-                answer(
-                    outside(kind_cluster, via, to_ip, port),
-                    names.clone(),
-                    None,
-                    srcs.clone(),
-                    srcs,
-                )
+    }
+
+    /// Outside → a node (NodePort on every node, or the node the LB IP is routed to): policy
+    /// Local answers from the node's own backends only (none: no answer), seeing the outside
+    /// address; policy Cluster from every backend, masqueraded to the node.
+    fn via_node(
+        &self,
+        node: &NodeState,
+        kind_cluster: SvcKind,
+        kind_local: SvcKind,
+        via: String,
+        to_ip: IpAddr,
+        port: u16,
+    ) -> SvcProbe {
+        if !self.svc.local_policy() {
+            let srcs = self.v.c.node_sources(node, self.v.fam.v6);
+            let p = self.outside(kind_cluster, via, to_ip, port);
+            return self.answer(p, self.names.clone(), None, srcs.clone(), srcs);
+        }
+        let local: Vec<String> = self
+            .backends
+            .iter()
+            .filter(|p| p.node == node.name)
+            .map(|p| p.name.clone())
+            .collect();
+        let p = self.outside(kind_local, via, to_ip, port);
+        if local.is_empty() {
+            SvcProbe {
+                expect: Expect::NoAnswer,
+                ..p
             }
+        } else {
+            self.answer(p, local, None, vec![self.v.outside_ip], vec![])
+        }
+    }
+
+    fn outside_to_node_ports(&self, probes: &mut Vec<SvcProbe>) {
+        let Some(np) = self.svc.node_port else {
+            return;
         };
-        if let Some(np) = svc.node_port {
-            for (node, node_ip) in &nodes {
-                probes.push(via_node(
-                    node,
-                    SvcKind::NodePort,
-                    SvcKind::NodePortLocal,
-                    format!("node {}", node.name),
-                    *node_ip,
-                    np,
-                ));
-            }
+        for (node, node_ip) in &self.v.nodes {
+            probes.push(self.via_node(
+                node,
+                SvcKind::NodePort,
+                SvcKind::NodePortLocal,
+                format!("node {}", node.name),
+                *node_ip,
+                np,
+            ));
         }
+    }
+
+    fn outside_to_load_balancer(&self, probes: &mut Vec<SvcProbe>) {
+        let (svc, v) = (self.svc, self.v);
         if let (Some(lb), Some(node)) = (
-            fam.load_balancer_ip(svc),
-            svc.load_balancer_node.as_deref().and_then(|n| c.node(n)),
+            v.fam.load_balancer_ip(svc),
+            svc.load_balancer_node.as_deref().and_then(|n| v.c.node(n)),
         ) {
-            probes.push(via_node(
+            probes.push(self.via_node(
                 node,
                 SvcKind::LoadBalancer,
                 SvcKind::LoadBalancerLocal,
@@ -520,85 +638,80 @@ fn plan_family(state: &LabState, fam: Family) -> Vec<SvcProbe> {
                 svc.port,
             ));
         }
-        // A pod (not a backend) → every node's NodePort, policy Cluster: the node dialled
-        // DNATs and masquerades. (On an eni network this is "another node's pod → this node's
-        // NodePort": the request arrives on eth0 with a pod source.)
-        if let Some(np) = svc.node_port.filter(|_| !svc.local_policy()) {
-            if let Some((client, ip)) = pods.iter().find(|(p, _)| !svc.backends.contains(&p.name)) {
-                for (node, node_ip) in &nodes {
-                    let srcs = c.node_sources(node, v6);
-                    probes.push(answer(
-                        base(
-                            SvcKind::PodNodePort,
-                            &client.name,
-                            &client.netns,
-                            *ip,
-                            format!("node {}", node.name),
-                            *node_ip,
-                            np,
-                        ),
-                        names.clone(),
-                        None,
-                        srcs.clone(),
-                        srcs,
-                    ));
-                }
-            }
-        }
-        // A pod (not a backend, else the first) → the LB IP.
-        if let Some(lb) = fam.load_balancer_ip(svc) {
-            let client = state
-                .pods
-                .iter()
-                .find(|p| !svc.backends.contains(&p.name))
-                .or(state.pods.first());
-            if let Some((client, node)) = client.and_then(|p| Some((p, c.node(&p.node)?))) {
-                let masq = c.node_sources(node, v6);
-                let sources = if svc.local_policy() {
-                    vec![client.ip.into()]
-                } else {
-                    masq.clone()
-                };
-                probes.push(answer(
-                    base(
-                        SvcKind::PodLoadBalancer,
-                        &client.name,
-                        &client.netns,
-                        client.ip.into(),
-                        "lb".into(),
-                        lb,
-                        svc.port,
-                    ),
-                    names.clone(),
-                    None,
-                    sources,
-                    masq,
-                ));
-            }
-        }
-        if let Some(hc) = svc.health_check_node_port.filter(|_| !v6) {
-            for node in &state.nodes {
-                let local = backends.iter().any(|p| p.node == node.name);
-                let mut p = outside(
-                    SvcKind::HealthCheck,
-                    format!("node {}", node.name),
-                    node.underlay_ip.into(),
-                    hc,
-                );
-                p.proto = Protocol::Tcp;
-                p.expect = Expect::Http {
-                    status: if local { 200 } else { 503 },
-                };
-                probes.push(p);
-            }
+    }
+
+    /// A pod (not a backend) → every node's NodePort, policy Cluster: the node dialled
+    /// DNATs and masquerades. (On an eni network this is "another node's pod → this node's
+    /// NodePort": the request arrives on eth0 with a pod source.)
+    fn pod_to_node_ports(&self, probes: &mut Vec<SvcProbe>) {
+        let (svc, v) = (self.svc, self.v);
+        let Some(np) = svc.node_port.filter(|_| !svc.local_policy()) else {
+            return;
+        };
+        let Some((client, ip)) = v.pods.iter().find(|(p, _)| !svc.backends.contains(&p.name))
+        else {
+            return;
+        };
+        for (node, node_ip) in &v.nodes {
+            let srcs = v.c.node_sources(node, v.fam.v6);
+            let from = Client::pod(client, *ip);
+            let p = self.base(
+                SvcKind::PodNodePort,
+                from,
+                format!("node {}", node.name),
+                *node_ip,
+                np,
+            );
+            probes.push(self.answer(p, self.names.clone(), None, srcs.clone(), srcs));
         }
     }
-    if state.proxy == ProxyKind::Userspace {
-        for p in &mut probes {
-            c.proxy_connects_from_the_node(p);
+
+    /// A pod (not a backend, else the first) → the LB IP.
+    fn pod_to_load_balancer(&self, probes: &mut Vec<SvcProbe>) {
+        let (svc, v) = (self.svc, self.v);
+        let Some(lb) = v.fam.load_balancer_ip(svc) else {
+            return;
+        };
+        let client = v
+            .state
+            .pods
+            .iter()
+            .find(|p| !svc.backends.contains(&p.name))
+            .or(v.state.pods.first());
+        let Some((client, node)) = client.and_then(|p| Some((p, v.c.node(&p.node)?))) else {
+            return;
+        };
+        let masq = v.c.node_sources(node, v.fam.v6);
+        let sources = if svc.local_policy() {
+            vec![client.ip.into()]
+        } else {
+            masq.clone()
+        };
+        let from = Client::pod(client, client.ip.into());
+        let p = self.base(SvcKind::PodLoadBalancer, from, "lb".into(), lb, svc.port);
+        probes.push(self.answer(p, self.names.clone(), None, sources, masq));
+    }
+
+    /// Outside → every node's health check port (IPv4 only): 200 where the node has a backend.
+    fn health_checks(&self, probes: &mut Vec<SvcProbe>) {
+        let Some(hc) = self.svc.health_check_node_port.filter(|_| !self.v.fam.v6) else {
+            return;
+        };
+        for node in &self.v.state.nodes {
+            let local = self.backends.iter().any(|p| p.node == node.name);
+            let mut p = self.outside(
+                SvcKind::HealthCheck,
+                format!("node {}", node.name),
+                node.underlay_ip.into(),
+                hc,
+            );
+            p.proto = Protocol::Tcp;
+            p.expect = Expect::Http {
+                status: if local { 200 } else { 503 },
+            };
+            probes.push(p);
         }
     }
-    probes
 }
 
 // ---- running ----

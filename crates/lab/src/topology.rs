@@ -656,6 +656,19 @@ impl Topology {
     }
 
     pub fn validate(&self) -> Result<(), TopologyError> {
+        self.validate_addressing()?;
+        let pod_names = self.validate_nodes()?;
+        self.validate_network()?;
+        self.validate_ipv6()?;
+        self.validate_services(&pod_names)?;
+        self.validate_policy(&pod_names)?;
+        self.allocate()?;
+        self.validate_dns()
+    }
+
+    /// The lab's name, the underlay, clusterCIDR and the outside address: well-formed and
+    /// apart.
+    fn validate_addressing(&self) -> Result<(), TopologyError> {
         if !valid_name(&self.name) {
             return Err(err("name", format!("{:?} {NAME_RULE}", self.name)));
         }
@@ -694,6 +707,11 @@ impl Topology {
                 format!("{} must be outside clusterCIDR and underlay", self.outside),
             ));
         }
+        Ok(())
+    }
+
+    /// Every node and its pods; the pod names (unique in the lab).
+    fn validate_nodes(&self) -> Result<BTreeSet<String>, TopologyError> {
         if self.nodes.is_empty() {
             return Err(err("nodes", "at least one node is needed"));
         }
@@ -723,58 +741,46 @@ impl Topology {
                     ),
                 ));
             }
-            let cidr = node.pod_cidr;
-            if cidr.addr() != cidr.network() {
-                return Err(err(field("podCIDR"), format!("{cidr} has host bits set")));
-            }
-            if cidr.prefix_len() > 29 {
+            self.validate_pod_cidr(i)?;
+            validate_pods(i, node, &mut pod_names)?;
+        }
+        Ok(pod_names)
+    }
+
+    /// Node `i`'s podCIDR: a network inside clusterCIDR, room for pods, no overlap with an
+    /// earlier node's.
+    fn validate_pod_cidr(&self, i: usize) -> Result<(), TopologyError> {
+        let field = |f: &str| format!("nodes[{i}].{f}");
+        let cidr = self.nodes[i].pod_cidr;
+        if cidr.addr() != cidr.network() {
+            return Err(err(field("podCIDR"), format!("{cidr} has host bits set")));
+        }
+        if cidr.prefix_len() > 29 {
+            return Err(err(
+                field("podCIDR"),
+                format!("{cidr} is too small (at most /29)"),
+            ));
+        }
+        if !self.cluster_cidr.contains(&cidr) {
+            return Err(err(
+                field("podCIDR"),
+                format!("{cidr} is not inside clusterCIDR {}", self.cluster_cidr),
+            ));
+        }
+        for (j, other) in self.nodes[..i].iter().enumerate() {
+            if other.pod_cidr.contains(&cidr.network()) || cidr.contains(&other.pod_cidr.network())
+            {
                 return Err(err(
                     field("podCIDR"),
-                    format!("{cidr} is too small (at most /29)"),
+                    format!("{cidr} overlaps nodes[{j}].podCIDR {}", other.pod_cidr),
                 ));
-            }
-            if !self.cluster_cidr.contains(&cidr) {
-                return Err(err(
-                    field("podCIDR"),
-                    format!("{cidr} is not inside clusterCIDR {}", self.cluster_cidr),
-                ));
-            }
-            for (j, other) in self.nodes[..i].iter().enumerate() {
-                if other.pod_cidr.contains(&cidr.network())
-                    || cidr.contains(&other.pod_cidr.network())
-                {
-                    return Err(err(
-                        field("podCIDR"),
-                        format!("{cidr} overlaps nodes[{j}].podCIDR {}", other.pod_cidr),
-                    ));
-                }
-            }
-            // Addresses: .1 is the gateway, the rest (minus broadcast) go to pods.
-            let capacity = cidr.hosts().count().saturating_sub(1);
-            if node.pods.len() > capacity {
-                return Err(err(
-                    field("pods"),
-                    format!(
-                        "{} pods do not fit in {cidr} ({capacity} addresses)",
-                        node.pods.len()
-                    ),
-                ));
-            }
-            for (k, pod) in node.pods.iter().enumerate() {
-                if !valid_name(pod) {
-                    return Err(err(
-                        format!("nodes[{i}].pods[{k}]"),
-                        format!("{pod:?} {NAME_RULE}"),
-                    ));
-                }
-                if !pod_names.insert(pod.clone()) {
-                    return Err(err(
-                        format!("nodes[{i}].pods[{k}]"),
-                        format!("duplicate pod name {pod:?} (pod names are unique in a lab)"),
-                    ));
-                }
             }
         }
+        Ok(())
+    }
+
+    /// What the overlay and the eni network need of each other and of the CNI.
+    fn validate_network(&self) -> Result<(), TopologyError> {
         if self.routed_underlay
             && self.overlay == Overlay::HostGw
             && self.network == Network::Bridge
@@ -784,38 +790,43 @@ impl Topology {
                 "host-gw needs the nodes on one segment; with routedUnderlay use overlay: vxlan",
             ));
         }
-        if self.network == Network::Eni {
-            if self.cni != CniKind::Weir {
-                return Err(err(
-                    "cni",
-                    "network eni needs cni weir (the reference plugins have no eni-shared mode)",
-                ));
-            }
-            if self.overlay != Overlay::HostGw || self.routed_underlay {
-                return Err(err(
-                    "overlay",
-                    "network eni routes pod addresses in the VPC: no overlay, no routedUnderlay",
-                ));
-            }
-            let gw = self.eni_gateway();
-            if let Some(i) = self.nodes.iter().position(|n| n.pod_cidr.contains(&gw)) {
-                return Err(err(
-                    format!("nodes[{i}].podCIDR"),
-                    format!("contains {gw}, the ENI subnet's gateway (first host of clusterCIDR)"),
-                ));
-            }
+        if self.network != Network::Eni {
+            return Ok(());
         }
-        self.validate_ipv6()?;
-        self.validate_services(&pod_names)?;
-        self.validate_policy(&pod_names)?;
-        self.allocate()?;
-        if self.dns.on() && self.proxy.mode().is_none() {
+        if self.cni != CniKind::Weir {
+            return Err(err(
+                "cni",
+                "network eni needs cni weir (the reference plugins have no eni-shared mode)",
+            ));
+        }
+        if self.overlay != Overlay::HostGw || self.routed_underlay {
+            return Err(err(
+                "overlay",
+                "network eni routes pod addresses in the VPC: no overlay, no routedUnderlay",
+            ));
+        }
+        let gw = self.eni_gateway();
+        if let Some(i) = self.nodes.iter().position(|n| n.pod_cidr.contains(&gw)) {
+            return Err(err(
+                format!("nodes[{i}].podCIDR"),
+                format!("contains {gw}, the ENI subnet's gateway (first host of clusterCIDR)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `dns: true` needs a proxy and host 10 of serviceCIDR, which no Service may claim.
+    fn validate_dns(&self) -> Result<(), TopologyError> {
+        if !self.dns.on() {
+            return Ok(());
+        }
+        if self.proxy.mode().is_none() {
             return Err(err(
                 "dns",
                 "the DNS Service's ClusterIP needs a proxy (proxy: none)",
             ));
         }
-        if self.dns.on() && self.service_cidr.prefix_len() > 28 {
+        if self.service_cidr.prefix_len() > 28 {
             return Err(err(
                 "dns",
                 format!(
@@ -824,18 +835,16 @@ impl Topology {
                 ),
             ));
         }
-        if self.dns.on() {
-            let dns_ip = dns_cluster_ip(self.service_cidr);
-            if let Some(i) = self
-                .services
-                .iter()
-                .position(|s| s.cluster_ip == Some(dns_ip))
-            {
-                return Err(err(
-                    format!("services[{i}].clusterIP"),
-                    format!("{dns_ip} is the DNS Service's (dns: true)"),
-                ));
-            }
+        let dns_ip = dns_cluster_ip(self.service_cidr);
+        if let Some(i) = self
+            .services
+            .iter()
+            .position(|s| s.cluster_ip == Some(dns_ip))
+        {
+            return Err(err(
+                format!("services[{i}].clusterIP"),
+                format!("{dns_ip} is the DNS Service's (dns: true)"),
+            ));
         }
         Ok(())
     }
@@ -894,6 +903,26 @@ impl Topology {
     }
 
     fn validate_services(&self, pods: &BTreeSet<String>) -> Result<(), TopologyError> {
+        self.validate_service_networks()?;
+        let mut taken = TakenByServices::default();
+        for (i, svc) in self.services.iter().enumerate() {
+            validate_service_basics(i, svc, pods, &mut taken.names)?;
+            self.validate_cluster_ip(i, svc, &mut taken.cluster_ips)?;
+            validate_node_port(i, svc, &mut taken.node_ports)?;
+            if svc.external_traffic_policy == TrafficPolicy::Local && !svc.kind.has_node_port() {
+                return Err(err(
+                    format!("services[{i}].externalTrafficPolicy"),
+                    "Local applies to NodePort and LoadBalancer services only",
+                ));
+            }
+            self.validate_load_balancer_ip(i, svc, &mut taken.lb_ips)?;
+        }
+        Ok(())
+    }
+
+    /// serviceCIDR and loadBalancerCIDR: networks with room, apart from each other, from
+    /// clusterCIDR and the underlay, and not holding the outside address.
+    fn validate_service_networks(&self) -> Result<(), TopologyError> {
         let nets = [
             ("clusterCIDR", self.cluster_cidr),
             ("underlay", self.underlay),
@@ -919,118 +948,69 @@ impl Topology {
                 ));
             }
         }
-        let mut names = BTreeSet::new();
-        let mut cluster_ips = BTreeMap::new();
-        let mut node_ports = BTreeMap::new();
-        let mut lb_ips = BTreeMap::new();
-        for (i, svc) in self.services.iter().enumerate() {
-            let field = |f: &str| format!("services[{i}].{f}");
-            if !valid_service_name(&svc.name) {
-                return Err(err(
-                    field("name"),
-                    format!(
-                        "{:?} must be 1 to 30 characters from [a-z0-9-], starting with a letter, \
-                         not ending with -",
-                        svc.name
-                    ),
-                ));
-            }
-            if !names.insert(svc.name.clone()) {
-                return Err(err(
-                    field("name"),
-                    format!("duplicate service name {:?}", svc.name),
-                ));
-            }
-            if svc.port == 0 {
-                return Err(err(field("port"), "must be 1 to 65535"));
-            }
-            let mut seen = BTreeSet::new();
-            for (k, b) in svc.backends.iter().enumerate() {
-                if !pods.contains(b) {
-                    return Err(err(
-                        format!("services[{i}].backends[{k}]"),
-                        format!("no pod named {b:?}"),
-                    ));
-                }
-                if !seen.insert(b) {
-                    return Err(err(
-                        format!("services[{i}].backends[{k}]"),
-                        format!("duplicate backend {b:?}"),
-                    ));
-                }
-            }
-            if let Some(ip) = svc.cluster_ip {
-                let net = self.service_cidr;
-                if !net.contains(&ip) || ip == net.network() || ip == net.broadcast() {
-                    return Err(err(
-                        field("clusterIP"),
-                        format!("{ip} is not a host address of serviceCIDR {net}"),
-                    ));
-                }
-                if let Some(j) = cluster_ips.insert(ip, i) {
-                    return Err(err(
-                        field("clusterIP"),
-                        format!("{ip} is already services[{j}].clusterIP"),
-                    ));
-                }
-            }
-            if let Some(np) = svc.node_port {
-                if !svc.kind.has_node_port() {
-                    return Err(err(
-                        field("nodePort"),
-                        format!(
-                            "only NodePort and LoadBalancer services have one, not {}",
-                            svc.kind.as_str()
-                        ),
-                    ));
-                }
-                if !NODE_PORT_RANGE.contains(&np) {
-                    return Err(err(
-                        field("nodePort"),
-                        format!(
-                            "{np} is outside the node port range {}-{}",
-                            NODE_PORT_RANGE.start(),
-                            NODE_PORT_RANGE.end()
-                        ),
-                    ));
-                }
-                if let Some(j) = node_ports.insert(np, i) {
-                    return Err(err(
-                        field("nodePort"),
-                        format!("{np} is already services[{j}].nodePort"),
-                    ));
-                }
-            }
-            if svc.external_traffic_policy == TrafficPolicy::Local && !svc.kind.has_node_port() {
-                return Err(err(
-                    field("externalTrafficPolicy"),
-                    "Local applies to NodePort and LoadBalancer services only",
-                ));
-            }
-            if let Some(ip) = svc.load_balancer_ip {
-                if svc.kind != ServiceType::LoadBalancer {
-                    return Err(err(
-                        field("loadBalancerIP"),
-                        format!(
-                            "only LoadBalancer services have one, not {}",
-                            svc.kind.as_str()
-                        ),
-                    ));
-                }
-                let net = self.lb_cidr;
-                if !net.contains(&ip) || ip == net.network() || ip == net.broadcast() {
-                    return Err(err(
-                        field("loadBalancerIP"),
-                        format!("{ip} is not a host address of loadBalancerCIDR {net}"),
-                    ));
-                }
-                if let Some(j) = lb_ips.insert(ip, i) {
-                    return Err(err(
-                        field("loadBalancerIP"),
-                        format!("{ip} is already services[{j}].loadBalancerIP"),
-                    ));
-                }
-            }
+        Ok(())
+    }
+
+    /// Service `i`'s clusterIP, if given: a host of serviceCIDR no other service has.
+    fn validate_cluster_ip(
+        &self,
+        i: usize,
+        svc: &Service,
+        taken: &mut BTreeMap<Ipv4Addr, usize>,
+    ) -> Result<(), TopologyError> {
+        let Some(ip) = svc.cluster_ip else {
+            return Ok(());
+        };
+        let field = format!("services[{i}].clusterIP");
+        let net = self.service_cidr;
+        if !net.contains(&ip) || ip == net.network() || ip == net.broadcast() {
+            return Err(err(
+                field,
+                format!("{ip} is not a host address of serviceCIDR {net}"),
+            ));
+        }
+        if let Some(j) = taken.insert(ip, i) {
+            return Err(err(
+                field,
+                format!("{ip} is already services[{j}].clusterIP"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Service `i`'s loadBalancerIP, if given: a LoadBalancer's, a host of loadBalancerCIDR no
+    /// other service has.
+    fn validate_load_balancer_ip(
+        &self,
+        i: usize,
+        svc: &Service,
+        taken: &mut BTreeMap<Ipv4Addr, usize>,
+    ) -> Result<(), TopologyError> {
+        let Some(ip) = svc.load_balancer_ip else {
+            return Ok(());
+        };
+        let field = format!("services[{i}].loadBalancerIP");
+        if svc.kind != ServiceType::LoadBalancer {
+            return Err(err(
+                field,
+                format!(
+                    "only LoadBalancer services have one, not {}",
+                    svc.kind.as_str()
+                ),
+            ));
+        }
+        let net = self.lb_cidr;
+        if !net.contains(&ip) || ip == net.network() || ip == net.broadcast() {
+            return Err(err(
+                field,
+                format!("{ip} is not a host address of loadBalancerCIDR {net}"),
+            ));
+        }
+        if let Some(j) = taken.insert(ip, i) {
+            return Err(err(
+                field,
+                format!("{ip} is already services[{j}].loadBalancerIP"),
+            ));
         }
         Ok(())
     }
@@ -1186,6 +1166,135 @@ impl Topology {
             .iter()
             .flat_map(|n| n.pods.iter().map(move |p| (n, p.as_str())))
     }
+}
+
+/// What one service claims that no other may: its name, clusterIP, nodePort, loadBalancerIP
+/// (each with the index of the service that claimed it).
+#[derive(Default)]
+struct TakenByServices {
+    names: BTreeSet<String>,
+    cluster_ips: BTreeMap<Ipv4Addr, usize>,
+    node_ports: BTreeMap<u16, usize>,
+    lb_ips: BTreeMap<Ipv4Addr, usize>,
+}
+
+/// Service `i`'s name (valid, not taken), port and backends (pods of the lab, each once).
+fn validate_service_basics(
+    i: usize,
+    svc: &Service,
+    pods: &BTreeSet<String>,
+    names: &mut BTreeSet<String>,
+) -> Result<(), TopologyError> {
+    let field = |f: &str| format!("services[{i}].{f}");
+    if !valid_service_name(&svc.name) {
+        return Err(err(
+            field("name"),
+            format!(
+                "{:?} must be 1 to 30 characters from [a-z0-9-], starting with a letter, \
+                 not ending with -",
+                svc.name
+            ),
+        ));
+    }
+    if !names.insert(svc.name.clone()) {
+        return Err(err(
+            field("name"),
+            format!("duplicate service name {:?}", svc.name),
+        ));
+    }
+    if svc.port == 0 {
+        return Err(err(field("port"), "must be 1 to 65535"));
+    }
+    let mut seen = BTreeSet::new();
+    for (k, b) in svc.backends.iter().enumerate() {
+        if !pods.contains(b) {
+            return Err(err(
+                format!("services[{i}].backends[{k}]"),
+                format!("no pod named {b:?}"),
+            ));
+        }
+        if !seen.insert(b) {
+            return Err(err(
+                format!("services[{i}].backends[{k}]"),
+                format!("duplicate backend {b:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Service `i`'s nodePort, if given: a NodePort's or LoadBalancer's, in the node port range,
+/// not another service's.
+fn validate_node_port(
+    i: usize,
+    svc: &Service,
+    taken: &mut BTreeMap<u16, usize>,
+) -> Result<(), TopologyError> {
+    let Some(np) = svc.node_port else {
+        return Ok(());
+    };
+    let field = format!("services[{i}].nodePort");
+    if !svc.kind.has_node_port() {
+        return Err(err(
+            field,
+            format!(
+                "only NodePort and LoadBalancer services have one, not {}",
+                svc.kind.as_str()
+            ),
+        ));
+    }
+    if !NODE_PORT_RANGE.contains(&np) {
+        return Err(err(
+            field,
+            format!(
+                "{np} is outside the node port range {}-{}",
+                NODE_PORT_RANGE.start(),
+                NODE_PORT_RANGE.end()
+            ),
+        ));
+    }
+    if let Some(j) = taken.insert(np, i) {
+        return Err(err(
+            field,
+            format!("{np} is already services[{j}].nodePort"),
+        ));
+    }
+    Ok(())
+}
+
+/// Node `i`'s pods: they fit its podCIDR (.1 is the gateway, the rest minus broadcast go to
+/// pods) and their names are valid and not taken (`pod_names` collects them).
+fn validate_pods(
+    i: usize,
+    node: &Node,
+    pod_names: &mut BTreeSet<String>,
+) -> Result<(), TopologyError> {
+    let cidr = node.pod_cidr;
+    let capacity = cidr.hosts().count().saturating_sub(1);
+    if node.pods.len() > capacity {
+        return Err(err(
+            format!("nodes[{i}].pods"),
+            format!(
+                "{} pods do not fit in {cidr} ({capacity} addresses)",
+                node.pods.len()
+            ),
+        ));
+    }
+    for (k, pod) in node.pods.iter().enumerate() {
+        if !valid_name(pod) {
+            return Err(err(
+                format!("nodes[{i}].pods[{k}]"),
+                format!("{pod:?} {NAME_RULE}"),
+            ));
+        }
+        if !pod_names.insert(pod.clone()) {
+            return Err(err(
+                format!("nodes[{i}].pods[{k}]"),
+                format!("duplicate pod name {pod:?} (pod names are unique in a lab)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

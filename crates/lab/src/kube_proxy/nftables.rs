@@ -3,11 +3,13 @@
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 
+use ipnet::Ipv4Net;
+
 use crate::echo::ECHO_PORT;
 
 use crate::manifests::{NAMESPACE, PORT_NAME};
 
-use super::ports::{ports, Input, MASQ_MARK};
+use super::ports::{ports, Input, Port, MASQ_MARK};
 
 /// `nft -f` input following `pkg/proxy/nftables/proxier.go`: table `ip kube-proxy`, the
 /// `services` chain dispatching through the `service-ips` and `service-nodeports` verdict maps
@@ -17,82 +19,109 @@ use super::ports::{ports, Input, MASQ_MARK};
 /// `no-endpoint-*` maps checked in filter chains at priority -110.
 pub fn render(input: &Input) -> anyhow::Result<String> {
     let ports = ports(input)?;
-    let cc = input.cluster_cidr;
-    let node_ip = input.node.underlay_ip;
-    let mut t = String::new();
-    let (mut svc_ips, mut svc_nps, mut noep_ips, mut noep_nps) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut chains = String::new();
-    let cluster_ips: Vec<String> = ports.iter().map(|p| p.svc.cluster_ip.to_string()).collect();
+    let mut maps = Maps::default();
     for p in &ports {
-        let (svc, proto) = (p.svc, p.proto);
+        maps.port(p, input.cluster_cidr);
+    }
+    let cluster_ips: Vec<String> = ports.iter().map(|p| p.svc.cluster_ip.to_string()).collect();
+    let mut t = table_head(&maps, &cluster_ips, input.node.underlay_ip);
+    hook_chains(&mut t);
+    helper_chains(&mut t, input.service_cidr);
+    t += &maps.chains;
+    t += "}\n";
+    Ok(t)
+}
+
+/// The verdict maps' elements and the per-service chains, filled port by port.
+#[derive(Default)]
+struct Maps {
+    svc_ips: Vec<String>,
+    svc_nps: Vec<String>,
+    noep_ips: Vec<String>,
+    noep_nps: Vec<String>,
+    chains: String,
+}
+
+impl Maps {
+    fn port(&mut self, p: &Port, cc: Ipv4Net) {
         let id = format!(
-            "{}-{NAMESPACE}/{}/{proto}/{PORT_NAME}",
+            "{}-{NAMESPACE}/{}/{}/{PORT_NAME}",
             &p.hash()[..8],
-            svc.name
+            p.svc.name,
+            p.proto
         );
-        let (svc_chain, ext_chain) = (format!("service-{id}"), format!("external-{id}"));
-        let ip_key = |ip: Ipv4Addr| format!("{ip} . {proto} . {}", svc.port);
         if p.endpoints.is_empty() {
-            noep_ips.push(format!("{} : goto reject-chain", ip_key(svc.cluster_ip)));
-            for ip in p.external_ips() {
-                noep_ips.push(format!("{} : goto reject-chain", ip_key(ip)));
-            }
-            if let Some(np) = svc.node_port {
-                noep_nps.push(format!("{proto} . {np} : goto reject-chain"));
-            }
-            continue;
+            self.no_endpoints(p, "goto reject-chain");
+            return;
         }
         if p.has_external() && p.external_endpoints().is_empty() {
-            for ip in p.external_ips() {
-                noep_ips.push(format!("{} : drop", ip_key(ip)));
-            }
-            if let Some(np) = svc.node_port {
-                noep_nps.push(format!("{proto} . {np} : drop"));
-            }
+            self.no_endpoints_external(p, "drop");
         }
-        let ep_chain = |ip: &Ipv4Addr| format!("endpoint-{id}__{ip}/{ECHO_PORT}");
-        let vmap = |eps: &[Ipv4Addr]| {
-            let arms: Vec<String> = eps
-                .iter()
-                .enumerate()
-                .map(|(i, ip)| format!("{i} : goto {}", ep_chain(ip)))
-                .collect();
-            format!(
-                "numgen random mod {} vmap {{ {} }}",
-                eps.len(),
-                arms.join(", ")
-            )
-        };
-        svc_ips.push(format!("{} : goto {svc_chain}", ip_key(svc.cluster_ip)));
+        let svc_chain = format!("service-{id}");
+        self.service_chain(p, &id, &svc_chain, cc);
+        if p.has_external() {
+            self.external_chain(p, &id, &svc_chain, cc);
+        }
+    }
+
+    /// No endpoints at all: every address and the NodePort get `verdict`.
+    fn no_endpoints(&mut self, p: &Port, verdict: &str) {
+        self.noep_ips
+            .push(format!("{} : {verdict}", ip_key(p, p.svc.cluster_ip)));
+        self.no_endpoints_external(p, verdict);
+    }
+
+    /// The external addresses (external IPs, LB IP) and the NodePort get `verdict`.
+    fn no_endpoints_external(&mut self, p: &Port, verdict: &str) {
+        for ip in p.external_ips() {
+            self.noep_ips.push(format!("{} : {verdict}", ip_key(p, ip)));
+        }
+        if let Some(np) = p.svc.node_port {
+            self.noep_nps
+                .push(format!("{} . {np} : {verdict}", p.proto));
+        }
+    }
+
+    /// The ClusterIP's `service-…` chain (masquerading off-cluster sources, then a random
+    /// endpoint) and one `endpoint-…` chain per endpoint.
+    fn service_chain(&mut self, p: &Port, id: &str, svc_chain: &str, cc: Ipv4Net) {
+        let (svc, proto) = (p.svc, p.proto);
+        self.svc_ips
+            .push(format!("{} : goto {svc_chain}", ip_key(p, svc.cluster_ip)));
         let _ = writeln!(
-            chains,
+            self.chains,
             "  chain {svc_chain} {{\n    ip daddr {} {proto} dport {} ip saddr != {cc} jump mark-for-masquerade\n    {}\n  }}",
             svc.cluster_ip,
             svc.port,
-            vmap(&p.endpoints)
+            vmap(id, &p.endpoints)
         );
         for ip in &p.endpoints {
             let _ = writeln!(
-                chains,
+                self.chains,
                 "  chain {} {{\n    ip saddr {ip} jump mark-for-masquerade\n    meta l4proto {proto} dnat to {ip}:{ECHO_PORT}\n  }}",
-                ep_chain(ip)
+                endpoint_chain(id, ip)
             );
         }
-        if !p.has_external() {
-            continue;
-        }
+    }
+
+    /// The `external-…` chain of the external addresses and the NodePort: policy Local
+    /// short-circuits pod and local traffic to the service chain and serves the rest from
+    /// local endpoints (none: drop); policy Cluster masquerades all of it.
+    fn external_chain(&mut self, p: &Port, id: &str, svc_chain: &str, cc: Ipv4Net) {
+        let ext_chain = format!("external-{id}");
         for ip in p.external_ips() {
-            svc_ips.push(format!("{} : goto {ext_chain}", ip_key(ip)));
+            self.svc_ips
+                .push(format!("{} : goto {ext_chain}", ip_key(p, ip)));
         }
-        if let Some(np) = svc.node_port {
-            svc_nps.push(format!("{proto} . {np} : goto {ext_chain}"));
+        if let Some(np) = p.svc.node_port {
+            self.svc_nps
+                .push(format!("{} . {np} : goto {ext_chain}", p.proto));
         }
-        let body = if svc.local_policy() {
+        let body = if p.svc.local_policy() {
             let last = if p.local.is_empty() {
                 "drop".to_string()
             } else {
-                vmap(&p.local)
+                vmap(id, &p.local)
             };
             format!(
                 "    ip saddr {cc} goto {svc_chain} comment \"short-circuit pod traffic\"\n    \
@@ -102,8 +131,35 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
         } else {
             format!("    jump mark-for-masquerade\n    goto {svc_chain}")
         };
-        let _ = writeln!(chains, "  chain {ext_chain} {{\n{body}\n  }}");
+        let _ = writeln!(self.chains, "  chain {ext_chain} {{\n{body}\n  }}");
     }
+}
+
+/// A `service-ips` key: address . protocol . service port.
+fn ip_key(p: &Port, ip: Ipv4Addr) -> String {
+    format!("{ip} . {} . {}", p.proto, p.svc.port)
+}
+
+fn endpoint_chain(id: &str, ip: &Ipv4Addr) -> String {
+    format!("endpoint-{id}__{ip}/{ECHO_PORT}")
+}
+
+/// A random choice among `eps`' endpoint chains.
+fn vmap(id: &str, eps: &[Ipv4Addr]) -> String {
+    let arms: Vec<String> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| format!("{i} : goto {}", endpoint_chain(id, ip)))
+        .collect();
+    format!(
+        "numgen random mod {} vmap {{ {} }}",
+        eps.len(),
+        arms.join(", ")
+    )
+}
+
+/// The table's first lines: its sets and verdict maps with their elements.
+fn table_head(maps: &Maps, cluster_ips: &[String], node_ip: Ipv4Addr) -> String {
     let elements = |v: &[String]| {
         if v.is_empty() {
             String::new()
@@ -111,6 +167,7 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
             format!(" elements = {{ {} }};", v.join(", "))
         }
     };
+    let mut t = String::new();
     let _ = writeln!(
         t,
         "table ip kube-proxy {{\n  comment \"rules for kube-proxy\"\n\
@@ -120,12 +177,17 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
          \x20 map service-nodeports {{ type inet_proto . inet_service : verdict; comment \"NodePort traffic\";{} }}\n\
          \x20 map no-endpoint-services {{ type ipv4_addr . inet_proto . inet_service : verdict; comment \"vmap to drop or reject packets to services with no endpoints\";{} }}\n\
          \x20 map no-endpoint-nodeports {{ type inet_proto . inet_service : verdict; comment \"vmap to drop or reject packets to service nodeports with no endpoints\";{} }}",
-        elements(&cluster_ips),
-        elements(&svc_ips),
-        elements(&svc_nps),
-        elements(&noep_ips),
-        elements(&noep_nps),
+        elements(cluster_ips),
+        elements(&maps.svc_ips),
+        elements(&maps.svc_nps),
+        elements(&maps.noep_ips),
+        elements(&maps.noep_nps),
     );
+    t
+}
+
+/// The base chains on the netfilter hooks.
+fn hook_chains(t: &mut String) {
     let hooks = [
         ("filter-input", "filter", "input", "-110", "ct state new jump nodeport-endpoints-check\n    ct state new jump service-endpoints-check"),
         ("filter-forward", "filter", "forward", "-110", "ct state new jump service-endpoints-check\n    ct state new jump cluster-ips-check"),
@@ -141,6 +203,10 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
             "  chain {name} {{\n    type {kind} hook {hook} priority {prio}; policy accept;\n    {body}\n  }}"
         );
     }
+}
+
+/// The fixed chains the hooks and maps jump to.
+fn helper_chains(t: &mut String, service_cidr: Ipv4Net) {
     let _ = writeln!(
         t,
         "  chain mark-for-masquerade {{\n    meta mark set meta mark | {MASQ_MARK}\n  }}\n\
@@ -148,13 +214,9 @@ pub fn render(input: &Input) -> anyhow::Result<String> {
          \x20 chain services {{\n    ip daddr . meta l4proto . th dport vmap @service-ips\n    ip daddr @nodeport-ips meta l4proto . th dport vmap @service-nodeports\n  }}\n\
          \x20 chain service-endpoints-check {{\n    ip daddr . meta l4proto . th dport vmap @no-endpoint-services\n  }}\n\
          \x20 chain nodeport-endpoints-check {{\n    ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports\n  }}\n\
-         \x20 chain cluster-ips-check {{\n    ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"\n    ip daddr {} drop comment \"Drop traffic to unallocated ClusterIPs\"\n  }}\n\
-         \x20 chain reject-chain {{\n    comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"\n    reject\n  }}",
-        input.service_cidr
+         \x20 chain cluster-ips-check {{\n    ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"\n    ip daddr {service_cidr} drop comment \"Drop traffic to unallocated ClusterIPs\"\n  }}\n\
+         \x20 chain reject-chain {{\n    comment \"helper for @no-endpoint-services / @no-endpoint-nodeports\"\n    reject\n  }}"
     );
-    t += &chains;
-    t += "}\n";
-    Ok(t)
 }
 
 #[cfg(test)]

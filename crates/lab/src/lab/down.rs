@@ -45,97 +45,141 @@ pub fn down(
         .and_then(|t| Topology::parse(&t).ok());
     let state = LabState::load(&dir.state()).ok();
 
-    // 1. Processes: everything living in the lab's namespaces, plus recorded echo servers that
-    //    still name one of them (in case a namespace file vanished under them).
-    let mut pids: Vec<u32> = namespaces.iter().flat_map(|n| ns::pids(n)).collect();
-    let me = std::process::id();
-    pids.retain(|&p| p != me);
-    if let Some(state) = &state {
-        for e in &state.echo {
-            let cmdline = std::fs::read(format!("/proc/{}/cmdline", e.pid)).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            if cmdline.contains("echo-server")
-                && cmdline.contains(&e.netns)
-                && !pids.contains(&e.pid)
-            {
-                pids.push(e.pid);
-            }
-        }
-        for p in &state.proxies {
-            if proxy::is_weir_proxy(p.pid, &dir.manifests()) && !pids.contains(&p.pid) {
-                pids.push(p.pid);
-            }
-        }
-        for r in &state.routes {
-            if routes::is_weir_routes(r.pid, &dir.manifests()) && !pids.contains(&r.pid) {
-                pids.push(r.pid);
-            }
-        }
-        for a in &state.policy_agents {
-            if crate::netpol::agent::is_weir_policy(a.pid, &dir.manifests())
-                && !pids.contains(&a.pid)
-            {
-                pids.push(a.pid);
-            }
-        }
-    }
+    // 1. Processes.
+    let pids = lab_pids(&namespaces, state.as_ref(), &dir);
     ns::kill_all(&pids);
     report.killed = pids;
 
     // 2. Pods: CNI DEL, run in the node's namespace (best effort).
-    let pods: Vec<(String, String, String)> = namespaces
-        .iter()
-        .filter_map(|n| match names::parse(lab, n) {
-            Some(NsRole::Pod { node, pod }) => Some((n.clone(), node, pod)),
-            _ => None,
-        })
-        .collect();
-    for (pod_ns, node, pod) in &pods {
-        let Some(topo) = &topo else {
-            report
-                .warnings
-                .push(format!("pod {pod}: no topology.yaml, skipping CNI DEL"));
-            continue;
-        };
-        let Some((_, node_conf)) = topo.node(node) else {
-            report.warnings.push(format!(
-                "pod {pod}: node {node} not in topology, skipping CNI DEL"
-            ));
-            continue;
-        };
-        let Ok(node_ns) = NetNs::named(&names::node(lab, node)) else {
-            report
-                .warnings
-                .push(format!("pod {pod}: node namespace gone, skipping CNI DEL"));
-            continue;
-        };
-        let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
-        let conf = cni::net_conf(topo, node_conf, &dir);
-        let netns = ns::path(pod_ns);
-        match cni::invoke(
-            &plugin,
-            &Invocation {
-                command: "DEL",
-                container_id: pod_ns,
-                netns: &netns,
-                ifname: "eth0",
-                config: &conf,
-                node_ns: &node_ns,
-            },
-        ) {
-            Ok(o) => {
-                report.cni_deleted += 1;
-                progress(&format!(
-                    "node {node}: pod {pod} (DEL {} ms)",
-                    o.elapsed.as_millis()
-                ));
-            }
-            Err(e) => report.warnings.push(format!("pod {pod}: {e:#}")),
+    for n in &namespaces {
+        if let Some(NsRole::Pod { node, pod }) = names::parse(lab, n) {
+            let pod = PodNs {
+                lab,
+                netns: n,
+                node: &node,
+                pod: &pod,
+            };
+            cni_del(&pod, topo.as_ref(), bins, &dir, &mut report, progress);
         }
     }
 
     // 3. Namespaces: pods, then nodes, outside, switch.
-    let mut ordered = namespaces.clone();
+    let errors = delete_namespaces(lab, namespaces, &mut report);
+
+    // 4. State.
+    if dir.dir.exists() {
+        std::fs::remove_dir_all(&dir.dir)
+            .with_context(|| format!("remove {}", dir.dir.display()))?;
+        report.state_removed = true;
+    }
+    if !errors.is_empty() {
+        bail!("could not delete every namespace: {}", errors.join("; "));
+    }
+    Ok(report)
+}
+
+/// Every process living in the lab's namespaces (but this one), plus the recorded echo
+/// servers, proxies, route and policy agents that still name the lab (in case a namespace
+/// file vanished under them).
+fn lab_pids(namespaces: &[String], state: Option<&LabState>, dir: &LabDir) -> Vec<u32> {
+    let mut pids: Vec<u32> = namespaces.iter().flat_map(|n| ns::pids(n)).collect();
+    let me = std::process::id();
+    pids.retain(|&p| p != me);
+    let Some(state) = state else {
+        return pids;
+    };
+    let mut add = |pid: u32, ours: bool| {
+        if ours && !pids.contains(&pid) {
+            pids.push(pid);
+        }
+    };
+    for e in &state.echo {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", e.pid)).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        add(
+            e.pid,
+            cmdline.contains("echo-server") && cmdline.contains(&e.netns),
+        );
+    }
+    for p in &state.proxies {
+        add(p.pid, proxy::is_weir_proxy(p.pid, &dir.manifests()));
+    }
+    for r in &state.routes {
+        add(r.pid, routes::is_weir_routes(r.pid, &dir.manifests()));
+    }
+    for a in &state.policy_agents {
+        add(
+            a.pid,
+            crate::netpol::agent::is_weir_policy(a.pid, &dir.manifests()),
+        );
+    }
+    pids
+}
+
+/// A pod's namespace, as its name tells.
+struct PodNs<'a> {
+    lab: &'a str,
+    netns: &'a str,
+    node: &'a str,
+    pod: &'a str,
+}
+
+/// CNI DEL of one pod in its node's namespace; what prevents it is a warning, not an error.
+fn cni_del(
+    p: &PodNs,
+    topo: Option<&Topology>,
+    bins: &Binaries,
+    dir: &LabDir,
+    report: &mut DownReport,
+    progress: Progress,
+) {
+    let (node, pod) = (p.node, p.pod);
+    let Some(topo) = topo else {
+        report
+            .warnings
+            .push(format!("pod {pod}: no topology.yaml, skipping CNI DEL"));
+        return;
+    };
+    let Some((_, node_conf)) = topo.node(node) else {
+        report.warnings.push(format!(
+            "pod {pod}: node {node} not in topology, skipping CNI DEL"
+        ));
+        return;
+    };
+    let Ok(node_ns) = NetNs::named(&names::node(p.lab, node)) else {
+        report
+            .warnings
+            .push(format!("pod {pod}: node namespace gone, skipping CNI DEL"));
+        return;
+    };
+    let plugin = Plugin::for_kind(topo.cni, &bins.weir_cni);
+    let conf = cni::net_conf(topo, node_conf, dir);
+    let netns = ns::path(p.netns);
+    match cni::invoke(
+        &plugin,
+        &Invocation {
+            command: "DEL",
+            container_id: p.netns,
+            netns: &netns,
+            ifname: "eth0",
+            config: &conf,
+            node_ns: &node_ns,
+        },
+    ) {
+        Ok(o) => {
+            report.cni_deleted += 1;
+            progress(&format!(
+                "node {node}: pod {pod} (DEL {} ms)",
+                o.elapsed.as_millis()
+            ));
+        }
+        Err(e) => report.warnings.push(format!("pod {pod}: {e:#}")),
+    }
+}
+
+/// Deletes the namespaces, pods first, then nodes, outside, switch (recorded in `report`);
+/// the errors of those that could not be deleted.
+fn delete_namespaces(lab: &str, mut ordered: Vec<String>, report: &mut DownReport) -> Vec<String> {
     ordered.sort_by_key(|n| match names::parse(lab, n) {
         Some(NsRole::Pod { .. }) => 0,
         Some(NsRole::Node(_)) => 1,
@@ -153,15 +197,5 @@ pub fn down(
     report
         .warnings
         .extend(crate::dns::remove_netns_etc(&report.namespaces));
-
-    // 4. State.
-    if dir.dir.exists() {
-        std::fs::remove_dir_all(&dir.dir)
-            .with_context(|| format!("remove {}", dir.dir.display()))?;
-        report.state_removed = true;
-    }
-    if !errors.is_empty() {
-        bail!("could not delete every namespace: {}", errors.join("; "));
-    }
-    Ok(report)
+    errors
 }
