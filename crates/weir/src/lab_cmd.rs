@@ -1,7 +1,7 @@
 //! `weir lab …`: a whole cluster simulated with network namespaces on this machine.
 
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -232,146 +232,32 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
         LabCommand::Up {
             topology,
             proxy_mode,
-        } => {
-            let text = std::fs::read_to_string(&topology)
-                .with_context(|| format!("read {}", topology.display()))?;
-            let mut topo = Topology::parse(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", topology.display()))?;
-            if let Some(p) = proxy_mode {
-                topo.proxy = p.into();
-            }
-            let state = lab::up(&topo, &binaries()?, &root, &mut progress)?;
-            eprintln!(
-                "lab {} is up: {} nodes, {} pods, {} services, proxy {} (state in {})",
-                state.lab,
-                state.nodes.len(),
-                state.pods.len(),
-                state.services.len(),
-                state.proxy.as_str(),
-                root.join(&state.lab).display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => up(&topology, proxy_mode, &root),
         LabCommand::RestartProxy {
             lab: name,
             node,
             hard,
-        } => {
-            let state = lab::load_state(&name, &root)?;
-            let nodes: Vec<String> = match node {
-                Some(n) => vec![n],
-                None => state.nodes.iter().map(|n| n.name.clone()).collect(),
-            };
-            let bins = binaries()?;
-            for n in nodes {
-                let r = lab::restart_proxy(&name, &n, hard, &bins, &root)?;
-                eprintln!(
-                    "node {}: weir proxy {} → pid {}, healthy after {} ms",
-                    r.node,
-                    r.old_pid
-                        .map(|p| format!("pid {p} {}", if hard { "killed" } else { "stopped" }))
-                        .unwrap_or_else(|| "was not running".into()),
-                    r.new_pid,
-                    r.ready_after.as_millis()
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        LabCommand::Down { lab: name } => {
-            let report = lab::down(&name, &binaries()?, &root, &mut progress)?;
-            for w in &report.warnings {
-                eprintln!("warning: {w}");
-            }
-            if report.namespaces.is_empty() && !report.state_removed {
-                eprintln!("lab {name}: nothing to remove");
-            } else {
-                eprintln!(
-                    "lab {name} is down: {} namespaces, {} processes, {} pods deleted via CNI",
-                    report.namespaces.len(),
-                    report.killed.len(),
-                    report.cni_deleted
-                );
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        LabCommand::Status { lab: name, json } => {
-            let rows = lab::status(&name, &root)?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&rows)?);
-            } else {
-                print!("{}", lab::render_status(&rows));
-                if let Ok(state) = lab::load_state(&name, &root) {
-                    if !state.services.is_empty() {
-                        println!();
-                        print!("{}", lab::render_services(&state));
-                    }
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => restart_proxy(&name, node, hard, &root),
+        LabCommand::Down { lab: name } => down(&name, &root),
+        LabCommand::Status { lab: name, json } => status(&name, json, &root),
         LabCommand::Exec {
             lab: name,
             target,
             command,
-        } => {
-            let ns_name = lab::target_netns(&name, &target)?;
-            let ns = weir_kernel_netns(&ns_name)?;
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("enter netns {ns_name}"))?;
-            let err = std::process::Command::new(&command[0])
-                .args(&command[1..])
-                .exec();
-            bail!("exec {}: {err}", command[0])
-        }
+        } => exec(&name, &target, &command),
         LabCommand::AddNode {
             lab: name,
             node,
             pod_cidr,
             pods,
-        } => {
-            let t = std::time::Instant::now();
-            let n = lab::add_node(&name, &node, pod_cidr, &pods, &binaries()?, &root)?;
-            eprintln!(
-                "lab {name}: node {node} joined ({} eth0 {}, podCIDR {pod_cidr}, {} pods); every node routes it ({} ms)",
-                n.netns,
-                n.underlay_ip,
-                pods.len(),
-                t.elapsed().as_millis()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        LabCommand::RemoveNode { lab: name, node } => {
-            let t = std::time::Instant::now();
-            lab::remove_node(&name, &node, &binaries()?, &root)?;
-            eprintln!(
-                "lab {name}: node {node} left; no other node routes it any more ({} ms)",
-                t.elapsed().as_millis()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => add_node(&name, &node, pod_cidr, &pods, &root),
+        LabCommand::RemoveNode { lab: name, node } => remove_node(&name, &node, &root),
         LabCommand::DnsMeasure {
             lab: name,
             lookups,
             parallel,
             json,
-        } => {
-            let state = lab::load_state(&name, &root)?;
-            let dir = weir_lab::state::LabDir::new(&root, &name);
-            let report = weir_lab::dns_measure::measure(
-                &binaries()?.weir,
-                &dir,
-                &state,
-                lookups,
-                parallel,
-                &mut progress,
-            )?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{}", weir_lab::dns_measure::render(&report));
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => dns_measure(&name, lookups, parallel, json, &root),
         LabCommand::DnsLookups {
             name,
             count,
@@ -394,20 +280,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             no_eni_fix,
             json,
         } => {
-            let mut topo = match topology {
-                TopologyArg::Default => Topology::default_demo(),
-                TopologyArg::Eni => Topology::eni_demo(),
-                TopologyArg::Vxlan => Topology::vxlan_demo(),
-                TopologyArg::DualStack => Topology::dual_stack_demo(),
-                TopologyArg::Policy => Topology::policy_demo(),
-                TopologyArg::PolicyEni => Topology::policy_eni_demo(),
-            };
-            if no_eni_fix {
-                if topo.network != Network::Eni {
-                    bail!("--no-eni-fix needs --topology eni");
-                }
-                topo.eni_fix = false;
-            }
+            let topo = demo_topology(topology, no_eni_fix)?;
             demo(topo, keep, name, cni, proxy_mode, json, &root)
         }
         LabCommand::EchoServer { netns, name, port } => {
@@ -415,6 +288,175 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn up(topology: &Path, proxy_mode: Option<ProxyArg>, root: &Path) -> anyhow::Result<ExitCode> {
+    let text = std::fs::read_to_string(topology)
+        .with_context(|| format!("read {}", topology.display()))?;
+    let mut topo =
+        Topology::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", topology.display()))?;
+    if let Some(p) = proxy_mode {
+        topo.proxy = p.into();
+    }
+    let state = lab::up(&topo, &binaries()?, root, &mut progress)?;
+    eprintln!(
+        "lab {} is up: {} nodes, {} pods, {} services, proxy {} (state in {})",
+        state.lab,
+        state.nodes.len(),
+        state.pods.len(),
+        state.services.len(),
+        state.proxy.as_str(),
+        root.join(&state.lab).display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Restarts the proxy of `node`, or of every node.
+fn restart_proxy(
+    name: &str,
+    node: Option<String>,
+    hard: bool,
+    root: &Path,
+) -> anyhow::Result<ExitCode> {
+    let state = lab::load_state(name, root)?;
+    let nodes: Vec<String> = match node {
+        Some(n) => vec![n],
+        None => state.nodes.iter().map(|n| n.name.clone()).collect(),
+    };
+    let bins = binaries()?;
+    for n in nodes {
+        let r = lab::restart_proxy(name, &n, hard, &bins, root)?;
+        eprintln!(
+            "node {}: weir proxy {} → pid {}, healthy after {} ms",
+            r.node,
+            r.old_pid
+                .map(|p| format!("pid {p} {}", if hard { "killed" } else { "stopped" }))
+                .unwrap_or_else(|| "was not running".into()),
+            r.new_pid,
+            r.ready_after.as_millis()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn down(name: &str, root: &Path) -> anyhow::Result<ExitCode> {
+    let report = lab::down(name, &binaries()?, root, &mut progress)?;
+    for w in &report.warnings {
+        eprintln!("warning: {w}");
+    }
+    if report.namespaces.is_empty() && !report.state_removed {
+        eprintln!("lab {name}: nothing to remove");
+    } else {
+        eprintln!(
+            "lab {name} is down: {} namespaces, {} processes, {} pods deleted via CNI",
+            report.namespaces.len(),
+            report.killed.len(),
+            report.cni_deleted
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The status table (and the services, when the lab has any) or its JSON.
+fn status(name: &str, json: bool, root: &Path) -> anyhow::Result<ExitCode> {
+    let rows = lab::status(name, root)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", lab::render_status(&rows));
+        if let Ok(state) = lab::load_state(name, root) {
+            if !state.services.is_empty() {
+                println!();
+                print!("{}", lab::render_services(&state));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Replaces this process with `command` inside the target's network namespace.
+fn exec(name: &str, target: &str, command: &[String]) -> anyhow::Result<ExitCode> {
+    let ns_name = lab::target_netns(name, target)?;
+    let ns = weir_kernel_netns(&ns_name)?;
+    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("enter netns {ns_name}"))?;
+    let err = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .exec();
+    bail!("exec {}: {err}", command[0])
+}
+
+fn add_node(
+    name: &str,
+    node: &str,
+    pod_cidr: ipnet::Ipv4Net,
+    pods: &[String],
+    root: &Path,
+) -> anyhow::Result<ExitCode> {
+    let t = std::time::Instant::now();
+    let n = lab::add_node(name, node, pod_cidr, pods, &binaries()?, root)?;
+    eprintln!(
+        "lab {name}: node {node} joined ({} eth0 {}, podCIDR {pod_cidr}, {} pods); every node routes it ({} ms)",
+        n.netns,
+        n.underlay_ip,
+        pods.len(),
+        t.elapsed().as_millis()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn remove_node(name: &str, node: &str, root: &Path) -> anyhow::Result<ExitCode> {
+    let t = std::time::Instant::now();
+    lab::remove_node(name, node, &binaries()?, root)?;
+    eprintln!(
+        "lab {name}: node {node} left; no other node routes it any more ({} ms)",
+        t.elapsed().as_millis()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dns_measure(
+    name: &str,
+    lookups: usize,
+    parallel: usize,
+    json: bool,
+    root: &Path,
+) -> anyhow::Result<ExitCode> {
+    let state = lab::load_state(name, root)?;
+    let dir = weir_lab::state::LabDir::new(root, name);
+    let report = weir_lab::dns_measure::measure(
+        &binaries()?.weir,
+        &dir,
+        &state,
+        lookups,
+        parallel,
+        &mut progress,
+    )?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", weir_lab::dns_measure::render(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The demo's topology; `--no-eni-fix` only with the eni one.
+fn demo_topology(topology: TopologyArg, no_eni_fix: bool) -> anyhow::Result<Topology> {
+    let mut topo = match topology {
+        TopologyArg::Default => Topology::default_demo(),
+        TopologyArg::Eni => Topology::eni_demo(),
+        TopologyArg::Vxlan => Topology::vxlan_demo(),
+        TopologyArg::DualStack => Topology::dual_stack_demo(),
+        TopologyArg::Policy => Topology::policy_demo(),
+        TopologyArg::PolicyEni => Topology::policy_eni_demo(),
+    };
+    if no_eni_fix {
+        if topo.network != Network::Eni {
+            bail!("--no-eni-fix needs --topology eni");
+        }
+        topo.eni_fix = false;
+    }
+    Ok(topo)
 }
 
 fn weir_kernel_netns(name: &str) -> anyhow::Result<std::fs::File> {

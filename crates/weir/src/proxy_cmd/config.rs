@@ -744,216 +744,20 @@ impl ProxyFlags {
             }
             None => Default::default(),
         };
-        // Feature gates: the file's, then the flag's over them.
-        let mut gates: BTreeMap<String, (bool, String)> = file_gates
-            .into_iter()
-            .map(|(k, v)| (k, (v, "featureGates".to_string())))
-            .collect();
-        for list in &self.feature_gates {
-            match kube_proxy::parse_gates(list) {
-                Ok(parsed) => gates.extend(
-                    parsed
-                        .into_iter()
-                        .map(|(k, v)| (k, (v, "--feature-gates".to_string()))),
-                ),
-                Err(e) => findings.refused.push(format!("--feature-gates: {e}")),
-            }
-        }
-        kube_proxy::check_gates(&gates, &mut findings);
-        let mode = match (self.proxy_mode, file.mode.as_deref()) {
-            (Some(m), _) => m,
-            (None, None | Some("")) => ProxyMode::Nftables,
-            (None, Some("nftables")) => ProxyMode::Nftables,
-            (None, Some("iptables")) => ProxyMode::Iptables,
-            (None, Some("ipvs")) => ProxyMode::Ipvs,
-            (None, Some("userspace")) => ProxyMode::Userspace,
-            (None, Some(other)) => {
-                bail!(
-                    "config mode {:?}: weir supports nftables, iptables, ipvs and userspace",
-                    excerpt(other, 40)
-                )
-            }
-        };
-        if mode == ProxyMode::Ipvs && gates.get("KubeProxyIPVS").is_some_and(|(on, _)| !on) {
-            findings.refused.push(
-                "ipvs mode: refused: the feature gate KubeProxyIPVS is false (kube-proxy 1.37 \
-                 refuses ipvs mode then too)"
-                    .into(),
-            );
-        }
-        // The mode's section, as kube-proxy converts v1alpha1: nftables mode reads
-        // `nftables:`, ipvs mode `ipvs:` for its periods, every other mode `iptables:`.
-        let masq_section = match mode {
-            ProxyMode::Nftables => file.nftables.as_ref(),
-            _ => file.iptables.as_ref(),
-        };
-        let period_section = match mode {
-            ProxyMode::Nftables => file.nftables.as_ref(),
-            ProxyMode::Ipvs => file.ipvs.as_ref(),
-            _ => file.iptables.as_ref(),
-        };
-        let (mode_sync, mode_min_sync) = match mode {
-            ProxyMode::Ipvs => (self.ipvs_sync_period, self.ipvs_min_sync_period),
-            _ => (self.iptables_sync_period, self.iptables_min_sync_period),
-        };
-        let period = |flag: Option<Duration>,
-                      mode_flag: Option<Duration>,
-                      top: &Option<String>,
-                      sect: Option<&Option<String>>,
-                      name: &str|
-         -> anyhow::Result<Option<Duration>> {
-            match flag.or(mode_flag) {
-                Some(d) => Ok(Some(d)),
-                None => file_duration(top.as_ref().or(sect.and_then(|s| s.as_ref())), name),
-            }
-        };
-        let sync_period = period(
-            self.sync_period,
-            mode_sync,
-            &file.sync_period,
-            period_section.map(|s| &s.sync_period),
-            "syncPeriod",
-        )?
-        .unwrap_or(Duration::from_secs(30));
-        let full_sync_period = self.full_sync_period.unwrap_or(Duration::from_secs(3600));
-        if full_sync_period.is_zero() || sync_period.is_zero() {
-            bail!("--sync-period and --full-sync-period must be greater than 0");
-        }
-        let min_sync_period = period(
-            self.min_sync_period,
-            mode_min_sync,
-            &file.min_sync_period,
-            period_section.map(|s| &s.min_sync_period),
-            "minSyncPeriod",
-        )?
-        .unwrap_or(Duration::from_secs(1));
-        let masquerade_bit = match mode {
-            ProxyMode::Nftables => None,
-            _ => self.iptables_masquerade_bit.map(i64::from),
-        }
-        .or(masq_section.and_then(|s| s.masquerade_bit))
-        .unwrap_or(14);
-        if !(0..=31).contains(&masquerade_bit) {
-            bail!("config masqueradeBit {masquerade_bit}: must be within 0..31");
-        }
-        let cluster_cidrs = if !self.cluster_cidr.is_empty() {
-            self.cluster_cidr.clone()
-        } else {
-            let items: Vec<String> = file
-                .cluster_c_i_d_r
-                .as_deref()
-                .unwrap_or_default()
-                .split(',')
-                .map(str::to_string)
-                .collect();
-            parse_cidrs(&items, "config clusterCIDR")?
-        };
-        let file_np = file.node_port_addresses.clone().unwrap_or_default();
-        let (np_items, np_what) = if !self.nodeport_addresses.is_empty() {
-            (&self.nodeport_addresses, "--nodeport-addresses")
-        } else {
-            (&file_np, "config nodePortAddresses")
-        };
-        let nodeport_addresses = parse_nodeport_addresses(np_items, np_what)?;
-        let explicit_primary = np_items.iter().any(|s| s.trim() == "primary");
-        if explicit_primary && !nodeport_addresses.is_empty() {
-            findings.refused.push(format!(
-                "{np_what}: refused: \"primary\" cannot be combined with CIDRs or other keywords \
-                 in weir (kube-proxy serves their union)"
-            ));
-        }
-        // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
-        // nftables on the node's primary IPs.
-        let nodeport_default = match (mode, explicit_primary) {
-            // kube-proxy's ipvs and userspace modes listened on every address, too.
-            (ProxyMode::Iptables | ProxyMode::Ipvs | ProxyMode::Userspace, false) => {
-                NodePortDefault::AllLocal
-            }
-            _ => NodePortDefault::Primary,
-        };
-        let localhost_nodeports = mode == ProxyMode::Iptables;
-        let loopback: Vec<&IpNet> = nodeport_addresses
-            .iter()
-            .filter(|n| n.network().is_loopback())
-            .collect();
-        for n in &loopback {
-            match (mode, n) {
-                (ProxyMode::Nftables | ProxyMode::Ipvs | ProxyMode::Userspace, _) => {
-                    findings.notices.push(format!(
-                        "{np_what}: {n}: localhost NodePorts are not supported in {} mode \
-                         (as in kube-proxy); loopback addresses are ignored",
-                        mode.as_str()
-                    ))
-                }
-                (ProxyMode::Iptables, IpNet::V6(_)) => findings.notices.push(format!(
-                    "{np_what}: {n}: IPv6 localhost NodePorts cannot work; ignored"
-                )),
-                (ProxyMode::Iptables, IpNet::V4(_)) => {}
-            }
-        }
+        let gates = self.feature_gates(file_gates, &mut findings);
+        let mode = self.mode(&file, &gates, &mut findings)?;
+        let periods = self.periods(mode, &file)?;
+        let masq_section = masquerade_section(mode, &file);
+        let masquerade_bit = self.masquerade_bit(mode, masq_section)?;
+        let cluster_cidrs = self.cluster_cidrs(&file)?;
+        let nodeports = self.nodeports(mode, &file, &mut findings)?;
         let api = self.api_settings(&file, in_cluster())?;
-        let node_name = match self.hostname_override.clone().or(file.hostname_override) {
-            Some(n) if !n.trim().is_empty() => n.trim().to_lowercase(),
-            _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .context("read the host name")?
-                .trim()
-                .to_lowercase(),
-        };
-        let bind_ip = match (self.bind_address, file.bind_address.as_deref()) {
-            (Some(ip), _) => Some(ip),
-            (None, Some(s)) if !s.trim().is_empty() => {
-                Some(s.trim().parse::<IpAddr>().map_err(|_| {
-                    anyhow::anyhow!("config bindAddress: {:?} is not an IP", excerpt(s, 60))
-                })?)
-            }
-            _ => None,
-        };
-        let node_ips: Vec<IpAddr> = bind_ip
-            .filter(|ip| !ip.is_unspecified())
-            .into_iter()
-            .collect();
-        let v6 = bind_ip.is_some_and(|ip| ip.is_ipv6());
-        let addr = |flag: Option<BindAddr>,
-                    port_flag: Option<u16>,
-                    file: &Option<String>,
-                    (default_ip, default_port): (&str, u16),
-                    name: &str|
-         -> anyhow::Result<Option<SocketAddr>> {
-            if port_flag == Some(0) {
-                return Ok(None);
-            }
-            let given = match (flag, file.as_deref()) {
-                (Some(a), _) => a,
-                (None, Some(s)) if !s.is_empty() => {
-                    parse_bind_addr(s).map_err(|e| anyhow::anyhow!("config {name}: {e}"))?
-                }
-                _ => BindAddr {
-                    ip: default_ip.parse().expect("valid default"),
-                    port: None,
-                },
-            };
-            let port = given.port.or(port_flag).unwrap_or(default_port);
-            Ok(Some(SocketAddr::new(given.ip, port)))
-        };
+        let node_name = self.node_name(&file)?;
+        let bind_ip = self.bind_ip(&file)?;
         let ipvs = ipvs_settings(self, file.ipvs.as_ref())?;
         let conntrack = conntrack_settings(self, file.conntrack.as_ref())?;
-        let file_log = file.logging.as_ref();
-        let log = LogSettings {
-            format: match (
-                self.logging_format,
-                file_log.and_then(|l| l.format.as_deref()),
-            ) {
-                (Some(f), _) => Some(f),
-                (None, None | Some("")) => None,
-                (None, Some("text")) => Some(LogFormat::Text),
-                (None, Some("json")) => Some(LogFormat::Json),
-                (None, Some(other)) => bail!(
-                    "config logging.format {:?}: weir writes text or json",
-                    excerpt(other, 40)
-                ),
-            },
-            verbosity: self.v.or(file_log.and_then(|l| l.verbosity)),
-        };
+        let log = self.log_settings(file.logging.as_ref())?;
+        let v6 = bind_ip.is_some_and(|ip| ip.is_ipv6());
         let settings = Settings {
             api,
             ipvs,
@@ -977,26 +781,29 @@ impl ProxyFlags {
             mode,
             cluster_cidrs,
             node_name,
-            node_ips,
-            nodeport_addresses,
-            nodeport_default,
-            localhost_nodeports,
+            node_ips: bind_ip
+                .filter(|ip| !ip.is_unspecified())
+                .into_iter()
+                .collect(),
+            nodeport_addresses: nodeports.addresses,
+            nodeport_default: nodeports.default,
+            localhost_nodeports: nodeports.localhost,
             masquerade_all: self
                 .masquerade_all
                 .or(masq_section.and_then(|s| s.masquerade_all))
                 .unwrap_or(false),
             masquerade_mark: 1 << masquerade_bit,
-            sync_period,
-            full_sync_period,
-            min_sync_period,
-            healthz_bind_address: addr(
+            sync_period: periods.sync,
+            full_sync_period: periods.full_sync,
+            min_sync_period: periods.min_sync,
+            healthz_bind_address: bind_addr(
                 self.healthz_bind_address,
                 self.healthz_port,
                 &file.healthz_bind_address,
                 (if v6 { "::" } else { "0.0.0.0" }, 10256),
                 "healthzBindAddress",
             )?,
-            metrics_bind_address: addr(
+            metrics_bind_address: bind_addr(
                 self.metrics_bind_address,
                 self.metrics_port,
                 &file.metrics_bind_address,
@@ -1020,6 +827,292 @@ impl ProxyFlags {
         }
         Ok(settings)
     }
+
+    /// Feature gates: the file's, then the flag's over them; each with where it was set.
+    fn feature_gates(
+        &self,
+        file_gates: BTreeMap<String, bool>,
+        findings: &mut Findings,
+    ) -> BTreeMap<String, (bool, String)> {
+        let mut gates: BTreeMap<String, (bool, String)> = file_gates
+            .into_iter()
+            .map(|(k, v)| (k, (v, "featureGates".to_string())))
+            .collect();
+        for list in &self.feature_gates {
+            match kube_proxy::parse_gates(list) {
+                Ok(parsed) => gates.extend(
+                    parsed
+                        .into_iter()
+                        .map(|(k, v)| (k, (v, "--feature-gates".to_string()))),
+                ),
+                Err(e) => findings.refused.push(format!("--feature-gates: {e}")),
+            }
+        }
+        kube_proxy::check_gates(&gates, findings);
+        gates
+    }
+
+    /// `--proxy-mode` over the file's `mode` over nftables; ipvs is refused with its gate off.
+    fn mode(
+        &self,
+        file: &KubeProxyConfiguration,
+        gates: &BTreeMap<String, (bool, String)>,
+        findings: &mut Findings,
+    ) -> anyhow::Result<ProxyMode> {
+        let mode = match (self.proxy_mode, file.mode.as_deref()) {
+            (Some(m), _) => m,
+            (None, None | Some("")) => ProxyMode::Nftables,
+            (None, Some("nftables")) => ProxyMode::Nftables,
+            (None, Some("iptables")) => ProxyMode::Iptables,
+            (None, Some("ipvs")) => ProxyMode::Ipvs,
+            (None, Some("userspace")) => ProxyMode::Userspace,
+            (None, Some(other)) => {
+                bail!(
+                    "config mode {:?}: weir supports nftables, iptables, ipvs and userspace",
+                    excerpt(other, 40)
+                )
+            }
+        };
+        if mode == ProxyMode::Ipvs && gates.get("KubeProxyIPVS").is_some_and(|(on, _)| !on) {
+            findings.refused.push(
+                "ipvs mode: refused: the feature gate KubeProxyIPVS is false (kube-proxy 1.37 \
+                 refuses ipvs mode then too)"
+                    .into(),
+            );
+        }
+        Ok(mode)
+    }
+
+    /// The sync periods: the generic flag over the mode's flag over the file's top-level
+    /// field over the mode's section (ipvs mode reads `ipvs:`, nftables `nftables:`, every
+    /// other mode `iptables:`, as kube-proxy converts v1alpha1) over the defaults.
+    fn periods(&self, mode: ProxyMode, file: &KubeProxyConfiguration) -> anyhow::Result<Periods> {
+        let section = match mode {
+            ProxyMode::Nftables => file.nftables.as_ref(),
+            ProxyMode::Ipvs => file.ipvs.as_ref(),
+            _ => file.iptables.as_ref(),
+        };
+        let (mode_sync, mode_min_sync) = match mode {
+            ProxyMode::Ipvs => (self.ipvs_sync_period, self.ipvs_min_sync_period),
+            _ => (self.iptables_sync_period, self.iptables_min_sync_period),
+        };
+        let period = |flag: Option<Duration>,
+                      mode_flag: Option<Duration>,
+                      top: &Option<String>,
+                      sect: Option<&Option<String>>,
+                      name: &str|
+         -> anyhow::Result<Option<Duration>> {
+            match flag.or(mode_flag) {
+                Some(d) => Ok(Some(d)),
+                None => file_duration(top.as_ref().or(sect.and_then(|s| s.as_ref())), name),
+            }
+        };
+        let sync = period(
+            self.sync_period,
+            mode_sync,
+            &file.sync_period,
+            section.map(|s| &s.sync_period),
+            "syncPeriod",
+        )?
+        .unwrap_or(Duration::from_secs(30));
+        let full_sync = self.full_sync_period.unwrap_or(Duration::from_secs(3600));
+        if full_sync.is_zero() || sync.is_zero() {
+            bail!("--sync-period and --full-sync-period must be greater than 0");
+        }
+        let min_sync = period(
+            self.min_sync_period,
+            mode_min_sync,
+            &file.min_sync_period,
+            section.map(|s| &s.min_sync_period),
+            "minSyncPeriod",
+        )?
+        .unwrap_or(Duration::from_secs(1));
+        Ok(Periods {
+            sync,
+            full_sync,
+            min_sync,
+        })
+    }
+
+    /// `--iptables-masquerade-bit` (not in nftables mode) over the mode's section over 14.
+    fn masquerade_bit(
+        &self,
+        mode: ProxyMode,
+        masq_section: Option<&ModeSection>,
+    ) -> anyhow::Result<i64> {
+        let masquerade_bit = match mode {
+            ProxyMode::Nftables => None,
+            _ => self.iptables_masquerade_bit.map(i64::from),
+        }
+        .or(masq_section.and_then(|s| s.masquerade_bit))
+        .unwrap_or(14);
+        if !(0..=31).contains(&masquerade_bit) {
+            bail!("config masqueradeBit {masquerade_bit}: must be within 0..31");
+        }
+        Ok(masquerade_bit)
+    }
+
+    fn cluster_cidrs(&self, file: &KubeProxyConfiguration) -> anyhow::Result<Vec<IpNet>> {
+        if !self.cluster_cidr.is_empty() {
+            return Ok(self.cluster_cidr.clone());
+        }
+        let items: Vec<String> = file
+            .cluster_c_i_d_r
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        parse_cidrs(&items, "config clusterCIDR")
+    }
+
+    /// The NodePort addresses (flag over file) and kube-proxy's per-mode defaults; loopback
+    /// addresses are noticed where the mode ignores them.
+    fn nodeports(
+        &self,
+        mode: ProxyMode,
+        file: &KubeProxyConfiguration,
+        findings: &mut Findings,
+    ) -> anyhow::Result<NodePorts> {
+        let file_np = file.node_port_addresses.clone().unwrap_or_default();
+        let (np_items, np_what) = if !self.nodeport_addresses.is_empty() {
+            (&self.nodeport_addresses, "--nodeport-addresses")
+        } else {
+            (&file_np, "config nodePortAddresses")
+        };
+        let addresses = parse_nodeport_addresses(np_items, np_what)?;
+        let explicit_primary = np_items.iter().any(|s| s.trim() == "primary");
+        if explicit_primary && !addresses.is_empty() {
+            findings.refused.push(format!(
+                "{np_what}: refused: \"primary\" cannot be combined with CIDRs or other keywords \
+                 in weir (kube-proxy serves their union)"
+            ));
+        }
+        // kube-proxy's per-mode defaults: iptables accepts NodePorts on every local address,
+        // nftables on the node's primary IPs.
+        let default = match (mode, explicit_primary) {
+            // kube-proxy's ipvs and userspace modes listened on every address, too.
+            (ProxyMode::Iptables | ProxyMode::Ipvs | ProxyMode::Userspace, false) => {
+                NodePortDefault::AllLocal
+            }
+            _ => NodePortDefault::Primary,
+        };
+        for n in addresses.iter().filter(|n| n.network().is_loopback()) {
+            match (mode, n) {
+                (ProxyMode::Nftables | ProxyMode::Ipvs | ProxyMode::Userspace, _) => {
+                    findings.notices.push(format!(
+                        "{np_what}: {n}: localhost NodePorts are not supported in {} mode \
+                         (as in kube-proxy); loopback addresses are ignored",
+                        mode.as_str()
+                    ))
+                }
+                (ProxyMode::Iptables, IpNet::V6(_)) => findings.notices.push(format!(
+                    "{np_what}: {n}: IPv6 localhost NodePorts cannot work; ignored"
+                )),
+                (ProxyMode::Iptables, IpNet::V4(_)) => {}
+            }
+        }
+        Ok(NodePorts {
+            addresses,
+            default,
+            localhost: mode == ProxyMode::Iptables,
+        })
+    }
+
+    /// `--hostname-override` over the file's over the kernel's host name, lower-cased.
+    fn node_name(&self, file: &KubeProxyConfiguration) -> anyhow::Result<String> {
+        let given = self
+            .hostname_override
+            .as_ref()
+            .or(file.hostname_override.as_ref());
+        Ok(match given {
+            Some(n) if !n.trim().is_empty() => n.trim().to_lowercase(),
+            _ => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .context("read the host name")?
+                .trim()
+                .to_lowercase(),
+        })
+    }
+
+    fn bind_ip(&self, file: &KubeProxyConfiguration) -> anyhow::Result<Option<IpAddr>> {
+        Ok(match (self.bind_address, file.bind_address.as_deref()) {
+            (Some(ip), _) => Some(ip),
+            (None, Some(s)) if !s.trim().is_empty() => {
+                Some(s.trim().parse::<IpAddr>().map_err(|_| {
+                    anyhow::anyhow!("config bindAddress: {:?} is not an IP", excerpt(s, 60))
+                })?)
+            }
+            _ => None,
+        })
+    }
+
+    fn log_settings(&self, file_log: Option<&LoggingSection>) -> anyhow::Result<LogSettings> {
+        Ok(LogSettings {
+            format: match (
+                self.logging_format,
+                file_log.and_then(|l| l.format.as_deref()),
+            ) {
+                (Some(f), _) => Some(f),
+                (None, None | Some("")) => None,
+                (None, Some("text")) => Some(LogFormat::Text),
+                (None, Some("json")) => Some(LogFormat::Json),
+                (None, Some(other)) => bail!(
+                    "config logging.format {:?}: weir writes text or json",
+                    excerpt(other, 40)
+                ),
+            },
+            verbosity: self.v.or(file_log.and_then(|l| l.verbosity)),
+        })
+    }
+}
+
+/// The mode's section for masquerading, as kube-proxy converts v1alpha1: nftables mode reads
+/// `nftables:`, every other mode `iptables:`.
+fn masquerade_section(mode: ProxyMode, file: &KubeProxyConfiguration) -> Option<&ModeSection> {
+    match mode {
+        ProxyMode::Nftables => file.nftables.as_ref(),
+        _ => file.iptables.as_ref(),
+    }
+}
+
+struct Periods {
+    sync: Duration,
+    full_sync: Duration,
+    min_sync: Duration,
+}
+
+/// Where NodePorts are served: the given addresses, else the mode's default; and whether
+/// localhost NodePorts are (iptables mode only).
+struct NodePorts {
+    addresses: Vec<IpNet>,
+    default: NodePortDefault,
+    localhost: bool,
+}
+
+/// A bind address: port flag 0 disables it; else the address flag (its port over the port
+/// flag) over the file's field over the default.
+fn bind_addr(
+    flag: Option<BindAddr>,
+    port_flag: Option<u16>,
+    file: &Option<String>,
+    (default_ip, default_port): (&str, u16),
+    name: &str,
+) -> anyhow::Result<Option<SocketAddr>> {
+    if port_flag == Some(0) {
+        return Ok(None);
+    }
+    let given = match (flag, file.as_deref()) {
+        (Some(a), _) => a,
+        (None, Some(s)) if !s.is_empty() => {
+            parse_bind_addr(s).map_err(|e| anyhow::anyhow!("config {name}: {e}"))?
+        }
+        _ => BindAddr {
+            ip: default_ip.parse().expect("valid default"),
+            port: None,
+        },
+    };
+    let port = given.port.or(port_flag).unwrap_or(default_port);
+    Ok(Some(SocketAddr::new(given.ip, port)))
 }
 
 #[cfg(test)]
