@@ -347,110 +347,11 @@ pub fn forward_policy(st: &NodeState) -> Check {
     });
     let mut unjudged: Vec<String> = Vec::new();
     let mut judged = 0;
-    let judge = |c: &mut Check, what: String, acc: &Accepts| {
-        if let Some(e) = &acc.everything {
-            c.note(format!(
-                "{what} has policy drop, but accepts everything first: {e}"
-            ));
-            return;
-        }
-        let mut missing = Vec::new();
-        match &acc.marked {
-            Some(r) => c.note(format!("{what}: marked (0x4000) traffic accepted by `{r}`")),
-            None => missing.push("masquerade-marked (0x4000) traffic: NodePort/LoadBalancer traffic to a backend elsewhere, hostNetwork backends included"),
-        }
-        match &acc.established {
-            Some(r) => c.note(format!("{what}: replies accepted by `{r}`")),
-            None => missing.push("RELATED,ESTABLISHED replies"),
-        }
-        if !missing.is_empty() && !acc.hidden.is_empty() {
-            c.found(
-                Status::Warn,
-                format!(
-                    "{what} has policy drop and no accept for {}; the listing (without -v) shows {} with no condition, but it hides interface matches: it may accept only some interfaces; needs `iptables -L -n -v` or `iptables-save`",
-                    missing.join(", nor "),
-                    acc.hidden.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
-                ),
-            );
-        } else if !missing.is_empty() && cut && what.starts_with("iptables") {
-            c.found(
-                Status::Warn,
-                format!(
-                    "{what} has policy drop and the dump shows no accept for {}; but iptables-save was cut (grep, or no table headers): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
-                    missing.join(", nor ")
-                ),
-            );
-        } else if !missing.is_empty() && !acc.unseen.is_empty() && what.starts_with("iptables") {
-            c.found(
-                Status::Warn,
-                format!(
-                    "{what} has policy drop and the dump shows no accept for {}; but it jumps to {}, which the listing does not show: their accepts are unknown; needs the whole `iptables-save` (or `iptables -L -n -v` of every chain) as iptables-save.txt",
-                    missing.join(", nor "),
-                    acc.unseen.join(", ")
-                ),
-            );
-            c.add_fix("if nothing in those chains accepts the forwarded traffic, let the proxy install its forward accept rules (kube-proxy's KUBE-FORWARD), add accepts for the overlay/pod interfaces (e.g. `iptables -A FORWARD -o flannel.1 -j ACCEPT`), or set the FORWARD policy to ACCEPT");
-        } else if !missing.is_empty() {
-            c.found(
-                Status::Fail,
-                format!(
-                    "{what} has policy drop and no accept for {}",
-                    missing.join(", nor ")
-                ),
-            );
-            c.add_fix("let the proxy install its forward accept rules (kube-proxy's KUBE-FORWARD: `-m mark --mark 0x4000/0x4000 -j ACCEPT` and `-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`; is it running with the same --iptables-masquerade-bit?), or add them, or set the policy to ACCEPT");
-        }
-    };
     if let Some(d) = &st.iptables {
-        if let Some(ch) = d.chain("filter", "FORWARD") {
-            if catch_all_reject(&mut c, d, ch, cut) {
-                judged += 1;
-            }
-        }
-        match d.chain("filter", "FORWARD") {
-            Some(ch) if ch.policy.as_deref() == Some("DROP") => {
-                let mut acc = Accepts::default();
-                iptables_accepts(d, "filter", "FORWARD", 0, &mut acc);
-                judge(&mut c, "iptables filter FORWARD".into(), &acc);
-                judged += 1;
-            }
-            Some(ch) if ch.policy.is_some() => c.note(format!(
-                "iptables filter FORWARD policy {}",
-                ch.policy.as_deref().unwrap_or_default()
-            )),
-            Some(_) => unjudged.push(
-                "iptables filter FORWARD's policy line (`:FORWARD DROP [..]`) is not in the dump"
-                    .to_string(),
-            ),
-            None => unjudged.push("iptables-save has no filter FORWARD chain".to_string()),
-        }
+        judged += iptables_forward(&mut c, d, cut, &mut unjudged);
     }
     if let Some(rs) = &st.nft {
-        for ch in rs.base_chains("forward", &["ip", "inet"]) {
-            let hook = ch.hook.as_ref().expect("base chain");
-            // iptables-nft's own chains are judged from iptables-save above.
-            let compat = rs
-                .rules
-                .iter()
-                .any(|r| r.family == ch.family && r.table == ch.table && r.uses_xt);
-            if compat || (st.iptables.is_some() && ch.family == "ip" && ch.table == "filter") {
-                continue;
-            }
-            judged += 1;
-            if hook.policy == "drop" {
-                let mut acc = Accepts::default();
-                nft_accepts(rs, &ch.family, &ch.table, &ch.name, 0, &mut acc);
-                judge(
-                    &mut c,
-                    format!("nft chain {} {} {}", ch.family, ch.table, ch.name),
-                    &acc,
-                );
-            }
-        }
-        if rs.tables.iter().any(|t| t.name == "firewalld") {
-            c.found(Status::Warn, "firewalld is active (table inet firewalld): its zones drop forwarded traffic unless pod and service traffic is allowed");
-            c.add_fix("put the pod interfaces (cni0, veths) in a trusted zone or allow forwarding between zones, or stop firewalld");
-        }
+        judged += nft_forward(&mut c, st, rs, cut);
     }
     // A FORWARD policy nobody could read is not a pass.
     if !unjudged.is_empty() && judged == 0 && c.status == Status::Ok {
@@ -463,6 +364,125 @@ pub fn forward_policy(st: &NodeState) -> Check {
         c.note(u);
     }
     c
+}
+
+/// iptables' filter FORWARD: a catch-all reject in it, its drop policy. How many of the two
+/// were judged; what could not be goes to `unjudged`.
+fn iptables_forward(c: &mut Check, d: &Dump, cut: bool, unjudged: &mut Vec<String>) -> usize {
+    let mut judged = 0;
+    if let Some(ch) = d.chain("filter", "FORWARD") {
+        if catch_all_reject(c, d, ch, cut) {
+            judged += 1;
+        }
+    }
+    match d.chain("filter", "FORWARD") {
+        Some(ch) if ch.policy.as_deref() == Some("DROP") => {
+            let mut acc = Accepts::default();
+            iptables_accepts(d, "filter", "FORWARD", 0, &mut acc);
+            judge_forward(c, "iptables filter FORWARD".into(), &acc, cut);
+            judged += 1;
+        }
+        Some(ch) if ch.policy.is_some() => c.note(format!(
+            "iptables filter FORWARD policy {}",
+            ch.policy.as_deref().unwrap_or_default()
+        )),
+        Some(_) => unjudged.push(
+            "iptables filter FORWARD's policy line (`:FORWARD DROP [..]`) is not in the dump"
+                .to_string(),
+        ),
+        None => unjudged.push("iptables-save has no filter FORWARD chain".to_string()),
+    }
+    judged
+}
+
+/// nft base chains on the forward hook (but iptables-nft's, judged from iptables-save) and
+/// firewalld's table. How many chains were judged.
+fn nft_forward(c: &mut Check, st: &NodeState, rs: &Ruleset, cut: bool) -> usize {
+    let mut judged = 0;
+    for ch in rs.base_chains("forward", &["ip", "inet"]) {
+        let hook = ch.hook.as_ref().expect("base chain");
+        // iptables-nft's own chains are judged from iptables-save above.
+        let compat = rs
+            .rules
+            .iter()
+            .any(|r| r.family == ch.family && r.table == ch.table && r.uses_xt);
+        if compat || (st.iptables.is_some() && ch.family == "ip" && ch.table == "filter") {
+            continue;
+        }
+        judged += 1;
+        if hook.policy == "drop" {
+            let mut acc = Accepts::default();
+            nft_accepts(rs, &ch.family, &ch.table, &ch.name, 0, &mut acc);
+            judge_forward(
+                c,
+                format!("nft chain {} {} {}", ch.family, ch.table, ch.name),
+                &acc,
+                cut,
+            );
+        }
+    }
+    if rs.tables.iter().any(|t| t.name == "firewalld") {
+        c.found(Status::Warn, "firewalld is active (table inet firewalld): its zones drop forwarded traffic unless pod and service traffic is allowed");
+        c.add_fix("put the pod interfaces (cni0, veths) in a trusted zone or allow forwarding between zones, or stop firewalld");
+    }
+    judged
+}
+
+/// A chain `what` with policy drop: what it accepts first (everything; marked traffic and
+/// replies), and what is missing, judged as far as the dump (`cut`: by grep) can show it.
+fn judge_forward(c: &mut Check, what: String, acc: &Accepts, cut: bool) {
+    if let Some(e) = &acc.everything {
+        c.note(format!(
+            "{what} has policy drop, but accepts everything first: {e}"
+        ));
+        return;
+    }
+    let mut missing = Vec::new();
+    match &acc.marked {
+        Some(r) => c.note(format!("{what}: marked (0x4000) traffic accepted by `{r}`")),
+        None => missing.push("masquerade-marked (0x4000) traffic: NodePort/LoadBalancer traffic to a backend elsewhere, hostNetwork backends included"),
+    }
+    match &acc.established {
+        Some(r) => c.note(format!("{what}: replies accepted by `{r}`")),
+        None => missing.push("RELATED,ESTABLISHED replies"),
+    }
+    if !missing.is_empty() && !acc.hidden.is_empty() {
+        c.found(
+            Status::Warn,
+            format!(
+                "{what} has policy drop and no accept for {}; the listing (without -v) shows {} with no condition, but it hides interface matches: it may accept only some interfaces; needs `iptables -L -n -v` or `iptables-save`",
+                missing.join(", nor "),
+                acc.hidden.iter().map(|h| format!("`{h}`")).collect::<Vec<_>>().join(", ")
+            ),
+        );
+    } else if !missing.is_empty() && cut && what.starts_with("iptables") {
+        c.found(
+            Status::Warn,
+            format!(
+                "{what} has policy drop and the dump shows no accept for {}; but iptables-save was cut (grep, or no table headers): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
+                missing.join(", nor ")
+            ),
+        );
+    } else if !missing.is_empty() && !acc.unseen.is_empty() && what.starts_with("iptables") {
+        c.found(
+            Status::Warn,
+            format!(
+                "{what} has policy drop and the dump shows no accept for {}; but it jumps to {}, which the listing does not show: their accepts are unknown; needs the whole `iptables-save` (or `iptables -L -n -v` of every chain) as iptables-save.txt",
+                missing.join(", nor "),
+                acc.unseen.join(", ")
+            ),
+        );
+        c.add_fix("if nothing in those chains accepts the forwarded traffic, let the proxy install its forward accept rules (kube-proxy's KUBE-FORWARD), add accepts for the overlay/pod interfaces (e.g. `iptables -A FORWARD -o flannel.1 -j ACCEPT`), or set the FORWARD policy to ACCEPT");
+    } else if !missing.is_empty() {
+        c.found(
+            Status::Fail,
+            format!(
+                "{what} has policy drop and no accept for {}",
+                missing.join(", nor ")
+            ),
+        );
+        c.add_fix("let the proxy install its forward accept rules (kube-proxy's KUBE-FORWARD: `-m mark --mark 0x4000/0x4000 -j ACCEPT` and `-m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`; is it running with the same --iptables-masquerade-bit?), or add them, or set the policy to ACCEPT");
+    }
 }
 
 /// A rule in FORWARD itself that rejects or drops everything reaching it (firewalld's
@@ -986,9 +1006,41 @@ pub fn conntrack_nat(st: &NodeState) -> Check {
         return c.skip("no `conntrack -L` output");
     };
     let services = services_now(st);
-    let mut judged = 0;
-    let mut stale = 0;
     let mut deletes: Vec<String> = Vec::new();
+    let (judged, stale) = stale_service_entries(&mut c, entries, &services, &mut deletes);
+    let mixed = mixed_destinations(&mut c, entries, &services, &mut deletes);
+    if stale + mixed > 0 {
+        c.add_fix(format!(
+            "delete the stale entries so the next packet is DNATed again: {} (kube-proxy flushes UDP entries of a Service whose endpoints go from none to some since kubernetes#48370's fix; check its version)",
+            deletes.join("; ")
+        ));
+        return c;
+    }
+    if judged > 0 {
+        c.note(format!(
+            "{judged} of {} entries are to Services in the dump's rules, each bound to a current endpoint",
+            entries.len()
+        ));
+        return c;
+    }
+    let unnat = entries.iter().filter(|e| e.dnat().is_none()).count();
+    c.skip(format!(
+        "{} conntrack entr{} ({unnat} not DNATed), but no proxy rules in the dump say which destinations are Services and where they go now: needs `iptables-save` (or `ipvsadm -Ln`) as iptables-save.txt",
+        entries.len(),
+        if entries.len() == 1 { "y" } else { "ies" }
+    ))
+}
+
+/// Entries to a Service of the dump's rules that bypass its current DNAT: not DNATed though it
+/// has endpoints now, or DNATed to an endpoint it no longer has. How many entries were to a
+/// Service, and how many of them are stale (their deletes go to `deletes`).
+fn stale_service_entries(
+    c: &mut Check,
+    entries: &[crate::conntrack::Entry],
+    services: &[ServiceNow],
+    deletes: &mut Vec<String>,
+) -> (usize, usize) {
+    let (mut judged, mut stale) = (0, 0);
     for e in entries {
         let (Some(dport), true) = (e.orig.dport, e.orig.dst.is_ipv4()) else {
             continue;
@@ -1047,7 +1099,17 @@ pub fn conntrack_nat(st: &NodeState) -> Check {
             deletes.push(d);
         }
     }
-    // Without the rules: entries to one destination, some DNATed and some not.
+    (judged, stale)
+}
+
+/// Without the rules: entries to one destination (not a known Service), some DNATed and some
+/// not. How many such destinations (their deletes go to `deletes`).
+fn mixed_destinations(
+    c: &mut Check,
+    entries: &[crate::conntrack::Entry],
+    services: &[ServiceNow],
+    deletes: &mut Vec<String>,
+) -> usize {
     let mut mixed = 0;
     let mut groups: Vec<(DstKey, Vec<&crate::conntrack::Entry>)> = Vec::new();
     for e in entries {
@@ -1093,26 +1155,7 @@ pub fn conntrack_nat(st: &NodeState) -> Check {
             deletes.push(d);
         }
     }
-    if stale + mixed > 0 {
-        c.add_fix(format!(
-            "delete the stale entries so the next packet is DNATed again: {} (kube-proxy flushes UDP entries of a Service whose endpoints go from none to some since kubernetes#48370's fix; check its version)",
-            deletes.join("; ")
-        ));
-        return c;
-    }
-    if judged > 0 {
-        c.note(format!(
-            "{judged} of {} entries are to Services in the dump's rules, each bound to a current endpoint",
-            entries.len()
-        ));
-        return c;
-    }
-    let unnat = entries.iter().filter(|e| e.dnat().is_none()).count();
-    c.skip(format!(
-        "{} conntrack entr{} ({unnat} not DNATed), but no proxy rules in the dump say which destinations are Services and where they go now: needs `iptables-save` (or `ipvsadm -Ln`) as iptables-save.txt",
-        entries.len(),
-        if entries.len() == 1 { "y" } else { "ies" }
-    ))
+    mixed
 }
 
 /// IPVS connections whose source is a virtual server's own address: in IPVS mode every

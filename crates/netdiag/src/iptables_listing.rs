@@ -127,7 +127,6 @@ impl RuleBuilder {
         let mut module: Option<String> = None;
         while i < words.len() {
             let w = words[i].as_str();
-            let next = words.get(i + 1).map(String::as_str);
             i += 1;
             if w == "!" {
                 negate = true;
@@ -153,133 +152,164 @@ impl RuleBuilder {
                 self.module(w);
                 continue;
             }
-            let (n2, value) = match w.split_once(':') {
-                Some((k, v)) => (k, v),
-                None => (w, ""),
-            };
-            let (vneg, value) = negation(value);
-            match (n2, next) {
-                ("dpt" | "dpts" | "spt" | "spts", _) if !value.is_empty() => {
-                    let m = module.clone().unwrap_or_else(|| "tcp".into());
-                    let name = if n2.starts_with('d') {
-                        "--dport"
-                    } else {
-                        "--sport"
-                    };
-                    self.push(Some(&m), neg || vneg, name, &[value]);
-                }
-                ("flags", _) if !value.is_empty() => {
-                    let m = module.clone().unwrap_or_else(|| "tcp".into());
-                    self.push(Some(&m), neg || vneg, "--tcp-flags", &[value]);
-                }
-                ("multiport", Some(kind @ ("dports" | "sports" | "ports"))) => {
-                    let (mut n, mut v) = (false, words.get(i + 1).map(String::as_str));
-                    let mut used = 2;
-                    if v == Some("!") {
-                        n = true;
-                        v = words.get(i + 2).map(String::as_str);
-                        used = 3;
-                    }
-                    let (vn, v) = negation(v.unwrap_or(""));
-                    let name = match kind {
-                        "dports" => "--dports",
-                        "sports" => "--sports",
-                        _ => "--ports",
-                    };
-                    self.push(Some("multiport"), neg || n || vn, name, &[v]);
-                    i += used;
-                }
-                ("ctstate" | "state", Some(v)) => {
-                    let (vn, v) = negation(v);
-                    let (m, name) = if n2 == "ctstate" {
-                        ("conntrack", "--ctstate")
-                    } else {
-                        ("state", "--state")
-                    };
-                    self.push(Some(m), neg || vn, name, &[v]);
-                    i += 1;
-                }
-                ("mark" | "connmark", Some("match")) => {
-                    let mut v = words.get(i + 1).map(String::as_str).unwrap_or("");
-                    let mut n = false;
-                    let mut used = 2;
-                    if v == "!" {
-                        n = true;
-                        v = words.get(i + 2).map(String::as_str).unwrap_or("");
-                        used = 3;
-                    }
-                    let (vn, v) = negation(v);
-                    self.push(Some(n2), neg || n || vn, "--mark", &[v]);
-                    i += used;
-                }
-                ("ADDRTYPE", Some("match")) => {
-                    i += 1;
-                    while let (Some(k), Some(v)) = (words.get(i), words.get(i + 1)) {
-                        let (kn, k) = negation(k);
-                        let name = match k {
-                            "dst-type" => "--dst-type",
-                            "src-type" => "--src-type",
-                            _ => break,
-                        };
-                        let (vn, v) = negation(v);
-                        self.push(Some("addrtype"), kn || vn, name, &[v]);
-                        i += 2;
-                    }
-                    if words.get(i).is_some_and(|w| w.starts_with("limit-")) {
-                        self.push(Some("addrtype"), false, "--limit-iface-in", &[]);
-                        i += 1;
-                    }
-                }
-                ("match-set", Some(set)) => {
-                    let flags = words.get(i + 1).map(String::as_str).unwrap_or("");
-                    self.push(Some("set"), neg, "--match-set", &[set, flags]);
-                    i += 2;
-                }
-                ("statistic", Some("mode")) => {
-                    let mode = words.get(i + 1).map(String::as_str).unwrap_or("");
-                    self.push(Some("statistic"), false, "--mode", &[mode]);
-                    i += 2;
-                    if words.get(i).map(String::as_str) == Some("probability") {
-                        let p = words.get(i + 1).map(String::as_str).unwrap_or("");
-                        self.push(Some("statistic"), false, "--probability", &[p]);
-                        i += 2;
-                    }
-                }
-                // Target options.
-                ("to", _) if !value.is_empty() && matches!(target, "DNAT" | "SNAT") => {
-                    let name = if target == "DNAT" {
-                        "--to-destination"
-                    } else {
-                        "--to-source"
-                    };
-                    self.target_args.push(arg(None, false, name, &[value]));
-                }
-                ("reject-with", Some(_)) if target == "REJECT" => i += 1,
-                ("random-fully" | "random" | "persistent", _)
-                    if matches!(target, "MASQUERADE" | "SNAT" | "DNAT") => {}
-                ("MARK" | "CONNMARK", Some(op @ ("set" | "xset" | "or" | "and" | "xor")))
-                    if target == n2 =>
-                {
-                    let v = words.get(i + 1).map(String::as_str).unwrap_or("");
-                    let name = match op {
-                        "set" => "--set-mark",
-                        "xset" => "--set-xmark",
-                        "or" => "--or-mark",
-                        "and" => "--and-mark",
-                        _ => "--xor-mark",
-                    };
-                    self.target_args.push(arg(None, false, name, &[v]));
-                    i += 2;
-                }
-                _ => {
-                    // Not read: the rest of the line (a match's own words run on).
-                    let rest: Vec<String> = words[i - 1..].to_vec();
-                    self.unread.push(rest.join(" "));
-                    break;
-                }
+            if !(self.listed_match(words, &mut i, neg, module.as_deref())
+                || self.listed_target_option(words, &mut i, target))
+            {
+                // Not read: the rest of the line (a match's own words run on).
+                let rest: Vec<String> = words[i - 1..].to_vec();
+                self.unread.push(rest.join(" "));
+                break;
             }
         }
     }
+
+    /// A match as the listing words it, `words[*i - 1]` its first word (`*i` moves past the
+    /// words read); false when it is not one read back.
+    fn listed_match(
+        &mut self,
+        words: &[String],
+        i: &mut usize,
+        neg: bool,
+        module: Option<&str>,
+    ) -> bool {
+        let (n2, vneg, value, next) = listed_word(words, *i);
+        match (n2, next) {
+            ("dpt" | "dpts" | "spt" | "spts", _) if !value.is_empty() => {
+                let m = module.unwrap_or("tcp");
+                let name = if n2.starts_with('d') {
+                    "--dport"
+                } else {
+                    "--sport"
+                };
+                self.push(Some(m), neg || vneg, name, &[value]);
+            }
+            ("flags", _) if !value.is_empty() => {
+                let m = module.unwrap_or("tcp");
+                self.push(Some(m), neg || vneg, "--tcp-flags", &[value]);
+            }
+            ("multiport", Some(kind @ ("dports" | "sports" | "ports"))) => {
+                let (mut n, mut v) = (false, words.get(*i + 1).map(String::as_str));
+                let mut used = 2;
+                if v == Some("!") {
+                    n = true;
+                    v = words.get(*i + 2).map(String::as_str);
+                    used = 3;
+                }
+                let (vn, v) = negation(v.unwrap_or(""));
+                let name = match kind {
+                    "dports" => "--dports",
+                    "sports" => "--sports",
+                    _ => "--ports",
+                };
+                self.push(Some("multiport"), neg || n || vn, name, &[v]);
+                *i += used;
+            }
+            ("ctstate" | "state", Some(v)) => {
+                let (vn, v) = negation(v);
+                let (m, name) = if n2 == "ctstate" {
+                    ("conntrack", "--ctstate")
+                } else {
+                    ("state", "--state")
+                };
+                self.push(Some(m), neg || vn, name, &[v]);
+                *i += 1;
+            }
+            ("mark" | "connmark", Some("match")) => {
+                let mut v = words.get(*i + 1).map(String::as_str).unwrap_or("");
+                let mut n = false;
+                let mut used = 2;
+                if v == "!" {
+                    n = true;
+                    v = words.get(*i + 2).map(String::as_str).unwrap_or("");
+                    used = 3;
+                }
+                let (vn, v) = negation(v);
+                self.push(Some(n2), neg || n || vn, "--mark", &[v]);
+                *i += used;
+            }
+            ("ADDRTYPE", Some("match")) => self.listed_addrtype(words, i),
+            ("match-set", Some(set)) => {
+                let flags = words.get(*i + 1).map(String::as_str).unwrap_or("");
+                self.push(Some("set"), neg, "--match-set", &[set, flags]);
+                *i += 2;
+            }
+            ("statistic", Some("mode")) => {
+                let mode = words.get(*i + 1).map(String::as_str).unwrap_or("");
+                self.push(Some("statistic"), false, "--mode", &[mode]);
+                *i += 2;
+                if words.get(*i).map(String::as_str) == Some("probability") {
+                    let p = words.get(*i + 1).map(String::as_str).unwrap_or("");
+                    self.push(Some("statistic"), false, "--probability", &[p]);
+                    *i += 2;
+                }
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// `ADDRTYPE match dst-type LOCAL …`: each type pair, then `limit-in`.
+    fn listed_addrtype(&mut self, words: &[String], i: &mut usize) {
+        *i += 1;
+        while let (Some(k), Some(v)) = (words.get(*i), words.get(*i + 1)) {
+            let (kn, k) = negation(k);
+            let name = match k {
+                "dst-type" => "--dst-type",
+                "src-type" => "--src-type",
+                _ => break,
+            };
+            let (vn, v) = negation(v);
+            self.push(Some("addrtype"), kn || vn, name, &[v]);
+            *i += 2;
+        }
+        if words.get(*i).is_some_and(|w| w.starts_with("limit-")) {
+            self.push(Some("addrtype"), false, "--limit-iface-in", &[]);
+            *i += 1;
+        }
+    }
+
+    /// An option of `target` as the listing words it, `words[*i - 1]` its first word; false
+    /// when it is not one read back.
+    fn listed_target_option(&mut self, words: &[String], i: &mut usize, target: &str) -> bool {
+        let (n2, _, value, next) = listed_word(words, *i);
+        match (n2, next) {
+            ("to", _) if !value.is_empty() && matches!(target, "DNAT" | "SNAT") => {
+                let name = if target == "DNAT" {
+                    "--to-destination"
+                } else {
+                    "--to-source"
+                };
+                self.target_args.push(arg(None, false, name, &[value]));
+            }
+            ("reject-with", Some(_)) if target == "REJECT" => *i += 1,
+            ("random-fully" | "random" | "persistent", _)
+                if matches!(target, "MASQUERADE" | "SNAT" | "DNAT") => {}
+            ("MARK" | "CONNMARK", Some(op @ ("set" | "xset" | "or" | "and" | "xor")))
+                if target == n2 =>
+            {
+                let v = words.get(*i + 1).map(String::as_str).unwrap_or("");
+                let name = match op {
+                    "set" => "--set-mark",
+                    "xset" => "--set-xmark",
+                    "or" => "--or-mark",
+                    "and" => "--and-mark",
+                    _ => "--xor-mark",
+                };
+                self.target_args.push(arg(None, false, name, &[v]));
+                *i += 2;
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+/// `words[i - 1]` split as `name:value` (the value's `!` taken off), and the word after it.
+fn listed_word(words: &[String], i: usize) -> (&str, bool, &str, Option<&str>) {
+    let w = words[i - 1].as_str();
+    let (n2, value) = w.split_once(':').unwrap_or((w, ""));
+    let (vneg, value) = negation(value);
+    (n2, vneg, value, words.get(i).map(String::as_str))
 }
 
 /// Reads an `iptables -L` listing into a [`Dump`] marked as a listing. The table is the one the
@@ -297,51 +327,170 @@ pub fn parse(text: &str) -> Parsed<Dump> {
                 .map(|w| w[1].to_string())
         })
         .unwrap_or_else(|| "filter".to_string());
-    let mut dump = Dump {
-        listing: true,
-        ..Dump::default()
+    let mut listing = Listing {
+        skipped: Vec::new(),
+        chains: Vec::new(),
+        columns: None,
+        numeric: true,
+        unread: 0,
+        ifaces_hidden: false,
     };
-    let mut skipped = Vec::new();
-    let mut chains: Vec<Chain> = Vec::new();
-    let mut columns: Option<Columns> = None;
-    let mut numeric = true;
-    let mut unread = 0;
-    let mut ifaces_hidden = false;
     for l in pasted.data() {
+        listing.line(l);
+    }
+    listing.into_dump(table)
+}
+
+/// A listing being read: its chains so far, the current column header and what the rules
+/// tell of how it was printed.
+struct Listing {
+    skipped: Vec<Skipped>,
+    chains: Vec<Chain>,
+    columns: Option<Columns>,
+    /// Printed with -n (no host names seen).
+    numeric: bool,
+    /// Rules with a match not read back.
+    unread: usize,
+    /// A header without the in/out columns (printed without -v).
+    ifaces_hidden: bool,
+}
+
+impl Listing {
+    /// A `Chain` line, a column header or a rule of the last chain.
+    fn line(&mut self, l: &paste::Line) {
         let line = l.text.trim_end();
         if line.trim().is_empty() {
-            continue;
+            return;
         }
         if let Some((name, policy)) = chain_line(line) {
-            chains.push(Chain {
+            self.chains.push(Chain {
                 name: name.to_string(),
                 policy: policy.map(str::to_string),
                 rules: Vec::new(),
             });
-            continue;
+            return;
         }
         if let Some(c) = Columns::from_header(line) {
-            ifaces_hidden |= !c.ifaces;
-            columns = Some(c);
-            continue;
+            self.ifaces_hidden |= !c.ifaces;
+            self.columns = Some(c);
+            return;
         }
-        let (Some(chain), Some(cols)) = (chains.last_mut(), columns) else {
-            skipped.push(Skipped::new(
+        let (Some(_), Some(cols)) = (self.chains.last(), self.columns) else {
+            self.skipped.push(Skipped::new(
                 l.no,
                 l.text,
                 l.reason("a listing line before any `Chain` line and column header"),
             ));
-            continue;
+            return;
         };
         if l.unterminated {
-            skipped.push(Skipped::new(
+            self.skipped.push(Skipped::new(
                 l.no,
                 l.text,
                 "the last line, cut off by the paste? (no line end)",
             ));
-            continue;
+            return;
         }
+        match self.rule(l.no, line, cols) {
+            Ok(rule) => {
+                if let Some(chain) = self.chains.last_mut() {
+                    chain.rules.push(rule);
+                }
+            }
+            Err(why) => self.skipped.push(Skipped::new(l.no, l.text, l.reason(why))),
+        }
+    }
+
+    /// A rule line: its columns (as the header names them), then the matches and target
+    /// options printed after them.
+    fn rule(&mut self, no: usize, line: &str, cols: Columns) -> Result<Rule, &'static str> {
         let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        let row = Row::split(&words, cols).ok_or("fewer columns than the header names")?;
+        if cols.num && !words[0].chars().all(|c| c.is_ascii_digit()) {
+            return Err("no rule number where the header has `num`");
+        }
+        let mut b = RuleBuilder {
+            modules: Vec::new(),
+            args: Vec::new(),
+            target_args: Vec::new(),
+            unread: Vec::new(),
+        };
+        if !row.column_args(&mut b) {
+            self.numeric = false;
+        }
+        b.extras(
+            &words[row.rest.min(words.len())..],
+            row.target.as_deref().unwrap_or(""),
+        );
+        if !b.unread.is_empty() {
+            self.unread += 1;
+            let u = b.unread.join(" ");
+            b.push(Some("listing"), false, "--unread", &[&u]);
+        }
+        Ok(Rule {
+            line: no,
+            text: line.trim().to_string(),
+            modules: b.modules,
+            args: b.args,
+            target: row.target.map(|name| Target {
+                name,
+                goto: false,
+                args: b.target_args,
+            }),
+        })
+    }
+
+    /// The dump, with what the listing leaves unknown said as assumptions.
+    fn into_dump(self, table: String) -> Parsed<Dump> {
+        let mut dump = Dump {
+            listing: true,
+            ..Dump::default()
+        };
+        if self.ifaces_hidden {
+            dump.ifaces_hidden = true;
+            dump.assumptions.push(
+                "the listing was printed without -v: it shows no in/out interfaces, so a rule that looks unconditional may match only some interfaces".into(),
+            );
+        }
+        let names: Vec<String> = self.chains.iter().map(|c| c.name.clone()).collect();
+        dump.tables.entry(table.clone()).or_default().chains = self.chains;
+        dump.assumptions.push(format!(
+            "an `iptables -L` listing, not iptables-save: read into table {table} (chains {}); a listing prints matches in its own words, read back where they map to iptables-save options",
+            names.join(", ")
+        ));
+        if self.unread > 0 {
+            dump.assumptions.push(format!(
+                "{} listed rule(s) print a match not read back (`-m listing --unread`): they count as not matching",
+                self.unread
+            ));
+        }
+        if !self.numeric {
+            dump.assumptions.push(
+                "the listing was printed without -n: host names in it are not read as addresses"
+                    .into(),
+            );
+        }
+        Parsed {
+            value: dump,
+            skipped: self.skipped,
+        }
+    }
+}
+
+/// A rule line's columns; `rest` is where the matches begin.
+struct Row {
+    target: Option<String>,
+    prot: String,
+    iif: Option<String>,
+    oif: Option<String>,
+    src: String,
+    dst: String,
+    rest: usize,
+}
+
+impl Row {
+    /// None when the line has fewer columns than the header names.
+    fn split(words: &[String], cols: Columns) -> Option<Row> {
         let mut i = usize::from(cols.num) + if cols.counters { 2 } else { 0 };
         // The target column is empty for a rule without one (a counter).
         let has_target = !(words.get(i).is_some_and(|w| is_protocol(w))
@@ -362,30 +511,22 @@ pub fn parse(text: &str) -> Parsed<Dump> {
         };
         let (src, dst) = (words.get(i).cloned(), words.get(i + 1).cloned());
         i += 2;
-        let (Some(prot), Some(src), Some(dst)) = (prot, src, dst) else {
-            skipped.push(Skipped::new(
-                l.no,
-                l.text,
-                l.reason("fewer columns than the header names"),
-            ));
-            continue;
-        };
-        if cols.num && !words[0].chars().all(|c| c.is_ascii_digit()) {
-            skipped.push(Skipped::new(
-                l.no,
-                l.text,
-                l.reason("no rule number where the header has `num`"),
-            ));
-            continue;
-        }
-        let target = target.flatten();
-        let mut b = RuleBuilder {
-            modules: Vec::new(),
-            args: Vec::new(),
-            target_args: Vec::new(),
-            unread: Vec::new(),
-        };
-        for (name, w) in [("-s", &src), ("-d", &dst)] {
+        Some(Row {
+            target: target.flatten(),
+            prot: prot?,
+            iif,
+            oif,
+            src: src?,
+            dst: dst?,
+            rest: i,
+        })
+    }
+
+    /// The addresses, protocol and interfaces as iptables-save options; false when an address
+    /// is a host name (the listing was printed without -n).
+    fn column_args(&self, b: &mut RuleBuilder) -> bool {
+        let mut numeric = true;
+        for (name, w) in [("-s", &self.src), ("-d", &self.dst)] {
             let (n, v) = negation(w);
             if v == "anywhere" || v == "0.0.0.0/0" {
                 continue;
@@ -395,11 +536,11 @@ pub fn parse(text: &str) -> Parsed<Dump> {
             }
             b.push(None, n, name, &[v]);
         }
-        let (n, p) = negation(&prot);
+        let (n, p) = negation(&self.prot);
         if p != "all" && p != "0" {
             b.push(None, n, "-p", &[p]);
         }
-        for (name, w) in [("-i", &iif), ("-o", &oif)] {
+        for (name, w) in [("-i", &self.iif), ("-o", &self.oif)] {
             if let Some(w) = w {
                 let (n, v) = negation(w);
                 if v != "any" && v != "*" {
@@ -407,52 +548,7 @@ pub fn parse(text: &str) -> Parsed<Dump> {
                 }
             }
         }
-        b.extras(
-            &words[i.min(words.len())..],
-            target.as_deref().unwrap_or(""),
-        );
-        if !b.unread.is_empty() {
-            unread += 1;
-            let u = b.unread.join(" ");
-            b.push(Some("listing"), false, "--unread", &[&u]);
-        }
-        chain.rules.push(Rule {
-            line: l.no,
-            text: line.trim().to_string(),
-            modules: b.modules,
-            args: b.args,
-            target: target.map(|name| Target {
-                name,
-                goto: false,
-                args: b.target_args,
-            }),
-        });
-    }
-    if ifaces_hidden {
-        dump.ifaces_hidden = true;
-        dump.assumptions.push(
-            "the listing was printed without -v: it shows no in/out interfaces, so a rule that looks unconditional may match only some interfaces".into(),
-        );
-    }
-    let names: Vec<String> = chains.iter().map(|c| c.name.clone()).collect();
-    dump.tables.entry(table.clone()).or_default().chains = chains;
-    dump.assumptions.push(format!(
-        "an `iptables -L` listing, not iptables-save: read into table {table} (chains {}); a listing prints matches in its own words, read back where they map to iptables-save options",
-        names.join(", ")
-    ));
-    if unread > 0 {
-        dump.assumptions.push(format!(
-            "{unread} listed rule(s) print a match not read back (`-m listing --unread`): they count as not matching"
-        ));
-    }
-    if !numeric {
-        dump.assumptions.push(
-            "the listing was printed without -n: host names in it are not read as addresses".into(),
-        );
-    }
-    Parsed {
-        value: dump,
-        skipped,
+        numeric
     }
 }
 

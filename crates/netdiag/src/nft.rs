@@ -133,113 +133,108 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
             skipped.push(Skipped::new(i, item.to_string(), "not an object"));
             continue;
         };
-        let family = str_field(obj, "family");
-        let table = str_field(obj, "table");
-        let name = str_field(obj, "name");
-        match kind.as_str() {
-            "metainfo" => rs.version = str_field(obj, "version"),
-            "table" => match (family, name) {
-                (Some(family), Some(name)) => rs.tables.push(TableRef { family, name }),
-                _ => skipped.push(Skipped::new(
-                    i,
-                    item.to_string(),
-                    "table without family/name",
-                )),
-            },
-            "chain" => {
-                let (Some(family), Some(table), Some(name)) = (family, table, name) else {
-                    skipped.push(Skipped::new(
-                        i,
-                        item.to_string(),
-                        "chain without family/table/name",
-                    ));
-                    continue;
-                };
-                let hook = match (
-                    str_field(obj, "hook"),
-                    obj.get("prio").and_then(Value::as_i64),
-                ) {
-                    (Some(hook), Some(priority)) => Some(Hook {
-                        kind: str_field(obj, "type").unwrap_or_else(|| "filter".into()),
-                        hook,
-                        priority,
-                        policy: str_field(obj, "policy").unwrap_or_else(|| "accept".into()),
-                    }),
-                    _ => None,
-                };
-                rs.chains.push(Chain {
-                    family,
-                    table,
-                    name,
-                    hook,
-                });
-            }
-            "rule" => {
-                let (Some(family), Some(table), Some(chain)) =
-                    (family, table, str_field(obj, "chain"))
-                else {
-                    skipped.push(Skipped::new(
-                        i,
-                        item.to_string(),
-                        "rule without family/table/chain",
-                    ));
-                    continue;
-                };
-                let expr = obj
-                    .get("expr")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
-                let uses_xt = expr.iter().any(|e| e.get("xt").is_some());
-                let comment = str_field(obj, "comment");
-                let mut text = render_exprs(&expr);
-                if let Some(c) = &comment {
-                    text.push_str(&format!(" comment {c:?}"));
-                }
-                rs.rules.push(Rule {
-                    family,
-                    table,
-                    chain,
-                    handle: obj.get("handle").and_then(Value::as_u64),
-                    comment,
-                    expr,
-                    text,
-                    uses_xt,
-                });
-            }
-            "set" | "map" => {
-                let (Some(family), Some(table), Some(name)) = (family, table, name) else {
-                    skipped.push(Skipped::new(
-                        i,
-                        item.to_string(),
-                        "set without family/table/name",
-                    ));
-                    continue;
-                };
-                rs.sets.push(Set {
-                    family,
-                    table,
-                    name,
-                    is_map: kind == "map",
-                    key_type: obj.get("type").cloned().unwrap_or(Value::Null),
-                    elements: obj
-                        .get("elem")
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default(),
-                });
-            }
-            // Objects the walk does not use yet; not an error.
-            "counter" | "quota" | "ct helper" | "limit" | "flowtable" | "ct timeout"
-            | "ct expectation" | "secmark" | "synproxy" | "element" => {}
-            other => skipped.push(Skipped::new(
-                i,
-                item.to_string(),
-                format!("unknown element {other:?}"),
-            )),
+        if let Err(why) = read_item(&mut rs, kind, obj) {
+            skipped.push(Skipped::new(i, item.to_string(), why));
         }
     }
     Parsed { value: rs, skipped }
+}
+
+/// One element of the `nftables` array into `rs`; why it was not read.
+fn read_item(rs: &mut Ruleset, kind: &str, obj: &Value) -> Result<(), String> {
+    match kind {
+        "metainfo" => rs.version = str_field(obj, "version"),
+        "table" => match (str_field(obj, "family"), str_field(obj, "name")) {
+            (Some(family), Some(name)) => rs.tables.push(TableRef { family, name }),
+            _ => return Err("table without family/name".into()),
+        },
+        "chain" => rs
+            .chains
+            .push(read_chain(obj).ok_or("chain without family/table/name")?),
+        "rule" => rs
+            .rules
+            .push(read_rule(obj).ok_or("rule without family/table/chain")?),
+        "set" | "map" => rs
+            .sets
+            .push(read_set(kind, obj).ok_or("set without family/table/name")?),
+        // Objects the walk does not use yet; not an error.
+        "counter" | "quota" | "ct helper" | "limit" | "flowtable" | "ct timeout"
+        | "ct expectation" | "secmark" | "synproxy" | "element" => {}
+        other => return Err(format!("unknown element {other:?}")),
+    }
+    Ok(())
+}
+
+/// A chain; a base chain (with hook and priority) has its [`Hook`].
+fn read_chain(obj: &Value) -> Option<Chain> {
+    let (family, table, name) = (
+        str_field(obj, "family")?,
+        str_field(obj, "table")?,
+        str_field(obj, "name")?,
+    );
+    let hook = match (
+        str_field(obj, "hook"),
+        obj.get("prio").and_then(Value::as_i64),
+    ) {
+        (Some(hook), Some(priority)) => Some(Hook {
+            kind: str_field(obj, "type").unwrap_or_else(|| "filter".into()),
+            hook,
+            priority,
+            policy: str_field(obj, "policy").unwrap_or_else(|| "accept".into()),
+        }),
+        _ => None,
+    };
+    Some(Chain {
+        family,
+        table,
+        name,
+        hook,
+    })
+}
+
+/// A rule, with its expressions rendered in nft's syntax (and its comment).
+fn read_rule(obj: &Value) -> Option<Rule> {
+    let (family, table, chain) = (
+        str_field(obj, "family")?,
+        str_field(obj, "table")?,
+        str_field(obj, "chain")?,
+    );
+    let expr = obj
+        .get("expr")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let uses_xt = expr.iter().any(|e| e.get("xt").is_some());
+    let comment = str_field(obj, "comment");
+    let mut text = render_exprs(&expr);
+    if let Some(c) = &comment {
+        text.push_str(&format!(" comment {c:?}"));
+    }
+    Some(Rule {
+        family,
+        table,
+        chain,
+        handle: obj.get("handle").and_then(Value::as_u64),
+        comment,
+        expr,
+        text,
+        uses_xt,
+    })
+}
+
+fn read_set(kind: &str, obj: &Value) -> Option<Set> {
+    Some(Set {
+        family: str_field(obj, "family")?,
+        table: str_field(obj, "table")?,
+        name: str_field(obj, "name")?,
+        is_map: kind == "map",
+        key_type: obj.get("type").cloned().unwrap_or(Value::Null),
+        elements: obj
+            .get("elem")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default(),
+    })
 }
 
 /// A rule's expressions in nft's syntax, space-separated.

@@ -275,134 +275,8 @@ impl NodeState {
         }
         for (o, text) in by_kind {
             st.present.push(o);
-            let pasted = crate::paste::lines(&text);
-            if o == Output::Sysctl && pasted.grep_cut {
-                st.sysctls_cut = true;
-            }
-            if o == Output::IpAddr
-                && (pasted.grep_cut || pasted.commands.iter().any(|c| shows_one_device(c)))
-            {
-                addrs_cut = true;
-                if !pasted.grep_cut {
-                    st.assumptions.push(format!(
-                        "{}: `{}` shows one device's addresses: the others are unknown",
-                        o.file_name(),
-                        pasted
-                            .commands
-                            .iter()
-                            .find(|c| shows_one_device(c))
-                            .expect("one")
-                    ));
-                }
-            }
-            for note in pasted.notes() {
-                st.assumptions.push(format!("{}: {note}", o.file_name()));
-            }
-            let skipped = match o {
-                Output::IptablesSave | Output::Ip6tablesSave => {
-                    let p = iptables::parse(&text);
-                    let mut d = p.value;
-                    for a in d.assumptions.drain(..) {
-                        st.assumptions.push(format!("{}: {a}", o.file_name()));
-                    }
-                    if o == Output::IptablesSave {
-                        st.iptables = Some(d);
-                    } else {
-                        st.ip6tables = Some(d);
-                    }
-                    p.skipped
-                }
-                Output::NftRuleset => {
-                    let p = nft::parse(&text);
-                    st.nft = Some(p.value);
-                    p.skipped
-                }
-                Output::IpRule => {
-                    let p = iproute::parse_rules(&text);
-                    st.rules = Some(p.value);
-                    p.skipped
-                }
-                Output::IpRoute => {
-                    let p = iproute::parse_routes(&text);
-                    st.routes = Some(p.value);
-                    p.skipped
-                }
-                Output::Ip6Rule => {
-                    let p = iproute::parse_rules(&text);
-                    st.rules6 = Some(p.value);
-                    p.skipped
-                }
-                Output::Ip6Route => {
-                    let p = iproute::parse_routes6(&text);
-                    st.routes6 = Some(p.value);
-                    p.skipped
-                }
-                Output::IpLink => {
-                    let p = iproute::parse_links(&text);
-                    st.links = Some(p.value);
-                    p.skipped
-                }
-                Output::IpAddr => {
-                    let p = iproute::parse_addrs(&text);
-                    st.addrs = Some(p.value);
-                    p.skipped
-                }
-                Output::IpNeigh => {
-                    let p = iproute::parse_neighbours(&text);
-                    st.neighbours = Some(p.value);
-                    p.skipped
-                }
-                Output::Sysctl => {
-                    let p = sysctl::parse(&text);
-                    st.sysctls = Some(p.value);
-                    p.skipped
-                }
-                Output::IpsetList => {
-                    st.ipset = Some(text);
-                    Vec::new()
-                }
-                Output::IpvsadmLn => {
-                    st.ipvs = Some(text);
-                    Vec::new()
-                }
-                Output::ConntrackStats => {
-                    st.conntrack_stats = Some(text);
-                    Vec::new()
-                }
-                Output::ConntrackList => {
-                    let p = crate::conntrack::parse(&text);
-                    st.conntrack = Some(p.value);
-                    p.skipped
-                }
-                Output::IpRouteGet => {
-                    let p = crate::route_get::parse(&text);
-                    st.route_gets = Some(p.value);
-                    p.skipped
-                }
-                Output::IpvsadmConns => {
-                    let p = crate::ipvs::parse_connections(&text);
-                    st.ipvs_conns = Some(p.value);
-                    p.skipped
-                }
-                Output::HairpinMode => {
-                    let p = crate::hairpin::parse(&text);
-                    st.hairpin = Some(p.value);
-                    p.skipped
-                }
-                Output::KernelLog => {
-                    let p = crate::kernel_log::parse(&text);
-                    st.martians = Some(p.value);
-                    p.skipped
-                }
-                Output::PodIpAddr => {
-                    pod_text = Some(text);
-                    Vec::new()
-                }
-                Output::PodResolvConf => {
-                    st.pod_resolv_conf = Some(text);
-                    Vec::new()
-                }
-            };
+            addrs_cut |= st.note_paste(o, &text);
+            let skipped = st.read_output(o, text, &mut pod_text);
             st.skipped.extend(skipped.into_iter().map(|s| (o, s)));
         }
         st.addrs_partial = addrs_cut;
@@ -411,6 +285,151 @@ impl NodeState {
             st.pod = st.read_pod(&text);
         }
         st
+    }
+
+    /// What the paste itself tells of output `o`: a grep-cut sysctl listing, the paste's notes;
+    /// true when the addresses are cut (grep, or one device's shown).
+    fn note_paste(&mut self, o: Output, text: &str) -> bool {
+        let pasted = crate::paste::lines(text);
+        let mut addrs_cut = false;
+        if o == Output::Sysctl && pasted.grep_cut {
+            self.sysctls_cut = true;
+        }
+        if o == Output::IpAddr
+            && (pasted.grep_cut || pasted.commands.iter().any(|c| shows_one_device(c)))
+        {
+            addrs_cut = true;
+            if !pasted.grep_cut {
+                self.assumptions.push(format!(
+                    "{}: `{}` shows one device's addresses: the others are unknown",
+                    o.file_name(),
+                    pasted
+                        .commands
+                        .iter()
+                        .find(|c| shows_one_device(c))
+                        .expect("one")
+                ));
+            }
+        }
+        for note in pasted.notes() {
+            self.assumptions.push(format!("{}: {note}", o.file_name()));
+        }
+        addrs_cut
+    }
+
+    /// Parses output `o` into its field (the pod's addresses into `pod_text`, read once the
+    /// node's are known); the lines it could not read.
+    fn read_output(
+        &mut self,
+        o: Output,
+        text: String,
+        pod_text: &mut Option<String>,
+    ) -> Vec<Skipped> {
+        match o {
+            Output::IptablesSave | Output::Ip6tablesSave => {
+                let p = iptables::parse(&text);
+                let mut d = p.value;
+                for a in d.assumptions.drain(..) {
+                    self.assumptions.push(format!("{}: {a}", o.file_name()));
+                }
+                if o == Output::IptablesSave {
+                    self.iptables = Some(d);
+                } else {
+                    self.ip6tables = Some(d);
+                }
+                p.skipped
+            }
+            Output::NftRuleset => {
+                let p = nft::parse(&text);
+                self.nft = Some(p.value);
+                p.skipped
+            }
+            Output::IpRule => {
+                let p = iproute::parse_rules(&text);
+                self.rules = Some(p.value);
+                p.skipped
+            }
+            Output::IpRoute => {
+                let p = iproute::parse_routes(&text);
+                self.routes = Some(p.value);
+                p.skipped
+            }
+            Output::Ip6Rule => {
+                let p = iproute::parse_rules(&text);
+                self.rules6 = Some(p.value);
+                p.skipped
+            }
+            Output::Ip6Route => {
+                let p = iproute::parse_routes6(&text);
+                self.routes6 = Some(p.value);
+                p.skipped
+            }
+            Output::IpLink => {
+                let p = iproute::parse_links(&text);
+                self.links = Some(p.value);
+                p.skipped
+            }
+            Output::IpAddr => {
+                let p = iproute::parse_addrs(&text);
+                self.addrs = Some(p.value);
+                p.skipped
+            }
+            Output::IpNeigh => {
+                let p = iproute::parse_neighbours(&text);
+                self.neighbours = Some(p.value);
+                p.skipped
+            }
+            Output::Sysctl => {
+                let p = sysctl::parse(&text);
+                self.sysctls = Some(p.value);
+                p.skipped
+            }
+            Output::IpsetList => {
+                self.ipset = Some(text);
+                Vec::new()
+            }
+            Output::IpvsadmLn => {
+                self.ipvs = Some(text);
+                Vec::new()
+            }
+            Output::ConntrackStats => {
+                self.conntrack_stats = Some(text);
+                Vec::new()
+            }
+            Output::ConntrackList => {
+                let p = crate::conntrack::parse(&text);
+                self.conntrack = Some(p.value);
+                p.skipped
+            }
+            Output::IpRouteGet => {
+                let p = crate::route_get::parse(&text);
+                self.route_gets = Some(p.value);
+                p.skipped
+            }
+            Output::IpvsadmConns => {
+                let p = crate::ipvs::parse_connections(&text);
+                self.ipvs_conns = Some(p.value);
+                p.skipped
+            }
+            Output::HairpinMode => {
+                let p = crate::hairpin::parse(&text);
+                self.hairpin = Some(p.value);
+                p.skipped
+            }
+            Output::KernelLog => {
+                let p = crate::kernel_log::parse(&text);
+                self.martians = Some(p.value);
+                p.skipped
+            }
+            Output::PodIpAddr => {
+                *pod_text = Some(text);
+                Vec::new()
+            }
+            Output::PodResolvConf => {
+                self.pod_resolv_conf = Some(text);
+                Vec::new()
+            }
+        }
     }
 
     /// Whether the routes hold more than table main (`ip route show table all`, or table local

@@ -207,67 +207,55 @@ pub fn parse(text: &str) -> Parsed<Dump> {
     if crate::iptables_listing::is_listing(text) {
         return crate::iptables_listing::parse(text);
     }
-    let mut dump = Dump::default();
-    let mut skipped = Vec::new();
-    let mut table: Option<String> = None;
-    let mut inferred: BTreeMap<&'static str, usize> = BTreeMap::new();
+    let mut r = SaveReader::default();
     let pasted = paste::lines(text);
     for l in pasted.data() {
-        let (lineno, raw) = (l.no, l.text);
-        let mut line = raw.trim();
-        // `iptables-save -c` puts each rule's counters first: `[12:720] -A …`.
-        if let Some(rest) = line.strip_prefix('[') {
-            if let Some((counters, rule)) = rest.split_once(']') {
-                if counters.split_once(':').is_some_and(|(a, b)| {
-                    a.chars().all(|c| c.is_ascii_digit()) && b.chars().all(|c| c.is_ascii_digit())
-                }) {
-                    line = rule.trim_start();
-                }
-            }
-        }
+        r.line(l);
+    }
+    r.finish()
+}
+
+/// An iptables-save text being read: the dump so far, the `*table` the lines are in (none
+/// after its COMMIT) and how many lines had to be put in a table by their chain.
+#[derive(Default)]
+struct SaveReader {
+    dump: Dump,
+    skipped: Vec<Skipped>,
+    table: Option<String>,
+    inferred: BTreeMap<&'static str, usize>,
+}
+
+impl SaveReader {
+    fn line(&mut self, l: &paste::Line) {
+        let line = without_counters(l.text.trim());
         if let Some(rest) = line.strip_prefix('#') {
             if rest
                 .trim_start()
                 .starts_with("Warning: iptables-legacy tables present")
             {
-                dump.assumptions.push("iptables-nft-save warns that iptables-legacy tables exist too: their rules are not in this dump (iptables-legacy-save shows them)".into());
+                self.dump.assumptions.push("iptables-nft-save warns that iptables-legacy tables exist too: their rules are not in this dump (iptables-legacy-save shows them)".into());
             }
-            read_header(rest, &mut dump);
-            continue;
+            read_header(rest, &mut self.dump);
+            return;
         }
         if let Some(name) = line.strip_prefix('*') {
-            table = Some(name.trim().to_string());
-            dump.tables.entry(name.trim().to_string()).or_default();
-            continue;
+            self.table = Some(name.trim().to_string());
+            self.dump.tables.entry(name.trim().to_string()).or_default();
+            return;
         }
         if line == "COMMIT" {
-            table = None;
-            continue;
+            self.table = None;
+            return;
         }
         if let Some(decl) = line.strip_prefix(':') {
-            // `:KUBE-SERVICES - [0:0]` or `:FORWARD DROP [12:345]`
-            let mut parts = decl.split_whitespace();
-            let (Some(name), Some(policy)) = (parts.next(), parts.next()) else {
-                skipped.push(Skipped::new(
-                    lineno,
-                    raw,
-                    "chain declaration without a policy",
-                ));
-                continue;
-            };
-            let t = table.clone().unwrap_or_else(|| {
-                *inferred.entry(infer_table(name, None)).or_default() += 1;
-                infer_table(name, None).to_string()
-            });
-            let chain = dump.tables.entry(t).or_default().chain_mut(name);
-            chain.policy = (policy != "-").then(|| policy.to_string());
-            continue;
+            self.declaration(l, decl);
+            return;
         }
         let words = match split_words(line) {
             Ok(w) => w,
             Err(e) => {
-                skipped.push(Skipped::new(lineno, raw, l.reason(e)));
-                continue;
+                self.skipped.push(Skipped::new(l.no, l.text, l.reason(e)));
+                return;
             }
         };
         // `-t nat -A …` as pasted from a script.
@@ -275,81 +263,143 @@ pub fn parse(text: &str) -> Parsed<Dump> {
             [t, name, rest @ ..] if t == "-t" || t == "--table" => (Some(name.clone()), rest),
             w => (None, w),
         };
+        self.command(l, line, explicit_table, words);
+    }
+
+    /// `:KUBE-SERVICES - [0:0]` or `:FORWARD DROP [12:345]`
+    fn declaration(&mut self, l: &paste::Line, decl: &str) {
+        let mut parts = decl.split_whitespace();
+        let (Some(name), Some(policy)) = (parts.next(), parts.next()) else {
+            self.skipped.push(Skipped::new(
+                l.no,
+                l.text,
+                "chain declaration without a policy",
+            ));
+            return;
+        };
+        let t = self.table_or(None, || infer_table(name, None));
+        let chain = self.dump.tables.entry(t).or_default().chain_mut(name);
+        chain.policy = (policy != "-").then(|| policy.to_string());
+    }
+
+    /// `-P`, `-N`, `-A` / `-I` (`line` is the rule's text).
+    fn command(
+        &mut self,
+        l: &paste::Line,
+        line: &str,
+        explicit_table: Option<String>,
+        words: &[String],
+    ) {
         match words {
             [p, chain, policy] if p == "-P" || p == "--policy" => {
-                let t = explicit_table.or(table.clone()).unwrap_or_else(|| {
-                    *inferred.entry("filter").or_default() += 1;
-                    "filter".to_string()
-                });
-                dump.tables.entry(t).or_default().chain_mut(chain).policy = Some(policy.clone());
+                let t = self.table_or(explicit_table, || "filter");
+                let chain = self.dump.tables.entry(t).or_default().chain_mut(chain);
+                chain.policy = Some(policy.clone());
             }
             [n, chain] if n == "-N" || n == "--new-chain" => {
-                let t = explicit_table.or(table.clone()).unwrap_or_else(|| {
-                    *inferred.entry(infer_table(chain, None)).or_default() += 1;
-                    infer_table(chain, None).to_string()
-                });
-                dump.tables.entry(t).or_default().chain_mut(chain);
+                let t = self.table_or(explicit_table, || infer_table(chain, None));
+                self.dump.tables.entry(t).or_default().chain_mut(chain);
             }
             [a, chain, rest @ ..] if a == "-A" || a == "--append" || a == "-I" => {
-                let (modules, args, target) = match parse_rule_words(rest) {
-                    Ok(parsed) => parsed,
-                    Err(e) => {
-                        skipped.push(Skipped::new(lineno, raw, l.reason(e)));
-                        continue;
-                    }
-                };
-                // A rule with no target is legal (a counter), but as a paste's unterminated
-                // last line it is much more likely cut off before its `-j`; inside a table
-                // that was never COMMITted (iptables-save always ends each one), the last line
-                // is cut wherever it ends: not guessed at.
-                if l.unterminated && (target.is_none() || table.is_some()) {
-                    skipped.push(Skipped::new(
-                        lineno,
-                        raw,
-                        "the last line, cut off by the paste? (no line end, and no target or no COMMIT after it)",
-                    ));
-                    continue;
-                }
-                let t = explicit_table.or(table.clone()).unwrap_or_else(|| {
-                    let t = infer_table(chain, target.as_ref().map(|t| t.name.as_str()));
-                    *inferred.entry(t).or_default() += 1;
-                    t.to_string()
-                });
-                let rule = Rule {
-                    line: lineno,
-                    text: line.to_string(),
-                    modules,
-                    args,
-                    target,
-                };
-                dump.tables
-                    .entry(t)
-                    .or_default()
-                    .chain_mut(chain)
-                    .rules
-                    .push(rule);
+                self.append(l, line, explicit_table, chain, rest)
             }
-            _ => skipped.push(Skipped::new(
-                lineno,
-                raw,
+            _ => self.skipped.push(Skipped::new(
+                l.no,
+                l.text,
                 l.reason("not an iptables-save line"),
             )),
         }
     }
-    if let Some(t) = &table {
-        dump.assumptions.push(format!(
-            "the dump ends inside *{t} with no COMMIT: the paste was cut, rules after its last line are unknown"
-        ));
+
+    fn append(
+        &mut self,
+        l: &paste::Line,
+        line: &str,
+        explicit_table: Option<String>,
+        chain: &str,
+        rest: &[String],
+    ) {
+        let (modules, args, target) = match parse_rule_words(rest) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                self.skipped.push(Skipped::new(l.no, l.text, l.reason(e)));
+                return;
+            }
+        };
+        // A rule with no target is legal (a counter), but as a paste's unterminated
+        // last line it is much more likely cut off before its `-j`; inside a table
+        // that was never COMMITted (iptables-save always ends each one), the last line
+        // is cut wherever it ends: not guessed at.
+        if l.unterminated && (target.is_none() || self.table.is_some()) {
+            self.skipped.push(Skipped::new(
+                l.no,
+                l.text,
+                "the last line, cut off by the paste? (no line end, and no target or no COMMIT after it)",
+            ));
+            return;
+        }
+        let t = self.table_or(explicit_table, || {
+            infer_table(chain, target.as_ref().map(|t| t.name.as_str()))
+        });
+        let rule = Rule {
+            line: l.no,
+            text: line.to_string(),
+            modules,
+            args,
+            target,
+        };
+        self.dump
+            .tables
+            .entry(t)
+            .or_default()
+            .chain_mut(chain)
+            .rules
+            .push(rule);
     }
-    for (t, n) in inferred {
-        dump.assumptions.push(format!(
-            "{n} line(s) had no `*table` header; put in `{t}` by their chain and target"
-        ));
+
+    /// The `-t` table, else the `*table` the line is in, else `infer` (counted, to be said).
+    fn table_or(
+        &mut self,
+        explicit: Option<String>,
+        infer: impl FnOnce() -> &'static str,
+    ) -> String {
+        explicit.or(self.table.clone()).unwrap_or_else(|| {
+            let t = infer();
+            *self.inferred.entry(t).or_default() += 1;
+            t.to_string()
+        })
     }
-    Parsed {
-        value: dump,
-        skipped,
+
+    fn finish(mut self) -> Parsed<Dump> {
+        if let Some(t) = &self.table {
+            self.dump.assumptions.push(format!(
+                "the dump ends inside *{t} with no COMMIT: the paste was cut, rules after its last line are unknown"
+            ));
+        }
+        for (t, n) in self.inferred {
+            self.dump.assumptions.push(format!(
+                "{n} line(s) had no `*table` header; put in `{t}` by their chain and target"
+            ));
+        }
+        Parsed {
+            value: self.dump,
+            skipped: self.skipped,
+        }
     }
+}
+
+/// `iptables-save -c` puts each rule's counters first: `[12:720] -A …`.
+fn without_counters(line: &str) -> &str {
+    if let Some(rest) = line.strip_prefix('[') {
+        if let Some((counters, rule)) = rest.split_once(']') {
+            if counters.split_once(':').is_some_and(|(a, b)| {
+                a.chars().all(|c| c.is_ascii_digit()) && b.chars().all(|c| c.is_ascii_digit())
+            }) {
+                return rule.trim_start();
+            }
+        }
+    }
+    line
 }
 
 /// `# Generated by iptables-nft-save v1.8.9 (nf_tables) on …`,

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use crate::iptables::{Dump, Rule as IptRule};
+use crate::iptables::{Dump, Rule as IptRule, Target};
 
 use super::nat::endpoint;
 use super::packet::{Flow, Pkt, Proto};
@@ -26,150 +26,187 @@ impl Walker<'_> {
         if depth > 16 {
             return Flow::Return;
         }
-        let place = format!("{} {table} {chain}", super::hooks::ipt_name(p));
+        let at = IptAt {
+            d,
+            table,
+            stage,
+            depth,
+            place: format!("{} {table} {chain}", super::hooks::ipt_name(p)),
+        };
         let rules = ch.rules.clone();
         // The rule taken in a `-m statistic` cascade (each of its options is walked in turn).
         let mut cascade: Option<usize> = None;
-        let mut i = 0;
-        while i < rules.len() {
-            let idx = i;
-            let r = &rules[i];
-            i += 1;
-            match self.ipt_matches(r, p) {
-                Some(true) => {}
-                Some(false) => continue,
-                None => continue,
+        for (idx, r) in rules.iter().enumerate() {
+            if self.ipt_matches(r, p) != Some(true) {
+                continue;
             }
-            if r.module_arg("statistic", "--mode").is_some() {
-                match cascade {
-                    Some(taken) if taken != idx => continue,
-                    Some(_) => {}
-                    None => {
-                        let options = self.one_of_ipt(d, table, &rules[idx..]);
-                        let c = self.choose(options.iter().map(|(_, l)| l.clone()).collect());
-                        let taken = idx + options.get(c).map_or(0, |(o, _)| *o);
-                        cascade = Some(taken);
-                        if taken != idx {
-                            continue;
-                        }
-                    }
-                }
+            if r.module_arg("statistic", "--mode").is_some()
+                && !self.ipt_cascade_takes(&at, &rules, idx, &mut cascade)
+            {
+                continue;
             }
-            let Some(target) = r.target.clone() else {
+            let Some(target) = &r.target else {
                 continue; // a rule without a target only counts
             };
-            let name = target.name.as_str();
-            match name {
-                "ACCEPT" => {
-                    self.hop(stage, place, Some(r.text.clone()), "accepted");
-                    return Flow::Accept;
-                }
-                "DROP" | "REJECT" => {
-                    let rejected = name == "REJECT";
-                    self.rejected = rejected;
-                    let what = if rejected { "rejected" } else { "dropped" };
-                    self.hop(stage, place, Some(r.text.clone()), what);
-                    return Flow::Drop(r.text.clone());
-                }
-                "RETURN" => return Flow::Return,
-                "MARK" => {
-                    apply_xmark(&mut p.mark, r);
-                    self.hop(
-                        stage,
-                        place.clone(),
-                        Some(r.text.clone()),
-                        format!("mark → {:#x}", p.mark),
-                    );
-                }
-                "CONNMARK" => {
-                    if r.target_arg("--save-mark").is_some()
-                        || target.args.iter().any(|a| a.name == "--save-mark")
-                    {
-                        p.ct_mark = p.mark;
-                    } else if target.args.iter().any(|a| a.name == "--restore-mark") {
-                        p.mark = p.ct_mark;
-                    } else {
-                        apply_xmark(&mut p.ct_mark, r);
-                    }
-                    self.hop(
-                        stage,
-                        place.clone(),
-                        Some(r.text.clone()),
-                        format!("ct mark {:#x}, mark {:#x}", p.ct_mark, p.mark),
-                    );
-                }
-                "DNAT" => {
-                    let to = r
-                        .target_arg("--to-destination")
-                        .unwrap_or_default()
-                        .to_string();
-                    if let Some((ip, port)) = split_host_port(&to) {
-                        p.dst = ip;
-                        if let Some(port) = port {
-                            p.dport = port;
-                        }
-                        p.dnat = true;
-                    }
-                    p.nat_bound = true;
-                    self.note_endpoints(vec![endpoint(p.dst, Some(p.dport))]);
-                    self.dnat_hop(p, "DNAT", stage, &place, &r.text);
-                    return Flow::Accept;
-                }
-                "REDIRECT" => {
-                    // To the incoming interface's primary address (127.0.0.1 from the node).
-                    let addr = self.redirect_target(p);
-                    let Some(addr) = addr else {
-                        self.assume(format!(
-                            "REDIRECT on {}, which has no {} address known: passed over (`{}`)",
-                            p.iif,
-                            if p.v6() { "IPv6" } else { "IPv4" },
-                            r.text
-                        ));
-                        continue;
-                    };
-                    p.dst = addr;
-                    if let Some(port) = r
-                        .target_arg("--to-ports")
-                        .and_then(|x| x.split('-').next()?.parse().ok())
-                    {
-                        p.dport = port;
-                    }
-                    p.dnat = true;
-                    p.nat_bound = true;
-                    self.note_endpoints(vec![endpoint(p.dst, Some(p.dport))]);
-                    self.dnat_hop(p, "REDIRECT", stage, &place, &r.text);
-                    return Flow::Accept;
-                }
-                "SNAT" => {
-                    let to = split_host_port(r.target_arg("--to-source").unwrap_or_default());
-                    self.snat(p, to.map(|(ip, _)| ip), stage, &place, &r.text);
-                    return Flow::Accept;
-                }
-                "MASQUERADE" => {
-                    self.masquerade(p, "MASQUERADE", stage, &place, &r.text);
-                    return Flow::Accept;
-                }
-                "LOG" | "TRACE" | "NFLOG" | "ULOG" | "CT" | "NOTRACK" | "AUDIT" => {}
-                user if d.chain(table, user).is_some() => {
-                    self.hop(
-                        stage,
-                        place.clone(),
-                        Some(r.text.clone()),
-                        format!("{} {user}", if target.goto { "goto" } else { "jump" }),
-                    );
-                    match self.ipt_chain(d, table, user, p, stage, depth + 1) {
-                        Flow::Return if target.goto => return Flow::Return,
-                        Flow::Return => {}
-                        other => return other,
-                    }
-                }
-                other => self.assume(format!(
-                    "iptables target {other} not modelled: passed over (`{}`)",
-                    r.text
-                )),
+            if let Some(flow) = self.ipt_target(&at, r, target, p) {
+                return flow;
             }
         }
         Flow::Return
+    }
+
+    /// Whether rule `idx` of a `-m statistic` cascade is the one walked: chosen once, at the
+    /// cascade's first rule.
+    fn ipt_cascade_takes(
+        &mut self,
+        at: &IptAt,
+        rules: &[IptRule],
+        idx: usize,
+        cascade: &mut Option<usize>,
+    ) -> bool {
+        if let Some(taken) = *cascade {
+            return taken == idx;
+        }
+        let options = self.one_of_ipt(at.d, at.table, &rules[idx..]);
+        let c = self.choose(options.iter().map(|(_, l)| l.clone()).collect());
+        let taken = idx + options.get(c).map_or(0, |(o, _)| *o);
+        *cascade = Some(taken);
+        taken == idx
+    }
+
+    /// Applies a matching rule's target: how the chain ends, or `None` for its next rule.
+    fn ipt_target(
+        &mut self,
+        at: &IptAt,
+        r: &IptRule,
+        target: &Target,
+        p: &mut Pkt,
+    ) -> Option<Flow> {
+        let (stage, place) = (at.stage, &at.place);
+        let name = target.name.as_str();
+        match name {
+            "ACCEPT" => {
+                self.hop(stage, place.clone(), Some(r.text.clone()), "accepted");
+                Some(Flow::Accept)
+            }
+            "DROP" | "REJECT" => {
+                let rejected = name == "REJECT";
+                self.rejected = rejected;
+                let what = if rejected { "rejected" } else { "dropped" };
+                self.hop(stage, place.clone(), Some(r.text.clone()), what);
+                Some(Flow::Drop(r.text.clone()))
+            }
+            "RETURN" => Some(Flow::Return),
+            "MARK" => {
+                apply_xmark(&mut p.mark, r);
+                self.hop(
+                    stage,
+                    place.clone(),
+                    Some(r.text.clone()),
+                    format!("mark → {:#x}", p.mark),
+                );
+                None
+            }
+            "CONNMARK" => {
+                self.ipt_connmark(at, r, target, p);
+                None
+            }
+            "DNAT" => Some(self.ipt_dnat(at, r, p)),
+            "REDIRECT" => self.ipt_redirect(at, r, p),
+            "SNAT" => {
+                let to = split_host_port(r.target_arg("--to-source").unwrap_or_default());
+                self.snat(p, to.map(|(ip, _)| ip), stage, place, &r.text);
+                Some(Flow::Accept)
+            }
+            "MASQUERADE" => {
+                self.masquerade(p, "MASQUERADE", stage, place, &r.text);
+                Some(Flow::Accept)
+            }
+            "LOG" | "TRACE" | "NFLOG" | "ULOG" | "CT" | "NOTRACK" | "AUDIT" => None,
+            user if at.d.chain(at.table, user).is_some() => {
+                self.hop(
+                    stage,
+                    place.clone(),
+                    Some(r.text.clone()),
+                    format!("{} {user}", if target.goto { "goto" } else { "jump" }),
+                );
+                match self.ipt_chain(at.d, at.table, user, p, stage, at.depth + 1) {
+                    Flow::Return if target.goto => Some(Flow::Return),
+                    Flow::Return => None,
+                    other => Some(other),
+                }
+            }
+            other => {
+                self.assume(format!(
+                    "iptables target {other} not modelled: passed over (`{}`)",
+                    r.text
+                ));
+                None
+            }
+        }
+    }
+
+    /// CONNMARK: `--save-mark`, `--restore-mark`, else set/xor the connection's mark.
+    fn ipt_connmark(&mut self, at: &IptAt, r: &IptRule, target: &Target, p: &mut Pkt) {
+        if r.target_arg("--save-mark").is_some()
+            || target.args.iter().any(|a| a.name == "--save-mark")
+        {
+            p.ct_mark = p.mark;
+        } else if target.args.iter().any(|a| a.name == "--restore-mark") {
+            p.mark = p.ct_mark;
+        } else {
+            apply_xmark(&mut p.ct_mark, r);
+        }
+        self.hop(
+            at.stage,
+            at.place.clone(),
+            Some(r.text.clone()),
+            format!("ct mark {:#x}, mark {:#x}", p.ct_mark, p.mark),
+        );
+    }
+
+    fn ipt_dnat(&mut self, at: &IptAt, r: &IptRule, p: &mut Pkt) -> Flow {
+        let to = r
+            .target_arg("--to-destination")
+            .unwrap_or_default()
+            .to_string();
+        if let Some((ip, port)) = split_host_port(&to) {
+            p.dst = ip;
+            if let Some(port) = port {
+                p.dport = port;
+            }
+            p.dnat = true;
+        }
+        p.nat_bound = true;
+        self.note_endpoints(vec![endpoint(p.dst, Some(p.dport))]);
+        self.dnat_hop(p, "DNAT", at.stage, &at.place, &r.text);
+        Flow::Accept
+    }
+
+    /// REDIRECT: to the incoming interface's primary address (127.0.0.1 from the node);
+    /// passed over (`None`) when that address is not known.
+    fn ipt_redirect(&mut self, at: &IptAt, r: &IptRule, p: &mut Pkt) -> Option<Flow> {
+        let Some(addr) = self.redirect_target(p) else {
+            self.assume(format!(
+                "REDIRECT on {}, which has no {} address known: passed over (`{}`)",
+                p.iif,
+                if p.v6() { "IPv6" } else { "IPv4" },
+                r.text
+            ));
+            return None;
+        };
+        p.dst = addr;
+        if let Some(port) = r
+            .target_arg("--to-ports")
+            .and_then(|x| x.split('-').next()?.parse().ok())
+        {
+            p.dport = port;
+        }
+        p.dnat = true;
+        p.nat_bound = true;
+        self.note_endpoints(vec![endpoint(p.dst, Some(p.dport))]);
+        self.dnat_hop(p, "REDIRECT", at.stage, &at.place, &r.text);
+        Some(Flow::Accept)
     }
 
     /// kube-proxy's `-m statistic --mode random` cascade: each rule is an alternative, listed
@@ -306,6 +343,15 @@ impl Walker<'_> {
         }
         Some(true)
     }
+}
+
+/// The chain an iptables walk is in, and where it reports from.
+struct IptAt<'a> {
+    d: &'a Dump,
+    table: &'a str,
+    stage: &'a str,
+    depth: usize,
+    place: String,
 }
 
 /// `MARK --set-xmark v/m` (and `--set-mark`, `--or-mark`, `--and-mark`).

@@ -25,8 +25,16 @@ impl Walker<'_> {
         if depth > 16 {
             return Flow::Return;
         }
-        let place = format!("nft {family} {table} {chain}");
-        let policy_table = super::policy::is_policy_table(family, table);
+        let at = ChainAt {
+            rs,
+            family,
+            table,
+            chain,
+            stage,
+            depth,
+            place: format!("nft {family} {table} {chain}"),
+            policy_table: super::policy::is_policy_table(family, table),
+        };
         let rules: Vec<nft::Rule> = rs
             .rules
             .iter()
@@ -36,170 +44,206 @@ impl Walker<'_> {
         // The rule taken in a cascade of `numgen random mod N == k` rules (each of its options
         // is walked in turn).
         let mut cascade: Option<usize> = None;
-        'rules: for (ri, r) in rules.iter().enumerate() {
+        for (ri, r) in rules.iter().enumerate() {
             for e in &r.expr {
                 let Some((k, v)) = e.as_object().and_then(|o| o.iter().next()) else {
                     continue;
                 };
-                match k.as_str() {
-                    "match" => match self.nft_match(rs, family, table, v, p) {
-                        Some(true) if is_numgen_match(v) => match cascade {
-                            Some(taken) if taken != ri => continue 'rules,
-                            Some(_) => {}
-                            None => {
-                                let options = self.one_of_nft(&rules[ri..]);
-                                let taken = ri + self.choose(options);
-                                cascade = Some(taken);
-                                if taken != ri {
-                                    continue 'rules;
-                                }
-                            }
-                        },
-                        Some(true) => {}
-                        _ => continue 'rules,
-                    },
-                    "counter" | "log" | "limit" | "notrack" => {}
-                    // `update @set { ip saddr }` (affinity): records, changes nothing now.
-                    "set" => {}
-                    "accept" => {
-                        if !(policy_table
-                            && self.policy_verdict(rs, chain, r, "accept", p, stage, &place))
-                        {
-                            self.hop(stage, place, Some(r.text.clone()), "accepted");
-                        }
-                        return Flow::Accept;
-                    }
-                    "drop" => {
-                        if !(policy_table
-                            && self.policy_verdict(rs, chain, r, "drop", p, stage, &place))
-                        {
-                            self.hop(stage, place, Some(r.text.clone()), "dropped");
-                        }
-                        return Flow::Drop(r.text.clone());
-                    }
-                    "reject" => {
-                        self.rejected = true;
-                        self.hop(stage, place, Some(r.text.clone()), "rejected");
-                        return Flow::Drop(r.text.clone());
-                    }
-                    "return" => {
-                        if policy_table {
-                            self.policy_verdict(rs, chain, r, "return", p, stage, &place);
-                        }
-                        return Flow::Return;
-                    }
-                    "jump" | "goto" => {
-                        let target = v["target"].as_str().unwrap_or_default().to_string();
-                        self.hop(
-                            stage,
-                            place.clone(),
-                            Some(r.text.clone()),
-                            format!("{k} {target}"),
-                        );
-                        match self.nft_chain(rs, family, table, &target, p, stage, depth + 1) {
-                            Flow::Return if k == "goto" => return Flow::Return,
-                            Flow::Return => {}
-                            other => return other,
-                        }
-                    }
-                    "mangle" => {
-                        let key = nft::render_value(&v["key"]);
-                        let Some(val) = self.nft_eval(&v["value"], p).and_then(|x| x.as_u64())
-                        else {
-                            self.assume(format!("nft statement not modelled: `{}`", r.text));
-                            continue 'rules;
-                        };
-                        match key.as_str() {
-                            "meta mark" => p.mark = val as u32,
-                            "ct mark" => p.ct_mark = val as u32,
-                            _ => self
-                                .assume(format!("nft mangle of {key} not modelled (`{}`)", r.text)),
-                        }
-                        self.hop(
-                            stage,
-                            place.clone(),
-                            Some(r.text.clone()),
-                            format!("mark {:#x}, ct mark {:#x}", p.mark, p.ct_mark),
-                        );
-                    }
-                    "dnat" => {
-                        if !self.nft_dnat(rs, family, table, k, v, p, &r.text) {
-                            continue 'rules;
-                        }
-                        self.dnat_hop(p, "DNAT", stage, &place, &r.text);
-                        return Flow::Accept;
-                    }
-                    "redirect" => {
-                        self.redirect(v.get("port").and_then(Value::as_u64), p);
-                        self.dnat_hop(p, "redirect", stage, &place, &r.text);
-                        return Flow::Accept;
-                    }
-                    "snat" => {
-                        let to = v.get("addr").and_then(Value::as_str);
-                        self.snat(p, to.and_then(|a| a.parse().ok()), stage, &place, &r.text);
-                        return Flow::Accept;
-                    }
-                    "masquerade" => {
-                        self.masquerade(p, "masquerade", stage, &place, &r.text);
-                        return Flow::Accept;
-                    }
-                    "vmap" => {
-                        let key = &v["key"];
-                        if key.get("numgen").is_some() {
-                            // `numgen random mod N vmap { 0 : goto a, … }`: one of.
-                            let eps = self.nft_vmap_endpoints(rs, family, table, &v["data"]);
-                            self.note_endpoints(eps);
-                            let opts = nft::render_value(&v["data"]);
-                            self.choices
-                                .push(format!("one of {{ {opts} }} (numgen random): each walked"));
-                            let elems = v["data"]["set"].as_array().cloned().unwrap_or_default();
-                            let labels = elems
-                                .iter()
-                                .map(|e| self.nft_vmap_label(rs, family, table, e))
-                                .collect();
-                            let c = self.choose(labels);
-                            if let Some(verdict) =
-                                elems.get(c).and_then(|e| e.as_array()?.get(1).cloned())
-                            {
-                                match self.nft_verdict(
-                                    rs, family, table, &verdict, p, stage, &place, &r.text, depth,
-                                ) {
-                                    Some(f) => return f,
-                                    None => continue 'rules,
-                                }
-                            }
-                            continue 'rules;
-                        }
-                        let Some(k) = self.nft_eval(key, p) else {
-                            self.assume(format!("nft vmap key not modelled: `{}`", r.text));
-                            continue 'rules;
-                        };
-                        let Some(verdict) = self.nft_lookup(rs, family, table, &v["data"], &k)
-                        else {
-                            // (An `ip6` map's key on an IPv4 packet is no lookup at all.)
-                            if policy_table && !matches!(k, NVal::Absent) {
-                                self.policy_miss(&v["data"], p, stage, &place, &r.text);
-                            }
-                            continue 'rules;
-                        };
-                        match self.nft_verdict(
-                            rs, family, table, &verdict, p, stage, &place, &r.text, depth,
-                        ) {
-                            Some(f) => return f,
-                            None => continue 'rules,
-                        }
-                    }
-                    other => {
-                        self.assume(format!(
-                            "nft expression {other} not modelled: rule passed over (`{}`)",
-                            r.text
-                        ));
-                        continue 'rules;
-                    }
+                let next = match k.as_str() {
+                    "match" => self.nft_match_expr(&at, &rules, ri, &mut cascade, v, p),
+                    _ => self.nft_statement(&at, r, k, v, p),
+                };
+                match next {
+                    Next::Expr => {}
+                    Next::Rule => break,
+                    Next::Done(flow) => return flow,
                 }
             }
         }
         Flow::Return
+    }
+
+    /// A `match` expression: on a miss the next rule; a hit on a `numgen` cascade walks one
+    /// rule of the cascade (chosen once, at its first rule) and passes over the others.
+    fn nft_match_expr(
+        &mut self,
+        at: &ChainAt,
+        rules: &[nft::Rule],
+        ri: usize,
+        cascade: &mut Option<usize>,
+        v: &Value,
+        p: &mut Pkt,
+    ) -> Next {
+        match self.nft_match(at.rs, at.family, at.table, v, p) {
+            Some(true) if is_numgen_match(v) => match *cascade {
+                Some(taken) if taken != ri => Next::Rule,
+                Some(_) => Next::Expr,
+                None => {
+                    let options = self.one_of_nft(&rules[ri..]);
+                    let taken = ri + self.choose(options);
+                    *cascade = Some(taken);
+                    if taken != ri {
+                        Next::Rule
+                    } else {
+                        Next::Expr
+                    }
+                }
+            },
+            Some(true) => Next::Expr,
+            _ => Next::Rule,
+        }
+    }
+
+    /// Any expression but `match`: verdicts, jumps, marks, NAT, verdict maps.
+    fn nft_statement(
+        &mut self,
+        at: &ChainAt,
+        r: &nft::Rule,
+        k: &str,
+        v: &Value,
+        p: &mut Pkt,
+    ) -> Next {
+        let (rs, family, table, stage, place) = (at.rs, at.family, at.table, at.stage, &at.place);
+        match k {
+            "counter" | "log" | "limit" | "notrack" => Next::Expr,
+            // `update @set { ip saddr }` (affinity): records, changes nothing now.
+            "set" => Next::Expr,
+            "accept" | "drop" => Next::Done(self.nft_accept_or_drop(at, r, k, p)),
+            "reject" => {
+                self.rejected = true;
+                self.hop(stage, place.clone(), Some(r.text.clone()), "rejected");
+                Next::Done(Flow::Drop(r.text.clone()))
+            }
+            "return" => {
+                if at.policy_table {
+                    self.policy_verdict(rs, at.chain, r, "return", p, stage, place);
+                }
+                Next::Done(Flow::Return)
+            }
+            "jump" | "goto" => {
+                let target = v["target"].as_str().unwrap_or_default().to_string();
+                self.hop(
+                    stage,
+                    place.clone(),
+                    Some(r.text.clone()),
+                    format!("{k} {target}"),
+                );
+                match self.nft_chain(rs, family, table, &target, p, stage, at.depth + 1) {
+                    Flow::Return if k == "goto" => Next::Done(Flow::Return),
+                    Flow::Return => Next::Expr,
+                    other => Next::Done(other),
+                }
+            }
+            "mangle" => self.nft_mangle(at, r, v, p),
+            "dnat" => {
+                if !self.nft_dnat(rs, family, table, k, v, p, &r.text) {
+                    return Next::Rule;
+                }
+                self.dnat_hop(p, "DNAT", stage, place, &r.text);
+                Next::Done(Flow::Accept)
+            }
+            "redirect" => {
+                self.redirect(v.get("port").and_then(Value::as_u64), p);
+                self.dnat_hop(p, "redirect", stage, place, &r.text);
+                Next::Done(Flow::Accept)
+            }
+            "snat" => {
+                let to = v.get("addr").and_then(Value::as_str);
+                self.snat(p, to.and_then(|a| a.parse().ok()), stage, place, &r.text);
+                Next::Done(Flow::Accept)
+            }
+            "masquerade" => {
+                self.masquerade(p, "masquerade", stage, place, &r.text);
+                Next::Done(Flow::Accept)
+            }
+            "vmap" => self.nft_vmap_statement(at, r, v, p),
+            other => {
+                self.assume(format!(
+                    "nft expression {other} not modelled: rule passed over (`{}`)",
+                    r.text
+                ));
+                Next::Rule
+            }
+        }
+    }
+
+    /// `accept` / `drop`: a NetworkPolicy table's verdict is told as the policy's, any other
+    /// as the rule's.
+    fn nft_accept_or_drop(&mut self, at: &ChainAt, r: &nft::Rule, k: &str, p: &mut Pkt) -> Flow {
+        let told =
+            at.policy_table && self.policy_verdict(at.rs, at.chain, r, k, p, at.stage, &at.place);
+        let (note, flow) = match k {
+            "accept" => ("accepted", Flow::Accept),
+            _ => ("dropped", Flow::Drop(r.text.clone())),
+        };
+        if !told {
+            self.hop(at.stage, at.place.clone(), Some(r.text.clone()), note);
+        }
+        flow
+    }
+
+    /// `meta mark set …` / `ct mark set …`.
+    fn nft_mangle(&mut self, at: &ChainAt, r: &nft::Rule, v: &Value, p: &mut Pkt) -> Next {
+        let key = nft::render_value(&v["key"]);
+        let Some(val) = self.nft_eval(&v["value"], p).and_then(|x| x.as_u64()) else {
+            self.assume(format!("nft statement not modelled: `{}`", r.text));
+            return Next::Rule;
+        };
+        match key.as_str() {
+            "meta mark" => p.mark = val as u32,
+            "ct mark" => p.ct_mark = val as u32,
+            _ => self.assume(format!("nft mangle of {key} not modelled (`{}`)", r.text)),
+        }
+        self.hop(
+            at.stage,
+            at.place.clone(),
+            Some(r.text.clone()),
+            format!("mark {:#x}, ct mark {:#x}", p.mark, p.ct_mark),
+        );
+        Next::Expr
+    }
+
+    /// A verdict map: `numgen random mod N vmap { … }` walks each of its options in turn;
+    /// any other key is looked up (a miss in a NetworkPolicy table is told).
+    fn nft_vmap_statement(&mut self, at: &ChainAt, r: &nft::Rule, v: &Value, p: &mut Pkt) -> Next {
+        let (rs, family, table) = (at.rs, at.family, at.table);
+        let key = &v["key"];
+        let verdict = if key.get("numgen").is_some() {
+            let eps = self.nft_vmap_endpoints(rs, family, table, &v["data"]);
+            self.note_endpoints(eps);
+            let opts = nft::render_value(&v["data"]);
+            self.choices
+                .push(format!("one of {{ {opts} }} (numgen random): each walked"));
+            let elems = v["data"]["set"].as_array().cloned().unwrap_or_default();
+            let labels = elems
+                .iter()
+                .map(|e| self.nft_vmap_label(rs, family, table, e))
+                .collect();
+            let c = self.choose(labels);
+            let Some(verdict) = elems.get(c).and_then(|e| e.as_array()?.get(1).cloned()) else {
+                return Next::Rule;
+            };
+            verdict
+        } else {
+            let Some(k) = self.nft_eval(key, p) else {
+                self.assume(format!("nft vmap key not modelled: `{}`", r.text));
+                return Next::Rule;
+            };
+            let Some(verdict) = self.nft_lookup(rs, family, table, &v["data"], &k) else {
+                // (An `ip6` map's key on an IPv4 packet is no lookup at all.)
+                if at.policy_table && !matches!(k, NVal::Absent) {
+                    self.policy_miss(&v["data"], p, at.stage, &at.place, &r.text);
+                }
+                return Next::Rule;
+            };
+            verdict
+        };
+        match self.nft_verdict(
+            rs, family, table, &verdict, p, at.stage, &at.place, &r.text, at.depth,
+        ) {
+            Some(f) => Next::Done(f),
+            None => Next::Rule,
+        }
     }
 
     /// Applies a verdict value from a vmap (`{"goto": {"target": …}}`, `{"accept": null}`).
@@ -404,6 +448,28 @@ impl Walker<'_> {
             _ => None,
         }
     }
+}
+
+/// The chain an nft walk is in, and where it reports from.
+struct ChainAt<'a> {
+    rs: &'a Ruleset,
+    family: &'a str,
+    table: &'a str,
+    chain: &'a str,
+    stage: &'a str,
+    depth: usize,
+    place: String,
+    policy_table: bool,
+}
+
+/// What an expression leaves the walk of its chain to do.
+enum Next {
+    /// The rule's next expression.
+    Expr,
+    /// The chain's next rule.
+    Rule,
+    /// The chain is done.
+    Done(Flow),
 }
 
 /// Whether a `match` expression tests a `numgen` value (the cascades [`super::nft_choices`]

@@ -169,29 +169,8 @@ fn xml_escape(s: &str) -> String {
 /// note and the rule that decided; the box where the packet was dropped is red, and the verdict
 /// closes the column.
 pub fn svg(t: &Trace) -> String {
-    const BOX_H: usize = 58;
-    const GAP: usize = 18;
     let p = &t.packet;
-    // Wide enough for the longest line at 12px monospace (~7.3px a character).
-    let longest = t
-        .hops
-        .iter()
-        .flat_map(|h| {
-            [
-                h.note.chars().count(),
-                h.rule.as_deref().map_or(0, |r| r.chars().count()),
-            ]
-        })
-        .chain(t.fixes.iter().map(|f| f.chars().count() + 8))
-        .chain(t.cause.iter().map(|c| c.chars().count() + 20))
-        .chain(
-            t.endpoint_outcomes
-                .iter()
-                .map(|e| e.endpoint.chars().count() + endpoint_line(e).chars().count() + 8),
-        )
-        .max()
-        .unwrap_or(0);
-    let w = (longest * 73 / 10 + 60).max(900);
+    let w = svg_width(t);
     let n = t.hops.len();
     let per_endpoint = if t.endpoint_outcomes.is_empty() {
         0
@@ -212,6 +191,44 @@ pub fn svg(t: &Trace) -> String {
             p.iif
         ))
     ));
+    svg_hops(t, w, &mut out);
+    svg_verdict(t, &mut out);
+    out.push_str("</svg>\n");
+    out
+}
+
+/// An SVG hop box's height, and the gap (with its arrow) between two boxes.
+const BOX_H: usize = 58;
+const GAP: usize = 18;
+
+/// The picture's width in pixels.
+fn svg_width(t: &Trace) -> usize {
+    // Wide enough for the longest line at 12px monospace (~7.3px a character).
+    let longest = t
+        .hops
+        .iter()
+        .flat_map(|h| {
+            [
+                h.note.chars().count(),
+                h.rule.as_deref().map_or(0, |r| r.chars().count()),
+            ]
+        })
+        .chain(t.fixes.iter().map(|f| f.chars().count() + 8))
+        .chain(t.cause.iter().map(|c| c.chars().count() + 20))
+        .chain(
+            t.endpoint_outcomes
+                .iter()
+                .map(|e| e.endpoint.chars().count() + endpoint_line(e).chars().count() + 8),
+        )
+        .max()
+        .unwrap_or(0);
+    (longest * 73 / 10 + 60).max(900)
+}
+
+/// One box per hop (red where the packet was dropped, blue on the reply's way), arrows
+/// between them.
+fn svg_hops(t: &Trace, w: usize, out: &mut String) {
+    let n = t.hops.len();
     let dropped_at = match t.verdict {
         Verdict::Dropped | Verdict::Rejected | Verdict::Conditional | Verdict::Unknown => {
             n.checked_sub(1)
@@ -259,6 +276,11 @@ pub fn svg(t: &Trace) -> String {
             ));
         }
     }
+}
+
+/// The verdict under the boxes, the fixes, one line per endpoint of the rules' choice.
+fn svg_verdict(t: &Trace, out: &mut String) {
+    let n = t.hops.len();
     let y = 40 + n * (BOX_H + GAP) + 16;
     let verdict = match t.verdict {
         Verdict::Delivered => "verdict: delivered".to_string(),
@@ -306,6 +328,4 @@ pub fn svg(t: &Trace) -> String {
             ));
         }
     }
-    out.push_str("</svg>\n");
-    out
 }

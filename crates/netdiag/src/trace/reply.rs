@@ -26,46 +26,7 @@ impl Walker<'_> {
         } else {
             oif.to_string()
         };
-        // A reply to a client on the same bridge, to the client's own address (no
-        // masquerade), is bridged, not routed: only br_netfilter hands it to conntrack, which
-        // must restore its source (the service address) for the client to take it.
-        let bridge = self
-            .st
-            .link(&reply_iif)
-            .is_some_and(|l| l.kind.as_deref() == Some("bridge"));
-        if bridge && masq_src == orig.src && p.dnat && orig.iif == reply_iif {
-            let (brnf, brkey) = if p.v6() {
-                (Fact::BrNetfilter6, "bridge-nf-call-ip6tables")
-            } else {
-                (Fact::BrNetfilter, "bridge-nf-call-iptables")
-            };
-            if self.fact(brnf) == 0 {
-                self.hop(
-                    "reply",
-                    reply_iif.clone(),
-                    None,
-                    format!(
-                        "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::packet::sa(p.dst, p.dport), orig.src, super::packet::sa(orig.dst, orig.dport)),
-                );
-                return Err((
-                    format!(
-                        "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::packet::sa(p.dst, p.dport), super::packet::sa(orig.dst, orig.dport)),
-                    vec![
-                        format!("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.{brkey}=1"),
-                        format!(
-                            "or masquerade this traffic (the client then gets the reply through {reply_iif}'s address, routed): e.g. kube-proxy's --masquerade-all"
-                        ),
-                    ],
-                ));
-            }
-            self.hop(
-                "reply",
-                reply_iif.clone(),
-                None,
-                format!(
-                    "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)", super::packet::sa(p.dst, p.dport), orig.src),
-            );
-        }
+        self.bridged_reply(p, orig, &reply_iif)?;
         self.hop(
             "reply",
             reply_iif.clone(),
@@ -128,6 +89,54 @@ impl Walker<'_> {
                 back.oif,
                 orig.src,
                 super::packet::sa(orig.dst, orig.dport)
+            ),
+        );
+        Ok(())
+    }
+
+    /// A reply to a client on the same bridge, to the client's own address (no
+    /// masquerade), is bridged, not routed: only br_netfilter hands it to conntrack, which
+    /// must restore its source (the service address) for the client to take it.
+    fn bridged_reply(&mut self, p: &Pkt, orig: &Pkt, reply_iif: &str) -> Result<(), Dropped> {
+        let bridge = self
+            .st
+            .link(reply_iif)
+            .is_some_and(|l| l.kind.as_deref() == Some("bridge"));
+        if !(bridge && p.src == orig.src && p.dnat && orig.iif == reply_iif) {
+            return Ok(());
+        }
+        let (brnf, brkey) = if p.v6() {
+            (Fact::BrNetfilter6, "bridge-nf-call-ip6tables")
+        } else {
+            (Fact::BrNetfilter, "bridge-nf-call-iptables")
+        };
+        if self.fact(brnf) == 0 {
+            self.hop(
+                "reply",
+                reply_iif.to_string(),
+                None,
+                format!(
+                    "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::packet::sa(p.dst, p.dport), orig.src, super::packet::sa(orig.dst, orig.dport)),
+            );
+            return Err((
+                format!(
+                    "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::packet::sa(p.dst, p.dport), super::packet::sa(orig.dst, orig.dport)),
+                vec![
+                    format!("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.{brkey}=1"),
+                    format!(
+                        "or masquerade this traffic (the client then gets the reply through {reply_iif}'s address, routed): e.g. kube-proxy's --masquerade-all"
+                    ),
+                ],
+            ));
+        }
+        self.hop(
+            "reply",
+            reply_iif.to_string(),
+            None,
+            format!(
+                "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)",
+                super::packet::sa(p.dst, p.dport),
+                orig.src
             ),
         );
         Ok(())
