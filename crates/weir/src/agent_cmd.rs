@@ -116,19 +116,23 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
 
     let (ended_tx, ended) = mpsc::channel::<Ended>();
     let mut parts = Parts::default();
-    let mut starts: Vec<Box<dyn FnOnce() + Send>> = Vec::new();
+    let mut starts: Vec<(&'static str, Box<dyn FnOnce() + Send>)> = Vec::new();
     if enabled.contains(&Part::Routes) {
-        starts.push(routes_part(
-            &settings,
-            &args.routes,
-            &origin,
-            &source,
-            &mut parts,
-            &ended_tx,
+        starts.push((
+            "routes",
+            routes_part(
+                &settings,
+                &args.routes,
+                &origin,
+                &source,
+                &mut parts,
+                &ended_tx,
+            ),
         ));
     }
     if enabled.contains(&Part::Policy) {
-        starts.push(policy_part(&settings, &source, &mut parts, &ended_tx));
+        let start = policy_part(&settings, &source, &mut parts, &ended_tx);
+        starts.push(("policy", start));
     }
     let parts = Arc::new(parts);
     // Without the proxy, whose servers answer for every part, the agent serves its own.
@@ -136,25 +140,34 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
         let part = ProxyPart::new(settings.clone())?;
         let view = View::new(source.store(), &PROXY_KINDS, source.health());
         let (others, tx) = (parts.for_proxy(), ended_tx.clone());
-        starts.push(Box::new(move || {
-            let result = part.run(view, &reports, others);
-            let _ = tx.send(("proxy", why_ended(result.map(|never| match never {}))));
-        }));
+        starts.push((
+            "proxy",
+            Box::new(move || {
+                let result = part.run(view, &reports, others);
+                let _ = tx.send(("proxy", why_ended(result.map(|never| match never {}))));
+            }),
+        ));
         None
     } else {
         let (healthz, metrics) = (settings.healthz_bind_address, settings.metrics_bind_address);
         Some(parts::serve(&parts, healthz, metrics)?)
     };
-    drop(ended_tx);
     let threads: Vec<_> = starts
         .into_iter()
-        .enumerate()
-        .map(|(i, start)| {
+        .map(|(name, start)| {
+            let tx = ended_tx.clone();
             std::thread::Builder::new()
-                .name(format!("weir-part-{i}"))
-                .spawn(start)
+                .name(format!("weir-{name}"))
+                .spawn(move || {
+                    // A panic ends this part only: it is reported like any other end.
+                    let run = std::panic::AssertUnwindSafe(start);
+                    if let Err(panic) = std::panic::catch_unwind(run) {
+                        let _ = tx.send((name, format!("panicked: {}", panic_text(&*panic))));
+                    }
+                })
         })
         .collect::<Result<_, _>>()?;
+    drop(ended_tx);
     watch_parts(&parts, &ended, enabled.len());
     drop(threads);
     anyhow::bail!("every part of the agent stopped")
@@ -169,6 +182,15 @@ fn watch_parts(parts: &Parts, ended: &mpsc::Receiver<Ended>, running: usize) {
         if n + 1 == running {
             return;
         }
+    }
+}
+
+/// A panic's message, when it has one.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "(no message)".into(),
     }
 }
 
