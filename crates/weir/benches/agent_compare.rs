@@ -139,7 +139,7 @@ fn policy_json(k: usize, s: &Sizes) -> Value {
 
 fn service_json(i: usize, s: &Sizes) -> Value {
     let mut port = json!({"port": 80, "targetPort": 8080, "protocol": "TCP"});
-    let ty = if i % 10 == 0 && i / 10 < 2768 {
+    let ty = if i.is_multiple_of(10) && i / 10 < 2768 {
         port["nodePort"] = (30000 + i / 10).into();
         "NodePort"
     } else {
@@ -454,6 +454,9 @@ fn totals(per: &BTreeMap<String, (usize, usize)>) -> (usize, usize) {
     per.values().fold((0, 0), |(l, w), (a, b)| (l + a, w + b))
 }
 
+/// Name, RSS and RssAnon after the first sync, after the churn (MiB), CPU s during the churn.
+type ProcFigures = (&'static str, f64, f64, f64, f64, f64);
+
 #[derive(Default, Clone)]
 struct Run {
     sync_s: f64,
@@ -465,7 +468,7 @@ struct Run {
     whole: (usize, usize),
     per_kind: BTreeMap<String, (usize, usize)>,
     /// Per process: name, RSS and RssAnon after sync, after churn, CPU seconds during churn.
-    procs: Vec<(&'static str, f64, f64, f64, f64, f64)>,
+    procs: Vec<ProcFigures>,
 }
 
 impl Run {
@@ -609,7 +612,7 @@ fn report_side(side: Side, runs: &[Run]) {
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
     for (i, p) in last.procs.iter().enumerate() {
-        let m = |f: fn(&(&str, f64, f64, f64, f64, f64)) -> f64| med(runs, |r| f(&r.procs[i]));
+        let m = |f: fn(&ProcFigures) -> f64| med(runs, |r| f(&r.procs[i]));
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
             p.0,
