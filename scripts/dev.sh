@@ -7,6 +7,12 @@
 #   bash scripts/dev.sh agent-bench  build release weir, the real `weir proxy` at 1k/10k/100k services:
 #                              full sync, RSS, one endpoint change event → rules (WEIR_BIN_BASE:
 #                              an older binary measured side by side)
+#   bash scripts/dev.sh agent-compare  build release weir, one `weir agent` vs the separate
+#                              `weir proxy` + `weir routes` + `weir policy` on the fake API server
+#                              (10,000 Services, 100 Nodes, 1,000 namespaces, 10,000 pods, 1,000
+#                              policies): lists/watches per kind, bytes received over a churn
+#                              (WEIR_BENCH_CHURN_SECONDS, default 120; 600 = the 10 min),
+#                              RSS per process (docs/benchmarks.md)
 #   bash scripts/dev.sh routes-bench  node routes: pod → pod throughput and connection rate
 #                              (host-gw, vxlan, underlay) and convergence with 1,000 nodes
 #   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
@@ -186,6 +192,13 @@ case "${1:-}" in
     step "weir proxy end to end (WEIR_BENCH_SIZES, WEIR_BENCH_CHANGES, WEIR_BENCH_RUNS, WEIR_BIN_BASE)"
     cargo bench -p weir --bench agent
     ;;
+  agent-compare)
+    install_packages
+    step "building weir (release): the bench starts the real agent and the separate processes"
+    cargo build --release -p weir
+    step "weir agent vs proxy + routes + policy (WEIR_BENCH_CHURN_SECONDS, WEIR_BENCH_SERVICES, WEIR_BENCH_NODES, WEIR_BENCH_RUNS, ...)"
+    cargo bench -p weir --bench agent_compare
+    ;;
   routes-bench)
     install_packages
     step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
@@ -286,7 +299,7 @@ case "${1:-}" in
     exec bash scripts/cluster/conformance.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|agent-compare|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
     exit 2
     ;;
 esac
