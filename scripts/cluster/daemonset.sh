@@ -19,6 +19,9 @@ if ! podman image exists "$image"; then
   step "building $image (bash scripts/image.sh: podman build, then its own checks)"
   WEIR_IMAGE=$image bash scripts/image.sh
 fi
+# The nodes' weir dns still runs from this tree's debug build (up.sh: WEIR_BIN), not the image.
+step "building weir (debug) for the nodes' weir dns"
+cargo build -q -p weir -p weir-cni --bins
 run=${WEIR_CLUSTER_RUN:-/tmp/weir-cluster-ds}
 bash "$HERE/down.sh" "$run" >/dev/null 2>&1 || true
 rm -rf "$run"
