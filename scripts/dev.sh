@@ -20,8 +20,8 @@
 #                              ClusterIP (nftables, iptables, userspace spliced and copied) vs direct
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
-#   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni,
-#                              proxy and routes containers as deploy/daemonset.yaml does, against
+#   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni
+#                              and agent containers as deploy/daemonset.yaml does, against
 #                              the fake API server in a netns (minutes: a release build inside)
 #   bash scripts/dev.sh vm-bench  build release weir, the proxy modes side by side in ONE VM boot
 #                              (ipvs needs the VM's kernel): sync times, conn/s, throughput
@@ -32,7 +32,9 @@
 #                              down (--keep: left up)
 #   bash scripts/dev.sh cluster-daemonset [--keep]  deploy/'s DaemonSet on the real cluster: the
 #                              image (dev.sh image) imported into the nodes' containerd, deploy/
-#                              applied with kubectl, the probe matrix (about 8-10 min: the image)
+#                              applied with kubectl, the agent's /healthz parts, the probe
+#                              matrix, a default-deny NetworkPolicy applied and deleted
+#                              (about 8-10 min: the image)
 #   bash scripts/dev.sh cluster-bench  weir proxy vs real kube-proxy fed by a real apiserver
 #                              (1,000 and 10,000 Services x 10 endpoints; WEIR_BENCH_SIZES, ...)
 #   bash scripts/dev.sh conformance [--proxy-mode M] [-- ginkgo args]  Kubernetes' own

@@ -237,7 +237,10 @@ for _ in $(seq 100); do
   sleep 0.3
 done
 [ -n "$ready" ] || fail "agent /healthz never answered 200: $(ip netns exec "$ns" curl -s http://127.0.0.1:10256/healthz); its log: $(podman logs "$tag-agent" 2>&1 | tail -20)"
-pass "agent /healthz 200 (readiness probe: proxy, routes and policy)"
+health=$(ip netns exec "$ns" curl -s http://127.0.0.1:10256/healthz)
+jq -e '.parts | .proxy == "ok" and .routes == "ok" and .policy == "ok"' <<<"$health" >/dev/null ||
+  fail "agent /healthz parts are not proxy, routes and policy all ok: $health"
+pass "agent /healthz 200, parts $(jq -c .parts <<<"$health") (the readiness probe)"
 ip netns exec "$ns" curl -sf http://127.0.0.1:10256/livez >/dev/null || fail "agent /livez"
 pass "agent /livez 200 (liveness probe)"
 rules=$(ip netns exec "$ns" nft list ruleset)

@@ -2,8 +2,10 @@
 # deploy/ on a real cluster: the node image `bash scripts/dev.sh image` builds is imported into
 # both nodes' containerd, deploy/ is applied with kubectl (render_deploy.py: per-node hostPaths,
 # the local image), the install-cni init container writes weir-cni and the conflist the
-# kubelets then use, and the proxy and routes containers run from the image against the
-# in-cluster API. Then the demo workload and the probe matrix; then everything is torn down.
+# kubelets then use, and the one agent container (weir agent: proxy, routes and NetworkPolicy)
+# runs from the image against the in-cluster API. Then its /healthz parts, the demo workload and
+# the probe matrix, and a default-deny NetworkPolicy applied and deleted (netpol.sh); then
+# everything is torn down.
 # Usage: daemonset.sh [--keep]   (as root; minutes: the image build is a release build)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -17,6 +19,9 @@ if ! podman image exists "$image"; then
   step "building $image (bash scripts/image.sh: podman build, then its own checks)"
   WEIR_IMAGE=$image bash scripts/image.sh
 fi
+# The nodes' weir dns still runs from this tree's debug build (up.sh: WEIR_BIN), not the image.
+step "building weir (debug) for the nodes' weir dns"
+cargo build -q -p weir -p weir-cni --bins
 run=${WEIR_CLUSTER_RUN:-/tmp/weir-cluster-ds}
 bash "$HERE/down.sh" "$run" >/dev/null 2>&1 || true
 rm -rf "$run"
@@ -49,11 +54,26 @@ k apply -f "$HERE/demo.yaml" >/dev/null
 k rollout status deploy/web --timeout=120s >/dev/null
 k wait --for=condition=Ready pod/client --timeout=60s >/dev/null
 status=0
+# shellcheck disable=SC1091
+. "$run/env"
+step "the agent container's /healthz on each node: parts proxy, routes and policy all ok"
+for i in 1 2; do
+  h=$(nsenter --net="/run/netns/$NAME-n$i" curl -s -m 3 http://127.0.0.1:10256/healthz)
+  if jq -e '.parts | .proxy == "ok" and .routes == "ok" and .policy == "ok"' <<<"$h" >/dev/null 2>&1; then
+    echo "PASS  node-$i agent /healthz parts: $(jq -c .parts <<<"$h")"
+  else
+    echo "FAIL  node-$i agent /healthz: $h"
+    status=1
+  fi
+done
+step "the probe matrix"
 bash "$HERE/matrix.sh" "$run" || status=$?
+step "NetworkPolicy from the agent container: default-deny applied and deleted with kubectl"
+bash "$HERE/netpol.sh" "$run" || status=1
 for node in node-1 node-2; do
   pod=$(k -n kube-system get pods -l app.kubernetes.io/name=weir --field-selector "spec.nodeName=$node" -o name | head -1)
-  echo "--- $node $pod proxy (last lines)"
-  k -n kube-system logs "$pod" -c proxy --tail=3
+  echo "--- $node $pod agent (last lines)"
+  k -n kube-system logs "$pod" -c agent --tail=3
 done
 step "done (exit $status)"
 [ "$keep" != --keep ] || step "left up: $run/kubectl; stop: bash scripts/cluster/down.sh $run"

@@ -18,7 +18,7 @@
 #      benchmark runs them). WEIR_E2E_IMAGES: a directory of image tarballs (e2e-images.sh)
 #      imported into every node's containerd beside pause and busybox. WEIR_POLICY=0: no
 #      `weir policy` on the nodes (NetworkPolicy is not enforced). WEIR_AGENTS=daemonset: weir-cni, its
-#      conflist, weir proxy and weir routes come from deploy/'s DaemonSet instead (daemonset.sh
+#      conflist, the proxy, routes and policy come from deploy/'s DaemonSet instead (daemonset.sh
 #      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
 #      runs on each node.
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
@@ -388,7 +388,7 @@ EOF
       --healthz-bind-address=127.0.0.1:10256 --metrics-bind-address=127.0.0.1:10249 >"$R/$node-kube-proxy-$m.cmd"
   done
   if [ "$AGENTS" = daemonset ]; then
-    : # deploy/'s DaemonSet runs weir proxy and weir routes
+    : # deploy/'s DaemonSet runs weir agent (proxy, routes, policy)
   elif [[ ${MODES[$i]} == kube-proxy* ]]; then
     m=${MODES[$i]#kube-proxy}; m=${m#-}
     bash "$HERE/ctl.sh" "$R" start "$node-kube-proxy-${m:-iptables}"
