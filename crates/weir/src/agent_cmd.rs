@@ -72,6 +72,9 @@ pub struct AgentArgs {
 /// A part's loop ended: its name and why.
 type Ended = (&'static str, String);
 
+/// What runs a part on its thread (reporting its end itself).
+type PartStart = Box<dyn FnOnce() + Send>;
+
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     proxy_cmd::use_one_malloc_arena();
     let mut notices = Vec::new();
@@ -116,7 +119,7 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
 
     let (ended_tx, ended) = mpsc::channel::<Ended>();
     let mut parts = Parts::default();
-    let mut starts: Vec<(&'static str, Box<dyn FnOnce() + Send>)> = Vec::new();
+    let mut starts: Vec<(&'static str, PartStart)> = Vec::new();
     if enabled.contains(&Part::Routes) {
         starts.push((
             "routes",
@@ -211,7 +214,7 @@ fn routes_part(
     source: &RunningSource,
     parts: &mut Parts,
     ended_tx: &mpsc::Sender<Ended>,
-) -> Box<dyn FnOnce() + Send> {
+) -> PartStart {
     let (metrics, health) = (
         Arc::new(RoutesMetrics::new()),
         Arc::new(RoutesHealth::default()),
@@ -245,7 +248,7 @@ fn policy_part(
     source: &RunningSource,
     parts: &mut Parts,
     ended_tx: &mpsc::Sender<Ended>,
-) -> Box<dyn FnOnce() + Send> {
+) -> PartStart {
     let (metrics, health) = (
         Arc::new(PolicyMetrics::new()),
         Arc::new(PolicyHealth::default()),
