@@ -490,5 +490,6 @@ fn trace_agrees_on_pod_rows(lab: &Lab, text: &str, rows: &[Value]) {
                 .unwrap_or_default()
         ));
     }
+    eprintln!("trace vs kernel:\n{}", table.join("\n"));
     assert_eq!(bad, 0, "trace disagrees:\n{}", table.join("\n"));
 }
