@@ -24,8 +24,10 @@
 //! Environment: `WEIR_BIN` (default `target/release/weir`), `WEIR_BENCH_NODES` (100),
 //! `WEIR_BENCH_CHANGES` (changes of each kind, 15), `WEIR_BENCH_CONN_POLICIES` (1000),
 //! `WEIR_BENCH_ROUNDS` (A B rounds, 5), `WEIR_BENCH_SECONDS` (per measurement, 2),
-//! `WEIR_BENCH_CLIENTS` (connecting threads, 2). Prints a table and a last line
-//! `policy full_ms=… change_ms=… conn_ratio=… rss_mib=…`. Nothing is asserted.
+//! `WEIR_BENCH_CLIENTS` (connecting threads, 2), `WEIR_BENCH_CLUSTER=1` (then the real
+//! cluster beside kube-network-policies too: reference.rs), `WEIR_BENCH_NODE=0` (only that).
+//! Prints tables and a last line `policy full_ms=… change_ms=… conn_ratio=… rss_mib=…`
+//! (`kube-network-policies_change_ms=…` and the rest with the cluster). Nothing is asserted.
 
 mod cluster;
 mod conn;
@@ -201,11 +203,14 @@ fn main() {
         );
         std::process::exit(2);
     }
-    let report = run(&s).unwrap_or_else(|e| {
-        eprintln!("policy bench failed: {e}");
-        std::process::exit(1);
-    });
-    let mut line = report.print(&s);
+    let mut line = String::from("policy");
+    if std::env::var("WEIR_BENCH_NODE").map_or(true, |v| v != "0") {
+        let report = run(&s).unwrap_or_else(|e| {
+            eprintln!("policy bench failed: {e}");
+            std::process::exit(1);
+        });
+        line = report.print(&s);
+    }
     if std::env::var("WEIR_BENCH_CLUSTER").is_ok_and(|v| v == "1") {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         match reference::run(&s, &root) {

@@ -54,15 +54,18 @@ pub struct Figures {
 struct Up {
     root: PathBuf,
     run: PathBuf,
+    /// After a failure: the processes' logs stay in `run`.
+    keep_logs: bool,
 }
 
 impl Up {
     fn start(root: &Path, bin_dir: &Path) -> Result<Up, String> {
         let name = format!("pb{}", std::process::id() % 100_000);
         let run = std::env::temp_dir().join(format!("weir-policy-bench-{name}"));
-        let up = Up {
+        let mut up = Up {
             root: root.to_path_buf(),
             run,
+            keep_logs: false,
         };
         up.down();
         let _ = std::fs::remove_dir_all(&up.run);
@@ -78,6 +81,7 @@ impl Up {
             .status()
             .map_err(|e| e.to_string())?;
         if !status.success() {
+            up.keep_logs = true;
             let log = std::fs::read_to_string(up.run.join("up.log")).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(15).collect();
             return Err(format!(
@@ -125,6 +129,9 @@ impl Up {
 impl Drop for Up {
     fn drop(&mut self) {
         self.down();
+        if !self.keep_logs {
+            let _ = std::fs::remove_dir_all(&self.run);
+        }
     }
 }
 
@@ -140,7 +147,7 @@ fn pods_yaml() -> String {
             y += &format!(
                 "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {app}-{n}, namespace: {ns}, labels: {{app: {app}}}}}\n\
                  spec: {{nodeName: node-{n}, terminationGracePeriodSeconds: 1, containers: [{{name: c, \
-                 image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: [sleep, '1000000']}}]}}\n"
+                 image: localhost/weir/busybox:1.35, imagePullPolicy: Never, command: [/bin/busybox, sleep, '1000000']}}]}}\n"
             );
         }
     }
@@ -211,8 +218,15 @@ fn pairs(up: &Up) -> Result<Vec<Pair>, String> {
 pub fn run(s: &Settings, root: &Path) -> Result<Vec<Figures>, String> {
     let bin_dir = s.bin.parent().ok_or("WEIR_BIN has no directory")?;
     progress("the real cluster: node-1 weir policy, node-2 kube-network-policies (up.sh)");
-    let up = Up::start(root, bin_dir)?;
-    let pairs = pairs(&up)?;
+    let mut up = Up::start(root, bin_dir)?;
+    measure(s, &up).map_err(|e| {
+        up.keep_logs = true;
+        format!("{e} (the cluster's logs: {})", up.run.display())
+    })
+}
+
+fn measure(s: &Settings, up: &Up) -> Result<Vec<Figures>, String> {
+    let pairs = pairs(up)?;
     let api = KubeApi::connect(&up.env("CP_NS")?, &up.run.join("kubeconfig"))?;
     let _servers: Vec<_> = pairs
         .iter()
@@ -340,26 +354,32 @@ fn change_latency(
         "change → verdict flips on each node: {} policy changes, {} pod label changes",
         s.changes, s.changes
     ));
-    api.write(Write::Create(gate_policies(CONN_PORT)))?;
+    let (_, mut last_write) = api.write(Write::Create(gate_policies(CONN_PORT)))?;
     for p in pairs {
         until_open(p)?;
     }
-    // Spaced past weir's --min-sync-period (1 s) after its last sync, so it syncs at once.
-    let space = || thread::sleep(Duration::from_millis(1200));
+    // Every write reaches weir on node-1 (both clients are peers of its server's rule), which
+    // syncs it at most --min-sync-period (1 s) after its previous sync: 2.5 s after the last
+    // write, that sync is over a second old and a new change is synced at once.
+    let space = |last: Instant| {
+        thread::sleep(
+            (last + Duration::from_millis(2500)).saturating_duration_since(Instant::now()),
+        )
+    };
     for k in 0..s.changes {
-        space();
+        space(last_write);
         let all: Vec<&Pair> = pairs.iter().collect();
         let flips = timed_flip(api, &all, gate_port(CONN_PORT + 2))?;
         for (f, ms) in figures.iter_mut().zip(flips) {
             f.policy_change_ms.push(ms);
         }
-        api.write(gate_port(CONN_PORT))?;
+        last_write = api.write(gate_port(CONN_PORT))?.1;
         pairs.iter().try_for_each(until_open)?;
         for (i, p) in pairs.iter().enumerate() {
-            space();
+            space(last_write);
             let flip = timed_flip(api, &[p], client_app(&p.client, "other"))?;
             figures[i].pod_change_ms.push(flip[0]);
-            api.write(client_app(&p.client, "client"))?;
+            last_write = api.write(client_app(&p.client, "client"))?.1;
             until_open(p)?;
         }
         progress(format!(
@@ -444,6 +464,7 @@ fn conn_rates(
         "conn/s on each node, {} policies vs none, {} rounds",
         s.conn_policies, s.rounds
     ));
+    let mut state = false;
     for round in 0..s.rounds {
         let order = if round % 2 == 0 {
             [false, true]
@@ -452,7 +473,11 @@ fn conn_rates(
         };
         let mut rates = vec![[0.0f64; 2]; pairs.len()];
         for on in order {
-            set_policies(api, pairs, s.conn_policies, on)?;
+            // A B, B A, A B, ...: each state is written once per change of state.
+            if round == 0 || on != state {
+                set_policies(api, pairs, s.conn_policies, on)?;
+                state = on;
+            }
             for (i, p) in pairs.iter().enumerate() {
                 sh(&format!(
                     "ip netns exec {} conntrack -F 2>/dev/null || true",
