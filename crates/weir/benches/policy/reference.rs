@@ -530,10 +530,12 @@ impl Figures {
 /// Prints the cluster's table; returns what the bench line gains.
 pub fn print(s: &Settings, figures: &[Figures]) -> String {
     let cell = |v: f64| {
-        if v.is_finite() {
-            format!("{v:.2}")
-        } else {
+        if !v.is_finite() {
             "—".into()
+        } else if v >= 100.0 || v.fract() == 0.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.2}")
         }
     };
     let row = |name: &str, f: &dyn Fn(&Figures) -> f64| {
