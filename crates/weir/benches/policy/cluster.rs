@@ -62,7 +62,7 @@ pub fn pod(n: usize, i: usize, nodes: usize, app: Option<&str>) -> Value {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("pod-{i}"), "namespace": format!("ns-{n}"),
                      "labels": {"app": app.unwrap_or(&default_app),
-                                "tier": if i % 2 == 0 { "fe" } else { "be" }}},
+                                "tier": if i.is_multiple_of(2) { "fe" } else { "be" }}},
         "spec": {"nodeName": format!("node-{}", id % nodes),
                  "containers": [{"name": "app", "ports": [
                      {"name": "http", "containerPort": 8080 + (i % 3), "protocol": "TCP"},
