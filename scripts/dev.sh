@@ -37,6 +37,11 @@
 #                              (about 8-10 min: the image)
 #   bash scripts/dev.sh cluster-bench  weir proxy vs real kube-proxy fed by a real apiserver
 #                              (1,000 and 10,000 Services x 10 endpoints; WEIR_BENCH_SIZES, ...)
+#   bash scripts/dev.sh policy-bench  weir policy at scale (1,000 namespaces, 10,000 pods and
+#                              NetworkPolicies: full sync, change → rules, RSS, conn/s with 1,000
+#                              policies vs none), then beside sigs.k8s.io/kube-network-policies on
+#                              the real cluster (change → verdict, conn/s) and its NetworkPolicy
+#                              e2e pass count (WEIR_BENCH_CLUSTER=0 or WEIR_BENCH_E2E=0 leave those out)
 #   bash scripts/dev.sh conformance [--proxy-mode M] [-- ginkgo args]  Kubernetes' own
 #                              [sig-network] [Conformance] tests (e2e.test of the pinned version)
 #                              on the real cluster networked by weir (CNI, proxy in mode M,
@@ -292,6 +297,35 @@ case "${1:-}" in
     step "weir proxy vs kube-proxy $KUBE_VERSION through a real apiserver (scripts/cluster/bench.sh)"
     exec bash scripts/cluster/bench.sh
     ;;
+  policy-bench)
+    install_packages
+    step "building weir and weir-cni (release): the bench starts the real agent, the cluster runs both"
+    cargo build --release -p weir -p weir-cni --bins
+    cluster=${WEIR_BENCH_CLUSTER:-1}
+    if [ "$cluster" = 1 ]; then
+      ensure_kube
+      ref_version=$(awk '{ for (i = 1; i < NF; i++) if ($i == "sigs.k8s.io/kube-network-policies") { print $(i + 1); exit } }' scripts/cluster/netpol-ref/go.mod)
+      export NETPOL_REF_BUILD=${NETPOL_REF_BUILD:-$WEIR_TOOLS/netpol-ref-$ref_version}
+      step "kube-network-policies $ref_version from Go modules into $NETPOL_REF_BUILD (once)"
+      bash scripts/cluster/netpol-ref/build.sh "$NETPOL_REF_BUILD" >/dev/null ||
+        { echo "the kube-network-policies build failed" >&2; exit 1; }
+    fi
+    out=target/policy-bench.txt
+    step "weir policy at scale (WEIR_BENCH_NODES, WEIR_BENCH_CHANGES, WEIR_BENCH_ROUNDS, ...); report -> $out"
+    WEIR_BENCH_CLUSTER=$cluster cargo bench -p weir --bench policy | tee "$out"
+    line=$(tail -1 "$out")
+    if [ "$cluster" = 1 ] && [ "${WEIR_BENCH_E2E:-1}" = 1 ]; then
+      step "Kubernetes' NetworkPolicy suite with kube-network-policies on both nodes (conformance.sh --netpol)"
+      e2e=target/policy-bench-e2e.txt
+      WEIR_POLICY=kube-network-policies WEIR_BIN=$PWD/target/release \
+        bash scripts/cluster/conformance.sh --netpol 2>&1 | tee "$e2e" >&2 || true
+      counts=$(sed -nE 's/^passed ([0-9]+), failed ([0-9]+), not run [0-9]+$/\1 \2/p' "$e2e" | tail -1)
+      read -r passed failed <<<"${counts:-0 0}"
+      line="$line knp_e2e=$passed/$((passed + failed))"
+    fi
+    step "result"
+    echo "$line"
+    ;;
   conformance)
     install_packages
     ensure_kube
@@ -301,7 +335,7 @@ case "${1:-}" in
     exec bash scripts/cluster/conformance.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|agent-compare|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
+    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
     exit 2
     ;;
 esac

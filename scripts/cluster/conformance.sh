@@ -12,7 +12,8 @@
 #   --netpol: the NetworkPolicy suite ([sig-network] Netpol) instead of the conformance focus
 # Env: KUBE_BUILD (default /opt/weir-tools/kube-<pinned version>), WEIR_BIN (target/debug),
 #      WEIR_TOOLS (/opt/weir-tools: the images are cached there per version),
-#      WEIR_E2E_NODES (ginkgo's parallel processes, default 4).
+#      WEIR_E2E_NODES (ginkgo's parallel processes, default 4), WEIR_POLICY (who enforces
+#      NetworkPolicy: weir, the default, or kube-network-policies; up.sh).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 VERSION=$(bash "$HERE/kube/version.sh")
@@ -54,7 +55,7 @@ bash "$HERE/down.sh" "$run" >/dev/null 2>&1 || true
 rm -rf "$run"
 mkdir -p "$run"
 [ -n "$keep" ] || trap 'step "tearing down"; bash "$HERE/down.sh" "$run" >/dev/null 2>&1' EXIT
-step "cluster up: Kubernetes $VERSION, weir-cni, weir proxy ($MODE), weir routes, weir dns ($run)"
+step "cluster up: Kubernetes $VERSION, weir-cni, weir proxy ($MODE), weir routes, weir dns, NetworkPolicy by ${WEIR_POLICY:-weir} ($run)"
 KUBE_BUILD=$KB WEIR_PROXY_MODE=$MODE WEIR_E2E_IMAGES=$images \
   bash "$HERE/up.sh" "$name" "$run" 2>"$run/up.log" || { cat "$run/up.log" >&2; exit 1; }
 # shellcheck disable=SC1091

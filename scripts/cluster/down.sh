@@ -28,7 +28,7 @@ if alive kube-apiserver && { alive node-1-kubelet || alive node-2-kubelet; }; th
 fi
 # in parallel: each may take its grace period
 for node in $NODES; do
-  for p in proxy kube-proxy-iptables kube-proxy-nftables routes dns policy kubelet; do stop "$node-$p" & done
+  for p in proxy kube-proxy-iptables kube-proxy-nftables routes dns policy netpol kubelet; do stop "$node-$p" & done
 done
 stop kube-scheduler & stop kube-controller-manager &
 wait

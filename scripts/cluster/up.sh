@@ -16,8 +16,12 @@
 #      kube-proxy of the build's version instead; 1.20's has no nftables mode), or
 #      WEIR_PROXY_MODES: one per node ("kube-proxy nftables": the two side by side, as the API
 #      benchmark runs them). WEIR_E2E_IMAGES: a directory of image tarballs (e2e-images.sh)
-#      imported into every node's containerd beside pause and busybox. WEIR_POLICY=0: no
-#      `weir policy` on the nodes (NetworkPolicy is not enforced). WEIR_AGENTS=daemonset: weir-cni, its
+#      imported into every node's containerd beside pause and busybox. WEIR_POLICY: who enforces
+#      NetworkPolicy on the nodes: weir (`weir policy`, the default; 1 says the same), 0 (nobody),
+#      or kube-network-policies (SIG Network's reference, built by netpol-ref/build.sh into
+#      NETPOL_REF_BUILD, default /opt/weir-tools/netpol-ref-<version its go.mod pins>); or
+#      WEIR_POLICIES: one per node ("weir kube-network-policies": side by side, as the policy
+#      benchmark runs them). WEIR_AGENTS=daemonset: weir-cni, its
 #      conflist, the proxy, routes and policy come from deploy/'s DaemonSet instead (daemonset.sh
 #      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
 #      runs on each node.
@@ -38,6 +42,19 @@ WEIR_BIN=${WEIR_BIN:-$ROOT/target/debug}
 MODE=${WEIR_PROXY_MODE:-nftables}
 read -r -a MODES <<<"${WEIR_PROXY_MODES:-$MODE $MODE}"
 AGENTS=${WEIR_AGENTS:-processes}
+policy=${WEIR_POLICY:-weir}
+case $policy in 1) policy=weir ;; 0) policy=none ;; esac
+read -r -a POLICIES <<<"${WEIR_POLICIES:-$policy $policy}"
+NETPOL_REF=${NETPOL_REF_BUILD:-/opt/weir-tools/netpol-ref-$(awk '{ for (i = 1; i < NF; i++) if ($i == "sigs.k8s.io/kube-network-policies") { print $(i + 1); exit } }' "$HERE/netpol-ref/go.mod")}
+for p in "${POLICIES[@]}"; do
+  case $p in
+    weir | none) ;;
+    kube-network-policies)
+      [ -x "$NETPOL_REF/bin/kube-network-policies" ] ||
+        { echo "up.sh: no $NETPOL_REF/bin/kube-network-policies: run scripts/cluster/netpol-ref/build.sh $NETPOL_REF" >&2; exit 2; } ;;
+    *) echo "up.sh: WEIR_POLICY: weir, 0 or kube-network-policies, not $p" >&2; exit 2 ;;
+  esac
+done
 for b in kube-apiserver kubelet kube-controller-manager kube-scheduler kubectl; do
   [ -x "$BIN/$b" ] || { echo "up.sh: no $BIN/$b: run scripts/cluster/build-kube.sh $KB" >&2; exit 2; }
 done
@@ -70,6 +87,7 @@ KUBECTL=$R/kubectl
 KUBE_PROXY=$BIN/kube-proxy
 KUBE_VERSION=$KUBE_VERSION
 PROXY_MODES="${MODES[*]}"
+POLICIES="${POLICIES[*]}"
 EOF
 # kubectl of the server's version, run where the apiserver is reachable: the control plane's namespace
 cat >"$R/kubectl" <<EOF
@@ -363,7 +381,19 @@ d = yaml.safe_load(open(sys.argv[1]))["data"]
 print(f"--zone={d['zone']} --ttl={d['ttl']} --pods={d['pods']} --upstream-resolv-conf={d['upstream']}")
 PY
 }
-step "weir on each node: proxy (${MODES[*]}), routes (host-gw), dns, policy"
+# kube-network-policies reads its API server the in-cluster way only (rest.InClusterConfig:
+# KUBERNETES_SERVICE_HOST/PORT and the service account's files at their fixed path). It gets
+# them in a mount namespace of its own: a tmpfs on /run (/var/run) holding this cluster's CA
+# and admin token, so nothing on the host changes. Metrics on 127.0.0.1:9080; the DNS
+# workaround for kernels before 6.12 is off (this kernel has the fix).
+start_netpol_ref() { local ns=$1 node=$2 sa=$R/$2/netpol-sa
+  mkdir -p "$sa"
+  cp "$P/ca.crt" "$sa/ca.crt"
+  printf '%s' "$TOKEN" >"$sa/token"
+  local d=/run/secrets/kubernetes.io/serviceaccount
+  bg "$ns" "$node-netpol" unshare --mount --propagation private sh -c "mount -t tmpfs tmpfs /run && mkdir -p $d && cp $sa/ca.crt $sa/token $d/ && exec env KUBERNETES_SERVICE_HOST=$CP_IP KUBERNETES_SERVICE_PORT=16443 $NETPOL_REF/bin/kube-network-policies --hostname-override=$node --metrics-bind-address=127.0.0.1:9080 --netfilter-bug-1766-fix=false"
+}
+step "weir on each node: proxy (${MODES[*]}), routes (host-gw), dns; policy: ${POLICIES[*]}"
 for i in 0 1; do
   node=${NODES[$i]} ns=$NAME-n$((i + 1)) ip=${NODE_IPS[$i]}
   N=$R/$node
@@ -403,8 +433,14 @@ EOF
     --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081 $(dns_settings)
   # NetworkPolicy for the node's pods (WEIR_POLICY=0 leaves it out, as the proxy benchmark
   # does; deploy/'s DaemonSet runs its own)
-  [ "${WEIR_POLICY:-1}" = 0 ] || [ "$AGENTS" = daemonset ] || bg "$ns" "$node-policy" env RUST_LOG=info "$WEIR_BIN/weir" policy --kubeconfig="$R/kubeconfig" \
-    --node-name="$node" --healthz-bind-address=127.0.0.1:10258
+  if [ "$AGENTS" = daemonset ] || [ "${POLICIES[$i]}" = none ]; then
+    :
+  elif [ "${POLICIES[$i]}" = weir ]; then
+    bg "$ns" "$node-policy" env RUST_LOG=info "$WEIR_BIN/weir" policy --kubeconfig="$R/kubeconfig" \
+      --node-name="$node" --healthz-bind-address=127.0.0.1:10258 --metrics-bind-address=127.0.0.1:10258
+  else
+    start_netpol_ref "$ns" "$node"
+  fi
 done
 
 step "kube-dns: the kubelets' clusterDNS 10.96.0.10, served by weir dns on every node"
@@ -446,7 +482,11 @@ for i in 0 1; do
   ns=$NAME-n$((i + 1))
   wait_for "weir proxy ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:10256/healthz
   wait_for "weir dns ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:8081/healthz
-  [ "${WEIR_POLICY:-1}" = 0 ] || wait_for "weir policy ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:10258/healthz
+  case ${POLICIES[$i]} in
+    weir) wait_for "weir policy ready on ${NODES[$i]}" 120 nsenter --net="/run/netns/$ns" curl -sf http://127.0.0.1:10258/healthz ;;
+    # its table is written once its informers have synced
+    kube-network-policies) wait_for "kube-network-policies' table on ${NODES[$i]}" 120 ip netns exec "$ns" nft list table inet kube-network-policies ;;
+  esac
 done
 kubectl get nodes -o wide >&2
 step "up: KUBECONFIG=$R/kubeconfig ($BIN/kubectl)"
