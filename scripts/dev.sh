@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's two entry points on a fresh Debian 12 machine (run as root):
-#   bash scripts/dev.sh demo   install what is missing, build, run `weir lab demo`
+#   bash scripts/dev.sh demo   install what the lab needs, build weir and weir-cni, run `weir lab demo`
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
@@ -103,9 +103,16 @@ ensure_kube() {
   ((${#missing[@]} == 0)) || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# What `weir lab demo` drives (the lab's namespaces, rules and probes, its DNS upstream): the
+# demo installs only these, and builds no Kubernetes.
+DEMO_PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils nsd curl procps kmod iputils-ping)
+
+# Installs the Debian packages named (default: every one the project uses) and, for the full
+# set, the kubernetes-validate venv; checks cargo and root.
 install_packages() {
-  local missing=()
-  for p in "${PACKAGES[@]}"; do
+  local wanted=("$@") missing=()
+  ((${#wanted[@]})) || wanted=("${PACKAGES[@]}")
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
@@ -121,11 +128,13 @@ install_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     [ -z "$policy" ] || rm -f "$policy"
   fi
-  local venv="$WEIR_TOOLS/venv"
-  if ! "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE_VERSION"; then
-    step "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION (PyPI) into $venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  if (($# == 0)); then
+    local venv="$WEIR_TOOLS/venv"
+    if ! "$venv/bin/kubernetes-validate" --version 2>/dev/null | grep -qx "$KUBERNETES_VALIDATE_VERSION"; then
+      step "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION (PyPI) into $venv"
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+    fi
   fi
   command -v cargo >/dev/null || { echo "cargo is required (rustup)" >&2; exit 1; }
   [ "$(id -u)" = 0 ] || { echo "run as root: weir creates network namespaces" >&2; exit 1; }
@@ -133,9 +142,9 @@ install_packages() {
 
 case "${1:-}" in
   demo)
-    install_packages
-    step "building weir (release)"
-    cargo build --release --bins
+    install_packages "${DEMO_PACKAGES[@]}"
+    step "building weir and weir-cni (release)"
+    cargo build --release -p weir -p weir-cni --bins
     step "weir lab demo"
     exec ./target/release/weir lab demo "${@:2}"
     ;;
