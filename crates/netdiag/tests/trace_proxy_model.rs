@@ -549,6 +549,7 @@ impl ProtoName for Packet {
         match self.proto {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
         }
     }
 }

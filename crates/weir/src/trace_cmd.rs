@@ -30,18 +30,24 @@ struct WalkArgs {
     /// The packet's destination address (IPv4 or IPv6; --from of the same family).
     #[arg(long, required = true)]
     to: Option<IpAddr>,
-    /// The packet's transport protocol.
+    /// The packet's protocol: the first packet of a TCP or UDP connection, or an ICMP echo
+    /// request (ping; ICMPv6's with an IPv6 destination).
     #[arg(long, value_enum, default_value = "tcp")]
     proto: ProtoArg,
-    /// Destination port.
-    #[arg(long, required = true)]
+    /// Destination port (tcp and udp).
+    #[arg(long)]
     dport: Option<u16>,
-    /// Source port.
+    /// Source port (tcp and udp; for icmp the echo identifier).
     #[arg(long, default_value_t = 40000)]
     sport: u16,
     /// The interface the packet arrives on.
     #[arg(long, conflicts_with = "pod")]
     iif: Option<String>,
+    /// The node sends the packet itself (the OUTPUT path), from --from or, without it, from
+    /// the source address routing picks. Also taken without this flag when --from is one of
+    /// the node's own addresses and neither --iif nor --pod is given.
+    #[arg(long, conflicts_with_all = ["pod", "iif"])]
+    from_host: bool,
     /// The packet comes from this pod (its network namespace: a name under /run/netns or a
     /// path); its host-side veth is the input interface.
     #[arg(long)]
@@ -59,10 +65,21 @@ struct WalkArgs {
     svg: Option<PathBuf>,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ProtoArg {
     Tcp,
     Udp,
+    Icmp,
+}
+
+impl ProtoArg {
+    fn proto(self) -> Proto {
+        match self {
+            ProtoArg::Tcp => Proto::Tcp,
+            ProtoArg::Udp => Proto::Udp,
+            ProtoArg::Icmp => Proto::Icmp,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -110,11 +127,17 @@ fn collect(dir: PathBuf, netns: Option<String>, pod: Option<String>) -> anyhow::
 }
 
 fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
-    let (Some(to), Some(dport)) = (a.to, a.dport) else {
-        bail!("--to and --dport are required");
+    let proto = a.proto.proto();
+    let Some(to) = a.to else {
+        bail!("--to is required");
+    };
+    let dport = match (a.dport, proto.has_ports()) {
+        (Some(port), true) => port,
+        (None, false) => 0,
+        (None, true) => bail!("--dport is required with --proto tcp or udp"),
+        (Some(_), false) => bail!("--dport: an ICMP echo request has no ports"),
     };
     let v6 = to.is_ipv6();
-    let from = a.from;
     let mut notes = Vec::new();
     let st = match &a.dir {
         Some(dir) => {
@@ -139,37 +162,12 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
             NodeState::from_outputs(outputs)
         }
     };
-    let (from, iif) = match (&a.pod, &a.iif) {
-        (Some(pod), _) => {
-            let (ip, iif) = pod_side(pod, &st, v6)?;
-            (from.unwrap_or(ip), iif)
-        }
-        (None, Some(iif)) => (
-            from.context("--from is required without --pod")?,
-            iif.clone(),
-        ),
-        // A dump with the pod's own `ip addr` (pod-ip-addr.txt) names the pod's address and,
-        // through its eth0@ifN peer index (or the node's route to it), the host veth.
-        (None, None) => match st
-            .pod
-            .as_ref()
-            .and_then(|p| Some((p.addr, p.host_iface.clone()?)))
-        {
-            Some((ip, iif)) if a.dir.is_some() => (from.unwrap_or(IpAddr::V4(ip)), iif),
-            _ => bail!(
-                "say where the packet comes from: --iif IFACE or --pod NETNS (or, with a \
-                 directory, the pod's `ip addr` saved as pod-ip-addr.txt)"
-            ),
-        },
-    };
+    let (from, iif) = packet_source(&a, &st, v6)?;
     same_family(from, to)?;
     let packet = Packet {
         src: from,
         dst: to,
-        proto: match a.proto {
-            ProtoArg::Tcp => Proto::Tcp,
-            ProtoArg::Udp => Proto::Udp,
-        },
+        proto,
         sport: a.sport,
         dport,
         iif,
@@ -203,6 +201,49 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
             }
         }
     })
+}
+
+/// Where the packet comes from: a pod (its address and host veth), an interface, or the node
+/// itself (`--from-host`, or a `--from` that is one of the node's addresses; from 0.0.0.0,
+/// the walk takes the source routing picks).
+fn packet_source(a: &WalkArgs, st: &NodeState, v6: bool) -> anyhow::Result<(IpAddr, String)> {
+    let unspecified = if v6 {
+        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)
+    };
+    if a.from_host {
+        return Ok((a.from.unwrap_or(unspecified), trace::LOCAL.to_string()));
+    }
+    match (&a.pod, &a.iif) {
+        (Some(pod), _) => {
+            let (ip, iif) = pod_side(pod, st, v6)?;
+            Ok((a.from.unwrap_or(ip), iif))
+        }
+        (None, Some(iif)) => Ok((
+            a.from.context("--from is required without --pod")?,
+            iif.clone(),
+        )),
+        (None, None) => {
+            if let Some(from) = a.from.filter(|ip| st.is_local_address(*ip)) {
+                return Ok((from, trace::LOCAL.to_string()));
+            }
+            // A dump with the pod's own `ip addr` (pod-ip-addr.txt) names the pod's address
+            // and, through its eth0@ifN peer index (or the node's route to it), the host veth.
+            match st
+                .pod
+                .as_ref()
+                .and_then(|p| Some((p.addr, p.host_iface.clone()?)))
+            {
+                Some((ip, iif)) if a.dir.is_some() => Ok((a.from.unwrap_or(IpAddr::V4(ip)), iif)),
+                _ => bail!(
+                    "say where the packet comes from: --iif IFACE, --pod NETNS, --from-host (or a \
+                     --from that is one of the node's addresses; with a directory, the pod's \
+                     `ip addr` saved as pod-ip-addr.txt)"
+                ),
+            }
+        }
+    }
 }
 
 /// A packet's addresses are of one family (an IPv4-mapped or NAT64 address is not walked).

@@ -283,8 +283,18 @@ impl Walker<'_> {
                     "all" | "0" => true,
                     "tcp" | "6" => p.proto == Proto::Tcp,
                     "udp" | "17" => p.proto == Proto::Udp,
+                    "icmp" | "1" => p.proto == Proto::Icmp && !p.v6(),
+                    "ipv6-icmp" | "icmpv6" | "58" => p.proto == Proto::Icmp && p.v6(),
                     _ => false,
                 },
+                // The walked ICMP packet is an echo request (its reply an echo reply).
+                (Some("icmp"), "--icmp-type") | (Some("icmp6"), "--icmpv6-type") => {
+                    let (name, v4, v6) = match p.icmp_type() {
+                        "echo-request" => ("echo-request", "8", "128"),
+                        _ => ("echo-reply", "0", "129"),
+                    };
+                    v == "any" || v == name || v == if p.v6() { v6 } else { v4 }
+                }
                 (_, "-i") => ifname_matches(v, &p.iif),
                 (_, "-o") => match &p.oif {
                     Some(o) => ifname_matches(v, o),

@@ -45,7 +45,7 @@ impl Walker<'_> {
                 );
                 return Some(Err((
                     format!(
-                        "{stage}: IPVS virtual server {}: its real servers are not in the dump (ipvsadm output cut with grep)", super::packet::sa(p.dst, p.dport)),
+                        "{stage}: IPVS virtual server {}: its real servers are not in the dump (ipvsadm output cut with grep)", super::packet::destination(p.dst, p.dport, p.proto)),
                     vec![],
                 )));
             }
@@ -59,7 +59,7 @@ impl Walker<'_> {
             self.rejected = true;
             return Some(Err((
                 format!(
-                    "{stage}: IPVS virtual server {} has no real servers (weight > 0): rejected with ICMP port unreachable", super::packet::sa(p.dst, p.dport)),
+                    "{stage}: IPVS virtual server {} has no real servers (weight > 0): rejected with ICMP port unreachable", super::packet::destination(p.dst, p.dport, p.proto)),
                 vec!["give the Service ready endpoints (IPVS rejects while it has none)".into()],
             )));
         }
@@ -103,7 +103,7 @@ impl Walker<'_> {
             Some(vs.text.clone()),
             format!(
                 "virtual server → real server {} ({})",
-                super::packet::sa(p.dst, p.dport),
+                super::packet::destination(p.dst, p.dport, p.proto),
                 first.forward
             ),
         );
@@ -130,7 +130,7 @@ impl Walker<'_> {
                 None,
                 format!(
                     "the real server {} is this node's (assumed listening)",
-                    super::packet::sa(p.dst, p.dport)
+                    super::packet::destination(p.dst, p.dport, p.proto)
                 ),
             );
             return Ok(());
@@ -169,7 +169,7 @@ impl Walker<'_> {
             "out {} {} → {}",
             route.oif,
             p.src,
-            super::packet::sa(p.dst, p.dport)
+            super::packet::destination(p.dst, p.dport, p.proto)
         );
         if p.src != before
             && self.via_router

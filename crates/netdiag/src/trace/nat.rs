@@ -31,7 +31,10 @@ impl Walker<'_> {
     /// The hop of a destination NAT already applied to `p` (`verb` as the dump spells it:
     /// DNAT, REDIRECT, redirect).
     pub(super) fn dnat_hop(&mut self, p: &Pkt, verb: &str, stage: &str, place: &str, rule: &str) {
-        let note = format!("{verb} to {}", super::packet::sa(p.dst, p.dport));
+        let note = format!(
+            "{verb} to {}",
+            super::packet::destination(p.dst, p.dport, p.proto)
+        );
         self.hop(stage, place, Some(rule.to_string()), note);
     }
 

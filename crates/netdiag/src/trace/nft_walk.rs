@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::packet::{Flow, Pkt};
+use super::packet::{Flow, Pkt, Proto};
 use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
@@ -369,7 +369,7 @@ impl Walker<'_> {
                 "iifname" | "iif" => Some(NVal::Str(p.iif.clone())),
                 "oifname" | "oif" => Some(NVal::Str(p.oif.clone()?)),
                 "mark" => Some(NVal::Num(p.mark as u64)),
-                "l4proto" | "protocol" => Some(NVal::Num(p.proto.number())),
+                "l4proto" | "protocol" => Some(NVal::Num(p.proto.number(p.v6()))),
                 "nfproto" => Some(NVal::Str(if p.v6() { "ipv6" } else { "ipv4" }.into())),
                 _ => None,
             },
@@ -393,7 +393,19 @@ impl Walker<'_> {
                     ("ip6", _) if !p.v6() => Some(NVal::Absent),
                     ("ip" | "ip6", "saddr") => Some(NVal::Ip(p.src)),
                     ("ip" | "ip6", "daddr") => Some(NVal::Ip(p.dst)),
-                    ("ip", "protocol") | ("ip6", "nexthdr") => Some(NVal::Num(p.proto.number())),
+                    ("ip", "protocol") | ("ip6", "nexthdr") => {
+                        Some(NVal::Num(p.proto.number(p.v6())))
+                    }
+                    // The walked ICMP packet is an echo request (its reply an echo reply); it
+                    // has no ports.
+                    ("icmp", "type") if p.proto == Proto::Icmp && !p.v6() => {
+                        Some(NVal::Str(p.icmp_type().into()))
+                    }
+                    ("icmpv6", "type") if p.proto == Proto::Icmp && p.v6() => {
+                        Some(NVal::Str(p.icmp_type().into()))
+                    }
+                    ("icmp" | "icmpv6", _) => Some(NVal::Absent),
+                    ("th", _) if !p.proto.has_ports() => Some(NVal::Absent),
                     ("th", "dport") => Some(NVal::Num(p.dport as u64)),
                     ("th", "sport") => Some(NVal::Num(p.sport as u64)),
                     (t, "dport") if t == p.proto.name() => Some(NVal::Num(p.dport as u64)),
@@ -538,6 +550,8 @@ pub(super) fn nval_matches(v: &NVal, right: &Value) -> bool {
             "tcp" => *n == 6,
             "udp" => *n == 17,
             "icmp" => *n == 1,
+            "ipv6-icmp" | "icmpv6" => *n == 58,
+            "sctp" => *n == 132,
             _ => parse_num(s) == Some(*n as u32),
         },
         (NVal::Ip(ip), Value::String(s)) => s.parse::<IpAddr>().is_ok_and(|x| x == *ip),

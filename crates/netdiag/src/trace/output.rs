@@ -55,7 +55,7 @@ impl Walker<'_> {
                 None,
                 format!(
                     "to a local socket on {} (assumed listening)",
-                    super::packet::sa(p.dst, p.dport)
+                    super::packet::destination(p.dst, p.dport, p.proto)
                 ),
             );
             return Ok(());
@@ -68,7 +68,7 @@ impl Walker<'_> {
                 "out {} {} → {}",
                 route.oif,
                 p.src,
-                super::packet::sa(p.dst, p.dport)
+                super::packet::destination(p.dst, p.dport, p.proto)
             ),
         );
         self.reply(p, &orig, before, &route.oif)

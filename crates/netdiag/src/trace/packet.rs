@@ -11,20 +11,32 @@ use serde::Serialize;
 pub enum Proto {
     Tcp,
     Udp,
+    /// An ICMP echo request (ICMPv6's for an IPv6 packet): no ports; its identifier is the
+    /// packet's `sport`, as conntrack keys it, and `dport` is 0.
+    Icmp,
 }
 
 impl Proto {
+    /// The protocol's name in rules: `icmp` for both families (nft's and iptables' own
+    /// ICMPv6 spellings are matched where the rules are read).
     pub(super) fn name(self) -> &'static str {
         match self {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
         }
     }
-    pub(super) fn number(self) -> u64 {
+    /// The IP protocol number (`ip protocol`, `ip6 nexthdr`, `meta l4proto`).
+    pub(super) fn number(self, v6: bool) -> u64 {
         match self {
             Proto::Tcp => 6,
             Proto::Udp => 17,
+            Proto::Icmp if v6 => 58,
+            Proto::Icmp => 1,
         }
+    }
+    pub fn has_ports(self) -> bool {
+        self != Proto::Icmp
     }
 }
 
@@ -58,6 +70,15 @@ impl Packet {
 impl Pkt {
     pub(super) fn v6(&self) -> bool {
         self.dst.is_ipv6()
+    }
+
+    /// An ICMP packet's type as rules name it: the walked request, or its reply.
+    pub(super) fn icmp_type(&self) -> &'static str {
+        if self.ct_state == "new" {
+            "echo-request"
+        } else {
+            "echo-reply"
+        }
     }
 }
 
@@ -381,4 +402,14 @@ pub struct Unknown {
 /// `ip:port`, `[ip6]:port` for IPv6.
 pub(super) fn sa(ip: IpAddr, port: u16) -> std::net::SocketAddr {
     std::net::SocketAddr::new(ip, port)
+}
+
+/// The packet's destination as people write it: `10.0.0.1:80`, `[fd00::1]:53`, or for
+/// ICMP only the address.
+pub(super) fn destination(ip: IpAddr, port: u16, proto: Proto) -> String {
+    if proto.has_ports() {
+        sa(ip, port).to_string()
+    } else {
+        ip.to_string()
+    }
 }

@@ -25,7 +25,7 @@ impl Walker<'_> {
                 None,
                 format!(
                     "to a local socket on {} (assumed listening)",
-                    super::packet::sa(p.dst, p.dport)
+                    super::packet::destination(p.dst, p.dport, p.proto)
                 ),
             );
             return Ok(());
@@ -54,7 +54,7 @@ impl Walker<'_> {
             "out {} {} → {}",
             route.oif,
             p.src,
-            super::packet::sa(p.dst, p.dport)
+            super::packet::destination(p.dst, p.dport, p.proto)
         );
         if masq_src != before
             && self.via_router

@@ -220,10 +220,18 @@ fn policy_fixes(d: &PolicyDecision, p: &Pkt) -> Vec<String> {
         (p.dst, "to", "egress")
     };
     let cidr = if peer.is_ipv6() { 128 } else { 32 };
-    let proto = p.proto.name().to_ascii_uppercase();
+    // NetworkPolicy ports name TCP, UDP or SCTP: ICMP passes only a rule without ports.
+    let ports = if p.proto.has_ports() {
+        format!(
+            "with `ports: [{{protocol: {}, port: {}}}]`",
+            p.proto.name().to_ascii_uppercase(),
+            p.dport
+        )
+    } else {
+        "and no `ports` (a rule listing ports allows no ICMP)".to_string()
+    };
     let mut fixes = vec![format!(
-        "allow it in a NetworkPolicy selecting {pod} (one more policy is enough: allows add up): an {side} rule `{field}: [{{ipBlock: {{cidr: {peer}/{cidr}}}}}]` (or a podSelector/namespaceSelector matching that peer) with `ports: [{{protocol: {proto}, port: {}}}]`",
-        p.dport
+        "allow it in a NetworkPolicy selecting {pod} (one more policy is enough: allows add up): an {side} rule `{field}: [{{ipBlock: {{cidr: {peer}/{cidr}}}}}]` (or a podSelector/namespaceSelector matching that peer) {ports}"
     )];
     let (namespace, _) = pod.split_once('/').unwrap_or((pod, ""));
     let names: Vec<&str> = d

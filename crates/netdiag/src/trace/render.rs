@@ -2,16 +2,24 @@
 
 use super::packet::{EndpointOutcome, PolicyVerdict, Trace, Verdict};
 
+/// `tcp 10.0.0.1:40000 → 10.96.0.1:443`, `icmp echo-request 10.0.0.1 → 10.0.0.2`.
+fn packet_line(p: &super::packet::Packet) -> String {
+    use super::packet::destination;
+    if p.proto.has_ports() {
+        let (src, dst) = (
+            destination(p.src, p.sport, p.proto),
+            destination(p.dst, p.dport, p.proto),
+        );
+        format!("{} {src} → {dst}", p.proto.name())
+    } else {
+        format!("{} echo-request {} → {}", p.proto.name(), p.src, p.dst)
+    }
+}
+
 /// A trace for people: one line per hop with its rule, then the verdict.
 pub fn render(t: &Trace) -> String {
     let p = &t.packet;
-    let mut out = format!(
-        "{} {} → {} in {}\n",
-        p.proto.name(),
-        super::packet::sa(p.src, p.sport),
-        super::packet::sa(p.dst, p.dport),
-        p.iif
-    );
+    let mut out = format!("{} in {}\n", packet_line(p), p.iif);
     for h in &t.hops {
         out.push_str(&format!("  {:<18} {:<36} {}\n", h.stage, h.place, h.note));
         if let Some(r) = &h.rule {
@@ -183,13 +191,7 @@ pub fn svg(t: &Trace) -> String {
     );
     out.push_str(&format!(
         "<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">{}</text>\n",
-        xml_escape(&format!(
-            "{} {} → {} in {}",
-            p.proto.name(),
-            super::packet::sa(p.src, p.sport),
-            super::packet::sa(p.dst, p.dport),
-            p.iif
-        ))
+        xml_escape(&format!("{} in {}", packet_line(p), p.iif))
     ));
     svg_hops(t, w, &mut out);
     svg_verdict(t, &mut out);

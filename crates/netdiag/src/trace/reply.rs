@@ -33,7 +33,7 @@ impl Walker<'_> {
             None,
             format!(
                 "{} → {} arrives on {reply_iif}; conntrack restores its destination to {}",
-                super::packet::sa(p.dst, p.dport),
+                super::packet::destination(p.dst, p.dport, p.proto),
                 masq_src,
                 orig.src
             ),
@@ -88,7 +88,7 @@ impl Walker<'_> {
                 "out {} to {} (source restored to {})",
                 back.oif,
                 orig.src,
-                super::packet::sa(orig.dst, orig.dport)
+                super::packet::destination(orig.dst, orig.dport, orig.proto)
             ),
         );
         Ok(())
@@ -116,11 +116,11 @@ impl Walker<'_> {
                 reply_iif.to_string(),
                 None,
                 format!(
-                    "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::packet::sa(p.dst, p.dport), orig.src, super::packet::sa(orig.dst, orig.dport)),
+                    "{} → {} is bridged on {reply_iif} past netfilter ({brkey} 0): conntrack never restores its source to {}", super::packet::destination(p.dst, p.dport, p.proto), orig.src, super::packet::destination(orig.dst, orig.dport, orig.proto)),
             );
             return Err((
                 format!(
-                    "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::packet::sa(p.dst, p.dport), super::packet::sa(orig.dst, orig.dport)),
+                    "reply: {} answers {} across bridge {reply_iif} without br_netfilter, from {} instead of {}: the client drops it (TCP answers a reset)", p.dst, orig.src, super::packet::destination(p.dst, p.dport, p.proto), super::packet::destination(orig.dst, orig.dport, orig.proto)),
                 vec![
                     format!("modprobe br_netfilter (and list it in /etc/modules-load.d/), then sysctl -w net.bridge.{brkey}=1"),
                     format!(
@@ -135,7 +135,7 @@ impl Walker<'_> {
             None,
             format!(
                 "{} → {} is bridged on {reply_iif}; br_netfilter hands it to conntrack ({brkey} 1)",
-                super::packet::sa(p.dst, p.dport),
+                super::packet::destination(p.dst, p.dport, p.proto),
                 orig.src
             ),
         );

@@ -33,6 +33,23 @@ pub fn walk(st: &NodeState, src: &str, dst: &str, dport: u16, iif: &str) -> Trac
     t
 }
 
+/// An ICMP echo request from `src` to `dst` arriving on `iif` (`local`: sent by the node).
+pub fn walk_icmp(st: &NodeState, src: &str, dst: &str, iif: &str) -> Trace {
+    let t = trace::trace(
+        st,
+        &Packet {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: Proto::Icmp,
+            sport: 1,
+            dport: 0,
+            iif: iif.into(),
+        },
+    );
+    eprintln!("{}", trace::render(&t));
+    t
+}
+
 /// Whether a hop of `stage` quotes a rule containing `rule_part` and says `note_part`.
 pub fn has_hop(t: &Trace, stage: &str, rule_part: &str, note_part: &str) -> bool {
     t.hops.iter().any(|h| {

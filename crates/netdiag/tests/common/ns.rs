@@ -59,18 +59,33 @@ impl Ns {
             .unwrap()
     }
 
-    /// `trace` of one TCP packet on the namespace's live state.
-    pub fn trace(&self, src: &str, dst: &str, dport: u16, iif: &str) -> trace::Trace {
+    /// Whether one ping (ICMP echo request) from inside the namespace is answered within a
+    /// second.
+    pub fn pings(&self, to: &str) -> bool {
+        Command::new("ip")
+            .args(["netns", "exec", &self.0, "ping", "-n", "-c1", "-W1", to])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    }
+
+    /// The namespace's live state, as `weir trace --netns` reads it.
+    pub fn state(&self) -> NodeState {
         let target = Target {
             netns: Some(self.0.clone()),
         };
-        let st = NodeState::from_outputs(
+        NodeState::from_outputs(
             target
                 .collect()
                 .into_iter()
                 .filter_map(|r| r.result.ok().map(|t| (r.output, t))),
-        );
-        super::walk(&st, src, dst, dport, iif)
+        )
+    }
+
+    /// `trace` of one TCP packet on the namespace's live state.
+    pub fn trace(&self, src: &str, dst: &str, dport: u16, iif: &str) -> trace::Trace {
+        super::walk(&self.state(), src, dst, dport, iif)
     }
 }
 
