@@ -413,3 +413,74 @@ fn a_connection_the_node_opens_to_an_ipvs_vip_takes_the_vip_as_source() {
     // Still no routes to the real servers: unknown, not a drop.
     assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
 }
+
+/// A FORWARD chain with policy DROP whose only accepts could be in chains the paste does not
+/// hold (a CNI's and kube-proxy's): neither "dropped" nor "delivered" is claimed; the verdict
+/// is conditional on what those chains do, and names the output that settles it.
+#[test]
+fn a_jump_to_a_chain_not_in_the_paste_is_a_branch_not_an_assumption() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [
+        (
+            "iptables-save.txt",
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [120:7200]\n:OUTPUT ACCEPT [0:0]\n\
+             -A FORWARD -m comment --comment \"cali:wUHhoiAYhphO9Mso\" -j cali-FORWARD\n\
+             -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+             COMMIT\n",
+        ),
+        (
+            "ip-route.txt",
+            "default via 10.0.0.1 dev eth0\n10.0.0.0/24 dev eth0 proto kernel scope link src 10.0.0.4\n\
+             10.244.1.0/24 dev cni0 proto kernel scope link src 10.244.1.1\n",
+        ),
+        (
+            "sysctl.txt",
+            "net.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.eth0.rp_filter = 0\n\
+             net.ipv4.conf.cni0.rp_filter = 0\nnet.ipv4.conf.all.src_valid_mark = 0\n\
+             net.ipv4.conf.eth0.src_valid_mark = 0\n",
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(tmp.path().join(name), text).unwrap();
+    }
+    let (st, _) = NodeState::from_dir(tmp.path()).unwrap();
+    let t = walk(&st, "10.0.0.5", "10.244.1.7", 80, "eth0");
+    assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
+    let dropped = t
+        .branches
+        .iter()
+        .find(|b| b.verdict == Verdict::Dropped)
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert!(
+        dropped
+            .when_text
+            .contains("filter cali-FORWARD (not in the paste) returns it")
+            && dropped
+                .when_text
+                .contains("filter KUBE-FORWARD (not in the paste) returns it"),
+        "{}",
+        dropped.when_text
+    );
+    assert!(
+        dropped
+            .cause
+            .as_deref()
+            .unwrap()
+            .contains("FORWARD DROP (policy)"),
+        "{:?}",
+        dropped.cause
+    );
+    assert!(t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Delivered && b.when_text.contains("accepts it")));
+    let facts: Vec<&Fact> = t.unknowns.iter().map(|u| &u.fact).collect();
+    assert!(
+        facts.contains(&&Fact::Chain("filter cali-FORWARD".into())),
+        "{facts:?}"
+    );
+    assert!(t
+        .unknowns
+        .iter()
+        .any(|u| u.settle.contains("iptables-save -t filter")));
+}

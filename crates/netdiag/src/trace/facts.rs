@@ -88,6 +88,8 @@ impl Walker<'_> {
                     vec![0, 1]
                 }
             }
+            // Asked only for a chain the dump lacks.
+            Fact::Chain(_) => vec![0, 1],
         }
     }
 
@@ -98,6 +100,9 @@ impl Walker<'_> {
                 Fact::Table(t) => format!(
                     "the routes are main only (`ip route list`): table {t} is not in the dump"
                 ),
+                Fact::Chain(c) => {
+                    format!("a shown rule jumps to {c}, whose rules are not in the paste")
+                }
                 _ => "no sysctl output in the dump".into(),
             };
         };
@@ -124,6 +129,9 @@ impl Walker<'_> {
             }
             Fact::Table(t) => {
                 format!("the routes are main only (`ip route list`): table {t} is not in the dump")
+            }
+            Fact::Chain(c) => {
+                format!("a shown rule jumps to {c}, whose rules are not in the paste")
             }
         }
     }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use crate::iptables::{Dump, Rule as IptRule, Target};
 
 use super::nat::endpoint;
-use super::packet::{Flow, Pkt, Proto};
+use super::packet::{Fact, Flow, Pkt, Proto};
 use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
@@ -136,6 +136,7 @@ impl Walker<'_> {
                     other => Some(other),
                 }
             }
+            other if !is_extension_target(other) => self.ipt_missing_chain(at, r, target),
             other => {
                 self.assume(format!(
                     "iptables target {other} not modelled: passed over (`{}`)",
@@ -144,6 +145,30 @@ impl Walker<'_> {
                 None
             }
         }
+    }
+
+    /// A jump to a chain the paste does not hold (a CNI's `cali-FORWARD`, a `grep` cut): it
+    /// returns or accepts, a fact the walk branches on, so a verdict says what depends on it.
+    fn ipt_missing_chain(&mut self, at: &IptAt, r: &IptRule, target: &Target) -> Option<Flow> {
+        let chain = &target.name;
+        let accepts = self.fact(Fact::Chain(format!("{} {chain}", at.table))) == 1;
+        let verb = if target.goto { "goto" } else { "jump" };
+        let (note, flow) = match (accepts, target.goto) {
+            (true, _) => (
+                format!("{verb} {chain} (not in the paste): taken to accept"),
+                Some(Flow::Accept),
+            ),
+            (false, true) => (
+                format!("{verb} {chain} (not in the paste): taken to return"),
+                Some(Flow::Return),
+            ),
+            (false, false) => (
+                format!("{verb} {chain} (not in the paste): taken to return"),
+                None,
+            ),
+        };
+        self.hop(at.stage, at.place.clone(), Some(r.text.clone()), note);
+        flow
     }
 
     /// CONNMARK: `--save-mark`, `--restore-mark`, else set/xor the connection's mark.
@@ -440,4 +465,54 @@ impl Walker<'_> {
             _ => true,
         }
     }
+}
+
+/// iptables' target extensions (iptables-extensions(8)); any other target names a chain.
+fn is_extension_target(name: &str) -> bool {
+    const EXTENSIONS: &[&str] = &[
+        "ACCEPT",
+        "DROP",
+        "RETURN",
+        "REJECT",
+        "QUEUE",
+        "NFQUEUE",
+        "LOG",
+        "NFLOG",
+        "ULOG",
+        "TRACE",
+        "AUDIT",
+        "MARK",
+        "CONNMARK",
+        "CONNSECMARK",
+        "SECMARK",
+        "DNAT",
+        "SNAT",
+        "MASQUERADE",
+        "REDIRECT",
+        "NETMAP",
+        "TPROXY",
+        "CT",
+        "NOTRACK",
+        "CHECKSUM",
+        "CLASSIFY",
+        "CLUSTERIP",
+        "DSCP",
+        "ECN",
+        "HL",
+        "HMARK",
+        "IDLETIMER",
+        "LED",
+        "RATEEST",
+        "SET",
+        "SYNPROXY",
+        "TCPMSS",
+        "TCPOPTSTRIP",
+        "TEE",
+        "TOS",
+        "TTL",
+        "JOOL",
+        "DNPT",
+        "SNPT",
+    ];
+    EXTENSIONS.contains(&name)
 }

@@ -280,6 +280,9 @@ pub enum Fact {
     /// Whether a route table a rule names holds routes the dump does not show (the routes are
     /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
     Table(String),
+    /// What an iptables chain does that a shown rule jumps to but the paste does not hold
+    /// (`filter cali-FORWARD`): 0 returns without a verdict, 1 accepts.
+    Chain(String),
 }
 
 impl Fact {
@@ -302,6 +305,7 @@ impl Fact {
             Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
             Fact::BrNetfilter6 => "br_netfilter (net.bridge.bridge-nf-call-ip6tables)".into(),
             Fact::Table(t) => format!("route table {t}"),
+            Fact::Chain(c) => format!("iptables chain {c}"),
         }
     }
 
@@ -345,6 +349,11 @@ impl Fact {
                 [1] => format!("table {t} holds routes"),
                 _ => format!("table {t} is empty or holds routes"),
             },
+            Fact::Chain(c) => match v.as_slice() {
+                [0] => format!("{c} (not in the paste) returns it"),
+                [1] => format!("{c} (not in the paste) accepts it"),
+                _ => format!("{c} (not in the paste) returns or accepts it"),
+            },
         }
     }
 
@@ -366,6 +375,10 @@ impl Fact {
             Fact::Table(t) => format!(
                 "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
             ),
+            Fact::Chain(c) => {
+                let (table, chain) = c.split_once(' ').unwrap_or(("filter", c));
+                format!("`iptables-save -t {table}` (the rules of {chain}; or `iptables -t {table} -v -n -L {chain}`)")
+            }
         }
     }
 }
