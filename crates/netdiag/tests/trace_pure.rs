@@ -5,7 +5,7 @@
 mod common;
 
 use weir_netdiag::state::{NodeState, Output};
-use weir_netdiag::trace::{self, Verdict};
+use weir_netdiag::trace::{self, Fact, Verdict};
 
 use common::{data_dir as dir, has_hop, walk};
 
@@ -257,13 +257,28 @@ fn a_hand_made_directory_with_one_grep_cut_file_says_what_it_assumed() {
         "{:?}",
         st.assumptions
     );
-    // Without routes the walk cannot tell where the packet goes: unknown, naming the output
-    // that settles it (it used to say "dropped: no route", an artefact of the missing file).
-    assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
-    let cause = t.cause.as_deref().unwrap_or("");
+    // Without routes the walk takes the packet both as this node's and as forwarded; where
+    // nothing else settles it the branch is unknown, naming the output that settles it (it
+    // used to say "dropped: no route", an artefact of the missing file).
+    assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
+    assert!(t
+        .unknowns
+        .iter()
+        .any(|u| u.fact == Fact::Route("10.96.0.50".into())));
+    let unknown = t
+        .branches
+        .iter()
+        .find(|b| b.verdict == Verdict::Unknown && b.when_text.contains("10.96.0.50 is forwarded"))
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    let cause = unknown.cause.as_deref().unwrap_or("");
     assert!(cause.contains("cannot tell where"), "{cause}");
     assert!(cause.contains("`ip route show table all`"), "{cause}");
-    assert!(!cause.contains("no route to"), "{cause}");
+    for b in &t.branches {
+        assert!(
+            !b.cause.as_deref().unwrap_or("").contains("no route to"),
+            "{b:?}"
+        );
+    }
 }
 
 /// The same lab with weir-cni's fix (`weir lab demo --topology eni --proxy-mode

@@ -259,9 +259,11 @@ fn without_ip_route_the_verdict_is_unknown_and_names_ip_route_show_table_all() {
         8443,
         "eni69381f0634bc",
     );
+    // The request is walked as forwarded (its DNATed destination, a pod, is not one of the
+    // node's addresses by table local); its reverse-path check needs the routes: unknown.
     assert_eq!(t.verdict, Verdict::Unknown, "{:?}", t.cause);
     let cause = t.cause.as_deref().unwrap();
-    assert!(cause.contains("cannot tell where"), "{cause}");
+    assert!(cause.contains("cannot tell"), "{cause}");
     assert!(cause.contains("no `ip route` output"), "{cause}");
     assert!(cause.contains("`ip route show table all`"), "{cause}");
     assert!(!cause.contains("no route to"), "{cause}");
@@ -483,4 +485,57 @@ fn a_jump_to_a_chain_not_in_the_paste_is_a_branch_not_an_assumption() {
         .unknowns
         .iter()
         .any(|u| u.settle.contains("iptables-save -t filter")));
+}
+
+/// No routes pasted, the node's addresses known (`ip addr`), FORWARD policy DROP with nothing
+/// accepting: a packet for a pod (not one of the node's addresses) must be forwarded, and
+/// whatever the routes say it is dropped there — the paste settles it without them.
+#[test]
+fn forward_drop_settles_a_forwarded_packet_without_routes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [
+        (
+            "iptables-save.txt",
+            "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [120:7200]\n:OUTPUT ACCEPT [0:0]\n\
+             -A FORWARD -i docker0 -o docker0 -j ACCEPT\nCOMMIT\n",
+        ),
+        (
+            "ip-addr.txt",
+            "1: lo: <LOOPBACK,UP,LOWER_UP> mtu 65536 qdisc noqueue state UNKNOWN group default qlen 1000\n\
+             \x20   link/loopback 00:00:00:00:00:00 brd 00:00:00:00:00:00\n\
+             \x20   inet 127.0.0.1/8 scope host lo\n\
+             2: eth0: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc mq state UP group default qlen 1000\n\
+             \x20   link/ether 02:42:ac:11:00:02 brd ff:ff:ff:ff:ff:ff\n\
+             \x20   inet 10.0.0.4/24 brd 10.0.0.255 scope global eth0\n",
+        ),
+        (
+            "sysctl.txt",
+            "net.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.eth0.rp_filter = 0\n",
+        ),
+    ];
+    for (name, text) in files {
+        std::fs::write(tmp.path().join(name), text).unwrap();
+    }
+    let (st, _) = NodeState::from_dir(tmp.path()).unwrap();
+    assert!(st.routes.is_none() && st.addresses_complete());
+    let t = walk(&st, "10.0.0.5", "10.244.1.7", 80, "eth0");
+    assert_eq!(
+        t.verdict,
+        Verdict::Dropped,
+        "{:?} {:#?}",
+        t.cause,
+        t.branches
+    );
+    assert!(
+        t.cause
+            .as_deref()
+            .unwrap()
+            .contains("FORWARD DROP (policy)"),
+        "{:?}",
+        t.cause
+    );
+    assert!(t
+        .assumptions
+        .iter()
+        .any(|a| a.contains("leaves by an interface the paste does not name")));
 }

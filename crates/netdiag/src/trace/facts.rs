@@ -90,6 +90,12 @@ impl Walker<'_> {
             }
             // Asked only for a chain the dump lacks.
             Fact::Chain(_) => vec![0, 1],
+            // Asked only without routes, for an address not known to be local: with the whole
+            // `ip addr` or table local it is known not to be.
+            Fact::Route(_) if self.st.addresses_complete() || self.st.has_table_local() => {
+                vec![1]
+            }
+            Fact::Route(_) => vec![1, 0],
         }
     }
 
@@ -103,6 +109,7 @@ impl Walker<'_> {
                 Fact::Chain(c) => {
                     format!("a shown rule jumps to {c}, whose rules are not in the paste")
                 }
+                Fact::Route(d) => format!("no routes were pasted: where {d} goes is not shown"),
                 _ => "no sysctl output in the dump".into(),
             };
         };
@@ -133,6 +140,7 @@ impl Walker<'_> {
             Fact::Chain(c) => {
                 format!("a shown rule jumps to {c}, whose rules are not in the paste")
             }
+            Fact::Route(d) => format!("no routes were pasted: where {d} goes is not shown"),
         }
     }
 }

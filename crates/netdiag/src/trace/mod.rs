@@ -247,7 +247,12 @@ fn conclude(st: &NodeState, leaves: &[facts::Leaf]) -> Trace {
                 }
             })
             .collect();
-        t.verdict = Verdict::Conditional;
+        // Unknown every way the dump leaves open: unknown, with each way's cause as a branch.
+        t.verdict = if leaves.iter().all(|l| l.trace.verdict == Verdict::Unknown) {
+            Verdict::Unknown
+        } else {
+            Verdict::Conditional
+        };
         // Assumptions of every branch (a branch's own notes name its path).
         let mut all: BTreeSet<String> = BTreeSet::new();
         for l in leaves {

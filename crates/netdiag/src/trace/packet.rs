@@ -283,6 +283,8 @@ pub enum Fact {
     /// What an iptables chain does that a shown rule jumps to but the paste does not hold
     /// (`filter cali-FORWARD`): 0 returns without a verdict, 1 accepts.
     Chain(String),
+    /// Where a destination goes when no routes were pasted: 0 this node, 1 forwarded.
+    Route(String),
 }
 
 impl Fact {
@@ -306,6 +308,7 @@ impl Fact {
             Fact::BrNetfilter6 => "br_netfilter (net.bridge.bridge-nf-call-ip6tables)".into(),
             Fact::Table(t) => format!("route table {t}"),
             Fact::Chain(c) => format!("iptables chain {c}"),
+            Fact::Route(d) => format!("the route to {d}"),
         }
     }
 
@@ -354,6 +357,11 @@ impl Fact {
                 [1] => format!("{c} (not in the paste) accepts it"),
                 _ => format!("{c} (not in the paste) returns or accepts it"),
             },
+            Fact::Route(d) => match v.as_slice() {
+                [0] => format!("{d} is this node's"),
+                [1] => format!("{d} is forwarded"),
+                _ => format!("{d} is this node's or forwarded"),
+            },
         }
     }
 
@@ -374,6 +382,9 @@ impl Fact {
             Fact::BrNetfilter6 => "`sysctl net.bridge.bridge-nf-call-ip6tables` (sysctl.txt; no such key: br_netfilter is not loaded)".into(),
             Fact::Table(t) => format!(
                 "`ip route show table all` (or `ip route show table {t}`) as ip-route.txt"
+            ),
+            Fact::Route(d) => format!(
+                "`ip route show table all` (ip-route.txt) and `ip addr` (ip-addr.txt), or `ip route get {d}`"
             ),
             Fact::Chain(c) => {
                 let (table, chain) = c.split_once(' ').unwrap_or(("filter", c));

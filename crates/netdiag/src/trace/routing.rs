@@ -16,6 +16,9 @@ pub(super) fn routes_settle(v6: bool) -> &'static str {
     }
 }
 
+/// The output interface of a packet forwarded when no routes were pasted.
+pub(super) const UNKNOWN_OIF: &str = "?";
+
 /// The result of a routing decision.
 #[derive(Debug, Clone)]
 pub(super) struct RouteResult {
@@ -90,6 +93,10 @@ impl Walker<'_> {
                 }
                 if let Some(why) = self.routes_missing_for(dst.is_ipv6()) {
                     // Nothing in the dump says there is no route: the routes were not pasted.
+                    // Where the rest of the paste decides either way, walk both ways.
+                    if let Some(result) = self.route_either_way(stage, src, dst, &why) {
+                        return Ok(result);
+                    }
                     self.unknown_outcome = true;
                     self.hop(
                         stage,
@@ -114,6 +121,66 @@ impl Walker<'_> {
                 Err((format!("{stage}: no route to {dst}"), vec![]))
             }
         }
+    }
+
+    /// Without routes, a packet is either for this node or forwarded out some interface: the
+    /// walk takes one of the two ([`Fact::Route`]) and goes on, so rules that decide either
+    /// way (a FORWARD policy DROP, an INPUT drop) still settle the verdict. A destination that
+    /// is one of the node's addresses is local; with the whole `ip addr`, any other is
+    /// forwarded. `None` for every other lookup (the reply's, the node's own output routing).
+    fn route_either_way(
+        &mut self,
+        stage: &str,
+        src: IpAddr,
+        dst: IpAddr,
+        why: &str,
+    ) -> Option<RouteResult> {
+        if self.st.is_local_address(dst) {
+            self.hop(
+                stage,
+                "addresses",
+                None,
+                format!("{dst} is local (one of the node's addresses; {why})"),
+            );
+            return Some(RouteResult {
+                local: true,
+                oif: "lo".into(),
+            });
+        }
+        // Only the request's input routing: the reply's way back is what asymmetric routing
+        // gets wrong, and the node's own packets take their source from the route; neither
+        // is taken for granted.
+        if src.is_unspecified() || stage != "routing" {
+            return None;
+        }
+        let forwarded = self.fact(Fact::Route(dst.to_string())) == 1;
+        if !forwarded {
+            self.hop(
+                stage,
+                "rules",
+                None,
+                format!("{dst} taken to be local ({why})"),
+            );
+            return Some(RouteResult {
+                local: true,
+                oif: "lo".into(),
+            });
+        }
+        self.assume(format!(
+            "no routes pasted: {dst} leaves by an interface the paste does not name; rules matching an output interface were taken as not matching"
+        ));
+        self.hop(
+            stage,
+            "rules",
+            None,
+            format!(
+                "{dst} taken to be forwarded, out an interface the paste does not name ({why})"
+            ),
+        );
+        Some(RouteResult {
+            local: false,
+            oif: UNKNOWN_OIF.into(),
+        })
     }
 
     /// A pasted `ip route get` that made this very lookup (same destination and mark; for a

@@ -160,7 +160,7 @@ impl Walker<'_> {
             );
         }
         if st.routes.is_none() {
-            self.assume("no ip route output: where a packet goes is unknown (not assumed: a lookup that needs the routes makes the verdict unknown)");
+            self.assume("no ip route output: where a packet goes is unknown (not assumed: the request is walked both as this node's and as forwarded, and a lookup nothing else settles makes the verdict unknown)");
         }
         if st.addrs.is_none() && st.inferred_addrs.is_empty() {
             self.assume("no ip addr output, and no route names a local address: masquerade's source unknown");
@@ -187,7 +187,7 @@ impl Walker<'_> {
             self.assume("no ip -6 rule output: the default IPv6 rules (0 local, 32766 main)");
         }
         if st.routes_of(true).is_none() {
-            self.assume("no ip -6 route output: where an IPv6 packet goes is unknown (a lookup that needs the routes makes the verdict unknown)");
+            self.assume("no ip -6 route output: where an IPv6 packet goes is unknown (not assumed: the request is walked both as this node's and as forwarded, and a lookup nothing else settles makes the verdict unknown)");
         }
         if !st.local_addresses().any(|a| a.addr.is_ipv6()) {
             self.assume("no IPv6 address in ip addr: the node's IPv6 addresses (masquerade's source, local delivery) unknown");
