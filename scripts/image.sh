@@ -86,6 +86,10 @@ if [ -z "${WEIR_IMAGE_SKIP_BUILD:-}" ]; then
   echo "built $image in $(($(date +%s) - started)) s, $(podman image inspect -f '{{.Size}}' "$image" | numfmt --to=iec)B"
 fi
 podman image exists "$image" || fail "no image $image"
+# The image holds only what weir runs: at most 100 MB uncompressed.
+size=$(podman image inspect -f '{{.Size}}' "$image")
+((size <= 100 * 1000 * 1000)) || fail "$image is $(numfmt --to=si "$size")B, over 100 MB"
+pass "image size $(numfmt --to=si "$size")B (at most 100 MB)"
 # The commit `weir --version` must name: the one the image was built from.
 built=$(podman image inspect -f '{{index .Labels "org.opencontainers.image.revision"}}' "$image")
 [ -n "$built" ] && [ "$built" != "<no value>" ] && commit=$built

@@ -1114,6 +1114,8 @@ struct Containerfile {
     context_copies: Vec<(Vec<String>, String)>,
     /// (sources, destination) of `COPY --from=build` lines.
     build_copies: Vec<(Vec<String>, String)>,
+    /// (sources, destination) of `COPY --from=` lines of other stages.
+    stage_copies: Vec<(Vec<String>, String)>,
     /// The whole text of RUN instructions (continuations joined).
     runs: Vec<String>,
 }
@@ -1130,6 +1132,7 @@ fn containerfile() -> Containerfile {
         from: Vec::new(),
         context_copies: Vec::new(),
         build_copies: Vec::new(),
+        stage_copies: Vec::new(),
         runs: Vec::new(),
     };
     // `ARG NAME=default` before the first FROM: the base images, overridable at build time.
@@ -1149,9 +1152,13 @@ fn containerfile() -> Containerfile {
                 cf.from.push(image);
             }
             Some("RUN") => cf.runs.push(words[1..].join(" ")),
-            Some("COPY") if words[1].starts_with("--from=") => {
+            Some("COPY") if words[1] == "--from=build" => {
                 let (dst, srcs) = words[2..].split_last().unwrap();
                 cf.build_copies.push((srcs.to_vec(), dst.clone()));
+            }
+            Some("COPY") if words[1].starts_with("--from=") => {
+                let (dst, srcs) = words[2..].split_last().unwrap();
+                cf.stage_copies.push((srcs.to_vec(), dst.clone()));
             }
             Some("COPY") => {
                 let (dst, srcs) = words[1..].split_last().unwrap();
@@ -1178,7 +1185,13 @@ fn copied_to(src: &str, dst: &str) -> String {
 #[test]
 fn the_containerfile_builds_and_copies_what_the_repository_provides() {
     let cf = containerfile();
-    assert_eq!(cf.from.len(), 2, "{:?}", cf.from);
+    // build, tools (Debian's packages gathered into /rootfs), and the image on scratch.
+    assert_eq!(cf.from.len(), 3, "{:?}", cf.from);
+    assert_eq!(cf.from[2], "scratch", "{:?}", cf.from);
+    assert_eq!(
+        cf.stage_copies,
+        vec![(vec!["/rootfs".to_string()], "/".to_string())]
+    );
     // The build stage's Rust is at least the workspace's rust-version.
     let rust = cf.from[0]
         .split(':')
@@ -1314,7 +1327,15 @@ fn the_containerfile_builds_and_copies_what_the_repository_provides() {
         .skip_while(|w| *w != "--no-install-recommends")
         .skip(1)
         .collect();
-    for needed in ["nftables", "iptables", "ipset", "conntrack", "curl", "jq"] {
+    for needed in [
+        "nftables",
+        "iptables",
+        "ipset",
+        "conntrack",
+        "curl",
+        "jq",
+        "busybox-static",
+    ] {
         assert!(debs.contains(&needed), "{needed} missing from {debs:?}");
     }
     for deb in debs {
