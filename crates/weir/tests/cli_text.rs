@@ -87,7 +87,7 @@ fn flags_say_what_they_choose() {
     );
     let trace = stdout(&weir(&["trace", "--help"]));
     let proto = option_help(&trace, "--proto <PROTO>");
-    assert!(proto.contains("transport protocol"), "{proto}");
+    assert!(proto.contains("ICMP echo request"), "{proto}");
 }
 
 #[test]

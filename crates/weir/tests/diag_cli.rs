@@ -96,7 +96,7 @@ fn trace_on_a_directory_exit_status_follows_the_verdict() {
         off.to_str().unwrap(),
     ]);
     assert_ne!(o.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--iif IFACE or --pod NETNS"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--iif IFACE, --pod NETNS, --from-host"));
     let o = weir(&["doctor", "--dir", "/nonexistent/weir-diag"]);
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read /nonexistent/weir-diag"));
