@@ -92,11 +92,11 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     }
     if args.validate {
         for n in notices {
-            println!("notice: {n}");
+            outln!("notice: {n}");
         }
-        println!("parts: {}", names.join(","));
-        println!("{settings:#?}");
-        println!("{:#?}", args.routes);
+        outln!("parts: {}", names.join(","));
+        outln!("{settings:#?}");
+        outln!("{:#?}", args.routes);
         return Ok(ExitCode::SUCCESS);
     }
     crate::init_logging_with(settings.log.format, settings.log.filter());

@@ -117,12 +117,12 @@ fn collect(dir: PathBuf, netns: Option<String>, pod: Option<String>) -> anyhow::
         .with_context(|| format!("cannot collect into {}", dir.display()))?;
     for e in &manifest.entries {
         match (&e.file, &e.error) {
-            (Some(f), _) => println!("{:<22} {:>8} bytes  {}", f, e.bytes, e.command),
-            (None, Some(err)) => println!("{:<22} {:>8}        {}: {err}", "-", "", e.command),
+            (Some(f), _) => outln!("{:<22} {:>8} bytes  {}", f, e.bytes, e.command),
+            (None, Some(err)) => outln!("{:<22} {:>8}        {}: {err}", "-", "", e.command),
             (None, None) => {}
         }
     }
-    println!("manifest: {}", dir.join(live::MANIFEST_FILE).display());
+    outln!("manifest: {}", dir.join(live::MANIFEST_FILE).display());
     Ok(ExitCode::SUCCESS)
 }
 
