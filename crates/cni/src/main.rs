@@ -6,7 +6,10 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     // An operator's `weir-cni --version`; runtimes never pass arguments (CNI passes everything
     // in the environment and stdin), and the CNI VERSION command stays as the spec has it.
-    if std::env::args().nth(1).is_some_and(|a| a == "--version" || a == "-V") {
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--version" || a == "-V")
+    {
         let _ = writeln!(std::io::stdout(), "{}", weir_cni::plugin::version_text());
         return ExitCode::SUCCESS;
     }

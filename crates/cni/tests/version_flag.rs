@@ -19,7 +19,10 @@ fn version_flag_prints_the_plugin_version_and_cni_version_still_answers_json() {
         )),
         "{text}"
     );
-    assert!(text.contains("CNI protocol versions supported: 0.3.0"), "{text}");
+    assert!(
+        text.contains("CNI protocol versions supported: 0.3.0"),
+        "{text}"
+    );
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir-cni"))
         .env("CNI_COMMAND", "VERSION")

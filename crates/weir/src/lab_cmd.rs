@@ -598,7 +598,8 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             for a in rows.iter().filter(|a| a["alive"] != true) {
                 outln!(
                     "FAIL: weir {agent} on node {} (pid {}) is not running",
-                    a["node"], a["pid"]
+                    a["node"],
+                    a["pid"]
                 );
             }
         }

@@ -67,7 +67,10 @@ mod tests {
         assert_eq!(v["commit"], "abc123");
         let v: serde_json::Value =
             serde_json::from_str(&render(VersionFormat::Json, "0.1.0")).unwrap();
-        assert_eq!((v["version"].as_str(), v["commit"].is_null()), (Some("0.1.0"), true));
+        assert_eq!(
+            (v["version"].as_str(), v["commit"].is_null()),
+            (Some("0.1.0"), true)
+        );
         // This binary's own line parses the same way.
         let (version, _) = parts(env!("WEIR_VERSION_LINE"));
         assert_eq!(version, env!("CARGO_PKG_VERSION"));

@@ -535,7 +535,10 @@ fn decode_config<T: serde::de::DeserializeOwned>(
         ),
         (None, what) => {
             let what = what.map(|w| format!("the file reads as {w}"));
-            let at = e.line.as_ref().map(|(n, start)| format!("; line {n} ({start:?})"));
+            let at = e
+                .line
+                .as_ref()
+                .map(|(n, start)| format!("; line {n} ({start:?})"));
             let message = format!(
                 "not a KubeProxyConfiguration (a YAML mapping of fields): {}{}",
                 what.unwrap_or(e.message),
@@ -659,7 +662,9 @@ fn load_config(path: &std::path::Path) -> LoadedConfig {
             }
         },
     };
-    loaded.problems.extend(validate::check_document(path, &text, &doc));
+    loaded
+        .problems
+        .extend(validate::check_document(path, &text, &doc));
     if doc.is_null() {
         return loaded;
     }

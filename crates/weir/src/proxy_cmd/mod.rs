@@ -34,6 +34,7 @@ pub(crate) use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 use kube_proxy::{Findings, Refused};
 use validate::{Invalid, Report};
+pub(crate) use validate::{Output as ValidateOutput, Problem};
 
 use crate::runtime::source::{Origin, RunningSource, SourceReports, Wanted};
 use crate::runtime::views::{View, PROXY_KINDS};

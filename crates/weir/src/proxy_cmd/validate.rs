@@ -93,9 +93,13 @@ pub fn line_of(text: &str, path: &str) -> Option<usize> {
         let (n, depth) = text.lines().enumerate().skip(from).find_map(|(n, l)| {
             let depth = l.len() - l.trim_start().len();
             let body = l.trim_start().trim_start_matches("- ");
-            let named = [format!("{key}:"), format!("\"{key}\":"), format!("'{key}':")]
-                .iter()
-                .any(|k| body.starts_with(k.as_str()));
+            let named = [
+                format!("{key}:"),
+                format!("\"{key}\":"),
+                format!("'{key}':"),
+            ]
+            .iter()
+            .any(|k| body.starts_with(k.as_str()));
             (named && indent.is_none_or(|i| depth > i)).then_some((n, depth))
         })?;
         from = n + 1;
@@ -295,7 +299,11 @@ pub struct Report {
 fn rows(s: &Settings) -> Vec<(&'static str, String)> {
     let list = |v: &[ipnet::IpNet]| match v {
         [] => "-".to_string(),
-        v => v.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(","),
+        v => v
+            .iter()
+            .map(|n| n.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
     };
     let addr = |a: Option<std::net::SocketAddr>| a.map_or("off".into(), |a| a.to_string());
     let source = match &s.api {
@@ -412,7 +420,10 @@ impl Report {
                     "notices": self.notices,
                     "problems": self.problems,
                 });
-                format!("{}\n", serde_json::to_string_pretty(&doc).expect("JSON values"))
+                format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&doc).expect("JSON values")
+                )
             }
         }
     }
@@ -445,7 +456,8 @@ mod tests {
 
     #[test]
     fn lines_of_block_keys_and_go_durations() {
-        let text = "kind: K\nipvs:\n  scheduler: rr\n  strictARP: true\niptables:\n  strictARP: x\n";
+        let text =
+            "kind: K\nipvs:\n  scheduler: rr\n  strictARP: true\niptables:\n  strictARP: x\n";
         assert_eq!(line_of(text, "ipvs.strictARP"), Some(4));
         assert_eq!(line_of(text, "iptables.strictARP"), Some(6));
         assert_eq!(line_of(text, "kind"), Some(1));
@@ -505,7 +517,8 @@ mod bad_configs {
     #[test]
     fn each_bad_configuration_fails_naming_its_problem() {
         let ipvs_off = h!("featureGates:\n  KubeProxyIPVS: false\nmode: ipvs\n");
-        let passwd = "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n";
+        let passwd =
+            "root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1:daemon:/usr/sbin:/usr/sbin/nologin\n";
         #[rustfmt::skip]
         let cases: &[(&[&str], Option<&str>, &str)] = &[
             (&[], Some(""), "kp.yaml: empty: a KubeProxyConfiguration needs"),
@@ -558,7 +571,9 @@ mod bad_configs {
             let r = report(args, *yaml);
             let problems: Vec<String> = r.problems.iter().map(Problem::to_string).collect();
             if r.valid() || !problems.iter().any(|p| p.contains(want)) {
-                wrong.push(format!("{args:?} {yaml:?}\n  want {want:?}\n  got  {problems:#?}"));
+                wrong.push(format!(
+                    "{args:?} {yaml:?}\n  want {want:?}\n  got  {problems:#?}"
+                ));
             }
             let text = r.render(Output::Text);
             assert!(text.ends_with("; the agent would not start\n"), "{text}");
@@ -572,13 +587,24 @@ mod bad_configs {
         let r = report(&["--min-sync-period=1m"], Some(yaml));
         let problems: Vec<String> = r.problems.iter().map(Problem::to_string).collect();
         assert_eq!(r.problems.len(), 4, "{problems:#?}");
-        for want in ["clusterCidr", "kernelspace", "conntrack.min", "min-sync-period"] {
-            assert!(problems.iter().any(|p| p.contains(want)), "{want}: {problems:#?}");
+        for want in [
+            "clusterCidr",
+            "kernelspace",
+            "conntrack.min",
+            "min-sync-period",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.contains(want)),
+                "{want}: {problems:#?}"
+            );
         }
         let json: Value = serde_json::from_str(&r.render(Output::Json)).unwrap();
         assert_eq!(json["valid"], false);
         assert_eq!(json["problems"][0]["line"], 3);
-        assert!(json["problems"][0]["file"].as_str().unwrap().ends_with("kp.yaml"));
+        assert!(json["problems"][0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("kp.yaml"));
 
         // ipvs.strictARP and iptables.masqueradeBit are kube-proxy's: read in their modes,
         // named as ignored in the others (kubeadm's zero values pass silently).
@@ -593,7 +619,12 @@ mod bad_configs {
         let s = r.settings.as_ref().unwrap();
         assert!(s.ipvs.strict_arp && s.masquerade_mark == 1 << 12 && r.notices.is_empty());
         let text = r.render(Output::Text);
-        for want in ["  mode                 ipvs\n", "  masquerade mark      0x1000\n", "  ipvs strict arp      true\n", "valid (0 notice(s))\n"] {
+        for want in [
+            "  mode                 ipvs\n",
+            "  masquerade mark      0x1000\n",
+            "  ipvs strict arp      true\n",
+            "valid (0 notice(s))\n",
+        ] {
             assert!(text.contains(want), "{want:?} in\n{text}");
         }
         assert!(!text.contains("Settings {"), "{text}");
