@@ -4,6 +4,15 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // An operator's `weir-cni --version`; runtimes never pass arguments (CNI passes everything
+    // in the environment and stdin), and the CNI VERSION command stays as the spec has it.
+    if std::env::args()
+        .nth(1)
+        .is_some_and(|a| a == "--version" || a == "-V")
+    {
+        let _ = writeln!(std::io::stdout(), "{}", weir_cni::plugin::version_text());
+        return ExitCode::SUCCESS;
+    }
     let mut stdin = Vec::new();
     // VERSION may come with an empty stdin; a read error leaves it empty and config parsing reports it.
     let _ = std::io::stdin().read_to_end(&mut stdin);

@@ -17,6 +17,16 @@ pub struct Reply {
     pub success: bool,
 }
 
+/// What `weir-cni --version` prints (as containernetworking/plugins' `--version` does): the
+/// plugin's version and the CNI versions it speaks.
+pub fn version_text() -> String {
+    format!(
+        "CNI plugin weir-cni version {}\nCNI protocol versions supported: {}",
+        env!("CARGO_PKG_VERSION"),
+        SUPPORTED_VERSIONS.join(", ")
+    )
+}
+
 /// Runs one command. Never panics on bad input: every failure becomes a CNI error reply.
 pub fn run(get_env: impl Fn(&str) -> Option<String>, stdin: &[u8]) -> Reply {
     let version = declared_version(stdin)

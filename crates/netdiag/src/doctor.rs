@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::iptables::{Dump, Rule as IptRule};
 use crate::nft::Ruleset;
-use crate::state::NodeState;
+use crate::state::{NodeState, Output};
 
 pub use crate::check::{Check, Status};
 
@@ -38,7 +38,7 @@ impl PodDns {
 
 /// Every check, in a fixed order.
 pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
-    vec![
+    let mut checks = vec![
         br_netfilter(st),
         forwarding(st),
         forward_policy(st),
@@ -54,7 +54,46 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         crate::doctor_policy::policy_dns(st.objects.as_ref()),
         crate::doctor_policy::policy_selector(st.objects.as_ref()),
         crate::doctor_policy::policy_named_port(st.objects.as_ref()),
-    ]
+    ];
+    for c in &mut checks {
+        cannot_tell(c, st);
+    }
+    checks
+}
+
+/// The outputs each node check reads.
+fn reads(check: &str) -> &'static [Output] {
+    use Output::*;
+    match check {
+        "br-netfilter" | "forwarding" => &[Sysctl],
+        "forward-policy" => &[IptablesSave, NftRuleset],
+        "stale-dnat" => &[IptablesSave, NftRuleset, IpvsadmLn, IpRoute, IpAddr],
+        "pod-dns" => &[PodResolvConf],
+        "conntrack" => &[Sysctl, ConntrackStats],
+        "conntrack-nat" => &[ConntrackList, IptablesSave, NftRuleset, IpvsadmLn],
+        "ipvs-vip-source" => &[IpvsadmConns, IpvsadmLn],
+        "hairpin" => &[HairpinMode, IpLink],
+        "rp-filter-refusals" => &[IpRouteGet, KernelLog, Sysctl],
+        "mtu" => &[IpLink],
+        "eni-asymmetric" => &[IpRule, IpRoute, Sysctl],
+        _ => &[],
+    }
+}
+
+/// A check that reads an output nothing of which could be read (left out as if not
+/// collected) cannot tell: never `ok` (a fault it found from the rest still stands).
+fn cannot_tell(c: &mut Check, st: &NodeState) {
+    let files: Vec<&str> = (st.unreadable.iter())
+        .filter(|u| reads(c.id).contains(&u.output))
+        .map(|u| u.file.as_str())
+        .collect();
+    if files.is_empty() {
+        return;
+    }
+    if c.status == Status::Ok {
+        c.status = Status::Skip;
+    }
+    c.note(format!("cannot tell: {} unreadable", files.join(", ")));
 }
 
 /// True when any check failed (the command's exit status).
@@ -1618,6 +1657,20 @@ pub fn render_table(checks: &[Check]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every node check names the outputs it reads (so an unreadable one makes it say it
+    /// cannot tell); the policy checks read objects only.
+    #[test]
+    fn every_node_check_names_what_it_reads() {
+        for c in run_all(&NodeState::default(), None) {
+            assert_eq!(
+                reads(c.id).is_empty(),
+                c.id.starts_with("policy-"),
+                "{}",
+                c.id
+            );
+        }
+    }
 
     #[test]
     fn marks() {

@@ -196,6 +196,27 @@ impl Output {
     }
 }
 
+/// A saved output no part of which could be read: the file, where (a 1-based line, or the
+/// element's index in a JSON array; none for the whole file) and what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Unreadable {
+    #[serde(skip)]
+    pub output: Output,
+    /// The file's name (its path when read from a directory).
+    pub file: String,
+    pub line: Option<usize>,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.line {
+            Some(n) => write!(f, "{}: unreadable (line {n}: {})", self.file, self.reason),
+            None => write!(f, "{}: unreadable ({})", self.file, self.reason),
+        }
+    }
+}
+
 /// A pod's side of its veth, from the pod's own `ip addr`, and the host interface it maps to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PodSide {
@@ -253,6 +274,9 @@ pub struct NodeState {
     pub sysctls_cut: bool,
     /// What each parser left out, by output.
     pub skipped: Vec<(Output, Skipped)>,
+    /// Outputs present but not read at all (not JSON, not the tool's format): left out as if
+    /// not collected, so that the checks needing them cannot tell instead of passing.
+    pub unreadable: Vec<Unreadable>,
     /// Guesses made for missing or partial input.
     pub assumptions: Vec<String>,
     /// The outputs that were there.
@@ -274,9 +298,13 @@ impl NodeState {
             by_kind.insert(o, text);
         }
         for (o, text) in by_kind {
-            st.present.push(o);
+            let blank = text.trim().is_empty();
             addrs_cut |= st.note_paste(o, &text);
             let skipped = st.read_output(o, text, &mut pod_text);
+            match skipped.first() {
+                Some(first) if !blank && st.read_nothing(o) => st.forget(o, first),
+                _ => st.present.push(o),
+            }
             st.skipped.extend(skipped.into_iter().map(|s| (o, s)));
         }
         st.addrs_partial = addrs_cut;
@@ -285,6 +313,61 @@ impl NodeState {
             st.pod = st.read_pod(&text);
         }
         st
+    }
+
+    /// Whether the parsed field of output `o` holds nothing (outputs kept as text: never).
+    fn read_nothing(&self, o: Output) -> bool {
+        fn none<T>(v: &Option<Vec<T>>) -> bool {
+            v.as_ref().is_some_and(Vec::is_empty)
+        }
+        match o {
+            Output::IptablesSave => self.iptables.as_ref().is_some_and(|d| d.tables.is_empty()),
+            Output::Ip6tablesSave => self.ip6tables.as_ref().is_some_and(|d| d.tables.is_empty()),
+            Output::NftRuleset => self.nft.as_ref().is_some_and(Ruleset::is_empty),
+            Output::IpRule => none(&self.rules),
+            Output::IpRoute => none(&self.routes),
+            Output::Ip6Rule => none(&self.rules6),
+            Output::Ip6Route => none(&self.routes6),
+            Output::IpLink => none(&self.links),
+            Output::IpAddr => none(&self.addrs),
+            Output::IpNeigh => none(&self.neighbours),
+            Output::Sysctl => self.sysctls.as_ref().is_some_and(|s| s.0.is_empty()),
+            Output::ConntrackList => none(&self.conntrack),
+            Output::IpRouteGet => none(&self.route_gets),
+            Output::IpvsadmConns => none(&self.ipvs_conns),
+            Output::HairpinMode => none(&self.hairpin),
+            Output::KernelLog => none(&self.martians),
+            _ => false,
+        }
+    }
+
+    /// Leaves output `o` out, as if not collected (its parser read nothing of it), and says so.
+    fn forget(&mut self, o: Output, first: &Skipped) {
+        match o {
+            Output::IptablesSave => self.iptables = None,
+            Output::Ip6tablesSave => self.ip6tables = None,
+            Output::NftRuleset => self.nft = None,
+            Output::IpRule => self.rules = None,
+            Output::IpRoute => self.routes = None,
+            Output::Ip6Rule => self.rules6 = None,
+            Output::Ip6Route => self.routes6 = None,
+            Output::IpLink => self.links = None,
+            Output::IpAddr => self.addrs = None,
+            Output::IpNeigh => self.neighbours = None,
+            Output::Sysctl => self.sysctls = None,
+            Output::ConntrackList => self.conntrack = None,
+            Output::IpRouteGet => self.route_gets = None,
+            Output::IpvsadmConns => self.ipvs_conns = None,
+            Output::HairpinMode => self.hairpin = None,
+            Output::KernelLog => self.martians = None,
+            _ => {}
+        }
+        self.unreadable.push(Unreadable {
+            output: o,
+            file: o.file_name().to_string(),
+            line: (first.line > 0).then_some(first.line),
+            reason: first.reason.clone(),
+        });
     }
 
     /// What the paste itself tells of output `o`: a grep-cut sysctl listing, the paste's notes;
@@ -676,6 +759,7 @@ impl NodeState {
         let mut objects = None;
         let mut outputs = Vec::new();
         let mut ignored = Vec::new();
+        let mut paths = BTreeMap::new();
         let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
@@ -688,6 +772,7 @@ impl NodeState {
                     let text = std::fs::read_to_string(e.path()).map_err(|err| {
                         std::io::Error::new(err.kind(), format!("{}: {err}", e.path().display()))
                     })?;
+                    paths.insert(o, e.path());
                     outputs.push((o, text));
                 }
                 // Kubernetes objects (`kubectl get … -o yaml`) under any name, by content.
@@ -705,8 +790,16 @@ impl NodeState {
             }
         }
         let mut st = NodeState::from_outputs(outputs);
+        for u in &mut st.unreadable {
+            u.file = paths[&u.output].display().to_string();
+        }
         st.objects = objects;
         Ok((st, ignored))
+    }
+
+    /// Whether nothing was there to read: no output (readable or not) and no objects.
+    pub fn nothing_read(&self) -> bool {
+        self.present.is_empty() && self.unreadable.is_empty() && self.objects.is_none()
     }
 
     /// Every address assigned on this node, with its interface: `ip addr`'s, then those learnt
@@ -784,6 +877,18 @@ impl NodeState {
                     .then(b.metric.cmp(&a.metric))
             })
     }
+}
+
+/// What an input directory that holds nothing readable should hold, for the error saying so.
+pub fn what_to_collect(dir: &Path) -> String {
+    let names: Vec<&str> = Output::ALL.iter().map(|o| o.file_name()).collect();
+    format!(
+        "{} holds none of the outputs weir reads: save them with `weir trace collect {}` on the \
+         node, or save the commands' outputs by hand under these names: {}",
+        dir.display(),
+        dir.display(),
+        names.join(", ")
+    )
 }
 
 /// Whether an `ip addr` command line names one device (`ip addr show eth0`, `ip -4 a s dev

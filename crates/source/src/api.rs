@@ -371,6 +371,20 @@ impl Drop for ApiSource {
     }
 }
 
+/// Whether `path` reads as a kubeconfig naming a server (what `weir proxy --validate` checks
+/// without connecting): the reason when not.
+pub fn check_kubeconfig(path: &std::path::Path) -> Result<(), String> {
+    let file = Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let has_server = file
+        .clusters
+        .iter()
+        .any(|c| c.cluster.as_ref().is_some_and(|c| c.server.is_some()));
+    match has_server {
+        true => Ok(()),
+        false => Err("the kubeconfig names no cluster server".into()),
+    }
+}
+
 /// The client configuration as kube-proxy builds it (client-go's `BuildConfigFromFlags`):
 /// the kubeconfig if given, with `--master` overriding its server; `--master` alone; or the
 /// in-cluster service account.

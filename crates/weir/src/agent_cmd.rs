@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 use weir_policy::agent::LoopSettings as PolicyLoopSettings;
 
 use crate::policy_cmd::{self, Health as PolicyHealth, PolicyMetrics, PolicyPart};
-use crate::proxy_cmd::{self, ProxyFlags, ProxyPart, ProxyReports, Settings};
+use crate::proxy_cmd::{self, Problem, ProxyFlags, ProxyPart, ProxyReports, Settings};
 use crate::routes_cmd::{self, RoutesHealth, RoutesMetrics, RoutesOptions, RoutesPart};
 use crate::runtime::parts::{self, Parts};
 use crate::runtime::source::{wait_ready, RunningSource, SourceHealth, Wanted};
@@ -75,8 +75,36 @@ type Ended = (&'static str, String);
 /// What runs a part on its thread (reporting its end itself).
 type PartStart = Box<dyn FnOnce() + Send>;
 
+/// `--validate`: the proxy's report (settings, notices, every problem), the parts and the
+/// routes' options; exit code 2 on any problem, as `weir proxy --validate`.
+fn validate(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+    let mut report = proxy_cmd::validate_report(&args.proxy);
+    if let Some(s) = report
+        .settings
+        .as_ref()
+        .filter(|_| args.parts.contains(&Part::Routes))
+    {
+        if let Err(e) = routes_cmd::check(&s.node_name, &args.routes) {
+            report.problems.push(Problem::msg(format!("routes: {e:#}")));
+        }
+    }
+    let mut parts = args.parts.clone();
+    parts.sort();
+    parts.dedup();
+    let names: Vec<&str> = parts.iter().map(|p| p.name()).collect();
+    outln!("parts: {}", names.join(","));
+    if args.parts.contains(&Part::Routes) {
+        outln!("routes: {:?}", args.routes);
+    }
+    out!("{}", report.render(proxy_cmd::ValidateOutput::Text));
+    Ok(ExitCode::from(if report.valid() { 0 } else { 2 }))
+}
+
 pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     proxy_cmd::use_one_malloc_arena();
+    if args.validate {
+        return validate(&args);
+    }
     let mut notices = Vec::new();
     let settings = match args.proxy.settings(&mut |n| notices.push(n)) {
         Ok(s) => s,
@@ -89,15 +117,6 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
     let names: Vec<&str> = enabled.iter().map(|p| p.name()).collect();
     if enabled.contains(&Part::Routes) {
         routes_cmd::check(&settings.node_name, &args.routes)?;
-    }
-    if args.validate {
-        for n in notices {
-            println!("notice: {n}");
-        }
-        println!("parts: {}", names.join(","));
-        println!("{settings:#?}");
-        println!("{:#?}", args.routes);
-        return Ok(ExitCode::SUCCESS);
     }
     crate::init_logging_with(settings.log.format, settings.log.filter());
     for n in notices {

@@ -41,6 +41,9 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         Some(dir) => {
             let (st, ignored) = NodeState::from_dir(dir)
                 .with_context(|| format!("cannot read {}", dir.display()))?;
+            if st.nothing_read() && args.objects.is_empty() {
+                anyhow::bail!("{}", weir_netdiag::state::what_to_collect(dir));
+            }
             if !ignored.is_empty() {
                 notes.push(format!("ignored files: {}", ignored.join(", ")));
             }
@@ -94,6 +97,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             "checks": checks,
             "notes": notes,
             "assumptions": st.assumptions,
+            "unreadable": st.unreadable,
             "skipped": st.skipped.iter().map(|(o, s)| serde_json::json!({
                 "file": o.file_name(), "line": s.line, "text": s.text, "reason": s.reason,
             })).collect::<Vec<_>>(),
@@ -102,6 +106,11 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?);
     } else {
         let mut text = doctor::render_table(&checks);
+        for u in &st.unreadable {
+            text.push_str(&format!(
+                "unreadable: {u}: left out; the checks that need it cannot tell\n"
+            ));
+        }
         for n in &notes {
             text.push_str(&format!("note: {n}\n"));
         }
@@ -116,11 +125,14 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         let _ = write!(std::io::stdout(), "{text}");
     }
-    Ok(if doctor::any_failed(&checks) {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    // Input that could not be read is not a pass.
+    Ok(
+        if doctor::any_failed(&checks) || !st.unreadable.is_empty() {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 /// The pod's resolv.conf and a probe of each nameserver from inside its namespace.

@@ -264,7 +264,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<ExitCode> {
             parallel,
         } => {
             let stats = weir_lab::dns_measure::lookups(&name, count, parallel);
-            println!("{}", serde_json::to_string(&stats)?);
+            outln!("{}", serde_json::to_string(&stats)?);
             Ok(ExitCode::SUCCESS)
         }
         LabCommand::Check { lab: name, json } => {
@@ -361,13 +361,13 @@ fn down(name: &str, root: &Path) -> anyhow::Result<ExitCode> {
 fn status(name: &str, json: bool, root: &Path) -> anyhow::Result<ExitCode> {
     let rows = lab::status(name, root)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        print!("{}", lab::render_status(&rows));
+        out!("{}", lab::render_status(&rows));
         if let Ok(state) = lab::load_state(name, root) {
             if !state.services.is_empty() {
-                println!();
-                print!("{}", lab::render_services(&state));
+                outln!();
+                out!("{}", lab::render_services(&state));
             }
         }
     }
@@ -433,9 +433,9 @@ fn dns_measure(
         &mut progress,
     )?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print!("{}", weir_lab::dns_measure::render(&report));
+        out!("{}", weir_lab::dns_measure::render(&report));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -505,7 +505,7 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
     let (probes, svc_probes) = match plan_probes(state, &lab_dir) {
         Ok(p) => p,
         Err(e) => {
-            println!("FAIL: the lab's policy objects: {e:#}");
+            outln!("FAIL: the lab's policy objects: {e:#}");
             return ExitCode::from(1);
         }
     };
@@ -540,23 +540,23 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
         if let Some((_, r)) = &dns {
             out["dns"] = serde_json::to_value(r).expect("dns results serialize");
         }
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&out).expect("results serialize")
         );
     } else {
-        print!("{}", matrix::render_matrix(&results));
-        println!("{}", matrix::summary(&results));
-        println!();
+        out!("{}", matrix::render_matrix(&results));
+        outln!("{}", matrix::summary(&results));
+        outln!();
         match state.proxy.mode() {
-            _ if policy => println!(
+            _ if policy => outln!(
                 "{} services probed by the policy rows (cluster-ip, node-port); every \
                  EXPECTED is weir-policy's oracle on the objects in {}",
                 state.services.len(),
                 lab_dir.manifests().display()
             ),
             None if !state.services.is_empty() => {
-                println!(
+                outln!(
                     "{} services not probed: the lab runs no proxy (proxy: none)",
                     state.services.len()
                 )
@@ -564,9 +564,9 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             None => {}
             Some(_) => {
                 if !svc_results.is_empty() {
-                    print!("{}", services::render(state, &svc_results));
+                    out!("{}", services::render(state, &svc_results));
                 }
-                println!(
+                outln!(
                     "{} ({})",
                     services::summary(&svc_results),
                     state.proxy.describe()
@@ -579,16 +579,16 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
                 .iter()
                 .map(|(node, n)| format!("node {node} {n}"))
                 .collect();
-            println!(
+            outln!(
                 "eni: strict rp_filter drops (TcpExtIPReversePathFilter): {}; VPC source-check drops: {}",
                 rp.join(", "),
                 c.source_check
             );
         }
         if let Some((d, r)) = &dns {
-            println!();
-            print!("{}", weir_lab::dns::render(r));
-            println!("{}", weir_lab::dns::summary(r, d));
+            outln!();
+            out!("{}", weir_lab::dns::render(r));
+            outln!("{}", weir_lab::dns::summary(r, d));
         }
         for (agent, rows) in [
             ("proxy", &proxies),
@@ -596,9 +596,10 @@ fn check(state: &weir_lab::LabState, json: bool) -> ExitCode {
             ("policy", &policy_agents),
         ] {
             for a in rows.iter().filter(|a| a["alive"] != true) {
-                println!(
+                outln!(
                     "FAIL: weir {agent} on node {} (pid {}) is not running",
-                    a["node"], a["pid"]
+                    a["node"],
+                    a["pid"]
                 );
             }
         }

@@ -2,6 +2,17 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// `print!` to stdout that ends the process quietly on a closed pipe (see `out`).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::out::write(format_args!($($arg)*)) };
+}
+
+/// `println!` to stdout that ends the process quietly on a closed pipe (see `out`).
+macro_rules! outln {
+    () => { $crate::out::write(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::out::write(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 mod agent_cmd;
 mod conditions;
 mod dns_cmd;
@@ -9,11 +20,13 @@ mod doctor_cmd;
 #[cfg(feature = "lab")]
 mod lab_cmd;
 mod manifest_view;
+mod out;
 mod policy_cmd;
 mod proxy_cmd;
 mod routes_cmd;
 mod runtime;
 mod trace_cmd;
+mod version_cmd;
 
 #[derive(Parser)]
 #[command(name = "weir", version = env!("WEIR_VERSION_LINE"))]
@@ -68,6 +81,8 @@ enum Command {
     /// Walks a packet through a node's state: where it goes or why it is dropped (`trace
     /// collect DIR` saves a node's state).
     Trace(trace_cmd::TraceArgs),
+    /// Prints weir's version, git commit and build (`-o json` for scripts).
+    Version(version_cmd::VersionArgs),
 }
 
 /// Logs to stderr in `--log-format`; `RUST_LOG` filters (default `info`).
@@ -110,6 +125,7 @@ fn main() -> std::process::ExitCode {
         Command::Policy(args) => policy_cmd::run(args),
         Command::Doctor(args) => doctor_cmd::run(args),
         Command::Trace(args) => trace_cmd::run(args),
+        Command::Version(args) => version_cmd::run(args),
     };
     match result {
         Ok(code) => code,

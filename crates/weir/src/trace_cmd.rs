@@ -117,12 +117,12 @@ fn collect(dir: PathBuf, netns: Option<String>, pod: Option<String>) -> anyhow::
         .with_context(|| format!("cannot collect into {}", dir.display()))?;
     for e in &manifest.entries {
         match (&e.file, &e.error) {
-            (Some(f), _) => println!("{:<22} {:>8} bytes  {}", f, e.bytes, e.command),
-            (None, Some(err)) => println!("{:<22} {:>8}        {}: {err}", "-", "", e.command),
+            (Some(f), _) => outln!("{:<22} {:>8} bytes  {}", f, e.bytes, e.command),
+            (None, Some(err)) => outln!("{:<22} {:>8}        {}: {err}", "-", "", e.command),
             (None, None) => {}
         }
     }
-    println!("manifest: {}", dir.join(live::MANIFEST_FILE).display());
+    outln!("manifest: {}", dir.join(live::MANIFEST_FILE).display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -143,6 +143,9 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
         Some(dir) => {
             let (st, ignored) = NodeState::from_dir(dir)
                 .with_context(|| format!("cannot read {}", dir.display()))?;
+            if st.nothing_read() {
+                bail!("{}", weir_netdiag::state::what_to_collect(dir));
+            }
             if !ignored.is_empty() {
                 notes.push(format!("ignored files: {}", ignored.join(", ")));
             }
@@ -177,10 +180,18 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, trace::svg(&t))
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
+    // An unreadable output is left out as if not collected: said first, as the reason.
+    let unreadable = st
+        .unreadable
+        .iter()
+        .map(|u| format!("{u}: left out; cannot tell"));
+    notes.splice(0..0, unreadable);
     let mut out = std::io::stdout();
     if a.json {
-        let doc =
-            serde_json::json!({ "trace": t, "notes": notes, "input_assumptions": st.assumptions });
+        let doc = serde_json::json!({
+            "trace": t, "notes": notes, "input_assumptions": st.assumptions,
+            "unreadable": st.unreadable,
+        });
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
     } else {
         let mut text = trace::render(&t);

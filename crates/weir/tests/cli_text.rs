@@ -103,15 +103,32 @@ fn proxy_config_that_is_not_one_is_named_not_echoed() {
         "--hostname-override=n1",
         "--validate",
     ]);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    let out = stdout(&o);
     assert!(
-        err.contains(&format!("{}: not a KubeProxyConfiguration", file.display())),
+        out.contains(&format!(
+            "problem: {}: not a KubeProxyConfiguration",
+            file.display()
+        )),
+        "{out}"
+    );
+    assert!(out.contains("\"root:x:0:0:root:/root:/bin/bash\""), "{out}");
+    assert!(!out.contains("secret-user"), "{out}");
+    assert_eq!(out.lines().count(), 2, "{out}");
+    // Without --validate the agent does not start, saying the same on stderr.
+    let o = weir(&[
+        "proxy",
+        "--config",
+        file.to_str().unwrap(),
+        "--hostname-override=n1",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("weir proxy: "), "{err}");
+    assert!(
+        !err.contains("secret-user") && err.lines().count() == 1,
         "{err}"
     );
-    assert!(err.contains("\"root:x:0:0:root:/root:/bin/bash\""), "{err}");
-    assert!(!err.contains("secret-user"), "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 /// Waits up to 30 s for `path` to contain `what`; returns the file's text.
@@ -240,4 +257,123 @@ fn a_failing_routes_reconciliation_is_said_once_and_when_it_recovers() {
         1,
         "{log}"
     );
+}
+
+/// `weir … | head -1`: the reader has gone before weir writes. Every command that prints ends
+/// quietly (no panic, nothing on stderr) with 141, a shell's status for SIGPIPE.
+#[test]
+fn a_closed_stdout_pipe_ends_the_command_quietly() {
+    for args in [
+        &["proxy", "--validate", "--hostname-override=n1"][..],
+        &[
+            "proxy",
+            "--validate",
+            "-o",
+            "json",
+            "--hostname-override=n1",
+        ],
+        &[
+            "agent",
+            "--validate",
+            "--hostname-override=n1",
+            "--parts=proxy",
+        ],
+        &["version"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = Command::new(WEIR)
+            .args(args)
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(141), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn version_subcommand_as_text_and_json() {
+    let o = weir(&["version"]);
+    assert!(o.status.success());
+    let line = stdout(&o);
+    assert!(
+        line.starts_with(&format!("weir {}", env!("CARGO_PKG_VERSION"))),
+        "{line}"
+    );
+    // The same line as --version.
+    assert_eq!(line, stdout(&weir(&["--version"])));
+    let o = weir(&["version", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    assert!(line.contains(v["line"].as_str().unwrap()), "{v}");
+}
+
+/// The examples, through the binary: each was exit 0 with nothing said.
+#[test]
+fn proxy_validate_refuses_what_it_would_not_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let head = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+    let typo = file("typo.yaml", &format!("{head}clusterCidr: 10.0.0.0/8\n"));
+    let beta = file("beta.yaml", "apiVersion: kubeproxy.config.k8s.io/v1beta9\n");
+    let empty = file("empty.yaml", "");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--config", &typo],
+            "line 3: unknown field clusterCidr (did you mean clusterCIDR?)",
+        ),
+        (
+            &["--config", &beta],
+            "is not kubeproxy.config.k8s.io/v1alpha1",
+        ),
+        (
+            &["--config", &empty],
+            "empty: a KubeProxyConfiguration needs",
+        ),
+        (
+            &["--kubeconfig", "/nonexistent"],
+            "--kubeconfig: failed to read kubeconfig",
+        ),
+        (
+            &["--min-sync-period", "10s", "--sync-period", "1s"],
+            "min-sync-period: 10s is longer than the sync period 1s",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut all = vec!["proxy", "--validate", "--hostname-override=n1"];
+        all.extend(args);
+        let o = weir(&all);
+        let out = stdout(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {out}");
+        assert!(out.contains(want), "{args:?}: {out}");
+        assert!(!out.contains("Settings {"), "{out}");
+    }
+    // kube-proxy's own flags, and -v: accepted, applied.
+    let o = weir(&[
+        "proxy",
+        "--validate",
+        "--hostname-override=n1",
+        "--proxy-mode=iptables",
+        "--iptables-sync-period=20s",
+        "--iptables-masquerade-bit=13",
+        "--feature-gates=NFTablesNetlink=true",
+        "-v",
+        "2",
+    ]);
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    for want in [
+        "sync period          20s\n",
+        "masquerade mark      0x2000\n",
+        "log                  as --log-format, verbosity 2\n",
+    ] {
+        assert!(out.contains(want), "{want:?}: {out}");
+    }
 }

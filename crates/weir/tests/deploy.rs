@@ -344,18 +344,16 @@ fn the_agent_containers_flags_and_configuration_are_accepted_by_weir() {
         text(&out)
     );
     let settings = String::from_utf8_lossy(&out.stdout);
-    // Once weir proxy has an API source, the pod's environment must select it (in-cluster),
-    // not the manifest directory.
-    if settings.contains("api:") {
-        assert!(settings.contains("api: Some("), "{settings}");
-    }
+    // The pod's environment selects the API source (in-cluster), not the manifest directory.
     for expected in [
         "parts: proxy,routes,policy",
-        "node_name: \"node-1\"",
-        "mode: Nftables",
-        "10.244.0.0/16",
-        "healthz_bind_address: Some(\n        0.0.0.0:10256,",
-        "metrics_bind_address: Some(\n        0.0.0.0:10249,",
+        "  source               API, in-cluster service account\n",
+        "  node name            node-1\n",
+        "  mode                 nftables\n",
+        "  cluster cidrs        10.244.0.0/16\n",
+        "  healthz              0.0.0.0:10256\n",
+        "  metrics              0.0.0.0:10249\n",
+        "valid (0 notice(s))",
     ] {
         assert!(settings.contains(expected), "{expected}: {settings}");
     }
@@ -392,13 +390,8 @@ fn validate_fails_on_a_configuration_weir_cannot_load() {
         .unwrap();
     assert!(!out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("clusterCIDR"), "{}", text(&out));
-    // A field weir takes differently from kube-proxy, and one that is not kube-proxy's, are
-    // named in a notice.
-    std::fs::write(
-        config,
-        format!("{original}clientConnection:\n  qps: 20\nconntraks: {{}}\n"),
-    )
-    .unwrap();
+    // A field weir takes differently from kube-proxy is named in a notice.
+    std::fs::write(config, format!("{original}clientConnection:\n  qps: 20\n")).unwrap();
     let out = Command::new(common::WEIR)
         .args(&args)
         .arg("--validate")
@@ -412,8 +405,19 @@ fn validate_fails_on_a_configuration_weir_cannot_load() {
         "{}",
         text(&out)
     );
+    // One that is not kube-proxy's (a typo) is an error, with its line and what was meant.
+    std::fs::write(config, format!("{original}conntraks: {{}}\n")).unwrap();
+    let out = Command::new(common::WEIR)
+        .args(&args)
+        .arg("--validate")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let line = original.lines().count() + 1;
     assert!(
-        stdout.contains("conntraks: not a KubeProxyConfiguration v1alpha1 field"),
+        String::from_utf8_lossy(&out.stdout).contains(&format!(
+            "problem: {config}: line {line}: unknown field conntraks (did you mean conntrack?)"
+        )),
         "{}",
         text(&out)
     );
@@ -426,7 +430,7 @@ fn validate_fails_on_a_configuration_weir_cannot_load() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains(
+        String::from_utf8_lossy(&out.stdout).contains(
             "detectLocalMode=NodeCIDR: refused: weir tells pod traffic by --cluster-cidr only"
         ),
         "{}",

@@ -458,3 +458,71 @@ fn trace_from_a_pod_over_ipv6_live() {
         "net.ipv6.conf.all.forwarding = 0: the node does not forward"
     );
 }
+
+/// Issue 32's three examples through the commands: unreadable input is never a pass.
+#[test]
+fn unreadable_or_missing_input_is_said_and_never_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str, files: &[(&str, &str)]| {
+        let d = tmp.path().join(name);
+        std::fs::create_dir(&d).unwrap();
+        for (f, text) in files {
+            std::fs::write(d.join(f), text).unwrap();
+        }
+        d.to_str().unwrap().to_string()
+    };
+    // `{not json` as the nft ruleset: reported with what was expected; forward-policy
+    // cannot tell; the command does not pass.
+    let bad_nft = dir("nft", &[("nft-ruleset.json", "{not json\n")]);
+    let o = weir(&["doctor", "--dir", &bad_nft]);
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(!text.contains("ok    forward-policy"), "{text}");
+    assert!(text.contains("skip  forward-policy"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "unreadable: {bad_nft}/nft-ruleset.json: unreadable (not JSON: "
+        )),
+        "{text}"
+    );
+    let o = weir(&["doctor", "--dir", &bad_nft, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["unreadable"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("not JSON"));
+
+    // An empty directory: an error saying what to collect, for doctor and trace alike.
+    let empty = dir("empty", &[]);
+    let walk = [
+        "--from", "10.1.0.5", "--to", "10.0.0.1", "--dport", "80", "--iif", "eth0",
+    ];
+    for args in [
+        vec!["doctor", "--dir", &empty],
+        [&["trace", &empty][..], &walk].concat(),
+    ] {
+        let o = weir(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains("holds none of the outputs weir reads")
+                && err.contains(&format!("weir trace collect {empty}"))
+                && err.contains("nft-ruleset.json"),
+            "{args:?}: {err}"
+        );
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+
+    // `xx` as ip-route.json: trace names the file and its line, not "other tables".
+    let bad_routes = dir("routes", &[("ip-route.json", "xx\n")]);
+    let o = weir(&[&["trace", &bad_routes][..], &walk].concat());
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "note: {bad_routes}/ip-route.json: unreadable (line 1: "
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("only other tables"), "{text}");
+}

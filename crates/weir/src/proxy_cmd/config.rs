@@ -15,7 +15,8 @@ use weir_model::NodePortDefault;
 use weir_proxy::iptables::BackendChoice;
 use weir_source::yaml::excerpt;
 
-use super::kube_proxy::{self, Findings, KubeProxyOnlyFlags, Refused};
+use super::kube_proxy::{self, Findings, KubeProxyOnlyFlags};
+use super::validate::{self, Invalid, Problem};
 use crate::LogFormat;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -349,8 +350,6 @@ impl LogSettings {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct KubeProxyConfiguration {
-    api_version: Option<String>,
-    kind: Option<String>,
     mode: Option<String>,
     cluster_c_i_d_r: Option<String>,
     hostname_override: Option<String>,
@@ -520,31 +519,35 @@ fn conntrack_settings(
     })
 }
 
-/// A --config file that does not decode, said in one line: the file, where (line, and the
-/// field when inside one), what is wrong, and that line's start; never the file's content.
+/// A --config file that does not decode, as one problem: the file, where (line, and the
+/// field when inside one), what is wrong; never the file's content beyond a line's start.
 fn decode_config<T: serde::de::DeserializeOwned>(
     path: &std::path::Path,
     text: &str,
-) -> anyhow::Result<T> {
-    weir_source::yaml::decode(text).map_err(|e| {
-        let at = e
-            .line
-            .as_ref()
-            .map(|(n, start)| format!("line {n} ({start:?})"));
-        match (&e.field, e.not_a_mapping) {
-            (None, what) => {
-                let what = what.map(|w| format!("the file reads as {w}"));
-                let at = at.map(|at| format!("; {at}")).unwrap_or_default();
-                anyhow::anyhow!(
-                    "{}: not a KubeProxyConfiguration (a YAML mapping of fields): {}{at}",
-                    path.display(),
-                    what.unwrap_or(e.message)
-                )
-            }
-            (Some(field), _) => {
-                let at = at.map(|at| format!("{at}: ")).unwrap_or_default();
-                anyhow::anyhow!("{}: {at}{field}: {}", path.display(), e.message)
-            }
+) -> Result<T, Problem> {
+    weir_source::yaml::decode(text).map_err(|e| match (&e.field, e.not_a_mapping) {
+        // A syntax error: serde_path_to_error names no field (`?`).
+        (Some(f), None) if f == "?" => Problem::in_file(
+            path,
+            e.line.map(|(n, _)| n),
+            None,
+            format!("not YAML: {}", e.message),
+        ),
+        (None, what) => {
+            let what = what.map(|w| format!("the file reads as {w}"));
+            let at = e
+                .line
+                .as_ref()
+                .map(|(n, start)| format!("; line {n} ({start:?})"));
+            let message = format!(
+                "not a KubeProxyConfiguration (a YAML mapping of fields): {}{}",
+                what.unwrap_or(e.message),
+                at.unwrap_or_default()
+            );
+            Problem::in_file(path, None, None, message)
+        }
+        (Some(field), _) => {
+            Problem::in_file(path, e.line.map(|(n, _)| n), Some(field.clone()), e.message)
         }
     })
 }
@@ -623,48 +626,64 @@ fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
 }
 
-/// A loaded --config file: the fields weir applies, the rows' findings, its feature gates.
+/// A loaded --config file: the fields weir applies, the rows' findings, its feature gates,
+/// the document (for the checks that need the mode) and its problems.
+#[derive(Default)]
 struct LoadedConfig {
     cfg: KubeProxyConfiguration,
     findings: Findings,
     gates: BTreeMap<String, bool>,
+    doc: serde_json::Value,
+    problems: Vec<Problem>,
 }
 
-fn load_config(path: &std::path::Path) -> anyhow::Result<LoadedConfig> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
-    let cfg: KubeProxyConfiguration = decode_config(path, &text)?;
-    if cfg
-        .kind
-        .as_deref()
-        .is_some_and(|k| k != "KubeProxyConfiguration")
-    {
-        bail!(
-            "{}: kind {:?} is not KubeProxyConfiguration",
-            path.display(),
-            cfg.kind.as_deref().unwrap_or_default()
-        );
-    }
-    if let Some(v) = &cfg.api_version {
-        if !v.starts_with("kubeproxy.config.k8s.io/") {
-            bail!(
-                "{}: apiVersion {v:?} is not kubeproxy.config.k8s.io/*",
-                path.display()
-            );
+/// Reads and checks the --config file; what is wrong is in `problems`, each on its own.
+fn load_config(path: &std::path::Path) -> LoadedConfig {
+    let mut loaded = LoadedConfig::default();
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            let p = Problem::in_file(path, None, None, format!("cannot read it: {e}"));
+            loaded.problems.push(p);
+            return loaded;
         }
+    };
+    // Blank or comments only: no document at all.
+    let blank = text
+        .lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'));
+    let doc = match blank {
+        true => serde_json::Value::Null,
+        false => match decode_config::<serde_json::Value>(path, &text) {
+            Ok(doc) => doc,
+            Err(p) => {
+                loaded.problems.push(p);
+                return loaded;
+            }
+        },
+    };
+    loaded
+        .problems
+        .extend(validate::check_document(path, &text, &doc));
+    if doc.is_null() {
+        return loaded;
     }
-    let doc: serde_json::Value = decode_config(path, &text)?;
+    match decode_config::<KubeProxyConfiguration>(path, &text) {
+        Ok(cfg) => loaded.cfg = cfg,
+        Err(p) => loaded.problems.push(p),
+    }
     let mut found = Findings::default();
-    let gates = kube_proxy::check_config(&doc, &mut found);
+    loaded.gates = kube_proxy::check_config(&doc, &mut found);
+    let unknown = found.unknown.iter();
+    (loaded.problems).extend(unknown.map(|f| validate::unknown_field(path, &text, f)));
     let at = |m: String| format!("{}: {m}", path.display());
-    let findings = Findings {
+    loaded.findings = Findings {
         notices: found.notices.into_iter().map(at).collect(),
         refused: found.refused.into_iter().map(at).collect(),
+        unknown: Vec::new(),
     };
-    Ok(LoadedConfig {
-        cfg,
-        findings,
-        gates,
-    })
+    loaded.doc = doc;
+    loaded
 }
 
 /// `--version[=raw]`: print weir's version (`Ok(true)`); `=false`: nothing; another value
@@ -730,37 +749,77 @@ impl ProxyFlags {
     }
 
     /// Merges flags over the configuration file (if any) over defaults. `notice` receives one
-    /// line per flag or field that weir takes differently from kube-proxy, or not at all; a
-    /// flag, field or gate weir refuses is an error holding [`Refused`] (every one of them).
+    /// line per flag or field that weir takes differently from kube-proxy, or not at all.
+    /// Anything wrong (a value that does not parse, an unknown field, a refused flag, field or
+    /// gate, settings that contradict one another) is an error holding [`Invalid`]: every
+    /// problem, each on its own.
     pub fn settings(&self, notice: &mut dyn FnMut(String)) -> anyhow::Result<Settings> {
         let mut findings = Findings::default();
+        let mut problems = Vec::new();
         self.kube_proxy.check(&mut findings);
-        let (file, file_gates) = match &self.config {
-            Some(path) => {
-                let loaded = load_config(path)?;
-                findings.notices.extend(loaded.findings.notices);
-                findings.refused.extend(loaded.findings.refused);
-                (loaded.cfg, loaded.gates)
-            }
-            None => Default::default(),
-        };
-        let gates = self.feature_gates(file_gates, &mut findings);
-        let mode = self.mode(&file, &gates, &mut findings)?;
-        let periods = self.periods(mode, &file)?;
-        let masq_section = masquerade_section(mode, &file);
-        let masquerade_bit = self.masquerade_bit(mode, masq_section)?;
-        let cluster_cidrs = self.cluster_cidrs(&file)?;
-        let nodeports = self.nodeports(mode, &file, &mut findings)?;
-        let api = self.api_settings(&file, in_cluster())?;
-        let node_name = self.node_name(&file)?;
-        let bind_ip = self.bind_ip(&file)?;
-        let ipvs = ipvs_settings(self, file.ipvs.as_ref())?;
-        let conntrack = conntrack_settings(self, file.conntrack.as_ref())?;
-        let log = self.log_settings(file.logging.as_ref())?;
+        let loaded = self.config.as_deref().map(load_config).unwrap_or_default();
+        findings.notices.extend(loaded.findings.notices);
+        findings.refused.extend(loaded.findings.refused);
+        problems.extend(loaded.problems);
+        let (file, doc) = (loaded.cfg, loaded.doc);
+        let gates = self.feature_gates(loaded.gates, &mut findings);
+        let mut keep = Keep(&mut problems);
+        let mode = keep.ok(self.mode(&file, &gates, &mut findings));
+        let mode = mode.unwrap_or(ProxyMode::Nftables);
+        if let Some(path) = &self.config {
+            let unread = validate::unread_mode_fields(&doc, mode).into_iter();
+            (findings.notices).extend(unread.map(|n| format!("{}: {n}", path.display())));
+        }
+        findings.notices.extend(self.unread_mode_flags(mode));
+        let settings = self.merge(mode, &file, &mut findings, &mut keep);
+        problems.extend(findings.refused.into_iter().map(Problem::msg));
+        findings.notices.into_iter().for_each(notice);
+        match settings {
+            Some(s) if problems.is_empty() => Ok(s),
+            _ => Err(Invalid(problems).into()),
+        }
+    }
+
+    /// The settings of `mode` from the flags over `file` over the defaults; `None` when a
+    /// value is wrong (each in `keep`).
+    fn merge(
+        &self,
+        mode: ProxyMode,
+        file: &KubeProxyConfiguration,
+        findings: &mut Findings,
+        keep: &mut Keep<'_>,
+    ) -> Option<Settings> {
+        let periods = keep.ok(self.periods(mode, file));
+        let masq_section = masquerade_section(mode, file);
+        let masquerade_bit = keep.ok(self.masquerade_bit(mode, masq_section));
+        let cluster_cidrs = keep.ok(self.cluster_cidrs(file));
+        let nodeports = keep.ok(self.nodeports(mode, file, findings));
+        let api = keep.ok(self.api_settings(file, in_cluster()));
+        let node_name = keep.ok(self.node_name(file));
+        let bind_ip = keep.ok(self.bind_ip(file)).flatten();
+        let ipvs = keep.ok(ipvs_settings(self, file.ipvs.as_ref()));
+        let conntrack = keep.ok(conntrack_settings(self, file.conntrack.as_ref()));
+        let log = keep.ok(self.log_settings(file.logging.as_ref()));
+        let oom_score_adj = keep.ok(self.oom_score_adj(file)).flatten();
         let v6 = bind_ip.is_some_and(|ip| ip.is_ipv6());
-        let settings = Settings {
-            api,
-            ipvs,
+        let healthz_bind_address = keep.ok(bind_addr(
+            self.healthz_bind_address,
+            self.healthz_port,
+            &file.healthz_bind_address,
+            (if v6 { "::" } else { "0.0.0.0" }, 10256),
+            "healthzBindAddress",
+        ));
+        let metrics_bind_address = keep.ok(bind_addr(
+            self.metrics_bind_address,
+            self.metrics_port,
+            &file.metrics_bind_address,
+            (if v6 { "::1" } else { "127.0.0.1" }, 10249),
+            "metricsBindAddress",
+        ));
+        let (periods, nodeports) = (periods?, nodeports?);
+        Some(Settings {
+            api: api?,
+            ipvs: ipvs?,
             iptables_backend: match self.iptables_backend {
                 None | Some(IptablesBackendFlag::Auto) => BackendChoice::Auto,
                 Some(IptablesBackendFlag::Nft) => BackendChoice::Nft,
@@ -779,8 +838,8 @@ impl ProxyFlags {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("/var/lib/weir/proxy")),
             mode,
-            cluster_cidrs,
-            node_name,
+            cluster_cidrs: cluster_cidrs?,
+            node_name: node_name?,
             node_ips: bind_ip
                 .filter(|ip| !ip.is_unspecified())
                 .into_iter()
@@ -792,40 +851,60 @@ impl ProxyFlags {
                 .masquerade_all
                 .or(masq_section.and_then(|s| s.masquerade_all))
                 .unwrap_or(false),
-            masquerade_mark: 1 << masquerade_bit,
+            masquerade_mark: 1 << masquerade_bit?,
             sync_period: periods.sync,
             full_sync_period: periods.full_sync,
             min_sync_period: periods.min_sync,
-            healthz_bind_address: bind_addr(
-                self.healthz_bind_address,
-                self.healthz_port,
-                &file.healthz_bind_address,
-                (if v6 { "::" } else { "0.0.0.0" }, 10256),
-                "healthzBindAddress",
-            )?,
-            metrics_bind_address: bind_addr(
-                self.metrics_bind_address,
-                self.metrics_port,
-                &file.metrics_bind_address,
-                (if v6 { "::1" } else { "127.0.0.1" }, 10249),
-                "metricsBindAddress",
-            )?,
-            oom_score_adj: self.oom_score_adj.or(file.oom_score_adj),
-            conntrack,
-            log,
-        };
-        if let Some(adj) = settings.oom_score_adj {
-            if !(-1000..=1000).contains(&adj) {
-                bail!("config oomScoreAdj {adj}: must be within -1000..1000");
+            healthz_bind_address: healthz_bind_address?,
+            metrics_bind_address: metrics_bind_address?,
+            oom_score_adj,
+            conntrack: conntrack?,
+            log: log?,
+        })
+    }
+
+    /// `--oom-score-adj` over the file's, within -1000..1000.
+    fn oom_score_adj(&self, file: &KubeProxyConfiguration) -> anyhow::Result<Option<i32>> {
+        let adj = self.oom_score_adj.or(file.oom_score_adj);
+        if let Some(adj) = adj.filter(|a| !(-1000..=1000).contains(a)) {
+            bail!("config oomScoreAdj {adj}: must be within -1000..1000");
+        }
+        Ok(adj)
+    }
+
+    /// A notice for each flag of another mode than `mode` (kube-proxy ignores them too).
+    fn unread_mode_flags(&self, mode: ProxyMode) -> Vec<String> {
+        let mut out = Vec::new();
+        let ipvs_flags = [
+            ("--ipvs-scheduler", self.ipvs_scheduler.is_some()),
+            ("--ipvs-tcp-timeout", self.ipvs_tcp_timeout.is_some()),
+            ("--ipvs-tcpfin-timeout", self.ipvs_tcpfin_timeout.is_some()),
+            ("--ipvs-udp-timeout", self.ipvs_udp_timeout.is_some()),
+            ("--ipvs-strict-arp", self.ipvs_strict_arp == Some(true)),
+            ("--ipvs-exclude-cidrs", !self.ipvs_exclude_cidrs.is_empty()),
+        ];
+        if mode != ProxyMode::Ipvs {
+            for (flag, _) in ipvs_flags.iter().filter(|(_, given)| *given) {
+                out.push(format!(
+                    "{flag}: ignored: ipvs mode only, and the mode is {}",
+                    mode.as_str()
+                ));
             }
         }
-        if !findings.refused.is_empty() {
-            return Err(Refused(findings.refused).into());
+        if mode == ProxyMode::Nftables && self.iptables_masquerade_bit.is_some() {
+            out.push(
+                "--iptables-masquerade-bit: ignored in nftables mode (as by kube-proxy); \
+                 nftables mode takes the config file's nftables.masqueradeBit"
+                    .into(),
+            );
         }
-        for n in findings.notices {
-            notice(n);
+        if mode != ProxyMode::Iptables && self.iptables_backend.is_some() {
+            out.push(format!(
+                "--iptables-backend: ignored: iptables mode only, and the mode is {}",
+                mode.as_str()
+            ));
         }
-        Ok(settings)
+        out
     }
 
     /// Feature gates: the file's, then the flag's over them; each with where it was set.
@@ -887,10 +966,10 @@ impl ProxyFlags {
     /// field over the mode's section (ipvs mode reads `ipvs:`, nftables `nftables:`, every
     /// other mode `iptables:`, as kube-proxy converts v1alpha1) over the defaults.
     fn periods(&self, mode: ProxyMode, file: &KubeProxyConfiguration) -> anyhow::Result<Periods> {
-        let section = match mode {
-            ProxyMode::Nftables => file.nftables.as_ref(),
-            ProxyMode::Ipvs => file.ipvs.as_ref(),
-            _ => file.iptables.as_ref(),
+        let (section, section_name) = match mode {
+            ProxyMode::Nftables => (file.nftables.as_ref(), "nftables"),
+            ProxyMode::Ipvs => (file.ipvs.as_ref(), "ipvs"),
+            _ => (file.iptables.as_ref(), "iptables"),
         };
         let (mode_sync, mode_min_sync) = match mode {
             ProxyMode::Ipvs => (self.ipvs_sync_period, self.ipvs_min_sync_period),
@@ -902,9 +981,13 @@ impl ProxyFlags {
                       sect: Option<&Option<String>>,
                       name: &str|
          -> anyhow::Result<Option<Duration>> {
-            match flag.or(mode_flag) {
-                Some(d) => Ok(Some(d)),
-                None => file_duration(top.as_ref().or(sect.and_then(|s| s.as_ref())), name),
+            match (flag.or(mode_flag), top) {
+                (Some(d), _) => Ok(Some(d)),
+                (None, Some(top)) => file_duration(Some(top), name),
+                (None, None) => file_duration(
+                    sect.and_then(|s| s.as_ref()),
+                    &format!("{section_name}.{name}"),
+                ),
             }
         };
         let sync = period(
@@ -927,6 +1010,15 @@ impl ProxyFlags {
             "minSyncPeriod",
         )?
         .unwrap_or(Duration::from_secs(1));
+        if min_sync > sync {
+            bail!(
+                "min-sync-period: {} is longer than the sync period {}: changes would wait longer \
+                 than the periodic check (kube-proxy refuses this too: minSyncPeriod must be less \
+                 than or equal to syncPeriod)",
+                validate::go_duration(min_sync),
+                validate::go_duration(sync)
+            );
+        }
         Ok(Periods {
             sync,
             full_sync,
@@ -1066,6 +1158,15 @@ impl ProxyFlags {
     }
 }
 
+/// Collects the problem of each failed step so that one run names them all.
+struct Keep<'a>(&'a mut Vec<Problem>);
+
+impl Keep<'_> {
+    fn ok<T>(&mut self, r: anyhow::Result<T>) -> Option<T> {
+        r.map_err(|e| self.0.extend(validate::problems_of(&e))).ok()
+    }
+}
+
 /// The mode's section for masquerading, as kube-proxy converts v1alpha1: nftables mode reads
 /// `nftables:`, every other mode `iptables:`.
 fn masquerade_section(mode: ProxyMode, file: &KubeProxyConfiguration) -> Option<&ModeSection> {
@@ -1137,8 +1238,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kp.yaml");
         std::fs::write(&path, yaml).unwrap();
+        // An empty text: no file (an empty file is an error of its own).
         let flags = ProxyFlags {
-            config: Some(path),
+            config: (!yaml.is_empty()).then_some(path),
             hostname_override: flags.hostname_override.or(Some("n1".into())),
             ..flags
         };
@@ -1248,8 +1350,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert_eq!(e.matches("iptables.masqueradeAll").count(), 1, "{e}");
-        assert!(e.contains("kp.yaml: line 3 (\"  masqueradeAll:"), "{e}");
-        assert!(e.contains("invalid boolean"), "{e}");
+        assert!(
+            e.contains("kp.yaml: line 3: iptables.masqueradeAll: invalid boolean"),
+            "{e}"
+        );
         assert!(e.len() < 300, "{} bytes: {e}", e.len());
 
         let e = settings_from(ProxyFlags::default(), &format!("mode: {long}\n"))
@@ -1378,10 +1482,12 @@ mod tests {
         match r {
             Ok((s, _)) => panic!("accepted: {s:?}"),
             Err(e) => e
-                .downcast_ref::<Refused>()
+                .downcast_ref::<Invalid>()
                 .unwrap_or_else(|| panic!("not a refusal: {e:#}"))
                 .0
-                .clone(),
+                .iter()
+                .map(Problem::to_string)
+                .collect(),
         }
     }
 
@@ -1637,8 +1743,11 @@ mod tests {
         assert!(settings_from(f, "featureGates:\n  AllowServiceExternalIPs: false\n").is_ok());
         // A refused field names the file and the field.
         let r = refused(settings_from(ProxyFlags::default(), "ipvs:\n  strictARP: true\ninitOnly: 1\nconntrack: {}\nwinkernel: {enableDSR: true}\ndetectLocalMode: BridgeInterface\n"));
+        // initOnly is a flag, not a field: unknown.
         assert!(
-            r.len() == 1 && r[0].contains("kp.yaml: detectLocalMode=BridgeInterface: refused"),
+            r.len() == 2
+                && r[0].ends_with("kp.yaml: line 3: unknown field initOnly")
+                && r[1].contains("kp.yaml: detectLocalMode=BridgeInterface: refused"),
             "{r:?}"
         );
     }

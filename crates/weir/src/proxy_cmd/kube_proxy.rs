@@ -413,6 +413,8 @@ impl std::error::Error for Refused {}
 pub struct Findings {
     pub notices: Vec<String>,
     pub refused: Vec<String>,
+    /// Field paths that are not KubeProxyConfiguration v1alpha1's (nor weir's own): errors.
+    pub unknown: Vec<String>,
 }
 
 impl Findings {
@@ -613,12 +615,67 @@ fn walk(
         }
         match find(Kind::Option, &path) {
             Some(row) => out.add(row.judge(&path, &value)),
-            None => out.notices.push(format!(
-                "{path}: not a KubeProxyConfiguration v1alpha1 field, ignored (kube-proxy 1.37 \
-                 also ignores it, after its strict decoding fails)"
-            )),
+            // kube-proxy 1.37 logs its strict decoding's error and runs on without the field;
+            // a typo (`clusterCidr`) would then leave the real field unset: an error here.
+            None => out.unknown.push(path),
         }
     }
+}
+
+/// The field names a KubeProxyConfiguration (weir's reading of it) has directly under
+/// `prefix` ("" for the top level).
+pub fn known_fields(prefix: &str) -> Vec<&'static str> {
+    let under = |path: &'static str| -> Option<&'static str> {
+        let rest = match prefix {
+            "" => path,
+            p => path.strip_prefix(p)?.strip_prefix('.')?,
+        };
+        (!rest.contains('.')).then_some(rest)
+    };
+    let fields = ROWS
+        .iter()
+        .filter(|r| r.kind == Kind::Option)
+        .flat_map(|r| r.names.iter().copied())
+        .filter(|n| !n.starts_with('-'));
+    let top = (prefix.is_empty()).then_some(WEIR_FIELDS.iter().copied());
+    let mut out: Vec<&str> = fields
+        .chain(SECTIONS.iter().copied())
+        .chain(top.into_iter().flatten())
+        .filter_map(under)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The known field `name` was most likely meant as: the same name in another case, else the
+/// closest within two edits.
+pub fn did_you_mean(name: &str, known: &[&'static str]) -> Option<&'static str> {
+    if let Some(k) = known.iter().find(|k| k.eq_ignore_ascii_case(name)) {
+        return Some(k);
+    }
+    known
+        .iter()
+        .map(|k| (edits(&name.to_lowercase(), &k.to_lowercase()), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance.
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 #[cfg(test)]
@@ -1008,13 +1065,12 @@ mod tests {
             "clientConnection.qps=5: accepted; no effect",
             "logging.options.json.splitStream=true: accepted; no effect",
             "iptables.localhostNodePorts=true: accepted;",
-            "iptables.sourceRange: not a KubeProxyConfiguration v1alpha1 field",
-            "bogus: not a KubeProxyConfiguration v1alpha1 field",
             "syncPeriod: not a kubeproxy.config.k8s.io/v1alpha1 field",
         ] {
             assert!(n.contains(expected), "{expected}:\n{n}");
         }
-        assert_eq!(f.notices.len(), 6, "{n}");
+        assert_eq!(f.notices.len(), 4, "{n}");
+        assert_eq!(f.unknown, ["bogus", "iptables.sourceRange"]);
         assert_eq!(
             f.refused,
             [

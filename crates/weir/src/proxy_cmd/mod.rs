@@ -7,6 +7,7 @@
 mod config;
 mod host;
 mod kube_proxy;
+mod validate;
 
 use std::convert::Infallible;
 use std::ffi::OsString;
@@ -32,6 +33,8 @@ use weir_source::WatchEvent;
 pub(crate) use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 use kube_proxy::{Findings, Refused};
+use validate::{Invalid, Report};
+pub(crate) use validate::{Output as ValidateOutput, Problem};
 
 use crate::runtime::source::{Origin, RunningSource, SourceReports, Wanted};
 use crate::runtime::views::{View, PROXY_KINDS};
@@ -210,11 +213,16 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = kube_proxy::parse_go_bool)]
     cleanup: Option<bool>,
-    /// Read the flags and --config, print a notice for each of kube-proxy's flags and fields
-    /// that weir takes differently or not at all (refused ones fail, exit code 2), print the
-    /// settings the agent would run with, and exit without touching anything.
+    /// Read the flags and --config, print the settings the agent would run with, a notice for
+    /// each of kube-proxy's flags and fields that weir takes differently or ignores, and every
+    /// problem (unknown or refused fields, bad values, contradictions, an unreadable
+    /// kubeconfig: exit code 2); exit without touching anything.
     #[arg(long, conflicts_with = "cleanup")]
     validate: bool,
+    /// --validate's output: text (a list) or json (for CI).
+    #[arg(short = 'o', long = "output", value_enum, requires = "validate",
+          default_value_t = validate::Output::Text)]
+    output: validate::Output,
     #[command(flatten)]
     flags: ProxyFlags,
 }
@@ -347,10 +355,11 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     run_checked(args).or_else(|e| refused_exit(e, "weir proxy"))
 }
 
-/// A refused flag or field (kube-proxy's, which weir does not do) ends the command with exit
-/// code 2 and every reason on stderr; other errors pass through.
+/// Invalid settings (a refused flag or field, a value that does not parse, an unknown
+/// field) end the command with exit code 2 and every problem on stderr; other errors pass
+/// through.
 pub(crate) fn refused_exit(e: anyhow::Error, command: &str) -> anyhow::Result<ExitCode> {
-    if e.downcast_ref::<Refused>().is_none() {
+    if e.downcast_ref::<Refused>().is_none() && e.downcast_ref::<Invalid>().is_none() {
         return Err(e);
     }
     for line in e.to_string().lines() {
@@ -359,11 +368,28 @@ pub(crate) fn refused_exit(e: anyhow::Error, command: &str) -> anyhow::Result<Ex
     Ok(ExitCode::from(2))
 }
 
+/// `--validate`: the settings, or every problem; and what only a validation checks.
+pub(crate) fn validate_report(flags: &ProxyFlags) -> Report {
+    let mut notices = Vec::new();
+    match flags.settings(&mut |n| notices.push(n)) {
+        Ok(s) => Report {
+            problems: validate::check_environment(&s),
+            settings: Some(s),
+            notices,
+        },
+        Err(e) => Report {
+            settings: None,
+            notices,
+            problems: validate::problems_of(&e),
+        },
+    }
+}
+
 fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     if let Some(v) = &args.flags.version {
         match config::version_request(v) {
             Ok(true) => {
-                println!("weir {}", env!("WEIR_VERSION_LINE"));
+                outln!("weir {}", env!("WEIR_VERSION_LINE"));
                 return Ok(ExitCode::SUCCESS);
             }
             Ok(false) => {}
@@ -389,13 +415,9 @@ fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {
             cleanup(args.flags.proxy_mode)
         }
         None if args.validate => {
-            let mut notices = Vec::new();
-            let settings = args.flags.settings(&mut |n| notices.push(n))?;
-            for n in notices {
-                println!("notice: {n}");
-            }
-            println!("{settings:#?}");
-            Ok(ExitCode::SUCCESS)
+            let report = validate_report(&args.flags);
+            out!("{}", report.render(args.output));
+            Ok(ExitCode::from(if report.valid() { 0 } else { 2 }))
         }
         None => {
             let mut notices = Vec::new();
