@@ -18,6 +18,18 @@ impl Walker<'_> {
             if let Some(done) = self.ipvs_local_in(p, &orig) {
                 return done;
             }
+            if self.local_by_guess {
+                // Nothing shows the address is this node's, nor what answers there.
+                self.unknown_outcome = true;
+                return Err((
+                    format!(
+                        "deliver: {} passes INPUT if it is this node's, but no pasted route or address says it is; settle it with {}",
+                        p.dst,
+                        super::routing::routes_settle(p.v6())
+                    ),
+                    vec![],
+                ));
+            }
             self.note_egress(p, true);
             self.hop(
                 "deliver",

@@ -155,6 +155,7 @@ impl Walker<'_> {
         }
         let forwarded = self.fact(Fact::Route(dst.to_string())) == 1;
         if !forwarded {
+            self.local_by_guess = true;
             self.hop(
                 stage,
                 "rules",

@@ -30,6 +30,9 @@ pub(super) struct Walker<'a> {
     pub(super) asked: Vec<(Fact, i64)>,
     /// The walk reached something the dump cannot tell (a table it lacks).
     pub(super) unknown_outcome: bool,
+    /// The request was taken to be for this node only because no routes were pasted
+    /// ([`super::packet::Fact::Route`]): a local delivery then proves nothing.
+    pub(super) local_by_guess: bool,
     /// The option to take at each choice among endpoints, in the order the walk meets them
     /// (the first where none is given).
     pub(super) picks: Vec<usize>,
@@ -61,6 +64,7 @@ impl<'a> Walker<'a> {
             forced,
             asked: Vec::new(),
             unknown_outcome: false,
+            local_by_guess: false,
             picks: Vec::new(),
             points: Vec::new(),
             policy: Vec::new(),
