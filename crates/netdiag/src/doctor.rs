@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::iptables::{Dump, Rule as IptRule};
 use crate::nft::Ruleset;
-use crate::state::NodeState;
+use crate::state::{NodeState, Output};
 
 pub use crate::check::{Check, Status};
 
@@ -328,6 +328,12 @@ fn nft_accepts(
     }
 }
 
+/// A line a reporter put in place of the lines they left out: `...`, `....`, `…`.
+fn is_elision(line: &str) -> bool {
+    let t = line.trim();
+    !t.is_empty() && t.chars().all(|c| c == '.' || c == '…') && (t.contains('…') || t.len() >= 3)
+}
+
 /// A FORWARD policy of DROP (iptables, or an nft filter chain on the forward hook) needs
 /// kube-proxy's accept rules: masquerade-marked traffic (NodePort/LB traffic DNATed to a
 /// backend elsewhere, including hostNetwork backends) and replies. firewalld's own table is
@@ -340,11 +346,15 @@ pub fn forward_policy(st: &NodeState) -> Check {
     if st.iptables.is_none() && st.nft.is_none() {
         return c.skip("neither iptables-save nor nft -j list ruleset output");
     }
-    // A dump cut with grep (or without its table headers) may have lost the accept rules.
+    // A dump cut with grep (or without its table headers), or where the reporter elided
+    // lines (`...`: k3s-io/k3s#1114's `iptables -L FORWARD`), may have lost the accept rules.
     let cut = st.assumptions.iter().any(|a| {
         a.starts_with("iptables-save.txt: cut with grep")
             || (a.starts_with("iptables-save.txt:") && a.contains("no `*table` header"))
-    });
+    }) || st
+        .skipped
+        .iter()
+        .any(|(o, s)| *o == Output::IptablesSave && is_elision(&s.text));
     let mut unjudged: Vec<String> = Vec::new();
     let mut judged = 0;
     if let Some(d) = &st.iptables {
@@ -459,7 +469,7 @@ fn judge_forward(c: &mut Check, what: String, acc: &Accepts, cut: bool) {
         c.found(
             Status::Warn,
             format!(
-                "{what} has policy drop and the dump shows no accept for {}; but iptables-save was cut (grep, or no table headers): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
+                "{what} has policy drop and the dump shows no accept for {}; but the output was cut (grep, no table headers, or lines elided with `...`): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
                 missing.join(", nor ")
             ),
         );
@@ -798,6 +808,17 @@ pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
 /// at the limit: "nf_conntrack: table full, dropping packet"), and `conntrack -S` drop counters.
 pub fn conntrack(st: &NodeState) -> Check {
     let mut c = Check::new("conntrack", "conntrack table pressure");
+    // The kernel's own word that the table was full (kubernetes#71261's `dmesg -T`).
+    let full = st.conntrack_full.as_deref().unwrap_or_default();
+    if let Some(first) = full.first() {
+        c.found(
+            Status::Fail,
+            format!(
+                "kernel log: {} `nf_conntrack: table full, dropping packet` line(s): the table was full and the kernel dropped packets of new connections (`{first}`)",
+                full.len()
+            ),
+        );
+    }
     let counts = st.sysctls.as_ref().and_then(|s| {
         Some((
             s.int("net.netfilter.nf_conntrack_count")?,
@@ -819,6 +840,9 @@ pub fn conntrack(st: &NodeState) -> Check {
         // `conntrack -S` alone still shows drops: judged, with the fill level said unknown.
         (None, _) if st.conntrack_stats.is_some() => c.note(
             "nf_conntrack_count/max not in the dump: the table's fill level is unknown (needs `sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max` as sysctl.txt)",
+        ),
+        (None, None) if !full.is_empty() => c.note(
+            "no sysctl output: the table's fill level now is unknown (needs `sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max` as sysctl.txt)",
         ),
         (None, None) => return c.skip("no sysctl output and no conntrack -S output"),
         (None, Some(_)) => {

@@ -14,65 +14,28 @@ use weir_netdiag::doctor::{self, Status};
 use weir_netdiag::state::NodeState;
 use weir_netdiag::trace::{self, Packet, Proto, Verdict};
 
-/// Cases the verdict does not name the cause of yet, and why.
-const UNEXPLAINED: &[(&str, &str)] = &[
-    (
-        "aws-vpc-cni-231-eni-source-dest-check",
-        "only rp_filter values were pasted (read now that /proc/sys paths become \
-         net.ipv4.conf.* keys); no routes, so the verdict is unknown (`ip route show table \
-         all` would settle it); the cause (the EC2 source/destination check on secondary ENIs) \
-         is in the cloud, in no node dump",
-    ),
-    (
-        "cilium-12098-eks-nodeport-reply-eni-rule",
-        "one `ip rule` line and one mangle CONNMARK line were pasted, no kube-proxy DNAT rules \
-         and no routes: the walk never reaches the pod, so the reply's policy rule 110 is not \
-         consulted (unknown: `routing: cannot tell where 192.168.21.197 goes`)",
-    ),
-    (
-        "k8s-36835-no-cluster-cidr-no-masquerade",
-        "the stored paste stops before KUBE-SERVICES and the KUBE-SEP DNAT rules, so the \
-         missing KUBE-MARK-MASQ jumps cannot be seen; no routes, so the verdict is unknown",
-    ),
-    (
-        "k8s-48370-udp-conntrack-empty-endpoints",
-        "`conntrack -L` is read now, but the one entry pasted (conntrack-L.txt, UDP to \
-         10.15.240.10:53 not DNATed) comes with no proxy rules, so doctor's conntrack-nat \
-         cannot tell 10.15.240.10 is a Service and skips; the earlier paste showing the same \
-         tuple DNATed is a second snapshot (conntrack-L-before.txt), not read; and the trace \
-         walks a new connection, unknown at routing (no routes)",
-    ),
-    (
-        "k8s-55923-ipvs-nodeport-non-eth-nic",
-        "the pasted `ipvsadm -ln` predates the NodePort Service, and without `ip addr` the \
-         node's address is not local to the walk (unknown: no routes in the dump)",
-    ),
-    (
-        "k8s-59976-ipvs-lb-ip-not-on-kube-ipvs0",
-        "the stored copy cuts the `ipvsadm` paste after its header and no `ip addr` of \
-         kube-ipvs0 or routes are in it, so nothing shows the LoadBalancer IP missing from \
-         kube-ipvs0; with no routes the verdict is unknown",
-    ),
-    (
-        "k8s-63479-hostnetwork-forward-drop",
-        "the only paste is one iptables LOG line (kernel log, not read): no iptables-save, \
-         routes or addresses, so the verdict is unknown at `output routing`",
-    ),
-    (
-        "k8s-65158-ipvs-host-to-clusterip",
-        "the `ip route show table local` paste is read into table local, but the VIP's own local \
-         route is cut from the stored paste and table main was not pasted: the output lookup \
-         is unknown (`no table main`), and does not take 10.200.10.10 on kube-ipvs0 (from \
-         `ip addr`) as local",
-    ),
-    (
-        "k8s-81635-forward-reject-rule-order",
-        "only `ip route` and one `ip route get` (of a ClusterIP, not the walked packet) made it \
-         into the stored copy, no iptables: the verdict is conditional on the missing \
-         ip_forward (delivered when 1), and with no rules every policy is taken as ACCEPT, so \
-         no branch can name the REJECT",
-    ),
-];
+/// How a verdict stands against the cause the ticket's thread found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A definite verdict names the cause: `weir trace` drops or rejects the packet with it, or
+    /// a `weir doctor` check fails with it.
+    Explained,
+    /// A conditional verdict whose failing branch names the cause: a trace branch, or a doctor
+    /// warning (doctor warns where what it read points at the cause but the paste leaves a
+    /// condition open, and says which).
+    Conditional,
+    /// No verdict: trace is unknown and names the output that would settle it, or the doctor
+    /// check the cause belongs to skips naming the output it needs, and nothing else fails.
+    Unknown,
+    /// The verdict contradicts the thread: delivered (or a branch delivered) where the thread
+    /// shows a drop, a definite drop or failure blaming something else, or the check the cause
+    /// belongs to passing.
+    Wrong,
+}
+
+/// Every case, its class and why. The test asserts each case's class exactly: a class that
+/// changes fails it until this table (and the score in the corpus README) is updated.
+const CASES: &[(&str, Class, &str)] = &[];
 
 fn tickets_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tickets")
@@ -98,14 +61,17 @@ fn field<'a>(case: &'a Value, key: &str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("{name}/case.json: `{key}` is not a string"))
 }
 
-/// What the tool said about the case, and whether it names the cause (contains `expect`,
-/// compared case-insensitively, in a drop/reject verdict or a failing/warning check).
+/// What the tool said about the case, and its class.
 struct Outcome {
-    explained: bool,
+    class: Class,
     said: String,
 }
 
-fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome {
+fn names(text: &str, expect: &str) -> bool {
+    text.to_lowercase().contains(&expect.to_lowercase())
+}
+
+fn packet_of(case: &Value, name: &str) -> Packet {
     let p = &case["packet"];
     let addr = |k: &str| {
         p[k].as_str()
@@ -121,7 +87,7 @@ fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome 
     let iif = p["iif"]
         .as_str()
         .unwrap_or_else(|| panic!("{name}: packet.iif (a directory has no pod netns to follow)"));
-    let packet = Packet {
+    Packet {
         src: addr("from"),
         dst: addr("to"),
         proto,
@@ -131,13 +97,25 @@ fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome 
             .and_then(|d| u16::try_from(d).ok())
             .unwrap_or_else(|| panic!("{name}: packet.dport")),
         iif: iif.into(),
-    };
-    let t = trace::trace(st, &packet);
+    }
+}
+
+fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome {
+    let t = trace::trace(st, &packet_of(case, name));
     let cause = t.cause.clone().unwrap_or_default();
-    // Only a definite drop or reject that names the cause counts: a conditional verdict is
-    // "cannot tell from these files", even when one of its branches names it.
-    let explained = matches!(t.verdict, Verdict::Dropped | Verdict::Rejected)
-        && cause.to_lowercase().contains(&expect.to_lowercase());
+    let failing = |v: &Verdict| matches!(v, Verdict::Dropped | Verdict::Rejected);
+    let branch_names = t
+        .branches
+        .iter()
+        .any(|b| failing(&b.verdict) && b.cause.as_deref().is_some_and(|c| names(c, expect)));
+    let settles =
+        t.unknowns.iter().any(|u| !u.settle.is_empty()) || cause.contains("settle it with");
+    let class = match t.verdict {
+        Verdict::Dropped | Verdict::Rejected if names(&cause, expect) => Class::Explained,
+        Verdict::Conditional if branch_names || names(&cause, expect) => Class::Conditional,
+        Verdict::Unknown if settles => Class::Unknown,
+        _ => Class::Wrong,
+    };
     let mut said = format!("{:?}: {}", t.verdict, cause);
     for b in &t.branches {
         said.push_str(&format!(
@@ -150,99 +128,138 @@ fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome 
     for u in &t.unknowns {
         said.push_str(&format!("\n    unknown: {} ({})", u.why, u.settle));
     }
-    Outcome { explained, said }
+    Outcome { class, said }
 }
 
-fn run_doctor(st: &NodeState, expect: &str) -> Outcome {
-    let checks = doctor::run_all(st, None);
-    let want = expect.to_lowercase();
-    let hits: Vec<String> = checks
+/// Doctor's class: a failing check naming the cause explains it, a warning naming it is
+/// conditional; otherwise any failing check blames something else (wrong), and the check the
+/// cause belongs to (`check` in case.json) decides: skipped is unknown, passing is wrong.
+fn run_doctor(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome {
+    let pod = doctor::PodDns::from_saved(st);
+    let checks = doctor::run_all(st, pod.as_ref());
+    let text = |c: &doctor::Check| {
+        format!(
+            "{} {} {} {}",
+            c.id,
+            c.title,
+            c.evidence.join(" "),
+            c.fix.as_deref().unwrap_or("")
+        )
+    };
+    let naming = |s: Status| {
+        checks
+            .iter()
+            .any(|c| c.status == s && names(&text(c), expect))
+    };
+    let owner = field(case, "check", name);
+    let own = checks
         .iter()
-        .filter(|c| matches!(c.status, Status::Fail | Status::Warn))
-        .filter(|c| {
-            let text = format!(
-                "{} {} {} {}",
-                c.id,
-                c.title,
-                c.evidence.join(" "),
-                c.fix.as_deref().unwrap_or("")
-            );
-            text.to_lowercase().contains(&want)
-        })
-        .map(|c| format!("{} {}", c.status.label(), c.id))
-        .collect();
+        .find(|c| c.id == owner)
+        .unwrap_or_else(|| panic!("{name}: no doctor check {owner}"));
+    let class = if naming(Status::Fail) {
+        Class::Explained
+    } else if naming(Status::Warn) {
+        Class::Conditional
+    } else if checks.iter().any(|c| c.status == Status::Fail) {
+        Class::Wrong
+    } else if own.status == Status::Skip && !own.evidence.is_empty() {
+        Class::Unknown
+    } else {
+        Class::Wrong
+    };
     let summary: Vec<String> = checks
         .iter()
+        .filter(|c| c.status != Status::Skip || c.id == owner)
         .map(|c| format!("{} {}", c.status.label(), c.id))
         .collect();
     Outcome {
-        explained: !hits.is_empty(),
-        said: format!("{} (naming it: {:?})", summary.join(", "), hits),
+        class,
+        said: format!(
+            "{} (others skip); {owner}: {}",
+            summary.join(", "),
+            own.evidence.join(" | ")
+        ),
     }
 }
 
+fn run_case(dir: &Path) -> (String, Outcome) {
+    let name = name_of(dir);
+    let text = std::fs::read_to_string(dir.join("case.json"))
+        .unwrap_or_else(|e| panic!("{name}/case.json: {e}"));
+    let case: Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}/case.json: {e}"));
+    let url = field(&case, "url", &name);
+    assert!(url.starts_with("https://github.com/"), "{name}: url {url}");
+    assert!(!field(&case, "cause", &name).is_empty(), "{name}: no cause");
+    let expect = field(&case, "expect", &name);
+    assert!(!expect.is_empty(), "{name}: empty expect");
+    let (st, ignored) = NodeState::from_dir(dir).unwrap();
+    let outcome = match field(&case, "tool", &name) {
+        "trace" => run_trace(&st, &case, &name, expect),
+        "doctor" => run_doctor(&st, &case, &name, expect),
+        other => panic!("{name}: tool {other}"),
+    };
+    println!(
+        "{name}: {:?} — {url}\n  read {:?}, not read {:?}, skipped {} line(s)\n  {}",
+        outcome.class,
+        st.present,
+        ignored,
+        st.skipped.len(),
+        outcome.said
+    );
+    if std::env::var("TICKETS_DEBUG").is_ok() {
+        println!(
+            "  assumptions {:?}\n  skipped {:?}",
+            st.assumptions, st.skipped
+        );
+    }
+    (name, outcome)
+}
+
+/// The score line the corpus README states.
+fn score(classes: &[Class]) -> String {
+    let n = |k: Class| classes.iter().filter(|c| **c == k).count();
+    format!(
+        "{} explained, {} conditional naming the cause, {} honest unknown, {} wrong, of {}",
+        n(Class::Explained),
+        n(Class::Conditional),
+        n(Class::Unknown),
+        n(Class::Wrong),
+        classes.len()
+    )
+}
+
 #[test]
-fn tickets_corpus_verdicts_match_the_list_of_unexplained_cases() {
+fn tickets_corpus_classes_match_the_table() {
     let dirs = case_dirs();
-    assert!(dirs.len() >= 12, "only {} cases", dirs.len());
+    assert!(dirs.len() >= 30, "only {} cases", dirs.len());
     let names: Vec<String> = dirs.iter().map(|d| name_of(d)).collect();
-    for (listed, why) in UNEXPLAINED {
+    for (listed, _, why) in CASES {
         assert!(
             names.iter().any(|n| n == listed),
-            "UNEXPLAINED names {listed}, which is not a case"
+            "CASES names {listed}, which is not a case"
         );
         assert!(!why.is_empty(), "{listed}: no reason given");
     }
 
-    let mut explained = 0;
+    let mut classes = Vec::new();
     let mut mismatches = Vec::new();
     for dir in &dirs {
-        let name = name_of(dir);
-        let text = std::fs::read_to_string(dir.join("case.json"))
-            .unwrap_or_else(|e| panic!("{name}/case.json: {e}"));
-        let case: Value =
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}/case.json: {e}"));
-        let url = field(&case, "url", &name);
-        assert!(url.starts_with("https://github.com/"), "{name}: url {url}");
-        assert!(!field(&case, "cause", &name).is_empty(), "{name}: no cause");
-        let expect = field(&case, "expect", &name);
-        assert!(!expect.is_empty(), "{name}: empty expect");
-
-        let (st, ignored) = NodeState::from_dir(dir).unwrap();
-        let outcome = match field(&case, "tool", &name) {
-            "trace" => run_trace(&st, &case, &name, expect),
-            "doctor" => run_doctor(&st, expect),
-            other => panic!("{name}: tool {other}"),
-        };
-        let listed = UNEXPLAINED.iter().find(|(n, _)| *n == name);
-        println!(
-            "{name}: {} — {}\n  read {:?}, not read {:?}, skipped {} line(s)\n  {}",
-            if outcome.explained {
-                "explained"
-            } else {
-                "not explained"
-            },
-            url,
-            st.present,
-            ignored,
-            st.skipped.len(),
-            outcome.said
-        );
-        if outcome.explained {
-            explained += 1;
-        }
-        match (outcome.explained, listed) {
-            (true, Some(_)) => mismatches.push(format!(
-                "{name} now names the cause ({expect:?}): move it out of UNEXPLAINED"
+        let (name, outcome) = run_case(dir);
+        classes.push(outcome.class);
+        match CASES.iter().find(|(n, _, _)| *n == name) {
+            None => mismatches.push(format!(
+                "{name} is not in CASES (it is {:?})",
+                outcome.class
             )),
-            (false, None) => mismatches.push(format!(
-                "{name} does not name the cause ({expect:?}) and is not in UNEXPLAINED: {}",
-                outcome.said
+            Some((_, listed, _)) if *listed != outcome.class => mismatches.push(format!(
+                "{name} is {:?}, CASES says {listed:?}: update the table and the README",
+                outcome.class
             )),
-            _ => {}
+            Some(_) => {}
         }
     }
-    let score = format!("{explained} of {} explained", dirs.len());
+    let score = score(&classes);
     println!("{score}");
 
     let readme = std::fs::read_to_string(tickets_dir().join("README.md")).unwrap();
