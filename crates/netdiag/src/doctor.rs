@@ -1295,6 +1295,42 @@ pub fn hairpin(st: &NodeState) -> Check {
     c
 }
 
+/// Cilium's interfaces (cilium_host, cilium_net, lxc*) need the reverse-path filter off: its
+/// datapath routes replies in ways the filter refuses, and systemd ≥ 245 sets `rp_filter = 2`
+/// on every new interface (cilium/cilium#10645; #19761: `all` at 2 after an upgrade). The
+/// kernel applies the larger of `conf/all` and the interface's own. True when one is on.
+fn cilium_rp_filter(c: &mut Check, st: &NodeState) -> bool {
+    let Some(s) = &st.sysctls else {
+        return false;
+    };
+    let ifaces: BTreeSet<&str> =
+        s.0.keys()
+            .filter_map(|k| k.strip_prefix("net.ipv4.conf.")?.split('.').next())
+            .filter(|i| *i == "cilium_host" || *i == "cilium_net" || i.starts_with("lxc"))
+            .collect();
+    let on: Vec<String> = ifaces
+        .iter()
+        .filter_map(|i| {
+            let v = s.effective_rp_filter(i).filter(|v| *v != 0)?;
+            Some(format!("{i} {v}"))
+        })
+        .collect();
+    if on.is_empty() {
+        return false;
+    }
+    c.found(
+        Status::Warn,
+        format!(
+            "the reverse-path filter (rp_filter) is on for Cilium's interfaces ({}; the kernel applies the larger of net.ipv4.conf.all.rp_filter = {} and the interface's own): Cilium needs it 0 there, or replies it routes back through them are dropped (cilium/cilium#10645: systemd ≥ 245 sets it to 2)",
+            on.join(", "),
+            s.conf("ipv4", "all", "rp_filter")
+                .map_or("?".to_string(), |v| v.to_string())
+        ),
+    );
+    c.add_fix("set net.ipv4.conf.all.rp_filter = 0 and net.ipv4.conf.lxc*.rp_filter = 0 in a file under /etc/sysctl.d that sorts after systemd's 50-default.conf, apply it (`systemctl restart systemd-sysctl`), then recreate the pods");
+    true
+}
+
 /// Drops the kernel itself reported for a packet's source: a pasted `ip route get D from S iif
 /// I` refused with `Invalid cross-device link` (fib_validate_source's EXDEV: the route back to
 /// S does not leave by I, and rp_filter on I is strict, or there is none) or, on recent kernels,
@@ -1306,7 +1342,11 @@ pub fn rp_filter_refusals(st: &NodeState) -> Check {
         "rp-filter-refusals",
         "packets the kernel refused for their source (reverse-path filter)",
     );
+    let cilium = cilium_rp_filter(&mut c, st);
     if st.route_gets.is_none() && st.martians.is_none() {
+        if cilium {
+            return c;
+        }
         return c.skip("no `ip route get … iif …` answers and no kernel log (dmesg) pasted");
     }
     let rp = |dev: &str| -> String {
@@ -1642,6 +1682,37 @@ pub fn render_table(checks: &[Check]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cilium_interfaces_need_rp_filter_off() {
+        let sysctls = |pairs: &[(&str, &str)]| {
+            let mut st = NodeState::default();
+            st.sysctls = Some(crate::sysctl::Sysctls(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ));
+            st
+        };
+        // cilium/cilium#19761: `all` at 2 reaches cilium_host, whose own value was cut.
+        let st = sysctls(&[
+            ("net.ipv4.conf.all.rp_filter", "2"),
+            ("net.ipv4.conf.cilium_host.arp_filter", "0"),
+        ]);
+        let c = rp_filter_refusals(&st);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.evidence[0].contains("cilium_host 2"), "{:?}", c.evidence);
+        // All off: nothing to say, and no refusals pasted: skipped.
+        let st = sysctls(&[
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.lxc94a9b8960b75.rp_filter", "0"),
+        ]);
+        assert_eq!(rp_filter_refusals(&st).status, Status::Skip);
+        // No Cilium interface: rp_filter 1 on eth0 is not this check's business.
+        let st = sysctls(&[("net.ipv4.conf.eth0.rp_filter", "1")]);
+        assert_eq!(rp_filter_refusals(&st).status, Status::Skip);
+    }
 
     #[test]
     fn marks() {
