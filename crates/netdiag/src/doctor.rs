@@ -1194,6 +1194,9 @@ pub fn ipvs_vip_source(st: &NodeState) -> Check {
         "IPVS connections from a virtual server's own address",
     );
     let Some(conns) = &st.ipvs_conns else {
+        if kube_ipvs0_sources(&mut c, st) {
+            return c;
+        }
         return c.skip("no `ipvsadm -Lnc` output");
     };
     let mut vips: BTreeSet<IpAddr> = conns.iter().map(|x| x.virtual_addr.ip()).collect();
@@ -1236,6 +1239,59 @@ pub fn ipvs_vip_source(st: &NodeState) -> Check {
         c.add_fix("masquerade the node's own connections to service addresses (kube-proxy's fix for kubernetes#63241, #63319: KUBE-MARK-MASQ on OUTPUT), or make the node pick a real address as source for the VIPs (the calico#3258 reporter replaced the VIP's local route with one whose src is a node address)");
     }
     c
+}
+
+/// Without connection entries, the addresses on kube-ipvs0 (`ip addr`) say the same in advance:
+/// a connection the node opens to one takes that address as its source (the kernel's source
+/// for a local destination), and IPVS sends it on to the endpoints with it, so an endpoint on
+/// another node answers an address its own node holds (kubernetes#63241, #65158). kube-proxy
+/// masquerades such connections since 1.11 (#63319: `-m set --match-set KUBE-CLUSTER-IP
+/// src,dst -j KUBE-MARK-MASQ`); a warning unless the pasted nat table shows that rule.
+/// True when it said something.
+fn kube_ipvs0_sources(c: &mut Check, st: &NodeState) -> bool {
+    let vips: Vec<String> = st
+        .addrs
+        .iter()
+        .flatten()
+        .filter(|a| a.ifname == "kube-ipvs0")
+        .map(|a| a.addr.to_string())
+        .collect();
+    if vips.is_empty() {
+        return false;
+    }
+    let masq = st.iptables.as_ref().and_then(|d| {
+        d.tables.get("nat")?.chains.iter().find_map(|ch| {
+            ch.rules
+                .iter()
+                .find(|r| {
+                    r.module_arg("set", "--match-set").is_some_and(|a| {
+                        a.values.iter().any(|v| v == "KUBE-CLUSTER-IP")
+                            && a.values.iter().any(|v| v == "src,dst")
+                    }) && r.target_name() == Some("KUBE-MARK-MASQ")
+                })
+                .map(|r| r.text.clone())
+        })
+    });
+    let shown = vips.join(", ");
+    if let Some(rule) = masq {
+        c.note(format!(
+            "kube-ipvs0 holds {shown}; the node's own connections to them are masqueraded by `{rule}`"
+        ));
+        return true;
+    }
+    c.found(
+        Status::Warn,
+        format!(
+            "kube-ipvs0 holds {shown}: a connection the node opens to one of them takes that address as its source, and IPVS forwards it to the endpoints with it; an endpoint on another node answers an address that node holds itself, so only local endpoints answer — unless kube-proxy masquerades these connections (`-m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ`, kube-proxy ≥ 1.11), which {}",
+            if st.iptables.is_some() {
+                "the pasted nat table does not show"
+            } else {
+                "cannot be seen: no iptables-save pasted"
+            }
+        ),
+    );
+    c.add_fix("run a kube-proxy that masquerades the node's own connections to service addresses (kubernetes#63319), or check `iptables-save -t nat | grep KUBE-CLUSTER-IP`");
+    true
 }
 
 /// Bridge ports without hairpin mode: a pod that reaches itself through a Service is DNATed
@@ -1712,6 +1768,28 @@ mod tests {
         // No Cilium interface: rp_filter 1 on eth0 is not this check's business.
         let st = sysctls(&[("net.ipv4.conf.eth0.rp_filter", "1")]);
         assert_eq!(rp_filter_refusals(&st).status, Status::Skip);
+    }
+
+    #[test]
+    fn kube_ipvs0_addresses_warn_without_the_masquerade_rule() {
+        let mut st = NodeState::default();
+        st.addrs = Some(vec![crate::iproute::Address {
+            ifname: "kube-ipvs0".into(),
+            addr: "10.200.10.10".parse().unwrap(),
+            prefix_len: 32,
+            scope: "global".into(),
+            secondary: false,
+            noprefixroute: false,
+        }]);
+        let c = ipvs_vip_source(&st);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.evidence[0].contains("no iptables-save pasted"));
+        let dump = crate::iptables::parse("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ\nCOMMIT\n").value;
+        st.iptables = Some(dump);
+        let c = ipvs_vip_source(&st);
+        assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+        // No kube-ipvs0 address and no connection entries: nothing to judge.
+        assert_eq!(ipvs_vip_source(&NodeState::default()).status, Status::Skip);
     }
 
     #[test]
