@@ -1,11 +1,12 @@
 //! A corpus of real tickets (`tests/data/tickets/<name>/`): the outputs reporters pasted into
 //! public Kubernetes, CNI-plugin and cloud-CNI issues whose threads found the cause, each with a
 //! `case.json` naming the issue, the packet, the cause and a word the verdict must contain to name
-//! it. Every case is run through `weir trace` (or `weir doctor`) as a library on its directory.
+//! it. Every case is run through `weir trace` (or `weir doctor`) as a library on its directory
+//! and classed against the thread's cause (see [`Class`]).
 //!
-//! The cases the tools cannot explain yet are listed in [`UNEXPLAINED`] with the reason, and the
-//! list is asserted exactly: a listed case that starts to pass fails the test as much as an
-//! unlisted case that does not, so the list (and the score in the corpus README) stays the truth.
+//! Every case is listed in [`CASES`] with its class and why, and the table is asserted exactly:
+//! a case whose class changes fails the test until the table (and the score in the corpus
+//! README) is updated, so both stay the truth.
 
 use std::path::{Path, PathBuf};
 
@@ -35,7 +36,178 @@ enum Class {
 
 /// Every case, its class and why. The test asserts each case's class exactly: a class that
 /// changes fails it until this table (and the score in the corpus README) is updated.
-const CASES: &[(&str, Class, &str)] = &[];
+const CASES: &[(&str, Class, &str)] = &[
+    (
+        "aws-vpc-cni-231-eni-source-dest-check",
+        Class::Unknown,
+        "only rp_filter sysctls (loose on eth0) were pasted and no routes: trace is unknown at routing, naming `ip route show table all`; the cause (the EC2 source/destination check on secondary ENIs) is in the cloud, in no node output",
+    ),
+    (
+        "aws-vpc-cni-705-missing-to-pod-rules",
+        Class::Unknown,
+        "the `ip rule` paste is read (the sender's rule 1536 to table 2, no `512: to 10.80.46.124` rule), but no routes were pasted: trace is unknown at routing, naming `ip route show table all`",
+    ),
+    (
+        "calico-2072-tunl0-mtu-over-wireguard",
+        Class::Unknown,
+        "a salt-indented `ip addr | grep mtu` has no device kinds and is not read: the mtu check skips, naming `ip -d link`; which device carries tunl0's packets (wg0) is in no paste",
+    ),
+    (
+        "calico-3258-ipvs-vip-as-source",
+        Class::Conditional,
+        "ipvs-vip-source warns: the `ipvsadm -Lnc` entry's source is the virtual server's own address (SYN_RECV)",
+    ),
+    (
+        "cilium-12098-eks-nodeport-reply-eni-rule",
+        Class::Unknown,
+        "one `ip rule` line and one mangle line, no DNAT rules or routes: trace is unknown at routing, naming `ip route show table all`",
+    ),
+    (
+        "cilium-19761-rp-filter-loose",
+        Class::Conditional,
+        "rp-filter-refusals warns: net.ipv4.conf.all.rp_filter = 2 reaches cilium_host, and Cilium's interfaces need it 0 (a warning: whether a reply was refused is not in the paste)",
+    ),
+    (
+        "flannel-841-vxlan-mtu-aws",
+        Class::Conditional,
+        "mtu warns: flannel.1 at 1500 below eth0 9001 − 50 (no pod-side MTU pasted)",
+    ),
+    (
+        "k3s-1114-buster-nft-forward-drop",
+        Class::Conditional,
+        "forward-policy warns: FORWARD policy DROP in the nft-backed listing, but the reporter elided its rules with `...`, so the accepts may be in what was cut",
+    ),
+    (
+        "k8s-108718-forward-drop-pod-from-other-node",
+        Class::Conditional,
+        "forward-policy warns: FORWARD policy DROP with no accept shown, hedged because it jumps to DOCKER-USER, KUBE-FORWARD and others the listing does not show",
+    ),
+    (
+        "k8s-125467-udp-conntrack-stale-coredns",
+        Class::Unknown,
+        "the one conntrack line has the reporter's `<clusterIp>` redaction and is not read; conntrack-nat skips, naming `iptables-save`",
+    ),
+    (
+        "k8s-18100-hairpin-mode-zero",
+        Class::Conditional,
+        "hairpin warns: hairpin_mode 0 on all 3 bridge ports (hedged for a promiscuous bridge)",
+    ),
+    (
+        "k8s-18604-conntrack-table-full-dmesg",
+        Class::Explained,
+        "conntrack fails: 14 `nf_conntrack: table full, dropping packet` kernel log lines",
+    ),
+    (
+        "k8s-23322-hairpin-veth-fallback",
+        Class::Conditional,
+        "hairpin warns: hairpin_mode 0 on docker0's 4 ports (hedged for a promiscuous bridge)",
+    ),
+    (
+        "k8s-36835-no-cluster-cidr-no-masquerade",
+        Class::Unknown,
+        "the stored paste stops before KUBE-SERVICES and the DNAT rules, and no routes: trace is unknown at routing, naming `ip route show table all`",
+    ),
+    (
+        "k8s-39658-canal-nodeport-forward-drop",
+        Class::Conditional,
+        "forward-policy warns: FORWARD policy DROP and nothing accepting, hedged for felix-FORWARD and the docker chains it jumps to",
+    ),
+    (
+        "k8s-43966-cni-hairpin-not-set",
+        Class::Conditional,
+        "hairpin warns: hairpin_mode 0 on cni0's 2 ports, read from the `path = value` form",
+    ),
+    (
+        "k8s-48370-udp-conntrack-empty-endpoints",
+        Class::Unknown,
+        "`conntrack -L` is read but no proxy rules say 10.15.240.10 is a Service, and no routes: trace is unknown at routing, naming `ip route show table all`",
+    ),
+    (
+        "k8s-55923-ipvs-nodeport-non-eth-nic",
+        Class::Unknown,
+        "the `ipvsadm -ln` predates the NodePort and no `ip addr` or routes: trace is unknown at routing, naming `ip route show table all`",
+    ),
+    (
+        "k8s-59976-ipvs-lb-ip-not-on-kube-ipvs0",
+        Class::Unknown,
+        "the stored `ipvsadm` paste stops after its header, no `ip addr` or routes: trace is unknown at routing, naming `ip route show table all`",
+    ),
+    (
+        "k8s-63479-hostnetwork-forward-drop",
+        Class::Unknown,
+        "one iptables LOG line (not read), no rules, routes or addresses: trace is unknown at output routing, naming `ip route show table all`",
+    ),
+    (
+        "k8s-65158-ipvs-host-to-clusterip",
+        Class::Conditional,
+        "ipvs-vip-source warns: 10.200.10.10 on kube-ipvs0 is the source of the node's own connections to it unless kube-proxy masquerades them, which no pasted iptables shows",
+    ),
+    (
+        "k8s-71261-conntrack-table-full",
+        Class::Explained,
+        "conntrack fails: the `nf_conntrack: table full, dropping packet` kernel log lines",
+    ),
+    (
+        "k8s-71705-coredns-loop-local-dnsmasq",
+        Class::Explained,
+        "pod-dns fails: nameserver 127.0.0.1 is the pod's own loopback (CoreDNS forwards to itself)",
+    ),
+    (
+        "k8s-81635-forward-reject-rule-order",
+        Class::Wrong,
+        "no iptables was pasted (the stored copy stops before it), and trace takes every policy as ACCEPT: `delivered if ip_forward is 1` where the thread shows a REJECT; the walk should say it cannot tell without iptables-save (a missing output taken as permissive, the cannot-tell work)",
+    ),
+    (
+        "k8s-97283-rhel8-firewalld-nft",
+        Class::Wrong,
+        "the `nft list table` text (not `nft -j`) is not read, yet forward-policy passes with no evidence where the thread's cause is firewalld's forward reject; an unreadable ruleset should skip (the cannot-parse, cannot-tell work)",
+    ),
+    (
+        "kube-arm-62-forward-drop-cni0",
+        Class::Conditional,
+        "forward-policy warns: FORWARD policy DROP with only docker0 accepted, hedged because the reporter cut the paste (`...`, no table header)",
+    ),
+    (
+        "kube-router-1136-egress-policy-service-vip",
+        Class::Unknown,
+        "the policy (no Pods) and a grep cut of KUBE-ROUTER-INPUT, no routes: trace is unknown at routing, naming `ip route show table all`; policy-dns skips for want of Pods",
+    ),
+    (
+        "kube-router-637-hairpin-cni-conf",
+        Class::Unknown,
+        "only kube-router's hairpin SNAT rule was pasted: hairpin skips, naming the sysfs hairpin_mode output",
+    ),
+    (
+        "kubeadm-1162-coredns-loop-systemd-resolved",
+        Class::Explained,
+        "pod-dns fails: nameserver 127.0.0.53 is the pod's own loopback (CoreDNS forwards to itself)",
+    ),
+    (
+        "kubeadm-139-firewalld-forward-reject",
+        Class::Conditional,
+        "forward-policy warns: the catch-all REJECT ends FORWARD before flannel's appended accepts (cut by the stored copy)",
+    ),
+    (
+        "kubespray-2067-centos7-bridge-nf-call-zero",
+        Class::Explained,
+        "br-netfilter fails: net.bridge.bridge-nf-call-iptables = 0",
+    ),
+    (
+        "lyft-ipvlan-38-nodeport-rp-filter",
+        Class::Conditional,
+        "rp-filter-refusals warns: `ip route get ... iif ens3` answered `Invalid cross-device link` and the kernel logged the martian",
+    ),
+    (
+        "rke-1788-centos8-nft-forward-drop",
+        Class::Conditional,
+        "forward-policy warns: FORWARD policy DROP with only docker0 accepted, hedged for the docker chains it jumps to (the backend mismatch behind it is not named)",
+    ),
+    (
+        "zalando-kubernetes-on-aws-1470-flannel-hairpin",
+        Class::Conditional,
+        "hairpin warns: hairpin_mode 0 on the bridge's ports (the paste elided the rest with `...`)",
+    ),
+];
 
 fn tickets_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/tickets")
