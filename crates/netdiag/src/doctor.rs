@@ -1246,7 +1246,8 @@ pub fn ipvs_vip_source(st: &NodeState) -> Check {
 /// for a local destination), and IPVS sends it on to the endpoints with it, so an endpoint on
 /// another node answers an address its own node holds (kubernetes#63241, #65158). kube-proxy
 /// masquerades such connections since 1.11 (#63319: `-m set --match-set KUBE-CLUSTER-IP
-/// src,dst -j KUBE-MARK-MASQ`); a warning unless the pasted nat table shows that rule.
+/// src,dst -j KUBE-MARK-MASQ`, or with a cluster CIDR `! -s <cidr> … dst,dst`); a warning
+/// unless the pasted nat table shows such a rule.
 /// True when it said something.
 fn kube_ipvs0_sources(c: &mut Check, st: &NodeState) -> bool {
     let vips: Vec<String> = st
@@ -1264,10 +1265,12 @@ fn kube_ipvs0_sources(c: &mut Check, st: &NodeState) -> bool {
             ch.rules
                 .iter()
                 .find(|r| {
-                    r.module_arg("set", "--match-set").is_some_and(|a| {
-                        a.values.iter().any(|v| v == "KUBE-CLUSTER-IP")
-                            && a.values.iter().any(|v| v == "src,dst")
-                    }) && r.target_name() == Some("KUBE-MARK-MASQ")
+                    // `src,dst` (#63319, no cluster CIDR), or `dst,dst` from any source outside
+                    // the pods' (`! -s <cluster CIDR>`) or from anywhere (masquerade-all).
+                    r.module_arg("set", "--match-set")
+                        .is_some_and(|a| a.values.iter().any(|v| v == "KUBE-CLUSTER-IP"))
+                        && r.arg("-s").is_none_or(|a| a.negated)
+                        && r.target_name() == Some("KUBE-MARK-MASQ")
                 })
                 .map(|r| r.text.clone())
         })
@@ -1282,7 +1285,7 @@ fn kube_ipvs0_sources(c: &mut Check, st: &NodeState) -> bool {
     c.found(
         Status::Warn,
         format!(
-            "kube-ipvs0 holds {shown}: a connection the node opens to one of them takes that address as its source, and IPVS forwards it to the endpoints with it; an endpoint on another node answers an address that node holds itself, so only local endpoints answer — unless kube-proxy masquerades these connections (`-m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ`, kube-proxy ≥ 1.11), which {}",
+            "kube-ipvs0 holds {shown}: a connection the node opens to one of them takes that address as its source, and IPVS forwards it to the endpoints with it; an endpoint on another node answers an address that node holds itself, so only local endpoints answer — unless kube-proxy masquerades these connections (a nat rule `-m set --match-set KUBE-CLUSTER-IP … -j KUBE-MARK-MASQ` their source passes, kube-proxy ≥ 1.11), which {}",
             if st.iptables.is_some() {
                 "the pasted nat table does not show"
             } else {
@@ -1741,15 +1744,14 @@ mod tests {
 
     #[test]
     fn cilium_interfaces_need_rp_filter_off() {
-        let sysctls = |pairs: &[(&str, &str)]| {
-            let mut st = NodeState::default();
-            st.sysctls = Some(crate::sysctl::Sysctls(
+        let sysctls = |pairs: &[(&str, &str)]| NodeState {
+            sysctls: Some(crate::sysctl::Sysctls(
                 pairs
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
-            ));
-            st
+            )),
+            ..Default::default()
         };
         // cilium/cilium#19761: `all` at 2 reaches cilium_host, whose own value was cut.
         let st = sysctls(&[
@@ -1772,15 +1774,17 @@ mod tests {
 
     #[test]
     fn kube_ipvs0_addresses_warn_without_the_masquerade_rule() {
-        let mut st = NodeState::default();
-        st.addrs = Some(vec![crate::iproute::Address {
-            ifname: "kube-ipvs0".into(),
-            addr: "10.200.10.10".parse().unwrap(),
-            prefix_len: 32,
-            scope: "global".into(),
-            secondary: false,
-            noprefixroute: false,
-        }]);
+        let mut st = NodeState {
+            addrs: Some(vec![crate::iproute::Address {
+                ifname: "kube-ipvs0".into(),
+                addr: "10.200.10.10".parse().unwrap(),
+                prefix_len: 32,
+                scope: "global".into(),
+                secondary: false,
+                noprefixroute: false,
+            }]),
+            ..Default::default()
+        };
         let c = ipvs_vip_source(&st);
         assert_eq!(c.status, Status::Warn);
         assert!(c.evidence[0].contains("no iptables-save pasted"));
@@ -1788,6 +1792,14 @@ mod tests {
         st.iptables = Some(dump);
         let c = ipvs_vip_source(&st);
         assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+        // Today's kube-proxy with a cluster CIDR: everything from outside the pods is masqueraded.
+        let dump = crate::iptables::parse("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES ! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\nCOMMIT\n").value;
+        st.iptables = Some(dump);
+        assert_eq!(ipvs_vip_source(&st).status, Status::Ok);
+        // Only pods masqueraded: the node's own connections are not.
+        let dump = crate::iptables::parse("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -s 10.244.0.0/16 -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\nCOMMIT\n").value;
+        st.iptables = Some(dump);
+        assert_eq!(ipvs_vip_source(&st).status, Status::Warn);
         // No kube-ipvs0 address and no connection entries: nothing to judge.
         assert_eq!(ipvs_vip_source(&NodeState::default()).status, Status::Skip);
     }
