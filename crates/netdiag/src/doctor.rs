@@ -362,6 +362,10 @@ pub fn forward_policy(st: &NodeState) -> Check {
     }
     if let Some(rs) = &st.nft {
         judged += nft_forward(&mut c, st, rs, cut);
+        // `nft list` text, not `nft -j` (kubernetes#97283): nothing read is not a pass.
+        if rs.is_empty() && st.skipped.iter().any(|(o, _)| *o == Output::NftRuleset) {
+            unjudged.push("the nft output is not `nft -j` JSON and was not read (`nft -j list ruleset` as nft-ruleset.json would be)".to_string());
+        }
     }
     // A FORWARD policy nobody could read is not a pass.
     if !unjudged.is_empty() && judged == 0 && c.status == Status::Ok {

@@ -502,3 +502,18 @@ fn ipvs_vip_source_on_the_captured_ipvs_node() {
     assert_eq!(c.status, Status::Warn);
     assert!(c.evidence[0].contains("no iptables-save pasted"));
 }
+
+/// `nft list table` text (kubernetes#97283) is not read: forward-policy skips, naming the JSON
+/// form, instead of passing on nothing.
+#[test]
+fn forward_policy_skips_an_unreadable_nft_paste() {
+    let text = "[root@master ~]# nft list table ip filter\ntable ip filter {\n        chain FORWARD {\n                type filter hook forward priority filter; policy drop;\n        }\n}\n";
+    let st = NodeState::from_outputs([(Output::NftRuleset, text.to_string())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Skip);
+    assert!(
+        c.evidence[0].contains("nft -j list ruleset"),
+        "{:?}",
+        c.evidence
+    );
+}

@@ -159,8 +159,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "k8s-97283-rhel8-firewalld-nft",
-        Class::Wrong,
-        "the `nft list table` text (not `nft -j`) is not read, yet forward-policy passes with no evidence where the thread's cause is firewalld's forward reject; an unreadable ruleset should skip (the cannot-parse, cannot-tell work)",
+        Class::Unknown,
+        "the `nft list table` text (not `nft -j`) is not read: forward-policy skips, naming `nft -j list ruleset` (it passed with no evidence before this corpus); the table that rejects (inet firewalld) is not in the paste anyway",
     ),
     (
         "kube-arm-62-forward-drop-cni0",
