@@ -25,12 +25,15 @@ enum Class {
     /// warning (doctor warns where what it read points at the cause but the paste leaves a
     /// condition open, and says which).
     Conditional,
-    /// No verdict: trace is unknown and names the output that would settle it, or the doctor
-    /// check the cause belongs to skips naming the output it needs, and nothing else fails.
+    /// No verdict: trace is unknown and names the output that would settle it (or is
+    /// conditional with no branch naming the cause, an unknown branch the ticket's node may be
+    /// on, and no delivered branch it may be on), or the doctor check the cause belongs to skips
+    /// naming the output it needs, and nothing else fails.
     Unknown,
-    /// The verdict contradicts the thread: delivered (or a branch delivered) where the thread
-    /// shows a drop, a definite drop or failure blaming something else, or the check the cause
-    /// belongs to passing.
+    /// The verdict contradicts the thread: delivered, or a delivered branch whose conditions
+    /// the thread does not rule out (`dst_local` in case.json rules out the other side of
+    /// `Fact::Route`), where the thread shows a failure; a definite drop or failure blaming
+    /// something else; or the check the cause belongs to passing.
     Wrong,
 }
 
@@ -45,7 +48,7 @@ const CASES: &[(&str, Class, &str)] = &[
     (
         "aws-vpc-cni-705-missing-to-pod-rules",
         Class::Unknown,
-        "the `ip rule` paste is read (the sender's rule 1536 to table 2, no `512: to 10.80.46.124` rule), but no routes were pasted: trace is unknown at routing, naming `ip route show table all`",
+        "the `ip rule` paste is read (the sender's rule 1536 to table 2, no `512: to 10.80.46.124` rule), but no routes were pasted: trace walks the request both ways (this node's, forwarded); the thread's side (a local pod, `dst_local` false) is unknown at reply routing or the reverse-path check, naming `ip route show table all`",
     ),
     (
         "calico-2072-tunl0-mtu-over-wireguard",
@@ -59,8 +62,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "cilium-12098-eks-nodeport-reply-eni-rule",
-        Class::Unknown,
-        "one `ip rule` line and one mangle line, no DNAT rules or routes: trace is unknown at routing, naming `ip route show table all`",
+        Class::Wrong,
+        "one `ip rule` line and one grep-cut mangle line, no nat table, sysctls or routes: walked as the node's own address (the NodePort on the node IP, `dst_local` true), trace delivers it locally when rp_filter on eth0 is 0, where the thread's reply leaves by the wrong ENI: a one-line iptables paste is taken as the whole ruleset (no DNAT) instead of a nat table it cannot see",
     ),
     (
         "cilium-19761-rp-filter-loose",
@@ -105,7 +108,7 @@ const CASES: &[(&str, Class, &str)] = &[
     (
         "k8s-36835-no-cluster-cidr-no-masquerade",
         Class::Unknown,
-        "the stored paste stops before KUBE-SERVICES and the DNAT rules, and no routes: trace is unknown at routing, naming `ip route show table all`",
+        "the stored paste stops before KUBE-SERVICES and the DNAT rules, and no routes: the ClusterIP (`dst_local` false) walked as forwarded is unknown at reply routing or the reverse-path check, naming `ip route show table all`",
     ),
     (
         "k8s-39658-canal-nodeport-forward-drop",
@@ -120,17 +123,17 @@ const CASES: &[(&str, Class, &str)] = &[
     (
         "k8s-48370-udp-conntrack-empty-endpoints",
         Class::Unknown,
-        "`conntrack -L` is read but no proxy rules say 10.15.240.10 is a Service, and no routes: trace is unknown at routing, naming `ip route show table all`",
+        "`conntrack -L` is read but no proxy rules say 10.15.240.10 is a Service, and no routes: the ClusterIP (`dst_local` false) walked as forwarded is unknown at reply routing or the reverse-path check, naming `ip route show table all`",
     ),
     (
         "k8s-55923-ipvs-nodeport-non-eth-nic",
-        Class::Unknown,
-        "the `ipvsadm -ln` predates the NodePort and no `ip addr` or routes: trace is unknown at routing, naming `ip route show table all`",
+        Class::Wrong,
+        "only an `ipvsadm -ln` from before the NodePort existed, no iptables, sysctls or routes: walked as the node's own address (`dst_local` true), trace delivers the NodePort packet locally when rp_filter on ens3 is 0, where the thread shows no virtual server answering: local delivery with no virtual server or listener shown is taken as working, and missing iptables as accepting",
     ),
     (
         "k8s-59976-ipvs-lb-ip-not-on-kube-ipvs0",
         Class::Unknown,
-        "the stored `ipvsadm` paste stops after its header, no `ip addr` or routes: trace is unknown at routing, naming `ip route show table all`",
+        "the stored `ipvsadm` paste stops after its header, no `ip addr` or routes: trace branches on the very fact the thread found (whether 192.168.16.240 is this node's); the thread's side (not on kube-ipvs0, `dst_local` false) is unknown at reply routing, naming `ip route show table all`, not the missing address",
     ),
     (
         "k8s-63479-hostnetwork-forward-drop",
@@ -169,8 +172,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "kube-router-1136-egress-policy-service-vip",
-        Class::Unknown,
-        "the policy (no Pods) and a grep cut of KUBE-ROUTER-INPUT, no routes: trace is unknown at routing, naming `ip route show table all`; policy-dns skips for want of Pods",
+        Class::Wrong,
+        "the policy (no Pods) and a grep cut of KUBE-ROUTER-INPUT with no INPUT jump to it, no sysctls or routes: walked as the node's own address (kube-router's IPVS VIP, judged in the INPUT-hooked chain, `dst_local` true), trace delivers it when rp_filter on kube-bridge is 0 and never reaches the chain, where the thread shows a reject: a grep cut is taken as the whole filter table; policy-dns skips for want of Pods",
     ),
     (
         "kube-router-637-hairpin-cni-conf",
@@ -282,9 +285,31 @@ fn run_trace(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome 
         .any(|b| failing(&b.verdict) && b.cause.as_deref().is_some_and(|c| names(c, expect)));
     let settles =
         t.unknowns.iter().any(|u| !u.settle.is_empty()) || cause.contains("settle it with");
+    // What the thread settles about the node: `dst_local` (the destination is one of the
+    // node's own addresses, or not). A branch whose every conjunction contradicts it is not the
+    // ticket's node; any other branch may be.
+    let dst = case["packet"]["to"].as_str().unwrap_or_default();
+    let local = case.get("dst_local").and_then(Value::as_bool);
+    let may_hold = |b: &trace::Branch| {
+        b.when.iter().any(|conj| {
+            conj.iter().all(|c| match (&c.fact, local) {
+                (trace::Fact::Route(d), Some(l)) if d == dst => c.values.contains(&i64::from(!l)),
+                _ => true,
+            })
+        })
+    };
+    let delivered_here = t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Delivered && may_hold(b));
+    let unknown_branch = t
+        .branches
+        .iter()
+        .any(|b| b.verdict == Verdict::Unknown && may_hold(b));
     let class = match t.verdict {
         Verdict::Dropped | Verdict::Rejected if names(&cause, expect) => Class::Explained,
-        Verdict::Conditional if branch_names || names(&cause, expect) => Class::Conditional,
+        Verdict::Conditional if branch_names => Class::Conditional,
+        Verdict::Conditional if !delivered_here && unknown_branch && settles => Class::Unknown,
         Verdict::Unknown if settles => Class::Unknown,
         _ => Class::Wrong,
     };
