@@ -367,6 +367,12 @@ fn nft_accepts(
     }
 }
 
+/// A line a reporter put in place of the lines they left out: `...`, `....`, `…`.
+fn is_elision(line: &str) -> bool {
+    let t = line.trim();
+    !t.is_empty() && t.chars().all(|c| c == '.' || c == '…') && (t.contains('…') || t.len() >= 3)
+}
+
 /// A FORWARD policy of DROP (iptables, or an nft filter chain on the forward hook) needs
 /// kube-proxy's accept rules: masquerade-marked traffic (NodePort/LB traffic DNATed to a
 /// backend elsewhere, including hostNetwork backends) and replies. firewalld's own table is
@@ -379,11 +385,15 @@ pub fn forward_policy(st: &NodeState) -> Check {
     if st.iptables.is_none() && st.nft.is_none() {
         return c.skip("neither iptables-save nor nft -j list ruleset output");
     }
-    // A dump cut with grep (or without its table headers) may have lost the accept rules.
+    // A dump cut with grep (or without its table headers), or where the reporter elided
+    // lines (`...`: k3s-io/k3s#1114's `iptables -L FORWARD`), may have lost the accept rules.
     let cut = st.assumptions.iter().any(|a| {
         a.starts_with("iptables-save.txt: cut with grep")
             || (a.starts_with("iptables-save.txt:") && a.contains("no `*table` header"))
-    });
+    }) || st
+        .skipped
+        .iter()
+        .any(|(o, s)| *o == Output::IptablesSave && is_elision(&s.text));
     let mut unjudged: Vec<String> = Vec::new();
     let mut judged = 0;
     if let Some(d) = &st.iptables {
@@ -391,6 +401,10 @@ pub fn forward_policy(st: &NodeState) -> Check {
     }
     if let Some(rs) = &st.nft {
         judged += nft_forward(&mut c, st, rs, cut);
+        // `nft list` text, not `nft -j` (kubernetes#97283): nothing read is not a pass.
+        if rs.is_empty() && st.skipped.iter().any(|(o, _)| *o == Output::NftRuleset) {
+            unjudged.push("the nft output is not `nft -j` JSON and was not read (`nft -j list ruleset` as nft-ruleset.json would be)".to_string());
+        }
     }
     // A FORWARD policy nobody could read is not a pass.
     if !unjudged.is_empty() && judged == 0 && c.status == Status::Ok {
@@ -498,7 +512,7 @@ fn judge_forward(c: &mut Check, what: String, acc: &Accepts, cut: bool) {
         c.found(
             Status::Warn,
             format!(
-                "{what} has policy drop and the dump shows no accept for {}; but iptables-save was cut (grep, or no table headers): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
+                "{what} has policy drop and the dump shows no accept for {}; but the output was cut (grep, no table headers, or lines elided with `...`): the accepts may be in what was cut; needs the whole `iptables-save` as iptables-save.txt",
                 missing.join(", nor ")
             ),
         );
@@ -837,6 +851,17 @@ pub fn nameservers(resolv_conf: &str) -> Vec<IpAddr> {
 /// at the limit: "nf_conntrack: table full, dropping packet"), and `conntrack -S` drop counters.
 pub fn conntrack(st: &NodeState) -> Check {
     let mut c = Check::new("conntrack", "conntrack table pressure");
+    // The kernel's own word that the table was full (kubernetes#71261's `dmesg -T`).
+    let full = st.conntrack_full.as_deref().unwrap_or_default();
+    if let Some(first) = full.first() {
+        c.found(
+            Status::Fail,
+            format!(
+                "kernel log: {} `nf_conntrack: table full, dropping packet` line(s): the table was full and the kernel dropped packets of new connections (`{first}`)",
+                full.len()
+            ),
+        );
+    }
     let counts = st.sysctls.as_ref().and_then(|s| {
         Some((
             s.int("net.netfilter.nf_conntrack_count")?,
@@ -858,6 +883,9 @@ pub fn conntrack(st: &NodeState) -> Check {
         // `conntrack -S` alone still shows drops: judged, with the fill level said unknown.
         (None, _) if st.conntrack_stats.is_some() => c.note(
             "nf_conntrack_count/max not in the dump: the table's fill level is unknown (needs `sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max` as sysctl.txt)",
+        ),
+        (None, None) if !full.is_empty() => c.note(
+            "no sysctl output: the table's fill level now is unknown (needs `sysctl net.netfilter.nf_conntrack_count net.netfilter.nf_conntrack_max` as sysctl.txt)",
         ),
         (None, None) => return c.skip("no sysctl output and no conntrack -S output"),
         (None, Some(_)) => {
@@ -1209,6 +1237,9 @@ pub fn ipvs_vip_source(st: &NodeState) -> Check {
         "IPVS connections from a virtual server's own address",
     );
     let Some(conns) = &st.ipvs_conns else {
+        if kube_ipvs0_sources(&mut c, st) {
+            return c;
+        }
         return c.skip("no `ipvsadm -Lnc` output");
     };
     let mut vips: BTreeSet<IpAddr> = conns.iter().map(|x| x.virtual_addr.ip()).collect();
@@ -1251,6 +1282,62 @@ pub fn ipvs_vip_source(st: &NodeState) -> Check {
         c.add_fix("masquerade the node's own connections to service addresses (kube-proxy's fix for kubernetes#63241, #63319: KUBE-MARK-MASQ on OUTPUT), or make the node pick a real address as source for the VIPs (the calico#3258 reporter replaced the VIP's local route with one whose src is a node address)");
     }
     c
+}
+
+/// Without connection entries, the addresses on kube-ipvs0 (`ip addr`) say the same in advance:
+/// a connection the node opens to one takes that address as its source (the kernel's source
+/// for a local destination), and IPVS sends it on to the endpoints with it, so an endpoint on
+/// another node answers an address its own node holds (kubernetes#63241, #65158). kube-proxy
+/// masquerades such connections since 1.11 (#63319: `-m set --match-set KUBE-CLUSTER-IP
+/// src,dst -j KUBE-MARK-MASQ`, or with a cluster CIDR `! -s <cidr> … dst,dst`); a warning
+/// unless the pasted nat table shows such a rule.
+/// True when it said something.
+fn kube_ipvs0_sources(c: &mut Check, st: &NodeState) -> bool {
+    let vips: Vec<String> = st
+        .addrs
+        .iter()
+        .flatten()
+        .filter(|a| a.ifname == "kube-ipvs0")
+        .map(|a| a.addr.to_string())
+        .collect();
+    if vips.is_empty() {
+        return false;
+    }
+    let masq = st.iptables.as_ref().and_then(|d| {
+        d.tables.get("nat")?.chains.iter().find_map(|ch| {
+            ch.rules
+                .iter()
+                .find(|r| {
+                    // `src,dst` (#63319, no cluster CIDR), or `dst,dst` from any source outside
+                    // the pods' (`! -s <cluster CIDR>`) or from anywhere (masquerade-all).
+                    r.module_arg("set", "--match-set")
+                        .is_some_and(|a| a.values.iter().any(|v| v == "KUBE-CLUSTER-IP"))
+                        && r.arg("-s").is_none_or(|a| a.negated)
+                        && r.target_name() == Some("KUBE-MARK-MASQ")
+                })
+                .map(|r| r.text.clone())
+        })
+    });
+    let shown = vips.join(", ");
+    if let Some(rule) = masq {
+        c.note(format!(
+            "kube-ipvs0 holds {shown}; the node's own connections to them are masqueraded by `{rule}`"
+        ));
+        return true;
+    }
+    c.found(
+        Status::Warn,
+        format!(
+            "kube-ipvs0 holds {shown}: a connection the node opens to one of them takes that address as its source, and IPVS forwards it to the endpoints with it; an endpoint on another node answers an address that node holds itself, so only local endpoints answer — unless kube-proxy masquerades these connections (a nat rule `-m set --match-set KUBE-CLUSTER-IP … -j KUBE-MARK-MASQ` their source passes, kube-proxy ≥ 1.11), which {}",
+            if st.iptables.is_some() {
+                "the pasted nat table does not show"
+            } else {
+                "cannot be seen: no iptables-save pasted"
+            }
+        ),
+    );
+    c.add_fix("run a kube-proxy that masquerades the node's own connections to service addresses (kubernetes#63319), or check `iptables-save -t nat | grep KUBE-CLUSTER-IP`");
+    true
 }
 
 /// Bridge ports without hairpin mode: a pod that reaches itself through a Service is DNATed
@@ -1310,6 +1397,42 @@ pub fn hairpin(st: &NodeState) -> Check {
     c
 }
 
+/// Cilium's interfaces (cilium_host, cilium_net, lxc*) need the reverse-path filter off: its
+/// datapath routes replies in ways the filter refuses, and systemd ≥ 245 sets `rp_filter = 2`
+/// on every new interface (cilium/cilium#10645; #19761: `all` at 2 after an upgrade). The
+/// kernel applies the larger of `conf/all` and the interface's own. True when one is on.
+fn cilium_rp_filter(c: &mut Check, st: &NodeState) -> bool {
+    let Some(s) = &st.sysctls else {
+        return false;
+    };
+    let ifaces: BTreeSet<&str> =
+        s.0.keys()
+            .filter_map(|k| k.strip_prefix("net.ipv4.conf.")?.split('.').next())
+            .filter(|i| *i == "cilium_host" || *i == "cilium_net" || i.starts_with("lxc"))
+            .collect();
+    let on: Vec<String> = ifaces
+        .iter()
+        .filter_map(|i| {
+            let v = s.effective_rp_filter(i).filter(|v| *v != 0)?;
+            Some(format!("{i} {v}"))
+        })
+        .collect();
+    if on.is_empty() {
+        return false;
+    }
+    c.found(
+        Status::Warn,
+        format!(
+            "the reverse-path filter (rp_filter) is on for Cilium's interfaces ({}; the kernel applies the larger of net.ipv4.conf.all.rp_filter = {} and the interface's own): Cilium needs it 0 there, or replies it routes back through them are dropped (cilium/cilium#10645: systemd ≥ 245 sets it to 2)",
+            on.join(", "),
+            s.conf("ipv4", "all", "rp_filter")
+                .map_or("?".to_string(), |v| v.to_string())
+        ),
+    );
+    c.add_fix("set net.ipv4.conf.all.rp_filter = 0 and net.ipv4.conf.lxc*.rp_filter = 0 in a file under /etc/sysctl.d that sorts after systemd's 50-default.conf, apply it (`systemctl restart systemd-sysctl`), then recreate the pods");
+    true
+}
+
 /// Drops the kernel itself reported for a packet's source: a pasted `ip route get D from S iif
 /// I` refused with `Invalid cross-device link` (fib_validate_source's EXDEV: the route back to
 /// S does not leave by I, and rp_filter on I is strict, or there is none) or, on recent kernels,
@@ -1321,7 +1444,11 @@ pub fn rp_filter_refusals(st: &NodeState) -> Check {
         "rp-filter-refusals",
         "packets the kernel refused for their source (reverse-path filter)",
     );
+    let cilium = cilium_rp_filter(&mut c, st);
     if st.route_gets.is_none() && st.martians.is_none() {
+        if cilium {
+            return c;
+        }
         return c.skip("no `ip route get … iif …` answers and no kernel log (dmesg) pasted");
     }
     let rp = |dev: &str| -> String {
@@ -1670,6 +1797,68 @@ mod tests {
                 c.id
             );
         }
+    }
+
+    #[test]
+    fn cilium_interfaces_need_rp_filter_off() {
+        let sysctls = |pairs: &[(&str, &str)]| NodeState {
+            sysctls: Some(crate::sysctl::Sysctls(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )),
+            ..Default::default()
+        };
+        // cilium/cilium#19761: `all` at 2 reaches cilium_host, whose own value was cut.
+        let st = sysctls(&[
+            ("net.ipv4.conf.all.rp_filter", "2"),
+            ("net.ipv4.conf.cilium_host.arp_filter", "0"),
+        ]);
+        let c = rp_filter_refusals(&st);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.evidence[0].contains("cilium_host 2"), "{:?}", c.evidence);
+        // All off: nothing to say, and no refusals pasted: skipped.
+        let st = sysctls(&[
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.lxc94a9b8960b75.rp_filter", "0"),
+        ]);
+        assert_eq!(rp_filter_refusals(&st).status, Status::Skip);
+        // No Cilium interface: rp_filter 1 on eth0 is not this check's business.
+        let st = sysctls(&[("net.ipv4.conf.eth0.rp_filter", "1")]);
+        assert_eq!(rp_filter_refusals(&st).status, Status::Skip);
+    }
+
+    #[test]
+    fn kube_ipvs0_addresses_warn_without_the_masquerade_rule() {
+        let mut st = NodeState {
+            addrs: Some(vec![crate::iproute::Address {
+                ifname: "kube-ipvs0".into(),
+                addr: "10.200.10.10".parse().unwrap(),
+                prefix_len: 32,
+                scope: "global".into(),
+                secondary: false,
+                noprefixroute: false,
+            }]),
+            ..Default::default()
+        };
+        let c = ipvs_vip_source(&st);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.evidence[0].contains("no iptables-save pasted"));
+        let dump = crate::iptables::parse("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ\nCOMMIT\n").value;
+        st.iptables = Some(dump);
+        let c = ipvs_vip_source(&st);
+        assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+        // Today's kube-proxy with a cluster CIDR: everything from outside the pods is masqueraded.
+        let dump = crate::iptables::parse("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES ! -s 10.244.0.0/16 -m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\nCOMMIT\n").value;
+        st.iptables = Some(dump);
+        assert_eq!(ipvs_vip_source(&st).status, Status::Ok);
+        // Only pods masqueraded: the node's own connections are not.
+        let dump = crate::iptables::parse("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -s 10.244.0.0/16 -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ\nCOMMIT\n").value;
+        st.iptables = Some(dump);
+        assert_eq!(ipvs_vip_source(&st).status, Status::Warn);
+        // No kube-ipvs0 address and no connection entries: nothing to judge.
+        assert_eq!(ipvs_vip_source(&NodeState::default()).status, Status::Skip);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! `IPv4: martian source 172.30.182.212 from 172.21.51.75, on dev ens3` (printed with
 //! `log_martians` for a packet whose source failed validation: the reverse-path check, or a
 //! source no host can have). Other lines are not read (a kernel log is mostly other things) and
-//! are not reported.
+//! are not reported. [`conntrack_full`] picks the `nf_conntrack: table full, dropping packet`
+//! lines (the conntrack table at `nf_conntrack_max`: new connections' packets dropped).
 
 use std::net::IpAddr;
 
@@ -51,6 +52,15 @@ pub fn parse(text: &str) -> Parsed<Vec<Martian>> {
     }
 }
 
+/// The `nf_conntrack: table full, dropping packet` lines, trimmed, in order.
+pub fn conntrack_full(text: &str) -> Vec<String> {
+    paste::lines(text)
+        .data()
+        .filter(|l| l.text.contains("nf_conntrack: table full"))
+        .map(|l| l.text.trim().to_string())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,5 +73,14 @@ mod tests {
         assert_eq!(m.dst.to_string(), "172.30.182.212");
         assert_eq!(m.src.to_string(), "172.21.51.75");
         assert_eq!(m.dev, "ens3");
+    }
+
+    #[test]
+    fn conntrack_table_full_lines() {
+        let text = "[Tue Nov 20 22:30:22 2018] nf_conntrack: table full, dropping packet\n[912228.409488] IPv4: martian source 172.30.182.212 from 172.21.51.75, on dev ens3\nFeb 23 16:44:36 jobs kernel: [38775494.393661] nf_conntrack: nf_conntrack: table full, dropping packet\n";
+        let full = conntrack_full(text);
+        assert_eq!(full.len(), 2);
+        assert!(full[0].starts_with("[Tue Nov 20"));
+        assert!(parse(text).value.len() == 1);
     }
 }

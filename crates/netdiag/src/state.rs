@@ -260,6 +260,8 @@ pub struct NodeState {
     pub hairpin: Option<Vec<crate::hairpin::HairpinPort>>,
     /// Martian-source lines of a pasted kernel log.
     pub martians: Option<Vec<crate::kernel_log::Martian>>,
+    /// The kernel log's `nf_conntrack: table full, dropping packet` lines, as pasted.
+    pub conntrack_full: Option<Vec<String>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
     /// `local` routes, `proto kernel` routes' `src`): see [`NodeState::local_addresses`].
     pub inferred_addrs: Vec<Address>,
@@ -502,6 +504,7 @@ impl NodeState {
             Output::KernelLog => {
                 let p = crate::kernel_log::parse(&text);
                 self.martians = Some(p.value);
+                self.conntrack_full = Some(crate::kernel_log::conntrack_full(&text));
                 p.skipped
             }
             Output::PodIpAddr => {

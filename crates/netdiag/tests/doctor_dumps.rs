@@ -483,3 +483,37 @@ fn rp_filter_refusals_from_ip_route_get_and_the_kernel_log() {
     )]);
     assert_eq!(doctor::rp_filter_refusals(&st).status, Status::Ok);
 }
+
+/// The VIPs on kube-ipvs0 of the captured ipvs node (kube-proxy with a cluster CIDR) are
+/// masqueraded when the node itself dials them (`! -s 10.244.0.0/16 … KUBE-CLUSTER-IP dst,dst
+/// -j KUBE-MARK-MASQ`): ipvs-vip-source passes; without the iptables dump it can only warn.
+#[test]
+fn ipvs_vip_source_on_the_captured_ipvs_node() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/ipvs-node");
+    let (st, _) = NodeState::from_dir(&dir).unwrap();
+    let c = show(doctor::ipvs_vip_source(&st));
+    assert_eq!(c.status, Status::Ok, "{:?}", c.evidence);
+    assert!(c.evidence[0].contains("masqueraded by"), "{:?}", c.evidence);
+
+    let mut st = st;
+    st.iptables = None;
+    st.nft = None;
+    let c = show(doctor::ipvs_vip_source(&st));
+    assert_eq!(c.status, Status::Warn);
+    assert!(c.evidence[0].contains("no iptables-save pasted"));
+}
+
+/// `nft list table` text (kubernetes#97283) is not read: forward-policy skips, naming the JSON
+/// form, instead of passing on nothing.
+#[test]
+fn forward_policy_skips_an_unreadable_nft_paste() {
+    let text = "[root@master ~]# nft list table ip filter\ntable ip filter {\n        chain FORWARD {\n                type filter hook forward priority filter; policy drop;\n        }\n}\n";
+    let st = NodeState::from_outputs([(Output::NftRuleset, text.to_string())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Skip);
+    assert!(
+        c.evidence[0].contains("nft -j list ruleset"),
+        "{:?}",
+        c.evidence
+    );
+}
