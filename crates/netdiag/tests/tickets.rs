@@ -62,8 +62,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "cilium-12098-eks-nodeport-reply-eni-rule",
-        Class::Wrong,
-        "one `ip rule` line and one grep-cut mangle line, no nat table, sysctls or routes: walked as the node's own address (the NodePort on the node IP, `dst_local` true), trace delivers it locally when rp_filter on eth0 is 0, where the thread's reply leaves by the wrong ENI: a one-line iptables paste is taken as the whole ruleset (no DNAT) instead of a nat table it cannot see",
+        Class::Unknown,
+        "one `ip rule` line and one grep-cut mangle line, no nat table, sysctls or routes: walked both ways, the forwarded side is unknown at reply routing and the side taken as the node's own address is unknown at delivery (no pasted route or address says it is the node's), each naming `ip route show table all`",
     ),
     (
         "cilium-19761-rp-filter-loose",
@@ -127,8 +127,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "k8s-55923-ipvs-nodeport-non-eth-nic",
-        Class::Wrong,
-        "only an `ipvsadm -ln` from before the NodePort existed, no iptables, sysctls or routes: walked as the node's own address (`dst_local` true), trace delivers the NodePort packet locally when rp_filter on ens3 is 0, where the thread shows no virtual server answering: local delivery with no virtual server or listener shown is taken as working, and missing iptables as accepting",
+        Class::Unknown,
+        "only an `ipvsadm -ln` from before the NodePort existed, no iptables, sysctls or routes: walked both ways, unknown on each (reply routing; delivery to an address nothing shows is the node's), naming `ip route show table all`",
     ),
     (
         "k8s-59976-ipvs-lb-ip-not-on-kube-ipvs0",
@@ -157,8 +157,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "k8s-81635-forward-reject-rule-order",
-        Class::Wrong,
-        "no iptables was pasted (the stored copy stops before it), and trace takes every policy as ACCEPT: `delivered if ip_forward is 1` where the thread shows a REJECT; the walk should say it cannot tell without iptables-save (a missing output taken as permissive, the cannot-tell work)",
+        Class::Unknown,
+        "no iptables was pasted (the stored copy stops before it): with ip_forward 1 the walk is unknown, `no firewall rules were pasted`, naming `iptables-save` (dropped only where ip_forward is 0); the REJECT is in what the stored copy cut",
     ),
     (
         "k8s-97283-rhel8-firewalld-nft",
@@ -172,8 +172,8 @@ const CASES: &[(&str, Class, &str)] = &[
     ),
     (
         "kube-router-1136-egress-policy-service-vip",
-        Class::Wrong,
-        "the policy (no Pods) and a grep cut of KUBE-ROUTER-INPUT with no INPUT jump to it, no sysctls or routes: walked as the node's own address (kube-router's IPVS VIP, judged in the INPUT-hooked chain, `dst_local` true), trace delivers it when rp_filter on kube-bridge is 0 and never reaches the chain, where the thread shows a reject: a grep cut is taken as the whole filter table; policy-dns skips for want of Pods",
+        Class::Unknown,
+        "the policy (no Pods) and a grep cut of KUBE-ROUTER-INPUT that no shown INPUT rule jumps to, no sysctls or routes: walked both ways, unknown on each (reply routing; delivery to an address nothing shows is the node's), naming `ip route show table all`; policy-dns skips for want of Pods",
     ),
     (
         "kube-router-637-hairpin-cni-conf",

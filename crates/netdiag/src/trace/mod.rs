@@ -411,7 +411,22 @@ fn walk_once(
     } else {
         w.request_and_reply(&mut p)
     };
+    // Without any firewall output the filter chains are not shown passing it: not delivered.
+    let no_rules = st.nft.is_none()
+        && if packet.is_v6() {
+            st.ip6tables.is_none()
+        } else {
+            st.iptables.is_none()
+        };
     let (verdict, cause, fixes) = match walked {
+        Ok(()) if no_rules => (
+            Verdict::Unknown,
+            Some(format!(
+                "no firewall rules were pasted: whether the filter chains pass it is not shown; settle it with `{}` or `nft list ruleset`",
+                if packet.is_v6() { "ip6tables-save" } else { "iptables-save" }
+            )),
+            Vec::new(),
+        ),
         Ok(()) => (Verdict::Delivered, None, Vec::new()),
         Err((cause, fixes)) if w.unknown_outcome => (Verdict::Unknown, Some(cause), fixes),
         Err((cause, fixes)) if w.rejected => (Verdict::Rejected, Some(cause), fixes),
