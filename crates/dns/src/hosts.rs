@@ -95,7 +95,10 @@ mod tests {
     fn names_addresses_and_reverse_names() {
         let hosts = Hosts::new(
             &[
-                ("10.1.2.3".parse().unwrap(), vec![n("db.corp."), n("pg.corp.")]),
+                (
+                    "10.1.2.3".parse().unwrap(),
+                    vec![n("db.corp."), n("pg.corp.")],
+                ),
                 ("fd00::3".parse().unwrap(), vec![n("db.corp.")]),
             ],
             60,

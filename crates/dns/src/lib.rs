@@ -32,6 +32,7 @@ pub mod wire;
 pub mod zone;
 
 pub use forward::{parse_resolv_conf, ForwardError, Forwarder, ForwarderConfig, Prefetch};
+pub use hickory_proto::rr::Name;
 pub use hosts::Hosts;
 pub use metrics::DnsMetrics;
 pub use rewrite::{NameMatch, Rewrite};
@@ -42,3 +43,18 @@ pub use zone::{pod_address, Answer, PodRecords, Zone, ZoneConfig, SCHEMA_VERSION
 
 #[cfg(test)]
 mod zone_tests;
+
+/// `text` as a fully qualified DNS name (`example.com` and `example.com.` alike), or why not.
+pub fn parse_name(text: &str) -> Result<Name, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty name".into());
+    }
+    Name::from_ascii(t)
+        .and_then(|n| {
+            let mut n = n;
+            n.set_fqdn(true);
+            Ok(n)
+        })
+        .map_err(|e| format!("{t:?} is not a DNS name: {e}"))
+}

@@ -36,9 +36,9 @@ use tokio::sync::{mpsc, Semaphore};
 use crate::cookie::{client_cookie, ClientCookie, CookieSecret};
 use crate::forward::{ForwardError, Forwarder};
 use crate::hosts::Hosts;
-use crate::rewrite::{self, Rewrite};
 use crate::metrics::{DnsMetrics, Tally, Transport};
 use crate::respond::{encode, formerr, parse_request, response, udp_limit, Request};
+use crate::rewrite::{self, Rewrite};
 use crate::search;
 use crate::tcp_slots::{Slot, Slots};
 use crate::udp;
@@ -327,13 +327,9 @@ impl Handler {
             }
             Answer::NotInZone if !self.hosts.is_empty() => {
                 match self.hosts.lookup(q.name(), q.query_type()) {
-                    Some(answers) => Step::Done(response(
-                        &req,
-                        ResponseCode::NoError,
-                        true,
-                        answers,
-                        vec![],
-                    )),
+                    Some(answers) => {
+                        Step::Done(response(&req, ResponseCode::NoError, true, answers, vec![]))
+                    }
                     None => self.outside(req),
                 }
             }
@@ -375,7 +371,10 @@ impl Handler {
                 negative
             }
             // `step` found no cached answer: straight to the upstreams.
-            Step::Forward(req) => match fwd(req.queries[0].name()).resolve_missed(&req.queries[0]).await {
+            Step::Forward(req) => match fwd(req.queries[0].name())
+                .resolve_missed(&req.queries[0])
+                .await
+            {
                 Ok(up) => response(&req, up.rcode, false, up.answers, up.authority),
                 // Beyond the in-flight cap: REFUSED at once, so the client tries another
                 // server instead of waiting (as CoreDNS's forward plugin's max_concurrent).
@@ -423,7 +422,8 @@ impl Handler {
                 }
             },
         };
-        if let Some((target, fwd)) = target.and_then(|t| Some((t.clone(), self.forwarder_for(&t)?))) {
+        if let Some((target, fwd)) = target.and_then(|t| Some((t.clone(), self.forwarder_for(&t)?)))
+        {
             if let Ok(up) = fwd.resolve(&Query::query(target, qtype)).await {
                 answers.extend(up.answers);
             }
