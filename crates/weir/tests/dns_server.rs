@@ -174,6 +174,34 @@ impl Env {
         self.children.push(child);
     }
 
+    /// `weir dns` with `--config` holding `yaml` (and no upstream flag), on `listen`.
+    fn spawn_weir_dns_config(&mut self, listen: &str, yaml: &str) {
+        let config = self.path(&format!("dns-{}.yaml", self.children.len()));
+        std::fs::write(&config, yaml).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("weir-dns.log"))
+            .unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.server_ns, WEIR, "dns", "--config"])
+            .arg(&config)
+            .arg("--manifests")
+            .arg(self.manifests())
+            .args(["--listen", listen, "--manifest-poll-interval", "100ms"])
+            .env("RUST_LOG", "info,weir_dns=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+        let server = listen.rsplit_once(':').unwrap().0.to_string();
+        let ns = self.server_ns.clone();
+        wait_until("weir dns answers", || {
+            dig_in(&ns, &server, &["dns-version.cluster.local", "TXT"]).status == "NOERROR"
+        });
+    }
+
     /// `curl` in the server's namespace: (HTTP status, body); status 0 when nothing answers.
     fn http_get(&self, url: &str) -> (u16, String) {
         let out = Command::new("ip")
@@ -490,6 +518,146 @@ fn pods_mode_is_checked() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A DnsConfiguration's stub domain, host entries and rewrites, asked by dig: the default
+/// upstream is dead, so only the stub domain's own upstream (NSD) can answer `example.test`.
+#[test]
+fn config_file_stub_domains_hosts_and_rewrites() {
+    if !runnable() {
+        return;
+    }
+    let mut env = Env::new("c");
+    env.start_upstream();
+    env.write_manifests();
+    let yaml = format!(
+        "apiVersion: weir.dev/v1alpha1\nkind: DnsConfiguration\nzone: cluster.local\n\
+         upstreams: [{DEAD_UPSTREAM_IP}]\n\
+         stubDomains:\n  example.test: [{UPSTREAM_IP}]\n\
+         hosts:\n  - {{ip: 10.9.8.7, names: [db.corp.internal, pg.corp.internal]}}\n\
+         \x20 - {{ip: 'fd00::7', names: [db.corp.internal]}}\n\
+         rewrites:\n  - {{exact: shop-web.corp.internal, to: web.shop.svc.cluster.local}}\n\
+         \x20 - {{exact: old-web.shop.svc.cluster.local, to: web.shop.svc.cluster.local}}\n\
+         \x20 - {{suffix: alias.test, to: example.test}}\n"
+    );
+    env.spawn_weir_dns_config(&format!("{SERVER_IP}:53"), &yaml);
+    let dig = |args: &[&str]| env.dig(args);
+
+    // The stub domain's upstream answers its zone.
+    let www = dig(&["www.example.test", "A"]);
+    assert_eq!(www.data(), ["192.0.2.80"], "{}\n{}", www.raw, env.log());
+    // Other outside names go to the default upstream, which is dead.
+    assert_eq!(dig(&["www.elsewhere.invalid", "A"]).status, "SERVFAIL");
+
+    // Host entries: A, AAAA, NODATA for other types, PTR; authoritative.
+    let a = dig(&["DB.corp.internal", "A"]);
+    assert_eq!(a.data(), ["10.9.8.7"], "{}", a.raw);
+    assert!(a.flags.contains(&"aa".to_string()), "{}", a.raw);
+    assert_eq!(a.answers[0].0, "DB.corp.internal.");
+    assert_eq!(dig(&["db.corp.internal", "AAAA"]).data(), ["fd00::7"]);
+    let mx = dig(&["pg.corp.internal", "MX"]);
+    assert_eq!((mx.status.as_str(), mx.answers.len()), ("NOERROR", 0));
+    assert_eq!(
+        dig(&["-x", "10.9.8.7"]).data(),
+        ["db.corp.internal.", "pg.corp.internal."]
+    );
+
+    // Rewrites: answered as the new name, shown under the name asked.
+    for name in ["shop-web.corp.internal", "old-web.shop.svc.cluster.local"] {
+        let r = dig(&[name, "A"]);
+        assert_eq!(r.data(), ["10.96.0.20"], "{name}: {}", r.raw);
+        assert_eq!(r.answers[0].0, format!("{name}."), "{}", r.raw);
+        assert!(
+            r.raw.contains(&format!(";{name}.\t")),
+            "question kept: {}",
+            r.raw
+        );
+    }
+    let alias = dig(&["www.alias.test", "A"]);
+    assert_eq!(alias.data(), ["192.0.2.80"], "{}", alias.raw);
+    assert_eq!(alias.answers[0].0, "www.alias.test.");
+    // The zone itself is unchanged, over TCP too.
+    assert_eq!(
+        dig(&["web.shop.svc.cluster.local", "A"]).data(),
+        ["10.96.0.20"]
+    );
+    assert_eq!(
+        dig(&["+tcp", "old-web.shop.svc.cluster.local", "A"]).data(),
+        ["10.96.0.20"]
+    );
+    assert_eq!(
+        dig(&["nope.shop.svc.cluster.local", "A"]).status,
+        "NXDOMAIN"
+    );
+}
+
+/// Without any upstream setting `weir dns` forwards to /etc/resolv.conf (as CoreDNS's
+/// `forward . /etc/resolv.conf`; `ip netns exec` mounts /etc/netns/<ns>/resolv.conf over
+/// it); `--upstream-resolv-conf none` and `upstreams: []` answer REFUSED instead.
+#[test]
+fn outside_names_go_to_resolv_conf_by_default_and_refused_when_told() {
+    if !runnable() {
+        return;
+    }
+    let mut env = Env::new("r");
+    env.start_upstream();
+    env.write_manifests();
+    let etc = PathBuf::from("/etc/netns").join(&env.server_ns);
+    std::fs::create_dir_all(&etc).unwrap();
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _etc = RemoveDir(etc.clone());
+    std::fs::write(
+        etc.join("resolv.conf"),
+        format!("nameserver {UPSTREAM_IP}\n"),
+    )
+    .unwrap();
+    env.sh(
+        &env.server_ns,
+        "ip addr add 127.0.0.2/8 dev lo && ip addr add 127.0.0.3/8 dev lo",
+    );
+
+    env.spawn_weir_dns_config("127.0.0.1:53", "{}\n");
+    let www = dig_in(&env.server_ns, "127.0.0.1", &["www.example.test", "A"]);
+    assert_eq!(www.data(), ["192.0.2.80"], "{}\n{}", www.raw, env.log());
+
+    env.spawn_weir_dns_config("127.0.0.2:53", "upstreams: []\n");
+    let refused = dig_in(&env.server_ns, "127.0.0.2", &["www.example.test", "A"]);
+    assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
+
+    let log = std::fs::File::create(env.path("none.log")).unwrap();
+    let child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &env.server_ns,
+            WEIR,
+            "dns",
+            "--upstream-resolv-conf",
+            "none",
+        ])
+        .arg("--manifests")
+        .arg(env.manifests())
+        .args(["--listen", "127.0.0.3:53"])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    env.children.push(child);
+    wait_until("the third server answers", || {
+        dig_in(
+            &env.server_ns,
+            "127.0.0.3",
+            &["web.shop.svc.cluster.local", "A"],
+        )
+        .status
+            == "NOERROR"
+    });
+    let refused = dig_in(&env.server_ns, "127.0.0.3", &["www.example.test", "A"]);
+    assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
 }
 
 /// The value of the sample `series` in an OpenMetrics text (0 when the series is absent).
