@@ -548,6 +548,8 @@ pub fn serve_udp(
                 _ => return e,
             },
         };
+        // A request's duration is counted from its batch's arrival.
+        let arrived = std::time::Instant::now();
         let now = handler.zone.generation();
         if now != generation {
             generation = now;
@@ -560,14 +562,17 @@ pub fn serve_udp(
             let out = outbox.slot();
             if handler.fast && wire.answer(bytes, true, nxdomain, out) {
                 tally.response(out);
+                tally.request(bytes, arrived.elapsed());
                 outbox.commit(peer);
                 continue;
             }
+            let slot = crate::metrics::query_type_slot(bytes);
             let mut req = match parse_request(bytes) {
                 Request::Query(m) => m,
                 Request::Reply(r) => {
                     *out = r;
                     tally.response(out);
+                    tally.request(bytes, arrived.elapsed());
                     outbox.commit(peer);
                     continue;
                 }
@@ -581,6 +586,7 @@ pub fn serve_udp(
                 Err(formerr) => {
                     *out = formerr;
                     tally.response(out);
+                    tally.request(bytes, arrived.elapsed());
                     outbox.commit(peer);
                     continue;
                 }
@@ -597,6 +603,7 @@ pub fn serve_udp(
                     handler.add_cookie(&mut m, &cookie, from);
                     *out = encode(&m, limit);
                     tally.response(out);
+                    tally.request(bytes, arrived.elapsed());
                     outbox.commit(peer);
                 }
                 other => {
@@ -607,6 +614,9 @@ pub fn serve_udp(
                         handler.add_cookie(&mut m, &cookie, from);
                         let reply = encode(&m, limit);
                         handler.metrics.response(Transport::Udp, &reply);
+                        handler
+                            .metrics
+                            .request_in(Transport::Udp, slot, arrived.elapsed());
                         udp::send_one(&sock, &reply, &peer);
                     });
                 }
@@ -713,9 +723,12 @@ async fn connection(
         let (handler, tx) = (handler.clone(), tx.clone());
         tokio::spawn(async move {
             let _permit = permit;
+            let arrived = std::time::Instant::now();
             match handler.handle(&msg, false, Some(from)).await {
                 Some(reply) => {
                     handler.metrics.response(Transport::Tcp, &reply);
+                    let took = arrived.elapsed();
+                    handler.metrics.request(Transport::Tcp, &msg, took);
                     let _ = tx.send(reply).await;
                 }
                 None => handler.metrics.dropped(Transport::Tcp),

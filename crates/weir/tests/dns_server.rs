@@ -662,9 +662,7 @@ fn outside_names_go_to_resolv_conf_by_default_and_refused_when_told() {
 
 /// The value of the sample `series` in an OpenMetrics text (0 when the series is absent).
 fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    weir_dns::metrics::sample(text, series).unwrap_or(0.0)
 }
 
 /// `weir dns --healthz-bind-address --metrics-bind-address`, driven by `curl` and `dig`:
@@ -679,6 +677,7 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
     }
     let mut env = Env::new("h");
     env.start_upstream();
+    const AT: &str = concat!("server=\"dns://", "10.53.0.1", ":53\",zone=\".\"");
     let healthz = format!("http://{SERVER_IP}:8080/healthz");
     let livez = format!("http://{SERVER_IP}:8080/livez");
     let metrics = format!("http://{SERVER_IP}:9153/metrics");
@@ -748,16 +747,39 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
     let delta = |series: &str| sample(&after, series) - sample(&before, series);
     let responses = |t: &str, rc: &str| {
         delta(&format!(
-            "weir_dns_responses_total{{transport=\"{t}\",rcode=\"{rc}\"}}"
+            "coredns_dns_responses_total{{{AT},proto=\"{t}\",rcode=\"{rc}\"}}"
         ))
     };
     assert_eq!(responses("udp", "NOERROR"), 4.0, "{after}");
     assert_eq!(responses("udp", "NXDOMAIN"), 1.0, "{after}");
     assert_eq!(responses("tcp", "NOERROR"), 1.0, "{after}");
     assert_eq!(responses("tcp", "NXDOMAIN"), 1.0, "{after}");
-    assert_eq!(delta("weir_dns_cache_misses_total"), 1.0, "{after}");
-    assert_eq!(delta("weir_dns_cache_hits_total"), 1.0, "{after}");
-    assert!(sample(&after, "weir_dns_cache_entries") >= 1.0, "{after}");
+    let server = format!("{{server=\"dns://{SERVER_IP}:53\"}}");
+    assert_eq!(
+        delta(&format!("coredns_cache_misses_total{server}")),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        delta(&format!("coredns_cache_hits_total{server}")),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        sample(&after, &format!("coredns_cache_entries{server}")) >= 1.0,
+        "{after}"
+    );
+    // Every query above is in the request-duration histogram, by type (CoreDNS's names).
+    let requests = |ty: &str| {
+        delta(&format!(
+            "coredns_dns_request_duration_seconds_count{{{AT},type=\"{ty}\"}}"
+        ))
+    };
+    assert_eq!(requests("A"), 7.0, "{after}");
+    let inf = format!("coredns_dns_request_duration_seconds_bucket{{{AT},type=\"A\",le=\"+Inf\"}}");
+    assert_eq!(delta(&inf), 7.0, "{after}");
+    let udp_a = format!("coredns_dns_requests_total{{{AT},proto=\"udp\",family=\"1\",type=\"A\"}}");
+    assert_eq!(delta(&udp_a), 5.0, "{after}");
     let dead = format!("{{upstream=\"{DEAD_UPSTREAM_IP}:53\"}}");
     let live = format!("{{upstream=\"{UPSTREAM_IP}:53\"}}");
     assert_eq!(
@@ -785,7 +807,10 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
         "{after}"
     );
     assert_eq!(
-        sample(&after, "weir_dns_overload_refused_total"),
+        sample(
+            &after,
+            &format!("coredns_forward_max_concurrent_rejects_total{server}")
+        ),
         0.0,
         "{after}"
     );

@@ -429,7 +429,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let s = settings(&args)?;
-    let metrics = Arc::new(DnsMetrics::new());
+    let metrics = Arc::new(DnsMetrics::for_listen(s.listen));
     let (forwarder, stubs) = forwarders(&s, &metrics)?;
     let mut config = ZoneConfig::new(&s.zone).map_err(anyhow::Error::msg)?;
     config.ttl = s.ttl;
