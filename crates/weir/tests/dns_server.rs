@@ -905,7 +905,8 @@ fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
             !ct.split_whitespace().any(|f| f == "dport=53"),
             "round {round}: DNS tracked\n{ct}"
         );
-        // Stop it; the next round starts over the address and table it left.
+        // Stop it (SIGKILL, as a crash: no cleanup runs); the next round starts over the
+        // address and table it left.
         let mut child = env.children.pop().unwrap();
         let _ = child.kill();
         let _ = child.wait();
@@ -922,4 +923,62 @@ fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `--node-local` removes what it set up when stopped (SIGTERM): the address on `lo` and the
+/// NOTRACK table; with `--keep-node-local` both stay, and `weir dns cleanup` removes them
+/// (a second cleanup finds nothing and succeeds).
+#[test]
+fn node_local_cleans_up_at_exit_unless_kept() {
+    if !runnable() {
+        return;
+    }
+    const LOCAL: &str = "169.254.20.10";
+    let mut env = Env::new("k");
+    env.write_manifests();
+    let ns = env.server_ns.clone();
+    let state = |env: &Env| {
+        let lo = env.sh(&ns, "ip -o addr show dev lo");
+        let tables = env.sh(&ns, "nft list tables");
+        (
+            String::from_utf8_lossy(&lo.stdout).contains(&format!(" {LOCAL}/32 ")),
+            String::from_utf8_lossy(&tables.stdout).contains("ip weir-nodelocal-dns"),
+        )
+    };
+    let stop = |env: &mut Env| {
+        let mut child = env.children.pop().unwrap();
+        run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
+        child.wait().unwrap()
+    };
+    for keep in [false, true] {
+        let mut args = vec!["--node-local"];
+        if keep {
+            args.push("--keep-node-local");
+        }
+        env.spawn_weir_dns_on(&format!("{LOCAL}:53"), &args);
+        wait_until("the node-local cache answers", || {
+            dig_in(&ns, LOCAL, &["web.shop.svc.cluster.local", "A"]).data() == ["10.96.0.20"]
+        });
+        assert_eq!(state(&env), (true, true), "keep={keep}");
+        let status = stop(&mut env);
+        if keep {
+            assert_eq!(state(&env), (true, true), "kept\n{}", env.log());
+        } else {
+            assert!(status.success(), "{status:?}\n{}", env.log());
+            assert_eq!(state(&env), (false, false), "cleaned up\n{}", env.log());
+        }
+    }
+    for _ in 0..2 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, WEIR, "dns", "cleanup", "--listen"])
+            .arg(format!("{LOCAL}:53"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(state(&env), (false, false));
+    }
 }
