@@ -50,11 +50,7 @@ pub fn parse_name(text: &str) -> Result<Name, String> {
     if t.is_empty() {
         return Err("empty name".into());
     }
-    Name::from_ascii(t)
-        .and_then(|n| {
-            let mut n = n;
-            n.set_fqdn(true);
-            Ok(n)
-        })
-        .map_err(|e| format!("{t:?} is not a DNS name: {e}"))
+    let mut name = Name::from_ascii(t).map_err(|e| format!("{t:?} is not a DNS name: {e}"))?;
+    name.set_fqdn(true);
+    Ok(name)
 }

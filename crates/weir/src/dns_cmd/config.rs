@@ -254,6 +254,14 @@ fn merge(args: &DnsArgs, f: &DnsConfiguration) -> anyhow::Result<Settings> {
         (None, Some(s)) => socket_addr(field, s).map(Some),
         (None, None) => Ok(None),
     };
+    let node_local = args.node_local || f.node_local.unwrap_or(false);
+    if node_local && !matches!(listen.ip(), IpAddr::V4(ip) if !ip.is_unspecified()) {
+        return Err(bad(
+            "listen",
+            format!("{listen}: nodeLocal (--node-local) needs the cache's own address"),
+            "an IPv4 address such as 169.254.20.10:53",
+        ));
+    }
     Ok(Settings {
         listen,
         ttl: args.ttl.or(f.ttl).unwrap_or(5),
@@ -276,7 +284,7 @@ fn merge(args: &DnsArgs, f: &DnsConfiguration) -> anyhow::Result<Settings> {
             &f.metrics_bind_address,
             "metricsBindAddress",
         )?,
-        node_local: args.node_local || f.node_local.unwrap_or(false),
+        node_local,
         keep_node_local: args.keep_node_local || f.keep_node_local.unwrap_or(false),
         zone,
     })
@@ -571,9 +579,12 @@ mod tests {
         assert_eq!(s.cache.serve_stale, Some(Duration::from_secs(7200)));
         // A switch given as a flag turns the field on; the field alone does too.
         assert!(
-            with_flags(&["--node-local"], "nodeLocal: false")
-                .unwrap()
-                .node_local
+            with_flags(
+                &["--node-local"],
+                "{nodeLocal: false, listen: 169.254.20.10:53}"
+            )
+            .unwrap()
+            .node_local
         );
         assert!(parse("keepNodeLocal: true").keep_node_local);
     }
@@ -603,6 +614,8 @@ mod tests {
             ("cache: {denialTTL: 0s}", "cache.denialTTL: 0ns (accepted: 1s or more)"),
             ("cache: {size: 0}", "cache.size: 0 (accepted: 1 or more entries)"),
             ("threads: 0", "threads: 0 (accepted: 1 or more)"),
+            ("nodeLocal: true", "listen: 0.0.0.0:53: nodeLocal (--node-local) needs the cache's own address"),
+            ("{nodeLocal: true, listen: '[fd00::10]:53'}", "accepted: an IPv4 address"),
         ] {
             let e = err(yaml);
             assert!(e.contains(want), "{yaml}: {e}");

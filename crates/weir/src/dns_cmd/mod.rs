@@ -483,7 +483,7 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
         .with_rewrites(s.rewrites.clone())
         .with_autopath(s.autopath)
         .with_metrics(metrics);
-    weir_dns::serve_blocking(
+    let served = weir_dns::serve_blocking(
         s.listen,
         handler,
         ServerConfig {
@@ -493,7 +493,14 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
         s.threads,
         || ready.store(true, Ordering::Release),
     )
-    .with_context(|| format!("serve on {}", s.listen))?;
+    .with_context(|| format!("serve on {}", s.listen));
+    // Exiting on an error is an exit too: the node-local setup goes with it.
+    if served.is_err() && s.node_local && !s.keep_node_local {
+        if let Err(e) = node_local_cleanup(s.listen) {
+            tracing::error!("{e:#}");
+        }
+    }
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
