@@ -372,13 +372,15 @@ for i in 0 1; do
   kubectl patch node "$node" -p "{\"spec\":{\"podCIDR\":\"${POD_CIDRS[$i]}\",\"podCIDRs\":[\"${POD_CIDRS[$i]}\"]}}" >/dev/null
 done
 
-# weir dns with the settings deploy/dns's ConfigMap gives the cluster DNS (zone, TTL, pod
-# records; names outside the zone to the node's resolv.conf, as there)
+# weir dns with the settings deploy/dns's ConfigMap gives the cluster DNS (its DnsConfiguration:
+# zone, TTL, pod records, cache; names outside the zone to the node's resolv.conf, as there);
+# the flags given beside it (listen, health) win
 dns_settings() {
-  python3 - "$ROOT/deploy/dns/config.yaml" <<'PY'
+  python3 - "$ROOT/deploy/dns/config.yaml" "$R/dns.yaml" <<'PY'
 import sys, yaml
-d = yaml.safe_load(open(sys.argv[1]))["data"]
-print(f"--zone={d['zone']} --ttl={d['ttl']} --pods={d['pods']} --upstream-resolv-conf={d['upstream']}")
+with open(sys.argv[2], "w") as f:
+    f.write(yaml.safe_load(open(sys.argv[1]))["data"]["dns.yaml"])
+print(f"--config={sys.argv[2]}")
 PY
 }
 # kube-network-policies reads its API server the in-cluster way only (rest.InClusterConfig:

@@ -4,6 +4,14 @@
 
 use std::net::Ipv4Addr;
 
+/// The table's name (family `ip`).
+pub const TABLE: &str = "weir-nodelocal-dns";
+
+/// An nft script removing the table whether or not it exists (`add` first makes the
+/// `delete` valid; one transaction). The setup prefixes it to the table, replacing it whole.
+pub const REMOVE_TABLE: &str =
+    "add table ip weir-nodelocal-dns\ndelete table ip weir-nodelocal-dns\n";
+
 /// The nft table exempting the node-local cache's traffic from conntrack: in the raw-priority
 /// hooks, before conntrack sees a packet, so a lookup makes no conntrack entry (and cannot
 /// race on inserting one). Its own table: the proxies' tables are not touched.

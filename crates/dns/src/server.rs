@@ -35,8 +35,10 @@ use tokio::sync::{mpsc, Semaphore};
 
 use crate::cookie::{client_cookie, ClientCookie, CookieSecret};
 use crate::forward::{ForwardError, Forwarder};
+use crate::hosts::Hosts;
 use crate::metrics::{DnsMetrics, Tally, Transport};
 use crate::respond::{encode, formerr, parse_request, response, udp_limit, Request};
+use crate::rewrite::{self, Rewrite};
 use crate::search;
 use crate::tcp_slots::{Slot, Slots};
 use crate::udp;
@@ -163,6 +165,13 @@ impl Default for ServerConfig {
 pub struct Handler {
     zone: ZoneHandle,
     forwarder: Option<Arc<Forwarder>>,
+    /// Stub domains, most specific first: names at or under the zone go to its forwarder.
+    stubs: Arc<[(Name, Arc<Forwarder>)]>,
+    hosts: Arc<Hosts>,
+    rewrites: Arc<[Rewrite]>,
+    /// Whether the zone's precomputed answers may be served before anything else (not when
+    /// a rewrite takes names in the zone).
+    fast: bool,
     autopath: bool,
     metrics: Arc<DnsMetrics>,
     cookies: CookieSecret,
@@ -190,6 +199,10 @@ impl Handler {
         Handler {
             zone,
             forwarder,
+            stubs: Arc::new([]),
+            hosts: Arc::default(),
+            rewrites: Arc::new([]),
+            fast: true,
             autopath: false,
             metrics,
             cookies: CookieSecret::random(),
@@ -236,15 +249,65 @@ impl Handler {
         self
     }
 
+    /// Stub domains (CoreDNS: a server block per zone with its own `forward`): names at or
+    /// under a stub zone go to that zone's upstreams (the most specific zone wins), every
+    /// other name outside the cluster zone to the default ones.
+    pub fn with_stub_domains(mut self, mut stubs: Vec<(Name, Arc<Forwarder>)>) -> Self {
+        stubs.sort_by_key(|(zone, _)| std::cmp::Reverse(zone.num_labels()));
+        self.stubs = stubs.into();
+        self
+    }
+
+    /// Static host entries, answered before forwarding (names outside the cluster zone).
+    pub fn with_hosts(mut self, hosts: Hosts) -> Self {
+        self.hosts = Arc::new(hosts);
+        self
+    }
+
+    /// Name rewrites applied to every question before it is answered. A rule that can take
+    /// names in the cluster zone turns the precomputed answers off (they would answer the
+    /// name before it is rewritten).
+    pub fn with_rewrites(mut self, rules: Vec<Rewrite>) -> Self {
+        let origin = self.zone.load().origin().clone();
+        self.fast = !rules.iter().any(|r| r.touches(&origin));
+        self.rewrites = rules.into();
+        self
+    }
+
+    /// The forwarder for `name`: its stub domain's, else the default one.
+    fn forwarder_for(&self, name: &Name) -> Option<&Arc<Forwarder>> {
+        self.stubs
+            .iter()
+            .find(|(zone, _)| zone.zone_of(name))
+            .map(|(_, f)| f)
+            .or(self.forwarder.as_ref())
+    }
+
+    /// Rewrites the question of `req` when a rule applies; returns the (original, new) names
+    /// to [`Handler::restore`] the reply with.
+    fn rewrite(&self, req: &mut Message) -> Option<(Name, Name)> {
+        let q = req.queries.first_mut()?;
+        let to = rewrite::rewrite(&self.rewrites, q.name())?;
+        let original = q.name().clone();
+        q.set_name(to.clone());
+        Some((original, to))
+    }
+
+    fn restore(msg: &mut Message, names: &Option<(Name, Name)>) {
+        if let Some((original, to)) = names {
+            rewrite::restore(msg, original, to);
+        }
+    }
+
     /// Decides without I/O: a zone answer, or which query to forward.
     fn step(&self, req: Message) -> Step {
         let q = &req.queries[0];
         let zone = self.zone.load();
         let answer = zone.lookup(q.name(), q.query_type());
-        if let (Some(target), Some(_)) =
-            (answer.cname_outside(&zone, q.query_type()), &self.forwarder)
-        {
-            return Step::Chase(req, answer, target);
+        if let Some(target) = answer.cname_outside(&zone, q.query_type()) {
+            if self.forwarder_for(&target).is_some() {
+                return Step::Chase(req, answer, target);
+            }
         }
         match answer {
             Answer::Authoritative {
@@ -262,22 +325,34 @@ impl Handler {
                 }
                 Step::Done(negative)
             }
-            // A cached answer is sent from the receiving thread; only misses become tasks.
-            Answer::NotInZone => match self.forwarder.as_ref().map(|f| f.cached(q)) {
-                Some(Some(up)) => {
-                    Step::Done(response(&req, up.rcode, false, up.answers, up.authority))
+            Answer::NotInZone if !self.hosts.is_empty() => {
+                match self.hosts.lookup(q.name(), q.query_type()) {
+                    Some(answers) => {
+                        Step::Done(response(&req, ResponseCode::NoError, true, answers, vec![]))
+                    }
+                    None => self.outside(req),
                 }
-                Some(None) => Step::Forward(req),
-                None => Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![])),
-            },
+            }
+            Answer::NotInZone => self.outside(req),
+        }
+    }
+
+    /// A name outside the zone and the host entries: the cache's answer, or forward it.
+    fn outside(&self, req: Message) -> Step {
+        let q = &req.queries[0];
+        // A cached answer is sent from the receiving thread; only misses become tasks.
+        match self.forwarder_for(q.name()).map(|f| f.cached(q)) {
+            Some(Some(up)) => Step::Done(response(&req, up.rcode, false, up.answers, up.authority)),
+            Some(None) => Step::Forward(req),
+            None => Step::Done(response(&req, ResponseCode::Refused, false, vec![], vec![])),
         }
     }
 
     async fn forward(&self, step: Step) -> Message {
-        let fwd = || {
-            self.forwarder
-                .as_ref()
+        let fwd = |name: &Name| {
+            self.forwarder_for(name)
                 .expect("only forwarded with a forwarder")
+                .clone()
         };
         match step {
             Step::Done(m) => m,
@@ -296,7 +371,10 @@ impl Handler {
                 negative
             }
             // `step` found no cached answer: straight to the upstreams.
-            Step::Forward(req) => match fwd().resolve_missed(&req.queries[0]).await {
+            Step::Forward(req) => match fwd(req.queries[0].name())
+                .resolve_missed(&req.queries[0])
+                .await
+            {
                 Ok(up) => response(&req, up.rcode, false, up.answers, up.authority),
                 // Beyond the in-flight cap: REFUSED at once, so the client tries another
                 // server instead of waiting (as CoreDNS's forward plugin's max_concurrent).
@@ -313,8 +391,9 @@ impl Handler {
                     unreachable!("only authoritative answers carry a CNAME")
                 };
                 let mut q = req.queries[0].clone();
+                let forwarder = fwd(&target);
                 q.set_name(target);
-                match fwd().resolve(&q).await {
+                match forwarder.resolve(&q).await {
                     Ok(up) => {
                         answers.extend(up.answers);
                         response(&req, up.rcode, false, answers, up.authority)
@@ -334,13 +413,17 @@ impl Handler {
         let target = answer.cname_outside(&zone, qtype);
         let (rcode, mut answers) = match answer {
             Answer::Authoritative { rcode, answers, .. } => (rcode, answers),
-            Answer::NotInZone => {
-                let q = Query::query(name.clone(), qtype);
-                let up = self.forwarder.as_ref()?.resolve(&q).await.ok()?;
-                (up.rcode, up.answers)
-            }
+            Answer::NotInZone => match self.hosts.lookup(name, qtype) {
+                Some(answers) => (ResponseCode::NoError, answers),
+                None => {
+                    let q = Query::query(name.clone(), qtype);
+                    let up = self.forwarder_for(name)?.resolve(&q).await.ok()?;
+                    (up.rcode, up.answers)
+                }
+            },
         };
-        if let (Some(target), Some(fwd)) = (target, &self.forwarder) {
+        if let Some((target, fwd)) = target.and_then(|t| Some((t.clone(), self.forwarder_for(&t)?)))
+        {
             if let Ok(up) = fwd.resolve(&Query::query(target, qtype)).await {
                 answers.extend(up.answers);
             }
@@ -355,10 +438,11 @@ impl Handler {
     /// Without the peer's address, a query with a cookie gets no server cookie back.
     pub async fn handle(&self, bytes: &[u8], udp: bool, peer: Option<IpAddr>) -> Option<Vec<u8>> {
         let mut out = Vec::new();
-        if self
-            .zone
-            .load_wire()
-            .answer(bytes, udp, !self.autopath, &mut out)
+        if self.fast
+            && self
+                .zone
+                .load_wire()
+                .answer(bytes, udp, !self.autopath, &mut out)
         {
             return Some(out);
         }
@@ -372,11 +456,12 @@ impl Handler {
         udp: bool,
         peer: Option<IpAddr>,
     ) -> Option<Vec<u8>> {
-        let req = match parse_request(bytes) {
+        let mut req = match parse_request(bytes) {
             Request::Query(m) => m,
             Request::Reply(r) => return Some(r),
             Request::Drop => return None,
         };
+        let rewritten = self.rewrite(&mut req);
         let cookie = match self.cookie_of(&req) {
             Ok(c) => c,
             Err(formerr) => return Some(formerr),
@@ -386,6 +471,7 @@ impl Handler {
             Step::Done(m) => m,
             other => self.forward(other).await,
         };
+        Self::restore(&mut msg, &rewritten);
         self.add_cookie(&mut msg, &cookie, peer);
         Some(encode(&msg, limit))
     }
@@ -462,6 +548,8 @@ pub fn serve_udp(
                 _ => return e,
             },
         };
+        // A request's duration is counted from its batch's arrival.
+        let arrived = std::time::Instant::now();
         let now = handler.zone.generation();
         if now != generation {
             generation = now;
@@ -472,16 +560,19 @@ pub fn serve_udp(
                 continue;
             };
             let out = outbox.slot();
-            if wire.answer(bytes, true, nxdomain, out) {
+            if handler.fast && wire.answer(bytes, true, nxdomain, out) {
                 tally.response(out);
+                tally.request(bytes, arrived.elapsed());
                 outbox.commit(peer);
                 continue;
             }
-            let req = match parse_request(bytes) {
+            let slot = crate::metrics::query_type_slot(bytes);
+            let mut req = match parse_request(bytes) {
                 Request::Query(m) => m,
                 Request::Reply(r) => {
                     *out = r;
                     tally.response(out);
+                    tally.request(bytes, arrived.elapsed());
                     outbox.commit(peer);
                     continue;
                 }
@@ -495,6 +586,7 @@ pub fn serve_udp(
                 Err(formerr) => {
                     *out = formerr;
                     tally.response(out);
+                    tally.request(bytes, arrived.elapsed());
                     outbox.commit(peer);
                     continue;
                 }
@@ -504,20 +596,27 @@ pub fn serve_udp(
                 .then(|| peer.socket_addr().map(|a| a.ip()))
                 .flatten();
             let limit = udp_limit(&req);
+            let rewritten = handler.rewrite(&mut req);
             match handler.step(req) {
                 Step::Done(mut m) => {
+                    Handler::restore(&mut m, &rewritten);
                     handler.add_cookie(&mut m, &cookie, from);
                     *out = encode(&m, limit);
                     tally.response(out);
+                    tally.request(bytes, arrived.elapsed());
                     outbox.commit(peer);
                 }
                 other => {
                     let (sock, handler) = (sock.clone(), handler.clone());
                     rt.spawn(async move {
                         let mut m = handler.forward(other).await;
+                        Handler::restore(&mut m, &rewritten);
                         handler.add_cookie(&mut m, &cookie, from);
                         let reply = encode(&m, limit);
                         handler.metrics.response(Transport::Udp, &reply);
+                        handler
+                            .metrics
+                            .request_in(Transport::Udp, slot, arrived.elapsed());
                         udp::send_one(&sock, &reply, &peer);
                     });
                 }
@@ -624,9 +723,12 @@ async fn connection(
         let (handler, tx) = (handler.clone(), tx.clone());
         tokio::spawn(async move {
             let _permit = permit;
+            let arrived = std::time::Instant::now();
             match handler.handle(&msg, false, Some(from)).await {
                 Some(reply) => {
                     handler.metrics.response(Transport::Tcp, &reply);
+                    let took = arrived.elapsed();
+                    handler.metrics.request(Transport::Tcp, &msg, took);
                     let _ = tx.send(reply).await;
                 }
                 None => handler.metrics.dropped(Transport::Tcp),

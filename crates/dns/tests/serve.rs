@@ -289,10 +289,7 @@ async fn autopath_answers_the_first_search_expansion() {
 }
 
 /// The value of the sample `series` in an OpenMetrics text.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
+use weir_dns::metrics::sample;
 
 /// Beyond the cap on upstream queries in flight, a forwarded query is REFUSED at once (the
 /// client moves to its next server instead of waiting), and the metrics count it: the
@@ -346,12 +343,15 @@ async fn queries_beyond_the_upstream_cap_are_refused_and_counted() {
     );
     let text = metrics.encode();
     for (series, want) in [
-        ("weir_dns_overload_refused_total", 1.0),
-        ("weir_dns_upstream_in_flight", 1.0),
-        ("weir_dns_cache_misses_total", 2.0),
-        ("weir_dns_cache_hits_total", 0.0),
         (
-            "weir_dns_responses_total{transport=\"udp\",rcode=\"REFUSED\"}",
+            "coredns_forward_max_concurrent_rejects_total{server=\"dns://:53\"}",
+            1.0,
+        ),
+        ("weir_dns_upstream_in_flight", 1.0),
+        ("coredns_cache_misses_total{server=\"dns://:53\"}", 2.0),
+        ("coredns_cache_hits_total{server=\"dns://:53\"}", 0.0),
+        (
+            "coredns_dns_responses_total{server=\"dns://:53\",zone=\".\",proto=\"udp\",rcode=\"REFUSED\"}",
             1.0,
         ),
     ] {
@@ -373,7 +373,7 @@ async fn queries_beyond_the_upstream_cap_are_refused_and_counted() {
         (upstream.as_str(), 1.0),
         ("weir_dns_upstream_in_flight", 0.0),
         (
-            "weir_dns_responses_total{transport=\"udp\",rcode=\"SERVFAIL\"}",
+            "coredns_dns_responses_total{server=\"dns://:53\",zone=\".\",proto=\"udp\",rcode=\"SERVFAIL\"}",
             1.0,
         ),
     ] {

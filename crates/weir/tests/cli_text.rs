@@ -152,6 +152,10 @@ fn dns_polling(dir: &std::path::Path, log: &std::path::Path) -> std::process::Ch
             "127.0.0.1:0",
             "--manifest-poll-interval",
             "20ms",
+            // Outside names are not this test's business (the default forwards them to
+            // /etc/resolv.conf).
+            "--upstream-resolv-conf",
+            "none",
         ])
         .arg("--manifests")
         .arg(dir)

@@ -560,9 +560,23 @@ fn dns_kustomizations_list_their_manifests_and_name_deploys_image() {
     }
 }
 
+/// The DnsConfiguration a DNS container's args name with `--config=` (a path under the
+/// test's root, where [`args_in_pod`] put the ConfigMap's keys).
+fn dns_config_of(args: &[String]) -> Value {
+    let path = flag(args, "config");
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}")))
+        .unwrap()
+}
+
+/// The DnsConfiguration of a DNS ConfigMap, as written in it.
+fn dns_config_map(name: &str) -> Value {
+    let text = object("ConfigMap", name)["data"]["dns.yaml"].clone();
+    serde_saphyr::from_str(text.as_str().expect("dns.yaml")).unwrap()
+}
+
 /// Both DNS workloads' args, as kubelet expands them from the ConfigMaps, are `weir dns`
-/// flags with valid values (clap parses every one before it acts on --help), and each
-/// choice of upstream the ConfigMap offers is one weir dns can read.
+/// flags naming a DnsConfiguration that `weir dns --validate` accepts whole (every field,
+/// the upstream files), and the probes and the scrape annotation use the ports it binds.
 #[test]
 fn the_dns_containers_args_are_weir_dns_flags() {
     let root = tempfile::tempdir().unwrap();
@@ -576,22 +590,19 @@ fn the_dns_containers_args_are_weir_dns_flags() {
         assert_eq!(args[0], "dns", "{args:?}");
         let out = Command::new(common::WEIR)
             .args(&args)
-            .arg("--help")
+            .arg("--validate")
             .output()
             .unwrap();
         assert!(out.status.success(), "{args:?}: {}", text(&out));
-        // The upstream file is there in the pod and names servers weir dns accepts.
-        let upstream = flag(&args, "upstream-resolv-conf");
-        if upstream == "/etc/resolv.conf" {
+        let config = dns_config_of(&args);
+        assert_eq!(config["kind"], "DnsConfiguration", "{name}");
+        // The node's resolv.conf is the node's resolvers only with dnsPolicy Default.
+        if strings(&config["upstreams"]).contains(&"/etc/resolv.conf".to_string()) {
             assert_eq!(spec["dnsPolicy"], "Default", "{name}: the node's resolvers");
-        } else {
-            let text = std::fs::read_to_string(upstream)
-                .unwrap_or_else(|e| panic!("{name}: {upstream}: {e}"));
-            weir_dns::parse_resolv_conf(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
         }
-        // Probes and the scrape annotation on the ports the flags bind.
-        let health = port_of(flag(&args, "healthz-bind-address"));
-        let metrics = port_of(flag(&args, "metrics-bind-address"));
+        // Probes and the scrape annotation on the ports the configuration binds.
+        let health = port_of(config["healthzBindAddress"].as_str().unwrap());
+        let metrics = port_of(config["metricsBindAddress"].as_str().unwrap());
         assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/healthz");
         for probe in ["livenessProbe", "readinessProbe"] {
@@ -601,22 +612,12 @@ fn the_dns_containers_args_are_weir_dns_flags() {
         assert_eq!(annotations["prometheus.io/port"], metrics.to_string());
         assert_eq!(annotations["prometheus.io/scrape"], "true");
     }
-    // The cluster DNS's other upstream choice, the ConfigMap's own list, works too.
-    let (spec, c) = dns_pod("Deployment", "weir-dns");
-    let mount = c["volumeMounts"][0]["mountPath"].as_str().unwrap();
-    let mounts = mounted_config_in(&spec, &c, &root.path().join("alt"));
-    let own = format!("{mount}/upstream.conf");
-    let local = own.replace(mount, mounts[0].1.to_str().unwrap());
-    weir_dns::parse_resolv_conf(&std::fs::read_to_string(local).unwrap()).unwrap();
-    let config = object("ConfigMap", "weir-dns");
-    assert!(
-        config["data"]["upstream"] == "/etc/resolv.conf"
-            && config["data"]["upstream.conf"].as_str().is_some(),
-        "{config:?}"
-    );
     // A value weir dns does not take fails the same check (so the loop above can fail).
+    let bad = root.path().join("bad.yaml");
+    std::fs::write(&bad, "pods: secure\n").unwrap();
     let out = Command::new(common::WEIR)
-        .args(["dns", "--pods=secure", "--help"])
+        .args(["dns", "--validate", "--config"])
+        .arg(&bad)
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -683,11 +684,7 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
         })
         .collect();
     assert!(container_ports.contains(&(53, "UDP")) && container_ports.contains(&(53, "TCP")));
-    let args = strings(&c["args"]);
-    assert!(
-        args.contains(&"--listen=0.0.0.0:53".to_string()),
-        "{args:?}"
-    );
+    assert_eq!(dns_config_map("weir-dns")["listen"], "0.0.0.0:53");
     // Not root, no capability; port 53 through the namespaced unprivileged-port sysctl.
     assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
     assert_eq!(
@@ -715,27 +712,25 @@ fn the_kube_dns_service_and_deployment_are_what_clusters_expect() {
     }
     let verified = ["weir-dns", "weir-dns-node-local"]
         .iter()
-        .any(|cm| object("ConfigMap", cm)["data"]["pods"] == "verified");
+        .any(|cm| dns_config_map(cm)["pods"] == "verified");
     let mut wanted: BTreeSet<String> = ["services", "endpointslices"].map(String::from).into();
     if verified {
         wanted.insert("pods".into());
     }
     assert_eq!(granted, wanted);
 
-    // The node-local cache sends its misses to this Service, over TCP.
-    let (_, nl) = dns_pod("DaemonSet", "weir-dns-node-local");
-    let nl_config = object("ConfigMap", "weir-dns-node-local");
-    let upstreams =
-        weir_dns::parse_resolv_conf(nl_config["data"]["upstream.conf"].as_str().unwrap()).unwrap();
-    assert_eq!(upstreams, ["10.96.0.10:53".parse().unwrap()]);
-    let nl_args = strings(&nl["args"]);
-    for must in [
-        "--node-local",
-        "--upstream-tcp",
-        "--listen=169.254.20.10:53",
-    ] {
-        assert!(nl_args.contains(&must.to_string()), "{must}: {nl_args:?}");
-    }
+    // The node-local cache sends its misses to this Service, over TCP, from the link-local
+    // address it sets up.
+    let nl = dns_config_map("weir-dns-node-local");
+    assert_eq!(
+        strings(&nl["upstreams"]),
+        [svc["spec"]["clusterIP"].as_str().unwrap()]
+    );
+    assert_eq!(
+        (&nl["upstreamTCP"], &nl["nodeLocal"]),
+        (&true.into(), &true.into())
+    );
+    assert_eq!(nl["listen"], "169.254.20.10:53");
 }
 
 /// A network namespace standing for a pod, deleted on drop (even after a panic).
@@ -873,14 +868,16 @@ fn the_cluster_dns_pod_runs_unprivileged_as_the_deployment_says() {
     assert_eq!(tcp.trim(), "10.244.1.5");
     assert!(livez.ends_with("\n200"), "{livez}");
     assert!(metrics.ends_with("\n200"), "{metrics}");
-    assert!(
-        metrics.contains("weir_dns_responses_total{transport=\"udp\",rcode=\"NOERROR\"} 1"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("weir_dns_responses_total{transport=\"tcp\",rcode=\"NOERROR\"} 1"),
-        "{metrics}"
-    );
+    for proto in ["udp", "tcp"] {
+        let series = format!(
+            "coredns_dns_responses_total{{server=\"dns://0.0.0.0:53\",zone=\".\",rcode=\"NOERROR\",proto=\"{proto}\"}}"
+        );
+        assert_eq!(
+            weir_dns::metrics::sample(&metrics, &series),
+            Some(1.0),
+            "{metrics}"
+        );
+    }
     // setpriv execs weir in place: the pid is weir's.
     let field = |name: &str| -> String {
         status

@@ -100,6 +100,9 @@ impl Env {
             .args(["netns", "exec", &self.ns, WEIR, "dns"])
             .args(["--master", "http://127.0.0.1:6443"])
             .args(["--listen", "127.0.0.1:53", "--zone", "cluster.local"])
+            // Outside names are not this test's business: REFUSED, as before forwarding to
+            // /etc/resolv.conf became the default.
+            .args(["--upstream-resolv-conf", "none"])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -325,7 +328,7 @@ fn api_flags_are_checked() {
     assert!(err.contains("cannot be used with"), "{err}");
     let out = Command::new(WEIR)
         .args(["dns", "--kubeconfig", "/nonexistent/kubeconfig"])
-        .args(["--listen", "127.0.0.1:0"])
+        .args(["--listen", "127.0.0.1:0", "--upstream-resolv-conf", "none"])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -174,6 +174,34 @@ impl Env {
         self.children.push(child);
     }
 
+    /// `weir dns` with `--config` holding `yaml` (and no upstream flag), on `listen`.
+    fn spawn_weir_dns_config(&mut self, listen: &str, yaml: &str) {
+        let config = self.path(&format!("dns-{}.yaml", self.children.len()));
+        std::fs::write(&config, yaml).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("weir-dns.log"))
+            .unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.server_ns, WEIR, "dns", "--config"])
+            .arg(&config)
+            .arg("--manifests")
+            .arg(self.manifests())
+            .args(["--listen", listen, "--manifest-poll-interval", "100ms"])
+            .env("RUST_LOG", "info,weir_dns=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.children.push(child);
+        let server = listen.rsplit_once(':').unwrap().0.to_string();
+        let ns = self.server_ns.clone();
+        wait_until("weir dns answers", || {
+            dig_in(&ns, &server, &["dns-version.cluster.local", "TXT"]).status == "NOERROR"
+        });
+    }
+
     /// `curl` in the server's namespace: (HTTP status, body); status 0 when nothing answers.
     fn http_get(&self, url: &str) -> (u16, String) {
         let out = Command::new("ip")
@@ -492,11 +520,149 @@ fn pods_mode_is_checked() {
     );
 }
 
+/// A DnsConfiguration's stub domain, host entries and rewrites, asked by dig: the default
+/// upstream is dead, so only the stub domain's own upstream (NSD) can answer `example.test`.
+#[test]
+fn config_file_stub_domains_hosts_and_rewrites() {
+    if !runnable() {
+        return;
+    }
+    let mut env = Env::new("c");
+    env.start_upstream();
+    env.write_manifests();
+    let yaml = format!(
+        "apiVersion: weir.dev/v1alpha1\nkind: DnsConfiguration\nzone: cluster.local\n\
+         upstreams: [{DEAD_UPSTREAM_IP}]\n\
+         stubDomains:\n  example.test: [{UPSTREAM_IP}]\n\
+         hosts:\n  - {{ip: 10.9.8.7, names: [db.corp.internal, pg.corp.internal]}}\n\
+         \x20 - {{ip: 'fd00::7', names: [db.corp.internal]}}\n\
+         rewrites:\n  - {{exact: shop-web.corp.internal, to: web.shop.svc.cluster.local}}\n\
+         \x20 - {{exact: old-web.shop.svc.cluster.local, to: web.shop.svc.cluster.local}}\n\
+         \x20 - {{suffix: alias.test, to: example.test}}\n"
+    );
+    env.spawn_weir_dns_config(&format!("{SERVER_IP}:53"), &yaml);
+    let dig = |args: &[&str]| env.dig(args);
+
+    // The stub domain's upstream answers its zone.
+    let www = dig(&["www.example.test", "A"]);
+    assert_eq!(www.data(), ["192.0.2.80"], "{}\n{}", www.raw, env.log());
+    // Other outside names go to the default upstream, which is dead.
+    assert_eq!(dig(&["www.elsewhere.invalid", "A"]).status, "SERVFAIL");
+
+    // Host entries: A, AAAA, NODATA for other types, PTR; authoritative.
+    let a = dig(&["DB.corp.internal", "A"]);
+    assert_eq!(a.data(), ["10.9.8.7"], "{}", a.raw);
+    assert!(a.flags.contains(&"aa".to_string()), "{}", a.raw);
+    assert_eq!(a.answers[0].0, "DB.corp.internal.");
+    assert_eq!(dig(&["db.corp.internal", "AAAA"]).data(), ["fd00::7"]);
+    let mx = dig(&["pg.corp.internal", "MX"]);
+    assert_eq!((mx.status.as_str(), mx.answers.len()), ("NOERROR", 0));
+    assert_eq!(
+        dig(&["-x", "10.9.8.7"]).data(),
+        ["db.corp.internal.", "pg.corp.internal."]
+    );
+
+    // Rewrites: answered as the new name, shown under the name asked.
+    for name in ["shop-web.corp.internal", "old-web.shop.svc.cluster.local"] {
+        let r = dig(&[name, "A"]);
+        assert_eq!(r.data(), ["10.96.0.20"], "{name}: {}", r.raw);
+        assert_eq!(r.answers[0].0, format!("{name}."), "{}", r.raw);
+        assert!(
+            r.raw.contains(&format!(";{name}.\t")),
+            "question kept: {}",
+            r.raw
+        );
+    }
+    let alias = dig(&["www.alias.test", "A"]);
+    assert_eq!(alias.data(), ["192.0.2.80"], "{}", alias.raw);
+    assert_eq!(alias.answers[0].0, "www.alias.test.");
+    // The zone itself is unchanged, over TCP too.
+    assert_eq!(
+        dig(&["web.shop.svc.cluster.local", "A"]).data(),
+        ["10.96.0.20"]
+    );
+    assert_eq!(
+        dig(&["+tcp", "old-web.shop.svc.cluster.local", "A"]).data(),
+        ["10.96.0.20"]
+    );
+    assert_eq!(
+        dig(&["nope.shop.svc.cluster.local", "A"]).status,
+        "NXDOMAIN"
+    );
+}
+
+/// Without any upstream setting `weir dns` forwards to /etc/resolv.conf (as CoreDNS's
+/// `forward . /etc/resolv.conf`; `ip netns exec` mounts /etc/netns/<ns>/resolv.conf over
+/// it); `--upstream-resolv-conf none` and `upstreams: []` answer REFUSED instead.
+#[test]
+fn outside_names_go_to_resolv_conf_by_default_and_refused_when_told() {
+    if !runnable() {
+        return;
+    }
+    let mut env = Env::new("r");
+    env.start_upstream();
+    env.write_manifests();
+    let etc = PathBuf::from("/etc/netns").join(&env.server_ns);
+    std::fs::create_dir_all(&etc).unwrap();
+    struct RemoveDir(PathBuf);
+    impl Drop for RemoveDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _etc = RemoveDir(etc.clone());
+    std::fs::write(
+        etc.join("resolv.conf"),
+        format!("nameserver {UPSTREAM_IP}\n"),
+    )
+    .unwrap();
+    env.sh(
+        &env.server_ns,
+        "ip addr add 127.0.0.2/8 dev lo && ip addr add 127.0.0.3/8 dev lo",
+    );
+
+    env.spawn_weir_dns_config("127.0.0.1:53", "{}\n");
+    let www = dig_in(&env.server_ns, "127.0.0.1", &["www.example.test", "A"]);
+    assert_eq!(www.data(), ["192.0.2.80"], "{}\n{}", www.raw, env.log());
+
+    env.spawn_weir_dns_config("127.0.0.2:53", "upstreams: []\n");
+    let refused = dig_in(&env.server_ns, "127.0.0.2", &["www.example.test", "A"]);
+    assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
+
+    let log = std::fs::File::create(env.path("none.log")).unwrap();
+    let child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &env.server_ns,
+            WEIR,
+            "dns",
+            "--upstream-resolv-conf",
+            "none",
+        ])
+        .arg("--manifests")
+        .arg(env.manifests())
+        .args(["--listen", "127.0.0.3:53"])
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    env.children.push(child);
+    wait_until("the third server answers", || {
+        dig_in(
+            &env.server_ns,
+            "127.0.0.3",
+            &["web.shop.svc.cluster.local", "A"],
+        )
+        .status
+            == "NOERROR"
+    });
+    let refused = dig_in(&env.server_ns, "127.0.0.3", &["www.example.test", "A"]);
+    assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
+}
+
 /// The value of the sample `series` in an OpenMetrics text (0 when the series is absent).
 fn sample(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    weir_dns::metrics::sample(text, series).unwrap_or(0.0)
 }
 
 /// `weir dns --healthz-bind-address --metrics-bind-address`, driven by `curl` and `dig`:
@@ -511,6 +677,7 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
     }
     let mut env = Env::new("h");
     env.start_upstream();
+    const AT: &str = concat!("server=\"dns://", "10.53.0.1", ":53\",zone=\".\"");
     let healthz = format!("http://{SERVER_IP}:8080/healthz");
     let livez = format!("http://{SERVER_IP}:8080/livez");
     let metrics = format!("http://{SERVER_IP}:9153/metrics");
@@ -580,16 +747,39 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
     let delta = |series: &str| sample(&after, series) - sample(&before, series);
     let responses = |t: &str, rc: &str| {
         delta(&format!(
-            "weir_dns_responses_total{{transport=\"{t}\",rcode=\"{rc}\"}}"
+            "coredns_dns_responses_total{{{AT},proto=\"{t}\",rcode=\"{rc}\"}}"
         ))
     };
     assert_eq!(responses("udp", "NOERROR"), 4.0, "{after}");
     assert_eq!(responses("udp", "NXDOMAIN"), 1.0, "{after}");
     assert_eq!(responses("tcp", "NOERROR"), 1.0, "{after}");
     assert_eq!(responses("tcp", "NXDOMAIN"), 1.0, "{after}");
-    assert_eq!(delta("weir_dns_cache_misses_total"), 1.0, "{after}");
-    assert_eq!(delta("weir_dns_cache_hits_total"), 1.0, "{after}");
-    assert!(sample(&after, "weir_dns_cache_entries") >= 1.0, "{after}");
+    let server = format!("{{server=\"dns://{SERVER_IP}:53\"}}");
+    assert_eq!(
+        delta(&format!("coredns_cache_misses_total{server}")),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        delta(&format!("coredns_cache_hits_total{server}")),
+        1.0,
+        "{after}"
+    );
+    assert!(
+        sample(&after, &format!("coredns_cache_entries{server}")) >= 1.0,
+        "{after}"
+    );
+    // Every query above is in the request-duration histogram, by type (CoreDNS's names).
+    let requests = |ty: &str| {
+        delta(&format!(
+            "coredns_dns_request_duration_seconds_count{{{AT},type=\"{ty}\"}}"
+        ))
+    };
+    assert_eq!(requests("A"), 7.0, "{after}");
+    let inf = format!("coredns_dns_request_duration_seconds_bucket{{{AT},type=\"A\",le=\"+Inf\"}}");
+    assert_eq!(delta(&inf), 7.0, "{after}");
+    let udp_a = format!("coredns_dns_requests_total{{{AT},proto=\"udp\",family=\"1\",type=\"A\"}}");
+    assert_eq!(delta(&udp_a), 5.0, "{after}");
     let dead = format!("{{upstream=\"{DEAD_UPSTREAM_IP}:53\"}}");
     let live = format!("{{upstream=\"{UPSTREAM_IP}:53\"}}");
     assert_eq!(
@@ -617,7 +807,10 @@ fn health_and_metrics_follow_the_zone_and_the_queries() {
         "{after}"
     );
     assert_eq!(
-        sample(&after, "weir_dns_overload_refused_total"),
+        sample(
+            &after,
+            &format!("coredns_forward_max_concurrent_rejects_total{server}")
+        ),
         0.0,
         "{after}"
     );
@@ -712,7 +905,8 @@ fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
             !ct.split_whitespace().any(|f| f == "dport=53"),
             "round {round}: DNS tracked\n{ct}"
         );
-        // Stop it; the next round starts over the address and table it left.
+        // Stop it (SIGKILL, as a crash: no cleanup runs); the next round starts over the
+        // address and table it left.
         let mut child = env.children.pop().unwrap();
         let _ = child.kill();
         let _ = child.wait();
@@ -729,4 +923,62 @@ fn node_local_setup_puts_the_address_on_lo_and_leaves_its_dns_untracked() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `--node-local` removes what it set up when stopped (SIGTERM): the address on `lo` and the
+/// NOTRACK table; with `--keep-node-local` both stay, and `weir dns cleanup` removes them
+/// (a second cleanup finds nothing and succeeds).
+#[test]
+fn node_local_cleans_up_at_exit_unless_kept() {
+    if !runnable() {
+        return;
+    }
+    const LOCAL: &str = "169.254.20.10";
+    let mut env = Env::new("k");
+    env.write_manifests();
+    let ns = env.server_ns.clone();
+    let state = |env: &Env| {
+        let lo = env.sh(&ns, "ip -o addr show dev lo");
+        let tables = env.sh(&ns, "nft list tables");
+        (
+            String::from_utf8_lossy(&lo.stdout).contains(&format!(" {LOCAL}/32 ")),
+            String::from_utf8_lossy(&tables.stdout).contains("ip weir-nodelocal-dns"),
+        )
+    };
+    let stop = |env: &mut Env| {
+        let mut child = env.children.pop().unwrap();
+        run(Command::new("kill").args(["-TERM", &child.id().to_string()]));
+        child.wait().unwrap()
+    };
+    for keep in [false, true] {
+        let mut args = vec!["--node-local"];
+        if keep {
+            args.push("--keep-node-local");
+        }
+        env.spawn_weir_dns_on(&format!("{LOCAL}:53"), &args);
+        wait_until("the node-local cache answers", || {
+            dig_in(&ns, LOCAL, &["web.shop.svc.cluster.local", "A"]).data() == ["10.96.0.20"]
+        });
+        assert_eq!(state(&env), (true, true), "keep={keep}");
+        let status = stop(&mut env);
+        if keep {
+            assert_eq!(state(&env), (true, true), "kept\n{}", env.log());
+        } else {
+            assert!(status.success(), "{status:?}\n{}", env.log());
+            assert_eq!(state(&env), (false, false), "cleaned up\n{}", env.log());
+        }
+    }
+    for _ in 0..2 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &ns, WEIR, "dns", "cleanup", "--listen"])
+            .arg(format!("{LOCAL}:53"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(state(&env), (false, false));
+    }
 }
