@@ -381,3 +381,23 @@ fn proxy_validate_refuses_what_it_would_not_apply() {
         assert!(out.contains(want), "{want:?}: {out}");
     }
 }
+
+/// A DnsConfiguration weir dns would not apply is exit code 2 naming the file, line and field,
+/// as weir proxy's KubeProxyConfiguration is (README's exit codes).
+#[test]
+fn a_bad_dns_configuration_exits_2_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dns.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: weir.dev/v1alpha1\nkind: DnsConfiguration\nsise: 3\n",
+    )
+    .unwrap();
+    let o = weir(&["dns", "--validate", "--config", file.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("line 3") && err.contains("unknown field `sise`"),
+        "{err}"
+    );
+}

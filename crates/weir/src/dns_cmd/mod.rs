@@ -428,7 +428,16 @@ pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {
         node_local_cleanup(listen)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let s = settings(&args)?;
+    // A configuration weir dns would not apply ends it with exit code 2, as weir proxy's does.
+    let s = match settings(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            for line in format!("{e:#}").lines() {
+                eprintln!("weir dns: {line}");
+            }
+            return Ok(ExitCode::from(2));
+        }
+    };
     let metrics = Arc::new(DnsMetrics::for_listen(s.listen));
     let (forwarder, stubs) = forwarders(&s, &metrics)?;
     let mut config = ZoneConfig::new(&s.zone).map_err(anyhow::Error::msg)?;
