@@ -18,6 +18,8 @@
 #   bash scripts/dev.sh dns-bench [services]  build release weir, dnsperf: weir dns vs NSD
 #   bash scripts/dev.sh modes-bench  the proxy modes side by side: conn/s and throughput through a
 #                              ClusterIP (nftables, iptables, userspace spliced and copied) vs direct
+#   bash scripts/dev.sh dist   build release weir and weir-cni, and write shell completions and man
+#                              pages (generated from the command-line definition) into target/dist
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
 #   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni
@@ -225,6 +227,16 @@ case "${1:-}" in
     step "proxy modes: conn/s and throughput via a ClusterIP vs direct (WEIR_BENCH_ROUNDS, WEIR_BENCH_SECONDS, WEIR_BENCH_CLIENTS, WEIR_BENCH_MODES)"
     cargo bench -p weir-proxy --bench modes
     ;;
+  dist)
+    step "building weir and weir-cni (release)"
+    cargo build --release -p weir -p weir-cni --bins
+    out=target/dist
+    rm -rf "$out" && mkdir -p "$out/completions" "$out/man"
+    cp target/release/weir target/release/weir-cni "$out/"
+    for shell in bash zsh fish; do ./target/release/weir completions "$shell" >"$out/completions/weir.$shell"; done
+    ./target/release/weir man "$out/man"
+    step "$out: weir, weir-cni, completions/, man/"
+    ;;
   vm)
     install_packages
     shift
@@ -344,7 +356,7 @@ case "${1:-}" in
     exec bash scripts/cluster/conformance.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
+    echo "usage: bash scripts/dev.sh demo|test|dist|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
     exit 2
     ;;
 esac

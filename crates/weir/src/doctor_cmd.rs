@@ -19,8 +19,9 @@ pub struct DoctorArgs {
     /// Check a directory of saved outputs (`weir trace collect`, or files saved by hand).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Also check this pod's DNS: its network namespace (name or path).
-    #[arg(long)]
+    /// Also check this pod's DNS: its network namespace (name or path). `--pod` as in
+    /// `weir trace`.
+    #[arg(long, visible_alias = "pod")]
     pod_netns: Option<String>,
     /// The pod's resolv.conf (default: read through a process living in --pod-netns).
     #[arg(long, requires = "pod_netns")]

@@ -17,6 +17,7 @@ mod agent_cmd;
 mod conditions;
 mod dns_cmd;
 mod doctor_cmd;
+mod generate_cmd;
 #[cfg(feature = "lab")]
 mod lab_cmd;
 mod manifest_view;
@@ -83,6 +84,10 @@ enum Command {
     Trace(trace_cmd::TraceArgs),
     /// Prints weir's version, git commit and build (`-o json` for scripts).
     Version(version_cmd::VersionArgs),
+    /// Prints a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions(generate_cmd::CompletionsArgs),
+    /// Writes man pages for weir and every subcommand into a directory.
+    Man(generate_cmd::ManArgs),
 }
 
 /// Logs to stderr in `--log-format`; `RUST_LOG` filters (default `info`).
@@ -126,6 +131,8 @@ fn main() -> std::process::ExitCode {
         Command::Doctor(args) => doctor_cmd::run(args),
         Command::Trace(args) => trace_cmd::run(args),
         Command::Version(args) => version_cmd::run(args),
+        Command::Completions(args) => generate_cmd::completions(args),
+        Command::Man(args) => generate_cmd::man(args),
     };
     match result {
         Ok(code) => code,

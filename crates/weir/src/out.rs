@@ -18,6 +18,14 @@ pub fn write(args: fmt::Arguments<'_>) {
     }
 }
 
+/// Writes raw bytes to stdout and flushes; on a closed pipe the process ends.
+pub fn write_stdout(bytes: &[u8]) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(bytes).and_then(|()| out.flush()) {
+        gone(&e)
+    }
+}
+
 /// What a failed write to stdout does: a closed pipe ends the process quietly; another error
 /// (a full disk) is said on stderr.
 fn gone(e: &std::io::Error) -> ! {

@@ -49,8 +49,8 @@ struct WalkArgs {
     #[arg(long, conflicts_with_all = ["pod", "iif"])]
     from_host: bool,
     /// The packet comes from this pod (its network namespace: a name under /run/netns or a
-    /// path); its host-side veth is the input interface.
-    #[arg(long)]
+    /// path); its host-side veth is the input interface. `--pod-netns` as in `weir doctor`.
+    #[arg(long, visible_alias = "pod-netns")]
     pod: Option<String>,
     /// A directory of saved outputs (`weir trace collect`, or files saved by hand).
     dir: Option<PathBuf>,

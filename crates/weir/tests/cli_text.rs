@@ -401,3 +401,36 @@ fn a_bad_dns_configuration_exits_2_naming_the_field() {
         "{err}"
     );
 }
+
+/// Completions and man pages come from the command-line definition: every subcommand is in
+/// both, and a flag added to one shows in them without anyone writing it twice.
+#[test]
+fn completions_and_man_pages_cover_every_subcommand() {
+    let bash = stdout(&weir(&["completions", "bash"]));
+    for sub in [
+        "agent", "proxy", "routes", "dns", "policy", "doctor", "trace", "version",
+    ] {
+        assert!(
+            bash.contains(&format!("weir__subcmd__{sub}")),
+            "{sub} missing from the bash completions"
+        );
+    }
+    assert!(bash.contains("--from-host"), "trace's flags are completed");
+    let dir = tempfile::tempdir().unwrap();
+    let o = weir(&["man", dir.path().to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for page in [
+        "weir.1",
+        "weir-proxy.1",
+        "weir-trace.1",
+        "weir-dns-cleanup.1",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap();
+        assert!(text.contains(".TH"), "{page} is not a man page");
+    }
+    let proxy = std::fs::read_to_string(dir.path().join("weir-proxy.1")).unwrap();
+    assert!(
+        proxy.contains("hostname\\-override"),
+        "weir proxy's flags are in its page"
+    );
+}
