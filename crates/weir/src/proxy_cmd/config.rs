@@ -16,7 +16,7 @@ use weir_proxy::iptables::BackendChoice;
 use weir_source::yaml::excerpt;
 
 use super::kube_proxy::{self, Findings, KubeProxyOnlyFlags};
-use super::validate::{self, Invalid, Problem};
+use super::problems::{self, Invalid, Problem};
 use crate::LogFormat;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -664,7 +664,7 @@ fn load_config(path: &std::path::Path) -> LoadedConfig {
     };
     loaded
         .problems
-        .extend(validate::check_document(path, &text, &doc));
+        .extend(problems::check_document(path, &text, &doc));
     if doc.is_null() {
         return loaded;
     }
@@ -675,7 +675,7 @@ fn load_config(path: &std::path::Path) -> LoadedConfig {
     let mut found = Findings::default();
     loaded.gates = kube_proxy::check_config(&doc, &mut found);
     let unknown = found.unknown.iter();
-    (loaded.problems).extend(unknown.map(|f| validate::unknown_field(path, &text, f)));
+    (loaded.problems).extend(unknown.map(|f| problems::unknown_field(path, &text, f)));
     let at = |m: String| format!("{}: {m}", path.display());
     loaded.findings = Findings {
         notices: found.notices.into_iter().map(at).collect(),
@@ -767,7 +767,7 @@ impl ProxyFlags {
         let mode = keep.ok(self.mode(&file, &gates, &mut findings));
         let mode = mode.unwrap_or(ProxyMode::Nftables);
         if let Some(path) = &self.config {
-            let unread = validate::unread_mode_fields(&doc, mode).into_iter();
+            let unread = problems::unread_mode_fields(&doc, mode.as_str()).into_iter();
             (findings.notices).extend(unread.map(|n| format!("{}: {n}", path.display())));
         }
         findings.notices.extend(self.unread_mode_flags(mode));
@@ -1015,8 +1015,8 @@ impl ProxyFlags {
                 "min-sync-period: {} is longer than the sync period {}: changes would wait longer \
                  than the periodic check (kube-proxy refuses this too: minSyncPeriod must be less \
                  than or equal to syncPeriod)",
-                validate::go_duration(min_sync),
-                validate::go_duration(sync)
+                problems::go_duration(min_sync),
+                problems::go_duration(sync)
             );
         }
         Ok(Periods {
@@ -1163,7 +1163,7 @@ struct Keep<'a>(&'a mut Vec<Problem>);
 
 impl Keep<'_> {
     fn ok<T>(&mut self, r: anyhow::Result<T>) -> Option<T> {
-        r.map_err(|e| self.0.extend(validate::problems_of(&e))).ok()
+        r.map_err(|e| self.0.extend(problems::problems_of(&e))).ok()
     }
 }
 

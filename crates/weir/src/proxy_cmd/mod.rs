@@ -7,6 +7,7 @@
 mod config;
 mod host;
 mod kube_proxy;
+mod problems;
 mod validate;
 
 use std::convert::Infallible;
