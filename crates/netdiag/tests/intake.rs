@@ -137,6 +137,11 @@ fn a_ticket_body_is_read_output_by_output() {
     assert_eq!(st.rules.as_ref().unwrap().len(), 1);
     assert_eq!(st.ipvs_conns.as_ref().unwrap().len(), 1);
     assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    // The nft ruleset pasted as text is there but unread: said, so no check passes without it.
+    assert_eq!(st.unreadable.len(), 1, "{:?}", st.unreadable);
+    assert_eq!(st.unreadable[0].output, Output::NftRuleset);
+    assert_eq!(st.unreadable[0].line, Some(68));
+    assert!(st.nft.is_none());
     // And doctor judges them.
     let checks = doctor::run_all(&st, None);
     for id in ["forward-policy", "rp-filter-refusals", "ipvs-vip-source"] {
