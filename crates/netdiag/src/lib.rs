@@ -15,6 +15,7 @@ pub mod conntrack;
 pub mod doctor;
 pub mod doctor_policy;
 pub mod hairpin;
+pub mod intake;
 pub mod iproute;
 pub mod ipset;
 pub mod iptables;
@@ -24,6 +25,7 @@ pub mod kernel_log;
 pub mod live;
 pub mod nft;
 pub mod objects;
+pub mod output;
 pub mod paste;
 pub mod route_get;
 pub mod state;
@@ -39,6 +41,9 @@ pub struct Skipped {
     pub line: usize,
     pub text: String,
     pub reason: String,
+    /// `file:line` of the input, when read from a paste of several outputs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub origin: Option<String>,
 }
 
 impl Skipped {
@@ -56,6 +61,7 @@ impl Skipped {
             line,
             text,
             reason: reason.into(),
+            origin: None,
         }
     }
 }

@@ -100,6 +100,21 @@ impl Ruleset {
     }
 }
 
+impl Ruleset {
+    /// Adds another ruleset of the same node (a second paste of `nft -j list table …`).
+    pub fn merge(&mut self, other: Ruleset) {
+        self.version = self.version.take().or(other.version);
+        for t in other.tables {
+            if !self.tables.contains(&t) {
+                self.tables.push(t);
+            }
+        }
+        self.chains.extend(other.chains);
+        self.rules.extend(other.rules);
+        self.sets.extend(other.sets);
+    }
+}
+
 fn str_field(obj: &Value, key: &str) -> Option<String> {
     obj.get(key).and_then(Value::as_str).map(str::to_string)
 }

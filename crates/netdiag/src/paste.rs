@@ -178,6 +178,19 @@ const TOOLS: &[&str] = &[
     "bash",
     "sh",
     "less",
+    "tcpdump",
+    "dmesg",
+    "journalctl",
+    "ethtool",
+    "bridge",
+    "tc",
+    "ping",
+    "curl",
+    "traceroute",
+    "dig",
+    "nslookup",
+    "nc",
+    "netstat",
 ];
 
 fn is_tool(word: &str) -> bool {

@@ -8,193 +8,17 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::intake::{Kind, Section, Status};
 use crate::iproute::{self, Address, Link, Neighbour, PolicyRule, Route};
 use crate::iptables::{self, Dump};
 use crate::nft::{self, Ruleset};
+pub use crate::output::Output;
 use crate::sysctl::{self, Sysctls};
 use crate::Skipped;
 
 /// The file a live collection ([`crate::live::write_collection`]) lists its commands in; not an
 /// output, so [`NodeState::from_dir`] skips it.
 pub const MANIFEST_FILE: &str = "manifest.json";
-
-/// One output an operator pastes, and the file it is saved as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Output {
-    IptablesSave,
-    Ip6tablesSave,
-    NftRuleset,
-    IpsetList,
-    IpRule,
-    IpRoute,
-    /// `ip -6 rule`: IPv6 policy rules (a family of their own: `ip rule` shows IPv4's only).
-    Ip6Rule,
-    /// `ip -6 route show table all`: IPv6 routes (`ip route` shows IPv4's only).
-    Ip6Route,
-    IpLink,
-    IpAddr,
-    IpNeigh,
-    IpvsadmLn,
-    Sysctl,
-    ConntrackStats,
-    /// `conntrack -L`: the connections (read for stale NAT bindings). Not collected by `weir
-    /// trace collect` (it can be large); read when pasted.
-    ConntrackList,
-    /// `ip route get` answers under their commands: single lookups the kernel made. Pasted only.
-    IpRouteGet,
-    /// `ipvsadm -Lnc`: IPVS's connection entries. Pasted only.
-    IpvsadmConns,
-    /// Bridge ports' sysfs `hairpin_mode`. Pasted only.
-    HairpinMode,
-    /// The kernel log (`dmesg`): its martian-source lines. Pasted only.
-    KernelLog,
-    /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
-    PodIpAddr,
-    /// The pod's `/etc/resolv.conf`.
-    PodResolvConf,
-}
-
-impl Output {
-    pub const ALL: [Output; 21] = [
-        Output::IptablesSave,
-        Output::Ip6tablesSave,
-        Output::NftRuleset,
-        Output::IpsetList,
-        Output::IpRule,
-        Output::IpRoute,
-        Output::Ip6Rule,
-        Output::Ip6Route,
-        Output::IpLink,
-        Output::IpAddr,
-        Output::IpNeigh,
-        Output::IpvsadmLn,
-        Output::Sysctl,
-        Output::ConntrackStats,
-        Output::ConntrackList,
-        Output::IpRouteGet,
-        Output::IpvsadmConns,
-        Output::HairpinMode,
-        Output::KernelLog,
-        Output::PodIpAddr,
-        Output::PodResolvConf,
-    ];
-
-    /// The file name `weir trace collect` writes.
-    pub fn file_name(self) -> &'static str {
-        match self {
-            Output::IptablesSave => "iptables-save.txt",
-            Output::Ip6tablesSave => "ip6tables-save.txt",
-            Output::NftRuleset => "nft-ruleset.json",
-            Output::IpsetList => "ipset-list.txt",
-            Output::IpRule => "ip-rule.json",
-            Output::IpRoute => "ip-route.json",
-            Output::Ip6Rule => "ip6-rule.json",
-            Output::Ip6Route => "ip6-route.json",
-            Output::IpLink => "ip-link.json",
-            Output::IpAddr => "ip-addr.json",
-            Output::IpNeigh => "ip-neigh.json",
-            Output::IpvsadmLn => "ipvsadm-Ln.txt",
-            Output::Sysctl => "sysctl.txt",
-            Output::ConntrackStats => "conntrack-stats.txt",
-            Output::ConntrackList => "conntrack-L.txt",
-            Output::IpRouteGet => "ip-route-get.txt",
-            Output::IpvsadmConns => "ipvsadm-Lnc.txt",
-            Output::HairpinMode => "hairpin_mode.txt",
-            Output::KernelLog => "dmesg.txt",
-            Output::PodIpAddr => "pod-ip-addr.txt",
-            Output::PodResolvConf => "pod-resolv.conf",
-        }
-    }
-
-    /// Names a hand-made directory may use instead (compared without the extension): the
-    /// command line with spaces or dashes, as people name their pastes.
-    fn stems(self) -> &'static [&'static str] {
-        match self {
-            Output::IptablesSave => &[
-                "iptables-save",
-                "iptables",
-                "iptables-nft-save",
-                "iptables-legacy-save",
-                "iptables-S",
-            ],
-            Output::Ip6tablesSave => &[
-                "ip6tables-save",
-                "ip6tables",
-                "ip6tables-nft-save",
-                "ip6tables-legacy-save",
-            ],
-            Output::NftRuleset => &[
-                "nft-ruleset",
-                "nft",
-                "nft-list-ruleset",
-                "nft-j-list-ruleset",
-            ],
-            Output::IpsetList => &["ipset-list", "ipset", "ipset-save"],
-            Output::IpRule => &["ip-rule", "ip-rule-show", "ip-j-rule"],
-            Output::IpRoute => &[
-                "ip-route",
-                "ip-route-show-table-all",
-                "ip-j-route",
-                "ip-route-show",
-            ],
-            Output::Ip6Rule => &["ip6-rule", "ip-6-rule", "ip-6-rule-show", "ip-6-j-rule"],
-            Output::Ip6Route => &[
-                "ip6-route",
-                "ip-6-route",
-                "ip-6-route-show-table-all",
-                "ip-6-j-route",
-                "ip-6-route-show",
-            ],
-            Output::IpLink => &["ip-link", "ip-d-link", "ip-j-d-link", "ip-link-show"],
-            Output::IpAddr => &["ip-addr", "ip-a", "ip-j-addr", "ip-addr-show"],
-            Output::IpNeigh => &["ip-neigh", "ip-n", "ip-j-neigh"],
-            Output::IpvsadmLn => &[
-                "ipvsadm-Ln",
-                "ipvsadm",
-                "ipvsadm-ln",
-                "ipvsadm-Sn",
-                "ipvsadm-save",
-            ],
-            Output::Sysctl => &["sysctl", "sysctl-a", "sysctls"],
-            Output::ConntrackStats => &["conntrack-stats", "conntrack-S", "conntrack"],
-            Output::ConntrackList => &["conntrack-L", "conntrack-list", "conntrack-L-n"],
-            Output::IpRouteGet => &["ip-route-get", "ip-r-g", "ip-route-get-all"],
-            Output::IpvsadmConns => &["ipvsadm-Lnc", "ipvsadm-Lcn", "ipvsadm-L-n-c"],
-            Output::HairpinMode => &["hairpin-mode", "hairpin"],
-            Output::KernelLog => &["dmesg", "dmesg-T", "journalctl-k"],
-            Output::PodIpAddr => &[
-                "pod-ip-addr",
-                "pod-ip-a",
-                "pod-addr",
-                "ip-addr-pod",
-                "ip-a-pod",
-                "pod-ip-addr-show",
-            ],
-            Output::PodResolvConf => &[
-                "pod-resolv.conf",
-                "resolv.conf",
-                "pod-resolv-conf",
-                "pod-resolv",
-                "resolv-conf",
-            ],
-        }
-    }
-
-    /// The output a file name stands for, if any.
-    pub fn for_file_name(name: &str) -> Option<Output> {
-        let stem = name
-            .strip_suffix(".txt")
-            .or_else(|| name.strip_suffix(".json"))
-            .or_else(|| name.strip_suffix(".out"))
-            .or_else(|| name.strip_suffix(".log"))
-            .unwrap_or(name);
-        let stem = stem.replace(['_', ' '], "-");
-        Output::ALL
-            .into_iter()
-            .find(|o| o.stems().iter().any(|s| s.eq_ignore_ascii_case(&stem)))
-    }
-}
 
 /// A saved output no part of which could be read: the file, where (a 1-based line, or the
 /// element's index in a JSON array; none for the whole file) and what was expected.
@@ -287,33 +111,94 @@ pub struct NodeState {
     /// content, for doctor's policy checks.
     #[serde(skip)]
     pub objects: Option<crate::objects::Objects>,
+    /// What the input held, section by section, and what became of each (read, recognised
+    /// but not read yet, not recognised): the "what was read" table.
+    pub sections: Vec<Section>,
 }
 
 impl NodeState {
-    /// Builds the state from outputs (each at most once; a later one replaces an earlier one).
+    /// Builds the state from outputs, each given whole (a live collection).
     pub fn from_outputs(outputs: impl IntoIterator<Item = (Output, String)>) -> NodeState {
+        NodeState::from_sections(
+            outputs
+                .into_iter()
+                .map(|(o, text)| Section::given(o, text))
+                .collect(),
+        )
+    }
+
+    /// Builds the state from inputs as pasted: `(name, text)`, each holding one output or many
+    /// ([`crate::intake::sections`]).
+    pub fn from_sources(sources: impl IntoIterator<Item = (String, String)>) -> NodeState {
+        let mut sections = Vec::new();
+        for (name, text) in sources {
+            sections.extend(crate::intake::sections(&name, &text));
+        }
+        NodeState::from_sections(sections)
+    }
+
+    /// Builds the state from sections: each output's sections are read in the order given and
+    /// add up (two `iptables -L` of two tables, `ip route` and `ip route show table local`);
+    /// Kubernetes objects go to [`NodeState::objects`]; the rest is only listed.
+    pub fn from_sections(sections: Vec<Section>) -> NodeState {
         let mut st = NodeState::default();
         let mut pod_text = None;
         let mut addrs_cut = false;
-        let mut by_kind: BTreeMap<Output, String> = BTreeMap::new();
-        for (o, text) in outputs {
-            by_kind.insert(o, text);
+        let mut by_kind: BTreeMap<Output, Vec<&Section>> = BTreeMap::new();
+        for s in &sections {
+            if let Some(o) = s.output.filter(|_| s.status == Status::Read) {
+                by_kind.entry(o).or_default().push(s);
+            } else if s.kind == Kind::NftText {
+                // A ruleset is there but not read: the checks that need one cannot tell.
+                st.unreadable.push(Unreadable {
+                    output: Output::NftRuleset,
+                    file: s.source.clone(),
+                    line: Some(s.line),
+                    reason: "`nft list ruleset` as text: only its JSON form \
+                             (`nft -j list ruleset`) is read"
+                        .into(),
+                });
+            } else if s.kind == Kind::Objects {
+                // Under a prompt (`$ kubectl get pods -o yaml`), the YAML starts below it.
+                let text = match s.command {
+                    Some(_) => s.text.split_once('\n').map_or("", |(_, rest)| rest),
+                    None => &s.text,
+                };
+                st.objects
+                    .get_or_insert_with(crate::objects::Objects::default)
+                    .add_text(&s.source, text);
+            }
         }
-        for (o, text) in by_kind {
-            let blank = text.trim().is_empty();
-            addrs_cut |= st.note_paste(o, &text);
-            let skipped = st.read_output(o, text, &mut pod_text);
-            match skipped.first() {
-                Some(first) if !blank && st.read_nothing(o) => st.forget(o, first),
+        for (o, list) in by_kind {
+            let blank = list.iter().all(|s| s.text.trim().is_empty());
+            let mut skipped_here = Vec::new();
+            for s in &list {
+                addrs_cut |= st.note_paste(o, s);
+                let skipped = st.read_output(o, s.text.clone(), &mut pod_text);
+                skipped_here.extend(skipped.into_iter().map(|mut k| {
+                    if !s.json && k.line > 0 {
+                        k.line = s.input_line(k.line);
+                    }
+                    k.origin = Some(format!("{}:{}", s.source, k.line));
+                    k
+                }));
+            }
+            match skipped_here.first() {
+                Some(first) if !blank && st.read_nothing(o) => {
+                    st.forget(o, first);
+                    let u = st.unreadable.last_mut().expect("forgotten");
+                    u.file = list[0].source.clone();
+                }
                 _ => st.present.push(o),
             }
-            st.skipped.extend(skipped.into_iter().map(|s| (o, s)));
+            st.skipped.extend(skipped_here.into_iter().map(|k| (o, k)));
         }
         st.addrs_partial = addrs_cut;
         st.infer_addresses(addrs_cut);
         if let Some(text) = pod_text {
             st.pod = st.read_pod(&text);
         }
+        st.sections = sections;
         st
     }
 
@@ -374,8 +259,14 @@ impl NodeState {
 
     /// What the paste itself tells of output `o`: a grep-cut sysctl listing, the paste's notes;
     /// true when the addresses are cut (grep, or one device's shown).
-    fn note_paste(&mut self, o: Output, text: &str) -> bool {
-        let pasted = crate::paste::lines(text);
+    fn note_paste(&mut self, o: Output, s: &Section) -> bool {
+        let pasted = crate::paste::lines(&s.text);
+        // Where it came from, when that is not the output's own file.
+        let from = if s.source == o.file_name() {
+            String::new()
+        } else {
+            format!(" ({})", s.origin())
+        };
         let mut addrs_cut = false;
         if o == Output::Sysctl && pasted.grep_cut {
             self.sysctls_cut = true;
@@ -386,7 +277,7 @@ impl NodeState {
             addrs_cut = true;
             if !pasted.grep_cut {
                 self.assumptions.push(format!(
-                    "{}: `{}` shows one device's addresses: the others are unknown",
+                    "{}: `{}` shows one device's addresses: the others are unknown{from}",
                     o.file_name(),
                     pasted
                         .commands
@@ -397,7 +288,8 @@ impl NodeState {
             }
         }
         for note in pasted.notes() {
-            self.assumptions.push(format!("{}: {note}", o.file_name()));
+            self.assumptions
+                .push(format!("{}: {note}{from}", o.file_name()));
         }
         addrs_cut
     }
@@ -413,106 +305,121 @@ impl NodeState {
         match o {
             Output::IptablesSave | Output::Ip6tablesSave => {
                 let p = iptables::parse(&text);
-                let mut d = p.value;
+                let slot = if o == Output::IptablesSave {
+                    &mut self.iptables
+                } else {
+                    &mut self.ip6tables
+                };
+                let d = match slot {
+                    Some(have) => {
+                        have.merge(p.value);
+                        have
+                    }
+                    None => slot.insert(p.value),
+                };
                 for a in d.assumptions.drain(..) {
                     self.assumptions.push(format!("{}: {a}", o.file_name()));
-                }
-                if o == Output::IptablesSave {
-                    self.iptables = Some(d);
-                } else {
-                    self.ip6tables = Some(d);
                 }
                 p.skipped
             }
             Output::NftRuleset => {
                 let p = nft::parse(&text);
-                self.nft = Some(p.value);
+                match &mut self.nft {
+                    Some(have) => have.merge(p.value),
+                    None => self.nft = Some(p.value),
+                }
                 p.skipped
             }
             Output::IpRule => {
                 let p = iproute::parse_rules(&text);
-                self.rules = Some(p.value);
+                add(&mut self.rules, p.value);
                 p.skipped
             }
             Output::IpRoute => {
                 let p = iproute::parse_routes(&text);
-                self.routes = Some(p.value);
+                add(&mut self.routes, p.value);
                 p.skipped
             }
             Output::Ip6Rule => {
                 let p = iproute::parse_rules(&text);
-                self.rules6 = Some(p.value);
+                add(&mut self.rules6, p.value);
                 p.skipped
             }
             Output::Ip6Route => {
                 let p = iproute::parse_routes6(&text);
-                self.routes6 = Some(p.value);
+                add(&mut self.routes6, p.value);
                 p.skipped
             }
             Output::IpLink => {
                 let p = iproute::parse_links(&text);
-                self.links = Some(p.value);
+                add(&mut self.links, p.value);
                 p.skipped
             }
             Output::IpAddr => {
                 let p = iproute::parse_addrs(&text);
-                self.addrs = Some(p.value);
+                add(&mut self.addrs, p.value);
                 p.skipped
             }
             Output::IpNeigh => {
                 let p = iproute::parse_neighbours(&text);
-                self.neighbours = Some(p.value);
+                add(&mut self.neighbours, p.value);
                 p.skipped
             }
             Output::Sysctl => {
                 let p = sysctl::parse(&text);
-                self.sysctls = Some(p.value);
+                self.sysctls
+                    .get_or_insert_with(Sysctls::default)
+                    .0
+                    .extend(p.value.0);
                 p.skipped
             }
             Output::IpsetList => {
-                self.ipset = Some(text);
+                append(&mut self.ipset, text);
                 Vec::new()
             }
             Output::IpvsadmLn => {
-                self.ipvs = Some(text);
+                append(&mut self.ipvs, text);
                 Vec::new()
             }
             Output::ConntrackStats => {
-                self.conntrack_stats = Some(text);
+                append(&mut self.conntrack_stats, text);
                 Vec::new()
             }
             Output::ConntrackList => {
                 let p = crate::conntrack::parse(&text);
-                self.conntrack = Some(p.value);
+                add(&mut self.conntrack, p.value);
                 p.skipped
             }
             Output::IpRouteGet => {
                 let p = crate::route_get::parse(&text);
-                self.route_gets = Some(p.value);
+                add(&mut self.route_gets, p.value);
                 p.skipped
             }
             Output::IpvsadmConns => {
                 let p = crate::ipvs::parse_connections(&text);
-                self.ipvs_conns = Some(p.value);
+                add(&mut self.ipvs_conns, p.value);
                 p.skipped
             }
             Output::HairpinMode => {
                 let p = crate::hairpin::parse(&text);
-                self.hairpin = Some(p.value);
+                add(&mut self.hairpin, p.value);
                 p.skipped
             }
             Output::KernelLog => {
                 let p = crate::kernel_log::parse(&text);
-                self.martians = Some(p.value);
-                self.conntrack_full = Some(crate::kernel_log::conntrack_full(&text));
+                add(&mut self.martians, p.value);
+                add(
+                    &mut self.conntrack_full,
+                    crate::kernel_log::conntrack_full(&text),
+                );
                 p.skipped
             }
             Output::PodIpAddr => {
-                *pod_text = Some(text);
+                append(pod_text, text);
                 Vec::new()
             }
             Output::PodResolvConf => {
-                self.pod_resolv_conf = Some(text);
+                append(&mut self.pod_resolv_conf, text);
                 Vec::new()
             }
         }
@@ -754,50 +661,59 @@ impl NodeState {
         Some(side)
     }
 
-    /// Reads every file of `dir` whose name stands for an output ([`Output::for_file_name`]),
-    /// and any other file holding Kubernetes objects ([`NodeState::objects`]); other files
-    /// are listed in `ignored`. Unreadable outputs are an error: losing one silently would
-    /// make the checks lie.
+    /// Reads every file of `dir` ([`NodeState::from_sources`]: each file's content says what
+    /// it holds, its name is a hint), skipping `manifest.json`; files of which nothing was read
+    /// (not even recognised) are listed in `ignored`. An unreadable file is an error: losing one silently would make
+    /// the checks lie.
     pub fn from_dir(dir: &Path) -> std::io::Result<(NodeState, Vec<String>)> {
-        let mut objects = None;
-        let mut outputs = Vec::new();
-        let mut ignored = Vec::new();
-        let mut paths = BTreeMap::new();
         let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
         entries.sort_by_key(|e| e.file_name());
+        let mut sources = Vec::new();
         for e in entries {
             let name = e.file_name().to_string_lossy().into_owned();
             if !e.file_type()?.is_file() || name == MANIFEST_FILE {
                 continue;
             }
-            match Output::for_file_name(&name) {
-                Some(o) => {
-                    let text = std::fs::read_to_string(e.path()).map_err(|err| {
-                        std::io::Error::new(err.kind(), format!("{}: {err}", e.path().display()))
-                    })?;
-                    paths.insert(o, e.path());
-                    outputs.push((o, text));
-                }
-                // Kubernetes objects (`kubectl get … -o yaml`) under any name, by content.
-                None => match std::fs::read_to_string(e.path()) {
-                    Ok(text) if crate::objects::looks_like_objects(&text) => {
-                        let found = objects
-                            .get_or_insert_with(crate::objects::Objects::default)
-                            .add_text(&name, &text);
-                        if found == 0 {
-                            ignored.push(name);
-                        }
-                    }
-                    _ => ignored.push(name),
-                },
-            }
+            let bytes = std::fs::read(e.path()).map_err(|err| {
+                std::io::Error::new(err.kind(), format!("{}: {err}", e.path().display()))
+            })?;
+            sources.push((name, text_of(bytes)));
         }
-        let mut st = NodeState::from_outputs(outputs);
+        let names: Vec<String> = sources.iter().map(|(n, _)| n.clone()).collect();
+        let mut st = NodeState::from_sources(sources);
         for u in &mut st.unreadable {
-            u.file = paths[&u.output].display().to_string();
+            u.file = dir.join(&u.file).display().to_string();
         }
-        st.objects = objects;
+        let ignored = names
+            .into_iter()
+            .filter(|n| {
+                !st.sections
+                    .iter()
+                    .any(|s| &s.source == n && s.status != Status::NotRecognised)
+            })
+            .collect();
         Ok((st, ignored))
+    }
+
+    /// Reads a directory ([`NodeState::from_dir`]) or one file holding one output or many.
+    pub fn from_path(path: &Path) -> std::io::Result<(NodeState, Vec<String>)> {
+        if path.is_dir() {
+            return NodeState::from_dir(path);
+        }
+        let bytes = std::fs::read(path)?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.display().to_string());
+        let mut st = NodeState::from_sources([(name.clone(), text_of(bytes))]);
+        for u in &mut st.unreadable {
+            u.file = path.display().to_string();
+        }
+        let read = st
+            .sections
+            .iter()
+            .any(|s| s.status != Status::NotRecognised);
+        Ok((st, if read { Vec::new() } else { vec![name] }))
     }
 
     /// Whether nothing was there to read: no output (readable or not) and no objects.
@@ -892,6 +808,30 @@ pub fn what_to_collect(dir: &Path) -> String {
         dir.display(),
         names.join(", ")
     )
+}
+
+/// A file's text; bytes that are not UTF-8 (a binary capture, a Latin-1 paste) are replaced,
+/// so the lines around them are still read.
+fn text_of(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Adds a section's values to what earlier sections of the same output gave.
+fn add<T>(slot: &mut Option<Vec<T>>, values: Vec<T>) {
+    slot.get_or_insert_with(Vec::new).extend(values);
+}
+
+/// Adds a section's text to what earlier sections of the same output gave, on a line of its own.
+fn append(slot: &mut Option<String>, text: String) {
+    match slot {
+        Some(have) => {
+            if !have.ends_with('\n') {
+                have.push('\n');
+            }
+            have.push_str(&text);
+        }
+        None => *slot = Some(text),
+    }
 }
 
 /// Whether an `ip addr` command line names one device (`ip addr show eth0`, `ip -4 a s dev

@@ -14,11 +14,15 @@ use weir_netdiag::state::NodeState;
 #[derive(Args)]
 pub struct DoctorArgs {
     /// Check the node inside this network namespace (a name under /run/netns, or a path).
-    #[arg(long, conflicts_with = "dir")]
+    #[arg(long, conflicts_with_all = ["dir", "input"])]
     netns: Option<String>,
-    /// Check a directory of saved outputs (`weir trace collect`, or files saved by hand).
-    #[arg(long)]
+    /// Check saved outputs: a directory (`weir trace collect`, or files saved by hand), one
+    /// file holding one output or many (a ticket body), or `-` for standard input.
+    #[arg(long, value_name = "DIR|FILE|-", conflicts_with = "input")]
     dir: Option<PathBuf>,
+    /// The same as --dir.
+    #[arg(value_name = "DIR|FILE|-")]
+    input: Option<PathBuf>,
     /// Also check this pod's DNS: its network namespace (name or path). `--pod` as in
     /// `weir trace`.
     #[arg(long, visible_alias = "pod")]
@@ -38,16 +42,14 @@ pub struct DoctorArgs {
 
 pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let mut notes = Vec::new();
-    let st = match &args.dir {
-        Some(dir) => {
-            let (st, ignored) = NodeState::from_dir(dir)
-                .with_context(|| format!("cannot read {}", dir.display()))?;
+    let input = args.dir.as_ref().or(args.input.as_ref());
+    let st = match input {
+        Some(input) => {
+            let (st, read_notes) = crate::diag_input::read(input)?;
             if st.nothing_read() && args.objects.is_empty() {
-                anyhow::bail!("{}", weir_netdiag::state::what_to_collect(dir));
+                anyhow::bail!("{}", weir_netdiag::state::what_to_collect(input));
             }
-            if !ignored.is_empty() {
-                notes.push(format!("ignored files: {}", ignored.join(", ")));
-            }
+            notes.extend(read_notes);
             st
         }
         None => {
@@ -95,18 +97,26 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<ExitCode> {
     let checks = doctor::run_all(&st, pod.as_ref());
     if args.json {
         let doc = serde_json::json!({
+            "read": st.sections,
             "checks": checks,
             "notes": notes,
             "assumptions": st.assumptions,
             "unreadable": st.unreadable,
             "skipped": st.skipped.iter().map(|(o, s)| serde_json::json!({
                 "file": o.file_name(), "line": s.line, "text": s.text, "reason": s.reason,
+                "from": s.origin,
             })).collect::<Vec<_>>(),
         });
         // A closed pipe (`| head`) is not an error worth a panic.
         let _ = writeln!(std::io::stdout(), "{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        let mut text = doctor::render_table(&checks);
+        // What was read comes first: a paste's parts, and what nothing reads.
+        let mut text = if input.is_some() {
+            weir_netdiag::intake::render(&st.sections)
+        } else {
+            String::new()
+        };
+        text.push_str(&doctor::render_table(&checks));
         for u in &st.unreadable {
             text.push_str(&format!(
                 "unreadable: {u}: left out; the checks that need it cannot tell\n"

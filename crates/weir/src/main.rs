@@ -15,6 +15,7 @@ macro_rules! outln {
 
 mod agent_cmd;
 mod conditions;
+mod diag_input;
 mod dns_cmd;
 mod doctor_cmd;
 mod generate_cmd;

@@ -52,10 +52,13 @@ struct WalkArgs {
     /// path); its host-side veth is the input interface. `--pod-netns` as in `weir doctor`.
     #[arg(long, visible_alias = "pod-netns")]
     pod: Option<String>,
-    /// A directory of saved outputs (`weir trace collect`, or files saved by hand).
-    dir: Option<PathBuf>,
+    /// What to read: a directory of saved outputs (`weir trace collect`, or files saved by
+    /// hand), one file holding one output or many (a ticket body: split at prompts and
+    /// headers, each part read by its content), or `-` for standard input.
+    #[arg(value_name = "DIR|FILE|-")]
+    input: Option<PathBuf>,
     /// Walk the live state of this network namespace instead.
-    #[arg(long, conflicts_with = "dir")]
+    #[arg(long, conflicts_with = "input")]
     netns: Option<String>,
     /// Print JSON instead of the hop list.
     #[arg(long)]
@@ -139,16 +142,13 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     };
     let v6 = to.is_ipv6();
     let mut notes = Vec::new();
-    let st = match &a.dir {
-        Some(dir) => {
-            let (st, ignored) = NodeState::from_dir(dir)
-                .with_context(|| format!("cannot read {}", dir.display()))?;
+    let st = match &a.input {
+        Some(input) => {
+            let (st, read_notes) = crate::diag_input::read(input)?;
             if st.nothing_read() {
-                bail!("{}", weir_netdiag::state::what_to_collect(dir));
+                bail!("{}", weir_netdiag::state::what_to_collect(input));
             }
-            if !ignored.is_empty() {
-                notes.push(format!("ignored files: {}", ignored.join(", ")));
-            }
+            notes.extend(read_notes);
             st
         }
         None => {
@@ -189,12 +189,21 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout();
     if a.json {
         let doc = serde_json::json!({
-            "trace": t, "notes": notes, "input_assumptions": st.assumptions,
+            "read": st.sections,
+            "trace": t,
+            "notes": notes,
+            "input_assumptions": st.assumptions,
             "unreadable": st.unreadable,
         });
         let _ = writeln!(out, "{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        let mut text = trace::render(&t);
+        // What was read comes first: a paste's parts, and what nothing reads.
+        let mut text = if a.input.is_some() {
+            weir_netdiag::intake::render(&st.sections)
+        } else {
+            String::new()
+        };
+        text.push_str(&trace::render(&t));
         for n in notes.iter().chain(&st.assumptions) {
             text.push_str(&format!("note: {n}\n"));
         }
@@ -246,7 +255,7 @@ fn packet_source(a: &WalkArgs, st: &NodeState, v6: bool) -> anyhow::Result<(IpAd
                 .as_ref()
                 .and_then(|p| Some((p.addr, p.host_iface.clone()?)))
             {
-                Some((ip, iif)) if a.dir.is_some() => Ok((a.from.unwrap_or(IpAddr::V4(ip)), iif)),
+                Some((ip, iif)) if a.input.is_some() => Ok((a.from.unwrap_or(IpAddr::V4(ip)), iif)),
                 _ => bail!(
                     "say where the packet comes from: --iif IFACE, --pod NETNS, --from-host (or a \
                      --from that is one of the node's addresses; with a directory, the pod's \

@@ -193,8 +193,10 @@ fn trace_walks_ipv6_from_a_directory() {
     let o = args("fd00:50::2", false);
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let text = stdout(&o);
+    // What was read first (issue 30), then the walk.
+    assert!(text.starts_with("read:\n"), "{text}");
     assert!(
-        text.starts_with("tcp [fd00:50::2]:40000 → [fd00:96::10]:80 in eth0"),
+        text.contains("\ntcp [fd00:50::2]:40000 → [fd00:96::10]:80 in eth0"),
         "{text}"
     );
     assert!(text.contains("DNAT to [fd00:60::2]:8080"), "{text}");
@@ -525,4 +527,62 @@ fn unreadable_or_missing_input_is_said_and_never_passes() {
         "{text}"
     );
     assert!(!text.contains("only other tables"), "{text}");
+}
+
+/// A ticket body as one file, and the same on standard input (issue 30): the output starts
+/// with what was read, section by section, and `--json` carries the same under `read`.
+#[test]
+fn doctor_and_trace_read_one_pasted_file_and_standard_input() {
+    let file = data("pasted-mixed/ticket-body.md");
+    let o = weir(&["doctor", file.to_str().unwrap()]);
+    let out = stdout(&o);
+    assert!(out.starts_with("read:\n"), "{out}");
+    assert!(
+        out.contains("ticket-body.md:19                 7 lines  iptables -L\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("tcpdump (recognised, not used by the walk yet)"),
+        "{out}"
+    );
+    assert!(out.contains("warn  forward-policy"), "{out}");
+    assert!(!out.contains("ignored files"), "{out}");
+
+    let o = weir(&["doctor", "--dir", file.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["read"][3]["kind"], "iptables-listing");
+    assert_eq!(v["read"][3]["line"], 19);
+    assert_eq!(v["read"][0]["status"], "not-recognised");
+
+    let mut child = Command::new(WEIR)
+        .args([
+            "trace",
+            "--from",
+            "10.0.0.9",
+            "--to",
+            "10.244.0.5",
+            "--dport",
+            "80",
+            "--iif",
+            "flannel.1",
+            "--json",
+            "-",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(std::fs::read(&file).unwrap().as_slice())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["read"][1]["source"], "-");
+    assert_eq!(v["read"][1]["kind"], "ip-route");
+    assert_eq!(v["read"].as_array().unwrap().len(), 16);
+    assert!(v["trace"]["verdict"].is_string());
 }

@@ -34,6 +34,43 @@ pub struct Dump {
     pub ifaces_hidden: bool,
 }
 
+impl Dump {
+    /// Adds another dump of the same node (another table, another chain, `iptables -L` of
+    /// one chain after `iptables-save` of the others). A chain it shows again whole (a listing,
+    /// or with its policy) replaces the earlier one, which is said; rules without either
+    /// (grep cuts) are appended. A listing anywhere makes the whole a listing (its hedges
+    /// apply).
+    pub fn merge(&mut self, other: Dump) {
+        self.version = self.version.take().or(other.version);
+        self.backend = self.backend.take().or(other.backend);
+        self.assumptions.extend(other.assumptions);
+        self.listing |= other.listing;
+        self.ifaces_hidden |= other.ifaces_hidden;
+        for (name, table) in other.tables {
+            let mine = self.tables.entry(name).or_default();
+            for chain in table.chains {
+                match mine.chains.iter_mut().find(|c| c.name == chain.name) {
+                    // A listing shows whole chains, and so does a built-in chain's policy
+                    // line: a chain shown again is a later look at it.
+                    Some(c) if other.listing || chain.policy.is_some() => {
+                        self.assumptions.push(format!(
+                            "chain {} is shown again: the later one ({} rules) is read, not the \
+                             earlier ({} rules)",
+                            chain.name,
+                            chain.rules.len(),
+                            c.rules.len()
+                        ));
+                        *c = chain;
+                    }
+                    // Rules cut out with grep: more of the same chain.
+                    Some(c) => c.rules.extend(chain.rules),
+                    None => mine.chains.push(chain),
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Table {
     /// Chains in the order they were declared or first used.
