@@ -37,6 +37,12 @@
 #                              applied with kubectl, the agent's /healthz parts, the probe
 #                              matrix, a default-deny NetworkPolicy applied and deleted
 #                              (about 8-10 min: the image)
+#   bash scripts/dev.sh cluster-agent-compare  build release weir, then on the real cluster one
+#                              `weir agent` vs the separate weir proxy + routes + policy on the
+#                              same node through the same churn: watches (the apiserver's audit
+#                              log), bytes from the apiserver, RSS (scripts/cluster/agent-compare.sh;
+#                              WEIR_BENCH_SERVICES, WEIR_BENCH_CHURN_SECONDS; WEIR_BIN: binaries
+#                              built before, no build)
 #   bash scripts/dev.sh cluster-bench  weir proxy vs real kube-proxy fed by a real apiserver
 #                              (1,000 and 10,000 Services x 10 endpoints; WEIR_BENCH_SIZES, ...)
 #   bash scripts/dev.sh policy-bench  weir policy at scale (1,000 namespaces, 10,000 pods and
@@ -347,6 +353,16 @@ case "${1:-}" in
     step "result"
     echo "$line"
     ;;
+  cluster-agent-compare)
+    install_packages
+    ensure_kube
+    if [ -z "${WEIR_BIN:-}" ]; then
+      step "building weir (release)"
+      cargo build --release -p weir -p weir-cni --bins
+    fi
+    step "weir agent vs weir proxy + routes + policy through a real apiserver (scripts/cluster/agent-compare.sh)"
+    exec bash scripts/cluster/agent-compare.sh
+    ;;
   conformance)
     install_packages
     ensure_kube
@@ -356,7 +372,7 @@ case "${1:-}" in
     exec bash scripts/cluster/conformance.sh "${@:2}"
     ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|dist|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-bench|conformance" >&2
+    echo "usage: bash scripts/dev.sh demo|test|dist|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-agent-compare|cluster-bench|conformance" >&2
     exit 2
     ;;
 esac

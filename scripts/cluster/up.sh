@@ -24,7 +24,8 @@
 #      benchmark runs them). WEIR_AGENTS=daemonset: weir-cni, its
 #      conflist, the proxy, routes and policy come from deploy/'s DaemonSet instead (daemonset.sh
 #      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
-#      runs on each node.
+#      runs on each node. WEIR_AUDIT_POLICY: an audit policy file; the apiserver then writes
+#      its audit log (JSON lines) to RUN_DIR/audit.log (agent-compare.sh counts watches with it).
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
 # everything by PID and deletes the namespaces, even after a failed up.
 set -euo pipefail
@@ -188,6 +189,10 @@ cat >"$R/apiserver.args" <<EOF
 --cert-dir=$R/apiserver-certs
 EOF
 [ -z "$LEGACY" ] || echo "--insecure-port=0" >>"$R/apiserver.args"
+if [ -n "${WEIR_AUDIT_POLICY:-}" ]; then
+  printf '%s\n' "--audit-policy-file=$WEIR_AUDIT_POLICY" "--audit-log-path=$R/audit.log" \
+    --audit-log-format=json --audit-log-maxsize=0 >>"$R/apiserver.args"
+fi
 # shellcheck disable=SC2046
 bg "$CP" kube-apiserver "$BIN/kube-apiserver" $(cat "$R/apiserver.args")
 wait_for "the apiserver" 120 kubectl get --raw /readyz
