@@ -31,7 +31,8 @@ step "saving $image for the nodes' containerd ($(podman image inspect -f '{{.Siz
 podman save -q --format docker-archive -o "$run.image.tar" "$image"
 step "cluster up: no weir on the nodes yet (WEIR_AGENTS=daemonset)"
 WEIR_AGENTS=daemonset WEIR_IMAGE_TAR=$run.image.tar bash "$HERE/up.sh" ds "$run" 2>"$run.up.log" ||
-  { cat "$run.up.log" >&2; exit 1; }
+  { rm -f "$run.image.tar"; cat "$run.up.log" >&2; exit 1; }
+rm -f "$run.image.tar" # in both nodes' containerd now; the disk may be short
 k() { "$run/kubectl" "$@"; }
 step "kubectl apply deploy/ (rendered: $run/deploy.yaml)"
 python3 "$HERE/render_deploy.py" "$run" "$image" >"$run/deploy.yaml"
@@ -67,7 +68,8 @@ for i in 1 2; do
   fi
 done
 step "the probe matrix"
-bash "$HERE/matrix.sh" "$run" || status=$?
+if bash "$HERE/matrix.sh" "$run"; then echo "PASS  probe matrix: every probe answered as expected"
+else echo "FAIL  probe matrix: the rows with OK 'no' above"; status=1; fi
 step "NetworkPolicy from the agent container: default-deny applied and deleted with kubectl"
 bash "$HERE/netpol.sh" "$run" || status=1
 for node in node-1 node-2; do
@@ -76,5 +78,7 @@ for node in node-1 node-2; do
   k -n kube-system logs "$pod" -c agent --tail=3
 done
 step "done (exit $status)"
+verdict=PASS; [ "$status" = 0 ] || verdict=FAIL
+echo "cluster-daemonset $verdict image=$image image_bytes=$(podman image inspect -f '{{.Size}}' "$image") seconds=$((SECONDS - t0))"
 [ "$keep" != --keep ] || step "left up: $run/kubectl; stop: bash scripts/cluster/down.sh $run"
 exit $status
