@@ -105,7 +105,7 @@ EOF
 
 step "objects: $SERVICES Services x 10 endpoints, $NAMESPACES namespaces with a NetworkPolicy each, Deployment churn"
 in_cp python3 "$HERE/agent_compare.py" "$run" objects "$SERVICES" "$NAMESPACES"
-k -n cmp rollout status deploy/churn --timeout=120s >/dev/null
+k -n cmp rollout status deploy/churn --timeout=300s >/dev/null
 for p in proxy routes policy; do bash "$HERE/ctl.sh" "$run" stop "node-1-$p"; done
 
 N=$run/node-1

@@ -111,7 +111,7 @@ def objects(services, namespaces):
                  "template": {"metadata": {"labels": {"app": "churn"}}, "spec": {
                      "terminationGracePeriodSeconds": 0,
                      "containers": [{"name": "sleep", "image": "localhost/weir/busybox:1.35",
-                                     "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", "exec sleep 100000"]}]}}}})
+                                     "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", "exec busybox sleep 100000"]}]}}}})
 
 
 def churn(rounds, services, phase):
