@@ -54,7 +54,15 @@ run=${WEIR_CONFORMANCE_RUN:-/tmp/weir-conformance-$name}
 bash "$HERE/down.sh" "$run" >/dev/null 2>&1 || true
 rm -rf "$run"
 mkdir -p "$run"
-[ -n "$keep" ] || trap 'step "tearing down"; bash "$HERE/down.sh" "$run" >/dev/null 2>&1' EXIT
+# Torn down on exit; a passing run's directory (about 1 GB: etcd, images, logs) goes too, a
+# failing one stays for its logs.
+teardown() {
+  local rc=$?
+  step "tearing down"
+  bash "$HERE/down.sh" "$run" >/dev/null 2>&1
+  [ "$rc" != 0 ] || rm -rf "$run"
+}
+[ -n "$keep" ] || trap teardown EXIT
 step "cluster up: Kubernetes $VERSION, weir-cni, weir proxy ($MODE), weir routes, weir dns, NetworkPolicy by ${WEIR_POLICY:-weir} ($run)"
 KUBE_BUILD=$KB WEIR_PROXY_MODE=$MODE WEIR_E2E_IMAGES=$images \
   bash "$HERE/up.sh" "$name" "$run" 2>"$run/up.log" || { cat "$run/up.log" >&2; exit 1; }
