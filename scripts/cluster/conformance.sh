@@ -56,6 +56,7 @@ rm -rf "$run"
 mkdir -p "$run"
 # Torn down on exit; a passing run's directory (about 1 GB: etcd, images, logs) goes too, a
 # failing one stays for its logs.
+# shellcheck disable=SC2317 # called by the EXIT trap
 teardown() {
   local rc=$?
   step "tearing down"
