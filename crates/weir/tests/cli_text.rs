@@ -434,3 +434,57 @@ fn completions_and_man_pages_cover_every_subcommand() {
         "weir proxy's flags are in its page"
     );
 }
+
+/// `weir routes --validate`: the settings, or every problem (an out-of-range VNI, an unreadable
+/// kubeconfig) with exit 2, as `weir proxy --validate`; `-o json` for CI.
+#[test]
+fn routes_validate_prints_settings_or_exits_2_with_every_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().to_str().unwrap();
+    let ok = weir(&[
+        "routes",
+        "--validate",
+        "--manifests",
+        manifests,
+        "--node-name",
+        "n1",
+    ]);
+    assert_eq!(ok.status.code(), Some(0));
+    let text = stdout(&ok);
+    assert!(
+        text.contains("settings valid") && text.contains("vxlan (VNI 1, port 8472)"),
+        "{text}"
+    );
+    let bad = weir(&[
+        "routes",
+        "--validate",
+        "--manifests",
+        manifests,
+        "--node-name",
+        "n1",
+        "--vni",
+        "0",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--vni 0 is outside"));
+    let json = weir(&[
+        "routes",
+        "--validate",
+        "--kubeconfig",
+        "/nonexistent/kubeconfig",
+        "--node-name",
+        "n1",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(json.status.code(), Some(2));
+    let doc: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    assert_eq!(doc["valid"], false);
+    assert!(
+        doc["problems"][0]
+            .as_str()
+            .unwrap()
+            .contains("--kubeconfig"),
+        "{doc}"
+    );
+}

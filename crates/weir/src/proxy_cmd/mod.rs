@@ -34,6 +34,7 @@ use weir_source::WatchEvent;
 pub(crate) use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
 use kube_proxy::{Findings, Refused};
+pub(crate) use problems::go_duration;
 use validate::{Invalid, Report};
 pub(crate) use validate::{Output as ValidateOutput, Problem};
 

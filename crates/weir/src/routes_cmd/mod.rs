@@ -12,6 +12,7 @@
 
 mod metrics;
 mod publish;
+mod validate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -120,6 +121,14 @@ pub struct RoutesFlags {
     /// Serve `/metrics` (routed and refused nodes, failures) here; off when not given.
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Check the flags and the source (the manifest directory, the kubeconfig) as the agent
+    /// would read them, print the settings (or every problem) and exit: 0 valid, 2 not.
+    #[arg(long)]
+    validate: bool,
+    /// --validate's output: text or json (for CI).
+    #[arg(short = 'o', long = "output", value_enum, requires = "validate",
+          default_value_t = crate::proxy_cmd::ValidateOutput::Text)]
+    output: crate::proxy_cmd::ValidateOutput,
 }
 
 /// What node routes do, the same flags in `weir routes` and `weir agent`.
@@ -278,6 +287,10 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
         });
     }
     let flags = args.flags;
+    if flags.validate {
+        let json = flags.output == crate::proxy_cmd::ValidateOutput::Json;
+        return Ok(validate::run(&flags, json));
+    }
     let origin = flags.source.origin()?;
     let part = RoutesPart {
         node_name: flags.node.resolve()?,
