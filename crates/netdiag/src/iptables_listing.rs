@@ -33,6 +33,17 @@ fn chain_line(line: &str) -> Option<(&str, Option<&str>)> {
     Some((name, policy))
 }
 
+/// `Chain FORWARD (policy DROP 120 packets, 7200 bytes)` → `Some("120")` (`12K` as shown
+/// without `-x`); `None` without counters or when they read zero.
+fn policy_packets(line: &str) -> Option<String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| w.trim_end_matches(',') == "packets")?;
+    let count = words.get(at.checked_sub(1)?)?;
+    (words.contains(&"(policy") && *count != "0").then(|| count.to_string())
+}
+
 /// Which columns a chain's rule lines have, from its header line.
 #[derive(Debug, Clone, Copy)]
 struct Columns {
@@ -366,6 +377,7 @@ impl Listing {
             self.chains.push(Chain {
                 name: name.to_string(),
                 policy: policy.map(str::to_string),
+                policy_packets: policy_packets(line),
                 rules: Vec::new(),
             });
             return;
@@ -571,5 +583,19 @@ mod tests {
             Some(("KUBE-FORWARD", None))
         );
         assert_eq!(chain_line("-A FORWARD -j ACCEPT"), None);
+        let packets = |l: &str| policy_packets(l);
+        assert_eq!(
+            packets("Chain FORWARD (policy DROP 120 packets, 7200 bytes)").as_deref(),
+            Some("120")
+        );
+        assert_eq!(
+            packets("Chain FORWARD (policy DROP 12K packets, 1M bytes)").as_deref(),
+            Some("12K")
+        );
+        assert_eq!(
+            packets("Chain FORWARD (policy DROP 0 packets, 0 bytes)"),
+            None
+        );
+        assert_eq!(packets("Chain INPUT (policy ACCEPT)"), None);
     }
 }

@@ -534,6 +534,17 @@ fn forward_drop_settles_a_forwarded_packet_without_routes() {
         "{:?}",
         t.cause
     );
+    // The paste's counters (`[120:7200]`, iptables-save -c) are cited as evidence.
+    assert!(
+        has_hop(
+            &t,
+            "FORWARD",
+            ":FORWARD DROP (policy)",
+            "120 packets dropped so far"
+        ),
+        "{:#?}",
+        t.hops
+    );
     assert!(t
         .assumptions
         .iter()

@@ -277,9 +277,16 @@ impl SaveReader {
             ));
             return;
         };
+        // `[packets:bytes]`: counters, all zero unless saved with `-c`.
+        let packets = parts
+            .next()
+            .and_then(|c| c.strip_prefix('[')?.split(':').next())
+            .filter(|p| !p.is_empty() && *p != "0")
+            .map(str::to_string);
         let t = self.table_or(None, || infer_table(name, None));
         let chain = self.dump.tables.entry(t).or_default().chain_mut(name);
         chain.policy = (policy != "-").then(|| policy.to_string());
+        chain.policy_packets = packets;
     }
 
     /// `-P`, `-N`, `-A` / `-I` (`line` is the rule's text).

@@ -83,6 +83,10 @@ pub struct Chain {
     /// `ACCEPT`/`DROP` for built-in chains; `None` for user chains (`-` in the dump) or when the
     /// declaration was cut away.
     pub policy: Option<String>,
+    /// The packets the policy has decided, as the paste's counters show them (`[120:7200]`
+    /// of `iptables-save -c`, `120 packets` or `12K packets` of `iptables -L -v`); `None`
+    /// without counters or when they read zero (`iptables-save` without `-c` writes zeros).
+    pub policy_packets: Option<String>,
     pub rules: Vec<Rule>,
 }
 
@@ -185,6 +189,7 @@ impl Table {
         self.chains.push(Chain {
             name: name.to_string(),
             policy: None,
+            policy_packets: None,
             rules: Vec::new(),
         });
         self.chains.last_mut().unwrap()

@@ -68,15 +68,16 @@ impl Walker<'_> {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
                         Flow::Accept => {}
                         Flow::Return => {
-                            let policy = d.chain(table, hook).and_then(|c| c.policy.clone());
+                            let chain = d.chain(table, hook);
+                            let policy = chain.and_then(|c| c.policy.clone());
                             if policy.as_deref() == Some("DROP") {
                                 let rule = format!(":{hook} DROP (policy)");
-                                self.hop(
-                                    stage,
-                                    place.clone(),
-                                    Some(rule.clone()),
-                                    "no rule accepted it: the chain's policy",
-                                );
+                                // The paste's counters are evidence the policy does drop.
+                                let note = match chain.and_then(|c| c.policy_packets.as_deref()) {
+                                    Some(n) => format!("no rule accepted it: the chain's policy (its counter in the paste: {n} packets dropped so far)"),
+                                    None => "no rule accepted it: the chain's policy".to_string(),
+                                };
+                                self.hop(stage, place.clone(), Some(rule.clone()), note);
                                 return Err(self.drop_cause(stage, &place, rule, p));
                             }
                         }
