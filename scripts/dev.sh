@@ -114,6 +114,9 @@ ensure_kube() {
 # What `weir lab demo` drives (the lab's namespaces, rules and probes, its DNS upstream): the
 # demo installs only these, and builds no Kubernetes.
 DEMO_PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils nsd curl procps kmod iputils-ping)
+# What the benchmarks drive besides (the reference CNI plugins, iperf3, the DNS servers and
+# dnsperf they are measured beside): no VM, container runtime or image tooling.
+BENCH_PACKAGES=("${DEMO_PACKAGES[@]}" jq containernetworking-plugins iperf3 dnsperf unbound knot knot-resolver)
 
 # Installs the Debian packages named (default: every one the project uses) and, for the full
 # set, the kubernetes-validate venv; checks cargo and root.
@@ -198,38 +201,38 @@ case "${1:-}" in
     exit $status
     ;;
   bench)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "CNI ADD/DEL latency: weir-cni vs reference bridge+host-local and ptp+host-local (BENCH=bridge or eni for one)"
     cargo bench -p weir-cni --bench add_del
     ;;
   proxy-bench)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "building weir (release): the bench starts the real agent"
     cargo build --release -p weir
     step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
     cargo bench -p weir-proxy --bench scale -- "${@:2}"
     ;;
   agent-bench)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "building weir (release): the bench starts the real agent"
     cargo build --release -p weir
     step "weir proxy end to end (WEIR_BENCH_SIZES, WEIR_BENCH_CHANGES, WEIR_BENCH_RUNS, WEIR_BIN_BASE)"
     cargo bench -p weir --bench agent
     ;;
   agent-compare)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "building weir (release): the bench starts the real agent and the separate processes"
     cargo build --release -p weir
     step "weir agent vs proxy + routes + policy (WEIR_BENCH_CHURN_SECONDS, WEIR_BENCH_SERVICES, WEIR_BENCH_NODES, WEIR_BENCH_RUNS, ...)"
     cargo bench -p weir --bench agent_compare
     ;;
   routes-bench)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
     cargo bench -p weir-routes --bench routes
     ;;
   modes-bench)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "proxy modes: conn/s and throughput via a ClusterIP vs direct (WEIR_BENCH_ROUNDS, WEIR_BENCH_SECONDS, WEIR_BENCH_CLIENTS, WEIR_BENCH_MODES)"
     cargo bench -p weir-proxy --bench modes
     ;;
@@ -265,7 +268,7 @@ case "${1:-}" in
     ./target/debug/weir-vm "$vars bash $PWD/scripts/vm-bench.sh $scale $PWD/target/release/weir /tmp/vm-bench" | tee "$out"
     ;;
   dns-bench)
-    install_packages
+    install_packages "${BENCH_PACKAGES[@]}"
     step "building weir and the fake API server (release)"
     cargo build --release -p weir -p weir-fakeapi
     step "weir dns vs NSD under dnsperf"
