@@ -66,6 +66,11 @@ struct WalkArgs {
     /// Also draw the path as an SVG picture into this file.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Follow the connection a pasted `conntrack -L` entry records (same source, destination
+    /// and port): the endpoint it went to and the source it left with decide which walk, and
+    /// whose reply, is shown.
+    #[arg(long)]
+    reply: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -175,7 +180,25 @@ fn walk(a: WalkArgs) -> anyhow::Result<ExitCode> {
         dport,
         iif,
     };
-    let t = trace::trace(&st, &packet);
+    let mut t = trace::trace(&st, &packet);
+    if a.reply {
+        let Some(entry) = trace::pasted_entry(&st, &packet) else {
+            bail!(
+                "--reply: no conntrack entry of this connection in the input (`conntrack -L` or \
+                 /proc/net/nf_conntrack, with {} → {})",
+                packet.src,
+                packet.dst
+            );
+        };
+        notes.push(format!(
+            "conntrack (line {}): {}",
+            entry.line,
+            entry.text.trim()
+        ));
+        let (narrowed, note) = trace::along_entry(t, entry);
+        t = narrowed;
+        notes.push(note);
+    }
     if let Some(path) = &a.svg {
         std::fs::write(path, trace::svg(&t))
             .with_context(|| format!("cannot write {}", path.display()))?;

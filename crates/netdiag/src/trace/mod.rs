@@ -23,6 +23,7 @@
 //! evaluate (match modules it does not know, sets missing from the input) count as not
 //! matching, and are named there.
 
+mod connection;
 mod facts;
 mod hooks;
 mod iptables_walk;
@@ -46,6 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::state::NodeState;
 
+pub use connection::{along_entry, pasted_entry};
 use packet::Pkt;
 pub use packet::{
     Branch, Condition, Egress, EndpointOutcome, Fact, Hop, Packet, PolicyDecision, PolicyVerdict,
