@@ -64,7 +64,7 @@ teardown() {
   [ "$rc" != 0 ] || rm -rf "$run"
 }
 [ -n "$keep" ] || trap teardown EXIT
-step "cluster up: Kubernetes $VERSION, weir-cni, weir proxy ($MODE), weir routes, weir dns, NetworkPolicy by ${WEIR_POLICY:-weir} ($run)"
+step "cluster up: Kubernetes $VERSION, CNI ${WEIR_CNI:-weir-cni}, weir proxy ($MODE), weir routes, weir dns, NetworkPolicy by ${WEIR_POLICY:-weir} ($run)"
 KUBE_BUILD=$KB WEIR_PROXY_MODE=$MODE WEIR_E2E_IMAGES=$images \
   bash "$HERE/up.sh" "$name" "$run" 2>"$run/up.log" || { cat "$run/up.log" >&2; exit 1; }
 # shellcheck disable=SC1091

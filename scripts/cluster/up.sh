@@ -24,7 +24,10 @@
 #      benchmark runs them). WEIR_AGENTS=daemonset: weir-cni, its
 #      conflist, the proxy, routes and policy come from deploy/'s DaemonSet instead (daemonset.sh
 #      applies it), with WEIR_IMAGE_TAR imported into each node's containerd; weir dns still
-#      runs on each node. WEIR_AUDIT_POLICY: an audit policy file; the apiserver then writes
+#      runs on each node.
+#      WEIR_CNI=reference: the reference bridge + host-local plugins (Debian's
+#      containernetworking-plugins) as the nodes' CNI instead of weir-cni, weir as service
+#      proxy, routes, DNS and policy beside it (the proxy-only install's shape). WEIR_AUDIT_POLICY: an audit policy file; the apiserver then writes
 #      its audit log (JSON lines) to RUN_DIR/audit.log (agent-compare.sh counts watches with it).
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
 # everything by PID and deletes the namespaces, even after a failed up.
@@ -305,6 +308,18 @@ for i in 0 1; do
     # the DaemonSet's install-cni writes weir-cni and the conflist here; the rest are Debian's
     cni_bin=$N/cni-bin
     for p in loopback portmap; do ln -sf "/usr/lib/cni/$p" "$cni_bin/$p"; done
+  elif [ "${WEIR_CNI:-weir}" = reference ]; then
+    # Another CNI plugin, weir only as service proxy (and routes): the reference bridge +
+    # host-local, Debian's containernetworking-plugins.
+    for p in bridge host-local; do ln -sf "/usr/lib/cni/$p" "$R/cni-bin/$p"; done
+    cat >"$N/cni/net.d/10-bridge.conflist" <<CN
+{"cniVersion": "1.0.0", "name": "reference", "plugins": [
+  {"type": "bridge", "bridge": "cni0", "mtu": 1500, "isGateway": true, "isDefaultGateway": true,
+   "ipMasq": true, "hairpinMode": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$cidr"}]],
+            "dataDir": "$N/cni/networks"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+CN
   else
   cat >"$N/cni/net.d/10-weir.conflist" <<CN
 {"cniVersion": "1.0.0", "name": "weir", "plugins": [
