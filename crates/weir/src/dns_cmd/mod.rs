@@ -284,15 +284,7 @@ fn start_http(
         return Ok(None);
     }
     let runtime = HttpRuntime::new().context("HTTP runtime")?;
-    // Port 0 twice means two free ports, not one.
-    let shared = healthz.is_some_and(|a| a.port() != 0) && healthz == metrics_at;
-    let mut wanted = Vec::new();
-    if let Some(a) = healthz {
-        wanted.push((a, true, shared));
-    }
-    if let Some(a) = metrics_at.filter(|_| !shared) {
-        wanted.push((a, false, true));
-    }
+    let wanted = crate::runtime::parts::listeners(healthz, metrics_at);
     let mut servers = Vec::new();
     for (addr, health, with_metrics) in wanted {
         let (ready, metrics, forwarders) = (ready.clone(), metrics.clone(), forwarders.to_vec());

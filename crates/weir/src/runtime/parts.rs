@@ -13,6 +13,24 @@ use weir_proxy::health::OtherParts;
 type Check = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
 type Encode = Box<dyn Fn() -> String + Send + Sync>;
 
+/// The listeners a command with `--healthz-bind-address` and `--metrics-bind-address` opens:
+/// (address, serves health, serves metrics); one listener for both when the two name the same
+/// address (port 0 twice means two free ports, not one).
+pub fn listeners(
+    healthz: Option<SocketAddr>,
+    metrics: Option<SocketAddr>,
+) -> Vec<(SocketAddr, bool, bool)> {
+    let shared = healthz.is_some_and(|a| a.port() != 0) && healthz == metrics;
+    let mut wanted = Vec::new();
+    if let Some(a) = healthz {
+        wanted.push((a, true, shared));
+    }
+    if let Some(a) = metrics.filter(|_| !shared) {
+        wanted.push((a, false, true));
+    }
+    wanted
+}
+
 /// The parts other than the proxy, as registered at start, and the ones that stopped.
 #[derive(Default)]
 pub struct Parts {
@@ -139,6 +157,26 @@ pub fn serve(
         _servers: servers,
         _runtime: runtime,
     })
+}
+
+#[cfg(test)]
+mod listener_tests {
+    use super::listeners;
+
+    #[test]
+    fn one_listener_for_one_address_and_two_for_port_zero() {
+        let a = "127.0.0.1:9000".parse().ok();
+        let b = "127.0.0.1:9001".parse().ok();
+        let zero = "127.0.0.1:0".parse().ok();
+        assert_eq!(listeners(a, a), vec![(a.unwrap(), true, true)]);
+        assert_eq!(
+            listeners(a, b),
+            vec![(a.unwrap(), true, false), (b.unwrap(), false, true)]
+        );
+        assert_eq!(listeners(zero, zero).len(), 2);
+        assert_eq!(listeners(None, b), vec![(b.unwrap(), false, true)]);
+        assert!(listeners(None, None).is_empty());
+    }
 }
 
 #[cfg(test)]
