@@ -4,6 +4,7 @@
 //! fast, and network namespaces are per *thread*, which async executors hide from us. Message
 //! construction reuses rtnetlink's builders; transport is a plain blocking netlink socket.
 
+pub mod libnftables;
 pub mod netlink_reply;
 pub mod netns;
 pub mod nft;

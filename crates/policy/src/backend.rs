@@ -38,6 +38,9 @@ pub enum Error {
     /// nft refused the transaction: nothing of it was applied.
     #[error("nft rejected the transaction (the rules before it stay): {0}")]
     Rejected(String),
+    /// libnftables could not be loaded or its context not used (not a refusal of the rules).
+    #[error("{0}")]
+    Library(String),
     #[error("cannot read the table back: {0}")]
     Listing(String),
 }

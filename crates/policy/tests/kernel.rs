@@ -9,7 +9,7 @@ use serde_json::json;
 use weir_policy::backend::{Backend, SyncKind};
 use weir_policy::k8s_openapi::api::core::v1::{Namespace, Pod};
 use weir_policy::k8s_openapi::api::networking::v1::NetworkPolicy;
-use weir_policy::kernel::{NftBackend, NftCommand};
+use weir_policy::kernel::{Nft, NftBackend, NftCommand, NftLibrary};
 use weir_policy::{plan, Cluster, PolicyPlan};
 
 struct Netns(String);
@@ -48,8 +48,14 @@ impl Netns {
         r.unwrap();
     }
 
-    fn backend(&self) -> NftBackend<NftCommand> {
+    fn command_backend(&self) -> NftBackend<NftCommand> {
         NftBackend::with_nft(NftCommand::with_prefix(&["ip", "netns", "exec", &self.0]))
+    }
+
+    /// libnftables in the test process, writing into this namespace.
+    fn library_backend(&self) -> NftBackend<NftLibrary> {
+        let netns = weir_kernel::NetNs::named(&self.0).expect("the test's namespace");
+        NftBackend::with_nft(NftLibrary::in_netns(netns).expect("libnftables"))
     }
 }
 
@@ -104,8 +110,37 @@ fn whole_table_then_diffs_rejected_transactions_leave_all_as_it_was_checks_and_c
         return;
     }
     let ns = Netns::new("b");
+    let b = ns.command_backend();
+    the_backend_contract(&ns, b);
+}
+
+/// The same contract through libnftables in the process (what `weir policy` uses where the
+/// library loads).
+#[test]
+fn the_in_process_library_keeps_the_same_contract() {
+    let missing = (!weir_kernel::libnftables::available())
+        .then(|| "libnftables.so.1 (package libnftables1)".to_string());
+    let needs = weir_testkit::all([weir_testkit::missing(true, &["nft", "ip"]), missing]);
+    if !weir_testkit::can_run(needs) {
+        return;
+    }
+    let host_tables = || {
+        let out = Command::new("nft")
+            .args(["list", "tables"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = host_tables();
+    let ns = Netns::new("l");
+    let b = ns.library_backend();
+    the_backend_contract(&ns, b);
+    // The context wrote into the test's namespace only, whichever thread called it.
+    assert_eq!(host_tables(), before, "the host's tables");
+}
+
+fn the_backend_contract<N: Nft>(ns: &Netns, mut b: NftBackend<N>) {
     ns.nft_script(OTHER);
-    let mut b = ns.backend();
 
     let one = planned(&["a", "b"]);
     assert_eq!(b.sync(&one).unwrap().kind, SyncKind::Full);

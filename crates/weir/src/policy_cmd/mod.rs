@@ -203,14 +203,12 @@ impl PolicyPart {
             metrics: self.metrics,
             health: self.health,
         };
-        PolicyLoop::new(
-            self.settings,
-            NftBackend::new(),
-            view,
-            SystemClock,
-            reporting,
-        )
-        .run()
+        let backend = NftBackend::new();
+        info!(
+            "policy: rules are written with {}",
+            backend.nft().describe()
+        );
+        PolicyLoop::new(self.settings, backend, view, SystemClock, reporting).run()
     }
 }
 
