@@ -10,9 +10,10 @@
 //! - a [`Clock`] (`now`, `sleep`),
 //! - a [`PolicyObserver`] (metrics and health in the binary).
 //!
-//! The loop keeps its own [`Cluster`] (sharing the store's objects), moves it by each round's
-//! changes, logs each changed object's conversion warnings once, and plans this node's pods
-//! from scratch when anything changed (milliseconds for a node's share; `docs/policy.md`).
+//! The loop keeps its own [`Cluster`] (sharing the store's objects) in a [`NodePlanner`],
+//! moves it by each round's changes, logs each changed object's conversion warnings once, and
+//! replans when anything changed: the planner recompiles only the policies a change can
+//! affect (`docs/policy.md`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,7 +25,7 @@ use crate::backend::{Backend, Error, SyncKind, SyncReport};
 use crate::key::ObjectKey;
 use crate::model::{Cluster, Converted, NamespaceInfo, PodInfo, PolicyInfo};
 use crate::plan::PolicyPlan;
-use crate::planner::plan;
+use crate::planner::NodePlanner;
 
 /// Time as the loop sees it: a test drives minutes of periods in microseconds.
 pub trait Clock {
@@ -149,7 +150,7 @@ pub struct PolicyLoop<B, S, C, O> {
     clock: C,
     observer: O,
     started: bool,
-    cluster: Cluster,
+    planner: NodePlanner,
     /// Warnings per object (kind, key) that has any.
     warnings: HashMap<(&'static str, ObjectKey), usize>,
     plan: Option<PolicyPlan>,
@@ -167,6 +168,7 @@ pub struct PolicyLoop<B, S, C, O> {
 impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, C, O> {
     pub fn new(settings: LoopSettings, backend: B, source: S, clock: C, observer: O) -> Self {
         let now = clock.now();
+        let planner = NodePlanner::new(Cluster::default(), &settings.node_name);
         PolicyLoop {
             settings,
             backend,
@@ -174,7 +176,7 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
             clock,
             observer,
             started: false,
-            cluster: Cluster::default(),
+            planner,
             warnings: HashMap::new(),
             plan: None,
             dirty: true,
@@ -205,7 +207,7 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
 
     /// The objects the loop has read so far.
     pub fn cluster(&self) -> &Cluster {
-        &self.cluster
+        self.planner.cluster()
     }
 
     /// The plan of the last round (`None` before the first).
@@ -275,12 +277,13 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
             let count = changes.changes.len();
             self.apply_changes(changes.changes);
             let planning = Instant::now();
-            let planned = plan(&self.cluster, &self.settings.node_name);
+            let planned = self.planner.plan();
             if first {
+                let cluster = self.planner.cluster();
                 info!(
-                    namespaces = self.cluster.namespaces.len(),
-                    pods = self.cluster.pods.len(),
-                    policies = self.cluster.policies.len(),
+                    namespaces = cluster.namespaces.len(),
+                    pods = cluster.pods.len(),
+                    policies = cluster.policies.len(),
                     local_pods = planned.pods.len(),
                     plan_ms = planning.elapsed().as_secs_f64() * 1e3,
                     "policy: planned the initial objects"
@@ -381,26 +384,26 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
         for change in changes {
             match change {
                 Change::Namespace { name, now } => match now {
-                    Some(ns) => self.cluster.insert_namespace(ns),
+                    Some(ns) => self.planner.insert_namespace(ns),
                     None => {
-                        self.cluster.remove_namespace(&name);
+                        self.planner.remove_namespace(&name);
                     }
                 },
                 Change::Pod { key, now } => {
                     warnings_changed |= self.note_warnings("Pod", &key, now.as_deref());
                     match now {
-                        Some(pod) => self.cluster.insert_pod(pod.value.clone()),
+                        Some(pod) => self.planner.insert_pod(pod.value.clone()),
                         None => {
-                            self.cluster.remove_pod(&key);
+                            self.planner.remove_pod(&key);
                         }
                     }
                 }
                 Change::Policy { key, now } => {
                     warnings_changed |= self.note_warnings("NetworkPolicy", &key, now.as_deref());
                     match now {
-                        Some(policy) => self.cluster.insert_policy(policy.value.clone()),
+                        Some(policy) => self.planner.insert_policy(policy.value.clone()),
                         None => {
-                            self.cluster.remove_policy(&key);
+                            self.planner.remove_policy(&key);
                         }
                     }
                 }

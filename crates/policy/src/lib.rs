@@ -30,7 +30,7 @@ pub use model::{Cluster, Converted};
 pub use plan::{
     AddressSet, AllowRule, L4Match, PeerMatch, PodProgram, PolicyPlan, PortMatch, Program,
 };
-pub use planner::plan;
+pub use planner::{plan, NodePlanner};
 pub use warning::{Outcome, Problem, Warning};
 
 /// Re-export of the Kubernetes API types this crate reads.

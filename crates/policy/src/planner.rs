@@ -1,20 +1,24 @@
-//! Objects → one node's [`PolicyPlan`].
+//! Objects → one node's [`PolicyPlan`], kept current change by change.
 //!
-//! Only the policies selecting a local pod are compiled, each once per direction: peer
-//! selectors become address sets through [`PodIndex`], and the compiled rules are shared
-//! (`Arc`) by every local pod the policy selects. Only ingress named ports differ per pod
-//! (each resolves against the local pod's own container ports); egress named ports resolve
-//! against each destination pod, so they become (destination IPs, one port) rules.
+//! [`NodePlanner`] owns the objects ([`Cluster`]), the pod index and every policy it has
+//! compiled. Only the policies selecting a local pod are compiled, each once per direction:
+//! peer selectors become address sets through [`PodIndex`], and the compiled rules are
+//! shared (`Arc`) by every local pod the policy selects. A change drops only the compiled
+//! policies it can affect (a pod a peer of theirs matches before or after, a named port, a
+//! namespace's labels, the policy itself); each plan then rebuilds the local pods' programs
+//! from what is compiled, compiling what was dropped. Only ingress named ports differ per
+//! pod (each resolves against the local pod's own container ports); egress named ports
+//! resolve against each destination pod, so they become (destination IPs, one port) rules.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::index::PodIndex;
+use crate::index::{in_scope, PodIndex};
 use crate::key::ObjectKey;
 use crate::model::{
-    Cluster, Direction, NamespaceScope, Peer, Peers, PodInfo, PolicyInfo, PortSelector, Ports,
-    Protocol, Rule, Selector,
+    Cluster, Direction, NamespaceInfo, NamespaceScope, Peer, Peers, PodInfo, PolicyInfo,
+    PortSelector, Ports, Protocol, Rule, Selector,
 };
 use crate::plan::{
     AddressSet, AllowRule, L4Match, PeerMatch, PodProgram, PolicyPlan, PortMatch, Program,
@@ -22,62 +26,269 @@ use crate::plan::{
 
 /// The plan for the pods on `node`: every live, non-hostNetwork pod scheduled there.
 pub fn plan(cluster: &Cluster, node: &str) -> PolicyPlan {
-    let mut planner = Planner {
-        index: PodIndex::new(cluster),
-        compiled: HashMap::new(),
-        named_everywhere: HashMap::new(),
-        named_to_peers: HashMap::new(),
-        selections: HashMap::new(),
-    };
-    let mut by_namespace: HashMap<&str, Vec<&PolicyInfo>> = HashMap::new();
-    for policy in cluster.policies.values() {
-        by_namespace
-            .entry(&policy.key.namespace)
-            .or_default()
-            .push(policy);
+    NodePlanner::new(cluster.clone(), node).plan()
+}
+
+/// One node's planner: the cluster as the agent sees it, and what planning it needs kept
+/// between changes. Equal plans to [`plan`] of the same objects, after any changes
+/// (`tests/incremental.rs`).
+pub struct NodePlanner {
+    node: Arc<str>,
+    cluster: Cluster,
+    index: PodIndex,
+    /// Live, non-hostNetwork pods on this node.
+    local: BTreeSet<ObjectKey>,
+    compiled: HashMap<(ObjectKey, Direction), Arc<[Compiled]>>,
+    /// Namespaces holding policy pods that a namespace selector matches.
+    namespace_matches: HashMap<Selector, Arc<[Arc<str>]>>,
+}
+
+impl NodePlanner {
+    pub fn new(cluster: Cluster, node: &str) -> NodePlanner {
+        let index = PodIndex::new(&cluster);
+        let mut planner = NodePlanner {
+            node: node.into(),
+            cluster: Cluster::default(),
+            index,
+            local: BTreeSet::new(),
+            compiled: HashMap::new(),
+            namespace_matches: HashMap::new(),
+        };
+        planner.local = cluster
+            .pods
+            .values()
+            .filter(|p| planner.is_local(p))
+            .map(|p| p.key.clone())
+            .collect();
+        planner.cluster = cluster;
+        planner
     }
-    let local = cluster
-        .pods
-        .values()
-        .filter(|p| p.is_policy_pod() && p.node.as_deref() == Some(node));
-    let mut pods = BTreeMap::new();
-    for pod in local {
-        let selecting: Vec<&PolicyInfo> = by_namespace
-            .get(&*pod.key.namespace)
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    fn is_local(&self, pod: &PodInfo) -> bool {
+        pod.is_policy_pod() && pod.node.as_deref() == Some(&*self.node)
+    }
+
+    pub fn insert_namespace(&mut self, ns: impl Into<Arc<NamespaceInfo>>) {
+        self.cluster.insert_namespace(ns);
+        self.namespace_changed();
+    }
+
+    pub fn remove_namespace(&mut self, name: &str) -> bool {
+        let removed = self.cluster.remove_namespace(name);
+        self.namespace_changed();
+        removed
+    }
+
+    /// Namespace labels decide namespace selectors: every compiled policy with one goes.
+    fn namespace_changed(&mut self) {
+        self.namespace_matches.clear();
+        let cluster = &self.cluster;
+        self.compiled.retain(|(key, direction), _| {
+            let Some(policy) = cluster.policies.get(key) else {
+                return false;
+            };
+            !policy.rules(*direction).iter().any(|rule| {
+                matches!(&rule.peers, Peers::Only(list) if list.iter().any(|peer| matches!(
+                    peer,
+                    Peer::Pods { namespaces: NamespaceScope::Matching(_), .. }
+                )))
+            })
+        });
+    }
+
+    pub fn insert_pod(&mut self, pod: impl Into<Arc<PodInfo>>) {
+        let pod = pod.into();
+        let old = self.cluster.pods.get(&pod.key).cloned();
+        self.cluster.insert_pod(pod.clone());
+        self.pod_changed(old, Some(pod));
+    }
+
+    pub fn remove_pod(&mut self, key: &ObjectKey) -> bool {
+        let old = self.cluster.pods.remove(key);
+        let removed = old.is_some();
+        self.pod_changed(old, None);
+        removed
+    }
+
+    fn pod_changed(&mut self, old: Option<Arc<PodInfo>>, new: Option<Arc<PodInfo>>) {
+        let namespaces_before = self.index.namespaces().count();
+        if let Some(old) = &old {
+            self.index.remove(&old.key);
+            self.local.remove(&old.key);
+        }
+        if let Some(new) = &new {
+            self.index.insert(new);
+            if self.is_local(new) {
+                self.local.insert(new.key.clone());
+            }
+        }
+        // A namespace gaining its first policy pod or losing its last changes which
+        // namespaces a selector's list holds.
+        if self.index.namespaces().count() != namespaces_before {
+            self.namespace_matches.clear();
+        }
+        let versions: Vec<&PodInfo> = [&old, &new]
             .into_iter()
             .flatten()
-            .copied()
-            .filter(|p| p.pod_selector.matches(&pod.labels))
+            .map(|p| &**p)
+            .filter(|p| p.is_policy_pod())
             .collect();
-        let program = PodProgram {
-            ips: pod.ips.clone(),
-            ingress: planner.program(&selecting, Direction::Ingress, pod),
-            egress: planner.program(&selecting, Direction::Egress, pod),
+        if versions.is_empty() {
+            return;
+        }
+        let cluster = &self.cluster;
+        self.compiled.retain(|(key, direction), _| {
+            let Some(policy) = cluster.policies.get(key) else {
+                return false;
+            };
+            !versions
+                .iter()
+                .any(|pod| depends_on(cluster, policy, *direction, pod))
+        });
+    }
+
+    pub fn insert_policy(&mut self, policy: impl Into<Arc<PolicyInfo>>) {
+        let policy = policy.into();
+        self.forget_policy(&policy.key);
+        self.cluster.insert_policy(policy);
+    }
+
+    pub fn remove_policy(&mut self, key: &ObjectKey) -> bool {
+        self.forget_policy(key);
+        self.cluster.remove_policy(key)
+    }
+
+    fn forget_policy(&mut self, key: &ObjectKey) {
+        for direction in [Direction::Ingress, Direction::Egress] {
+            self.compiled.remove(&(key.clone(), direction));
+        }
+    }
+
+    /// The plan for this node's pods now.
+    pub fn plan(&mut self) -> PolicyPlan {
+        let mut compiler = Compiler {
+            cluster: &self.cluster,
+            index: &self.index,
+            namespace_matches: &mut self.namespace_matches,
+            selections: HashMap::new(),
+            named_everywhere: HashMap::new(),
+            named_to_peers: HashMap::new(),
         };
-        pods.insert(pod.key.clone(), program);
-    }
-    PolicyPlan {
-        node: node.into(),
-        pods,
+        let mut pods = BTreeMap::new();
+        for key in &self.local {
+            let pod = &self.cluster.pods[key];
+            let selecting: Vec<&PolicyInfo> = policies_in(&self.cluster, &key.namespace)
+                .filter(|p| p.pod_selector.matches(&pod.labels))
+                .collect();
+            let mut program = |direction| {
+                let isolating = selecting.iter().filter(|p| p.isolates(direction));
+                let mut program: Option<Program> = None;
+                for policy in isolating {
+                    let compiled = self
+                        .compiled
+                        .entry((policy.key.clone(), direction))
+                        .or_insert_with(|| compiler.compile(policy, direction))
+                        .clone();
+                    let program = program.get_or_insert_with(Program::default);
+                    program.isolated_by.push(policy.key.clone());
+                    add_rules(&mut program.rules, &compiled, pod);
+                }
+                program
+            };
+            let program = PodProgram {
+                ips: pod.ips.clone(),
+                ingress: program(Direction::Ingress),
+                egress: program(Direction::Egress),
+            };
+            pods.insert(key.clone(), program);
+        }
+        PolicyPlan {
+            node: self.node.clone(),
+            pods,
+        }
     }
 }
 
-struct Planner<'a> {
-    index: PodIndex<'a>,
-    compiled: HashMap<(&'a ObjectKey, Direction), Arc<[Compiled]>>,
-    /// Egress named ports with any destination: (name, protocol) → port → pod IPs.
-    named_everywhere: HashMap<(Box<str>, Protocol), Arc<PortAddresses>>,
-    /// Egress named ports to listed peers; the policy's namespace is part of the key only
-    /// when a peer means "the policy's own namespace".
-    named_to_peers: HashMap<NamedKey<'a>, Arc<PortAddresses>>,
-    /// Selected pods by (own namespace if the scope is `Own`, scope, pod selector).
-    selections: HashMap<SelectionKey<'a>, Arc<[u32]>>,
+/// The policies of `namespace`, in key order (keys sort by namespace first).
+fn policies_in<'a>(
+    cluster: &'a Cluster,
+    namespace: &'a Arc<str>,
+) -> impl Iterator<Item = &'a PolicyInfo> + 'a {
+    let from = ObjectKey {
+        namespace: namespace.clone(),
+        name: "".into(),
+    };
+    cluster
+        .policies
+        .range(from..)
+        .take_while(move |(k, _)| k.namespace == *namespace)
+        .map(|(_, p)| &**p)
 }
 
-/// Where a named port leads: port → the destination pods' addresses.
-type PortAddresses = BTreeMap<u16, Vec<IpAddr>>;
-type NamedKey<'a> = (Option<&'a str>, &'a Peers, Box<str>, Protocol);
-type SelectionKey<'a> = (Option<&'a str>, &'a NamespaceScope, &'a Selector);
+/// Whether what `policy` compiles to in `direction` can change when `pod` (a policy pod)
+/// comes, goes or changes: a peer of a rule selects it, or an egress rule's named port could
+/// lead to it. Errs on the side of yes.
+fn depends_on(cluster: &Cluster, policy: &PolicyInfo, direction: Direction, pod: &PodInfo) -> bool {
+    policy.rules(direction).iter().any(|rule| {
+        let named = matches!(&rule.ports, Ports::Only(specs)
+            if specs.iter().any(|s| matches!(s.port, PortSelector::Named(_))));
+        if direction == Direction::Egress && named && !pod.named_ports.is_empty() {
+            return true;
+        }
+        let Peers::Only(list) = &rule.peers else {
+            return false;
+        };
+        list.iter().any(|peer| match peer {
+            Peer::Pods { namespaces, pods } => {
+                in_scope(
+                    cluster,
+                    &policy.key.namespace,
+                    namespaces,
+                    &pod.key.namespace,
+                ) && pods.matches(&pod.labels)
+            }
+            Peer::Block(_) => false,
+        })
+    })
+}
+
+/// `compiled` as rules for `pod`: ingress named ports resolve against its own ports.
+fn add_rules(rules: &mut Vec<Arc<AllowRule>>, compiled: &[Compiled], pod: &PodInfo) {
+    for compiled in compiled {
+        match compiled {
+            Compiled::Fixed(rule) => rules.push(rule.clone()),
+            Compiled::IngressNamed {
+                policy,
+                peers,
+                names,
+            } => {
+                let mut l4: Vec<L4Match> = names
+                    .iter()
+                    .filter_map(|(name, protocol)| {
+                        let port = pod.named_port(name, *protocol)?;
+                        Some(L4Match {
+                            protocol: *protocol,
+                            ports: Some((port, port)),
+                        })
+                    })
+                    .collect();
+                if !l4.is_empty() {
+                    l4.sort();
+                    l4.dedup();
+                    rules.push(Arc::new(AllowRule {
+                        policy: policy.clone(),
+                        peers: peers.clone(),
+                        ports: PortMatch::Only(l4),
+                    }));
+                }
+            }
+        }
+    }
+}
 
 /// A policy rule compiled for every pod the policy selects.
 enum Compiled {
@@ -90,66 +301,33 @@ enum Compiled {
     },
 }
 
-impl<'a> Planner<'a> {
-    fn program(
-        &mut self,
-        selecting: &[&'a PolicyInfo],
-        direction: Direction,
-        pod: &PodInfo,
-    ) -> Option<Program> {
-        let isolating = selecting.iter().filter(|p| p.isolates(direction));
-        let mut program: Option<Program> = None;
-        for policy in isolating {
-            let program = program.get_or_insert_with(Program::default);
-            program.isolated_by.push(policy.key.clone());
-            let rules = &mut program.rules;
-            for compiled in self.compiled(policy, direction).iter() {
-                match compiled {
-                    Compiled::Fixed(rule) => rules.push(rule.clone()),
-                    Compiled::IngressNamed {
-                        policy,
-                        peers,
-                        names,
-                    } => {
-                        let mut l4: Vec<L4Match> = names
-                            .iter()
-                            .filter_map(|(name, protocol)| {
-                                let port = pod.named_port(name, *protocol)?;
-                                Some(L4Match {
-                                    protocol: *protocol,
-                                    ports: Some((port, port)),
-                                })
-                            })
-                            .collect();
-                        if !l4.is_empty() {
-                            l4.sort();
-                            l4.dedup();
-                            rules.push(Arc::new(AllowRule {
-                                policy: policy.clone(),
-                                peers: peers.clone(),
-                                ports: PortMatch::Only(l4),
-                            }));
-                        }
-                    }
-                }
-            }
-        }
-        program
-    }
+/// One plan's compiling: caches that live as long as the objects cannot change.
+struct Compiler<'a> {
+    cluster: &'a Cluster,
+    index: &'a PodIndex,
+    namespace_matches: &'a mut HashMap<Selector, Arc<[Arc<str>]>>,
+    /// Egress named ports with any destination: (name, protocol) → port → pod IPs.
+    named_everywhere: HashMap<(Box<str>, Protocol), Arc<PortAddresses>>,
+    /// Egress named ports to listed peers; the policy's namespace is part of the key only
+    /// when a peer means "the policy's own namespace".
+    named_to_peers: HashMap<NamedKey<'a>, Arc<PortAddresses>>,
+    /// Selected pods by (own namespace if the scope is `Own`, scope, pod selector).
+    selections: HashMap<SelectionKey<'a>, Arc<[&'a PodInfo]>>,
+}
 
-    fn compiled(&mut self, policy: &'a PolicyInfo, direction: Direction) -> Arc<[Compiled]> {
-        if let Some(done) = self.compiled.get(&(&policy.key, direction)) {
-            return done.clone();
-        }
+/// Where a named port leads: port → the destination pods' addresses.
+type PortAddresses = BTreeMap<u16, Vec<IpAddr>>;
+type NamedKey<'a> = (Option<&'a str>, &'a Peers, Box<str>, Protocol);
+type SelectionKey<'a> = (Option<&'a str>, &'a NamespaceScope, &'a Selector);
+
+impl<'a> Compiler<'a> {
+    fn compile(&mut self, policy: &'a PolicyInfo, direction: Direction) -> Arc<[Compiled]> {
         let mut out = Vec::new();
         for rule in policy.rules(direction) {
             self.compile_rule(policy, direction, rule, &mut out);
         }
-        let out: Arc<[Compiled]> = out.into();
-        self.compiled.insert((&policy.key, direction), out.clone());
-        out
+        out.into()
     }
-
     fn compile_rule(
         &mut self,
         policy: &'a PolicyInfo,
@@ -207,13 +385,25 @@ impl<'a> Planner<'a> {
         policy: &'a PolicyInfo,
         namespaces: &'a NamespaceScope,
         pods: &'a Selector,
-    ) -> Arc<[u32]> {
+    ) -> Arc<[&'a PodInfo]> {
         let own = matches!(namespaces, NamespaceScope::Own).then_some(&*policy.key.namespace);
-        let index = &mut self.index;
+        if let Some(done) = self.selections.get(&(own, namespaces, pods)) {
+            return done.clone();
+        }
+        let (cluster, index) = (self.cluster, self.index);
+        let scoped: Arc<[Arc<str>]> = match namespaces {
+            NamespaceScope::Own => Arc::new([policy.key.namespace.clone()]),
+            NamespaceScope::Matching(selector) => self
+                .namespace_matches
+                .entry(selector.clone())
+                .or_insert_with(|| index.matching_namespaces(cluster, selector).into())
+                .clone(),
+        };
+        let scoped: Vec<&str> = scoped.iter().map(|n| &**n).collect();
+        let selected: Arc<[&'a PodInfo]> = index.select(&scoped, pods).into();
         self.selections
-            .entry((own, namespaces, pods))
-            .or_insert_with(|| index.select(&policy.key.namespace, namespaces, pods).into())
-            .clone()
+            .insert((own, namespaces, pods), selected.clone());
+        selected
     }
 
     /// Peers as addresses: the IPs of the pods their selectors match, and their blocks.
@@ -227,8 +417,7 @@ impl<'a> Planner<'a> {
                 Peer::Block(block) => set.blocks.push(block.clone()),
                 Peer::Pods { namespaces, pods } => {
                     let selected = self.select(policy, namespaces, pods);
-                    let ips = selected.iter().map(|i| &self.index.pods[*i as usize].ips);
-                    set.ips.extend(ips.flatten());
+                    set.ips.extend(selected.iter().flat_map(|p| &p.ips));
                 }
             }
         }
@@ -246,13 +435,13 @@ impl<'a> Planner<'a> {
         protocol: Protocol,
     ) -> Arc<PortAddresses> {
         let Peers::Only(list) = peers else {
-            let index = &self.index;
+            let index = self.index;
             return self
                 .named_everywhere
                 .entry((name.into(), protocol))
                 .or_insert_with(|| {
                     let mut by_port = BTreeMap::<u16, Vec<IpAddr>>::new();
-                    for pod in &index.pods {
+                    for pod in index.pods() {
                         if let Some(port) = pod.named_port(name, protocol) {
                             by_port.entry(port).or_default().extend(&pod.ips);
                         }
@@ -283,15 +472,14 @@ impl<'a> Planner<'a> {
             match peer {
                 Peer::Pods { namespaces, pods } => {
                     let selected = self.select(policy, namespaces, pods);
-                    for i in selected.iter().copied() {
-                        let pod = self.index.pods[i as usize];
+                    for pod in selected.iter() {
                         if let Some(port) = pod.named_port(name, protocol) {
                             by_port.entry(port).or_default().extend(&pod.ips);
                         }
                     }
                 }
                 Peer::Block(block) => {
-                    for pod in &self.index.pods {
+                    for pod in self.index.pods() {
                         let Some(port) = pod.named_port(name, protocol) else {
                             continue;
                         };
@@ -346,6 +534,7 @@ fn split_ports(ports: &Ports) -> (Option<PortMatch>, Vec<(Box<str>, Protocol)>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::NamespaceInfo;
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use serde_json::json;
@@ -493,5 +682,57 @@ mod tests {
         );
         assert_eq!(web.egress, None);
         assert_eq!(plan.pods[&key("db-0")].ingress, None);
+    }
+
+    /// A namespace relabelled, a peer pod relabelled, a policy replaced: each change reaches
+    /// the compiled rules it affects, and only those are compiled again.
+    #[test]
+    fn a_kept_planner_follows_each_kind_of_change() {
+        let c = cluster(
+            json!([
+                pod("web-0", "n1", "web", &["10.0.0.1"], json!([])),
+                {"metadata": {"namespace": "ops", "name": "prom", "labels": {"app": "prom"}},
+                 "spec": {"nodeName": "n2", "containers": [{"name": "c"}]},
+                 "status": {"phase": "Running", "podIP": "10.0.1.1"}},
+            ]),
+            json!([{"metadata": {"namespace": "shop", "name": "from-monitoring"},
+                    "spec": {"podSelector": {},
+                             "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}},
+                                                    "podSelector": {"matchLabels": {"app": "prom"}}}]}]}}]),
+        );
+        let mut planner = NodePlanner::new(c, "n1");
+        let peers = |planner: &mut NodePlanner| -> Vec<PeerMatch> {
+            let plan = planner.plan();
+            let ingress = plan.pods[&key("web-0")].ingress.clone().unwrap();
+            ingress.rules.iter().map(|r| r.peers.clone()).collect()
+        };
+        assert_eq!(
+            peers(&mut planner),
+            vec![],
+            "ops is not labelled team=monitoring yet"
+        );
+        let ops = |team: &str| {
+            NamespaceInfo::new("ops", [("team".into(), team.into())].into_iter().collect())
+        };
+        planner.insert_namespace(ops("monitoring"));
+        let prom = PeerMatch::Only(AddressSet {
+            ips: vec!["10.0.1.1".parse().unwrap()],
+            blocks: vec![],
+        });
+        assert_eq!(peers(&mut planner), vec![prom.clone()]);
+
+        // The peer relabelled: it no longer matches.
+        let mut relabelled = (*planner.cluster().pods[&ObjectKey::new("ops", "prom")]).clone();
+        relabelled.labels = [("app".into(), "other".into())].into_iter().collect();
+        planner.insert_pod(relabelled.clone());
+        assert_eq!(peers(&mut planner), vec![]);
+        relabelled.labels = [("app".into(), "prom".into())].into_iter().collect();
+        planner.insert_pod(relabelled);
+        assert_eq!(peers(&mut planner), vec![prom]);
+
+        planner.insert_namespace(ops("dev"));
+        assert_eq!(peers(&mut planner), vec![]);
+        planner.remove_policy(&key("from-monitoring"));
+        assert_eq!(planner.plan().pods[&key("web-0")].ingress, None);
     }
 }

@@ -9,7 +9,7 @@ use weir_policy::model::{
     IpBlock, Labels, NamedPort, NamespaceInfo, NamespaceScope, Peer, Peers, PodInfo, PolicyInfo,
     PortSelector, PortSpec, Ports, Protocol, Requirement, Rule, Selector,
 };
-use weir_policy::{nft, plan, Cluster, ObjectKey};
+use weir_policy::{nft, plan, Cluster, NodePlanner, ObjectKey};
 
 const NAMESPACES: usize = 1_000;
 const PODS_PER_NAMESPACE: usize = 10;
@@ -219,6 +219,8 @@ fn plans_ten_thousand_pods_and_policies() {
             plan.pods.len(),
             text.len() / 1024
         );
+        let (relabel, replace) = kept_planner_changes(&cluster);
+        println!("  kept planner: one pod relabelled → plan {relabel:?}; one policy replaced → plan {replace:?}");
         let want = if one_node { 10_000 } else { 100 };
         assert_eq!(plan.pods.len(), want);
         assert!(
@@ -226,4 +228,33 @@ fn plans_ten_thousand_pods_and_policies() {
             "default deny everywhere"
         );
     }
+}
+
+/// A planner kept across changes, as the agent keeps it: the replan after one pod label
+/// change (a local pod, in a namespace with policies) and after one policy replaced; each
+/// plan also compared with one from scratch.
+fn kept_planner_changes(cluster: &Cluster) -> (std::time::Duration, std::time::Duration) {
+    let mut planner = NodePlanner::new(cluster.clone(), "node-0");
+    planner.plan();
+    let mut reference = cluster.clone();
+    let key = ObjectKey::new("ns-0", "pod-0");
+    let mut pod = (*cluster.pods[&key]).clone();
+    pod.labels = labels(&[("app", "a1".into()), ("tier", "be".into())]);
+    reference.insert_pod(pod.clone());
+    planner.insert_pod(pod);
+    let started = Instant::now();
+    let after_relabel = planner.plan();
+    let relabel = started.elapsed();
+    assert_eq!(after_relabel, plan(&reference, "node-0"));
+
+    let policy_key = cluster.policies.keys().nth(3).unwrap().clone();
+    let mut policy = (*cluster.policies[&policy_key]).clone();
+    policy.ingress.clear();
+    reference.insert_policy(policy.clone());
+    planner.insert_policy(policy);
+    let started = Instant::now();
+    let after_replace = planner.plan();
+    let replace = started.elapsed();
+    assert_eq!(after_replace, plan(&reference, "node-0"));
+    (relabel, replace)
 }
