@@ -178,9 +178,10 @@ impl Nft for NftAny {
 /// The nftables policy backend.
 pub struct NftBackend<N = NftAny> {
     nft: N,
-    /// What the kernel holds since the last successful sync; `None` before the first and
-    /// after a failure or [`Backend::invalidate`] (the next sync writes the whole table).
-    applied: Option<Ruleset>,
+    /// What the kernel holds since the last successful sync, and the plan it was made
+    /// from; `None` before the first and after a failure or [`Backend::invalidate`] (the
+    /// next sync writes the whole table).
+    applied: Option<(PolicyPlan, Ruleset)>,
 }
 
 impl NftBackend<NftAny> {
@@ -211,7 +212,7 @@ impl<N: Nft> NftBackend<N> {
 
     /// What the kernel holds according to the last successful sync.
     pub fn applied(&self) -> Option<&Ruleset> {
-        self.applied.as_ref()
+        self.applied.as_ref().map(|(_, ruleset)| ruleset)
     }
 }
 
@@ -223,18 +224,19 @@ fn rule_count(ruleset: &Ruleset) -> usize {
 impl<N: Nft> Backend for NftBackend<N> {
     fn sync(&mut self, plan: &PolicyPlan) -> Result<SyncReport, Error> {
         let start = Instant::now();
-        let new = Ruleset::from_plan(plan);
         // Taken out: on an error it stays `None`, and the next sync writes the whole table.
-        let (kind, script, written) = match self.applied.take() {
+        let applied = self.applied.take();
+        let new = Ruleset::from_plan_after(plan, applied.as_ref().map(|(p, r)| (p, r)));
+        let (kind, script, written) = match applied {
             None => (
                 SyncKind::Full,
                 nft::render_ruleset(&new, &plan.node),
                 new.chains.len(),
             ),
-            Some(old) => {
+            Some((old_plan, old)) => {
                 let diff = old.diff(&new);
                 if diff.is_empty() {
-                    self.applied = Some(old);
+                    self.applied = Some((old_plan, old));
                     (SyncKind::Noop, String::new(), 0)
                 } else {
                     let written = diff.added_chains.len()
@@ -255,7 +257,7 @@ impl<N: Nft> Backend for NftBackend<N> {
             chains_written: written,
             script_bytes: script.len(),
         };
-        self.applied = Some(new);
+        self.applied = Some((plan.clone(), new));
         Ok(report)
     }
 
@@ -264,7 +266,7 @@ impl<N: Nft> Backend for NftBackend<N> {
     /// or flushed table, a deleted or emptied chain, an added or removed rule or element
     /// makes it false; a rule rewritten in place with the same count is not seen.
     fn intact(&mut self) -> Result<bool, Error> {
-        let Some(applied) = &self.applied else {
+        let Some((_, applied)) = &self.applied else {
             return Ok(true); // the next sync writes everything anyway
         };
         let Some(json) = self.nft.list_table()? else {

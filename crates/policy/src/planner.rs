@@ -231,16 +231,17 @@ fn policies_in<'a>(
 
 /// Whether what `policy` compiles to in `direction` can change when `pod` (a policy pod)
 /// comes, goes or changes: a peer of a rule selects it, or an egress rule's named port could
-/// lead to it. Errs on the side of yes.
+/// lead to it (the pod has a port of that name, and the rule allows any peer or a block
+/// covering the pod). Errs on the side of yes.
 fn depends_on(cluster: &Cluster, policy: &PolicyInfo, direction: Direction, pod: &PodInfo) -> bool {
+    let has_port = |name: &str| pod.named_ports.iter().any(|((n, _), _)| **n == *name);
     policy.rules(direction).iter().any(|rule| {
-        let named = matches!(&rule.ports, Ports::Only(specs)
-            if specs.iter().any(|s| matches!(s.port, PortSelector::Named(_))));
-        if direction == Direction::Egress && named && !pod.named_ports.is_empty() {
-            return true;
-        }
+        let named_here = direction == Direction::Egress
+            && matches!(&rule.ports, Ports::Only(specs) if specs.iter().any(|s| {
+                matches!(&s.port, PortSelector::Named(name) if has_port(name))
+            }));
         let Peers::Only(list) = &rule.peers else {
-            return false;
+            return named_here;
         };
         list.iter().any(|peer| match peer {
             Peer::Pods { namespaces, pods } => {
@@ -251,11 +252,10 @@ fn depends_on(cluster: &Cluster, policy: &PolicyInfo, direction: Direction, pod:
                     &pod.key.namespace,
                 ) && pods.matches(&pod.labels)
             }
-            Peer::Block(_) => false,
+            Peer::Block(block) => named_here && pod.ips.iter().any(|ip| block.cidr.contains(ip)),
         })
     })
 }
-
 /// `compiled` as rules for `pod`: ingress named ports resolve against its own ports.
 fn add_rules(rules: &mut Vec<Arc<AllowRule>>, compiled: &[Compiled], pod: &PodInfo) {
     for compiled in compiled {

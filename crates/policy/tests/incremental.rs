@@ -2,7 +2,8 @@
 //! oracle test's generator), the first loaded, then a random walk of changes towards the
 //! second (a pod, policy or namespace added, changed to the second's version, or removed).
 //! After every change each node's [`NodePlanner`] must plan exactly what [`plan`] plans from
-//! the same objects: every compiled policy a change could affect was recompiled.
+//! the same objects: every compiled policy a change could affect was recompiled. The nft
+//! ruleset made reusing the previous one's unchanged chains equals one made from scratch.
 
 mod common;
 
@@ -14,7 +15,8 @@ use proptest::test_runner::{TestCaseError, TestRunner};
 use weir_policy::k8s_openapi::api::core::v1::{Namespace, Pod};
 use weir_policy::k8s_openapi::api::networking::v1::NetworkPolicy;
 use weir_policy::model::NamespaceInfo;
-use weir_policy::{plan, Cluster, Converted, NodePlanner};
+use weir_policy::nft::Ruleset;
+use weir_policy::{plan, Cluster, Converted, NodePlanner, PolicyPlan};
 
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -135,20 +137,21 @@ fn check(first: &ClusterGen, second: &ClusterGen, steps: &[Step]) -> Result<usiz
         .map(|n| NodePlanner::new(cluster.clone(), n))
         .collect();
     let mut planned = 0;
+    let mut rulesets: Vec<Option<(PolicyPlan, Ruleset)>> = vec![None; NODES.len()];
     for (k, step) in steps.iter().enumerate() {
         // Plans between some changes only: changes also pile up between two plans.
         if k % 3 != 1 {
-            for (planner, node) in planners.iter_mut().zip(NODES) {
+            let nodes = planners.iter_mut().zip(NODES).zip(&mut rulesets);
+            for ((planner, node), previous) in nodes {
                 let fresh = plan(&cluster, node);
                 planned += fresh.pods.len();
-                prop_assert_eq!(
-                    planner.plan(),
-                    fresh,
-                    "{} before step {} {:?}",
-                    node,
-                    k,
-                    step
-                );
+                let kept = planner.plan();
+                prop_assert_eq!(&kept, &fresh, "{} before step {} {:?}", node, k, step);
+                // The ruleset reusing the previous one's unchanged chains is the same too.
+                let after = previous.as_ref().map(|(p, r)| (p, r));
+                let ruleset = Ruleset::from_plan_after(&kept, after);
+                prop_assert_eq!(&ruleset, &Ruleset::from_plan(&fresh));
+                *previous = Some((kept, ruleset));
             }
         }
         apply(*step, &next, &mut cluster, &mut planners);

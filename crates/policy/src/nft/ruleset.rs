@@ -98,6 +98,16 @@ impl Dir {
 
 impl Ruleset {
     pub fn from_plan(plan: &PolicyPlan) -> Ruleset {
+        Ruleset::from_plan_after(plan, None)
+    }
+
+    /// [`Ruleset::from_plan`], taking the chains of every pod whose program is the same as
+    /// in `previous` (a plan and the ruleset made from it) instead of writing them again:
+    /// after one change most of a node's pods have the programs they had.
+    pub fn from_plan_after(
+        plan: &PolicyPlan,
+        previous: Option<(&PolicyPlan, &Ruleset)>,
+    ) -> Ruleset {
         let mut out = Ruleset {
             maps: VerdictMap::ALL
                 .iter()
@@ -115,8 +125,14 @@ impl Ruleset {
                     let map = out.maps.entry(VerdictMap::of(dir, *ip)).or_default();
                     map.entry(*ip).or_insert_with(|| chain.clone());
                 }
-                out.chains
-                    .insert(chain, chain_rules(key, &pod.ips, dir, program));
+                let kept = previous
+                    .filter(|(old_plan, _)| old_plan.pods.get(key) == Some(pod))
+                    .and_then(|(_, old)| old.chains.get(&chain));
+                let rules = match kept {
+                    Some(rules) => rules.clone(),
+                    None => chain_rules(key, &pod.ips, dir, program),
+                };
+                out.chains.insert(chain, rules);
             }
         }
         out
