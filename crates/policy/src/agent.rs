@@ -266,6 +266,10 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
                 .sleep(earliest.saturating_duration_since(self.clock.now()));
         }
         let changes = self.source.take_changes();
+        // From the oldest change reaching the source to this round taking it.
+        let queued = changes
+            .since
+            .map(|t| self.clock.now().saturating_duration_since(t));
         self.seen = changes.generation;
         if let Some(t) = changes.since {
             self.pending_since = Some(self.pending_since.map_or(t, |p| p.min(t)));
@@ -291,6 +295,7 @@ impl<B: Backend, S: PolicySource, C: Clock, O: PolicyObserver> PolicyLoop<B, S, 
             } else {
                 tracing::debug!(
                     changed_objects = count,
+                    queued_ms = queued.map_or(0.0, |q| q.as_secs_f64() * 1e3),
                     plan_ms = planning.elapsed().as_secs_f64() * 1e3,
                     "policy: planned"
                 );
