@@ -120,7 +120,9 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = go_bool)]
     pub masquerade_all: Option<bool>,
-    /// Periodic resync interval (Go duration, e.g. 30s).
+    /// How often the rules are checked against the kernel and resynced if changed (a Go
+    /// duration). Unset: --iptables-sync-period's (--ipvs-sync-period's in ipvs mode), then
+    /// the --config file's, then 30s. In `weir agent`, every part's period.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub sync_period: Option<Duration>,
     /// Interval of the periodic full resync, which rewrites every rule even when nothing

@@ -31,8 +31,8 @@ use weir_proxy::Backend;
 use weir_source::api::{ApiReport, Selectors};
 use weir_source::WatchEvent;
 
-pub(crate) use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
+pub(crate) use config::{LogSettings, Settings};
 use kube_proxy::{Findings, Refused};
 pub(crate) use problems::go_duration;
 use validate::{Invalid, Report};

@@ -3,6 +3,7 @@
 //! `weir agent` take kube-proxy's spelling of the same: `--kubeconfig`, `--master`,
 //! `--hostname-override`, which `--node-name` aliases there too).
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -65,4 +66,33 @@ impl NodeFlag {
                 .to_string()),
         }
     }
+}
+
+/// The address of a listener (`--metrics-bind-address`, `--healthz-bind-address`): IP:port,
+/// or `""` or `0` for none (kube-proxy's "set empty to disable").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listen(pub Option<SocketAddr>);
+
+pub fn parse_listen(s: &str) -> Result<Listen, String> {
+    match s.trim() {
+        "" | "0" => Ok(Listen(None)),
+        a => a
+            .parse()
+            .map(|a| Listen(Some(a)))
+            .map_err(|_| format!("{s:?} is not IP:port (\"\" or 0: off)")),
+    }
+}
+
+/// Each command's default `/metrics` address: loopback (scraped on the node, or moved with
+/// the flag), on a port of its own, so every weir command can run on one node at once, in one
+/// network namespace. The proxy's and DNS's are the ports of the tools they replace
+/// (kube-proxy, CoreDNS, NodeLocal DNSCache); routes and policy take two that Kubernetes'
+/// components leave free (10250–10259 are the kubelet's, the control plane's and kube-proxy's;
+/// 10261–10262 OpenYurt's).
+pub mod metrics_default {
+    pub const PROXY: &str = "127.0.0.1:10249";
+    pub const ROUTES: &str = "127.0.0.1:10263";
+    pub const POLICY: &str = "127.0.0.1:10264";
+    pub const DNS: &str = "127.0.0.1:9153";
+    pub const NODE_LOCAL_DNS: &str = "127.0.0.1:9253";
 }
