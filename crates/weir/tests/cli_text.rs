@@ -156,6 +156,8 @@ fn dns_polling(dir: &std::path::Path, log: &std::path::Path) -> std::process::Ch
             // /etc/resolv.conf).
             "--upstream-resolv-conf",
             "none",
+            // Run in the host's namespace beside other tests: no /metrics listener.
+            "--metrics-bind-address=0",
         ])
         .arg("--manifests")
         .arg(dir)

@@ -70,7 +70,7 @@ pub static ROWS: &[Row] = &[
         .tests(&["kube_proxy_flags_map_onto_weirs_settings"]),
     same(&["--bind-address", "bindAddress"], "this node's primary IP of its family (the other family's from the Node object); `0.0.0.0` and `::` leave both to the Node object; an IPv6 one makes the /healthz and /metrics defaults `[::]:10256` and `[::1]:10249`")
         .tests(&["node_ips_override_the_node_objects_per_family", "kube_proxy_flags_map_onto_weirs_settings"]),
-    same(&["--healthz-bind-address", "healthzBindAddress", "--metrics-bind-address", "metricsBindAddress"], "IP:port of /healthz and /livez (default `0.0.0.0:10256`) and of /metrics (default `127.0.0.1:10249`); an IP alone takes the port of --healthz-port / --metrics-port")
+    same(&["--healthz-bind-address", "healthzBindAddress", "--metrics-bind-address", "metricsBindAddress"], "IP:port of /healthz and /livez (default `0.0.0.0:10256`) and of /metrics (default `127.0.0.1:10249`); an IP alone takes the port of --healthz-port / --metrics-port; the flag empty (kube-proxy's \"set empty to disable\") or `0` turns the server off")
         .tests(&["kube_proxy_flags_map_onto_weirs_settings"]),
     same(&["--healthz-port", "--metrics-port"], "(deprecated in kube-proxy) the port for a bind address without one; 0 turns the server off")
         .tests(&["kube_proxy_flags_map_onto_weirs_settings"]),

@@ -387,6 +387,15 @@ pub(crate) fn validate_report(flags: &ProxyFlags) -> Report {
     }
 }
 
+/// The `/metrics` address the arguments give.
+#[cfg(test)]
+pub(crate) fn metrics_address(args: &ProxyArgs) -> Option<std::net::SocketAddr> {
+    args.flags
+        .settings(&mut |_| {})
+        .unwrap()
+        .metrics_bind_address
+}
+
 fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {
     if let Some(v) = &args.flags.version {
         match config::version_request(v) {

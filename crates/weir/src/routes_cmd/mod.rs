@@ -333,10 +333,17 @@ fn serve_metrics(
 ) -> anyhow::Result<(MetricsServer, HttpRuntime)> {
     let rt = HttpRuntime::new().context("metrics runtime")?;
     let m = metrics.clone();
-    let server = MetricsServer::start(&rt, addr, move || m.encode())
-        .with_context(|| format!("--metrics-bind-address {addr} (\"\" turns it off)"))?;
+    let server = MetricsServer::start(&rt, addr, move || m.encode()).with_context(|| {
+        format!("--metrics-bind-address {addr} (another address, or \"\" to turn it off)")
+    })?;
     info!(addr = %server.addr(), "serving /metrics");
     Ok((server, rt))
+}
+
+/// The `/metrics` address the arguments give.
+#[cfg(test)]
+pub(crate) fn metrics_address(args: &RoutesArgs) -> Option<std::net::SocketAddr> {
+    args.flags.metrics_bind_address.0
 }
 
 pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
