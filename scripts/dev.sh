@@ -2,6 +2,8 @@
 # The project's two entry points on a fresh Debian 12 machine (run as root):
 #   bash scripts/dev.sh demo   install what the lab needs, build weir and weir-cni, run `weir lab demo`
 #   bash scripts/dev.sh test   install what is missing, build, run every test (and the lints)
+#   bash scripts/dev.sh packages COMMAND  print the Debian packages COMMAND installs (each command
+#                              installs only what it uses; `test` every package the project uses)
 #   bash scripts/dev.sh bench  install what is missing, run the benchmarks
 #   bash scripts/dev.sh proxy-bench  build release weir, run the service-proxy scale bench (minutes)
 #   bash scripts/dev.sh agent-bench  build release weir, the real `weir proxy` at 1k/10k/100k services:
@@ -87,6 +89,7 @@ KUBE_VERSION=$(bash scripts/cluster/kube/version.sh)
 export WEIR_KUBE_BUILD=${WEIR_KUBE_BUILD:-$WEIR_TOOLS/kube-$KUBE_VERSION}
 export PATH=$PATH:/usr/local/go/bin
 PACKAGES+=(python3-yaml bsdextrautils) # dev.sh cluster-daemonset renders deploy/; matrix.sh's table
+PACKAGES+=(openssl gcc libc6-dev) # the real cluster's PKI, its static pause and busybox images
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -111,12 +114,60 @@ ensure_kube() {
   ((${#missing[@]} == 0)) || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
+# Each command installs only what it uses (`dev.sh packages COMMAND` prints the list; `test`
+# takes all of PACKAGES). The kernel's user-space tools weir and its checks run:
+KERNEL_PACKAGES=(iproute2 nftables iptables ipset conntrack procps kmod)
 # What `weir lab demo` drives (the lab's namespaces, rules and probes, its DNS upstream): the
 # demo installs only these, and builds no Kubernetes.
-DEMO_PACKAGES=(iproute2 nftables iptables ipset conntrack bind9-dnsutils nsd curl procps kmod iputils-ping)
+DEMO_PACKAGES=("${KERNEL_PACKAGES[@]}" bind9-dnsutils nsd curl iputils-ping)
 # What the benchmarks drive besides (the reference CNI plugins, iperf3, the DNS servers and
 # dnsperf they are measured beside): no VM, container runtime or image tooling.
 BENCH_PACKAGES=("${DEMO_PACKAGES[@]}" jq containernetworking-plugins iperf3 dnsperf unbound knot knot-resolver)
+# The real cluster (scripts/cluster/up.sh, down.sh, matrix.sh, netpol.sh and the checks of
+# bench.sh, agent-compare.sh, conformance.sh): the nodes' weir (the kernel tools), containerd's
+# runc and the reference loopback/portmap (and bridge/host-local) plugins, the PKI (openssl),
+# the static pause and busybox images (gcc, libc6-dev, busybox-static), the YAML and the probes
+# (python3-yaml, curl, jq, column). containerd, etcd and Kubernetes come from its build (Go);
+# the e2e suite's images install their own packages (cluster/e2e-images.sh).
+CLUSTER_PACKAGES=("${KERNEL_PACKAGES[@]}" runc containernetworking-plugins openssl gcc libc6-dev
+  busybox-static curl jq bsdextrautils python3-yaml)
+# The node image (scripts/image.sh): podman builds and runs it, debootstrap makes the base images
+# where Docker Hub is unreachable, and the checks run the agent against the fake API server in a
+# namespace (ip, nft, curl, jq). The image's own tools are installed inside its build.
+IMAGE_PACKAGES=(podman debootstrap iproute2 nftables curl jq ca-certificates)
+# The test VM (docs/vm.md): qemu, the initramfs's busybox, xz for Debian's kernel, its modules
+# (kmod's depmod), ipvsadm for IPVS inside it.
+VM_PACKAGES=(qemu-system-x86 busybox-static xz-utils kmod ipvsadm)
+
+# The Debian packages COMMAND installs, on one line (empty: none); fails for another word.
+packages_for() {
+  case $1 in
+    test) echo "${PACKAGES[*]}" ;;
+    demo) echo "${DEMO_PACKAGES[*]}" ;;
+    bench | proxy-bench | agent-bench | agent-compare | routes-bench | modes-bench | dns-bench)
+      echo "${BENCH_PACKAGES[*]}" ;;
+    cluster | cluster-bench | cluster-agent-compare | conformance) echo "${CLUSTER_PACKAGES[*]}" ;;
+    # the image (built when missing), then the cluster
+    cluster-daemonset) echo "${CLUSTER_PACKAGES[*]} ${IMAGE_PACKAGES[*]}" ;;
+    # the bench's own node (ip, nft, conntrack, sysctl); with its cluster part, the cluster's
+    policy-bench)
+      if [ "${WEIR_BENCH_CLUSTER:-1}" = 1 ]; then echo "${CLUSTER_PACKAGES[*]}"; else echo "${KERNEL_PACKAGES[*]}"; fi ;;
+    image) echo "${IMAGE_PACKAGES[*]}" ;;
+    vm) echo "${VM_PACKAGES[*]}" ;;
+    # the guest runs this machine's /: the modes' tools, iperf3 and jq (vm-bench.sh)
+    vm-bench) echo "${VM_PACKAGES[*]} ${KERNEL_PACKAGES[*]} iperf3 jq" ;;
+    dist) echo "" ;;
+    *) return 1 ;;
+  esac
+}
+
+# Installs what COMMAND uses (`test`: everything, and the kubernetes-validate venv).
+install_for() {
+  local list
+  [ "$1" != test ] || { install_packages; return; }
+  read -r -a list <<<"$(packages_for "$1")"
+  install_packages "${list[@]}"
+}
 
 # Installs the Debian packages named (default: every one the project uses) and, for the full
 # set, the kubernetes-validate venv; checks cargo and root.
@@ -153,14 +204,14 @@ install_packages() {
 
 case "${1:-}" in
   demo)
-    install_packages "${DEMO_PACKAGES[@]}"
+    install_for demo
     step "building weir and weir-cni (release)"
     cargo build --release -p weir -p weir-cni --bins
     step "weir lab demo"
     exec ./target/release/weir lab demo "${@:2}"
     ;;
   test)
-    install_packages
+    install_for test
     ensure_kube
     step "formatting and lints"
     cargo fmt --all -- --check
@@ -201,38 +252,38 @@ case "${1:-}" in
     exit $status
     ;;
   bench)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for bench
     step "CNI ADD/DEL latency: weir-cni vs reference bridge+host-local and ptp+host-local (BENCH=bridge or eni for one)"
     cargo bench -p weir-cni --bench add_del
     ;;
   proxy-bench)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for proxy-bench
     step "building weir (release): the bench starts the real agent"
     cargo build --release -p weir
     step "service proxy at scale (WEIR_BENCH_SIZES, WEIR_BENCH_MODES, WEIR_BENCH_BIG, WEIR_BENCH_JSON)"
     cargo bench -p weir-proxy --bench scale -- "${@:2}"
     ;;
   agent-bench)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for agent-bench
     step "building weir (release): the bench starts the real agent"
     cargo build --release -p weir
     step "weir proxy end to end (WEIR_BENCH_SIZES, WEIR_BENCH_CHANGES, WEIR_BENCH_RUNS, WEIR_BIN_BASE)"
     cargo bench -p weir --bench agent
     ;;
   agent-compare)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for agent-compare
     step "building weir (release): the bench starts the real agent and the separate processes"
     cargo build --release -p weir
     step "weir agent vs proxy + routes + policy (WEIR_BENCH_CHURN_SECONDS, WEIR_BENCH_SERVICES, WEIR_BENCH_NODES, WEIR_BENCH_RUNS, ...)"
     cargo bench -p weir --bench agent_compare
     ;;
   routes-bench)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for routes-bench
     step "node routes: datapath (iperf3, medians of WEIR_BENCH_RUNS rounds) and convergence (WEIR_BENCH_NODES, WEIR_BENCH_SECONDS, WEIR_BENCH_ROUNDS)"
     cargo bench -p weir-routes --bench routes
     ;;
   modes-bench)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for modes-bench
     step "proxy modes: conn/s and throughput via a ClusterIP vs direct (WEIR_BENCH_ROUNDS, WEIR_BENCH_SECONDS, WEIR_BENCH_CLIENTS, WEIR_BENCH_MODES)"
     cargo bench -p weir-proxy --bench modes
     ;;
@@ -247,7 +298,7 @@ case "${1:-}" in
     step "$out: weir, weir-cni, completions/, man/"
     ;;
   vm)
-    install_packages
+    install_for vm
     shift
     [ "${1:-}" = "--" ] && shift
     (($#)) || { echo "usage: bash scripts/dev.sh vm -- '<shell command>'" >&2; exit 2; }
@@ -255,7 +306,7 @@ case "${1:-}" in
     exec ./target/debug/weir-vm "$@"
     ;;
   vm-bench)
-    install_packages
+    install_for vm-bench
     step "building weir and the scale bench (release), and the VM runner"
     cargo build --release -p weir
     scale=$(cargo bench -p weir-proxy --bench scale --no-run --message-format=json |
@@ -268,14 +319,14 @@ case "${1:-}" in
     ./target/debug/weir-vm "$vars bash $PWD/scripts/vm-bench.sh $scale $PWD/target/release/weir /tmp/vm-bench" | tee "$out"
     ;;
   dns-bench)
-    install_packages "${BENCH_PACKAGES[@]}"
+    install_for dns-bench
     step "building weir and the fake API server (release)"
     cargo build --release -p weir -p weir-fakeapi
     step "weir dns vs NSD under dnsperf"
     exec bash scripts/dns-bench.sh "${@:2}"
     ;;
   image)
-    install_packages
+    install_for image
     step "the node agent's image: podman build, then run as the DaemonSet runs it"
     exec bash scripts/image.sh "${@:2}"
     ;;
@@ -289,7 +340,7 @@ case "${1:-}" in
         *) echo "usage: bash scripts/dev.sh cluster [--keep] [--kube 1.20]" >&2; exit 2 ;;
       esac
     done
-    install_packages
+    install_for cluster
     ensure_kube
     step "building weir"
     cargo build -q -p weir -p weir-cni --bins
@@ -314,13 +365,13 @@ case "${1:-}" in
     exit $status
     ;;
   cluster-daemonset)
-    install_packages
+    install_for cluster-daemonset
     ensure_kube
     step "deploy/ on a real two-node cluster (scripts/cluster/daemonset.sh)"
     exec bash scripts/cluster/daemonset.sh "${@:2}"
     ;;
   cluster-bench)
-    install_packages
+    install_for cluster-bench
     ensure_kube
     step "building weir (release)"
     cargo build --release -p weir -p weir-cni --bins
@@ -328,7 +379,7 @@ case "${1:-}" in
     exec bash scripts/cluster/bench.sh
     ;;
   policy-bench)
-    install_packages
+    install_for policy-bench
     step "building weir and weir-cni (release): the bench starts the real agent, the cluster runs both"
     cargo build --release -p weir -p weir-cni --bins
     cluster=${WEIR_BENCH_CLUSTER:-1}
@@ -357,7 +408,7 @@ case "${1:-}" in
     echo "$line"
     ;;
   cluster-agent-compare)
-    install_packages
+    install_for cluster-agent-compare
     ensure_kube
     if [ -z "${WEIR_BIN:-}" ]; then
       step "building weir (release)"
@@ -367,15 +418,20 @@ case "${1:-}" in
     exec bash scripts/cluster/agent-compare.sh
     ;;
   conformance)
-    install_packages
+    install_for conformance
     ensure_kube
     step "building weir"
     cargo build -q -p weir -p weir-cni --bins
     step "Kubernetes $KUBE_VERSION [sig-network] conformance on a cluster networked by weir (scripts/cluster/conformance.sh)"
     exec bash scripts/cluster/conformance.sh "${@:2}"
     ;;
+  packages)
+    words=$(packages_for "${2:-}") ||
+      { echo "usage: bash scripts/dev.sh packages COMMAND (one of dev.sh's commands)" >&2; exit 2; }
+    for p in $words; do echo "$p"; done | awk '!seen[$0]++'
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh demo|test|dist|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-agent-compare|cluster-bench|conformance" >&2
+    echo "usage: bash scripts/dev.sh demo|test|packages|dist|bench|proxy-bench|agent-bench|agent-compare|policy-bench|routes-bench|dns-bench|modes-bench|vm|vm-bench|image|cluster|cluster-daemonset|cluster-agent-compare|cluster-bench|conformance" >&2
     exit 2
     ;;
 esac

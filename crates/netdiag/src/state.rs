@@ -303,126 +303,113 @@ impl NodeState {
         pod_text: &mut Option<String>,
     ) -> Vec<Skipped> {
         match o {
-            Output::IptablesSave | Output::Ip6tablesSave => {
-                let p = iptables::parse(&text);
-                let slot = if o == Output::IptablesSave {
-                    &mut self.iptables
-                } else {
-                    &mut self.ip6tables
-                };
-                let d = match slot {
-                    Some(have) => {
-                        have.merge(p.value);
-                        have
-                    }
-                    None => slot.insert(p.value),
-                };
-                for a in d.assumptions.drain(..) {
-                    self.assumptions.push(format!("{}: {a}", o.file_name()));
-                }
-                p.skipped
+            Output::IptablesSave | Output::Ip6tablesSave => self.read_iptables(o, &text),
+            Output::NftRuleset => self.read_nft(&text),
+            Output::IpRule
+            | Output::IpRoute
+            | Output::Ip6Rule
+            | Output::Ip6Route
+            | Output::IpLink
+            | Output::IpAddr
+            | Output::IpNeigh => self.read_iproute(o, &text),
+            Output::Sysctl
+            | Output::ConntrackList
+            | Output::IpRouteGet
+            | Output::IpvsadmConns
+            | Output::HairpinMode
+            | Output::KernelLog => self.read_kernel(o, &text),
+            // Kept as text: read by the checks that use them.
+            Output::IpsetList => self.keep(|s| &mut s.ipset, text),
+            Output::IpvsadmLn => self.keep(|s| &mut s.ipvs, text),
+            Output::ConntrackStats => self.keep(|s| &mut s.conntrack_stats, text),
+            Output::PodResolvConf => self.keep(|s| &mut s.pod_resolv_conf, text),
+            Output::PodIpAddr => {
+                append(pod_text, text);
+                Vec::new()
             }
-            Output::NftRuleset => {
-                let p = nft::parse(&text);
-                match &mut self.nft {
-                    Some(have) => have.merge(p.value),
-                    None => self.nft = Some(p.value),
-                }
-                p.skipped
+        }
+    }
+
+    /// `iptables-save` / `ip6tables-save`: merged into what earlier sections gave; the dump's
+    /// assumptions become the state's, naming the output.
+    fn read_iptables(&mut self, o: Output, text: &str) -> Vec<Skipped> {
+        let p = iptables::parse(text);
+        let slot = if o == Output::IptablesSave {
+            &mut self.iptables
+        } else {
+            &mut self.ip6tables
+        };
+        let d = match slot {
+            Some(have) => {
+                have.merge(p.value);
+                have
             }
-            Output::IpRule => {
-                let p = iproute::parse_rules(&text);
-                add(&mut self.rules, p.value);
-                p.skipped
-            }
-            Output::IpRoute => {
-                let p = iproute::parse_routes(&text);
-                add(&mut self.routes, p.value);
-                p.skipped
-            }
-            Output::Ip6Rule => {
-                let p = iproute::parse_rules(&text);
-                add(&mut self.rules6, p.value);
-                p.skipped
-            }
-            Output::Ip6Route => {
-                let p = iproute::parse_routes6(&text);
-                add(&mut self.routes6, p.value);
-                p.skipped
-            }
-            Output::IpLink => {
-                let p = iproute::parse_links(&text);
-                add(&mut self.links, p.value);
-                p.skipped
-            }
-            Output::IpAddr => {
-                let p = iproute::parse_addrs(&text);
-                add(&mut self.addrs, p.value);
-                p.skipped
-            }
-            Output::IpNeigh => {
-                let p = iproute::parse_neighbours(&text);
-                add(&mut self.neighbours, p.value);
-                p.skipped
-            }
+            None => slot.insert(p.value),
+        };
+        for a in d.assumptions.drain(..) {
+            self.assumptions.push(format!("{}: {a}", o.file_name()));
+        }
+        p.skipped
+    }
+
+    fn read_nft(&mut self, text: &str) -> Vec<Skipped> {
+        let p = nft::parse(text);
+        match &mut self.nft {
+            Some(have) => have.merge(p.value),
+            None => self.nft = Some(p.value),
+        }
+        p.skipped
+    }
+
+    /// `ip rule`, `ip route`, `ip link`, `ip addr`, `ip neigh` (and `ip -6`'s).
+    fn read_iproute(&mut self, o: Output, text: &str) -> Vec<Skipped> {
+        match o {
+            Output::IpRule => parsed(&mut self.rules, iproute::parse_rules(text)),
+            Output::Ip6Rule => parsed(&mut self.rules6, iproute::parse_rules(text)),
+            Output::IpRoute => parsed(&mut self.routes, iproute::parse_routes(text)),
+            Output::Ip6Route => parsed(&mut self.routes6, iproute::parse_routes6(text)),
+            Output::IpLink => parsed(&mut self.links, iproute::parse_links(text)),
+            Output::IpAddr => parsed(&mut self.addrs, iproute::parse_addrs(text)),
+            Output::IpNeigh => parsed(&mut self.neighbours, iproute::parse_neighbours(text)),
+            other => unreachable!("{other:?} is not an ip output"),
+        }
+    }
+
+    /// The kernel's other state: sysctls, conntrack entries, `ip route get`, IPVS connections,
+    /// hairpin modes, the kernel log.
+    fn read_kernel(&mut self, o: Output, text: &str) -> Vec<Skipped> {
+        match o {
             Output::Sysctl => {
-                let p = sysctl::parse(&text);
+                let p = sysctl::parse(text);
                 self.sysctls
                     .get_or_insert_with(Sysctls::default)
                     .0
                     .extend(p.value.0);
                 p.skipped
             }
-            Output::IpsetList => {
-                append(&mut self.ipset, text);
-                Vec::new()
-            }
-            Output::IpvsadmLn => {
-                append(&mut self.ipvs, text);
-                Vec::new()
-            }
-            Output::ConntrackStats => {
-                append(&mut self.conntrack_stats, text);
-                Vec::new()
-            }
-            Output::ConntrackList => {
-                let p = crate::conntrack::parse(&text);
-                add(&mut self.conntrack, p.value);
-                p.skipped
-            }
-            Output::IpRouteGet => {
-                let p = crate::route_get::parse(&text);
-                add(&mut self.route_gets, p.value);
-                p.skipped
-            }
+            Output::ConntrackList => parsed(&mut self.conntrack, crate::conntrack::parse(text)),
+            Output::IpRouteGet => parsed(&mut self.route_gets, crate::route_get::parse(text)),
             Output::IpvsadmConns => {
-                let p = crate::ipvs::parse_connections(&text);
-                add(&mut self.ipvs_conns, p.value);
-                p.skipped
+                parsed(&mut self.ipvs_conns, crate::ipvs::parse_connections(text))
             }
-            Output::HairpinMode => {
-                let p = crate::hairpin::parse(&text);
-                add(&mut self.hairpin, p.value);
-                p.skipped
-            }
+            Output::HairpinMode => parsed(&mut self.hairpin, crate::hairpin::parse(text)),
             Output::KernelLog => {
-                let p = crate::kernel_log::parse(&text);
-                add(&mut self.martians, p.value);
-                add(
-                    &mut self.conntrack_full,
-                    crate::kernel_log::conntrack_full(&text),
-                );
-                p.skipped
+                let full = crate::kernel_log::conntrack_full(text);
+                add(&mut self.conntrack_full, full);
+                parsed(&mut self.martians, crate::kernel_log::parse(text))
             }
-            Output::PodIpAddr => {
-                append(pod_text, text);
-                Vec::new()
-            }
-            Output::PodResolvConf => {
-                append(&mut self.pod_resolv_conf, text);
-                Vec::new()
-            }
+            other => unreachable!("{other:?} is not kernel state"),
         }
+    }
+
+    /// An output kept as text, added to what earlier sections gave.
+    fn keep(
+        &mut self,
+        slot: impl FnOnce(&mut Self) -> &mut Option<String>,
+        text: String,
+    ) -> Vec<Skipped> {
+        append(slot(self), text);
+        Vec::new()
     }
 
     /// Whether the routes hold more than table main (`ip route show table all`, or table local
@@ -819,6 +806,12 @@ fn text_of(bytes: Vec<u8>) -> String {
 /// Adds a section's values to what earlier sections of the same output gave.
 fn add<T>(slot: &mut Option<Vec<T>>, values: Vec<T>) {
     slot.get_or_insert_with(Vec::new).extend(values);
+}
+
+/// Adds a parser's values to `slot`; returns what it skipped.
+fn parsed<T>(slot: &mut Option<Vec<T>>, p: crate::Parsed<Vec<T>>) -> Vec<Skipped> {
+    add(slot, p.value);
+    p.skipped
 }
 
 /// Adds a section's text to what earlier sections of the same output gave, on a line of its own.

@@ -5,8 +5,10 @@
 //! Each part keeps its own loop on its own thread, its own health state and its own
 //! metrics namespace (kube-proxy's `kubeproxy_*`, `weir_routes_*`, `weir_policy_*`). A part
 //! whose loop fails is reported unhealthy by name on `/healthz`; the others go on. The flags
-//! are `weir proxy`'s (kube-proxy's, with `--config`) and `weir routes`'s; the policy part
-//! takes the proxy's `--sync-period` and `--min-sync-period`.
+//! are `weir proxy`'s (kube-proxy's, with `--config`) and `weir routes`'s; one `--sync-period`
+//! (the proxy's, default 30 s, also taken from kube-proxy's flags and file) is every part's
+//! periodic resync, and the policy part also takes `--min-sync-period`. `weir routes`'s
+//! former `--resync-period`, still taken, sets the routes part's period alone.
 
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc};
@@ -48,7 +50,8 @@ impl Part {
     // pflag's rule, as `weir proxy`: a flag given twice takes the last value.
     args_override_self = true,
     after_help = "The proxy's flags are kube-proxy's (docs/proxy.md); the routes flags are \
-                  `weir routes`'s; the policy part takes --sync-period and --min-sync-period."
+                  `weir routes`'s. --sync-period (default 30s) is every part's periodic resync; \
+                  the policy part also takes --min-sync-period."
 )]
 pub struct AgentArgs {
     /// The parts to run, comma-separated.
@@ -67,6 +70,9 @@ pub struct AgentArgs {
     proxy: ProxyFlags,
     #[command(flatten, next_help_heading = "Node routes (weir routes's flags)")]
     routes: RoutesOptions,
+    /// The routes part's period alone, overriding --sync-period (`weir routes`'s former name).
+    #[arg(long, hide = true, value_name = "DURATION", value_parser = proxy_cmd::parse_duration)]
+    resync_period: Option<std::time::Duration>,
 }
 
 /// A part's loop ended: its name and why.
@@ -95,6 +101,10 @@ fn validate(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     outln!("parts: {}", names.join(","));
     if args.parts.contains(&Part::Routes) {
         outln!("routes: {:?}", args.routes);
+        if let Some(s) = &report.settings {
+            let period = args.resync_period.unwrap_or(s.sync_period);
+            outln!("routes sync_period: {}", proxy_cmd::go_duration(period));
+        }
     }
     out!("{}", report.render(proxy_cmd::ValidateOutput::Text));
     Ok(ExitCode::from(if report.valid() { 0 } else { 2 }))
@@ -144,7 +154,10 @@ pub fn run(args: AgentArgs) -> anyhow::Result<ExitCode> {
             "routes",
             routes_part(
                 &settings,
-                &args.routes,
+                (
+                    &args.routes,
+                    args.resync_period.unwrap_or(settings.sync_period),
+                ),
                 &origin,
                 &source,
                 &mut parts,
@@ -228,7 +241,7 @@ fn why_ended(result: anyhow::Result<()>) -> String {
 /// once the source holds a complete view (an empty world would remove every route).
 fn routes_part(
     settings: &Settings,
-    options: &RoutesOptions,
+    (options, sync_period): (&RoutesOptions, std::time::Duration),
     origin: &crate::runtime::source::Origin,
     source: &RunningSource,
     parts: &mut Parts,
@@ -247,6 +260,7 @@ fn routes_part(
     let part = RoutesPart {
         node_name: settings.node_name.clone(),
         options: options.clone(),
+        sync_period,
         api: origin.api_options(),
         metrics,
         health,

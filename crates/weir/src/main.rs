@@ -18,6 +18,7 @@ mod conditions;
 mod diag_input;
 mod dns_cmd;
 mod doctor_cmd;
+mod foreign_flags;
 mod generate_cmd;
 #[cfg(feature = "lab")]
 mod lab_cmd;

@@ -156,6 +156,8 @@ fn dns_polling(dir: &std::path::Path, log: &std::path::Path) -> std::process::Ch
             // /etc/resolv.conf).
             "--upstream-resolv-conf",
             "none",
+            // Run in the host's namespace beside other tests: no /metrics listener.
+            "--metrics-bind-address=0",
         ])
         .arg("--manifests")
         .arg(dir)
@@ -487,4 +489,102 @@ fn routes_validate_prints_settings_or_exits_2_with_every_problem() {
             .contains("--kubeconfig"),
         "{doc}"
     );
+}
+
+/// The periodic resync is `--sync-period`, a Go duration, in every command (routes' former
+/// `--resync-period` still taken, hidden); in `weir agent` the one `--sync-period` is also
+/// the routes part's, and `--resync-period` sets the routes part's alone.
+#[test]
+fn sync_period_is_one_name_everywhere() {
+    for cmd in ["proxy", "routes", "policy", "agent"] {
+        let help = stdout(&weir(&[cmd, "--help"]));
+        let text = option_help(&help, "--sync-period <DURATION>");
+        assert!(text.contains("30s"), "weir {cmd}: {text}");
+        assert!(!help.contains("--resync-period"), "weir {cmd}: hidden");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().to_str().unwrap();
+    let routes_period = |extra: &[&str]| -> String {
+        let mut args = vec!["routes", "--validate", "-o", "json", "--node-name", "n1"];
+        args.extend_from_slice(&["--manifests", manifests]);
+        args.extend_from_slice(extra);
+        let o = weir(&args);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stdout(&o));
+        let doc: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        doc["settings"]["sync_period"].as_str().unwrap().to_string()
+    };
+    assert_eq!(routes_period(&[]), "30s");
+    assert_eq!(routes_period(&["--sync-period=1m30s"]), "1m30s");
+    assert_eq!(routes_period(&["--resync-period", "7s"]), "7s");
+    let agent_routes_period = |extra: &[&str]| -> String {
+        let mut args = vec!["agent", "--validate", "--hostname-override=n1"];
+        args.extend_from_slice(&["--manifests", manifests]);
+        args.extend_from_slice(extra);
+        let o = weir(&args);
+        assert_eq!(o.status.code(), Some(0), "{extra:?}: {}", stdout(&o));
+        line(&stdout(&o), "routes sync_period: ")
+            .trim_start_matches("routes sync_period: ")
+            .to_string()
+    };
+    assert_eq!(agent_routes_period(&[]), "30s");
+    assert_eq!(agent_routes_period(&["--sync-period=12s"]), "12s");
+    assert_eq!(agent_routes_period(&["--iptables-sync-period=20s"]), "20s");
+    assert_eq!(
+        agent_routes_period(&["--sync-period=12s", "--resync-period=5s"]),
+        "5s"
+    );
+}
+
+/// flanneld's flags on `weir routes`: what weir does anyway passes, the rest is named (a
+/// notice or a refusal with weir's equivalent, exit 2), never "unexpected argument".
+#[test]
+fn flanneld_flags_are_named_not_unexpected() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().to_str().unwrap();
+    let base = ["routes", "--node-name", "n1", "--manifests", manifests];
+    let validate = |extra: &[&str]| -> (Option<i32>, serde_json::Value) {
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--validate", "-o", "json"]);
+        args.extend_from_slice(extra);
+        let o = weir(&args);
+        (o.status.code(), serde_json::from_str(&stdout(&o)).unwrap())
+    };
+    let (code, doc) = validate(&[
+        "--kube-subnet-mgr",
+        "--ip-masq=false",
+        "--kube-annotation-prefix=flannel.alpha.coreos.com",
+        "--iptables-resync=10",
+    ]);
+    assert_eq!(code, Some(0), "{doc}");
+    assert_eq!(
+        doc["settings"]["annotation_prefix"],
+        "flannel.alpha.coreos.com"
+    );
+    let notices = doc["notices"].to_string();
+    assert!(
+        notices.contains("--iptables-resync=10: accepted; no effect"),
+        "{doc}"
+    );
+    let (code, doc) = validate(&["--subnet-file=/run/flannel/subnet.env", "--ip-masq"]);
+    assert_eq!(code, Some(2), "{doc}");
+    let problems = doc["problems"].to_string();
+    assert!(
+        problems.contains("--subnet-file=/run/flannel/subnet.env: refused")
+            && problems.contains("--mtu-file")
+            && problems.contains("--ip-masq=true: refused"),
+        "{doc}"
+    );
+    // Run for real, a refused flag stops the command before it touches anything.
+    let mut args = base.to_vec();
+    args.push("--etcd-endpoints=http://127.0.0.1:2379");
+    let o = weir(&args);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--etcd-endpoints=http://127.0.0.1:2379: refused: weir keeps nothing in etcd"),
+        "{err}"
+    );
+    assert!(!err.contains("unexpected argument"), "{err}");
+    let o = weir(&["routes", "--version"]);
+    assert!(o.status.success() && stdout(&o).starts_with("weir "));
 }

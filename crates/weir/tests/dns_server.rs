@@ -625,7 +625,9 @@ fn outside_names_go_to_resolv_conf_by_default_and_refused_when_told() {
     let www = dig_in(&env.server_ns, "127.0.0.1", &["www.example.test", "A"]);
     assert_eq!(www.data(), ["192.0.2.80"], "{}\n{}", www.raw, env.log());
 
-    env.spawn_weir_dns_config("127.0.0.2:53", "upstreams: []\n");
+    // Three servers in one namespace: only the first keeps the default /metrics address
+    // (127.0.0.1:9153); the others turn theirs off, in the file and by flag.
+    env.spawn_weir_dns_config("127.0.0.2:53", "upstreams: []\nmetricsBindAddress: \"\"\n");
     let refused = dig_in(&env.server_ns, "127.0.0.2", &["www.example.test", "A"]);
     assert_eq!(refused.status, "REFUSED", "{}", refused.raw);
 
@@ -642,7 +644,7 @@ fn outside_names_go_to_resolv_conf_by_default_and_refused_when_told() {
         ])
         .arg("--manifests")
         .arg(env.manifests())
-        .args(["--listen", "127.0.0.3:53"])
+        .args(["--listen", "127.0.0.3:53", "--metrics-bind-address=0"])
         .stderr(log)
         .spawn()
         .unwrap();

@@ -55,7 +55,8 @@ impl Pair {
             "ip netns add {a}; ip netns add {b}
              ip -n {a} link add eth0 type veth peer name eth0 netns {b}
              ip -n {a} addr add 10.78.0.1/24 dev eth0; ip -n {a} link set eth0 up
-             ip -n {b} addr add 10.78.0.2/24 dev eth0; ip -n {b} link set eth0 up"
+             ip -n {b} addr add 10.78.0.2/24 dev eth0; ip -n {b} link set eth0 up
+             ip -n {a} link set lo up; ip -n {b} link set lo up"
         ));
         p
     }
@@ -320,7 +321,6 @@ fn host_gw_routes_follow_nodes_from_the_api() {
                 "--master=http://127.0.0.1:6443",
                 "--node-name=node1",
                 "--backend=host-gw",
-                "--metrics-bind-address=127.0.0.1:10259",
             ],
         )
         .stderr(Stdio::piped())
@@ -335,12 +335,13 @@ fn host_gw_routes_follow_nodes_from_the_api() {
     wait_for("node3's route", || {
         routes(&p).contains("10.244.3.0/24 via 10.78.0.3 dev eth0")
     });
-    // A node host-gw cannot reach directly is refused, per node, in /metrics too.
+    // A node host-gw cannot reach directly is refused, per node, in /metrics too (served by
+    // default on 127.0.0.1:10263).
     api.apply_yaml(&api_node(4).replace("address: 10.78.0.4", "address: 10.99.0.4"))
         .unwrap();
     let metrics = || {
         sh(&format!(
-            "ip netns exec {} curl -s http://127.0.0.1:10259/metrics || true",
+            "ip netns exec {} curl -s http://127.0.0.1:10263/metrics || true",
             p.ns(1)
         ))
     };
@@ -387,7 +388,7 @@ fn vxlan_agents_publish_their_vteps_on_their_nodes_through_the_api() {
                     "--master=http://10.78.0.1:6443",
                     &format!("--node-name=node{i}"),
                     "--backend=vxlan",
-                    "--resync-period=1s",
+                    "--sync-period=1s",
                 ],
             )
             .stderr(Stdio::null())

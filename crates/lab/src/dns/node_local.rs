@@ -90,6 +90,9 @@ pub fn node_local_up(weir: &Path, dir: &LabDir, state: &LabState) -> anyhow::Res
             + 1;
         args[i] = upstream.display().to_string();
         args.push("--upstream-tcp".into());
+        // Beside the cluster DNS in that node's namespace: NodeLocal DNSCache's metrics port,
+        // not CoreDNS's (the lab sets the address up itself, without --node-local).
+        args.push("--metrics-bind-address=127.0.0.1:9253".into());
         let log = dir
             .dir
             .join("logs")

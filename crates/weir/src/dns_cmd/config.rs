@@ -279,15 +279,30 @@ fn merge(args: &DnsArgs, f: &DnsConfiguration) -> anyhow::Result<Settings> {
             &f.healthz_bind_address,
             "healthzBindAddress",
         )?,
-        metrics_bind_address: bind(
-            args.metrics_bind_address,
-            &f.metrics_bind_address,
-            "metricsBindAddress",
-        )?,
+        metrics_bind_address: metrics_address(args, f, node_local)?,
         node_local,
         keep_node_local: args.keep_node_local || f.keep_node_local.unwrap_or(false),
         zone,
     })
+}
+
+/// `--metrics-bind-address` over `metricsBindAddress` (`""` or `0` in either: off) over the
+/// default: CoreDNS's port, or NodeLocal DNSCache's for a node-local cache, on loopback.
+fn metrics_address(
+    args: &DnsArgs,
+    f: &DnsConfiguration,
+    node_local: bool,
+) -> anyhow::Result<Option<SocketAddr>> {
+    use crate::runtime::flags::metrics_default::{DNS, NODE_LOCAL_DNS};
+    match (args.metrics_bind_address, f.metrics_bind_address.as_deref()) {
+        (Some(flag), _) => Ok(flag.0),
+        (None, Some(s)) if matches!(s.trim(), "" | "0") => Ok(None),
+        (None, Some(s)) => socket_addr("metricsBindAddress", s).map(Some),
+        (None, None) => {
+            let default = if node_local { NODE_LOCAL_DNS } else { DNS };
+            Ok(Some(default.parse().expect("a valid default")))
+        }
+    }
 }
 
 /// `stubDomains`: zone → its upstreams; a zone inside the cluster zone is refused (the
@@ -459,7 +474,7 @@ mod tests {
         assert!(s.stub_domains.is_empty() && s.hosts.is_empty() && s.rewrites.is_empty());
         assert_eq!(
             (s.healthz_bind_address, s.metrics_bind_address),
-            (None, None)
+            (None, Some("127.0.0.1:9153".parse().unwrap()))
         );
         // Refusing outside names takes saying so.
         assert!(parse("upstreams: []").upstreams.is_empty());

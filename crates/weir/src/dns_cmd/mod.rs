@@ -100,10 +100,12 @@ pub struct DnsArgs {
     /// 0.0.0.0:8080. Off when not given.
     #[arg(long, value_name = "ADDR")]
     healthz_bind_address: Option<SocketAddr>,
-    /// Serve `/metrics` (Prometheus) here, e.g. 0.0.0.0:9153; the same address as
-    /// --healthz-bind-address serves all three paths on one listener. Off when not given.
-    #[arg(long, value_name = "ADDR")]
-    metrics_bind_address: Option<SocketAddr>,
+    /// Serve `/metrics` (Prometheus) here; the same address as --healthz-bind-address serves
+    /// all three paths on one listener. "" or 0: off. Default: the config's
+    /// `metricsBindAddress`, else 127.0.0.1:9153 (CoreDNS's port), with --node-local
+    /// 127.0.0.1:9253 (NodeLocal DNSCache's).
+    #[arg(long, value_name = "ADDR", value_parser = crate::runtime::flags::parse_listen)]
+    metrics_bind_address: Option<crate::runtime::flags::Listen>,
     /// Node-local cache setup (NodeLocal DNSCache's, in the node's network namespace): put
     /// the --listen address (e.g. 169.254.20.10) on `lo` and exempt DNS to and from it from
     /// conntrack (nft table `ip weir-nodelocal-dns`) before serving. Needs CAP_NET_ADMIN;
@@ -302,7 +304,8 @@ fn start_http(
                 ready.load(Ordering::Acquire),
                 body,
             )
-        })?;
+        })
+        .with_context(|| crate::runtime::parts::listen_flag(health, addr))?;
         let paths = match (health, with_metrics) {
             (true, true) => "/healthz, /livez, /metrics",
             (true, false) => "/healthz, /livez",
@@ -411,6 +414,12 @@ fn settings(args: &DnsArgs) -> anyhow::Result<Settings> {
         None => config::DnsConfiguration::default(),
     };
     config::settings(args, &file, args.config.as_deref())
+}
+
+/// The `/metrics` address the arguments (and their --config) give.
+#[cfg(test)]
+pub(crate) fn metrics_address(args: &DnsArgs) -> Option<SocketAddr> {
+    settings(args).unwrap().metrics_bind_address
 }
 
 pub fn run(args: DnsArgs) -> anyhow::Result<ExitCode> {

@@ -22,7 +22,7 @@ use weir_policy::backend::{Backend, Error};
 use weir_policy::kernel::NftBackend;
 
 use crate::proxy_cmd::parse_duration;
-use crate::runtime::flags::{NodeFlag, SourceFlags};
+use crate::runtime::flags::{metrics_default, parse_listen, Listen, NodeFlag, SourceFlags};
 use crate::runtime::source::{LogOnly, RunningSource, SourceHealth, Wanted};
 use crate::runtime::views::{View, POLICY_KINDS};
 pub(crate) use metrics::PolicyMetrics;
@@ -55,9 +55,10 @@ pub struct PolicyFlags {
     #[arg(long, value_name = "ADDR")]
     healthz_bind_address: Option<SocketAddr>,
     /// Serve `/metrics` (Prometheus) here; the same address as --healthz-bind-address serves
-    /// all three paths on one listener. Off when not given.
-    #[arg(long, value_name = "ADDR")]
-    metrics_bind_address: Option<SocketAddr>,
+    /// all three paths on one listener. "" or 0: off.
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen,
+          default_value = metrics_default::POLICY)]
+    metrics_bind_address: Listen,
     /// How often the kernel's table is checked against what was written, and rewritten if
     /// it changed (an outside `nft flush ruleset`).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
@@ -143,7 +144,7 @@ fn start_http(
     source: SourceHealth,
     metrics: &Arc<PolicyMetrics>,
 ) -> anyhow::Result<Option<Http>> {
-    let (healthz, metrics_at) = (flags.healthz_bind_address, flags.metrics_bind_address);
+    let (healthz, metrics_at) = (flags.healthz_bind_address, flags.metrics_bind_address.0);
     if healthz.is_none() && metrics_at.is_none() {
         return Ok(None);
     }
@@ -159,7 +160,8 @@ fn start_http(
                 Ok(())
             };
             route(path, with_health, with_metrics, state, || metrics.encode())
-        })?;
+        })
+        .with_context(|| crate::runtime::parts::listen_flag(with_health, addr))?;
         let paths = match (with_health, with_metrics) {
             (true, true) => "/healthz, /livez, /metrics",
             (true, false) => "/healthz, /livez",
@@ -210,6 +212,12 @@ impl PolicyPart {
         );
         PolicyLoop::new(self.settings, backend, view, SystemClock, reporting).run()
     }
+}
+
+/// The `/metrics` address the arguments give.
+#[cfg(test)]
+pub(crate) fn metrics_address(args: &PolicyArgs) -> Option<SocketAddr> {
+    args.flags.metrics_bind_address.0
 }
 
 pub fn run(args: PolicyArgs) -> anyhow::Result<ExitCode> {

@@ -55,6 +55,21 @@ pub struct BindAddr {
     pub port: Option<u16>,
 }
 
+/// `--healthz-bind-address` / `--metrics-bind-address` as given: an address, or `""` or `0`
+/// for none (kube-proxy: "set empty to disable").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindFlag {
+    Off,
+    At(BindAddr),
+}
+
+fn parse_bind_flag(s: &str) -> Result<BindFlag, String> {
+    match s.trim() {
+        "" | "0" => Ok(BindFlag::Off),
+        _ => parse_bind_addr(s).map(BindFlag::At),
+    }
+}
+
 pub fn parse_bind_addr(s: &str) -> Result<BindAddr, String> {
     if let Ok(a) = s.parse::<SocketAddr>() {
         return Ok(BindAddr {
@@ -120,7 +135,9 @@ pub struct ProxyFlags {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true,
           default_missing_value = "true", value_parser = go_bool)]
     pub masquerade_all: Option<bool>,
-    /// Periodic resync interval (Go duration, e.g. 30s).
+    /// How often the rules are checked against the kernel and resynced if changed (a Go
+    /// duration). Unset: --iptables-sync-period's (--ipvs-sync-period's in ipvs mode), then
+    /// the --config file's, then 30s. In `weir agent`, every part's period.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub sync_period: Option<Duration>,
     /// Interval of the periodic full resync, which rewrites every rule even when nothing
@@ -134,12 +151,14 @@ pub struct ProxyFlags {
     /// win over its fields (kube-proxy ignores most flags then).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Address of /healthz and /livez: IP:port, or an IP (port: --healthz-port, else 10256).
-    #[arg(long, value_name = "ADDR", value_parser = parse_bind_addr)]
-    pub healthz_bind_address: Option<BindAddr>,
-    /// Address of /metrics: IP:port, or an IP (port: --metrics-port, else 10249).
-    #[arg(long, value_name = "ADDR", value_parser = parse_bind_addr)]
-    pub metrics_bind_address: Option<BindAddr>,
+    /// Address of /healthz and /livez: IP:port, or an IP (port: --healthz-port, else 10256);
+    /// "" or 0: off. Default 0.0.0.0:10256.
+    #[arg(long, value_name = "ADDR", value_parser = parse_bind_flag)]
+    pub healthz_bind_address: Option<BindFlag>,
+    /// Address of /metrics: IP:port, or an IP (port: --metrics-port, else 10249); "" or 0:
+    /// off. Default 127.0.0.1:10249 (kube-proxy's).
+    #[arg(long, value_name = "ADDR", value_parser = parse_bind_flag)]
+    pub metrics_bind_address: Option<BindFlag>,
     /// kubeconfig file of the Kubernetes API to watch (instead of --manifests).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
@@ -1193,17 +1212,17 @@ struct NodePorts {
 /// A bind address: port flag 0 disables it; else the address flag (its port over the port
 /// flag) over the file's field over the default.
 fn bind_addr(
-    flag: Option<BindAddr>,
+    flag: Option<BindFlag>,
     port_flag: Option<u16>,
     file: &Option<String>,
     (default_ip, default_port): (&str, u16),
     name: &str,
 ) -> anyhow::Result<Option<SocketAddr>> {
-    if port_flag == Some(0) {
+    if port_flag == Some(0) || flag == Some(BindFlag::Off) {
         return Ok(None);
     }
     let given = match (flag, file.as_deref()) {
-        (Some(a), _) => a,
+        (Some(BindFlag::At(a)), _) => a,
         (None, Some(s)) if !s.is_empty() => {
             parse_bind_addr(s).map_err(|e| anyhow::anyhow!("config {name}: {e}"))?
         }
@@ -1597,6 +1616,13 @@ mod tests {
         ]);
         let (s, _) = settings_from(f, "").unwrap();
         assert_eq!(s.healthz_bind_address.unwrap().port(), 12000);
+        // "" or 0 turns a server off, as kube-proxy's "set empty to disable".
+        let f = flags_of(&["--metrics-bind-address=", "--healthz-bind-address", "0"]);
+        let (s, _) = settings_from(f, "metricsBindAddress: 127.0.0.1:9999\n").unwrap();
+        assert_eq!(
+            (s.healthz_bind_address, s.metrics_bind_address),
+            (None, None)
+        );
         let (s, _) =
             settings_from(ProxyFlags::default(), "healthzBindAddress: 10.0.0.1\n").unwrap();
         assert_eq!(

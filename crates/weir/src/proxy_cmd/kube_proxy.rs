@@ -14,81 +14,9 @@
 //! "unexpected argument".
 
 use std::collections::BTreeMap;
-use std::fmt;
 
-use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
-
-/// What a row names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Command-line flags (`--…`, `-v`) and/or configuration field paths (`iptables.syncPeriod`).
-    Option,
-    /// A `--feature-gates` / `featureGates` name.
-    Gate,
-    /// A field of an object kube-proxy reads (Service, EndpointSlice, Node) or a kind it watches.
-    Api,
-    /// A metric kube-proxy exports.
-    Metric,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// weir does what kube-proxy does with it (`tests` show it).
-    Same,
-    /// Accepted; `text` says how weir differs, or that it has no effect. A notice names it.
-    Differs,
-    /// Refused: `text` says why and what weir offers instead.
-    Refused,
-}
-
-#[derive(Debug, Clone, Copy)]
-pub struct Row {
-    pub kind: Kind,
-    /// Flags (with their dashes) and field paths; or a gate's, an API field's, a metric's name.
-    pub names: &'static [&'static str],
-    /// For values other than `harmless`.
-    pub class: Class,
-    /// Same: what weir does. Differs: how (a notice quotes it). Refused: why, and what instead.
-    pub text: &'static str,
-    /// Tests that show the behaviour (required for `Same`; docs/proxy.md names them, which
-    /// its test checks).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub tests: &'static [&'static str],
-    /// Values that ask for what weir does anyway, accepted silently (a flag's value as written,
-    /// a field's as YAML reads it: `false`, `14`, `""`).
-    pub harmless: &'static [&'static str],
-    /// A pflag boolean: `--flag` alone means `=true`, a value needs `=`.
-    pub boolean: bool,
-    /// weir's own code takes it (a typed flag, a field the loader reads); otherwise the flag
-    /// is added by [`KubeProxyOnlyFlags`] and the value only noticed or refused.
-    pub applied: bool,
-}
-
-const fn row(kind: Kind, names: &'static [&'static str], class: Class, text: &'static str) -> Row {
-    Row {
-        kind,
-        names,
-        class,
-        text,
-        tests: &[],
-        harmless: &[],
-        boolean: false,
-        applied: false,
-    }
-}
-
-/// kube-proxy's option applied by weir with the same meaning.
-const fn same(names: &'static [&'static str], text: &'static str) -> Row {
-    row(Kind::Option, names, Class::Same, text).applied()
-}
-
-const fn differs(names: &'static [&'static str], text: &'static str) -> Row {
-    row(Kind::Option, names, Class::Differs, text)
-}
-
-const fn refused(names: &'static [&'static str], text: &'static str) -> Row {
-    row(Kind::Option, names, Class::Refused, text)
-}
+use crate::foreign_flags::{differs, find_in, refused, row, same, OnlyFlags, Table};
+pub use crate::foreign_flags::{parse_go_bool, Class, Findings, Kind, Refused, Row};
 
 const fn gate(name: &'static [&'static str], class: Class, text: &'static str) -> Row {
     row(Kind::Gate, name, class, text)
@@ -100,60 +28,6 @@ const fn api(names: &'static [&'static str], class: Class, text: &'static str) -
 
 const fn metric(name: &'static [&'static str], class: Class, text: &'static str) -> Row {
     row(Kind::Metric, name, class, text)
-}
-
-impl Row {
-    const fn tests(self, tests: &'static [&'static str]) -> Row {
-        Row { tests, ..self }
-    }
-    const fn harmless(self, harmless: &'static [&'static str]) -> Row {
-        Row { harmless, ..self }
-    }
-    const fn boolean(self) -> Row {
-        Row {
-            boolean: true,
-            ..self
-        }
-    }
-    const fn applied(self) -> Row {
-        Row {
-            applied: true,
-            ..self
-        }
-    }
-
-    pub fn flags(&self) -> impl Iterator<Item = &'static str> + '_ {
-        let option = self.kind == Kind::Option;
-        self.names
-            .iter()
-            .copied()
-            .filter(move |n| option && n.starts_with('-'))
-    }
-
-    /// What weir does with `value` given as `name`: nothing to say, a notice, or a refusal.
-    /// Applied rows are handled by the code that applies them: nothing to say here.
-    pub fn judge(&self, name: &str, value: &str) -> Verdict {
-        if self.applied || self.harmless.contains(&value) {
-            return Verdict::Silent;
-        }
-        let given = if value.is_empty() && !name.starts_with('-') {
-            name.to_string()
-        } else {
-            format!("{name}={value}")
-        };
-        match self.class {
-            Class::Same => Verdict::Silent,
-            Class::Differs => Verdict::Notice(format!("{given}: accepted; {}", self.text)),
-            Class::Refused => Verdict::Refused(format!("{given}: refused: {}", self.text)),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    Silent,
-    Notice(String),
-    Refused(String),
 }
 
 /// kube-proxy 1.37 (`cmd/kube-proxy/app/options.go` with component-base's logging flags,
@@ -196,7 +70,7 @@ pub static ROWS: &[Row] = &[
         .tests(&["kube_proxy_flags_map_onto_weirs_settings"]),
     same(&["--bind-address", "bindAddress"], "this node's primary IP of its family (the other family's from the Node object); `0.0.0.0` and `::` leave both to the Node object; an IPv6 one makes the /healthz and /metrics defaults `[::]:10256` and `[::1]:10249`")
         .tests(&["node_ips_override_the_node_objects_per_family", "kube_proxy_flags_map_onto_weirs_settings"]),
-    same(&["--healthz-bind-address", "healthzBindAddress", "--metrics-bind-address", "metricsBindAddress"], "IP:port of /healthz and /livez (default `0.0.0.0:10256`) and of /metrics (default `127.0.0.1:10249`); an IP alone takes the port of --healthz-port / --metrics-port")
+    same(&["--healthz-bind-address", "healthzBindAddress", "--metrics-bind-address", "metricsBindAddress"], "IP:port of /healthz and /livez (default `0.0.0.0:10256`) and of /metrics (default `127.0.0.1:10249`); an IP alone takes the port of --healthz-port / --metrics-port; the flag empty (kube-proxy's \"set empty to disable\") or `0` turns the server off")
         .tests(&["kube_proxy_flags_map_onto_weirs_settings"]),
     same(&["--healthz-port", "--metrics-port"], "(deprecated in kube-proxy) the port for a bind address without one; 0 turns the server off")
         .tests(&["kube_proxy_flags_map_onto_weirs_settings"]),
@@ -384,132 +258,22 @@ const SECTIONS: &[&str] = &[
 
 /// The row holding `name` (a flag with its dashes, a field path, a gate's name) of `kind`.
 pub fn find(kind: Kind, name: &str) -> Option<&'static Row> {
-    ROWS.iter()
-        .find(|r| r.kind == kind && r.names.contains(&name))
+    find_in(ROWS, kind, name)
 }
 
-/// The rows of kube-proxy's flags that weir has no flag of its own for.
-fn only_flags() -> impl Iterator<Item = (&'static Row, &'static str)> {
-    ROWS.iter()
-        .filter(|r| !r.applied)
-        .flat_map(|r| r.flags().map(move |f| (r, f)))
-}
-
-/// The error of a refused kube-proxy flag, field or gate value: the process exits with 2, as
-/// for a usage error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused(pub Vec<String>);
-
-impl fmt::Display for Refused {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0.join("\n"))
-    }
-}
-
-impl std::error::Error for Refused {}
-
-/// What checking the flags and the file found: notices to log (or print), refusals.
-#[derive(Debug, Default)]
-pub struct Findings {
-    pub notices: Vec<String>,
-    pub refused: Vec<String>,
-    /// Field paths that are not KubeProxyConfiguration v1alpha1's (nor weir's own): errors.
-    pub unknown: Vec<String>,
-}
-
-impl Findings {
-    pub fn add(&mut self, v: Verdict) {
-        match v {
-            Verdict::Silent => {}
-            Verdict::Notice(n) => self.notices.push(n),
-            Verdict::Refused(r) => self.refused.push(r),
-        }
-    }
-}
-
-/// kube-proxy's flags that weir has no flag of its own for, as given (flag, value), in order.
-/// Added to the command from [`ROWS`], hidden from `--help`; pflag's syntax: a boolean takes
-/// `--flag` or `--flag=VALUE`, another flag `--flag VALUE` or `--flag=VALUE`.
+/// kube-proxy's list, for [`OnlyFlags`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KubeProxyOnlyFlags {
-    pub given: Vec<(&'static str, String)>,
-}
+pub struct KubeProxy;
 
-impl KubeProxyOnlyFlags {
-    /// The notice or refusal of each given flag.
-    pub fn check(&self, out: &mut Findings) {
-        for (flag, value) in &self.given {
-            if let Some(row) = find(Kind::Option, flag) {
-                let value = match row.boolean {
-                    true => parse_go_bool(value).map_or(value.clone(), |b| b.to_string()),
-                    false => value.clone(),
-                };
-                out.add(row.judge(flag, &value));
-            }
-        }
+impl Table for KubeProxy {
+    fn rows() -> &'static [Row] {
+        ROWS
     }
 }
 
-fn arg_id(flag: &str) -> &str {
-    flag.trim_start_matches('-')
-}
-
-impl FromArgMatches for KubeProxyOnlyFlags {
-    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
-        let mut given: Vec<(usize, &'static str, String)> = Vec::new();
-        for (_, flag) in only_flags() {
-            let id = arg_id(flag);
-            if let (Some(values), Some(indices)) = (m.get_many::<String>(id), m.indices_of(id)) {
-                given.extend(indices.zip(values).map(|(i, v)| (i, flag, v.clone())));
-            }
-        }
-        given.sort_by_key(|(i, ..)| *i);
-        Ok(Self {
-            given: given.into_iter().map(|(_, f, v)| (f, v)).collect(),
-        })
-    }
-
-    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
-        *self = Self::from_arg_matches(m)?;
-        Ok(())
-    }
-}
-
-impl Args for KubeProxyOnlyFlags {
-    fn augment_args(mut cmd: Command) -> Command {
-        for (row, flag) in only_flags() {
-            let id = arg_id(flag);
-            let mut arg = Arg::new(id)
-                .long(id)
-                .hide(true)
-                .action(ArgAction::Append)
-                .value_name("VALUE")
-                .allow_hyphen_values(true);
-            arg = match row.boolean {
-                true => arg
-                    .num_args(0..=1)
-                    .require_equals(true)
-                    .default_missing_value("true"),
-                false => arg.num_args(1),
-            };
-            cmd = cmd.arg(arg);
-        }
-        cmd
-    }
-
-    fn augment_args_for_update(cmd: Command) -> Command {
-        Self::augment_args(cmd)
-    }
-}
-
-/// Go's `strconv.ParseBool`, which pflag's boolean flags use.
-pub fn parse_go_bool(s: &str) -> Result<bool, String> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err(format!("{s:?} is not a boolean (true or false)")),
-    }
-}
+/// kube-proxy's flags that weir has no flag of its own for, as given: noticed or refused by
+/// name (hidden from `--help`).
+pub type KubeProxyOnlyFlags = OnlyFlags<KubeProxy>;
 
 /// `--feature-gates` as pflag's map flag reads it: `Name=bool,Name=bool`.
 pub fn parse_gates(s: &str) -> Result<Vec<(String, bool)>, String> {
@@ -681,49 +445,8 @@ fn edits(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::foreign_flags::arg_id;
     use clap::Parser;
-
-    fn word(c: Class) -> &'static str {
-        match c {
-            Class::Same => "same",
-            Class::Differs => "differs",
-            Class::Refused => "refused",
-        }
-    }
-
-    /// A row as docs/proxy.md's table line.
-    fn doc_line(r: &Row) -> String {
-        let kind = match r.kind {
-            Kind::Option => match (
-                r.flags().next().is_some(),
-                r.names.iter().any(|n| !n.starts_with('-')),
-            ) {
-                (true, true) => "flag, field",
-                (true, false) => "flag",
-                _ => "field",
-            },
-            Kind::Gate => "gate",
-            Kind::Api => "API",
-            Kind::Metric => "metric",
-        };
-        let names = r
-            .names
-            .iter()
-            .map(|n| format!("`{n}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let mut text = r.text.to_string();
-        if !r.tests.is_empty() {
-            let tests = r
-                .tests
-                .iter()
-                .map(|t| format!("`{t}`"))
-                .collect::<Vec<_>>()
-                .join(", ");
-            text.push_str(&format!(". Tests: {tests}"));
-        }
-        format!("| {kind} | {names} | {} | {text} |", word(r.class))
-    }
 
     fn parse(args: &[&str]) -> Result<crate::Cli, clap::Error> {
         let mut argv = vec!["weir".to_string(), "proxy".to_string()];
@@ -987,46 +710,20 @@ mod tests {
 
     #[test]
     fn rows_are_well_formed() {
-        let mut names = std::collections::BTreeSet::new();
-        for r in ROWS {
-            assert!(!r.names.is_empty() && !r.text.is_empty(), "{r:?}");
-            for n in r.names {
-                assert!(names.insert((r.kind as u8, *n)), "{n} twice");
-            }
-            if r.class == Class::Same {
-                assert!(
-                    !r.tests.is_empty(),
-                    "{:?}: same, but no test named",
-                    r.names
-                );
-            }
-            // A generic row does something only through its class: same would be silent.
-            if !r.applied && r.kind == Kind::Option {
-                assert_ne!(r.class, Class::Same, "{:?}", r.names);
-            }
-            if r.boolean {
-                assert!(
-                    r.harmless.iter().all(|h| *h == "true" || *h == "false"),
-                    "{:?}",
-                    r.names
-                );
-            }
-        }
+        crate::foreign_flags::doc_table::well_formed(ROWS);
     }
 
     #[test]
     fn each_class_does_what_it_says() {
         let mut f = Findings::default();
-        let flags = KubeProxyOnlyFlags {
-            given: vec![
-                ("--kube-api-qps", "20".into()),
-                ("--profiling", "false".into()),
-                ("--profiling", "t".into()),
-                ("--detect-local-mode", "ClusterCIDR".into()),
-                ("--detect-local-mode", "NodeCIDR".into()),
-                ("--init-only", "true".into()),
-            ],
-        };
+        let flags = KubeProxyOnlyFlags::new(vec![
+            ("--kube-api-qps", "20".into()),
+            ("--profiling", "false".into()),
+            ("--profiling", "t".into()),
+            ("--detect-local-mode", "ClusterCIDR".into()),
+            ("--detect-local-mode", "NodeCIDR".into()),
+            ("--init-only", "true".into()),
+        ]);
         flags.check(&mut f);
         assert_eq!(f.notices.len(), 2, "{:?}", f.notices);
         assert!(f.notices[0].starts_with("--kube-api-qps=20: accepted; no effect"));
@@ -1125,43 +822,12 @@ mod tests {
     /// (on failure the expected table is printed, to paste), and every test a row names exists.
     #[test]
     fn the_docs_table_is_this_list() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let doc = std::fs::read_to_string(root.join("docs/proxy.md")).unwrap();
-        let section = doc
-            .split("\n## kube-proxy 1.37 beside weir proxy\n")
-            .nth(1)
-            .expect("the section")
-            .split("\n## ")
-            .next()
-            .unwrap();
-        let in_doc: Vec<&str> = section
-            .lines()
-            .filter(|l| l.starts_with("| ") && !l.starts_with("| kind |"))
-            .collect();
-        let expected: Vec<String> = ROWS.iter().map(doc_line).collect();
-        if in_doc != expected {
-            panic!(
-                "docs/proxy.md's table differs from ROWS; expected:\n\
-                 | kind | kube-proxy 1.37 | weir | what weir does |\n|---|---|---|---|\n{}",
-                expected.join("\n")
-            );
-        }
-        // Every named test is a function somewhere in the workspace.
-        let mut sources = String::new();
-        fn read(dir: &std::path::Path, out: &mut String) {
-            for e in std::fs::read_dir(dir).unwrap().flatten() {
-                let p = e.path();
-                if p.is_dir() && !p.ends_with("target") {
-                    read(&p, out);
-                } else if p.extension().is_some_and(|x| x == "rs") {
-                    out.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
-                }
-            }
-        }
-        read(&root.join("crates"), &mut sources);
-        for t in ROWS.iter().flat_map(|r| r.tests) {
-            assert!(sources.contains(&format!("fn {t}(")), "no test fn {t}");
-        }
+        crate::foreign_flags::doc_table::check(
+            "proxy.md",
+            "kube-proxy 1.37 beside weir proxy",
+            "| kind | kube-proxy 1.37 | weir | what weir does |",
+            ROWS,
+        );
     }
 
     #[test]

@@ -31,8 +31,8 @@ use weir_proxy::Backend;
 use weir_source::api::{ApiReport, Selectors};
 use weir_source::WatchEvent;
 
-pub(crate) use config::Settings;
 pub use config::{parse_duration, IpvsSettings, ProxyFlags, ProxyMode};
+pub(crate) use config::{LogSettings, Settings};
 use kube_proxy::{Findings, Refused};
 pub(crate) use problems::go_duration;
 use validate::{Invalid, Report};
@@ -385,6 +385,15 @@ pub(crate) fn validate_report(flags: &ProxyFlags) -> Report {
             problems: validate::problems_of(&e),
         },
     }
+}
+
+/// The `/metrics` address the arguments give.
+#[cfg(test)]
+pub(crate) fn metrics_address(args: &ProxyArgs) -> Option<std::net::SocketAddr> {
+    args.flags
+        .settings(&mut |_| {})
+        .unwrap()
+        .metrics_bind_address
 }
 
 fn run_checked(args: ProxyArgs) -> anyhow::Result<ExitCode> {

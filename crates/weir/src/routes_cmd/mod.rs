@@ -10,6 +10,7 @@
 //! The loop is `weir_routes::agent::RoutesLoop`; this module keeps the flags, starting the
 //! Node source, and what follows each reconciliation (publishing, metrics).
 
+mod flanneld;
 mod metrics;
 mod publish;
 mod validate;
@@ -35,8 +36,9 @@ use weir_source::{Event, ManifestDir, SharedStore};
 
 pub(crate) use metrics::RoutesMetrics;
 
+use crate::foreign_flags::Findings;
 use crate::proxy_cmd::parse_duration;
-use crate::runtime::flags::{NodeFlag, SourceFlags};
+use crate::runtime::flags::{metrics_default, parse_listen, Listen, NodeFlag, SourceFlags};
 use crate::runtime::source::{wait_ready, LogOnly, Origin, RunningSource, SourceHealth, Wanted};
 use crate::runtime::views::{View, ROUTES_KINDS};
 
@@ -107,7 +109,15 @@ enum RoutesCommand {
     Cleanup,
 }
 
+/// The heading of the flanneld flags weir applies that have no other place in its help.
+const FLANNELD: &str = "flanneld's flags (its meaning unless said)";
+
 #[derive(Debug, Clone, Args)]
+// flanneld's names of the source flags (docs/routes.md lists all of flanneld's flags).
+#[command(
+    mut_arg("master", |a| a.alias("kube-api-url")),
+    mut_arg("kubeconfig", |a| a.alias("kubeconfig-file"))
+)]
 pub struct RoutesFlags {
     #[command(flatten)]
     source: SourceFlags,
@@ -115,12 +125,19 @@ pub struct RoutesFlags {
     node: NodeFlag,
     #[command(flatten)]
     options: RoutesOptions,
+    /// Periodic full reconciliation, repairing entries changed behind weir's back (a Go
+    /// duration).
+    // `--resync-period`, its former name, is still taken (hidden).
+    #[arg(long, alias = "resync-period", value_name = "DURATION",
+          value_parser = parse_duration, default_value = "30s")]
+    sync_period: Duration,
     /// Reconcile once and exit (non-zero if any operation failed).
     #[arg(long)]
     once: bool,
-    /// Serve `/metrics` (routed and refused nodes, failures) here; off when not given.
-    #[arg(long, value_name = "ADDR:PORT")]
-    metrics_bind_address: Option<std::net::SocketAddr>,
+    /// Serve `/metrics` (routed and refused nodes, failures) here; "" or 0: off.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen,
+          default_value = metrics_default::ROUTES)]
+    metrics_bind_address: Listen,
     /// Check the flags and the source (the manifest directory, the kubeconfig) as the agent
     /// would read them, print the settings (or every problem) and exit: 0 valid, 2 not.
     #[arg(long)]
@@ -129,6 +146,30 @@ pub struct RoutesFlags {
     #[arg(short = 'o', long = "output", value_enum, requires = "validate",
           default_value_t = crate::proxy_cmd::ValidateOutput::Text)]
     output: crate::proxy_cmd::ValidateOutput,
+    /// klog's verbosity as weir's log level, as `weir proxy -v`: 0-1 info; 2-3 debug and 4-5
+    /// trace for weir's crates; 6+ its libraries' debug too. RUST_LOG, when set, wins.
+    #[arg(short = 'v', long = "v", value_name = "LEVEL", help_heading = FLANNELD)]
+    v: Option<u32>,
+    /// Print weir's version line and exit.
+    #[arg(long = "version", id = "flanneld_version", value_name = "BOOL", num_args = 0..=1,
+          require_equals = true, default_missing_value = "true",
+          value_parser = crate::foreign_flags::parse_go_bool, default_value = "false",
+          help_heading = FLANNELD)]
+    version: bool,
+    /// flanneld's flags weir has no flag of its own for: noticed or refused by name.
+    #[command(flatten)]
+    flanneld: flanneld::FlanneldOnlyFlags,
+}
+
+impl RoutesFlags {
+    /// The log filter `-v` asks for (`None`: weir's default).
+    fn log_filter(&self) -> Option<String> {
+        crate::proxy_cmd::LogSettings {
+            format: None,
+            verbosity: self.v,
+        }
+        .filter()
+    }
 }
 
 /// What node routes do, the same flags in `weir routes` and `weir agent`.
@@ -148,7 +189,7 @@ pub struct RoutesOptions {
     #[arg(long, value_name = "IF")]
     iface: Option<String>,
     /// Prefix of the Node annotations read and published (flannel's is flannel.alpha.coreos.com).
-    #[arg(long, default_value = DEFAULT_PREFIX)]
+    #[arg(long, alias = "kube-annotation-prefix", default_value = DEFAULT_PREFIX)]
     annotation_prefix: String,
     /// Write this node's annotations here, as a Node patch (YAML).
     #[arg(long, value_name = "FILE")]
@@ -160,9 +201,6 @@ pub struct RoutesOptions {
     /// conflist sets no `mtu`; removed under host-gw (pods keep the underlay's MTU).
     #[arg(long, value_name = "FILE", default_value = weir_routes::MTU_FILE)]
     mtu_file: PathBuf,
-    /// Periodic full reconciliation (repairs entries changed behind weir's back).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "30s")]
-    resync_period: Duration,
 }
 
 fn config(node_name: &str, opts: &RoutesOptions) -> anyhow::Result<Config> {
@@ -192,6 +230,8 @@ pub(crate) fn check(node_name: &str, opts: &RoutesOptions) -> anyhow::Result<()>
 pub(crate) struct RoutesPart {
     pub node_name: String,
     pub options: RoutesOptions,
+    /// `--sync-period`: the periodic full reconciliation.
+    pub sync_period: Duration,
     pub api: Option<ApiOptions>,
     pub metrics: Arc<RoutesMetrics>,
     pub health: Arc<RoutesHealth>,
@@ -223,7 +263,7 @@ impl RoutesPart {
         let settings = LoopSettings {
             config: cfg,
             iface: opts.iface.clone(),
-            resync_period: opts.resync_period,
+            resync_period: self.sync_period,
         };
         let reporting = Reporting {
             publisher,
@@ -268,33 +308,74 @@ pub(crate) fn wanted() -> Wanted {
     }
 }
 
-pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
+fn cleanup_command() -> anyhow::Result<ExitCode> {
     crate::init_logging();
+    let mut rtnl = Rtnl::new().context("open rtnetlink")?;
+    let cleaned = cleanup(&mut rtnl)?;
+    eprintln!(
+        "weir routes cleanup: {} routes, devices {:?} removed",
+        cleaned.routes, cleaned.devices
+    );
+    for e in &cleaned.errors {
+        eprintln!("weir routes cleanup: {e}");
+    }
+    Ok(if cleaned.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Serves `/metrics` at `addr` (bound in this thread's network namespace).
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    metrics: &Arc<RoutesMetrics>,
+) -> anyhow::Result<(MetricsServer, HttpRuntime)> {
+    let rt = HttpRuntime::new().context("metrics runtime")?;
+    let m = metrics.clone();
+    let server = MetricsServer::start(&rt, addr, move || m.encode()).with_context(|| {
+        format!("--metrics-bind-address {addr} (another address, or \"\" to turn it off)")
+    })?;
+    info!(addr = %server.addr(), "serving /metrics");
+    Ok((server, rt))
+}
+
+/// The `/metrics` address the arguments give.
+#[cfg(test)]
+pub(crate) fn metrics_address(args: &RoutesArgs) -> Option<std::net::SocketAddr> {
+    args.flags.metrics_bind_address.0
+}
+
+pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
     if let Some(RoutesCommand::Cleanup) = args.command {
-        let mut rtnl = Rtnl::new().context("open rtnetlink")?;
-        let cleaned = cleanup(&mut rtnl)?;
-        eprintln!(
-            "weir routes cleanup: {} routes, devices {:?} removed",
-            cleaned.routes, cleaned.devices
-        );
-        for e in &cleaned.errors {
-            eprintln!("weir routes cleanup: {e}");
-        }
-        return Ok(if cleaned.errors.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        });
+        return cleanup_command();
     }
     let flags = args.flags;
+    if flags.version {
+        outln!("weir {}", env!("WEIR_VERSION_LINE"));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut found = Findings::default();
+    flags.flanneld.check(&mut found);
     if flags.validate {
         let json = flags.output == crate::proxy_cmd::ValidateOutput::Json;
-        return Ok(validate::run(&flags, json));
+        return Ok(validate::run(&flags, found, json));
+    }
+    if !found.refused.is_empty() {
+        for r in &found.refused {
+            eprintln!("weir routes: {r}");
+        }
+        return Ok(ExitCode::from(2));
+    }
+    crate::init_logging_with(None, flags.log_filter());
+    for n in &found.notices {
+        tracing::warn!("{n}");
     }
     let origin = flags.source.origin()?;
     let part = RoutesPart {
         node_name: flags.node.resolve()?,
         options: flags.options.clone(),
+        sync_period: flags.sync_period,
         api: origin.api_options(),
         metrics: Arc::new(RoutesMetrics::new()),
         health: Arc::new(RoutesHealth::default()),
@@ -305,14 +386,8 @@ pub fn run(args: RoutesArgs) -> anyhow::Result<ExitCode> {
     let source =
         RunningSource::start(&origin, &wanted(), Arc::new(LogOnly)).context("object source")?;
     // Bound before the loop: the listener opens in this thread's network namespace.
-    let _metrics_server = match flags.metrics_bind_address {
-        Some(addr) => {
-            let rt = HttpRuntime::new().context("metrics runtime")?;
-            let m = part.metrics.clone();
-            let server = MetricsServer::start(&rt, addr, move || m.encode())?;
-            info!(addr = %server.addr(), "serving /metrics");
-            Some((server, rt))
-        }
+    let _metrics_server = match flags.metrics_bind_address.0 {
+        Some(addr) => Some(serve_metrics(addr, &part.metrics)?),
         None => None,
     };
     // Nothing is reconciled from a partial world (an empty one would remove every route).

@@ -6,14 +6,24 @@ use std::process::ExitCode;
 use serde_json::json;
 
 use super::{config, BackendName, RoutesFlags};
+use crate::foreign_flags::Findings;
 use crate::proxy_cmd::go_duration;
 use crate::runtime::source::Origin;
 
-/// The settings as (name, value) rows, or the problems found.
-fn report(flags: &RoutesFlags) -> Result<Vec<(&'static str, String)>, Vec<String>> {
-    let mut problems = Vec::new();
-    let origin = flags.source.origin().map_err(|e| vec![format!("{e:#}")])?;
-    let node = flags.node.resolve().map_err(|e| vec![format!("{e:#}")])?;
+/// The settings as (name, value) rows, or the problems found (`refused`: the flanneld flags
+/// refused, problems too).
+fn report(
+    flags: &RoutesFlags,
+    refused: Vec<String>,
+) -> Result<Vec<(&'static str, String)>, Vec<String>> {
+    let mut problems = refused;
+    let fail = |problems: &[String], e: anyhow::Error| {
+        let mut all = problems.to_vec();
+        all.push(format!("{e:#}"));
+        all
+    };
+    let origin = flags.source.origin().map_err(|e| fail(&problems, e))?;
+    let node = flags.node.resolve().map_err(|e| fail(&problems, e))?;
     if let Err(e) = config(&node, &flags.options) {
         problems.push(format!("{e:#}"));
     }
@@ -55,26 +65,39 @@ fn report(flags: &RoutesFlags) -> Result<Vec<(&'static str, String)>, Vec<String
         ("node", node),
         ("source", source),
         ("backend", backend),
-        ("resync_period", go_duration(o.resync_period)),
+        ("sync_period", go_duration(flags.sync_period)),
+        (
+            "metrics",
+            flags
+                .metrics_bind_address
+                .0
+                .map_or("off".into(), |a| a.to_string()),
+        ),
         ("mtu_file", o.mtu_file.display().to_string()),
         ("annotation_prefix", o.annotation_prefix.clone()),
     ])
 }
 
-/// Prints the report as text or JSON; exit 0 when valid, 2 with every problem otherwise.
-pub fn run(flags: &RoutesFlags, json_output: bool) -> ExitCode {
-    let result = report(flags);
+/// Prints the report as text or JSON (with the notices of `found`); exit 0 when valid, 2
+/// with every problem otherwise.
+pub fn run(flags: &RoutesFlags, found: Findings, json_output: bool) -> ExitCode {
+    let notices = found.notices;
+    let result = report(flags, found.refused);
     if json_output {
         let doc = match &result {
             Ok(rows) => json!({
                 "valid": true,
                 "settings": rows.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                "notices": notices,
                 "problems": [],
             }),
-            Err(problems) => json!({ "valid": false, "problems": problems }),
+            Err(problems) => json!({ "valid": false, "notices": notices, "problems": problems }),
         };
         outln!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
+        for n in &notices {
+            outln!("notice: {n}");
+        }
         match &result {
             Ok(rows) => {
                 outln!("weir routes: settings valid");

@@ -31,6 +31,15 @@ pub fn listeners(
     wanted
 }
 
+/// The flag that named `addr`, for a listener that cannot be bound.
+pub fn listen_flag(health: bool, addr: SocketAddr) -> String {
+    let flag = match health {
+        true => "--healthz-bind-address",
+        false => "--metrics-bind-address",
+    };
+    format!("{flag} {addr} (another address, or \"\" to turn it off)")
+}
+
 /// The parts other than the proxy, as registered at start, and the ones that stopped.
 #[derive(Default)]
 pub struct Parts {
