@@ -24,6 +24,7 @@ pub mod ipvs;
 pub mod kernel_log;
 pub mod live;
 pub mod nft;
+pub mod nft_text;
 pub mod objects;
 pub mod output;
 pub mod paste;

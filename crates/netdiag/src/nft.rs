@@ -310,6 +310,8 @@ fn render_stmt(stmt: &Value) -> String {
         ),
         "reject" => "reject".into(),
         "log" => "log".into(),
+        // A rule part the text reader could not read (`crate::nft_text`), as written.
+        "unread" => v.as_str().unwrap_or_default().to_string(),
         "xt" => format!(
             "xt {} {}",
             v.get("type").and_then(Value::as_str).unwrap_or("?"),

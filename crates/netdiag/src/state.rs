@@ -148,16 +148,6 @@ impl NodeState {
         for s in &sections {
             if let Some(o) = s.output.filter(|_| s.status == Status::Read) {
                 by_kind.entry(o).or_default().push(s);
-            } else if s.kind == Kind::NftText {
-                // A ruleset is there but not read: the checks that need one cannot tell.
-                st.unreadable.push(Unreadable {
-                    output: Output::NftRuleset,
-                    file: s.source.clone(),
-                    line: Some(s.line),
-                    reason: "`nft list ruleset` as text: only its JSON form \
-                             (`nft -j list ruleset`) is read"
-                        .into(),
-                });
             } else if s.kind == Kind::Objects {
                 // Under a prompt (`$ kubectl get pods -o yaml`), the YAML starts below it.
                 let text = match s.command {
@@ -323,7 +313,16 @@ impl NodeState {
                 p.skipped
             }
             Output::NftRuleset => {
-                let p = nft::parse(&text);
+                // `nft -j list ruleset` or `nft list ruleset`: one model either way.
+                let json = crate::paste::lines(&text)
+                    .data()
+                    .next()
+                    .is_some_and(|l| crate::intake::classify::looks_json(l.text));
+                let p = if json {
+                    nft::parse(&text)
+                } else {
+                    crate::nft_text::parse(&text)
+                };
                 match &mut self.nft {
                     Some(have) => have.merge(p.value),
                     None => self.nft = Some(p.value),

@@ -104,7 +104,7 @@ impl Kind {
             Kind::IptablesSave | Kind::IptablesRules | Kind::IptablesListing => {
                 Output::IptablesSave
             }
-            Kind::NftJson => Output::NftRuleset,
+            Kind::NftJson | Kind::NftText => Output::NftRuleset,
             Kind::IpRoute if v6 => Output::Ip6Route,
             Kind::IpRoute => Output::IpRoute,
             Kind::IpRouteGet => Output::IpRouteGet,
@@ -122,9 +122,7 @@ impl Kind {
             Kind::HairpinMode => Output::HairpinMode,
             Kind::KernelLog => Output::KernelLog,
             Kind::ResolvConf => Output::PodResolvConf,
-            Kind::NftText | Kind::IpBrLink | Kind::Tcpdump | Kind::Objects | Kind::Unknown => {
-                return None
-            }
+            Kind::IpBrLink | Kind::Tcpdump | Kind::Objects | Kind::Unknown => return None,
         })
     }
 

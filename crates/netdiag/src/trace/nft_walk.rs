@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::packet::{Flow, Pkt, Proto};
+use super::packet::{Fact, Flow, Pkt, Proto};
 use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
@@ -122,6 +122,13 @@ impl Walker<'_> {
             }
             "jump" | "goto" => {
                 let target = v["target"].as_str().unwrap_or_default().to_string();
+                if !has_chain(rs, family, table, &target) {
+                    let at = [family, table, stage, place.as_str()];
+                    return match self.nft_missing_chain(at, &r.text, k, &target) {
+                        Some(flow) => Next::Done(flow),
+                        None => Next::Expr,
+                    };
+                }
                 self.hop(
                     stage,
                     place.clone(),
@@ -179,6 +186,32 @@ impl Walker<'_> {
         if !told {
             self.hop(at.stage, at.place.clone(), Some(r.text.clone()), note);
         }
+        flow
+    }
+
+    /// A jump to a chain the paste does not hold (`nft list table` of one table, or a paste
+    /// cut short; nft itself refuses a jump to a chain that does not exist): it returns or
+    /// accepts, a fact the walk branches on. `None`: it returned from a jump (the rule goes on).
+    fn nft_missing_chain(
+        &mut self,
+        [family, table, stage, place]: [&str; 4],
+        text: &str,
+        verb: &str,
+        target: &str,
+    ) -> Option<Flow> {
+        let fact = Fact::Chain(format!("nft {family} {table} {target}"));
+        let accepts = self.fact(fact) == 1;
+        let (note, flow) = match (accepts, verb) {
+            (true, _) => ("taken to accept", Some(Flow::Accept)),
+            (false, "goto") => ("taken to return", Some(Flow::Return)),
+            (false, _) => ("taken to return", None),
+        };
+        self.hop(
+            stage,
+            place,
+            Some(text.to_string()),
+            format!("{verb} {target} (not in the paste): {note}"),
+        );
         flow
     }
 
@@ -272,6 +305,10 @@ impl Walker<'_> {
             }
             "jump" | "goto" => {
                 let target = v["target"].as_str()?.to_string();
+                if !has_chain(rs, family, table, &target) {
+                    let at = [family, table, stage, place];
+                    return self.nft_missing_chain(at, text, k, &target);
+                }
                 self.hop(
                     stage,
                     place,
@@ -460,6 +497,13 @@ impl Walker<'_> {
             _ => None,
         }
     }
+}
+
+/// Whether the ruleset holds chain `name` of table `family table`.
+fn has_chain(rs: &Ruleset, family: &str, table: &str, name: &str) -> bool {
+    rs.chains
+        .iter()
+        .any(|c| c.family == family && c.table == table && c.name == name)
 }
 
 /// The chain an nft walk is in, and where it reports from.

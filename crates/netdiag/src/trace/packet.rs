@@ -280,8 +280,9 @@ pub enum Fact {
     /// Whether a route table a rule names holds routes the dump does not show (the routes are
     /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
     Table(String),
-    /// What an iptables chain does that a shown rule jumps to but the paste does not hold
-    /// (`filter cali-FORWARD`): 0 returns without a verdict, 1 accepts.
+    /// What a chain does that a shown rule jumps to but the paste does not hold: an iptables
+    /// chain (`filter cali-FORWARD`) or an nft one (`nft ip filter cali-FORWARD`); 0 returns
+    /// without a verdict, 1 accepts.
     Chain(String),
     /// Where a destination goes when no routes were pasted: 0 this node, 1 forwarded.
     Route(String),
@@ -307,7 +308,10 @@ impl Fact {
             Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
             Fact::BrNetfilter6 => "br_netfilter (net.bridge.bridge-nf-call-ip6tables)".into(),
             Fact::Table(t) => format!("route table {t}"),
-            Fact::Chain(c) => format!("iptables chain {c}"),
+            Fact::Chain(c) => match c.strip_prefix("nft ") {
+                Some(nft) => format!("nft chain {nft}"),
+                None => format!("iptables chain {c}"),
+            },
             Fact::Route(d) => format!("the route to {d}"),
         }
     }
@@ -386,6 +390,10 @@ impl Fact {
             Fact::Route(d) => format!(
                 "`ip route show table all` (ip-route.txt) and `ip addr` (ip-addr.txt), or `ip route get {d}`"
             ),
+            Fact::Chain(c) if c.starts_with("nft ") => {
+                let chain = c.rsplit(' ').next().unwrap_or(c);
+                format!("`nft list ruleset` (the rules of chain {chain}, and every other table's)")
+            }
             Fact::Chain(c) => {
                 let (table, chain) = c.split_once(' ').unwrap_or(("filter", c));
                 format!("`iptables-save -t {table}` (the rules of {chain}; or `iptables -t {table} -v -n -L {chain}`)")
