@@ -69,6 +69,16 @@ pub struct Set {
     pub elements: Vec<Value>,
 }
 
+impl Rule {
+    /// Its counter as the paste shows it (`counter packets N bytes M`): (packets, bytes).
+    pub fn counters(&self) -> Option<(u64, u64)> {
+        self.expr.iter().find_map(|e| {
+            let c = e.get("counter")?;
+            Some((c.get("packets")?.as_u64()?, c.get("bytes")?.as_u64()?))
+        })
+    }
+}
+
 impl Ruleset {
     /// Base chains on `hook` of `families` (e.g. `["ip", "inet"]`), lowest priority first: the
     /// order the kernel runs them in.

@@ -51,7 +51,7 @@ impl Walker<'_> {
                 };
                 let next = match k.as_str() {
                     "match" => self.nft_match_expr(&at, &rules, ri, &mut cascade, v, p),
-                    _ => self.nft_statement(&at, r, k, v, p),
+                    _ => self.nft_statement(&at, (ri, r), k, v, p),
                 };
                 match next {
                     Next::Expr => {}
@@ -98,7 +98,7 @@ impl Walker<'_> {
     fn nft_statement(
         &mut self,
         at: &ChainAt,
-        r: &nft::Rule,
+        (ri, r): (usize, &nft::Rule),
         k: &str,
         v: &Value,
         p: &mut Pkt,
@@ -108,10 +108,11 @@ impl Walker<'_> {
             "counter" | "log" | "limit" | "notrack" => Next::Expr,
             // `update @set { ip saddr }` (affinity): records, changes nothing now.
             "set" => Next::Expr,
-            "accept" | "drop" => Next::Done(self.nft_accept_or_drop(at, r, k, p)),
+            "accept" | "drop" => Next::Done(self.nft_accept_or_drop(at, (ri, r), k, p)),
             "reject" => {
                 self.rejected = true;
-                self.hop(stage, place.clone(), Some(r.text.clone()), "rejected");
+                let note = format!("rejected{}", nft_counters(at.chain, ri, r));
+                self.hop(stage, place.clone(), Some(r.text.clone()), note);
                 Next::Done(Flow::Drop(r.text.clone()))
             }
             "return" => {
@@ -176,7 +177,13 @@ impl Walker<'_> {
 
     /// `accept` / `drop`: a NetworkPolicy table's verdict is told as the policy's, any other
     /// as the rule's.
-    fn nft_accept_or_drop(&mut self, at: &ChainAt, r: &nft::Rule, k: &str, p: &mut Pkt) -> Flow {
+    fn nft_accept_or_drop(
+        &mut self,
+        at: &ChainAt,
+        (ri, r): (usize, &nft::Rule),
+        k: &str,
+        p: &mut Pkt,
+    ) -> Flow {
         let told =
             at.policy_table && self.policy_verdict(at.rs, at.chain, r, k, p, at.stage, &at.place);
         let (note, flow) = match k {
@@ -184,6 +191,7 @@ impl Walker<'_> {
             _ => ("dropped", Flow::Drop(r.text.clone())),
         };
         if !told {
+            let note = format!("{note}{}", nft_counters(at.chain, ri, r));
             self.hop(at.stage, at.place.clone(), Some(r.text.clone()), note);
         }
         flow
@@ -497,6 +505,19 @@ impl Walker<'_> {
             _ => None,
         }
     }
+}
+
+/// Rule `ri` of `chain`'s counter as evidence (empty without one): its handle when the paste
+/// shows handles (`nft -a`), else its place in the chain.
+fn nft_counters(chain: &str, ri: usize, r: &nft::Rule) -> String {
+    let Some((packets, bytes)) = r.counters() else {
+        return String::new();
+    };
+    let place = match r.handle {
+        Some(h) => format!("rule handle {h} of {chain}"),
+        None => format!("rule {} of {chain}", ri + 1),
+    };
+    super::walker::counter_note(Some(place), &packets.to_string(), &bytes.to_string())
 }
 
 /// Whether the ruleset holds chain `name` of table `family table`.
