@@ -31,6 +31,7 @@ pub mod paste;
 pub mod route_get;
 pub mod state;
 pub mod sysctl;
+pub mod tcpdump;
 pub mod trace;
 
 use serde::Serialize;

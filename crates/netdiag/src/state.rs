@@ -84,6 +84,8 @@ pub struct NodeState {
     pub hairpin: Option<Vec<crate::hairpin::HairpinPort>>,
     /// Martian-source lines of a pasted kernel log.
     pub martians: Option<Vec<crate::kernel_log::Martian>>,
+    /// Pasted `tcpdump -n` captures: packets seen, evidence of which way one went.
+    pub captures: Option<Vec<crate::tcpdump::Capture>>,
     /// The kernel log's `nf_conntrack: table full, dropping packet` lines, as pasted.
     pub conntrack_full: Option<Vec<String>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
@@ -214,6 +216,10 @@ impl NodeState {
             Output::IpvsadmConns => none(&self.ipvs_conns),
             Output::HairpinMode => none(&self.hairpin),
             Output::KernelLog => none(&self.martians),
+            Output::Tcpdump => self
+                .captures
+                .as_ref()
+                .is_some_and(|c| c.iter().all(|c| c.packets.is_empty())),
             _ => false,
         }
     }
@@ -237,6 +243,7 @@ impl NodeState {
             Output::IpvsadmConns => self.ipvs_conns = None,
             Output::HairpinMode => self.hairpin = None,
             Output::KernelLog => self.martians = None,
+            Output::Tcpdump => self.captures = None,
             _ => {}
         }
         self.unreadable.push(Unreadable {
@@ -411,6 +418,11 @@ impl NodeState {
                     &mut self.conntrack_full,
                     crate::kernel_log::conntrack_full(&text),
                 );
+                p.skipped
+            }
+            Output::Tcpdump => {
+                let p = crate::tcpdump::parse(&text);
+                self.captures.get_or_insert_with(Vec::new).push(p.value);
                 p.skipped
             }
             Output::PodIpAddr => {

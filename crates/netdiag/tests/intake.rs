@@ -108,7 +108,7 @@ fn a_ticket_body_is_read_output_by_output() {
             (50, ProcConntrack, Read),
             (52, IpRule, Read),
             (54, IpvsadmConns, Read),
-            (58, Tcpdump, NotUsedYet),
+            (58, Tcpdump, Read),
             (68, NftText, Read),
             (87, Unknown, NotRecognised),
         ]
@@ -159,7 +159,7 @@ fn the_what_was_read_table_names_every_section() {
         "iptables -L\n",
         "ip route get (by `ip route get 172.30.182.212`)",
         "/proc/net/nf_conntrack",
-        "tcpdump (recognised, not used by the walk yet)",
+        "10 lines  tcpdump\n",
         "18 lines  nft list ruleset\n",
         "not recognised: \"**What happened**: pods on the second node cannot be reached through their Servi…\"",
         "not recognised: \"Anything else we need to know?: no.\"",
@@ -170,7 +170,8 @@ fn the_what_was_read_table_names_every_section() {
     assert_eq!(json[3]["kind"], "iptables-listing");
     assert_eq!(json[3]["status"], "read");
     assert_eq!(json[3]["output"], "iptables-save");
-    assert_eq!(json[13]["status"], "not-used-yet");
+    assert_eq!(json[13]["kind"], "tcpdump");
+    assert_eq!(json[13]["status"], "read");
     assert_eq!(json[0]["status"], "not-recognised");
     assert!(json[0]["first_line"]
         .as_str()
@@ -202,7 +203,8 @@ fn files_with_misleading_names_are_read_by_their_content() {
     assert_eq!(by_source("nf_conntrack").kind, Kind::ProcConntrack);
     assert_eq!(by_source("notes.txt").kind, Kind::IpRule);
     assert_eq!(by_source("iptables.txt").kind, Kind::IpRoute);
-    assert_eq!(by_source("tcpdump").status, Status::NotUsedYet);
+    assert_eq!(by_source("tcpdump").status, Status::Read);
+    assert_eq!(st.captures.as_ref().unwrap()[0].packets.len(), 4);
     // `ip route show table local`'s lines print no table: the file's name gives it.
     let routes = st.routes.as_ref().unwrap();
     let local = routes.iter().find(|r| r.kind == "local").unwrap();

@@ -121,8 +121,9 @@ impl Kind {
             Kind::Sysctl => Output::Sysctl,
             Kind::HairpinMode => Output::HairpinMode,
             Kind::KernelLog => Output::KernelLog,
+            Kind::Tcpdump => Output::Tcpdump,
             Kind::ResolvConf => Output::PodResolvConf,
-            Kind::IpBrLink | Kind::Tcpdump | Kind::Objects | Kind::Unknown => return None,
+            Kind::IpBrLink | Kind::Objects | Kind::Unknown => return None,
         })
     }
 
@@ -145,6 +146,7 @@ impl Kind {
             Output::IpvsadmConns => Kind::IpvsadmConns,
             Output::HairpinMode => Kind::HairpinMode,
             Output::KernelLog => Kind::KernelLog,
+            Output::Tcpdump => Kind::Tcpdump,
             Output::PodResolvConf => Kind::ResolvConf,
         }
     }
