@@ -970,3 +970,15 @@ fn nft_text_pastes() {
     let handles: Vec<Option<u64>> = p.value.rules.iter().map(|r| r.handle).collect();
     assert_eq!(handles, [Some(3), Some(4), Some(5), Some(6), Some(7)]);
 }
+
+/// What is a partial dump (its unseen chains are branches in trace): a grep cut, `-A` lines with
+/// no `*table` header and no `-P` lines; not `iptables -S` (its `-P` lines), not a whole save.
+#[test]
+fn partial_dumps_are_told_from_whole_ones() {
+    let partial = |name: &str| iptables::parse(&data(name)).value.partial;
+    assert!(partial("iptables-grep-cut.txt"));
+    assert!(partial("pasted/iptables-save-grep-A1.txt"));
+    assert!(!partial("iptables-S-filter.txt"));
+    assert!(!partial("eni-node/iptables-save.txt"));
+    assert!(!partial("pasted/iptables-legacy-save-c-drops.txt"));
+}

@@ -550,3 +550,64 @@ fn forward_drop_settles_a_forwarded_packet_without_routes() {
         .iter()
         .any(|a| a.contains("leaves by an interface the paste does not name")));
 }
+
+/// A grep cut of the node's iptables-save (`iptables-save | grep -A1 "KUBE-SVC-.*statistic"`,
+/// real `--` separators) in place of the whole dump: the nat and filter chains it does not show
+/// are not taken as empty. Where nat PREROUTING may DNAT the ClusterIP the verdict is unknown,
+/// naming `iptables-save -t nat`; the whole dump walks the same packet to its endpoints.
+#[test]
+fn a_grep_cut_dump_branches_on_the_chains_it_does_not_show() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = common::data_dir("lab-eni-a-fix-off");
+    for e in std::fs::read_dir(&node).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_owned();
+        if name != "iptables-save.txt" && name != "nft-ruleset.json" {
+            std::fs::copy(&p, tmp.path().join(name)).unwrap();
+        }
+    }
+    std::fs::copy(
+        common::data_dir("pasted/iptables-save-grep-A1.txt"),
+        tmp.path().join("iptables-save.txt"),
+    )
+    .unwrap();
+    let (cut, _) = NodeState::from_dir(tmp.path()).unwrap();
+    assert!(cut.iptables.as_ref().unwrap().partial);
+    let t = walk(&cut, "10.12.192.18", "10.96.0.1", 80, "eni69381f0634bc");
+    assert_ne!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    let unseen = t
+        .branches
+        .iter()
+        .find(|b| {
+            b.when_text
+                .contains("nat PREROUTING (not in the cut paste) has a rule for it")
+        })
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert_eq!(unseen.verdict, Verdict::Unknown);
+    assert!(unseen
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("iptables nat PREROUTING is not in the paste"));
+    let nat = t
+        .unknowns
+        .iter()
+        .find(|u| u.fact == Fact::Chain("nat PREROUTING".into()))
+        .unwrap_or_else(|| panic!("{:#?}", t.unknowns));
+    assert!(
+        nat.settle.contains("iptables-save -t nat"),
+        "{}",
+        nat.settle
+    );
+    assert!(nat.why.contains("the paste was cut"), "{}", nat.why);
+
+    // The whole dump: no such branch, the ClusterIP is DNATed.
+    let (whole, _) = NodeState::from_dir(&node).unwrap();
+    assert!(!whole.iptables.as_ref().unwrap().partial);
+    let t = walk(&whole, "10.12.192.18", "10.96.0.1", 80, "eni69381f0634bc");
+    assert!(t
+        .unknowns
+        .iter()
+        .all(|u| !matches!(&u.fact, Fact::Chain(_))));
+    assert!(!t.endpoints.is_empty(), "{:?}", t.cause);
+}

@@ -106,6 +106,9 @@ impl Walker<'_> {
                 Fact::Table(t) => format!(
                     "the routes are main only (`ip route list`): table {t} is not in the dump"
                 ),
+                Fact::Chain(c) if super::packet::is_builtin(c) => {
+                    format!("the paste was cut (grep, or no table header): {c} is not in it")
+                }
                 Fact::Chain(c) => {
                     format!("a shown rule jumps to {c}, whose rules are not in the paste")
                 }
@@ -136,6 +139,9 @@ impl Walker<'_> {
             }
             Fact::Table(t) => {
                 format!("the routes are main only (`ip route list`): table {t} is not in the dump")
+            }
+            Fact::Chain(c) if super::packet::is_builtin(c) => {
+                format!("the paste was cut (grep, or no table header): {c} is not in it")
             }
             Fact::Chain(c) => {
                 format!("a shown rule jumps to {c}, whose rules are not in the paste")

@@ -282,7 +282,8 @@ pub enum Fact {
     Table(String),
     /// What a chain does that a shown rule jumps to but the paste does not hold: an iptables
     /// chain (`filter cali-FORWARD`) or an nft one (`nft ip filter cali-FORWARD`); 0 returns
-    /// without a verdict, 1 accepts.
+    /// without a verdict, 1 accepts. A built-in chain a cut dump does not show (`filter
+    /// FORWARD`): 0 has no rule for the packet, 1 has one (what it does is unknown).
     Chain(String),
     /// Where a destination goes when no routes were pasted: 0 this node, 1 forwarded.
     Route(String),
@@ -356,6 +357,11 @@ impl Fact {
                 [1] => format!("table {t} holds routes"),
                 _ => format!("table {t} is empty or holds routes"),
             },
+            Fact::Chain(c) if is_builtin(c) => match v.as_slice() {
+                [0] => format!("{c} (not in the cut paste) has no rule for it"),
+                [1] => format!("{c} (not in the cut paste) has a rule for it"),
+                _ => format!("{c} (not in the cut paste) has a rule for it or not"),
+            },
             Fact::Chain(c) => match v.as_slice() {
                 [0] => format!("{c} (not in the paste) returns it"),
                 [1] => format!("{c} (not in the paste) accepts it"),
@@ -400,6 +406,16 @@ impl Fact {
             }
         }
     }
+}
+
+/// `filter FORWARD`: a built-in chain (a jump's target never is one).
+pub(super) fn is_builtin(chain_fact: &str) -> bool {
+    chain_fact.rsplit(' ').next().is_some_and(|c| {
+        matches!(
+            c,
+            "PREROUTING" | "INPUT" | "FORWARD" | "OUTPUT" | "POSTROUTING"
+        )
+    })
 }
 
 /// One outcome of a conditional verdict.
