@@ -16,6 +16,10 @@ pub struct Ruleset {
     pub chains: Vec<Chain>,
     pub rules: Vec<Rule>,
     pub sets: Vec<Set>,
+    /// Chains a text paste ends inside (`family table chain`): their later rules are not
+    /// shown. (A JSON document is whole or unreadable: always empty there.)
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -122,6 +126,7 @@ impl Ruleset {
         self.chains.extend(other.chains);
         self.rules.extend(other.rules);
         self.sets.extend(other.sets);
+        self.cut.extend(other.cut);
     }
 }
 

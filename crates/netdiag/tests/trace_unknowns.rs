@@ -580,7 +580,7 @@ fn a_grep_cut_dump_branches_on_the_chains_it_does_not_show() {
         .iter()
         .find(|b| {
             b.when_text
-                .contains("nat PREROUTING (not in the cut paste) has a rule for it")
+                .contains("iptables nat PREROUTING has a rule for it where the paste was cut")
         })
         .unwrap_or_else(|| panic!("{:#?}", t.branches));
     assert_eq!(unseen.verdict, Verdict::Unknown);
@@ -592,7 +592,7 @@ fn a_grep_cut_dump_branches_on_the_chains_it_does_not_show() {
     let nat = t
         .unknowns
         .iter()
-        .find(|u| u.fact == Fact::Chain("nat PREROUTING".into()))
+        .find(|u| u.fact == Fact::Unseen("iptables nat PREROUTING".into()))
         .unwrap_or_else(|| panic!("{:#?}", t.unknowns));
     assert!(
         nat.settle.contains("iptables-save -t nat"),
@@ -608,6 +608,57 @@ fn a_grep_cut_dump_branches_on_the_chains_it_does_not_show() {
     assert!(t
         .unknowns
         .iter()
-        .all(|u| !matches!(&u.fact, Fact::Chain(_))));
+        .all(|u| !matches!(&u.fact, Fact::Chain(_) | Fact::Unseen(_))));
     assert!(!t.endpoints.is_empty(), "{:?}", t.cause);
+}
+
+/// kubernetes#97283's `nft list table ip filter` as pasted (text, cut inside FORWARD by the
+/// stored copy), forwarded pod traffic: dropped by FORWARD's policy only if the seven chains it
+/// jumps to, which the paste does not hold, return it and FORWARD's rules after the cut are not
+/// for it; each of those is an unknown naming `nft list ruleset`.
+#[test]
+fn an_nft_text_paste_cut_inside_a_chain_branches_on_its_jumps_and_its_rest() {
+    let text = std::fs::read_to_string(common::data_dir(
+        "tickets/k8s-97283-rhel8-firewalld-nft/nft.txt",
+    ))
+    .unwrap();
+    let st = NodeState::from_sources([
+        ("nft.txt".to_string(), text),
+        (
+            "sysctl.txt".to_string(),
+            "net.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.cali0.rp_filter = 0\n"
+                .to_string(),
+        ),
+    ]);
+    assert_eq!(st.nft.as_ref().unwrap().cut, ["ip filter FORWARD"]);
+    let t = walk(&st, "10.254.219.69", "10.254.219.68", 80, "cali0");
+    assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
+    let dropped = t
+        .branches
+        .iter()
+        .find(|b| b.verdict == Verdict::Dropped)
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    for part in [
+        "nft ip filter cali-FORWARD (not in the paste) returns it",
+        "nft ip filter FORWARD has no rule for it where the paste was cut",
+    ] {
+        assert!(dropped.when_text.contains(part), "{}", dropped.when_text);
+    }
+    assert!(dropped
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("chain FORWARD { policy drop; }"));
+    assert!(t.branches.iter().any(|b| b.verdict == Verdict::Unknown
+        && b.cause
+            .as_deref()
+            .is_some_and(|c| c.contains("the paste ends inside nft ip filter FORWARD"))));
+    let facts: Vec<&Fact> = t.unknowns.iter().map(|u| &u.fact).collect();
+    assert!(facts.contains(&&Fact::Chain("nft ip filter cali-FORWARD".into())));
+    assert!(facts.contains(&&Fact::Unseen("nft ip filter FORWARD".into())));
+    assert!(t
+        .unknowns
+        .iter()
+        .all(|u| !matches!(u.fact, Fact::Chain(_) | Fact::Unseen(_))
+            || u.settle.contains("nft list ruleset")));
 }

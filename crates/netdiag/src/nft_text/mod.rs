@@ -59,6 +59,12 @@ pub fn parse(text: &str) -> Parsed<Ruleset> {
         }
         r.line(no, &whole, handle);
     }
+    // The paste ends inside a chain: the rules after its cut are unknown, not absent.
+    if let Some(ci) = r.chain {
+        let c = &r.rs.chains[ci];
+        let at = format!("{} {} {}", c.family, c.table, c.name);
+        r.rs.cut.push(at);
+    }
     Parsed {
         value: r.rs,
         skipped: r.skipped,

@@ -75,6 +75,10 @@ impl Walker<'_> {
                     let place = format!("{} {table} {hook}", ipt_name(p));
                     match flow {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
+                        Flow::Unknown(cause) => {
+                            self.unknown_outcome = true;
+                            return Err((cause, Vec::new()));
+                        }
                         Flow::Accept => {}
                         Flow::Return => {
                             let chain = d.chain(table, hook);
@@ -101,6 +105,10 @@ impl Walker<'_> {
                     let place = format!("nft {family} {table} {chain}");
                     match flow {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
+                        Flow::Unknown(cause) => {
+                            self.unknown_outcome = true;
+                            return Err((cause, Vec::new()));
+                        }
                         Flow::Accept => {}
                         Flow::Return if policy == "drop" => {
                             let rule = format!("chain {chain} {{ policy drop; }}");
@@ -124,11 +132,11 @@ impl Walker<'_> {
     /// with no `*table` header): it has no rule for the packet, or one whose effect nobody can
     /// see, a fact the walk branches on (the second an unknown outcome).
     fn ipt_unseen(&mut self, table: &str, hook: &str, stage: &str, p: &Pkt) -> Result<(), Dropped> {
-        let fact = Fact::Chain(format!("{table} {hook}"));
+        let ipt = ipt_name(p);
+        let fact = Fact::Unseen(format!("{ipt} {table} {hook}"));
         if self.fact(fact) == 0 {
             return Ok(());
         }
-        let ipt = ipt_name(p);
         let place = format!("{ipt} {table} {hook}");
         self.unknown_outcome = true;
         self.hop(

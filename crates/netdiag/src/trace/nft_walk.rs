@@ -60,7 +60,29 @@ impl Walker<'_> {
                 }
             }
         }
-        Flow::Return
+        self.nft_after_cut(&at)
+    }
+
+    /// The end of a chain's shown rules: where the paste ends inside the chain, its later rules
+    /// may be for the packet (a fact: if one is, the outcome is unknown).
+    fn nft_after_cut(&mut self, at: &ChainAt) -> Flow {
+        let name = format!("{} {} {}", at.family, at.table, at.chain);
+        if !at.rs.cut.contains(&name) {
+            return Flow::Return;
+        }
+        if self.fact(Fact::Unseen(format!("nft {name}"))) == 0 {
+            return Flow::Return;
+        }
+        self.hop(
+            at.stage,
+            at.place.clone(),
+            None,
+            "the paste ends inside this chain: taken to have a later rule for the packet",
+        );
+        Flow::Unknown(format!(
+            "{}: the paste ends inside {}: what its later rules do to the packet is unknown; settle it with the whole `nft list ruleset`",
+            at.stage, at.place
+        ))
     }
 
     /// A `match` expression: on a miss the next rule; a hit on a `numgen` cascade walks one

@@ -259,6 +259,8 @@ pub(super) enum Flow {
     Accept,
     Drop(String),
     Return,
+    /// Rules the paste does not show decide it: an unknown outcome, with its cause.
+    Unknown(String),
 }
 
 /// A fact the walk needed.
@@ -282,9 +284,12 @@ pub enum Fact {
     Table(String),
     /// What a chain does that a shown rule jumps to but the paste does not hold: an iptables
     /// chain (`filter cali-FORWARD`) or an nft one (`nft ip filter cali-FORWARD`); 0 returns
-    /// without a verdict, 1 accepts. A built-in chain a cut dump does not show (`filter
-    /// FORWARD`): 0 has no rule for the packet, 1 has one (what it does is unknown).
+    /// without a verdict, 1 accepts.
     Chain(String),
+    /// Rules a cut paste does not show: a built-in chain of a grep-cut iptables dump (`iptables
+    /// filter FORWARD`), or the rest of an nft chain the paste ends inside (`nft ip filter
+    /// FORWARD`); 0 none of them is for the packet, 1 one is (what it does is unknown).
+    Unseen(String),
     /// Where a destination goes when no routes were pasted: 0 this node, 1 forwarded.
     Route(String),
 }
@@ -314,6 +319,7 @@ impl Fact {
                 None => format!("iptables chain {c}"),
             },
             Fact::Route(d) => format!("the route to {d}"),
+            Fact::Unseen(c) => format!("the rules of {c} the paste does not show"),
         }
     }
 
@@ -357,10 +363,10 @@ impl Fact {
                 [1] => format!("table {t} holds routes"),
                 _ => format!("table {t} is empty or holds routes"),
             },
-            Fact::Chain(c) if is_builtin(c) => match v.as_slice() {
-                [0] => format!("{c} (not in the cut paste) has no rule for it"),
-                [1] => format!("{c} (not in the cut paste) has a rule for it"),
-                _ => format!("{c} (not in the cut paste) has a rule for it or not"),
+            Fact::Unseen(c) => match v.as_slice() {
+                [0] => format!("{c} has no rule for it where the paste was cut"),
+                [1] => format!("{c} has a rule for it where the paste was cut"),
+                _ => format!("{c} has a rule for it or not where the paste was cut"),
             },
             Fact::Chain(c) => match v.as_slice() {
                 [0] => format!("{c} (not in the paste) returns it"),
@@ -396,6 +402,15 @@ impl Fact {
             Fact::Route(d) => format!(
                 "`ip route show table all` (ip-route.txt) and `ip addr` (ip-addr.txt), or `ip route get {d}`"
             ),
+            Fact::Unseen(c) => match c.strip_prefix("nft ") {
+                Some(_) => "the whole `nft list ruleset`".to_string(),
+                None => {
+                    let mut w = c.split(' ');
+                    let tool = w.next().unwrap_or("iptables");
+                    let table = w.next().unwrap_or("filter");
+                    format!("`{tool}-save -t {table}` (the whole table, not a grep of it)")
+                }
+            },
             Fact::Chain(c) if c.starts_with("nft ") => {
                 let chain = c.rsplit(' ').next().unwrap_or(c);
                 format!("`nft list ruleset` (the rules of chain {chain}, and every other table's)")
@@ -406,16 +421,6 @@ impl Fact {
             }
         }
     }
-}
-
-/// `filter FORWARD`: a built-in chain (a jump's target never is one).
-pub(super) fn is_builtin(chain_fact: &str) -> bool {
-    chain_fact.rsplit(' ').next().is_some_and(|c| {
-        matches!(
-            c,
-            "PREROUTING" | "INPUT" | "FORWARD" | "OUTPUT" | "POSTROUTING"
-        )
-    })
 }
 
 /// One outcome of a conditional verdict.
