@@ -284,6 +284,20 @@ impl NodeState {
                 ));
             }
         }
+        // `nft list table X` (or `list chain`): the other tables are not in the paste.
+        if o == Output::NftRuleset {
+            let one = pasted.commands.iter().find(|c| {
+                let w: Vec<&str> = c.split_whitespace().collect();
+                w.windows(2)
+                    .any(|p| p[0] == "list" && matches!(p[1], "table" | "chain"))
+            });
+            if let Some(cmd) = one {
+                self.assumptions.push(format!(
+                    "{}: `{cmd}` lists one table: other tables' chains on the same hooks (another firewall's, a CNI's) are not shown, and are walked as absent{from}",
+                    o.file_name()
+                ));
+            }
+        }
         for note in pasted.notes() {
             self.assumptions
                 .push(format!("{}: {note}{from}", o.file_name()));

@@ -631,6 +631,14 @@ fn an_nft_text_paste_cut_inside_a_chain_branches_on_its_jumps_and_its_rest() {
         ),
     ]);
     assert_eq!(st.nft.as_ref().unwrap().cut, ["ip filter FORWARD"]);
+    // `nft list table ip filter`: one table; the others are said to be unseen.
+    assert!(
+        st.assumptions
+            .iter()
+            .any(|a| a.contains("`nft list table ip filter` lists one table")),
+        "{:?}",
+        st.assumptions
+    );
     let t = walk(&st, "10.254.219.69", "10.254.219.68", 80, "cali0");
     assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
     let dropped = t
