@@ -361,6 +361,16 @@ fn nft_accepts(
                 .nth(1)
                 .and_then(|s| s.split_whitespace().next())
             {
+                // nft refuses a jump to a chain that does not exist: one missing from the
+                // ruleset is missing from the paste (`nft list table`, or cut), what it
+                // accepts unknown.
+                let known = rs
+                    .chains
+                    .iter()
+                    .any(|c| c.family == family && c.table == table && c.name == target);
+                if !known && !acc.unseen.iter().any(|u| u == target) {
+                    acc.unseen.push(target.to_string());
+                }
                 nft_accepts(rs, family, table, target, depth + 1, acc);
             }
         }
@@ -383,7 +393,7 @@ pub fn forward_policy(st: &NodeState) -> Check {
         "FORWARD drop policy without the proxy's accept rules",
     );
     if st.iptables.is_none() && st.nft.is_none() {
-        return c.skip("neither iptables-save nor nft -j list ruleset output");
+        return c.skip("neither iptables-save nor nft list ruleset output");
     }
     // A dump cut with grep (or without its table headers), or where the reporter elided
     // lines (`...`: k3s-io/k3s#1114's `iptables -L FORWARD`), may have lost the accept rules.
@@ -401,9 +411,10 @@ pub fn forward_policy(st: &NodeState) -> Check {
     }
     if let Some(rs) = &st.nft {
         judged += nft_forward(&mut c, st, rs, cut);
-        // `nft list` text, not `nft -j` (kubernetes#97283): nothing read is not a pass.
+        // An nft output none of which was read (kubernetes#97283 before its text was read):
+        // nothing read is not a pass.
         if rs.is_empty() && st.skipped.iter().any(|(o, _)| *o == Output::NftRuleset) {
-            unjudged.push("the nft output is not `nft -j` JSON and was not read (`nft -j list ruleset` as nft-ruleset.json would be)".to_string());
+            unjudged.push("the nft output was not read (`nft list ruleset` or `nft -j list ruleset` as nft-ruleset.json would be)".to_string());
         }
     }
     // A FORWARD policy nobody could read is not a pass.
@@ -516,11 +527,16 @@ fn judge_forward(c: &mut Check, what: String, acc: &Accepts, cut: bool) {
                 missing.join(", nor ")
             ),
         );
-    } else if !missing.is_empty() && !acc.unseen.is_empty() && what.starts_with("iptables") {
+    } else if !missing.is_empty() && !acc.unseen.is_empty() {
+        let needs = if what.starts_with("nft") {
+            "the whole `nft list ruleset`"
+        } else {
+            "the whole `iptables-save` (or `iptables -L -n -v` of every chain) as iptables-save.txt"
+        };
         c.found(
             Status::Warn,
             format!(
-                "{what} has policy drop and the dump shows no accept for {}; but it jumps to {}, which the listing does not show: their accepts are unknown; needs the whole `iptables-save` (or `iptables -L -n -v` of every chain) as iptables-save.txt",
+                "{what} has policy drop and the dump shows no accept for {}; but it jumps to {}, which the paste does not show: their accepts are unknown; needs {needs}",
                 missing.join(", nor "),
                 acc.unseen.join(", ")
             ),
@@ -668,7 +684,7 @@ pub fn stale_dnat(st: &NodeState) -> Check {
         "DNAT targets that are no longer anyone's address",
     );
     if st.iptables.is_none() && st.nft.is_none() && st.ipvs.is_none() {
-        return c.skip("neither iptables-save, nft -j list ruleset nor ipvsadm -Ln output");
+        return c.skip("neither iptables-save, nft list ruleset nor ipvsadm -Ln output");
     }
     if st.routes.is_none() {
         return c.skip("no ip route output to look the targets up in");

@@ -11,7 +11,7 @@
 //! (`anywhere` is read, host names are not addresses) likewise. The text of each rule is the
 //! listing's line, so evidence quotes what was pasted.
 
-use crate::iptables::model::{Arg, Chain, Dump, Rule, Target};
+use crate::iptables::model::{Arg, Chain, Counters, Dump, Rule, Target};
 use crate::{paste, Parsed, Skipped};
 
 /// Whether `text` is an `iptables -L` listing rather than iptables-save: a line `Chain NAME (`.
@@ -439,8 +439,21 @@ impl Listing {
             let u = b.unread.join(" ");
             b.push(Some("listing"), false, "--unread", &[&u]);
         }
+        let counters = cols.counters.then(|| {
+            let at = usize::from(cols.num);
+            Counters {
+                packets: words[at].clone(),
+                bytes: words[at + 1].clone(),
+            }
+        });
         Ok(Rule {
             line: no,
+            counters,
+            number: if cols.num {
+                words[0].parse().ok()
+            } else {
+                None
+            },
             text: line.trim().to_string(),
             modules: b.modules,
             args: b.args,

@@ -24,12 +24,14 @@ pub mod ipvs;
 pub mod kernel_log;
 pub mod live;
 pub mod nft;
+pub mod nft_text;
 pub mod objects;
 pub mod output;
 pub mod paste;
 pub mod route_get;
 pub mod state;
 pub mod sysctl;
+pub mod tcpdump;
 pub mod trace;
 
 use serde::Serialize;

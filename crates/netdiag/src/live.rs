@@ -48,6 +48,7 @@ pub fn command_for(output: Output) -> &'static [&'static str] {
         Output::IpvsadmConns => &["ipvsadm", "-Lnc"],
         Output::HairpinMode => &["sh", "-c", "grep . /sys/class/net/*/brif/*/hairpin_mode"],
         Output::KernelLog => &["dmesg"],
+        Output::Tcpdump => &["tcpdump", "-n"],
         // Run in the pod's namespace, not the node's: not part of a node's collection.
         Output::PodIpAddr => &["ip", "addr"],
         Output::PodResolvConf => &["cat", "/etc/resolv.conf"],
@@ -107,6 +108,7 @@ impl Target {
                         | Output::IpvsadmConns
                         | Output::HairpinMode
                         | Output::KernelLog
+                        | Output::Tcpdump
                 )
             })
             .map(|output| {

@@ -16,6 +16,10 @@ pub struct Ruleset {
     pub chains: Vec<Chain>,
     pub rules: Vec<Rule>,
     pub sets: Vec<Set>,
+    /// Chains a text paste ends inside (`family table chain`): their later rules are not
+    /// shown. (A JSON document is whole or unreadable: always empty there.)
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -69,6 +73,16 @@ pub struct Set {
     pub elements: Vec<Value>,
 }
 
+impl Rule {
+    /// Its counter as the paste shows it (`counter packets N bytes M`): (packets, bytes).
+    pub fn counters(&self) -> Option<(u64, u64)> {
+        self.expr.iter().find_map(|e| {
+            let c = e.get("counter")?;
+            Some((c.get("packets")?.as_u64()?, c.get("bytes")?.as_u64()?))
+        })
+    }
+}
+
 impl Ruleset {
     /// Base chains on `hook` of `families` (e.g. `["ip", "inet"]`), lowest priority first: the
     /// order the kernel runs them in.
@@ -112,6 +126,7 @@ impl Ruleset {
         self.chains.extend(other.chains);
         self.rules.extend(other.rules);
         self.sets.extend(other.sets);
+        self.cut.extend(other.cut);
     }
 }
 
@@ -310,6 +325,8 @@ fn render_stmt(stmt: &Value) -> String {
         ),
         "reject" => "reject".into(),
         "log" => "log".into(),
+        // A rule part the text reader could not read (`crate::nft_text`), as written.
+        "unread" => v.as_str().unwrap_or_default().to_string(),
         "xt" => format!(
             "xt {} {}",
             v.get("type").and_then(Value::as_str).unwrap_or("?"),

@@ -34,6 +34,8 @@ pub enum Output {
     HairpinMode,
     /// The kernel log (`dmesg`): its martian-source lines. Pasted only.
     KernelLog,
+    /// `tcpdump -n` lines: packets seen, as evidence of which way one went. Pasted only.
+    Tcpdump,
     /// The pod's own `ip addr` (its address, and its eth0's peer index: the host veth).
     PodIpAddr,
     /// The pod's `/etc/resolv.conf`.
@@ -41,7 +43,7 @@ pub enum Output {
 }
 
 impl Output {
-    pub const ALL: [Output; 21] = [
+    pub const ALL: [Output; 22] = [
         Output::IptablesSave,
         Output::Ip6tablesSave,
         Output::NftRuleset,
@@ -61,6 +63,7 @@ impl Output {
         Output::IpvsadmConns,
         Output::HairpinMode,
         Output::KernelLog,
+        Output::Tcpdump,
         Output::PodIpAddr,
         Output::PodResolvConf,
     ];
@@ -87,6 +90,7 @@ impl Output {
             Output::IpvsadmConns => "ipvsadm-Lnc.txt",
             Output::HairpinMode => "hairpin_mode.txt",
             Output::KernelLog => "dmesg.txt",
+            Output::Tcpdump => "tcpdump.txt",
             Output::PodIpAddr => "pod-ip-addr.txt",
             Output::PodResolvConf => "pod-resolv.conf",
         }
@@ -148,6 +152,7 @@ impl Output {
             Output::IpvsadmConns => &["ipvsadm-Lnc", "ipvsadm-Lcn", "ipvsadm-L-n-c"],
             Output::HairpinMode => &["hairpin-mode", "hairpin"],
             Output::KernelLog => &["dmesg", "dmesg-T", "journalctl-k"],
+            Output::Tcpdump => &["tcpdump", "tcpdump-n", "tcpdump-nn", "capture", "pcap"],
             Output::PodIpAddr => &[
                 "pod-ip-addr",
                 "pod-ip-a",

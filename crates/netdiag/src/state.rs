@@ -84,6 +84,8 @@ pub struct NodeState {
     pub hairpin: Option<Vec<crate::hairpin::HairpinPort>>,
     /// Martian-source lines of a pasted kernel log.
     pub martians: Option<Vec<crate::kernel_log::Martian>>,
+    /// Pasted `tcpdump -n` captures: packets seen, evidence of which way one went.
+    pub captures: Option<Vec<crate::tcpdump::Capture>>,
     /// The kernel log's `nf_conntrack: table full, dropping packet` lines, as pasted.
     pub conntrack_full: Option<Vec<String>>,
     /// Addresses learnt from the routes when `ip addr` is missing or cut (table local's
@@ -148,16 +150,6 @@ impl NodeState {
         for s in &sections {
             if let Some(o) = s.output.filter(|_| s.status == Status::Read) {
                 by_kind.entry(o).or_default().push(s);
-            } else if s.kind == Kind::NftText {
-                // A ruleset is there but not read: the checks that need one cannot tell.
-                st.unreadable.push(Unreadable {
-                    output: Output::NftRuleset,
-                    file: s.source.clone(),
-                    line: Some(s.line),
-                    reason: "`nft list ruleset` as text: only its JSON form \
-                             (`nft -j list ruleset`) is read"
-                        .into(),
-                });
             } else if s.kind == Kind::Objects {
                 // Under a prompt (`$ kubectl get pods -o yaml`), the YAML starts below it.
                 let text = match s.command {
@@ -224,6 +216,10 @@ impl NodeState {
             Output::IpvsadmConns => none(&self.ipvs_conns),
             Output::HairpinMode => none(&self.hairpin),
             Output::KernelLog => none(&self.martians),
+            Output::Tcpdump => self
+                .captures
+                .as_ref()
+                .is_some_and(|c| c.iter().all(|c| c.packets.is_empty())),
             _ => false,
         }
     }
@@ -247,6 +243,7 @@ impl NodeState {
             Output::IpvsadmConns => self.ipvs_conns = None,
             Output::HairpinMode => self.hairpin = None,
             Output::KernelLog => self.martians = None,
+            Output::Tcpdump => self.captures = None,
             _ => {}
         }
         self.unreadable.push(Unreadable {
@@ -287,6 +284,20 @@ impl NodeState {
                 ));
             }
         }
+        // `nft list table X` (or `list chain`): the other tables are not in the paste.
+        if o == Output::NftRuleset {
+            let one = pasted.commands.iter().find(|c| {
+                let w: Vec<&str> = c.split_whitespace().collect();
+                w.windows(2)
+                    .any(|p| p[0] == "list" && matches!(p[1], "table" | "chain"))
+            });
+            if let Some(cmd) = one {
+                self.assumptions.push(format!(
+                    "{}: `{cmd}` lists one table: other tables' chains on the same hooks (another firewall's, a CNI's) are not shown, and are walked as absent{from}",
+                    o.file_name()
+                ));
+            }
+        }
         for note in pasted.notes() {
             self.assumptions
                 .push(format!("{}: {note}{from}", o.file_name()));
@@ -318,6 +329,11 @@ impl NodeState {
             | Output::IpvsadmConns
             | Output::HairpinMode
             | Output::KernelLog => self.read_kernel(o, &text),
+            Output::Tcpdump => {
+                let p = crate::tcpdump::parse(&text);
+                self.captures.get_or_insert_with(Vec::new).push(p.value);
+                p.skipped
+            }
             // Kept as text: read by the checks that use them.
             Output::IpsetList => self.keep(|s| &mut s.ipset, text),
             Output::IpvsadmLn => self.keep(|s| &mut s.ipvs, text),
@@ -352,8 +368,17 @@ impl NodeState {
         p.skipped
     }
 
+    /// `nft -j list ruleset` or `nft list ruleset`: one model either way.
     fn read_nft(&mut self, text: &str) -> Vec<Skipped> {
-        let p = nft::parse(text);
+        let json = crate::paste::lines(text)
+            .data()
+            .next()
+            .is_some_and(|l| crate::intake::classify::looks_json(l.text));
+        let p = if json {
+            nft::parse(text)
+        } else {
+            crate::nft_text::parse(text)
+        };
         match &mut self.nft {
             Some(have) => have.merge(p.value),
             None => self.nft = Some(p.value),

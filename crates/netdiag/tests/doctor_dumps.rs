@@ -503,16 +503,33 @@ fn ipvs_vip_source_on_the_captured_ipvs_node() {
     assert!(c.evidence[0].contains("no iptables-save pasted"));
 }
 
-/// `nft list table` text (kubernetes#97283) is not read: forward-policy skips, naming the JSON
-/// form, instead of passing on nothing.
+/// `nft list table` text (kubernetes#97283's form) is read like `nft -j`: a FORWARD policy
+/// drop with nothing accepting fails; with jumps to chains the paste does not show, it warns
+/// naming them; a paste none of which reads skips, naming what would be read.
 #[test]
-fn forward_policy_skips_an_unreadable_nft_paste() {
-    let text = "[root@master ~]# nft list table ip filter\ntable ip filter {\n        chain FORWARD {\n                type filter hook forward priority filter; policy drop;\n        }\n}\n";
-    let st = NodeState::from_outputs([(Output::NftRuleset, text.to_string())]);
+fn forward_policy_reads_an_nft_text_paste() {
+    let head = "[root@master ~]# nft list table ip filter\ntable ip filter {\n        chain FORWARD {\n                type filter hook forward priority filter; policy drop;\n";
+    let text = format!("{head}        }}\n}}\n");
+    let st = NodeState::from_outputs([(Output::NftRuleset, text)]);
     let c = show(doctor::forward_policy(&st));
-    assert_eq!(c.status, Status::Skip);
+    assert_eq!(c.status, Status::Fail);
+    assert!(c.evidence[0].contains("nft chain ip filter FORWARD has policy drop"));
+
+    let text = format!("{head}                 counter packets 1914 bytes 86557 jump cali-FORWARD\n        }}\n}}\n");
+    let st = NodeState::from_outputs([(Output::NftRuleset, text)]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Warn);
     assert!(
-        c.evidence[0].contains("nft -j list ruleset"),
+        c.evidence[0].contains("jumps to cali-FORWARD, which the paste does not show"),
+        "{:?}",
+        c.evidence
+    );
+
+    let st = NodeState::from_outputs([(Output::NftRuleset, "table ip filter\n".to_string())]);
+    let c = show(doctor::forward_policy(&st));
+    assert_eq!(c.status, Status::Skip, "{:?}", c.evidence);
+    assert!(
+        c.evidence[0].contains("nft list ruleset"),
         "{:?}",
         c.evidence
     );

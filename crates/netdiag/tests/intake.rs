@@ -48,12 +48,6 @@ fn every_named_corpus_file_is_read_by_content_as_its_name_says() {
         };
         checked += 1;
         let sections = intake::sections(&name, &read(&p));
-        // `nft list ruleset` as text, named like its JSON form: recognised, not read yet.
-        if sections[0].kind == Kind::NftText {
-            assert_eq!(sections[0].kind, Kind::NftText);
-            assert_eq!(sections[0].status, Status::NotUsedYet);
-            continue;
-        }
         for s in &sections {
             let by_name_only = s
                 .hint
@@ -114,8 +108,8 @@ fn a_ticket_body_is_read_output_by_output() {
             (50, ProcConntrack, Read),
             (52, IpRule, Read),
             (54, IpvsadmConns, Read),
-            (58, Tcpdump, NotUsedYet),
-            (68, NftText, NotUsedYet),
+            (58, Tcpdump, Read),
+            (68, NftText, Read),
             (87, Unknown, NotRecognised),
         ]
     );
@@ -137,11 +131,14 @@ fn a_ticket_body_is_read_output_by_output() {
     assert_eq!(st.rules.as_ref().unwrap().len(), 1);
     assert_eq!(st.ipvs_conns.as_ref().unwrap().len(), 1);
     assert!(st.skipped.is_empty(), "{:?}", st.skipped);
-    // The nft ruleset pasted as text is there but unread: said, so no check passes without it.
-    assert_eq!(st.unreadable.len(), 1, "{:?}", st.unreadable);
-    assert_eq!(st.unreadable[0].output, Output::NftRuleset);
-    assert_eq!(st.unreadable[0].line, Some(68));
-    assert!(st.nft.is_none());
+    // The nft ruleset pasted as text, read as its JSON would be (the paste stops inside it).
+    assert!(st.unreadable.is_empty(), "{:?}", st.unreadable);
+    let rs = st.nft.as_ref().unwrap();
+    assert_eq!(
+        (rs.tables.len(), rs.chains.len(), rs.rules.len()),
+        (1, 2, 3)
+    );
+    assert_eq!(rs.sets[0].elements.len(), 1);
     // And doctor judges them.
     let checks = doctor::run_all(&st, None);
     for id in ["forward-policy", "rp-filter-refusals", "ipvs-vip-source"] {
@@ -162,8 +159,8 @@ fn the_what_was_read_table_names_every_section() {
         "iptables -L\n",
         "ip route get (by `ip route get 172.30.182.212`)",
         "/proc/net/nf_conntrack",
-        "tcpdump (recognised, not used by the walk yet)",
-        "nft list ruleset (recognised, not used by the walk yet)",
+        "10 lines  tcpdump\n",
+        "18 lines  nft list ruleset\n",
         "not recognised: \"**What happened**: pods on the second node cannot be reached through their Servi…\"",
         "not recognised: \"Anything else we need to know?: no.\"",
     ] {
@@ -173,7 +170,8 @@ fn the_what_was_read_table_names_every_section() {
     assert_eq!(json[3]["kind"], "iptables-listing");
     assert_eq!(json[3]["status"], "read");
     assert_eq!(json[3]["output"], "iptables-save");
-    assert_eq!(json[13]["status"], "not-used-yet");
+    assert_eq!(json[13]["kind"], "tcpdump");
+    assert_eq!(json[13]["status"], "read");
     assert_eq!(json[0]["status"], "not-recognised");
     assert!(json[0]["first_line"]
         .as_str()
@@ -205,7 +203,8 @@ fn files_with_misleading_names_are_read_by_their_content() {
     assert_eq!(by_source("nf_conntrack").kind, Kind::ProcConntrack);
     assert_eq!(by_source("notes.txt").kind, Kind::IpRule);
     assert_eq!(by_source("iptables.txt").kind, Kind::IpRoute);
-    assert_eq!(by_source("tcpdump").status, Status::NotUsedYet);
+    assert_eq!(by_source("tcpdump").status, Status::Read);
+    assert_eq!(st.captures.as_ref().unwrap()[0].packets.len(), 4);
     // `ip route show table local`'s lines print no table: the file's name gives it.
     let routes = st.routes.as_ref().unwrap();
     let local = routes.iter().find(|r| r.kind == "local").unwrap();

@@ -904,3 +904,81 @@ fn ip_route_get_answers_with_their_commands() {
     assert!(p.value.is_empty());
     assert_eq!(p.skipped.len(), 1);
 }
+
+/// `tcpdump -n` and `-n -v` of ICMP echo over IPv4 and IPv6 on lo, as a terminal shows them
+/// (captured here: `tests/data/pasted/README.md`): every packet line read, `-v`'s two lines as
+/// one, the capture's interface from its `listening on` line.
+#[test]
+fn tcpdump_icmp_v4_v6_and_verbose_lines() {
+    use weir_netdiag::tcpdump::{self, SeenKind};
+    let text = data("pasted/tcpdump-lo-icmp-v.txt");
+    let st = NodeState::from_sources([("tcpdump-lo-icmp-v.txt".to_string(), text)]);
+    assert!(st.skipped.is_empty(), "{:?}", st.skipped);
+    let caps = st.captures.as_ref().unwrap();
+    assert_eq!(caps.len(), 2);
+    assert_eq!(caps[0].iface.as_deref(), Some("lo"));
+    let kinds: Vec<&SeenKind> = caps[0].packets.iter().map(|s| &s.kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            &SeenKind::EchoRequest,
+            &SeenKind::EchoReply,
+            &SeenKind::EchoRequest,
+            &SeenKind::EchoReply,
+            &SeenKind::EchoRequest
+        ]
+    );
+    assert!(caps[0].packets[2].src.is_ipv6());
+    // `-v`: the header line and the addresses below it, one packet each.
+    assert_eq!(caps[1].packets.len(), 2);
+    assert_eq!(caps[1].packets[1].kind, SeenKind::EchoReply);
+    assert!(caps[1].packets[0].text.contains("(tos 0x0"));
+    // `tcpdump -i any`: each line's own interface and direction.
+    let any = tcpdump::parse(&data("tcpdump-answered/tcpdump.txt"));
+    assert!(any.skipped.is_empty(), "{:?}", any.skipped);
+    assert_eq!(any.value.iface, None);
+    let s = &any.value.packets[2];
+    assert_eq!(
+        (s.iface.as_deref(), s.direction.as_deref(), &s.kind),
+        (Some("eth1"), Some("In"), &SeenKind::Tcp("S.".into()))
+    );
+    assert_eq!((s.sport, s.dport), (Some(8080), Some(s.dport.unwrap())));
+}
+
+/// `nft list ruleset` text as pasted: kubernetes#97283's `nft list table ip filter` (its prompt,
+/// iptables-nft's translated rules, counters, cut by the stored copy) and `nft -a` with handles.
+#[test]
+fn nft_text_pastes() {
+    let p = weir_netdiag::nft_text::parse(&data("tickets/k8s-97283-rhel8-firewalld-nft/nft.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let rs = p.value;
+    let fwd = rs.chains.iter().find(|c| c.name == "FORWARD").unwrap();
+    let hook = fwd.hook.as_ref().unwrap();
+    assert_eq!(
+        (hook.hook.as_str(), hook.priority, hook.policy.as_str()),
+        ("forward", 0, "drop")
+    );
+    let jumps = rs
+        .rules
+        .iter()
+        .filter(|r| r.chain == "FORWARD" && r.text.contains("jump"))
+        .count();
+    assert_eq!(jumps, 7);
+    assert_eq!(rs.rules[0].counters(), Some((65069, 11110763)));
+    let p = weir_netdiag::nft_text::parse(&data("pasted/nft-a-list-ruleset-counters.txt"));
+    assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    let handles: Vec<Option<u64>> = p.value.rules.iter().map(|r| r.handle).collect();
+    assert_eq!(handles, [Some(3), Some(4), Some(5), Some(6), Some(7)]);
+}
+
+/// What is a partial dump (its unseen chains are branches in trace): a grep cut, `-A` lines with
+/// no `*table` header and no `-P` lines; not `iptables -S` (its `-P` lines), not a whole save.
+#[test]
+fn partial_dumps_are_told_from_whole_ones() {
+    let partial = |name: &str| iptables::parse(&data(name)).value.partial;
+    assert!(partial("iptables-grep-cut.txt"));
+    assert!(partial("pasted/iptables-save-grep-A1.txt"));
+    assert!(!partial("iptables-S-filter.txt"));
+    assert!(!partial("eni-node/iptables-save.txt"));
+    assert!(!partial("pasted/iptables-legacy-save-c-drops.txt"));
+}

@@ -28,7 +28,9 @@ enum Class {
     /// No verdict: trace is unknown and names the output that would settle it (or is
     /// conditional with no branch naming the cause, an unknown branch the ticket's node may be
     /// on, and no delivered branch it may be on), or the doctor check the cause belongs to skips
-    /// naming the output it needs, and nothing else fails.
+    /// naming the output it needs (or, doctor's counterpart of that conditional, warns of
+    /// something else the paste leaves open, naming the output that would settle it), and
+    /// nothing else fails.
     Unknown,
     /// The verdict contradicts the thread: delivered, or a delivered branch whose conditions
     /// the thread does not rule out (`dst_local` in case.json rules out the other side of
@@ -163,7 +165,7 @@ const CASES: &[(&str, Class, &str)] = &[
     (
         "k8s-97283-rhel8-firewalld-nft",
         Class::Unknown,
-        "the `nft list table` text (not `nft -j`) is not read: forward-policy skips, naming `nft -j list ruleset` (it passed with no evidence before this corpus); the table that rejects (inet firewalld) is not in the paste anyway",
+        "the `nft list table ip filter` text is read (the stored copy cuts it inside FORWARD): forward-policy warns, hedged, that FORWARD's policy is drop and its accepts are in cali-FORWARD, KUBE-FORWARD and five more chains the paste does not show, needing the whole `nft list ruleset`; the table that rejects (inet firewalld) is not in the paste. Before the text was read, forward-policy skipped (and before this corpus passed with no evidence)",
     ),
     (
         "kube-arm-62-forward-drop-cni0",
@@ -360,6 +362,10 @@ fn run_doctor(st: &NodeState, case: &Value, name: &str, expect: &str) -> Outcome
     } else if checks.iter().any(|c| c.status == Status::Fail) {
         Class::Wrong
     } else if own.status == Status::Skip && !own.evidence.is_empty() {
+        Class::Unknown
+    } else if own.status == Status::Warn && own.evidence.iter().any(|e| e.contains("needs ")) {
+        // A hedged warning about what the paste leaves open, saying what would settle it:
+        // not the cause, not a claim against it.
         Class::Unknown
     } else {
         Class::Wrong

@@ -373,7 +373,8 @@ fn userspace_state(plan: &Plan) -> Option<(NodeState, Listeners)> {
 type Listeners = std::collections::BTreeMap<u16, BTreeSet<String>>;
 
 /// `nft -j list ruleset` of `script` loaded into a fresh network namespace (gone when the
-/// command ends, nothing outside it changes).
+/// command ends, nothing outside it changes). Its `nft list ruleset` text too, which must read
+/// into the same model (the text reader over every generated plan's ruleset).
 fn nft_json(script: &str) -> Option<String> {
     use std::io::Write as _;
     use std::process::{Command, Stdio};
@@ -382,7 +383,12 @@ fn nft_json(script: &str) -> Option<String> {
         return None;
     }
     let mut child = Command::new("unshare")
-        .args(["--net", "sh", "-ec", "nft -f - && nft -j list ruleset"])
+        .args([
+            "--net",
+            "sh",
+            "-ec",
+            "nft -f - && nft -j list ruleset && echo @@text@@ && nft list ruleset",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -400,7 +406,19 @@ fn nft_json(script: &str) -> Option<String> {
         "nft refused the rendered ruleset: {}\n{script}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Some(String::from_utf8(out.stdout).unwrap())
+    let out = String::from_utf8(out.stdout).unwrap();
+    let (json, text) = out.split_once("@@text@@\n").expect("both listings");
+    let mut from_json = weir_netdiag::nft::parse(json).value;
+    from_json.version = None;
+    from_json.rules.iter_mut().for_each(|r| r.handle = None);
+    let from_text = weir_netdiag::nft_text::parse(text);
+    assert!(from_text.skipped.is_empty(), "{:#?}", from_text.skipped);
+    assert_eq!(
+        serde_json::to_value(&from_text.value).unwrap(),
+        serde_json::to_value(&from_json).unwrap(),
+        "the text reader and the JSON reader differ on\n{text}"
+    );
+    Some(json.to_string())
 }
 
 extern "C" {

@@ -550,3 +550,123 @@ fn forward_drop_settles_a_forwarded_packet_without_routes() {
         .iter()
         .any(|a| a.contains("leaves by an interface the paste does not name")));
 }
+
+/// A grep cut of the node's iptables-save (`iptables-save | grep -A1 "KUBE-SVC-.*statistic"`,
+/// real `--` separators) in place of the whole dump: the nat and filter chains it does not show
+/// are not taken as empty. Where nat PREROUTING may DNAT the ClusterIP the verdict is unknown,
+/// naming `iptables-save -t nat`; the whole dump walks the same packet to its endpoints.
+#[test]
+fn a_grep_cut_dump_branches_on_the_chains_it_does_not_show() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = common::data_dir("lab-eni-a-fix-off");
+    for e in std::fs::read_dir(&node).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_owned();
+        if name != "iptables-save.txt" && name != "nft-ruleset.json" {
+            std::fs::copy(&p, tmp.path().join(name)).unwrap();
+        }
+    }
+    std::fs::copy(
+        common::data_dir("pasted/iptables-save-grep-A1.txt"),
+        tmp.path().join("iptables-save.txt"),
+    )
+    .unwrap();
+    let (cut, _) = NodeState::from_dir(tmp.path()).unwrap();
+    assert!(cut.iptables.as_ref().unwrap().partial);
+    let t = walk(&cut, "10.12.192.18", "10.96.0.1", 80, "eni69381f0634bc");
+    assert_ne!(t.verdict, Verdict::Delivered, "{:?}", t.cause);
+    let unseen = t
+        .branches
+        .iter()
+        .find(|b| {
+            b.when_text
+                .contains("iptables nat PREROUTING has a rule for it where the paste was cut")
+        })
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    assert_eq!(unseen.verdict, Verdict::Unknown);
+    assert!(unseen
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("iptables nat PREROUTING is not in the paste"));
+    let nat = t
+        .unknowns
+        .iter()
+        .find(|u| u.fact == Fact::Unseen("iptables nat PREROUTING".into()))
+        .unwrap_or_else(|| panic!("{:#?}", t.unknowns));
+    assert!(
+        nat.settle.contains("iptables-save -t nat"),
+        "{}",
+        nat.settle
+    );
+    assert!(nat.why.contains("the paste was cut"), "{}", nat.why);
+
+    // The whole dump: no such branch, the ClusterIP is DNATed.
+    let (whole, _) = NodeState::from_dir(&node).unwrap();
+    assert!(!whole.iptables.as_ref().unwrap().partial);
+    let t = walk(&whole, "10.12.192.18", "10.96.0.1", 80, "eni69381f0634bc");
+    assert!(t
+        .unknowns
+        .iter()
+        .all(|u| !matches!(&u.fact, Fact::Chain(_) | Fact::Unseen(_))));
+    assert!(!t.endpoints.is_empty(), "{:?}", t.cause);
+}
+
+/// kubernetes#97283's `nft list table ip filter` as pasted (text, cut inside FORWARD by the
+/// stored copy), forwarded pod traffic: dropped by FORWARD's policy only if the seven chains it
+/// jumps to, which the paste does not hold, return it and FORWARD's rules after the cut are not
+/// for it; each of those is an unknown naming `nft list ruleset`.
+#[test]
+fn an_nft_text_paste_cut_inside_a_chain_branches_on_its_jumps_and_its_rest() {
+    let text = std::fs::read_to_string(common::data_dir(
+        "tickets/k8s-97283-rhel8-firewalld-nft/nft.txt",
+    ))
+    .unwrap();
+    let st = NodeState::from_sources([
+        ("nft.txt".to_string(), text),
+        (
+            "sysctl.txt".to_string(),
+            "net.ipv4.ip_forward = 1\nnet.ipv4.conf.all.rp_filter = 0\nnet.ipv4.conf.cali0.rp_filter = 0\n"
+                .to_string(),
+        ),
+    ]);
+    assert_eq!(st.nft.as_ref().unwrap().cut, ["ip filter FORWARD"]);
+    // `nft list table ip filter`: one table; the others are said to be unseen.
+    assert!(
+        st.assumptions
+            .iter()
+            .any(|a| a.contains("`nft list table ip filter` lists one table")),
+        "{:?}",
+        st.assumptions
+    );
+    let t = walk(&st, "10.254.219.69", "10.254.219.68", 80, "cali0");
+    assert_eq!(t.verdict, Verdict::Conditional, "{:?}", t.cause);
+    let dropped = t
+        .branches
+        .iter()
+        .find(|b| b.verdict == Verdict::Dropped)
+        .unwrap_or_else(|| panic!("{:#?}", t.branches));
+    for part in [
+        "nft ip filter cali-FORWARD (not in the paste) returns it",
+        "nft ip filter FORWARD has no rule for it where the paste was cut",
+    ] {
+        assert!(dropped.when_text.contains(part), "{}", dropped.when_text);
+    }
+    assert!(dropped
+        .cause
+        .as_deref()
+        .unwrap()
+        .contains("chain FORWARD { policy drop; }"));
+    assert!(t.branches.iter().any(|b| b.verdict == Verdict::Unknown
+        && b.cause
+            .as_deref()
+            .is_some_and(|c| c.contains("the paste ends inside nft ip filter FORWARD"))));
+    let facts: Vec<&Fact> = t.unknowns.iter().map(|u| &u.fact).collect();
+    assert!(facts.contains(&&Fact::Chain("nft ip filter cali-FORWARD".into())));
+    assert!(facts.contains(&&Fact::Unseen("nft ip filter FORWARD".into())));
+    assert!(t
+        .unknowns
+        .iter()
+        .all(|u| !matches!(u.fact, Fact::Chain(_) | Fact::Unseen(_))
+            || u.settle.contains("nft list ruleset")));
+}

@@ -542,7 +542,7 @@ fn doctor_and_trace_read_one_pasted_file_and_standard_input() {
         "{out}"
     );
     assert!(
-        out.contains("tcpdump (recognised, not used by the walk yet)"),
+        out.contains("ticket-body.md:58                10 lines  tcpdump\n"),
         "{out}"
     );
     assert!(out.contains("warn  forward-policy"), "{out}");

@@ -213,7 +213,10 @@ fn marked(data: &[&str]) -> Option<Kind> {
     if any(&|t| t.starts_with("Name: ")) && any(&|t| t.starts_with("Type: ") || t == "Members:") {
         return Some(Kind::IpsetList);
     }
-    if any(&|t| t.starts_with("listening on ") && t.contains("link-type")) {
+    if any(&|t| {
+        (t.starts_with("listening on ") || t.starts_with("tcpdump: listening on "))
+            && t.contains("link-type")
+    }) {
         return Some(Kind::Tcpdump);
     }
     None

@@ -104,7 +104,7 @@ impl Kind {
             Kind::IptablesSave | Kind::IptablesRules | Kind::IptablesListing => {
                 Output::IptablesSave
             }
-            Kind::NftJson => Output::NftRuleset,
+            Kind::NftJson | Kind::NftText => Output::NftRuleset,
             Kind::IpRoute if v6 => Output::Ip6Route,
             Kind::IpRoute => Output::IpRoute,
             Kind::IpRouteGet => Output::IpRouteGet,
@@ -121,10 +121,9 @@ impl Kind {
             Kind::Sysctl => Output::Sysctl,
             Kind::HairpinMode => Output::HairpinMode,
             Kind::KernelLog => Output::KernelLog,
+            Kind::Tcpdump => Output::Tcpdump,
             Kind::ResolvConf => Output::PodResolvConf,
-            Kind::NftText | Kind::IpBrLink | Kind::Tcpdump | Kind::Objects | Kind::Unknown => {
-                return None
-            }
+            Kind::IpBrLink | Kind::Objects | Kind::Unknown => return None,
         })
     }
 
@@ -147,6 +146,7 @@ impl Kind {
             Output::IpvsadmConns => Kind::IpvsadmConns,
             Output::HairpinMode => Kind::HairpinMode,
             Output::KernelLog => Kind::KernelLog,
+            Output::Tcpdump => Kind::Tcpdump,
             Output::PodResolvConf => Kind::ResolvConf,
         }
     }

@@ -32,6 +32,11 @@ pub struct Dump {
     /// A listing without `-v`: it prints no in/out interface columns, so a rule that looks
     /// unconditional may match on interfaces.
     pub ifaces_hidden: bool,
+    /// Only part of the tables: cut with grep (`iptables-save | grep KUBE-SVC`), or `-A` lines
+    /// with no `*table` header and no `-P` policy lines (an `iptables -S` prints those first).
+    /// A chain or rule it lacks is unknown, not absent, and a rule's position in its chain is
+    /// not known.
+    pub partial: bool,
 }
 
 impl Dump {
@@ -45,6 +50,7 @@ impl Dump {
         self.backend = self.backend.take().or(other.backend);
         self.assumptions.extend(other.assumptions);
         self.listing |= other.listing;
+        self.partial |= other.partial;
         self.ifaces_hidden |= other.ifaces_hidden;
         for (name, table) in other.tables {
             let mine = self.tables.entry(name).or_default();
@@ -108,10 +114,22 @@ pub struct Target {
     pub args: Vec<Arg>,
 }
 
+/// A rule's counters as the paste shows them: `[120:7200]` of `iptables-save -c`, or the
+/// `pkts`/`bytes` columns of `iptables -L -v` (`12K` as printed without `-x`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    pub packets: String,
+    pub bytes: String,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Rule {
     /// 1-based line in the input, so a trace can point at it.
     pub line: usize,
+    /// Its counters, when the paste has them (`iptables-save -c`, `iptables -L -v`).
+    pub counters: Option<Counters>,
+    /// Its number in its chain as a listing printed it (`--line-numbers`).
+    pub number: Option<usize>,
     /// The line as written in the dump.
     pub text: String,
     /// Match modules named with `-m`, in order.

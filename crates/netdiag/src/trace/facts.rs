@@ -88,8 +88,8 @@ impl Walker<'_> {
                     vec![0, 1]
                 }
             }
-            // Asked only for a chain the dump lacks.
-            Fact::Chain(_) => vec![0, 1],
+            // Asked only for a chain the dump lacks, or rules a cut paste lacks.
+            Fact::Chain(_) | Fact::Unseen(_) => vec![0, 1],
             // Asked only without routes, for an address not known to be local: with the whole
             // `ip addr` or table local it is known not to be.
             Fact::Route(_) if self.st.addresses_complete() || self.st.has_table_local() => {
@@ -106,6 +106,9 @@ impl Walker<'_> {
                 Fact::Table(t) => format!(
                     "the routes are main only (`ip route list`): table {t} is not in the dump"
                 ),
+                Fact::Unseen(c) => {
+                    format!("the paste was cut (grep, no table header, or cut short): {c} is not in it whole")
+                }
                 Fact::Chain(c) => {
                     format!("a shown rule jumps to {c}, whose rules are not in the paste")
                 }
@@ -136,6 +139,9 @@ impl Walker<'_> {
             }
             Fact::Table(t) => {
                 format!("the routes are main only (`ip route list`): table {t} is not in the dump")
+            }
+            Fact::Unseen(c) => {
+                format!("the paste was cut (grep, no table header, or cut short): {c} is not in it whole")
             }
             Fact::Chain(c) => {
                 format!("a shown rule jumps to {c}, whose rules are not in the paste")

@@ -1,6 +1,6 @@
 //! One netfilter hook: the iptables tables and nft base chains on it, run in priority order.
 
-use super::packet::{Flow, Pkt};
+use super::packet::{Fact, Flow, Pkt};
 use super::walker::{Dropped, Walker};
 
 impl Walker<'_> {
@@ -20,6 +20,9 @@ impl Walker<'_> {
             for (table, prio) in iptables_tables(hook) {
                 if d.chain(table, hook).is_some() {
                     slots.push((prio, Slot::Ipt(table)));
+                } else if d.partial && matches!(table, "filter" | "nat") {
+                    // A cut dump without this chain: not shown, not absent.
+                    slots.push((prio, Slot::IptUnseen(table)));
                 }
             }
         }
@@ -57,6 +60,12 @@ impl Walker<'_> {
         p.nat_bound = false;
         for (_, slot) in slots {
             match slot {
+                Slot::IptUnseen(table) => {
+                    if table == "nat" && (p.ct_state != "new" || p.nat_bound || p.skip_nat) {
+                        continue;
+                    }
+                    self.ipt_unseen(table, hook, stage, p)?;
+                }
                 Slot::Ipt(table) => {
                     if table == "nat" && (p.ct_state != "new" || p.nat_bound || p.skip_nat) {
                         continue;
@@ -66,6 +75,10 @@ impl Walker<'_> {
                     let place = format!("{} {table} {hook}", ipt_name(p));
                     match flow {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
+                        Flow::Unknown(cause) => {
+                            self.unknown_outcome = true;
+                            return Err((cause, Vec::new()));
+                        }
                         Flow::Accept => {}
                         Flow::Return => {
                             let chain = d.chain(table, hook);
@@ -92,6 +105,10 @@ impl Walker<'_> {
                     let place = format!("nft {family} {table} {chain}");
                     match flow {
                         Flow::Drop(rule) => return Err(self.drop_cause(stage, &place, rule, p)),
+                        Flow::Unknown(cause) => {
+                            self.unknown_outcome = true;
+                            return Err((cause, Vec::new()));
+                        }
                         Flow::Accept => {}
                         Flow::Return if policy == "drop" => {
                             let rule = format!("chain {chain} {{ policy drop; }}");
@@ -109,6 +126,31 @@ impl Walker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A built-in chain a cut dump does not show (`iptables-save | grep KUBE-SVC`, `-A` lines
+    /// with no `*table` header): it has no rule for the packet, or one whose effect nobody can
+    /// see, a fact the walk branches on (the second an unknown outcome).
+    fn ipt_unseen(&mut self, table: &str, hook: &str, stage: &str, p: &Pkt) -> Result<(), Dropped> {
+        let ipt = ipt_name(p);
+        let fact = Fact::Unseen(format!("{ipt} {table} {hook}"));
+        if self.fact(fact) == 0 {
+            return Ok(());
+        }
+        let place = format!("{ipt} {table} {hook}");
+        self.unknown_outcome = true;
+        self.hop(
+            stage,
+            place.clone(),
+            None,
+            "not in the paste (cut): taken to have a rule for the packet",
+        );
+        Err((
+            format!(
+                "{stage}: {place} is not in the paste (cut with grep, or no `*{table}` header): what its rules do to the packet is unknown; settle it with `{ipt}-save -t {table}`"
+            ),
+            Vec::new(),
+        ))
     }
 
     /// A netfilter drop, with fixes for the cases this module recognises.
@@ -132,6 +174,8 @@ impl Walker<'_> {
 
 pub(super) enum Slot {
     Ipt(&'static str),
+    /// A table whose chain on the hook a cut dump does not show.
+    IptUnseen(&'static str),
     /// family, table, chain, policy, is a nat chain
     Nft(String, String, String, String, bool),
 }

@@ -29,6 +29,7 @@ impl Walker<'_> {
         let at = IptAt {
             d,
             table,
+            chain,
             stage,
             depth,
             place: format!("{} {table} {chain}", super::hooks::ipt_name(p)),
@@ -48,7 +49,7 @@ impl Walker<'_> {
             let Some(target) = &r.target else {
                 continue; // a rule without a target only counts
             };
-            if let Some(flow) = self.ipt_target(&at, r, target, p) {
+            if let Some(flow) = self.ipt_target(&at, (idx, r), target, p) {
                 return flow;
             }
         }
@@ -78,7 +79,7 @@ impl Walker<'_> {
     fn ipt_target(
         &mut self,
         at: &IptAt,
-        r: &IptRule,
+        (idx, r): (usize, &IptRule),
         target: &Target,
         p: &mut Pkt,
     ) -> Option<Flow> {
@@ -86,14 +87,16 @@ impl Walker<'_> {
         let name = target.name.as_str();
         match name {
             "ACCEPT" => {
-                self.hop(stage, place.clone(), Some(r.text.clone()), "accepted");
+                let note = format!("accepted{}", ipt_counters(at, idx, r));
+                self.hop(stage, place.clone(), Some(r.text.clone()), note);
                 Some(Flow::Accept)
             }
             "DROP" | "REJECT" => {
                 let rejected = name == "REJECT";
                 self.rejected = rejected;
                 let what = if rejected { "rejected" } else { "dropped" };
-                self.hop(stage, place.clone(), Some(r.text.clone()), what);
+                let note = format!("{what}{}", ipt_counters(at, idx, r));
+                self.hop(stage, place.clone(), Some(r.text.clone()), note);
                 Some(Flow::Drop(r.text.clone()))
             }
             "RETURN" => Some(Flow::Return),
@@ -384,9 +387,21 @@ impl Walker<'_> {
 struct IptAt<'a> {
     d: &'a Dump,
     table: &'a str,
+    chain: &'a str,
     stage: &'a str,
     depth: usize,
     place: String,
+}
+
+/// Rule `idx` of the chain's counters as evidence (empty without them); its number in the
+/// chain as a listing printed it, or its place in a dump that holds the whole chain.
+fn ipt_counters(at: &IptAt, idx: usize, r: &IptRule) -> String {
+    let Some(c) = &r.counters else {
+        return String::new();
+    };
+    let number = r.number.or((!at.d.partial).then_some(idx + 1));
+    let place = number.map(|n| format!("rule {n} of {}", at.chain));
+    super::walker::counter_note(place, &c.packets, &c.bytes)
 }
 
 /// `MARK --set-xmark v/m` (and `--set-mark`, `--or-mark`, `--and-mark`).

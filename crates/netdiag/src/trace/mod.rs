@@ -23,6 +23,7 @@
 //! evaluate (match modules it does not know, sets missing from the input) count as not
 //! matching, and are named there.
 
+mod capture;
 mod connection;
 mod facts;
 mod hooks;
@@ -167,6 +168,9 @@ pub fn trace(st: &NodeState, packet: &Packet) -> Trace {
             "more than {MAX_WALKS} combinations of unknown facts: only the first {MAX_WALKS} walked"
         ));
     }
+    // A pasted capture, where it shows an interface the walk passes: evidence, last.
+    let seen = capture::hops(st, &t);
+    t.hops.extend(seen);
     t
 }
 

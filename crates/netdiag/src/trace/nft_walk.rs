@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::nft::{self, Ruleset};
 
-use super::packet::{Flow, Pkt, Proto};
+use super::packet::{Fact, Flow, Pkt, Proto};
 use super::walker::{cidr_contains, parse_num, Walker};
 
 impl Walker<'_> {
@@ -51,7 +51,7 @@ impl Walker<'_> {
                 };
                 let next = match k.as_str() {
                     "match" => self.nft_match_expr(&at, &rules, ri, &mut cascade, v, p),
-                    _ => self.nft_statement(&at, r, k, v, p),
+                    _ => self.nft_statement(&at, (ri, r), k, v, p),
                 };
                 match next {
                     Next::Expr => {}
@@ -60,7 +60,29 @@ impl Walker<'_> {
                 }
             }
         }
-        Flow::Return
+        self.nft_after_cut(&at)
+    }
+
+    /// The end of a chain's shown rules: where the paste ends inside the chain, its later rules
+    /// may be for the packet (a fact: if one is, the outcome is unknown).
+    fn nft_after_cut(&mut self, at: &ChainAt) -> Flow {
+        let name = format!("{} {} {}", at.family, at.table, at.chain);
+        if !at.rs.cut.contains(&name) {
+            return Flow::Return;
+        }
+        if self.fact(Fact::Unseen(format!("nft {name}"))) == 0 {
+            return Flow::Return;
+        }
+        self.hop(
+            at.stage,
+            at.place.clone(),
+            None,
+            "the paste ends inside this chain: taken to have a later rule for the packet",
+        );
+        Flow::Unknown(format!(
+            "{}: the paste ends inside {}: what its later rules do to the packet is unknown; settle it with the whole `nft list ruleset`",
+            at.stage, at.place
+        ))
     }
 
     /// A `match` expression: on a miss the next rule; a hit on a `numgen` cascade walks one
@@ -98,7 +120,7 @@ impl Walker<'_> {
     fn nft_statement(
         &mut self,
         at: &ChainAt,
-        r: &nft::Rule,
+        (ri, r): (usize, &nft::Rule),
         k: &str,
         v: &Value,
         p: &mut Pkt,
@@ -108,10 +130,11 @@ impl Walker<'_> {
             "counter" | "log" | "limit" | "notrack" => Next::Expr,
             // `update @set { ip saddr }` (affinity): records, changes nothing now.
             "set" => Next::Expr,
-            "accept" | "drop" => Next::Done(self.nft_accept_or_drop(at, r, k, p)),
+            "accept" | "drop" => Next::Done(self.nft_accept_or_drop(at, (ri, r), k, p)),
             "reject" => {
                 self.rejected = true;
-                self.hop(stage, place.clone(), Some(r.text.clone()), "rejected");
+                let note = format!("rejected{}", nft_counters(at.chain, ri, r));
+                self.hop(stage, place.clone(), Some(r.text.clone()), note);
                 Next::Done(Flow::Drop(r.text.clone()))
             }
             "return" => {
@@ -122,6 +145,13 @@ impl Walker<'_> {
             }
             "jump" | "goto" => {
                 let target = v["target"].as_str().unwrap_or_default().to_string();
+                if !has_chain(rs, family, table, &target) {
+                    let at = [family, table, stage, place.as_str()];
+                    return match self.nft_missing_chain(at, &r.text, k, &target) {
+                        Some(flow) => Next::Done(flow),
+                        None => Next::Expr,
+                    };
+                }
                 self.hop(
                     stage,
                     place.clone(),
@@ -169,7 +199,13 @@ impl Walker<'_> {
 
     /// `accept` / `drop`: a NetworkPolicy table's verdict is told as the policy's, any other
     /// as the rule's.
-    fn nft_accept_or_drop(&mut self, at: &ChainAt, r: &nft::Rule, k: &str, p: &mut Pkt) -> Flow {
+    fn nft_accept_or_drop(
+        &mut self,
+        at: &ChainAt,
+        (ri, r): (usize, &nft::Rule),
+        k: &str,
+        p: &mut Pkt,
+    ) -> Flow {
         let told =
             at.policy_table && self.policy_verdict(at.rs, at.chain, r, k, p, at.stage, &at.place);
         let (note, flow) = match k {
@@ -177,8 +213,35 @@ impl Walker<'_> {
             _ => ("dropped", Flow::Drop(r.text.clone())),
         };
         if !told {
+            let note = format!("{note}{}", nft_counters(at.chain, ri, r));
             self.hop(at.stage, at.place.clone(), Some(r.text.clone()), note);
         }
+        flow
+    }
+
+    /// A jump to a chain the paste does not hold (`nft list table` of one table, or a paste
+    /// cut short; nft itself refuses a jump to a chain that does not exist): it returns or
+    /// accepts, a fact the walk branches on. `None`: it returned from a jump (the rule goes on).
+    fn nft_missing_chain(
+        &mut self,
+        [family, table, stage, place]: [&str; 4],
+        text: &str,
+        verb: &str,
+        target: &str,
+    ) -> Option<Flow> {
+        let fact = Fact::Chain(format!("nft {family} {table} {target}"));
+        let accepts = self.fact(fact) == 1;
+        let (note, flow) = match (accepts, verb) {
+            (true, _) => ("taken to accept", Some(Flow::Accept)),
+            (false, "goto") => ("taken to return", Some(Flow::Return)),
+            (false, _) => ("taken to return", None),
+        };
+        self.hop(
+            stage,
+            place,
+            Some(text.to_string()),
+            format!("{verb} {target} (not in the paste): {note}"),
+        );
         flow
     }
 
@@ -272,6 +335,10 @@ impl Walker<'_> {
             }
             "jump" | "goto" => {
                 let target = v["target"].as_str()?.to_string();
+                if !has_chain(rs, family, table, &target) {
+                    let at = [family, table, stage, place];
+                    return self.nft_missing_chain(at, text, k, &target);
+                }
                 self.hop(
                     stage,
                     place,
@@ -460,6 +527,26 @@ impl Walker<'_> {
             _ => None,
         }
     }
+}
+
+/// Rule `ri` of `chain`'s counter as evidence (empty without one): its handle when the paste
+/// shows handles (`nft -a`), else its place in the chain.
+fn nft_counters(chain: &str, ri: usize, r: &nft::Rule) -> String {
+    let Some((packets, bytes)) = r.counters() else {
+        return String::new();
+    };
+    let place = match r.handle {
+        Some(h) => format!("rule handle {h} of {chain}"),
+        None => format!("rule {} of {chain}", ri + 1),
+    };
+    super::walker::counter_note(Some(place), &packets.to_string(), &bytes.to_string())
+}
+
+/// Whether the ruleset holds chain `name` of table `family table`.
+fn has_chain(rs: &Ruleset, family: &str, table: &str, name: &str) -> bool {
+    rs.chains
+        .iter()
+        .any(|c| c.family == family && c.table == table && c.name == name)
 }
 
 /// The chain an nft walk is in, and where it reports from.

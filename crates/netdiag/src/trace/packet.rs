@@ -259,6 +259,8 @@ pub(super) enum Flow {
     Accept,
     Drop(String),
     Return,
+    /// Rules the paste does not show decide it: an unknown outcome, with its cause.
+    Unknown(String),
 }
 
 /// A fact the walk needed.
@@ -280,9 +282,14 @@ pub enum Fact {
     /// Whether a route table a rule names holds routes the dump does not show (the routes are
     /// `ip route list`, main only); 0 (empty) or 1 (holds routes, where they lead unknown).
     Table(String),
-    /// What an iptables chain does that a shown rule jumps to but the paste does not hold
-    /// (`filter cali-FORWARD`): 0 returns without a verdict, 1 accepts.
+    /// What a chain does that a shown rule jumps to but the paste does not hold: an iptables
+    /// chain (`filter cali-FORWARD`) or an nft one (`nft ip filter cali-FORWARD`); 0 returns
+    /// without a verdict, 1 accepts.
     Chain(String),
+    /// Rules a cut paste does not show: a built-in chain of a grep-cut iptables dump (`iptables
+    /// filter FORWARD`), or the rest of an nft chain the paste ends inside (`nft ip filter
+    /// FORWARD`); 0 none of them is for the packet, 1 one is (what it does is unknown).
+    Unseen(String),
     /// Where a destination goes when no routes were pasted: 0 this node, 1 forwarded.
     Route(String),
 }
@@ -307,8 +314,12 @@ impl Fact {
             Fact::BrNetfilter => "br_netfilter (net.bridge.bridge-nf-call-iptables)".into(),
             Fact::BrNetfilter6 => "br_netfilter (net.bridge.bridge-nf-call-ip6tables)".into(),
             Fact::Table(t) => format!("route table {t}"),
-            Fact::Chain(c) => format!("iptables chain {c}"),
+            Fact::Chain(c) => match c.strip_prefix("nft ") {
+                Some(nft) => format!("nft chain {nft}"),
+                None => format!("iptables chain {c}"),
+            },
             Fact::Route(d) => format!("the route to {d}"),
+            Fact::Unseen(c) => format!("the rules of {c} the paste does not show"),
         }
     }
 
@@ -352,6 +363,11 @@ impl Fact {
                 [1] => format!("table {t} holds routes"),
                 _ => format!("table {t} is empty or holds routes"),
             },
+            Fact::Unseen(c) => match v.as_slice() {
+                [0] => format!("{c} has no rule for it where the paste was cut"),
+                [1] => format!("{c} has a rule for it where the paste was cut"),
+                _ => format!("{c} has a rule for it or not where the paste was cut"),
+            },
             Fact::Chain(c) => match v.as_slice() {
                 [0] => format!("{c} (not in the paste) returns it"),
                 [1] => format!("{c} (not in the paste) accepts it"),
@@ -386,6 +402,19 @@ impl Fact {
             Fact::Route(d) => format!(
                 "`ip route show table all` (ip-route.txt) and `ip addr` (ip-addr.txt), or `ip route get {d}`"
             ),
+            Fact::Unseen(c) => match c.strip_prefix("nft ") {
+                Some(_) => "the whole `nft list ruleset`".to_string(),
+                None => {
+                    let mut w = c.split(' ');
+                    let tool = w.next().unwrap_or("iptables");
+                    let table = w.next().unwrap_or("filter");
+                    format!("`{tool}-save -t {table}` (the whole table, not a grep of it)")
+                }
+            },
+            Fact::Chain(c) if c.starts_with("nft ") => {
+                let chain = c.rsplit(' ').next().unwrap_or(c);
+                format!("`nft list ruleset` (the rules of chain {chain}, and every other table's)")
+            }
             Fact::Chain(c) => {
                 let (table, chain) = c.split_once(' ').unwrap_or(("filter", c));
                 format!("`iptables-save -t {table}` (the rules of {chain}; or `iptables -t {table} -v -n -L {chain}`)")

@@ -224,6 +224,20 @@ impl Walker<'_> {
     }
 }
 
+/// The deciding rule's counter, cited as evidence in its hop: ` (rule 3 of KUBE-FIREWALL; its
+/// counter in the paste: 120 packets, 7200 bytes)`. `at` is its place in its chain, when the
+/// paste shows that.
+pub(super) fn counter_note(at: Option<String>, packets: &str, bytes: &str) -> String {
+    let at = at.map(|a| format!("{a}; ")).unwrap_or_default();
+    let none = if packets == "0" {
+        ": it has matched no packet so far"
+    } else {
+        ""
+    };
+    let unit = if packets == "1" { "packet" } else { "packets" };
+    format!(" ({at}its counter in the paste: {packets} {unit}, {bytes} bytes{none})")
+}
+
 pub(super) fn parse_num(s: &str) -> Option<u32> {
     match s.strip_prefix("0x") {
         Some(h) => u32::from_str_radix(h, 16).ok(),
