@@ -218,7 +218,11 @@ impl<N: Nft> NftBackend<N> {
 
 fn rule_count(ruleset: &Ruleset) -> usize {
     let base: usize = nft::base_chains().iter().map(|(_, n)| n).sum();
-    base + ruleset.chains.values().map(Vec::len).sum::<usize>()
+    base + ruleset
+        .chains
+        .values()
+        .map(|rules| rules.len())
+        .sum::<usize>()
 }
 
 impl<N: Nft> Backend for NftBackend<N> {

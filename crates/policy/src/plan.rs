@@ -16,7 +16,9 @@ use crate::model::{IpBlock, Protocol};
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PolicyPlan {
     pub node: Arc<str>,
-    pub pods: BTreeMap<ObjectKey, PodProgram>,
+    /// Shared (`Arc`): a plan after one change holds the programs of the pods it did not
+    /// touch as the plan before it did, so comparing and copying them costs a pointer.
+    pub pods: BTreeMap<ObjectKey, Arc<PodProgram>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

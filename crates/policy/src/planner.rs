@@ -41,6 +41,13 @@ pub struct NodePlanner {
     compiled: HashMap<(ObjectKey, Direction), Arc<[Compiled]>>,
     /// Namespaces holding policy pods that a namespace selector matches.
     namespace_matches: HashMap<Selector, Arc<[Arc<str>]>>,
+    /// The last plan's programs, and for each local pod the policies that selected it
+    /// then; for each policy the local pods it selected.
+    programs: BTreeMap<ObjectKey, Arc<PodProgram>>,
+    selected_by: HashMap<ObjectKey, Vec<ObjectKey>>,
+    selects: HashMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Local pods (or pods that were local) whose programs the next plan makes again.
+    dirty: BTreeSet<ObjectKey>,
 }
 
 impl NodePlanner {
@@ -53,6 +60,10 @@ impl NodePlanner {
             local: BTreeSet::new(),
             compiled: HashMap::new(),
             namespace_matches: HashMap::new(),
+            programs: BTreeMap::new(),
+            selected_by: HashMap::new(),
+            selects: HashMap::new(),
+            dirty: BTreeSet::new(),
         };
         planner.local = cluster
             .pods
@@ -60,8 +71,22 @@ impl NodePlanner {
             .filter(|p| planner.is_local(p))
             .map(|p| p.key.clone())
             .collect();
+        planner.dirty = planner.local.clone();
         planner.cluster = cluster;
         planner
+    }
+
+    /// Drops compiled policies `keep` says no to; the local pods they selected are planned
+    /// again.
+    fn drop_compiled(&mut self, keep: impl Fn(&Cluster, &ObjectKey, Direction) -> bool) {
+        let (cluster, selects, dirty) = (&self.cluster, &self.selects, &mut self.dirty);
+        self.compiled.retain(|(key, direction), _| {
+            let kept = keep(cluster, key, *direction);
+            if !kept {
+                dirty.extend(selects.get(key).into_iter().flatten().cloned());
+            }
+            kept
+        });
     }
 
     pub fn cluster(&self) -> &Cluster {
@@ -86,12 +111,11 @@ impl NodePlanner {
     /// Namespace labels decide namespace selectors: every compiled policy with one goes.
     fn namespace_changed(&mut self) {
         self.namespace_matches.clear();
-        let cluster = &self.cluster;
-        self.compiled.retain(|(key, direction), _| {
+        self.drop_compiled(|cluster, key, direction| {
             let Some(policy) = cluster.policies.get(key) else {
                 return false;
             };
-            !policy.rules(*direction).iter().any(|rule| {
+            !policy.rules(direction).iter().any(|rule| {
                 matches!(&rule.peers, Peers::Only(list) if list.iter().any(|peer| matches!(
                     peer,
                     Peer::Pods { namespaces: NamespaceScope::Matching(_), .. }
@@ -118,12 +142,15 @@ impl NodePlanner {
         let namespaces_before = self.index.namespaces().count();
         if let Some(old) = &old {
             self.index.remove(&old.key);
-            self.local.remove(&old.key);
+            if self.local.remove(&old.key) {
+                self.dirty.insert(old.key.clone());
+            }
         }
         if let Some(new) = &new {
             self.index.insert(new);
             if self.is_local(new) {
                 self.local.insert(new.key.clone());
+                self.dirty.insert(new.key.clone());
             }
         }
         // A namespace gaining its first policy pod or losing its last changes which
@@ -140,14 +167,13 @@ impl NodePlanner {
         if versions.is_empty() {
             return;
         }
-        let cluster = &self.cluster;
-        self.compiled.retain(|(key, direction), _| {
+        self.drop_compiled(|cluster, key, direction| {
             let Some(policy) = cluster.policies.get(key) else {
                 return false;
             };
             !versions
                 .iter()
-                .any(|pod| depends_on(cluster, policy, *direction, pod))
+                .any(|pod| depends_on(cluster, policy, direction, pod))
         });
     }
 
@@ -162,13 +188,24 @@ impl NodePlanner {
         self.cluster.remove_policy(key)
     }
 
+    /// A policy comes, goes or changes: what it compiled to goes, and the local pods of its
+    /// namespace are planned again (the old version selected some, the new one may select
+    /// others).
     fn forget_policy(&mut self, key: &ObjectKey) {
         for direction in [Direction::Ingress, Direction::Egress] {
             self.compiled.remove(&(key.clone(), direction));
         }
+        let from = ObjectKey {
+            namespace: key.namespace.clone(),
+            name: "".into(),
+        };
+        let in_namespace = self.local.range(from..);
+        let in_namespace = in_namespace.take_while(|k| k.namespace == key.namespace);
+        self.dirty.extend(in_namespace.cloned());
     }
 
-    /// The plan for this node's pods now.
+    /// The plan for this node's pods now: the programs of the pods the changes since the
+    /// last plan touched are made again, the others kept.
     pub fn plan(&mut self) -> PolicyPlan {
         let mut compiler = Compiler {
             cluster: &self.cluster,
@@ -178,12 +215,29 @@ impl NodePlanner {
             named_everywhere: HashMap::new(),
             named_to_peers: HashMap::new(),
         };
-        let mut pods = BTreeMap::new();
-        for key in &self.local {
-            let pod = &self.cluster.pods[key];
+        for key in std::mem::take(&mut self.dirty) {
+            for policy in self.selected_by.remove(&key).into_iter().flatten() {
+                if let Some(pods) = self.selects.get_mut(&policy) {
+                    pods.remove(&key);
+                    if pods.is_empty() {
+                        self.selects.remove(&policy);
+                    }
+                }
+            }
+            if !self.local.contains(&key) {
+                self.programs.remove(&key);
+                continue;
+            }
+            let pod = &self.cluster.pods[&key];
             let selecting: Vec<&PolicyInfo> = policies_in(&self.cluster, &key.namespace)
                 .filter(|p| p.pod_selector.matches(&pod.labels))
                 .collect();
+            for policy in &selecting {
+                let pods = self.selects.entry(policy.key.clone()).or_default();
+                pods.insert(key.clone());
+            }
+            let selected_by = selecting.iter().map(|p| p.key.clone()).collect();
+            self.selected_by.insert(key.clone(), selected_by);
             let mut program = |direction| {
                 let isolating = selecting.iter().filter(|p| p.isolates(direction));
                 let mut program: Option<Program> = None;
@@ -204,11 +258,14 @@ impl NodePlanner {
                 ingress: program(Direction::Ingress),
                 egress: program(Direction::Egress),
             };
-            pods.insert(key.clone(), program);
+            // An unchanged program keeps its allocation: later comparisons cost a pointer.
+            if self.programs.get(&key).map(|p| &**p) != Some(&program) {
+                self.programs.insert(key, Arc::new(program));
+            }
         }
         PolicyPlan {
             node: self.node.clone(),
-            pods,
+            pods: self.programs.clone(),
         }
     }
 }
@@ -216,8 +273,9 @@ impl NodePlanner {
 /// The policies of `namespace`, in key order (keys sort by namespace first).
 fn policies_in<'a>(
     cluster: &'a Cluster,
-    namespace: &'a Arc<str>,
-) -> impl Iterator<Item = &'a PolicyInfo> + 'a {
+    namespace: &Arc<str>,
+) -> impl Iterator<Item = &'a PolicyInfo> + use<'a> {
+    let namespace = namespace.clone();
     let from = ObjectKey {
         namespace: namespace.clone(),
         name: "".into(),
@@ -225,7 +283,7 @@ fn policies_in<'a>(
     cluster
         .policies
         .range(from..)
-        .take_while(move |(k, _)| k.namespace == *namespace)
+        .take_while(move |(k, _)| k.namespace == namespace)
         .map(|(_, p)| &**p)
 }
 

@@ -52,7 +52,7 @@ fn plan(pods: &[(&str, &str, u16)]) -> PolicyPlan {
             }),
             egress: None,
         };
-        plan.pods.insert(key, program);
+        plan.pods.insert(key, Arc::new(program));
     }
     plan
 }
@@ -150,7 +150,8 @@ fn intact_compares_chains_rules_and_elements_with_what_was_written() {
 
     // A rule deleted from a pod chain.
     let mut fewer = rs.clone();
-    fewer.chains.values_mut().next().unwrap().pop();
+    let chain = fewer.chains.values_mut().next().unwrap();
+    *chain = chain[..chain.len() - 1].into();
     b.nft_mut().listings.push_back(Some(listing(&fewer)));
     assert!(!b.intact().unwrap());
 

@@ -2,15 +2,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::ruleset::{Ruleset, VerdictMap};
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RulesetDiff {
     /// New chains with their rules.
-    pub added_chains: BTreeMap<String, Vec<String>>,
+    pub added_chains: BTreeMap<String, Arc<[String]>>,
     /// Chains whose rules differ: flushed and refilled.
-    pub changed_chains: BTreeMap<String, Vec<String>>,
+    pub changed_chains: BTreeMap<String, Arc<[String]>>,
     /// Chains no longer wanted; deleted after the elements that jump to them.
     pub removed_chains: BTreeSet<String>,
     /// Elements to delete: gone, or pointing elsewhere now.

@@ -64,7 +64,7 @@ pub fn render_ruleset(ruleset: &Ruleset, node: &str) -> String {
     s.push_str(BASE_CHAINS);
     for (name, rules) in &ruleset.chains {
         let _ = writeln!(s, "\tchain {name} {{");
-        for rule in rules {
+        for rule in rules.iter() {
             let _ = writeln!(s, "\t\t{rule}");
         }
         s.push_str("\t}\n");
@@ -134,13 +134,13 @@ pub fn render_ruleset_diff(diff: &RulesetDiff) -> String {
     let t = format!("inet {TABLE}");
     for (name, rules) in &diff.added_chains {
         let _ = writeln!(s, "add chain {t} {name}");
-        for rule in rules {
+        for rule in rules.iter() {
             let _ = writeln!(s, "add rule {t} {name} {rule}");
         }
     }
     for (name, rules) in &diff.changed_chains {
         let _ = writeln!(s, "flush chain {t} {name}");
-        for rule in rules {
+        for rule in rules.iter() {
             let _ = writeln!(s, "add rule {t} {name} {rule}");
         }
     }

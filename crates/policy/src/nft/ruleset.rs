@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -60,8 +61,9 @@ impl VerdictMap {
 pub struct Ruleset {
     /// Pod address → the chain its packets jump to, per map.
     pub maps: BTreeMap<VerdictMap, BTreeMap<IpAddr, String>>,
-    /// Per-pod chains by name: their rules, in order, as nft text.
-    pub chains: BTreeMap<String, Vec<String>>,
+    /// Per-pod chains by name: their rules, in order, as nft text (shared: a ruleset made
+    /// after one change holds most chains of the one before).
+    pub chains: BTreeMap<String, Arc<[String]>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +132,7 @@ impl Ruleset {
                     .and_then(|(_, old)| old.chains.get(&chain));
                 let rules = match kept {
                     Some(rules) => rules.clone(),
-                    None => chain_rules(key, &pod.ips, dir, program),
+                    None => chain_rules(key, &pod.ips, dir, program).into(),
                 };
                 out.chains.insert(chain, rules);
             }

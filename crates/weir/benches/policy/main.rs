@@ -24,7 +24,8 @@
 //! Environment: `WEIR_BIN` (default `target/release/weir`), `WEIR_BENCH_NODES` (100),
 //! `WEIR_BENCH_CHANGES` (changes of each kind, 15), `WEIR_BENCH_CONN_POLICIES` (1000),
 //! `WEIR_BENCH_ROUNDS` (A B rounds, 10), `WEIR_BENCH_SECONDS` (per measurement, 2),
-//! `WEIR_BENCH_CLIENTS` (connecting threads, 2), `WEIR_BENCH_CLUSTER=1` (then the real
+//! `WEIR_BENCH_CLIENTS` (connecting threads, 2), `WEIR_BENCH_AGENT_LOG` (a path: the agent's
+//! log, with its debug lines, is copied there after the changes), `WEIR_BENCH_CLUSTER=1` (then the real
 //! cluster beside kube-network-policies too: reference.rs), `WEIR_BENCH_NODE=0` (only that).
 //! Prints tables and a last line `policy full_ms=… change_ms=… conn_ratio=… rss_mib=…`
 //! (`kube-network-policies_change_ms=…` and the rest with the cluster). Nothing is asserted.
@@ -296,6 +297,9 @@ fn run(s: &Settings) -> Result<Report, String> {
     let agent = Agent::spawn(s, &w, &api, dir.path().join("agent.log"))?;
     first_sync(&w, &gens, &agent, started, &mut r)?;
     changes(s, &w, &gens, &api, &agent, &mut r)?;
+    if let Some(keep) = std::env::var_os("WEIR_BENCH_AGENT_LOG") {
+        std::fs::copy(&agent.log, &keep).map_err(|e| format!("WEIR_BENCH_AGENT_LOG: {e}"))?;
+    }
     (r.rss_mib, r.hwm_mib) = memory_mib(agent.pid())?;
 
     let tables = conn_tables(s, &w, &gens, &api, &agent)?;

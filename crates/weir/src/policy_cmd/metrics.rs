@@ -176,11 +176,11 @@ mod tests {
         {
             plan.pods.insert(
                 ObjectKey::new("shop", name),
-                PodProgram {
+                std::sync::Arc::new(PodProgram {
                     ips: vec![],
                     ingress: ingress.then(Program::default),
                     egress: egress.then(Program::default),
-                },
+                }),
             );
         }
         let report = SyncReport {
