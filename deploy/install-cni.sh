@@ -9,7 +9,7 @@
 # Environment (defaults are the DaemonSet's mounts):
 #   NODE_NAME          this node (downward API spec.nodeName), required
 #   POD_CIDR           the pod CIDR to use; unset: this Node's spec.podCIDR from the API
-#   KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT   the API server (deploy/apiserver.yaml)
+#   KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT   the API server (deploy/base/apiserver.yaml)
 #   WEIR_NODE_URL      the API URL listing this Node (derived from the two above)
 #   WEIR_SA_DIR        the service account's token and CA
 #   WEIR_CNI_BINARY, CNI_BIN_DIR, CNI_CONF_TEMPLATE, CNI_NET_DIR, CNI_CONF_NAME
@@ -33,7 +33,7 @@ node_pod_cidr() {
   if [ -z "${WEIR_NODE_URL:-}" ]; then
     case "${KUBERNETES_SERVICE_HOST:-}" in
       "" | REPLACE-WITH-*)
-        fail "KUBERNETES_SERVICE_HOST is not set: put the API server's address in the weir-apiserver ConfigMap (deploy/apiserver.yaml)" ;;
+        fail "KUBERNETES_SERVICE_HOST is not set: put the API server's address in the weir-apiserver ConfigMap (deploy/base/apiserver.yaml)" ;;
     esac
     WEIR_NODE_URL="https://${KUBERNETES_SERVICE_HOST}:${KUBERNETES_SERVICE_PORT:-443}/api/v1/nodes?fieldSelector=metadata.name%3D${NODE_NAME}"
   fi

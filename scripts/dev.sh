@@ -25,7 +25,7 @@
 #   bash scripts/dev.sh vm -- '<shell command>'  run a command as root in the test VM (Debian's
 #                              kernel with IPVS, dummy, ipvlan; this machine's / and target/)
 #   bash scripts/dev.sh image  podman build the Containerfile, then run the image's install-cni
-#                              and agent containers as deploy/daemonset.yaml does, against
+#                              and agent containers as deploy/base/daemonset.yaml does, against
 #                              the fake API server in a netns (minutes: a release build inside)
 #   bash scripts/dev.sh vm-bench  build release weir, the proxy modes side by side in ONE VM boot
 #                              (ipvs needs the VM's kernel): sync times, conn/s, throughput
@@ -34,11 +34,13 @@
 #                              cached; --kube 1.20: 1.20.2 from Debian's source) with weir as its
 #                              networking: nodes, pods, services and a probe matrix, then torn
 #                              down (--keep: left up)
-#   bash scripts/dev.sh cluster-daemonset [--keep]  deploy/'s DaemonSet on the real cluster: the
-#                              image (dev.sh image) imported into the nodes' containerd, deploy/
-#                              applied with kubectl, the agent's /healthz parts, the probe
-#                              matrix, a default-deny NetworkPolicy applied and deleted
-#                              (about 8-10 min: the image)
+#   bash scripts/dev.sh cluster-daemonset [--keep] [--proxy-only]  deploy/'s DaemonSet on the
+#                              real cluster: the image (dev.sh image) imported into the nodes'
+#                              containerd, deploy/ applied with kubectl, the agent's /healthz
+#                              parts, the probe matrix, a default-deny NetworkPolicy applied and
+#                              deleted (about 8-10 min: the image; WEIR_IMAGE=<one built before>
+#                              reuses it). --proxy-only: deploy/proxy-only/ beside the reference
+#                              bridge plugin as the CNI (the proxy alone, the probe matrix)
 #   bash scripts/dev.sh cluster-agent-compare  build release weir, then on the real cluster one
 #                              `weir agent` vs the separate weir proxy + routes + policy on the
 #                              same node through the same churn: watches (the apiserver's audit

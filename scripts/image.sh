@@ -12,7 +12,7 @@
 # Containerfile's, unchanged: `cargo build --release --locked` inside the container.
 #
 # The check runs the image's own binaries with the DaemonSet's arguments (read from
-# deploy/daemonset.yaml) and capabilities, the ConfigMaps' data as their files, and one
+# deploy/base/daemonset.yaml) and capabilities, the ConfigMaps' data as their files, and one
 # difference: the fake API server speaks plain HTTP, so the containers get a kubeconfig naming it
 # instead of the in-cluster service account.
 set -euo pipefail
@@ -183,13 +183,13 @@ work = sys.argv[1]
 def docs(path):
     with open(path) as f:
         return [d for d in yaml.safe_load_all(f) if d]
-for path, key, out in [("deploy/cni-config.yaml", "10-weir.conflist", "cni/10-weir.conflist"),
-                       ("deploy/proxy-config.yaml", "config.yaml", "proxy/config.yaml")]:
+for path, key, out in [("deploy/base/cni-config.yaml", "10-weir.conflist", "cni/10-weir.conflist"),
+                       ("deploy/base/proxy-config.yaml", "config.yaml", "proxy/config.yaml")]:
     import os
     os.makedirs(os.path.join(work, os.path.dirname(out)), exist_ok=True)
     with open(os.path.join(work, out), "w") as f:
         f.write(docs(path)[0]["data"][key])
-ds = docs("deploy/daemonset.yaml")[0]["spec"]["template"]["spec"]
+ds = docs("deploy/base/daemonset.yaml")[0]["spec"]["template"]["spec"]
 for c in ds["initContainers"] + ds["containers"]:
     argv = c.get("command", []) + [a.replace("$(NODE_NAME)", "node-img") for a in c.get("args", [])]
     caps = c.get("securityContext", {}).get("capabilities", {}).get("add", [])

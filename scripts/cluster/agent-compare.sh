@@ -6,7 +6,7 @@
 #
 # The cluster is up.sh's, with its apiserver writing an audit log of the measured processes'
 # list and watch requests (WEIR_AUDIT_POLICY). Each measured process runs as a ServiceAccount
-# of its own (bound to deploy/rbac.yaml's ClusterRole) and reaches the apiserver on a port of
+# of its own (bound to deploy/base/rbac.yaml's ClusterRole) and reaches the apiserver on a port of
 # its own (16444-16447, redirected to 16443 in the control plane's namespace): the audit log
 # tells its requests apart by user, and node-1's nftables counters its bytes by source port
 # (IP packets: headers, TLS and HTTP included). Before the first side starts, the API holds
@@ -68,7 +68,7 @@ in_cp() { nsenter --net="/run/netns/$CP_NS" "$@"; }
 in_n1() { nsenter --net="/run/netns/$NAME-n1" "$@"; }
 
 step "a ServiceAccount, token, kubeconfig and apiserver port per measured process"
-k apply -f "$ROOT/deploy/rbac.yaml" >/dev/null
+k apply -f "$ROOT/deploy/base/rbac.yaml" >/dev/null
 for p in "${PARTS[@]}"; do
   k -n kube-system create serviceaccount "cmp-$p" >/dev/null
   k create clusterrolebinding "cmp-$p" --clusterrole=weir --serviceaccount="kube-system:cmp-$p" >/dev/null
@@ -117,7 +117,7 @@ command_of() { # PART -> the command line, one word a line (ctl.sh's .cmd file)
   # shellcheck disable=SC2086
   case $1 in
     proxy) printf '%s\n' proxy "$kc" $proxy_flags ;;
-    routes) printf '%s\n' routes "$kc" --node-name=node-1 $routes_flags --metrics-bind-address=127.0.0.1:10259 ;;
+    routes) printf '%s\n' routes "$kc" --node-name=node-1 $routes_flags --metrics-bind-address=127.0.0.1:10263 ;;
     policy) printf '%s\n' policy "$kc" --node-name=node-1 --healthz-bind-address=127.0.0.1:10258 ;;
     agent) printf '%s\n' agent "$kc" $proxy_flags $routes_flags ;;
   esac

@@ -27,7 +27,11 @@
 #      runs on each node.
 #      WEIR_CNI=reference: the reference bridge + host-local plugins (Debian's
 #      containernetworking-plugins) as the nodes' CNI instead of weir-cni, weir as service
-#      proxy, routes, DNS and policy beside it (the proxy-only install's shape). WEIR_AUDIT_POLICY: an audit policy file; the apiserver then writes
+#      proxy, routes, DNS and policy beside it (the proxy-only install's shape). With
+#      WEIR_AGENTS=daemonset too: the proxy comes from deploy/proxy-only's DaemonSet alone, and
+#      the pod CIDRs' routes between the nodes are static (what the underlay's router or another
+#      plugin would provide), so weir runs nothing on the nodes but that and weir dns.
+#      WEIR_AUDIT_POLICY: an audit policy file; the apiserver then writes
 #      its audit log (JSON lines) to RUN_DIR/audit.log (agent-compare.sh counts watches with it).
 # RUN_DIR/env afterwards holds the facts a checker needs (shell syntax); down.sh RUN_DIR stops
 # everything by PID and deletes the namespaces, even after a failed up.
@@ -46,6 +50,8 @@ WEIR_BIN=${WEIR_BIN:-$ROOT/target/debug}
 MODE=${WEIR_PROXY_MODE:-nftables}
 read -r -a MODES <<<"${WEIR_PROXY_MODES:-$MODE $MODE}"
 AGENTS=${WEIR_AGENTS:-processes}
+# Only `reference` chooses: the lab reads WEIR_CNI as weir-cni's path, which means weir here.
+CNI=weir; [ "${WEIR_CNI:-}" != reference ] || CNI=reference
 policy=${WEIR_POLICY:-weir}
 case $policy in 1) policy=weir ;; 0) policy=none ;; esac
 read -r -a POLICIES <<<"${WEIR_POLICIES:-$policy $policy}"
@@ -92,6 +98,8 @@ KUBE_PROXY=$BIN/kube-proxy
 KUBE_VERSION=$KUBE_VERSION
 PROXY_MODES="${MODES[*]}"
 POLICIES="${POLICIES[*]}"
+AGENTS=$AGENTS
+CNI=$CNI
 EOF
 # kubectl of the server's version, run where the apiserver is reachable: the control plane's namespace
 cat >"$R/kubectl" <<EOF
@@ -132,6 +140,12 @@ for i in 0 1; do
   # control plane reaches pods (webhooks, the apiserver's ClusterIP replies).
   ip -n "$CP" route add "${POD_CIDRS[$i]}" via "${NODE_IPS[$i]}"
 done
+if [ "$AGENTS" = daemonset ] && [ "$CNI" = reference ]; then
+  # Nothing of weir routes the other node's pods here (the bridge plugin makes no routes): the
+  # nodes get them as from the underlay's router or another plugin.
+  ip -n "$NAME-n1" route add "${POD_CIDRS[1]}" via "${NODE_IPS[1]}"
+  ip -n "$NAME-n2" route add "${POD_CIDRS[0]}" via "${NODE_IPS[0]}"
+fi
 
 step "PKI and kubeconfig (apiserver at https://$CP_IP:16443)"
 P=$R/pki; mkdir -p "$P"
@@ -308,10 +322,11 @@ for i in 0 1; do
     # the DaemonSet's install-cni writes weir-cni and the conflist here; the rest are Debian's
     cni_bin=$N/cni-bin
     for p in loopback portmap; do ln -sf "/usr/lib/cni/$p" "$cni_bin/$p"; done
-  elif [ "${WEIR_CNI:-weir}" = reference ]; then
-    # Another CNI plugin, weir only as service proxy (and routes): the reference bridge +
-    # host-local, Debian's containernetworking-plugins.
-    for p in bridge host-local; do ln -sf "/usr/lib/cni/$p" "$R/cni-bin/$p"; done
+  fi
+  if [ "$CNI" = reference ]; then
+    # Another CNI plugin, weir only as service proxy (and, as processes, routes and policy):
+    # the reference bridge + host-local, Debian's containernetworking-plugins.
+    for p in bridge host-local; do ln -sf "/usr/lib/cni/$p" "$cni_bin/$p"; done
     cat >"$N/cni/net.d/10-bridge.conflist" <<CN
 {"cniVersion": "1.0.0", "name": "reference", "plugins": [
   {"type": "bridge", "bridge": "cni0", "mtu": 1500, "isGateway": true, "isDefaultGateway": true,
@@ -320,7 +335,7 @@ for i in 0 1; do
             "dataDir": "$N/cni/networks"}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 CN
-  else
+  elif [ "$AGENTS" != daemonset ]; then
   cat >"$N/cni/net.d/10-weir.conflist" <<CN
 {"cniVersion": "1.0.0", "name": "weir", "plugins": [
   {"type": "weir-cni", "mode": "bridge", "bridge": "cni0", "mtu": 1500, "isGateway": true,
@@ -449,7 +464,7 @@ EOF
     bg "$ns" "$node-proxy" env RUST_LOG=info "$WEIR_BIN/weir" $(cat "$N/proxy.args")
   fi
   [ "$AGENTS" = daemonset ] || bg "$ns" "$node-routes" env RUST_LOG=info "$WEIR_BIN/weir" routes --kubeconfig="$R/kubeconfig" \
-    --node-name="$node" --backend=host-gw --mtu-file="$N/routes-mtu" --metrics-bind-address=127.0.0.1:10259
+    --node-name="$node" --backend=host-gw --mtu-file="$N/routes-mtu" --metrics-bind-address=127.0.0.1:10263
   # shellcheck disable=SC2046
   bg "$ns" "$node-dns" env RUST_LOG=info "$WEIR_BIN/weir" dns --kubeconfig="$R/kubeconfig" \
     --listen="$ip:53" --healthz-bind-address=127.0.0.1:8081 $(dns_settings)
@@ -494,7 +509,8 @@ endpoints:
 ports: [{name: dns, port: 53, protocol: UDP}, {name: dns-tcp, port: 53, protocol: TCP}]
 EOF
 if [ "$AGENTS" = daemonset ]; then
-  step "up, waiting for weir's DaemonSet (a node is NotReady until install-cni writes the conflist)"
+  if [ "$CNI" = reference ]; then step "up, waiting for weir's proxy-only DaemonSet"
+  else step "up, waiting for weir's DaemonSet (a node is NotReady until install-cni writes the conflist)"; fi
   exit 0
 fi
 for node in "${NODES[@]}"; do

@@ -18,9 +18,14 @@ fn deploy_dir() -> PathBuf {
     repo().join("deploy")
 }
 
+/// The full stack's objects, which deploy/ applies and deploy/proxy-only/ patches.
+fn base_dir() -> PathBuf {
+    deploy_dir().join("base")
+}
+
 /// The manifests an operator applies (kustomization.yaml is kustomize's, not the API's).
 fn manifest_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+    let mut files: Vec<PathBuf> = std::fs::read_dir(base_dir())
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
@@ -158,7 +163,7 @@ fn every_manifest_matches_the_kubernetes_openapi_schemas() {
 
 #[test]
 fn the_schema_check_rejects_a_wrong_field_and_a_wrong_type() {
-    let original = std::fs::read_to_string(deploy_dir().join("daemonset.yaml")).unwrap();
+    let original = std::fs::read_to_string(base_dir().join("daemonset.yaml")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cases = [
         ("hostNetwork: true", "hostNetwrk: true", "hostNetwrk"),
@@ -184,24 +189,33 @@ fn the_schema_check_rejects_a_wrong_field_and_a_wrong_type() {
     }
 }
 
+/// The kustomization.yaml of `dir`.
+fn kustomization(dir: &Path) -> Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+        .unwrap()
+}
+
 #[test]
 fn kustomization_lists_every_manifest_and_names_the_image_once() {
-    let k: Value = serde_saphyr::from_str(
-        &std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap(),
-    )
-    .unwrap();
-    let resources: BTreeSet<String> = strings(&k["resources"]).into_iter().collect();
+    let base = kustomization(&base_dir());
+    let resources: BTreeSet<String> = strings(&base["resources"]).into_iter().collect();
     let files: BTreeSet<String> = manifest_files()
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert_eq!(resources, files);
+    // The base names no image: deploy/ and deploy/proxy-only/ set it.
+    assert!(base["images"].is_null(), "{base:?}");
+    let k = kustomization(&deploy_dir());
+    assert_eq!(strings(&k["resources"]), ["base"]);
     let images = k["images"].as_array().unwrap();
     assert_eq!(images.len(), 1);
     let image = images[0]["name"].as_str().unwrap();
     for c in containers() {
         assert_eq!(c["image"], image, "container {:?}", c["name"]);
     }
+    // The proxy-only install names the same release.
+    assert_eq!(kustomization(&proxy_only_dir())["images"], k["images"]);
 }
 
 // ---- the DaemonSet against the real binary ------------------------------------------------
@@ -482,6 +496,175 @@ fn every_weir_container_parses_its_args_and_every_reference_resolves() {
     assert!(!out.status.success());
 }
 
+// ---- the service proxy alone, beside another CNI (deploy/proxy-only) ----------------------
+
+fn proxy_only_dir() -> PathBuf {
+    deploy_dir().join("proxy-only")
+}
+
+/// kubectl of the Kubernetes build (kustomize is built into it), else one on PATH; `None`
+/// when there is none (the test is skipped, or fails under CI=true).
+fn kubectl() -> Option<PathBuf> {
+    let built = common::cluster::kube_build().join("bin/kubectl");
+    if built.exists() {
+        return Some(built);
+    }
+    let missing = weir_testkit::commands(&["kubectl"])
+        .map(|m| format!("{} (scripts/cluster/kube/build.sh) or {m}", built.display()));
+    weir_testkit::can_run(missing).then(|| PathBuf::from("kubectl"))
+}
+
+/// What `kubectl apply -k DIR` would send (`kubectl kustomize DIR`, offline): a file holding
+/// it, and its objects by (kind, name).
+fn kustomized(
+    kubectl: &Path,
+    dir: &Path,
+) -> (tempfile::NamedTempFile, BTreeMap<(String, String), Value>) {
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}: {}", dir.display(), text(&out));
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &out.stdout).unwrap();
+    let objects = objects_of(&[file.path().to_path_buf()]);
+    (file, objects)
+}
+
+fn key(kind: &str, name: &str) -> (String, String) {
+    (kind.to_string(), name.to_string())
+}
+
+/// The full stack's DaemonSet with what the proxy-only patch removes taken out: the CNI
+/// install step, its three volumes, the routes part's status volume; the args are set from
+/// `args` (checked on their own).
+fn full_daemonset_without_cni(full: &Value, args: &Value) -> Value {
+    let mut ds = full.clone();
+    let spec = &mut ds["spec"]["template"]["spec"];
+    spec["initContainers"] = Value::Array(vec![]);
+    let gone = ["cni-bin", "cni-net", "cni-config", "routes-run"];
+    let volumes = spec["volumes"].as_array_mut().unwrap();
+    volumes.retain(|v| !gone.contains(&v["name"].as_str().unwrap()));
+    let agent = &mut spec["containers"][0];
+    assert_eq!(agent["name"], "agent");
+    agent["args"] = args.clone();
+    let mounts = agent["volumeMounts"].as_array_mut().unwrap();
+    mounts.retain(|m| m["mountPath"] != "/run/weir");
+    ds
+}
+
+/// deploy/proxy-only/ as kustomize renders it: valid for the API, and deploy/'s objects with
+/// only the CNI's taken out (the install step, its ConfigMap and host directories, the
+/// routes part's volume), the ClusterRole narrowed to the proxy's kinds, the args changed.
+#[test]
+fn the_proxy_only_overlay_is_the_full_stack_without_the_cni_and_valid() {
+    let Some(kubectl) = kubectl() else {
+        return;
+    };
+    let (file, proxy_only) = kustomized(&kubectl, &proxy_only_dir());
+    let (_, full) = kustomized(&kubectl, &deploy_dir());
+    let yaml = std::fs::read_to_string(file.path()).unwrap();
+    for out in validate(&[file.path().to_path_buf()], &KUBERNETES) {
+        assert!(out.status.success(), "{}", text(&out));
+        let passed = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .chain(String::from_utf8_lossy(&out.stderr).lines())
+            .filter(|l| l.contains(" passed for resource "))
+            .count();
+        assert_eq!(passed, proxy_only.len(), "{}", text(&out));
+    }
+    let mut expected_keys: BTreeSet<_> = full.keys().cloned().collect();
+    assert!(expected_keys.remove(&key("ConfigMap", "weir-cni-config")));
+    assert_eq!(
+        proxy_only.keys().cloned().collect::<BTreeSet<_>>(),
+        expected_keys
+    );
+    let changed = [key("DaemonSet", "weir"), key("ClusterRole", "weir")];
+    for (k, v) in proxy_only.iter().filter(|(k, _)| !changed.contains(k)) {
+        assert_eq!(v, &full[k], "{k:?} differs from deploy/'s");
+    }
+
+    let ds = &proxy_only[&key("DaemonSet", "weir")];
+    let args = &ds["spec"]["template"]["spec"]["containers"][0]["args"];
+    let full_ds = &full[&key("DaemonSet", "weir")];
+    assert_eq!(ds, &full_daemonset_without_cni(full_ds, args));
+    // Nothing of the CNI left: no init container, no CNI directory of the host.
+    assert!(
+        !yaml.contains("/opt/cni") && !yaml.contains("/etc/cni"),
+        "{yaml}"
+    );
+    assert!(
+        !yaml.contains("install-cni") && !yaml.contains("weir-cni"),
+        "{yaml}"
+    );
+
+    // list and watch on the proxy's kinds (Services, EndpointSlices, Nodes) and nothing else.
+    let granted = |role: &Value| -> BTreeSet<(String, String, String)> {
+        let mut all = BTreeSet::new();
+        for rule in role["rules"].as_array().unwrap() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        all.insert((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+        all
+    };
+    let role = granted(&proxy_only[&key("ClusterRole", "weir")]);
+    let mut expected = BTreeSet::new();
+    for (group, resource) in [
+        ("", "services"),
+        ("", "nodes"),
+        ("discovery.k8s.io", "endpointslices"),
+    ] {
+        for verb in ["list", "watch"] {
+            expected.insert((group.to_string(), resource.to_string(), verb.to_string()));
+        }
+    }
+    assert_eq!(role, expected);
+    assert!(role.is_subset(&granted(&full[&key("ClusterRole", "weir")])));
+}
+
+/// The overlay's agent, in the pod's environment and with its mounted configuration, is
+/// `weir agent` running the proxy part alone, from the API with the in-cluster account.
+#[test]
+fn the_proxy_only_agent_runs_the_proxy_part_alone() {
+    let Some(kubectl) = kubectl() else {
+        return;
+    };
+    let (_, proxy_only) = kustomized(&kubectl, &proxy_only_dir());
+    let spec = proxy_only[&key("DaemonSet", "weir")]["spec"]["template"]["spec"].clone();
+    let containers = spec["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    let agent = &containers[0];
+    assert_eq!(strings(&agent["command"]), ["weir"]);
+    let root = tempfile::tempdir().unwrap();
+    let args = args_in_pod(&spec, agent, root.path());
+    assert_eq!(args[..2], ["agent", "--parts=proxy"]);
+    let out = Command::new(common::WEIR)
+        .args(&args)
+        .arg("--validate")
+        .envs(container_env(agent))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let settings = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "parts: proxy\n",
+        "  source               API, in-cluster service account\n",
+        "  node name            node-1\n",
+        "  healthz              0.0.0.0:10256\n",
+        "valid (0 notice(s))",
+    ] {
+        assert!(settings.contains(expected), "{expected}: {settings}");
+    }
+    // No routes part: its options are not printed.
+    assert!(!settings.contains("routes:"), "{settings}");
+}
+
 // ---- the cluster DNS (deploy/dns) and the node-local cache (deploy/dns-node-local) ---------
 
 fn dns_dirs() -> [PathBuf; 2] {
@@ -542,13 +725,9 @@ fn dns_manifests_match_the_kubernetes_openapi_schemas() {
 
 #[test]
 fn dns_kustomizations_list_their_manifests_and_name_deploys_image() {
-    let read = |dir: &Path| -> Value {
-        serde_saphyr::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
-            .unwrap()
-    };
-    let root_images = read(&deploy_dir())["images"].clone();
+    let root_images = kustomization(&deploy_dir())["images"].clone();
     for dir in dns_dirs() {
-        let k = read(&dir);
+        let k = kustomization(&dir);
         let resources: BTreeSet<String> = strings(&k["resources"]).into_iter().collect();
         let files: BTreeSet<String> = yaml_files(&dir)
             .iter()
