@@ -37,30 +37,36 @@ impl PodIndex {
         self.by_namespace.keys()
     }
 
-    /// Adds `pod` if it is a policy pod (replace: [`Self::remove`] the old one first).
-    pub fn insert(&mut self, pod: &Arc<PodInfo>) {
+    /// Adds `pod` if it is a policy pod (replace: [`Self::remove`] the old one first);
+    /// whether its namespace is new to the index.
+    pub fn insert(&mut self, pod: &Arc<PodInfo>) -> bool {
         if !pod.is_policy_pod() {
-            return;
+            return false;
         }
         let key = &pod.key;
         self.pods.insert(key.clone(), pod.clone());
-        self.by_namespace
-            .entry(key.namespace.clone())
-            .or_default()
-            .insert(key.clone());
+        let in_namespace = self.by_namespace.entry(key.namespace.clone()).or_default();
+        let new_namespace = in_namespace.is_empty();
+        in_namespace.insert(key.clone());
         for (k, v) in &pod.labels {
             let values = self.by_label.entry(k.clone()).or_default();
             values.entry(v.clone()).or_default().insert(key.clone());
         }
+        new_namespace
     }
 
-    /// Removes the pod `key` names, if indexed; returns it.
-    pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<PodInfo>> {
-        let pod = self.pods.remove(key)?;
+    /// Removes the pod `key` names, if indexed; whether its namespace left the index
+    /// with it.
+    pub fn remove(&mut self, key: &ObjectKey) -> bool {
+        let Some(pod) = self.pods.remove(key) else {
+            return false;
+        };
+        let mut namespace_gone = false;
         if let Some(set) = self.by_namespace.get_mut(&key.namespace) {
             set.remove(key);
             if set.is_empty() {
                 self.by_namespace.remove(&key.namespace);
+                namespace_gone = true;
             }
         }
         for (k, v) in &pod.labels {
@@ -77,7 +83,7 @@ impl PodIndex {
                 self.by_label.remove(&**k);
             }
         }
-        Some(pod)
+        namespace_gone
     }
 
     /// The pods `selector` matches in `namespaces` (sorted), in key order.

@@ -38,7 +38,8 @@ pub struct NodePlanner {
     index: PodIndex,
     /// Live, non-hostNetwork pods on this node.
     local: BTreeSet<ObjectKey>,
-    compiled: HashMap<(ObjectKey, Direction), Arc<[Compiled]>>,
+    /// Each with the policy it was compiled from (a change checks it without a lookup).
+    compiled: HashMap<(ObjectKey, Direction), CompiledPolicy>,
     /// Namespaces holding policy pods that a namespace selector matches.
     namespace_matches: HashMap<Selector, Arc<[Arc<str>]>>,
     /// The last plan's programs, and for each local pod the policies that selected it
@@ -78,10 +79,10 @@ impl NodePlanner {
 
     /// Drops compiled policies `keep` says no to; the local pods they selected are planned
     /// again.
-    fn drop_compiled(&mut self, keep: impl Fn(&Cluster, &ObjectKey, Direction) -> bool) {
+    fn drop_compiled(&mut self, keep: impl Fn(&Cluster, &PolicyInfo, Direction) -> bool) {
         let (cluster, selects, dirty) = (&self.cluster, &self.selects, &mut self.dirty);
-        self.compiled.retain(|(key, direction), _| {
-            let kept = keep(cluster, key, *direction);
+        self.compiled.retain(|(key, direction), (policy, _)| {
+            let kept = keep(cluster, policy, *direction);
             if !kept {
                 dirty.extend(selects.get(key).into_iter().flatten().cloned());
             }
@@ -111,10 +112,7 @@ impl NodePlanner {
     /// Namespace labels decide namespace selectors: every compiled policy with one goes.
     fn namespace_changed(&mut self) {
         self.namespace_matches.clear();
-        self.drop_compiled(|cluster, key, direction| {
-            let Some(policy) = cluster.policies.get(key) else {
-                return false;
-            };
+        self.drop_compiled(|_, policy, direction| {
             !policy.rules(direction).iter().any(|rule| {
                 matches!(&rule.peers, Peers::Only(list) if list.iter().any(|peer| matches!(
                     peer,
@@ -139,23 +137,23 @@ impl NodePlanner {
     }
 
     fn pod_changed(&mut self, old: Option<Arc<PodInfo>>, new: Option<Arc<PodInfo>>) {
-        let namespaces_before = self.index.namespaces().count();
+        // A namespace gaining its first policy pod or losing its last changes which
+        // namespaces a selector's list holds.
+        let mut namespaces_changed = false;
         if let Some(old) = &old {
-            self.index.remove(&old.key);
+            namespaces_changed |= self.index.remove(&old.key);
             if self.local.remove(&old.key) {
                 self.dirty.insert(old.key.clone());
             }
         }
         if let Some(new) = &new {
-            self.index.insert(new);
+            namespaces_changed |= self.index.insert(new);
             if self.is_local(new) {
                 self.local.insert(new.key.clone());
                 self.dirty.insert(new.key.clone());
             }
         }
-        // A namespace gaining its first policy pod or losing its last changes which
-        // namespaces a selector's list holds.
-        if self.index.namespaces().count() != namespaces_before {
+        if namespaces_changed {
             self.namespace_matches.clear();
         }
         let versions: Vec<&PodInfo> = [&old, &new]
@@ -167,10 +165,7 @@ impl NodePlanner {
         if versions.is_empty() {
             return;
         }
-        self.drop_compiled(|cluster, key, direction| {
-            let Some(policy) = cluster.policies.get(key) else {
-                return false;
-            };
+        self.drop_compiled(|cluster, policy, direction| {
             !versions
                 .iter()
                 .any(|pod| depends_on(cluster, policy, direction, pod))
@@ -229,7 +224,7 @@ impl NodePlanner {
                 continue;
             }
             let pod = &self.cluster.pods[&key];
-            let selecting: Vec<&PolicyInfo> = policies_in(&self.cluster, &key.namespace)
+            let selecting: Vec<&Arc<PolicyInfo>> = policies_in(&self.cluster, &key.namespace)
                 .filter(|p| p.pod_selector.matches(&pod.labels))
                 .collect();
             for policy in &selecting {
@@ -242,10 +237,13 @@ impl NodePlanner {
                 let isolating = selecting.iter().filter(|p| p.isolates(direction));
                 let mut program: Option<Program> = None;
                 for policy in isolating {
-                    let compiled = self
+                    let (_, compiled) = self
                         .compiled
                         .entry((policy.key.clone(), direction))
-                        .or_insert_with(|| compiler.compile(policy, direction))
+                        .or_insert_with(|| {
+                            let rules = compiler.compile(policy, direction);
+                            (Arc::clone(policy), rules)
+                        })
                         .clone();
                     let program = program.get_or_insert_with(Program::default);
                     program.isolated_by.push(policy.key.clone());
@@ -274,7 +272,7 @@ impl NodePlanner {
 fn policies_in<'a>(
     cluster: &'a Cluster,
     namespace: &Arc<str>,
-) -> impl Iterator<Item = &'a PolicyInfo> + use<'a> {
+) -> impl Iterator<Item = &'a Arc<PolicyInfo>> + use<'a> {
     let namespace = namespace.clone();
     let from = ObjectKey {
         namespace: namespace.clone(),
@@ -284,7 +282,7 @@ fn policies_in<'a>(
         .policies
         .range(from..)
         .take_while(move |(k, _)| k.namespace == namespace)
-        .map(|(_, p)| &**p)
+        .map(|(_, p)| p)
 }
 
 /// Whether what `policy` compiles to in `direction` can change when `pod` (a policy pod)
@@ -347,6 +345,9 @@ fn add_rules(rules: &mut Vec<Arc<AllowRule>>, compiled: &[Compiled], pod: &PodIn
         }
     }
 }
+
+/// A policy's rules in one direction, and the policy they come from.
+type CompiledPolicy = (Arc<PolicyInfo>, Arc<[Compiled]>);
 
 /// A policy rule compiled for every pod the policy selects.
 enum Compiled {
