@@ -5,8 +5,10 @@
 //! peer selectors become address sets through [`PodIndex`], and the compiled rules are
 //! shared (`Arc`) by every local pod the policy selects. A change drops only the compiled
 //! policies it can affect (a pod a peer of theirs matches before or after, a named port, a
-//! namespace's labels, the policy itself); each plan then rebuilds the local pods' programs
-//! from what is compiled, compiling what was dropped. Only ingress named ports differ per
+//! namespace's labels, the policy itself) and marks the local pods whose programs it can
+//! change; each plan makes only those programs again, compiling what was dropped, and keeps
+//! the others (shared `Arc`s, so a plan after one change costs what the change touched, not
+//! the node: this machine's caches are cold after a second idle). Only ingress named ports differ per
 //! pod (each resolves against the local pod's own container ports); egress named ports
 //! resolve against each destination pod, so they become (destination IPs, one port) rules.
 

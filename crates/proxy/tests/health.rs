@@ -343,7 +343,16 @@ fn a_taken_port_is_reported_and_retried() {
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].error.kind(), std::io::ErrorKind::AddrInUse);
     drop(squatter);
-    let errors = hc.sync(&want(&[("lb", port, 1)]));
+    // Retried on the next syncs: a port just freed can stay busy for a moment on a machine
+    // shared with other tests (seen once in CI), so a few syncs are allowed.
+    let mut errors = hc.sync(&want(&[("lb", port, 1)]));
+    for _ in 0..20 {
+        if errors.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        errors = hc.sync(&want(&[("lb", port, 1)]));
+    }
     assert!(errors.is_empty(), "the freed port {port}: {errors:?}");
     assert_eq!(get(&format!("http://127.0.0.1:{port}/")).unwrap().code, 200);
 }

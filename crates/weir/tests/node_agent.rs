@@ -160,10 +160,16 @@ fn a_part_that_stops_is_named_on_healthz_and_the_others_go_on() {
     // Node routes cannot write their status file: their loop ends at its first report.
     let (mut a, api) = setup("stop", Some("/proc/weir-no-such-dir/status.json"));
     a.spawn();
-    a.wait_for("healthz naming the stopped routes part", || {
-        let (code, body) = a.http("10256/healthz");
-        code == 503 && body.contains(r#""routes":"stopped: "#)
-    });
+    // Routes may stop before the proxy's first sync: wait for both.
+    a.wait_for(
+        "healthz naming the stopped routes part, the proxy synced",
+        || {
+            let (code, body) = a.http("10256/healthz");
+            code == 503
+                && body.contains(r#""routes":"stopped: "#)
+                && body.contains(r#""proxy":"ok""#)
+        },
+    );
     let (_, body) = a.http("10256/healthz");
     assert!(body.contains(r#""proxy":"ok""#), "{body}");
     assert!(body.contains(r#""policy":"ok""#), "{body}");
