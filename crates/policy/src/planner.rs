@@ -8,9 +8,10 @@
 //! namespace's labels, the policy itself) and marks the local pods whose programs it can
 //! change; each plan makes only those programs again, compiling what was dropped, and keeps
 //! the others (shared `Arc`s, so a plan after one change costs what the change touched, not
-//! the node: this machine's caches are cold after a second idle). Only ingress named ports differ per
-//! pod (each resolves against the local pod's own container ports); egress named ports
-//! resolve against each destination pod, so they become (destination IPs, one port) rules.
+//! the node: this machine's caches are cold after a second idle). Only ingress named ports
+//! differ per pod (each resolves against the local pod's own container ports); egress named
+//! ports resolve against each destination pod, so they become (destination IPs, one port)
+//! rules.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
