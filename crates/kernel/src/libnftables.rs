@@ -1,10 +1,11 @@
 //! nftables scripts run inside this process by libnftables, the library the `nft` command is
 //! a thin front end of: the same parser, the same netlink batch, one transaction per script.
 //!
-//! Why: starting `nft` for each change costs 12–16 ms on a 2-core node (exec, dynamic
-//! linking, the library's start-up), the library call about 1.5 ms for the same diff
-//! (measured on a NetworkPolicy table of 100 pod chains). A writer that changes rules many
-//! times a second keeps one [`Nftables`] context.
+//! Why: a process per change pays exec, dynamic linking and the library's start-up each
+//! time. In `dev.sh policy-bench` (a node's NetworkPolicy table of 200 chains) a change's
+//! write took 17–19 ms with the `nft` command and takes 2.1–2.4 ms through the library,
+//! rendering and diffing included. A writer that changes rules often keeps one
+//! [`Nftables`] context.
 //!
 //! The library is opened with `dlopen` when first needed, not linked: weir still starts on a
 //! host without it and falls back to the `nft` command ([`crate::nft`]). Every call into the

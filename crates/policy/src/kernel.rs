@@ -5,8 +5,7 @@
 //! The scripts go to libnftables inside the process ([`NftLibrary`]) where the library
 //! loads, else to the `nft` command ([`NftCommand`]); [`NftAny`] picks. Both parse the same
 //! text into the same one-transaction netlink batch; the library saves the command's start
-//! (12–16 ms per change on this machine, against 1.5–2.5 ms for the call;
-//! `weir_kernel::libnftables`).
+//! (`weir_kernel::libnftables` has the figures).
 //!
 //! [`Nft`] is the seam: tests hand in a recording fake, so what is sent when (whole table,
 //! diff, nothing, after a failure) is tested without root.

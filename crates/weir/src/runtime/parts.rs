@@ -132,16 +132,8 @@ pub fn serve(
     metrics: Option<SocketAddr>,
 ) -> anyhow::Result<Served> {
     let runtime = HttpRuntime::new().context("HTTP runtime")?;
-    let shared = healthz.is_some_and(|a| a.port() != 0) && healthz == metrics;
-    let mut wanted = Vec::new();
-    if let Some(a) = healthz {
-        wanted.push((a, true, shared));
-    }
-    if let Some(a) = metrics.filter(|_| !shared) {
-        wanted.push((a, false, true));
-    }
     let mut servers = Vec::new();
-    for (addr, with_health, with_metrics) in wanted {
+    for (addr, with_health, with_metrics) in listeners(healthz, metrics) {
         let parts = parts.clone();
         let server = PathServer::start(&runtime, addr, move |path| -> Option<PathResponse> {
             const TEXT: &str = "text/plain; charset=utf-8";
