@@ -7,33 +7,17 @@
 //! names its seed and case, and the case's text is written next to the test binary's target
 //! directory for replay.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::scratch::Rng;
 use weir_netdiag::state::NodeState;
 use weir_netdiag::trace::{self, Packet, Proto};
 use weir_netdiag::{
     conntrack, doctor, hairpin, intake, iproute, ipset, iptables, iptables_listing, ipvs,
     kernel_log, nft, nft_text, objects, paste, route_get, sysctl,
 };
-
-/// xorshift64*: reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-}
 
 /// What the formats are made of, and what breaks them.
 const NASTY: &[&str] = &[

@@ -11,8 +11,7 @@
 //! state`, anonymous sets, intervals, counters, `policy drop`, NAT of both families, log,
 //! limit), and the other families (ip6, bridge, netdev).
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+mod common;
 
 use serde_json::Value;
 use weir_netdiag::nft::{self, Ruleset};
@@ -25,40 +24,24 @@ struct Listed {
     json: String,
 }
 
-const SPLIT: &str = "@@weir-nft-text-split@@";
-
 /// `script` loaded into a fresh network namespace and listed three ways; `setup` runs there
 /// first (`iptables-nft` commands).
 fn listed(script: &str, setup: &str) -> Listed {
-    let cmd = format!(
-        "{setup}\nnft -f - && nft list ruleset && echo {SPLIT} && nft -a list ruleset && echo {SPLIT} && nft -j list ruleset"
-    );
-    let mut child = Command::new("unshare")
-        .args(["--net", "sh", "-ec", &cmd])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("unshare runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft refused the ruleset: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let all = String::from_utf8(out.stdout).unwrap();
-    let parts: Vec<&str> = all.split(&format!("{SPLIT}\n")).collect();
-    assert_eq!(parts.len(), 3, "{all}");
+    let mut parts = common::scratch::listings(
+        setup,
+        script,
+        &[
+            "nft list ruleset",
+            "nft -a list ruleset",
+            "nft -j list ruleset",
+        ],
+    )
+    .into_iter();
+    let mut next = || parts.next().unwrap();
     Listed {
-        text: parts[0].to_string(),
-        with_handles: parts[1].to_string(),
-        json: parts[2].to_string(),
+        text: next(),
+        with_handles: next(),
+        json: next(),
     }
 }
 

@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::{data_dir, walk};
 use weir_netdiag::state::{NodeState, Output};
 use weir_netdiag::trace::{self, Packet, PolicyDecision, PolicyVerdict, Proto, Verdict};
@@ -257,17 +255,11 @@ fn the_fixture_is_the_golden_table_as_the_kernel_lists_it() {
     }
     let golden =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policy/tests/golden/before.nft");
-    let out = Command::new("unshare")
-        .args(["-n", "sh", "-c", "nft -f \"$0\" && nft -j list ruleset"])
-        .arg(&golden)
-        .output()
+    let script = std::fs::read_to_string(&golden).unwrap();
+    let [json]: [String; 1] = common::scratch::listings("", &script, &["nft -j list ruleset"])
+        .try_into()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let live = weir_netdiag::nft::parse(&String::from_utf8_lossy(&out.stdout)).value;
+    let live = weir_netdiag::nft::parse(&json).value;
     let saved = node().nft.unwrap();
     let rules = |rs: &weir_netdiag::nft::Ruleset| -> Vec<(String, String)> {
         rs.rules

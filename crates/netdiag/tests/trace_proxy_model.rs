@@ -20,11 +20,14 @@
 //! balances over. Those two need root and `nft`: without them they are left out and the skip
 //! is counted (under CI=true the test fails).
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::Path;
 
+use common::scratch::Rng;
 use weir_model::{plan, IpFamily, Plan, ProxyConfig, Snapshot};
 use weir_netdiag::state::{NodeState, Output};
 use weir_netdiag::trace::{self, Packet, Proto, Trace, Verdict};
@@ -37,24 +40,6 @@ const NODE_IP: &str = "192.168.0.1";
 const CLIENT: &str = "192.168.0.99";
 /// A pod on this node (cni0), for the ClusterIPs: inside the cluster CIDR, so not masqueraded.
 const POD: &str = "10.244.0.5";
-
-/// xorshift64*: a reproducible generator (the seed is in every failure message).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 #[derive(Debug, Clone)]
 struct GenEndpoint {
@@ -86,7 +71,7 @@ fn generate(seed: u64) -> Vec<GenService> {
     let n = 1 + r.below(4);
     (0..n)
         .map(|i| {
-            let kind = ["ClusterIP", "NodePort", "LoadBalancer"][r.below(3) as usize];
+            let kind = ["ClusterIP", "NodePort", "LoadBalancer"][r.below(3)];
             let external = kind != "ClusterIP";
             let endpoints = (0..r.below(4))
                 .map(|e| {
@@ -376,49 +361,25 @@ type Listeners = std::collections::BTreeMap<u16, BTreeSet<String>>;
 /// command ends, nothing outside it changes). Its `nft list ruleset` text too, which must read
 /// into the same model (the text reader over every generated plan's ruleset).
 fn nft_json(script: &str) -> Option<String> {
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
     // SAFETY: getuid cannot fail.
     if unsafe { libc_getuid() } != 0 {
         return None;
     }
-    let mut child = Command::new("unshare")
-        .args([
-            "--net",
-            "sh",
-            "-ec",
-            "nft -f - && nft -j list ruleset && echo @@text@@ && nft list ruleset",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .ok()?;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft refused the rendered ruleset: {}\n{script}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = String::from_utf8(out.stdout).unwrap();
-    let (json, text) = out.split_once("@@text@@\n").expect("both listings");
-    let mut from_json = weir_netdiag::nft::parse(json).value;
+    let [json, text]: [String; 2] =
+        common::scratch::listings("", script, &["nft -j list ruleset", "nft list ruleset"])
+            .try_into()
+            .unwrap();
+    let mut from_json = weir_netdiag::nft::parse(&json).value;
     from_json.version = None;
     from_json.rules.iter_mut().for_each(|r| r.handle = None);
-    let from_text = weir_netdiag::nft_text::parse(text);
+    let from_text = weir_netdiag::nft_text::parse(&text);
     assert!(from_text.skipped.is_empty(), "{:#?}", from_text.skipped);
     assert_eq!(
         serde_json::to_value(&from_text.value).unwrap(),
         serde_json::to_value(&from_json).unwrap(),
         "the text reader and the JSON reader differ on\n{text}"
     );
-    Some(json.to_string())
+    Some(json)
 }
 
 extern "C" {

@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 pub mod ns;
+pub mod scratch;
 
 use std::path::PathBuf;
 
