@@ -877,12 +877,6 @@ impl Topology {
                 ));
             }
         }
-        if self.enforces_policy() && self.ipv6.is_some() {
-            return Err(err(
-                "policies",
-                "the policy rows are IPv4 only: remove ipv6 or the policies",
-            ));
-        }
         Ok(())
     }
 

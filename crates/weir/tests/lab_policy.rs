@@ -149,6 +149,20 @@ fn policy_lab(tag: &str, text: &str, name: &str, masquerade: &str) {
         assert!(count(&rows, kind, "allowed") > 0, "no allowed {kind} row");
         assert!(count(&rows, kind, "denied") > 0, "no denied {kind} row");
     }
+    // A dual-stack lab: every pod row once per family, IPv6 with allowed and denied rows.
+    if text.contains("\nipv6:") {
+        let v6 = |r: &&Value| r["to_ip"].as_str().is_some_and(|ip| ip.contains(':'));
+        for verdict in ["allowed", "denied"] {
+            for kind in ["same-node", "other-node"] {
+                assert!(
+                    rows.iter()
+                        .filter(v6)
+                        .any(|r| r["kind"] == kind && r["policy"] == verdict),
+                    "no {verdict} IPv6 {kind} row"
+                );
+            }
+        }
+    }
     // ipBlock except: web's NodePort answers the outside's own address, not the excepted one.
     assert_eq!(
         row(&rows, "198.51.100.1", "web via a", "tcp")["observed"],
@@ -193,6 +207,20 @@ fn policy_lab(tag: &str, text: &str, name: &str, masquerade: &str) {
 #[test]
 fn policy_rows_pass_in_bridge_mode() {
     policy_lab("pol", weir_lab::POLICY_TOPOLOGY, "policy", "172.30.0.11");
+}
+
+/// The bridge lab dual-stack: every pod row twice, once per family. IPv6's neighbor
+/// discovery is ICMPv6 (ARP is not IP), so a policy's drop can catch it: an egress-isolated
+/// pod that cannot resolve its gateway reaches nothing over IPv6, allowed or not.
+#[test]
+fn policy_rows_pass_in_dual_stack_bridge_mode() {
+    let text = weir_lab::POLICY_TOPOLOGY.replacen(
+        "\nserviceCIDR: 10.96.0.0/16\n",
+        "\nserviceCIDR: 10.96.0.0/16\nipv6: {}\n",
+        1,
+    );
+    assert_ne!(text, weir_lab::POLICY_TOPOLOGY);
+    policy_lab("pol6", &text, "policy", "172.30.0.11");
 }
 
 #[test]

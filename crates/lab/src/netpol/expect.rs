@@ -37,6 +37,9 @@ pub fn endpoint(cluster: &Cluster, state: &LabState, ip: IpAddr) -> Endpoint {
     let node_ips = |n: &NodeState| {
         let mut ips = vec![IpAddr::from(n.underlay_ip), n.pod_gateway.into()];
         ips.extend(n.vtep_ip.map(IpAddr::from));
+        ips.extend(n.underlay_ip6.map(IpAddr::from));
+        ips.extend(n.pod_gateway6.map(IpAddr::from));
+        ips.extend(n.vtep_ip6.map(IpAddr::from));
         ips
     };
     match state.nodes.iter().find(|n| node_ips(n).contains(&ip)) {

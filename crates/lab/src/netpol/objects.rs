@@ -38,6 +38,9 @@ fn namespace(name: &str, labels: &std::collections::BTreeMap<String, String>) ->
 /// echo server's ports (named, so policies may name them).
 pub fn pod_object(topo: &Topology, pod: &PodState) -> Value {
     let meta = topo.pod_meta(&pod.name);
+    // A dual-stack pod lists both, IPv4 first (the lab's primary family), as the kubelet does.
+    let mut pod_ips = vec![json!({ "ip": pod.ip.to_string() })];
+    pod_ips.extend(pod.ip6.map(|ip| json!({ "ip": ip.to_string() })));
     json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -56,7 +59,7 @@ pub fn pod_object(topo: &Topology, pod: &PodState) -> Value {
         "status": {
             "phase": "Running",
             "podIP": pod.ip.to_string(),
-            "podIPs": [{ "ip": pod.ip.to_string() }],
+            "podIPs": pod_ips,
         },
     })
 }

@@ -90,8 +90,8 @@ fn the_first_sync_writes_the_table_later_ones_the_diff_and_nothing_when_equal() 
     let r = b.sync(&one).unwrap();
     assert_eq!(r.kind, SyncKind::Full);
     assert_eq!((r.chains, r.chains_written), (1, 1));
-    // forward 5 + input 3 + the pod chain (itself, the port, the drop).
-    assert_eq!(r.rules, 8 + 3);
+    // forward 6 + input 4 + the pod chain (itself, the port, the drop).
+    assert_eq!(r.rules, 10 + 3);
     assert_eq!(b.nft().scripts, vec![nft::render(&one)]);
     assert!(b.nft().scripts[0].starts_with(
         "# NetworkPolicy for the pods on node n1.\ntable inet weir-policy\ndelete table inet weir-policy\n"

@@ -77,12 +77,18 @@ pub fn render_ruleset(ruleset: &Ruleset, node: &str) -> String {
 /// sees the pod's address, never a ClusterIP. `ct state invalid` is not dropped: such a
 /// packet falls through to the pod chains and passes only if the rules allow it as a first
 /// packet, and other nodes' and pods' traffic is not this table's business.
+///
+/// IPv6 neighbor and router discovery pass before any pod chain: they are IPv6's ARP (which
+/// an `inet` table never sees), conntrack does not track them, and a pod that cannot resolve
+/// its gateway or its neighbors reaches nothing, allowed or not. Hop limit 255 is what RFC
+/// 4861 requires of them and what no routed packet has: only on-link discovery passes.
 const BASE_CHAINS: &str = "\
 \t# Pod to pod and pod to outside, routed or bridged (br_netfilter) through this node.
 \t# Service traffic arrives here after DNAT: addresses are pods', not ClusterIPs.
 \tchain forward {
 \t\ttype filter hook forward priority filter; policy accept;
 \t\tct state established,related accept
+\t\ticmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept
 \t\tip saddr vmap @egress4
 \t\tip6 saddr vmap @egress6
 \t\tip daddr vmap @ingress4
@@ -93,6 +99,7 @@ const BASE_CHAINS: &str = "\
 \tchain input {
 \t\ttype filter hook input priority filter; policy accept;
 \t\tct state established,related accept
+\t\ticmpv6 type { nd-router-solicit, nd-router-advert, nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept
 \t\tip saddr vmap @egress4
 \t\tip6 saddr vmap @egress6
 \t}
@@ -175,6 +182,6 @@ pub fn render_ruleset_diff(diff: &RulesetDiff) -> String {
 mod tests {
     #[test]
     fn base_chains_and_their_rules() {
-        assert_eq!(super::base_chains(), vec![("forward", 5), ("input", 3)]);
+        assert_eq!(super::base_chains(), vec![("forward", 6), ("input", 4)]);
     }
 }
