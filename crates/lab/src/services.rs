@@ -206,30 +206,30 @@ impl<'a> Clients<'a> {
 
 /// One address family's view of a lab: the addresses service probes dial and come from.
 #[derive(Clone, Copy)]
-struct Family {
-    v6: bool,
+pub(crate) struct Family {
+    pub(crate) v6: bool,
 }
 
 impl Family {
-    fn pod(self, p: &PodState) -> Option<IpAddr> {
+    pub(crate) fn pod(self, p: &PodState) -> Option<IpAddr> {
         match self.v6 {
             false => Some(p.ip.into()),
             true => p.ip6.map(IpAddr::from),
         }
     }
-    fn node(self, n: &NodeState) -> Option<IpAddr> {
+    pub(crate) fn node(self, n: &NodeState) -> Option<IpAddr> {
         match self.v6 {
             false => Some(n.underlay_ip.into()),
             true => n.underlay_ip6.map(IpAddr::from),
         }
     }
-    fn cluster_ip(self, s: &ServiceState) -> Option<IpAddr> {
+    pub(crate) fn cluster_ip(self, s: &ServiceState) -> Option<IpAddr> {
         match self.v6 {
             false => Some(s.cluster_ip.into()),
             true => s.cluster_ip6.map(IpAddr::from),
         }
     }
-    fn outside(self, state: &LabState) -> Option<IpAddr> {
+    pub(crate) fn outside(self, state: &LabState) -> Option<IpAddr> {
         match self.v6 {
             false => Some(state.outside.into()),
             true => state.outside6.map(IpAddr::from),

@@ -149,11 +149,12 @@ fn policy_lab(tag: &str, text: &str, name: &str, masquerade: &str) {
         assert!(count(&rows, kind, "allowed") > 0, "no allowed {kind} row");
         assert!(count(&rows, kind, "denied") > 0, "no denied {kind} row");
     }
-    // A dual-stack lab: every pod row once per family, IPv6 with allowed and denied rows.
+    // A dual-stack lab: every row once per family, IPv6 with allowed and denied rows (the
+    // Service rows after DNAT too).
     if text.contains("\nipv6:") {
         let v6 = |r: &&Value| r["to_ip"].as_str().is_some_and(|ip| ip.contains(':'));
         for verdict in ["allowed", "denied"] {
-            for kind in ["same-node", "other-node"] {
+            for kind in ["same-node", "other-node", "cluster-ip", "node-port"] {
                 assert!(
                     rows.iter()
                         .filter(v6)
@@ -209,17 +210,32 @@ fn policy_rows_pass_in_bridge_mode() {
     policy_lab("pol", weir_lab::POLICY_TOPOLOGY, "policy", "172.30.0.11");
 }
 
-/// The bridge lab dual-stack: every pod row twice, once per family. IPv6's neighbor
-/// discovery is ICMPv6 (ARP is not IP), so a policy's drop can catch it: an egress-isolated
-/// pod that cannot resolve its gateway reaches nothing over IPv6, allowed or not.
+/// The bridge lab dual-stack: every row twice, once per family. IPv6's neighbor discovery
+/// is ICMPv6 (ARP is not IP), so a policy's drop can catch it: an egress-isolated pod that
+/// cannot resolve its gateway reaches nothing over IPv6, allowed or not. The two ingress
+/// ipBlocks gain their IPv6 twins (the underlay's, the outside's), so IPv6 NodePort rows
+/// are allowed too.
 #[test]
 fn policy_rows_pass_in_dual_stack_bridge_mode() {
-    let text = weir_lab::POLICY_TOPOLOGY.replacen(
-        "\nserviceCIDR: 10.96.0.0/16\n",
-        "\nserviceCIDR: 10.96.0.0/16\nipv6: {}\n",
-        1,
-    );
-    assert_ne!(text, weir_lab::POLICY_TOPOLOGY);
+    let mut text = weir_lab::POLICY_TOPOLOGY.to_string();
+    for (from, to) in [
+        (
+            "\nserviceCIDR: 10.96.0.0/16\n",
+            "\nserviceCIDR: 10.96.0.0/16\nipv6: {}\n",
+        ),
+        (
+            "[{ipBlock: {cidr: 172.30.0.0/24}}]",
+            "[{ipBlock: {cidr: 172.30.0.0/24}}, {ipBlock: {cidr: 'fd00:172:30::/64'}}]",
+        ),
+        (
+            "except: [198.51.100.128/25]}}]",
+            "except: [198.51.100.128/25]}}, {ipBlock: {cidr: 'fd00:198:51:100::/64'}}]",
+        ),
+    ] {
+        let edited = text.replacen(from, to, 1);
+        assert_ne!(edited, text, "{from}");
+        text = edited;
+    }
     policy_lab("pol6", &text, "policy", "172.30.0.11");
 }
 
