@@ -145,3 +145,60 @@ fn endpoints_by_address() {
     // An address no pod holds (yet) is the outside's, as the agents would see it.
     assert!(matches!(at([10, 244, 1, 99]), Endpoint::Outside(_)));
 }
+
+#[test]
+fn a_dual_stack_lab_judges_both_families() {
+    let text = crate::topology::POLICY_TOPOLOGY.replacen(
+        "\nserviceCIDR: 10.96.0.0/16\n",
+        "\nserviceCIDR: 10.96.0.0/16\nipv6: {}\n",
+        1,
+    );
+    let (state, cluster) = lab(&Topology::parse(&text).unwrap());
+    // Pods carry both addresses, and a node's IPv6 addresses are the node's.
+    let at = |ip: &str| endpoint(&cluster, &state, ip.parse().unwrap());
+    assert!(matches!(at("fd00:10:244:1::2"), Endpoint::Pod { .. }));
+    assert!(matches!(at("fd00:172:30::b"), Endpoint::Node { .. }));
+    assert!(matches!(at("fd00:10:244:1::1"), Endpoint::Node { .. }));
+    let mut probes = matrix::plan(&state);
+    expect(&cluster, &state, &mut probes);
+    let v6: Vec<&Probe> = probes.iter().filter(|p| p.to_ip.is_ipv6()).collect();
+    assert_eq!(v6.len() * 2, probes.len(), "each row once per family");
+    let same = |v4: &Probe| {
+        v6.iter()
+            .find(|p| p.from == v4.from && p.to == v4.to && p.proto == v4.proto)
+            .map(|p| p.policy)
+    };
+    // Pod rows: the same verdict in both families (the policies select by label).
+    for p in probes.iter().filter(|p| p.to_ip.is_ipv4()) {
+        if matches!(p.kind, Kind::SameNode | Kind::OtherNode | Kind::OwnNode) {
+            assert_eq!(same(p), Some(p.policy), "{p:?}");
+        }
+    }
+    // Service rows over IPv6: ClusterIP after DNAT as in IPv4; the NodePort rows are denied
+    // because both ingress ipBlocks are IPv4 only.
+    let rows = service_rows(&cluster, &state);
+    let six: Vec<Probe> = rows.iter().filter(|p| p.to_ip.is_ipv6()).cloned().collect();
+    assert_eq!(
+        verdicts(&six, Kind::ClusterIp),
+        [
+            "web>db tcp allowed",
+            "tool>db tcp allowed",
+            "peer>db tcp denied"
+        ]
+    );
+    assert_eq!(
+        verdicts(&six, Kind::NodePort),
+        [
+            "fd00:198:51:100::1>web via a tcp denied",
+            "fd00:198:51:100::1>dbnp via a tcp denied",
+            "fd00:198:51:100::1>dbnp via b tcp denied",
+        ]
+    );
+    let via_a = six.iter().find(|p| p.to == "dbnp via a").unwrap();
+    assert_eq!(via_a.expect_source, Some("fd00:172:30::b".parse().unwrap()));
+    let via_b = six.iter().find(|p| p.to == "dbnp via b").unwrap();
+    assert_eq!(
+        via_b.expect_source,
+        Some("fd00:10:244:2::1".parse().unwrap())
+    );
+}
