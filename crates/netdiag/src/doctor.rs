@@ -54,6 +54,7 @@ pub fn run_all(st: &NodeState, pod: Option<&PodDns>) -> Vec<Check> {
         crate::doctor_policy::policy_dns(st.objects.as_ref()),
         crate::doctor_policy::policy_selector(st.objects.as_ref()),
         crate::doctor_policy::policy_named_port(st.objects.as_ref()),
+        crate::doctor_policy::policy_ip_family(st.objects.as_ref()),
     ];
     for c in &mut checks {
         cannot_tell(c, st);

@@ -8,6 +8,9 @@
 //!   in a label, or a label the pods lost): it protects nothing.
 //! - `policy-named-port`: a named port no pod the rule reaches declares (ingress: the pods the
 //!   policy selects; egress: the destination pods), so the rule allows nothing.
+//! - `policy-ip-family`: a rule whose ipBlocks are all IPv4 (or all IPv6) in a policy selecting
+//!   dual-stack pods: the pods' traffic of the other family from (to) those places is denied,
+//!   the classic dual-stack surprise (`0.0.0.0/0` egress with no `::/0`).
 
 use std::collections::BTreeMap;
 
@@ -15,7 +18,7 @@ use weir_policy::model::{
     Cluster, Direction, PodInfo, PolicyInfo, PortSelector, Ports, Protocol, Requirement, Rule,
     Selector,
 };
-use weir_policy::model::{Peer, Peers};
+use weir_policy::model::{IpBlock, Peer, Peers};
 
 use crate::check::{Check, Status};
 use crate::objects::Objects;
@@ -309,4 +312,84 @@ fn other_protocol_hint(pods: &[&PodInfo], name: &str, protocol: Protocol) -> Str
         Some((pod, o)) => format!(" ({pod} declares it as {o})"),
         None => String::new(),
     }
+}
+
+/// `policy-ip-family`: ipBlocks of one family in a policy whose pods have both.
+pub fn policy_ip_family(objects: Option<&Objects>) -> Check {
+    let c = Check::new(
+        "policy-ip-family",
+        "a rule's ipBlocks cover each address family of the pods its policy selects",
+    );
+    let cluster = match input(objects, c.clone(), true) {
+        Ok(cluster) => cluster,
+        Err(done) => return done,
+    };
+    let mut c = c;
+    let mut judged = 0;
+    for policy in cluster.policies.values() {
+        let own = selected(cluster, policy);
+        let dual: Vec<&&PodInfo> = own
+            .iter()
+            .filter(|p| p.ips.iter().any(|ip| ip.is_ipv4()) && p.ips.iter().any(|ip| ip.is_ipv6()))
+            .collect();
+        if dual.is_empty() {
+            continue;
+        }
+        for direction in [Direction::Ingress, Direction::Egress] {
+            for (i, rule) in policy.rules(direction).iter().enumerate() {
+                let Peers::Only(peers) = &rule.peers else {
+                    continue;
+                };
+                let blocks: Vec<&IpBlock> = peers
+                    .iter()
+                    .filter_map(|p| match p {
+                        Peer::Block(b) => Some(b),
+                        Peer::Pods { .. } => None,
+                    })
+                    .collect();
+                let Some(first) = blocks.first() else {
+                    continue;
+                };
+                judged += 1;
+                let v4 = first.cidr.addr().is_ipv4();
+                if blocks.iter().any(|b| b.cidr.addr().is_ipv4() != v4) {
+                    continue;
+                }
+                let (has, lacks) = if v4 {
+                    ("IPv4", "IPv6")
+                } else {
+                    ("IPv6", "IPv4")
+                };
+                let example = dual[0];
+                let other = example
+                    .ips
+                    .iter()
+                    .find(|ip| ip.is_ipv4() != v4)
+                    .expect("a dual-stack pod has both");
+                let (field, way) = match direction {
+                    Direction::Ingress => (format!("spec.ingress[{i}]"), "from"),
+                    Direction::Egress => (format!("spec.egress[{i}]"), "to"),
+                };
+                let cidrs: Vec<String> = blocks.iter().map(|b| b.cidr.to_string()).collect();
+                c.found(
+                    Status::Warn,
+                    format!(
+                        "{}: {field} allows {has} addresses only (ipBlock {}), but {} of its {} pod(s) are dual-stack ({} has {other}): their {lacks} traffic {way} those places is denied unless another rule allows it",
+                        policy.key,
+                        cidrs.join(", "),
+                        dual.len(),
+                        own.len(),
+                        example.key,
+                    ),
+                );
+                c.add_fix(format!("add each ipBlock's {lacks} twin beside it (`- ipBlock: {{cidr: <{lacks} CIDR>}}`; `::/0` beside `0.0.0.0/0`), or leave it if the pods' {lacks} traffic there is meant to be denied"));
+            }
+        }
+    }
+    if c.status == Status::Ok {
+        c.note(format!(
+            "{judged} rule(s) with ipBlocks in policies selecting dual-stack pods, each covering both families"
+        ));
+    }
+    c
 }

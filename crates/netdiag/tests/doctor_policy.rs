@@ -2,11 +2,13 @@
 //! the same pods, the status the check must give and a piece of its evidence.
 
 use weir_netdiag::doctor::{Check, Status};
-use weir_netdiag::doctor_policy::{policy_dns, policy_named_port, policy_selector};
+use weir_netdiag::doctor_policy::{
+    policy_dns, policy_ip_family, policy_named_port, policy_selector,
+};
 use weir_netdiag::objects::Objects;
 
 /// kube-system's DNS pod (ports dns/UDP 53, dns-tcp/TCP 53) and shop's pods: web-0 (http
-/// 8080), db-0 (pg 5432), a hostNetwork agent and a finished job.
+/// 8080), db-0 (pg 5432, dual-stack), a hostNetwork agent and a finished job.
 const PODS: &str = r#"
 - {apiVersion: v1, kind: Namespace, metadata: {name: kube-system}}
 - {apiVersion: v1, kind: Namespace, metadata: {name: shop}}
@@ -25,7 +27,7 @@ const PODS: &str = r#"
   kind: Pod
   metadata: {namespace: shop, name: db-0, labels: {app: db}}
   spec: {nodeName: n1, containers: [{name: c, ports: [{name: pg, containerPort: 5432}]}]}
-  status: {phase: Running, podIP: 10.0.0.2}
+  status: {phase: Running, podIP: 10.0.0.2, podIPs: [{ip: 10.0.0.2}, {ip: "fd00::2"}]}
 - apiVersion: v1
   kind: Pod
   metadata: {namespace: shop, name: agent, labels: {app: agent}}
@@ -280,6 +282,51 @@ fn policy_named_port_warns_about_ports_no_reached_pod_declares() {
                 policies: &[("ghost", "{podSelector: {matchLabels: {app: ghost}}, ingress: [{ports: [{port: nope}]}]}")],
                 status: Status::Ok,
                 says: "",
+            },
+        ],
+    );
+}
+
+#[test]
+fn policy_ip_family_warns_about_one_family_ipblocks_on_dual_stack_pods() {
+    run(
+        policy_ip_family,
+        &[
+            Case {
+                name: "ingress from the underlay's IPv4 block to a dual-stack pod",
+                policies: &[("db-in", "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{ipBlock: {cidr: 172.30.0.0/24}}]}]}")],
+                status: Status::Warn,
+                says: "shop/db-in: spec.ingress[0] allows IPv4 addresses only (ipBlock 172.30.0.0/24), but 1 of its 1 pod(s) are dual-stack (shop/db-0 has fd00::2): their IPv6 traffic from those places is denied",
+            },
+            Case {
+                name: "the same with its IPv6 twin",
+                policies: &[("db-in", "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{ipBlock: {cidr: 172.30.0.0/24}}, {ipBlock: {cidr: 'fd00:172:30::/64'}}]}]}")],
+                status: Status::Ok,
+                says: "1 rule(s) with ipBlocks",
+            },
+            Case {
+                name: "egress to the internet in IPv4 only, from every pod of shop",
+                policies: &[("out", "{podSelector: {}, egress: [{to: [{ipBlock: {cidr: 0.0.0.0/0, except: [169.254.169.254/32]}}]}]}")],
+                status: Status::Warn,
+                says: "shop/out: spec.egress[0] allows IPv4 addresses only (ipBlock 0.0.0.0/0), but 1 of its 2 pod(s) are dual-stack (shop/db-0 has fd00::2): their IPv6 traffic to those places is denied",
+            },
+            Case {
+                name: "IPv6 only is one family too",
+                policies: &[("out6", "{podSelector: {matchLabels: {app: db}}, egress: [{to: [{ipBlock: {cidr: '::/0'}}]}]}")],
+                status: Status::Warn,
+                says: "allows IPv6 addresses only (ipBlock ::/0), but 1 of its 1 pod(s) are dual-stack (shop/db-0 has 10.0.0.2): their IPv4 traffic",
+            },
+            Case {
+                name: "single-stack pods: an IPv4 block covers them",
+                policies: &[("web-in", "{podSelector: {matchLabels: {app: web}}, ingress: [{from: [{ipBlock: {cidr: 172.30.0.0/24}}]}]}")],
+                status: Status::Ok,
+                says: "",
+            },
+            Case {
+                name: "selectors reach pods in both families",
+                policies: &[("db-in", "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]}")],
+                status: Status::Ok,
+                says: "0 rule(s) with ipBlocks",
             },
         ],
     );

@@ -34,7 +34,7 @@ fn doctor_on_a_directory_fails_with_evidence_and_json() {
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let checks = v["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 15);
+    assert_eq!(checks.len(), 16);
     let eni = checks.iter().find(|c| c["id"] == "eni-asymmetric").unwrap();
     assert_eq!(eni["status"], "fail");
     assert!(eni["evidence"][0]
@@ -143,7 +143,12 @@ fn policy_trace_and_doctor_through_the_commands() {
             .unwrap()
             .clone()
     };
-    for id in ["policy-dns", "policy-selector", "policy-named-port"] {
+    for id in [
+        "policy-dns",
+        "policy-selector",
+        "policy-named-port",
+        "policy-ip-family",
+    ] {
         assert_eq!(check(&v, id)["status"], "ok", "{id}: {v}");
     }
     // A policy whose selector has a typo, given with --objects.
