@@ -325,7 +325,7 @@ pub fn policy_ip_family(objects: Option<&Objects>) -> Check {
         Err(done) => return done,
     };
     let mut c = c;
-    let mut judged = 0;
+    let (mut judged, mut dual_policies) = (0, 0);
     for policy in cluster.policies.values() {
         let own = selected(cluster, policy);
         let dual: Vec<&&PodInfo> = own
@@ -335,6 +335,7 @@ pub fn policy_ip_family(objects: Option<&Objects>) -> Check {
         if dual.is_empty() {
             continue;
         }
+        dual_policies += 1;
         for direction in [Direction::Ingress, Direction::Egress] {
             for (i, rule) in policy.rules(direction).iter().enumerate() {
                 let Peers::Only(peers) = &rule.peers else {
@@ -386,9 +387,11 @@ pub fn policy_ip_family(objects: Option<&Objects>) -> Check {
             }
         }
     }
-    if c.status == Status::Ok {
+    if dual_policies == 0 {
+        c.note("no policy selects a dual-stack pod");
+    } else if c.status == Status::Ok {
         c.note(format!(
-            "{judged} rule(s) with ipBlocks in policies selecting dual-stack pods, each covering both families"
+            "{dual_policies} policy(ies) select dual-stack pods; their {judged} rule(s) with ipBlocks cover both families"
         ));
     }
     c

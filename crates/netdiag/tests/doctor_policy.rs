@@ -302,7 +302,7 @@ fn policy_ip_family_warns_about_one_family_ipblocks_on_dual_stack_pods() {
                 name: "the same with its IPv6 twin",
                 policies: &[("db-in", "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{ipBlock: {cidr: 172.30.0.0/24}}, {ipBlock: {cidr: 'fd00:172:30::/64'}}]}]}")],
                 status: Status::Ok,
-                says: "1 rule(s) with ipBlocks",
+                says: "1 policy(ies) select dual-stack pods; their 1 rule(s) with ipBlocks cover both families",
             },
             Case {
                 name: "egress to the internet in IPv4 only, from every pod of shop",
@@ -320,13 +320,13 @@ fn policy_ip_family_warns_about_one_family_ipblocks_on_dual_stack_pods() {
                 name: "single-stack pods: an IPv4 block covers them",
                 policies: &[("web-in", "{podSelector: {matchLabels: {app: web}}, ingress: [{from: [{ipBlock: {cidr: 172.30.0.0/24}}]}]}")],
                 status: Status::Ok,
-                says: "",
+                says: "no policy selects a dual-stack pod",
             },
             Case {
                 name: "selectors reach pods in both families",
                 policies: &[("db-in", "{podSelector: {matchLabels: {app: db}}, ingress: [{from: [{podSelector: {matchLabels: {app: web}}}]}]}")],
                 status: Status::Ok,
-                says: "0 rule(s) with ipBlocks",
+                says: "their 0 rule(s) with ipBlocks",
             },
         ],
     );
