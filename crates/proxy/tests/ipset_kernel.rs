@@ -4,7 +4,7 @@
 //! layout, both families, is created by the same `ipset restore` a full sync runs; each
 //! namespace must then list the same entries.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use weir_kernel::NetNs;
 use weir_model::IpFamily;
@@ -28,20 +28,11 @@ impl Ns {
 
     /// `ipset restore` of `script` inside.
     fn restore(&self, script: &str) {
-        use std::io::Write;
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.0, "ipset", "restore"])
-            .stdin(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = weir_testkit::output_with_input(
+            Command::new("ip").args(["netns", "exec", &self.0, "ipset", "restore"]),
+            script.as_bytes(),
+        )
+        .unwrap();
         assert!(
             out.status.success(),
             "{}\n{script}",

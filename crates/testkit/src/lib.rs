@@ -24,7 +24,7 @@
 
 mod scratch;
 
-pub use scratch::{sh, KillOnDrop, Netns, TempDir};
+pub use scratch::{output_with_input, sh, KillOnDrop, Netns, TempDir};
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,9 +1,10 @@
 //! What benches and tests make and must not leave behind, even when they panic: processes,
-//! directories and network namespaces, each removed by `Drop`; and `sh`, running one command
-//! with its failure said in full.
+//! directories and network namespaces, each removed by `Drop`; `sh`, running one command
+//! with its failure said in full; and `output_with_input`, one command fed on its stdin.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Output, Stdio};
 
 /// Runs `cmd args…`; `Err` names the command line and carries its stderr.
 pub fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
@@ -20,6 +21,18 @@ pub fn sh(cmd: &str, args: &[&str]) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
+}
+
+/// `cmd` run with `input` on its standard input, its output and status collected (as
+/// `Command::output`, which cannot feed stdin).
+pub fn output_with_input(cmd: &mut Command, input: &[u8]) -> std::io::Result<Output> {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().expect("piped stdin").write_all(input)?;
+    child.wait_with_output()
 }
 
 /// A process killed (and reaped) when this is dropped, however the test ends.

@@ -3,11 +3,10 @@
 //! network config on stdin. With these a kernel test reads as its scenario ("ADD this pod, DEL
 //! that one") rather than as seven positional arguments a request.
 
-use std::io::Write;
 use std::net::IpAddr;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use super::{unique, PluginRun, TestNs};
 
@@ -115,23 +114,13 @@ impl<'a> Cni<'a> {
             .env("CNI_COMMAND", command)
             .env("CNI_CONTAINERID", container_id)
             .env("CNI_IFNAME", ifname)
-            .env("CNI_PATH", self.plugin.parent().unwrap())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env("CNI_PATH", self.plugin.parent().unwrap());
         if let Some(n) = netns {
             cmd.env("CNI_NETNS", n);
         }
         cmd.envs(self.extra_env.iter().map(|(k, v)| (k, v)));
         ns.spawn_inside(&mut cmd);
-        let mut child = cmd.spawn().expect("spawn plugin");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(config.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = weir_testkit::output_with_input(&mut cmd, config.as_bytes()).expect("run plugin");
         PluginRun {
             code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

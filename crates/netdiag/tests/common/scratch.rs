@@ -1,8 +1,7 @@
 //! What the generated and fuzzed tests share: a reproducible random generator, and nft
 //! listings of a ruleset loaded into a scratch network namespace.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// xorshift64*: reproducible (a failure message names its seed).
 pub struct Rng(pub u64);
@@ -30,7 +29,7 @@ impl Rng {
 }
 
 /// The separator `listings` puts between the outputs of its commands.
-pub const SPLIT: &str = "@@weir-nft-split@@";
+const SPLIT: &str = "@@weir-nft-split@@";
 
 /// `script` loaded with `nft -f -` into a fresh network namespace (`unshare --net`: gone when
 /// the command ends, nothing outside it changes) after `setup` (e.g. `iptables-nft` commands),
@@ -41,20 +40,11 @@ pub fn listings(setup: &str, script: &str, listings: &[&str]) -> Vec<String> {
         "{setup}\nnft -f -\n{}",
         listings.join(&format!("\necho {SPLIT}\n"))
     );
-    let mut child = Command::new("unshare")
-        .args(["--net", "sh", "-ec", &cmd])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("unshare runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = weir_testkit::output_with_input(
+        Command::new("unshare").args(["--net", "sh", "-ec", &cmd]),
+        script.as_bytes(),
+    )
+    .expect("unshare runs");
     assert!(
         out.status.success(),
         "nft refused the ruleset: {}\n{script}",

@@ -4,7 +4,7 @@
 //! dropped, also after a panic (the logs' tails are printed first).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -182,21 +182,11 @@ impl Cluster {
     }
 
     pub fn apply(&self, yaml: &str) {
-        let mut child = Command::new(self.path("kubectl"))
-            .args(["apply", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl apply");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(yaml.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = weir_testkit::output_with_input(
+            Command::new(self.path("kubectl")).args(["apply", "-f", "-"]),
+            yaml.as_bytes(),
+        )
+        .expect("kubectl apply");
         assert!(
             out.status.success(),
             "kubectl apply: {}",
